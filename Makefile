@@ -1,0 +1,163 @@
+# ddplua build.
+#
+# Targets
+#   make            build build/libddplua.so (the runtime, no Lua inside), build/ddplua (the
+#                   LuaJIT host) and, where nvcc exists, build/libddplua_cuda.so (the plug-in)
+#   make deps       install the Debian packages the build and the specs need (apt-get; sudo
+#                   when not root); does nothing when they are all present
+#   make config     print what was found, one ✓ or ✗ line each
+#   make test       deps + build + every spec under busted/LuaJIT (ends with "N passed, N failed")
+#   make train      deps + build + train the default config on Fashion-MNIST
+#   make bench      benchmarks (bench/), tables into bench/RESULTS.md
+#   make clean
+#
+# Knobs
+#   CUDA=auto|0|1                  build the CUDA plug-in: auto = when nvcc is on the PATH
+#   DEBUG=1                        -O0 -g, assertions on
+#   SANITIZE=address,undefined     build everything with these sanitizers (specs then run
+#                                  with the ASan runtime preloaded into luajit)
+#   ARCH=x86-64-v3                 -march value for the CPU kernels (AVX2 + FMA by default)
+#   NVCC=nvcc                      the CUDA compiler
+
+CUDA     ?= auto
+DEBUG    ?= 0
+SANITIZE ?=
+ARCH     ?= x86-64-v3
+NVCC     ?= nvcc
+CC       ?= cc
+CXX      ?= c++
+
+BUILD := build
+LUAJIT_CFLAGS := $(shell pkg-config --cflags luajit 2>/dev/null)
+LUAJIT_LIBS   := $(shell pkg-config --libs luajit 2>/dev/null)
+BLAS_CFLAGS   := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS     := $(shell pkg-config --libs openblas 2>/dev/null)
+
+ifeq ($(DEBUG),1)
+  OPT := -O0 -g
+else
+  OPT := -O3 -g -DNDEBUG
+endif
+ifneq ($(SANITIZE),)
+  SAN := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+  OPT := -O1 -g
+endif
+
+WARN    := -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation
+CFLAGS  := -std=gnu11 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
+           -Iruntime/include -Iruntime $(BLAS_CFLAGS)
+CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
+           -Iruntime/include -Iruntime
+LDLIBS  := $(BLAS_LIBS) -lz -lm -ldl -pthread
+
+# The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
+LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
+                 runtime/autograd/*.c runtime/io/*.c runtime/dist/*.c))
+LIB_CC_SRCS := $(sort $(wildcard runtime/dist/*.cc))
+LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
+CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))
+CLI_OBJS    := $(CLI_SRCS:%.c=$(BUILD)/obj/%.o)
+CUDA_SRCS   := $(sort $(wildcard runtime/backend/cuda/*.cu))
+HEADERS     := $(shell find runtime -name '*.h')
+
+ifeq ($(CUDA),auto)
+  HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1 || echo 0)
+else
+  HAVE_NVCC := $(CUDA)
+endif
+# Explicit targets only: -arch=native silently builds sm_75 on a machine with no GPU.
+CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_FLAGS   := -O3 -std=c++17 -Xcompiler -fPIC -Iruntime/include -Iruntime $(CUDA_GENCODE) \
+                -cudart static
+CUDA_LIBS    := -lcublas -lnccl
+
+TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua
+ifeq ($(HAVE_NVCC),1)
+  ifneq ($(CUDA_SRCS),)
+    TARGETS += $(BUILD)/libddplua_cuda.so
+  endif
+endif
+
+.PHONY: all lib deps config test train bench clean
+all: $(TARGETS)
+
+# The runtime library and its cdef only (what the specs load).
+lib: $(BUILD)/libddplua.so $(BUILD)/lua/ddplua/cdef.lua
+
+$(BUILD)/obj/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/libddplua.so: $(LIB_OBJS)
+	$(CXX) -shared $(SAN) -o $@ $^ $(LDLIBS) -Wl,-soname,libddplua.so
+
+# The host embeds LuaJIT and links the runtime; the Lua side reaches the runtime through
+# ffi.load of the same library, so there is one code path for specs (stock luajit) and users.
+$(BUILD)/ddplua: $(CLI_OBJS) $(BUILD)/libddplua.so
+	$(CC) $(SAN) -o $@ $(CLI_OBJS) -L$(BUILD) -lddplua $(LUAJIT_LIBS) -ledit $(LDLIBS) \
+	  -Wl,-rpath,'$$ORIGIN' -Wl,-E
+
+$(BUILD)/obj/runtime/cli/%.o: runtime/cli/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LUAJIT_CFLAGS) -c $< -o $@
+
+# The ffi.cdef text, generated from the one public header (never edited by hand).
+$(BUILD)/lua/ddplua/cdef.lua: $(shell find runtime/include -name '*.h') tools/gen_cdef.lua
+	@mkdir -p $(dir $@)
+	luajit tools/gen_cdef.lua runtime/include/ddplua.h > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/libddplua_cuda.so: $(CUDA_SRCS) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUDA_FLAGS) -shared -o $@ $(CUDA_SRCS) $(CUDA_LIBS)
+
+DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
+                zlib1g-dev libedit-dev libcjson-dev dataset-fashion-mnist
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+config:
+	@check() { if eval "$$2" >/dev/null 2>&1; then echo "✓ $$1"; else echo "✗ $$1"; fi; }; \
+	check "luajit"              "command -v luajit"; \
+	check "LuaJIT headers"      "pkg-config --exists luajit"; \
+	check "busted"              "command -v busted"; \
+	check "OpenBLAS"            "pkg-config --exists openblas"; \
+	check "zlib"                "test -f /usr/include/zlib.h"; \
+	check "libedit"             "test -f /usr/include/editline/readline.h"; \
+	check "cJSON"               "test -f /usr/include/cjson/cJSON.h"; \
+	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
+	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
+	check "GPU"                 "nvidia-smi -L"; \
+	check "python3-torch (bench)" "/usr/bin/python3 -c 'import torch'"
+
+BUSTED_ENV :=
+ifneq ($(SANITIZE),)
+  BUSTED_ENV := LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+                ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+endif
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	$(BUSTED_ENV) busted -o spec/helpers/ci_output.lua spec
+
+train: deps
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/ddplua train.lua
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	bench/run.sh
+
+clean:
+	rm -rf $(BUILD)

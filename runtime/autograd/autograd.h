@@ -1,0 +1,117 @@
+/* runtime/autograd/autograd.h: the tape as ops see it.
+ *
+ * How an op records itself (the pattern every front door in runtime/ops follows):
+ *
+ *   ddp_tensor *inputs[2] = {a, b};
+ *   ... compute *out without autograd ...
+ *   if (ddp_autograd_needed(2, inputs)) {
+ *     ddp_node *n = ddp_node_new("MulBackward", mul_backward, 2, inputs, 2);
+ *     if (!n) { ddp_tensor_release(*out); *out = NULL; return ddp_last_status(); }
+ *     ddp_node_save(n, 0, a);          // detached aliases; the version is remembered
+ *     ddp_node_save(n, 1, b);
+ *     ddp_autograd_set_output(*out, n); // out takes the node (owned reference)
+ *   }
+ *
+ * A backward function receives the gradient of the node's single output (shape of the
+ * output, contiguous or not) and writes one new tensor (or NULL: no gradient) per input
+ * into grad_inputs[i], each of that input's shape (input_meta[i]) and dtype. Backward runs
+ * with grad mode off, so it may call the ops' front doors freely. Nodes have one output:
+ * multi-output ops (split, chunk) are made of single-output views.
+ *
+ * Note [saved tensors]: a node never saves a tensor with its graph attached (the saved
+ * copy is a detached alias), so saving the op's own output makes no reference cycle. The
+ * storage version at save time is kept; ddp_node_saved() fails if an in-place op wrote the
+ * storage since, as PyTorch's "modified by an inplace operation" check.
+ */
+#ifndef DDP_AUTOGRAD_H
+#define DDP_AUTOGRAD_H
+
+#include "core/core.h"
+
+typedef int (*ddp_backward_fn)(ddp_node *node, ddp_tensor *grad_output, ddp_tensor **grad_inputs);
+
+/* Where an input's gradient goes: the node that produced it, or the leaf to accumulate
+ * into (then fn is NULL), or nowhere (both NULL: input needs no gradient). */
+typedef struct {
+  ddp_node *fn;     /* owned reference */
+  ddp_tensor *leaf; /* owned reference */
+} ddp_edge;
+
+/* What backward needs to know about an input without keeping it alive. */
+typedef struct {
+  int32_t dtype, ndim;
+  int64_t shape[DDP_MAX_DIMS];
+} ddp_input_meta;
+
+typedef struct {
+  ddp_tensor *tensor; /* detached alias, owned; NULL once released */
+  int64_t version;
+} ddp_saved;
+
+struct ddp_node {
+  int64_t refcount;
+  const char *name;          /* "AddBackward": static string */
+  ddp_backward_fn backward;
+  int n_inputs, n_saved;
+  ddp_edge *edges;           /* n_inputs */
+  ddp_input_meta *inputs;    /* n_inputs */
+  ddp_saved *saved;          /* n_saved */
+  int released;              /* saved tensors freed by a backward without retain_graph */
+  /* op attributes for backward (dims, flags, scalars); free for the op to use */
+  int64_t iattr[8];
+  double fattr[4];
+  void *extra;               /* op-owned block, freed with extra_free (may be NULL) */
+  void (*extra_free)(void *);
+  ddp_tensor *retain_target; /* weak: the output that asked for retain_grad */
+  int64_t seq;               /* creation order: the engine runs later nodes first */
+  /* engine scratch, valid during one backward */
+  int64_t deps;
+  ddp_tensor *grad_sum;
+  int64_t mark;
+};
+
+/* 1 when grad mode is on and any of the n inputs (NULLs allowed) requires grad. */
+int ddp_autograd_needed(int n, ddp_tensor *const *inputs);
+
+/* A node with one edge per input (NULL inputs and inputs without requires_grad get empty
+ * edges) and room for n_saved saved tensors. NULL with the error set on failure. */
+ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
+                       ddp_tensor *const *inputs, int n_saved);
+
+/* Save a detached alias of t in slot (see Note [saved tensors]). t may be NULL. Returns a
+ * status (memory). */
+int ddp_node_save(ddp_node *node, int slot, const ddp_tensor *t);
+
+/* The tensor saved in slot, or NULL with the error set when it was freed by an earlier
+ * backward (second backward without retain_graph) or modified in place since. */
+ddp_tensor *ddp_node_saved(ddp_node *node, int slot);
+
+/* out becomes the node's output: requires_grad 1, grad_fn = node (out takes the caller's
+ * reference). */
+void ddp_autograd_set_output(ddp_tensor *out, ddp_node *node);
+
+/* Record a single-input node whose backward needs no saved tensors, after the forward ran:
+ * the helper for views and casts. Releases *out and returns the status on failure. */
+int ddp_autograd_record_unary(ddp_tensor **out, ddp_tensor *input, const char *name,
+                              ddp_backward_fn backward, const int64_t *iattr, int n_iattr);
+
+void ddp_node_retain(ddp_node *node);
+void ddp_node_release(ddp_node *node);
+
+/* Called when tensor t is cleared: drop a retain_grad link from fn to t. */
+void ddp_autograd_forget_tensor(ddp_tensor *t, ddp_node *fn);
+
+/* Run t's post-accumulate hooks. */
+void ddp_hooks_run(ddp_tensor *t);
+
+/* Free the saved tensors of a node. */
+void ddp_node_release_saved(ddp_node *n);
+
+/* Free a hook list (NULL ok). */
+void ddp_hooks_free(ddp_tensor_hooks *hooks);
+
+/* Reduce grad (broadcast shape) by summing to (ndim, shape): the backward of broadcasting.
+ * Returns a new tensor (or grad itself with a new reference when the shapes match). */
+int ddp_sum_to_shape(ddp_tensor **out, ddp_tensor *grad, int ndim, const int64_t *shape);
+
+#endif /* DDP_AUTOGRAD_H */

@@ -1,0 +1,275 @@
+/* runtime/autograd/node.c: nodes of the tape, saved tensors, grad mode, tensor-level
+ * autograd accessors and post-accumulate hooks. */
+#include <stdlib.h>
+
+#include "autograd/autograd.h"
+
+static __thread int grad_mode_off; /* 0: enabled (the default for every thread) */
+
+int ddp_grad_enabled(void) { return !grad_mode_off; }
+int ddp_set_grad_enabled(int enabled) {
+  int prev = !grad_mode_off;
+  grad_mode_off = !enabled;
+  return prev;
+}
+
+int ddp_autograd_needed(int n, ddp_tensor *const *inputs) {
+  if (grad_mode_off) return 0;
+  for (int i = 0; i < n; i++)
+    if (inputs[i] && inputs[i]->requires_grad) return 1;
+  return 0;
+}
+
+ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
+                       ddp_tensor *const *inputs, int n_saved) {
+  ddp_node *n = calloc(1, sizeof *n);
+  ddp_edge *edges = calloc(n_inputs ? n_inputs : 1, sizeof *edges);
+  ddp_input_meta *meta = calloc(n_inputs ? n_inputs : 1, sizeof *meta);
+  ddp_saved *saved = calloc(n_saved ? n_saved : 1, sizeof *saved);
+  if (!n || !edges || !meta || !saved) {
+    free(n); free(edges); free(meta); free(saved);
+    DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory recording the graph", name);
+    return NULL;
+  }
+  static int64_t next_seq;
+  n->refcount = 1;
+  n->seq = __atomic_add_fetch(&next_seq, 1, __ATOMIC_RELAXED);
+  n->name = name;
+  n->backward = backward;
+  n->n_inputs = n_inputs;
+  n->n_saved = n_saved;
+  n->edges = edges;
+  n->inputs = meta;
+  n->saved = saved;
+  for (int i = 0; i < n_inputs; i++) {
+    ddp_tensor *t = inputs[i];
+    if (!t) continue;
+    meta[i].dtype = t->dtype;
+    meta[i].ndim = t->ndim;
+    memcpy(meta[i].shape, t->shape, sizeof t->shape);
+    if (!t->requires_grad) continue;
+    if (t->grad_fn) {
+      edges[i].fn = t->grad_fn;
+      ddp_node_retain(t->grad_fn);
+    } else {
+      edges[i].leaf = t;
+      ddp_tensor_retain(t);
+    }
+  }
+  return n;
+}
+
+int ddp_node_save(ddp_node *node, int slot, const ddp_tensor *t) {
+  if (!t) return DDP_OK;
+  ddp_tensor *a = ddp_tensor_alias(t);
+  if (!a) return ddp_last_status();
+  node->saved[slot].tensor = a;
+  node->saved[slot].version = t->storage->version;
+  return DDP_OK;
+}
+
+ddp_tensor *ddp_node_saved(ddp_node *node, int slot) {
+  ddp_saved *s = &node->saved[slot];
+  if (node->released) {
+    DDP_ERROR(DDP_ERR_STATE,
+              "%s: trying to backward through the graph a second time (the saved tensors were "
+              "freed by the first backward; pass retain_graph = true to the first one)",
+              node->name);
+    return NULL;
+  }
+  if (s->tensor && s->tensor->storage->version != s->version) {
+    DDP_ERROR(DDP_ERR_STATE,
+              "%s: a tensor of shape %s saved for the gradient was modified by an in-place "
+              "operation (version %lld, saved at %lld)",
+              node->name, DDP_SHAPE(s->tensor), (long long)s->tensor->storage->version,
+              (long long)s->version);
+    return NULL;
+  }
+  return s->tensor;
+}
+
+void ddp_autograd_set_output(ddp_tensor *out, ddp_node *node) {
+  out->grad_fn = node;
+  out->requires_grad = 1;
+}
+
+int ddp_autograd_record_unary(ddp_tensor **out, ddp_tensor *input, const char *name,
+                              ddp_backward_fn backward, const int64_t *iattr, int n_iattr) {
+  ddp_node *n = ddp_node_new(name, backward, 1, &input, 0);
+  if (!n) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+    return ddp_last_status();
+  }
+  for (int i = 0; i < n_iattr && i < 8; i++) n->iattr[i] = iattr[i];
+  ddp_autograd_set_output(*out, n);
+  return DDP_OK;
+}
+
+void ddp_node_retain(ddp_node *node) {
+  if (node) __atomic_add_fetch(&node->refcount, 1, __ATOMIC_RELAXED);
+}
+
+/* Free the saved tensors of a node (after backward without retain_graph, or on release). */
+void ddp_node_release_saved(ddp_node *n) {
+  for (int i = 0; i < n->n_saved; i++) {
+    ddp_tensor_release(n->saved[i].tensor);
+    n->saved[i].tensor = NULL;
+  }
+}
+
+/* Iterative release: a long chain of nodes (an unrolled loop of 10^5 steps) must not
+ * recurse once per node. Nodes reaching refcount 0 go on an explicit stack. */
+void ddp_node_release(ddp_node *node) {
+  if (!node || __atomic_sub_fetch(&node->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  size_t cap = 64, top = 0;
+  ddp_node **stack = malloc(cap * sizeof *stack);
+  ddp_node *cur = node;
+  for (;;) {
+    for (int i = 0; i < cur->n_inputs; i++) {
+      ddp_tensor_release(cur->edges[i].leaf);
+      ddp_node *next = cur->edges[i].fn;
+      if (next && __atomic_sub_fetch(&next->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+        if (top == cap) {
+          ddp_node **bigger = stack ? realloc(stack, 2 * cap * sizeof *stack) : NULL;
+          if (bigger) { stack = bigger; cap *= 2; }
+        }
+        if (stack && top < cap) stack[top++] = next;
+        else { next->refcount = 1; ddp_node_release(next); } /* no memory: recurse */
+      }
+    }
+    ddp_node_release_saved(cur);
+    if (cur->extra_free) cur->extra_free(cur->extra);
+    ddp_tensor_release(cur->grad_sum);
+    free(cur->edges);
+    free(cur->inputs);
+    free(cur->saved);
+    free(cur);
+    if (top == 0) break;
+    cur = stack[--top];
+  }
+  free(stack);
+}
+
+void ddp_autograd_forget_tensor(ddp_tensor *t, ddp_node *fn) {
+  if (fn && fn->retain_target == t) fn->retain_target = NULL;
+}
+
+/* ---- tensor-level accessors --------------------------------------------------------- */
+
+int ddp_tensor_requires_grad(const ddp_tensor *t) { return t && t->requires_grad; }
+
+int ddp_tensor_set_requires_grad(ddp_tensor *t, int requires_grad) {
+  DDP_TRY(ddp_check_alive(t, "requires_grad_", "self"));
+  if (t->grad_fn && !requires_grad)
+    DDP_FAIL(DDP_ERR_ARG, "requires_grad_: cannot clear requires_grad of a non-leaf tensor "
+             "(produced by %s); use detach()", t->grad_fn->name);
+  if (requires_grad && !ddp_dtype_is_floating(t->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "requires_grad_: only floating tensors can require gradients, got %s",
+             ddp_dtype_name(t->dtype));
+  t->requires_grad = requires_grad != 0;
+  return DDP_OK;
+}
+
+int ddp_tensor_is_leaf(const ddp_tensor *t) { return t->grad_fn == NULL; }
+
+const char *ddp_tensor_grad_fn_name(const ddp_tensor *t) {
+  return t->grad_fn ? t->grad_fn->name : NULL;
+}
+
+ddp_tensor *ddp_tensor_grad(const ddp_tensor *t) {
+  if (!t || !t->grad) return NULL;
+  ddp_tensor_retain(t->grad);
+  return t->grad;
+}
+
+int ddp_tensor_set_grad(ddp_tensor *t, ddp_tensor *g) {
+  DDP_TRY(ddp_check_alive(t, "set_grad", "self"));
+  if (g) {
+    DDP_TRY(ddp_check_alive(g, "set_grad", "grad"));
+    if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * t->ndim))
+      DDP_FAIL(DDP_ERR_ARG, "set_grad: gradient shape %s does not match the tensor's %s",
+               DDP_SHAPE(g), DDP_SHAPE(t));
+    if (g->dtype != t->dtype)
+      DDP_FAIL(DDP_ERR_ARG, "set_grad: gradient dtype %s does not match the tensor's %s",
+               ddp_dtype_name(g->dtype), ddp_dtype_name(t->dtype));
+    ddp_tensor_retain(g);
+  }
+  ddp_tensor *old = t->grad;
+  t->grad = g;
+  ddp_tensor_release(old);
+  return DDP_OK;
+}
+
+int ddp_tensor_retain_grad(ddp_tensor *t) {
+  DDP_TRY(ddp_check_alive(t, "retain_grad", "self"));
+  if (!t->requires_grad)
+    DDP_FAIL(DDP_ERR_ARG, "retain_grad: the tensor does not require grad");
+  if (t->grad_fn) {
+    t->retains_grad = 1;
+    t->grad_fn->retain_target = t;
+  }
+  return DDP_OK;
+}
+
+int ddp_tensor_detach(ddp_tensor **out, const ddp_tensor *t) {
+  *out = NULL;
+  DDP_TRY(ddp_check_alive(t, "detach", "self"));
+  *out = ddp_tensor_alias(t);
+  return *out ? DDP_OK : ddp_last_status();
+}
+
+/* ---- hooks -------------------------------------------------------------------------- */
+
+struct ddp_tensor_hooks {
+  int n, cap;
+  int64_t next_id;
+  struct { ddp_grad_hook_fn fn; void *ctx; int64_t id; } *items;
+};
+
+int ddp_tensor_add_post_accumulate_hook(ddp_tensor *t, ddp_grad_hook_fn fn, void *ctx,
+                                        int64_t *handle) {
+  DDP_TRY(ddp_check_alive(t, "register_post_accumulate_grad_hook", "self"));
+  if (!t->requires_grad || t->grad_fn)
+    DDP_FAIL(DDP_ERR_ARG, "register_post_accumulate_grad_hook: only leaf tensors that require "
+             "grad have post-accumulate hooks");
+  if (!fn) DDP_FAIL(DDP_ERR_ARG, "register_post_accumulate_grad_hook: hook is NULL");
+  ddp_tensor_hooks *h = t->hooks;
+  if (!h && !(h = t->hooks = calloc(1, sizeof *h)))
+    DDP_FAIL(DDP_ERR_MEMORY, "register_post_accumulate_grad_hook: out of memory");
+  if (h->n == h->cap) {
+    int cap = h->cap ? 2 * h->cap : 4;
+    void *items = realloc(h->items, (size_t)cap * sizeof *h->items);
+    if (!items) DDP_FAIL(DDP_ERR_MEMORY, "register_post_accumulate_grad_hook: out of memory");
+    h->items = items;
+    h->cap = cap;
+  }
+  h->items[h->n].fn = fn;
+  h->items[h->n].ctx = ctx;
+  h->items[h->n].id = ++h->next_id;
+  if (handle) *handle = h->next_id;
+  h->n++;
+  return DDP_OK;
+}
+
+int ddp_tensor_remove_hook(ddp_tensor *t, int64_t handle) {
+  ddp_tensor_hooks *h = t ? t->hooks : NULL;
+  for (int i = 0; h && i < h->n; i++) {
+    if (h->items[i].id != handle) continue;
+    memmove(&h->items[i], &h->items[i + 1], (size_t)(h->n - i - 1) * sizeof *h->items);
+    h->n--;
+    return DDP_OK;
+  }
+  DDP_FAIL(DDP_ERR_ARG, "remove_hook: no hook with handle %lld on this tensor", (long long)handle);
+}
+
+void ddp_hooks_run(ddp_tensor *t) {
+  ddp_tensor_hooks *h = t->hooks;
+  for (int i = 0; h && i < h->n; i++) h->items[i].fn(t, h->items[i].ctx);
+}
+
+void ddp_hooks_free(ddp_tensor_hooks *hooks) {
+  if (!hooks) return;
+  free(hooks->items);
+  free(hooks);
+}

@@ -1,0 +1,158 @@
+/* runtime/core/core.h: the runtime's internal view of tensors, storages, errors, dtypes,
+ * the element iterator and the thread pool. Included by runtime code only; never by users
+ * (they see the opaque handles of ddplua.h). */
+#ifndef DDP_CORE_H
+#define DDP_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ddplua.h"
+
+typedef struct ddp_node ddp_node;           /* autograd node, runtime/autograd/autograd.h */
+typedef struct ddp_tensor_hooks ddp_tensor_hooks;
+
+/* ---- errors ------------------------------------------------------------------------- */
+
+/* Record a failure on this thread: status and a printf-style message, with " (file:line)"
+ * appended. Returns `status` so callers can `return ddp_fail(...)`. */
+int ddp_fail_at(const char *file, int line, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Prefix the current error message with "<prefix>: " (for context added by callers). */
+void ddp_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#define DDP_FAIL(status, ...) return ddp_fail_at(__FILE__, __LINE__, (status), __VA_ARGS__)
+#define DDP_ERROR(status, ...) ddp_fail_at(__FILE__, __LINE__, (status), __VA_ARGS__)
+/* Evaluate a status expression and return it from the enclosing function when non-zero. */
+#define DDP_TRY(expr)                                                                      \
+  do {                                                                                     \
+    int ddp_try_status_ = (expr);                                                          \
+    if (ddp_try_status_) return ddp_try_status_;                                           \
+  } while (0)
+
+/* ---- allocator (aligned, counts live and peak bytes) -------------------------------- */
+
+enum { DDP_ALIGNMENT = 64 };
+void *ddp_alloc(size_t nbytes); /* NULL on failure (no error set); nbytes 0 gives a valid block */
+void ddp_free(void *p, size_t nbytes);
+
+/* ---- storage and tensor ------------------------------------------------------------- */
+
+typedef struct ddp_storage {
+  int64_t refcount;       /* atomic */
+  void *data;
+  size_t nbytes;
+  int32_t device;         /* DDP_DEVICE_CPU or a cuda index */
+  int64_t version;        /* bumped by every in-place write (saved-tensor checks) */
+  ddp_deleter_fn deleter; /* NULL: memory from ddp_alloc */
+  void *deleter_ctx;
+} ddp_storage;
+
+struct ddp_tensor {
+  int64_t refcount;            /* atomic */
+  ddp_storage *storage;        /* NULL once ddp_tensor_free() ran */
+  int32_t dtype;               /* enum ddp_dtype */
+  int32_t ndim;
+  int32_t device;
+  int64_t offset;              /* elements */
+  int64_t numel;
+  int64_t shape[DDP_MAX_DIMS];
+  int64_t strides[DDP_MAX_DIMS]; /* elements */
+  /* autograd */
+  uint8_t requires_grad;
+  uint8_t retains_grad;
+  ddp_tensor *grad;            /* accumulated gradient, owned */
+  ddp_node *grad_fn;           /* producing node (owned reference), NULL for leaves */
+  ddp_tensor_hooks *hooks;     /* post-accumulate hooks, owned */
+  int64_t backward_pending;    /* engine scratch: edges still to deliver to this leaf */
+};
+
+/* Element address of t at storage offset t->offset (no checks). */
+static inline char *ddp_data(const ddp_tensor *t) {
+  return (char *)t->storage->data + (size_t)t->offset * ddp_dtype_size(t->dtype);
+}
+
+/* Fail unless t is a live tensor. `op` and `arg` name the call and argument for the
+ * message, e.g. ddp_check_alive(t, "add", "other"). */
+int ddp_check_alive(const ddp_tensor *t, const char *op, const char *arg);
+
+/* A new tensor header viewing `base`'s storage with the given geometry (no autograd,
+ * requires_grad 0). The caller checks the geometry stays inside the storage. */
+int ddp_tensor_view_raw(ddp_tensor **out, const ddp_tensor *base, int ndim, const int64_t *shape,
+                        const int64_t *strides, int64_t offset);
+
+/* A detached alias of t: same storage and geometry, no graph. Never fails for a live t
+ * except on memory exhaustion (then NULL with the error set). */
+ddp_tensor *ddp_tensor_alias(const ddp_tensor *t);
+
+/* Contiguous row-major strides for shape into strides; returns numel. */
+int64_t ddp_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+
+/* Mark an in-place write of t's storage. */
+static inline void ddp_tensor_bump_version(ddp_tensor *t) { t->storage->version++; }
+
+/* Format a shape as "(2, 3)" into a thread-local rotating buffer (8 slots): valid for a few
+ * calls, made for error messages. */
+const char *ddp_shape_str(int ndim, const int64_t *shape);
+#define DDP_SHAPE(t) ddp_shape_str((t)->ndim, (t)->shape)
+
+/* ---- dtypes ------------------------------------------------------------------------- */
+
+float ddp_f16_to_f32(uint16_t h);
+uint16_t ddp_f32_to_f16(float f); /* round to nearest even */
+float ddp_bf16_to_f32(uint16_t h);
+uint16_t ddp_f32_to_bf16(float f); /* round to nearest even, NaN kept */
+
+/* Read/write one element of dtype at p as double. */
+double ddp_load_f64(const void *p, int dtype);
+void ddp_store_f64(void *p, int dtype, double v);
+
+/* The dtype of a binary op's result under PyTorch's promotion of two tensors:
+ * bool < u8 < i32 < i64 < (f16, bf16) < f32 < f64; f16 with bf16 gives f32. */
+int ddp_promote_types(int a, int b);
+
+/* Turn a 0-based dimension that may be negative (-1: the last) into 0 .. ndim-1 in *out;
+ * fails naming `op` when out of range. A 0-d tensor accepts dims 0 and -1. */
+int ddp_normalize_dim(int dim, int ndim, const char *op, int *out);
+
+/* ---- element iteration -------------------------------------------------------------- */
+
+/* Inner loop of ddp_foreach: n elements; ptrs[k] points at operand k's first element and
+ * steps by strides[k] bytes. */
+typedef void (*ddp_loop_fn)(void *ctx, char **ptrs, const int64_t *strides, int64_t n);
+
+enum { DDP_ITER_MAX_OPERANDS = 4 };
+
+/* Run fn over every element of `nops` operands that all have shape (ndim, shape) (operands
+ * with fewer elements must be given as broadcast views: stride 0). Dimensions are coalesced
+ * so contiguous operands give one long inner run. When the total is at least `grain`
+ * elements and more than one thread is set, the outer range is split over the thread pool
+ * (then fn must only write element-wise; grain <= 0 disables threading). */
+void ddp_foreach(int nops, ddp_tensor *const *ops, int ndim, const int64_t *shape, ddp_loop_fn fn,
+                 void *ctx, int64_t grain);
+
+/* Broadcast shapes a and b (NumPy rules) into out (returns ndim), or -1 when they do not
+ * broadcast. */
+int ddp_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int64_t *out);
+
+/* A stride-0 view of t expanded to (ndim, shape), which t must broadcast to (checked;
+ * the error names `op`). */
+int ddp_broadcast_view(ddp_tensor **out, const ddp_tensor *t, int ndim, const int64_t *shape,
+                       const char *op);
+
+/* dst += src (src broadcasts to dst's shape; dtypes may differ: converted). In place on
+ * dst, no autograd: the engine's gradient accumulation and reductions' building block. */
+int ddp_accumulate_(ddp_tensor *dst, const ddp_tensor *src);
+
+/* ---- threads ------------------------------------------------------------------------ */
+
+/* Split [0, n) into chunks of at least `grain` and run fn(ctx, begin, end) on the pool
+ * (the calling thread takes part). Runs inline when n < 2 * grain or one thread is set.
+ * Not reentrant: a nested call runs inline. */
+typedef void (*ddp_range_fn)(void *ctx, int64_t begin, int64_t end);
+void ddp_parallel_for(int64_t n, int64_t grain, ddp_range_fn fn, void *ctx);
+
+#endif /* DDP_CORE_H */

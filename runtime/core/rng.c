@@ -1,0 +1,239 @@
+/* runtime/core/rng.c: Philox 4x32-10 generators and the random fills.
+ *
+ * Algorithm: Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3"
+ * (SC11), the Random123 constants. A generator is (seed, offset): element i of a fill of n
+ * elements uses 32-bit word (i % 4) of block philox(counter = offset + i / 4, key = seed);
+ * the fill then advances offset by ceil(n / 4) blocks (normals use two words per element).
+ * Every element depends only on (seed, offset, i), so fills are independent of thread
+ * count and can be split across threads. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/core.h"
+
+struct ddp_generator {
+  uint64_t seed;
+  uint64_t offset; /* next unused 128-bit counter block */
+};
+
+static ddp_generator default_generator = {0, 0};
+
+enum { PHILOX_M0 = 0xD2511F53u, PHILOX_M1 = 0xCD9E8D57u };
+enum { PHILOX_W0 = 0x9E3779B9u, PHILOX_W1 = 0xBB67AE85u };
+
+void ddp_philox4x32_10(uint32_t out[4], const uint32_t counter[4], const uint32_t key[2]) {
+  uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
+  uint32_t k0 = key[0], k1 = key[1];
+  for (int round = 0; round < 10; round++) {
+    uint64_t p0 = (uint64_t)PHILOX_M0 * c0, p1 = (uint64_t)PHILOX_M1 * c2;
+    uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+    uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += PHILOX_W0;
+    k1 += PHILOX_W1;
+  }
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+/* The 4 words of block `b` of generator state (seed, base offset). */
+static void block(uint32_t out[4], uint64_t seed, uint64_t b) {
+  uint32_t ctr[4] = {(uint32_t)b, (uint32_t)(b >> 32), 0, 0};
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  ddp_philox4x32_10(out, ctr, key);
+}
+
+int ddp_generator_new(ddp_generator **out, uint64_t seed) {
+  *out = calloc(1, sizeof **out);
+  if (!*out) DDP_FAIL(DDP_ERR_MEMORY, "generator_new: out of memory");
+  (*out)->seed = seed;
+  return DDP_OK;
+}
+
+void ddp_generator_free(ddp_generator *g) {
+  if (g != &default_generator) free(g);
+}
+
+ddp_generator *ddp_generator_default(void) { return &default_generator; }
+
+void ddp_generator_manual_seed(ddp_generator *g, uint64_t seed) {
+  if (!g) g = &default_generator;
+  g->seed = seed;
+  g->offset = 0;
+}
+
+void ddp_generator_get_state(const ddp_generator *g, uint64_t *seed, uint64_t *offset) {
+  if (!g) g = &default_generator;
+  *seed = g->seed;
+  *offset = g->offset;
+}
+
+void ddp_generator_set_state(ddp_generator *g, uint64_t seed, uint64_t offset) {
+  if (!g) g = &default_generator;
+  g->seed = seed;
+  g->offset = offset;
+}
+
+/* ---- fills -------------------------------------------------------------------------- */
+
+enum { KIND_UNIFORM, KIND_NORMAL, KIND_BERNOULLI, KIND_RANDINT };
+
+typedef struct {
+  int kind, dtype;
+  uint64_t seed, base;   /* generator state at the start of the fill */
+  int64_t numel;
+  int64_t strides[DDP_MAX_DIMS], shape[DDP_MAX_DIMS];
+  int ndim;
+  char *data;
+  size_t esize;
+  double a, b;           /* uniform [a, b); normal mean a std b; bernoulli p a */
+  uint64_t range;        /* randint: high - low */
+  int64_t low;
+} fill_job;
+
+/* Uniform double in [0, 1) from 32 random bits (and 21 more for full double precision when
+ * hi is given): (x >> 11) * 2^-53. */
+static inline double u01(uint32_t lo, uint32_t hi) {
+  uint64_t x = ((uint64_t)hi << 32) | lo;
+  return (double)(x >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double value_at(const fill_job *j, int64_t i) {
+  uint32_t w[4];
+  switch (j->kind) {
+  case KIND_UNIFORM: /* one element per block pair of words: words (2k, 2k+1) of block i/2 */
+    block(w, j->seed, j->base + (uint64_t)i / 2);
+    return j->a + (j->b - j->a) * u01(w[(i & 1) * 2], w[(i & 1) * 2 + 1]);
+  case KIND_NORMAL: { /* Box-Muller on the block's two uniform pairs: one normal per block */
+    block(w, j->seed, j->base + (uint64_t)i);
+    double u1 = 1.0 - u01(w[0], w[1]), u2 = u01(w[2], w[3]); /* u1 in (0, 1] */
+    return j->a + j->b * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+  }
+  case KIND_BERNOULLI:
+    block(w, j->seed, j->base + (uint64_t)i / 2);
+    return u01(w[(i & 1) * 2], w[(i & 1) * 2 + 1]) < j->a ? 1.0 : 0.0;
+  default: { /* randint: 64 random bits modulo the range (bias below 2^-32 for any range
+                that fits in 32 bits) */
+    block(w, j->seed, j->base + (uint64_t)i / 2);
+    uint64_t x = ((uint64_t)w[(i & 1) * 2 + 1] << 32) | w[(i & 1) * 2];
+    return (double)(j->low + (int64_t)(x % j->range));
+  }
+  }
+}
+
+static void fill_range(void *vj, int64_t begin, int64_t end) {
+  fill_job *j = vj;
+  int64_t idx[DDP_MAX_DIMS] = {0}, rem = begin;
+  for (int d = j->ndim - 1; d >= 0; d--) {
+    idx[d] = rem % j->shape[d];
+    rem /= j->shape[d];
+  }
+  for (int64_t i = begin; i < end; i++) {
+    int64_t off = 0;
+    for (int d = 0; d < j->ndim; d++) off += idx[d] * j->strides[d];
+    void *p = j->data + off * (int64_t)j->esize;
+    double v = value_at(j, i);
+    if (j->kind == KIND_RANDINT && j->dtype == DDP_I64) {
+      uint32_t w[4];
+      block(w, j->seed, j->base + (uint64_t)i / 2); /* exact for i64 beyond 2^53 */
+      uint64_t x = ((uint64_t)w[(i & 1) * 2 + 1] << 32) | w[(i & 1) * 2];
+      *(int64_t *)p = j->low + (int64_t)(x % j->range);
+    } else if (j->dtype == DDP_F32 && j->kind != KIND_RANDINT) {
+      float f = (float)v;
+      /* rounding to float may reach the excluded upper bound: keep [a, b) half-open */
+      if (j->kind == KIND_UNIFORM && f >= (float)j->b && j->b > j->a) f = nextafterf((float)j->b, -INFINITY);
+      *(float *)p = f;
+    } else {
+      ddp_store_f64(p, j->dtype, v);
+    }
+    for (int d = j->ndim - 1; d >= 0; d--) {
+      if (++idx[d] < j->shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+static int run_fill(ddp_tensor *t, fill_job *j, ddp_generator *g, const char *op) {
+  if (!g) g = &default_generator;
+  j->dtype = t->dtype;
+  j->seed = g->seed;
+  j->base = g->offset;
+  j->numel = t->numel;
+  j->ndim = t->ndim;
+  for (int d = 0; d < t->ndim; d++) {
+    j->shape[d] = t->shape[d];
+    j->strides[d] = t->strides[d];
+  }
+  j->data = ddp_data(t);
+  j->esize = ddp_dtype_size(t->dtype);
+  uint64_t blocks = j->kind == KIND_NORMAL ? (uint64_t)t->numel : ((uint64_t)t->numel + 1) / 2;
+  g->offset += blocks;
+  ddp_parallel_for(t->numel, 16384, fill_range, j);
+  ddp_tensor_bump_version(t);
+  (void)op;
+  return DDP_OK;
+}
+
+int ddp_uniform_(ddp_tensor *t, double lo, double hi, ddp_generator *g) {
+  DDP_TRY(ddp_check_alive(t, "uniform_", "self"));
+  if (!ddp_dtype_is_floating(t->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "uniform_: needs a floating tensor, got %s", ddp_dtype_name(t->dtype));
+  if (!(lo <= hi)) DDP_FAIL(DDP_ERR_ARG, "uniform_: from (%g) must be <= to (%g)", lo, hi);
+  fill_job j = {.kind = KIND_UNIFORM, .a = lo, .b = hi};
+  return run_fill(t, &j, g, "uniform_");
+}
+
+int ddp_normal_(ddp_tensor *t, double mean, double std, ddp_generator *g) {
+  DDP_TRY(ddp_check_alive(t, "normal_", "self"));
+  if (!ddp_dtype_is_floating(t->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "normal_: needs a floating tensor, got %s", ddp_dtype_name(t->dtype));
+  if (!(std >= 0)) DDP_FAIL(DDP_ERR_ARG, "normal_: std must be >= 0, got %g", std);
+  fill_job j = {.kind = KIND_NORMAL, .a = mean, .b = std};
+  return run_fill(t, &j, g, "normal_");
+}
+
+int ddp_bernoulli_(ddp_tensor *t, double p, ddp_generator *g) {
+  DDP_TRY(ddp_check_alive(t, "bernoulli_", "self"));
+  if (!(p >= 0 && p <= 1)) DDP_FAIL(DDP_ERR_ARG, "bernoulli_: p must be in [0, 1], got %g", p);
+  fill_job j = {.kind = KIND_BERNOULLI, .a = p};
+  return run_fill(t, &j, g, "bernoulli_");
+}
+
+int ddp_randint_(ddp_tensor *t, int64_t low, int64_t high, ddp_generator *g) {
+  DDP_TRY(ddp_check_alive(t, "randint_", "self"));
+  if (low >= high)
+    DDP_FAIL(DDP_ERR_ARG, "randint_: low (%lld) must be < high (%lld)", (long long)low,
+             (long long)high);
+  fill_job j = {.kind = KIND_RANDINT, .low = low, .range = (uint64_t)(high - low)};
+  return run_fill(t, &j, g, "randint_");
+}
+
+int ddp_randperm(ddp_tensor **out, int64_t n, int dtype, ddp_generator *g) {
+  *out = NULL;
+  if (n < 0) DDP_FAIL(DDP_ERR_ARG, "randperm: n must be >= 0, got %lld", (long long)n);
+  if (dtype == DDP_BOOL || dtype == DDP_U8 || dtype < 0 || dtype >= DDP_DTYPE_COUNT)
+    DDP_FAIL(DDP_ERR_ARG, "randperm: dtype %s cannot hold a permutation", ddp_dtype_name(dtype));
+  if (!g) g = &default_generator;
+  int64_t *perm = malloc((size_t)(n ? n : 1) * sizeof *perm);
+  if (!perm) DDP_FAIL(DDP_ERR_MEMORY, "randperm: out of memory for n = %lld", (long long)n);
+  for (int64_t i = 0; i < n; i++) perm[i] = i;
+  /* Fisher-Yates from the top (Knuth, TAOCP vol. 2, Algorithm P): 64 bits per swap */
+  for (int64_t i = n - 1; i > 0; i--) {
+    uint32_t w[4];
+    block(w, g->seed, g->offset + (uint64_t)i / 2);
+    uint64_t x = ((uint64_t)w[(i & 1) * 2 + 1] << 32) | w[(i & 1) * 2];
+    int64_t j = (int64_t)(x % (uint64_t)(i + 1));
+    int64_t tmp = perm[i];
+    perm[i] = perm[j];
+    perm[j] = tmp;
+  }
+  g->offset += ((uint64_t)n + 1) / 2;
+  int status = ddp_tensor_from_data(out, 1, &n, dtype, perm, DDP_I64);
+  free(perm);
+  return status;
+}

@@ -1,0 +1,297 @@
+/* runtime/core/tensor.c: tensor and storage lifetime, metadata accessors, element access. */
+#include <stdlib.h>
+
+#include "autograd/autograd.h"
+#include "core/core.h"
+
+/* ---- storage ------------------------------------------------------------------------ */
+
+static ddp_storage *storage_new(size_t nbytes, int device) {
+  ddp_storage *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->data = ddp_alloc(nbytes);
+  if (!s->data) {
+    free(s);
+    return NULL;
+  }
+  s->refcount = 1;
+  s->nbytes = nbytes;
+  s->device = device;
+  return s;
+}
+
+static void storage_release(ddp_storage *s) {
+  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (s->deleter) s->deleter(s->data, s->deleter_ctx);
+  else if (!s->deleter_ctx) ddp_free(s->data, s->nbytes);
+  free(s);
+}
+
+/* ---- tensor headers ----------------------------------------------------------------- */
+
+int64_t ddp_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+  int64_t n = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    strides[i] = n;
+    n *= shape[i];
+  }
+  return n;
+}
+
+static ddp_tensor *header_new(ddp_storage *s, int dtype, int ndim, const int64_t *shape,
+                              const int64_t *strides, int64_t offset) {
+  ddp_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->refcount = 1;
+  t->storage = s;
+  t->dtype = dtype;
+  t->ndim = ndim;
+  t->device = s->device;
+  t->offset = offset;
+  t->numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    t->shape[i] = shape[i];
+    t->strides[i] = strides[i];
+    t->numel *= shape[i];
+  }
+  return t;
+}
+
+static int check_geometry(const char *op, int ndim, const int64_t *shape, int dtype, int device) {
+  if (ndim < 0 || ndim > DDP_MAX_DIMS)
+    DDP_FAIL(DDP_ERR_ARG, "%s: %d dimensions requested, at most %d are supported", op, ndim,
+             DDP_MAX_DIMS);
+  if (ndim > 0 && !shape) DDP_FAIL(DDP_ERR_ARG, "%s: shape is NULL", op);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0)
+      DDP_FAIL(DDP_ERR_ARG, "%s: size %lld of dimension %d is negative", op,
+               (long long)shape[i], i + 1);
+  if (dtype < 0 || dtype >= DDP_DTYPE_COUNT)
+    DDP_FAIL(DDP_ERR_ARG, "%s: unknown dtype %d", op, dtype);
+  if (device != DDP_DEVICE_CPU)
+    DDP_FAIL(DDP_ERR_UNAVAILABLE, "%s: device %d is not available (CPU is device -1)", op,
+             device);
+  return DDP_OK;
+}
+
+int ddp_tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
+  *out = NULL;
+  DDP_TRY(check_geometry("empty", ndim, shape, dtype, device));
+  int64_t strides[DDP_MAX_DIMS];
+  int64_t numel = ddp_contiguous_strides(ndim, shape, strides);
+  size_t nbytes = (size_t)numel * ddp_dtype_size(dtype);
+  ddp_storage *s = storage_new(nbytes, device);
+  if (!s)
+    DDP_FAIL(DDP_ERR_MEMORY, "empty: out of memory allocating %zu bytes for shape %s", nbytes,
+             ddp_shape_str(ndim, shape));
+  *out = header_new(s, dtype, ndim, shape, strides, 0);
+  if (!*out) {
+    storage_release(s);
+    DDP_FAIL(DDP_ERR_MEMORY, "empty: out of memory");
+  }
+  return DDP_OK;
+}
+
+int ddp_tensor_zeros(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
+  DDP_TRY(ddp_tensor_empty(out, ndim, shape, dtype, device));
+  memset((*out)->storage->data, 0, (*out)->storage->nbytes);
+  return DDP_OK;
+}
+
+int ddp_tensor_from_data(ddp_tensor **out, int ndim, const int64_t *shape, int dtype,
+                         const void *data, int src_dtype) {
+  DDP_TRY(ddp_tensor_empty(out, ndim, shape, dtype, DDP_DEVICE_CPU));
+  ddp_tensor *t = *out;
+  if (t->numel == 0) return DDP_OK;
+  if (!data) {
+    ddp_tensor_release(t);
+    *out = NULL;
+    DDP_FAIL(DDP_ERR_ARG, "from_data: data is NULL for shape %s", ddp_shape_str(ndim, shape));
+  }
+  if (src_dtype < 0 || src_dtype >= DDP_DTYPE_COUNT) {
+    ddp_tensor_release(t);
+    *out = NULL;
+    DDP_FAIL(DDP_ERR_ARG, "from_data: unknown source dtype %d", src_dtype);
+  }
+  if (src_dtype == dtype) {
+    memcpy(t->storage->data, data, t->storage->nbytes);
+  } else {
+    size_t ssz = ddp_dtype_size(src_dtype), dsz = ddp_dtype_size(dtype);
+    for (int64_t i = 0; i < t->numel; i++)
+      ddp_store_f64((char *)t->storage->data + i * dsz, dtype,
+                    ddp_load_f64((const char *)data + i * ssz, src_dtype));
+  }
+  return DDP_OK;
+}
+
+int ddp_tensor_from_blob(ddp_tensor **out, void *data, int ndim, const int64_t *shape,
+                         const int64_t *strides, int dtype, ddp_deleter_fn deleter, void *ctx) {
+  *out = NULL;
+  DDP_TRY(check_geometry("from_blob", ndim, shape, dtype, DDP_DEVICE_CPU));
+  int64_t cstrides[DDP_MAX_DIMS];
+  int64_t numel = ddp_contiguous_strides(ndim, shape, cstrides);
+  if (!strides) strides = cstrides;
+  int64_t span = 1; /* elements from the first to one past the last */
+  for (int i = 0; i < ndim; i++) {
+    if (strides[i] < 0) DDP_FAIL(DDP_ERR_ARG, "from_blob: stride %d is negative", i + 1);
+    if (shape[i] > 0) span += (shape[i] - 1) * strides[i];
+  }
+  if (numel == 0) span = 0;
+  if (numel > 0 && !data) DDP_FAIL(DDP_ERR_ARG, "from_blob: data is NULL");
+  ddp_storage *s = calloc(1, sizeof *s);
+  if (!s) DDP_FAIL(DDP_ERR_MEMORY, "from_blob: out of memory");
+  s->refcount = 1;
+  s->data = data;
+  s->nbytes = (size_t)span * ddp_dtype_size(dtype);
+  s->device = DDP_DEVICE_CPU;
+  s->deleter = deleter;
+  s->deleter_ctx = deleter ? ctx : (void *)1; /* non-NULL: not ours to free */
+  *out = header_new(s, dtype, ndim, shape, strides, 0);
+  if (!*out) {
+    s->deleter = NULL;
+    storage_release(s);
+    DDP_FAIL(DDP_ERR_MEMORY, "from_blob: out of memory");
+  }
+  return DDP_OK;
+}
+
+int ddp_tensor_view_raw(ddp_tensor **out, const ddp_tensor *base, int ndim, const int64_t *shape,
+                        const int64_t *strides, int64_t offset) {
+  *out = header_new(base->storage, base->dtype, ndim, shape, strides, offset);
+  if (!*out) DDP_FAIL(DDP_ERR_MEMORY, "view: out of memory");
+  __atomic_add_fetch(&base->storage->refcount, 1, __ATOMIC_RELAXED);
+  return DDP_OK;
+}
+
+ddp_tensor *ddp_tensor_alias(const ddp_tensor *t) {
+  ddp_tensor *a = NULL;
+  if (ddp_tensor_view_raw(&a, t, t->ndim, t->shape, t->strides, t->offset)) return NULL;
+  return a;
+}
+
+void ddp_tensor_retain(ddp_tensor *t) {
+  if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+}
+
+/* Drop everything t holds but the header itself. */
+static void tensor_clear(ddp_tensor *t) {
+  ddp_storage *s = t->storage;
+  ddp_tensor *g = t->grad;
+  ddp_node *fn = t->grad_fn;
+  t->storage = NULL;
+  t->grad = NULL;
+  t->grad_fn = NULL;
+  ddp_autograd_forget_tensor(t, fn);
+  ddp_hooks_free(t->hooks);
+  t->hooks = NULL;
+  ddp_tensor_release(g);
+  ddp_node_release(fn);
+  storage_release(s);
+}
+
+void ddp_tensor_release(ddp_tensor *t) {
+  if (!t || __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  tensor_clear(t);
+  free(t);
+}
+
+void ddp_tensor_free(ddp_tensor *t) {
+  if (t && t->storage) {
+    tensor_clear(t);
+    t->numel = 0;
+  }
+}
+
+int ddp_tensor_is_alive(const ddp_tensor *t) { return t && t->storage; }
+
+int ddp_check_alive(const ddp_tensor *t, const char *op, const char *arg) {
+  if (!t) DDP_FAIL(DDP_ERR_ARG, "%s: argument '%s' is nil (expected a tensor)", op, arg);
+  if (!t->storage)
+    DDP_FAIL(DDP_ERR_STATE, "%s: argument '%s' is a freed tensor (:free() was called on it)",
+             op, arg);
+  return DDP_OK;
+}
+
+/* ---- accessors ---------------------------------------------------------------------- */
+
+int ddp_tensor_dim(const ddp_tensor *t) { return t->ndim; }
+int64_t ddp_tensor_numel(const ddp_tensor *t) { return t->numel; }
+int ddp_tensor_dtype(const ddp_tensor *t) { return t->dtype; }
+int ddp_tensor_device(const ddp_tensor *t) { return t->device; }
+const int64_t *ddp_tensor_shape(const ddp_tensor *t) { return t->shape; }
+const int64_t *ddp_tensor_strides(const ddp_tensor *t) { return t->strides; }
+int64_t ddp_tensor_offset(const ddp_tensor *t) { return t->offset; }
+void *ddp_tensor_data(const ddp_tensor *t) { return t->storage ? ddp_data(t) : NULL; }
+int64_t ddp_tensor_storage_bytes(const ddp_tensor *t) {
+  return t->storage ? (int64_t)t->storage->nbytes : 0;
+}
+int64_t ddp_tensor_version(const ddp_tensor *t) { return t->storage ? t->storage->version : 0; }
+
+int ddp_tensor_shares_storage(const ddp_tensor *a, const ddp_tensor *b) {
+  return a && b && a->storage && a->storage == b->storage;
+}
+
+int ddp_tensor_is_contiguous(const ddp_tensor *t) {
+  int64_t expected = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] == 1) continue;
+    if (t->shape[i] == 0) return 1;
+    if (t->strides[i] != expected) return 0;
+    expected *= t->shape[i];
+  }
+  return 1;
+}
+
+/* ---- element access ----------------------------------------------------------------- */
+
+int ddp_tensor_item(const ddp_tensor *t, double *out) {
+  DDP_TRY(ddp_check_alive(t, "item", "self"));
+  if (t->numel != 1)
+    DDP_FAIL(DDP_ERR_ARG, "item: a tensor with %lld elements %s cannot be converted to a number "
+             "(item needs exactly one element)", (long long)t->numel, DDP_SHAPE(t));
+  *out = ddp_load_f64(ddp_data(t), t->dtype);
+  return DDP_OK;
+}
+
+static int element_address(const ddp_tensor *t, const int64_t *index, const char *op, char **p) {
+  DDP_TRY(ddp_check_alive(t, op, "self"));
+  int64_t off = t->offset;
+  for (int i = 0; i < t->ndim; i++) {
+    if (index[i] < 0 || index[i] >= t->shape[i])
+      DDP_FAIL(DDP_ERR_ARG, "%s: index %lld is out of range for dimension %d of size %lld "
+               "(tensor %s)", op, (long long)index[i], i + 1, (long long)t->shape[i],
+               DDP_SHAPE(t));
+    off += index[i] * t->strides[i];
+  }
+  *p = (char *)t->storage->data + off * (int64_t)ddp_dtype_size(t->dtype);
+  return DDP_OK;
+}
+
+int ddp_tensor_get(const ddp_tensor *t, const int64_t *index, double *out) {
+  char *p;
+  DDP_TRY(element_address(t, index, "get", &p));
+  *out = ddp_load_f64(p, t->dtype);
+  return DDP_OK;
+}
+
+int ddp_tensor_set(ddp_tensor *t, const int64_t *index, double value) {
+  char *p;
+  DDP_TRY(element_address(t, index, "set", &p));
+  ddp_store_f64(p, t->dtype, value);
+  ddp_tensor_bump_version(t);
+  return DDP_OK;
+}
+
+struct to_f64_ctx { double *dst; int dtype; };
+static void to_f64_loop(void *vctx, char **ptrs, const int64_t *strides, int64_t n) {
+  struct to_f64_ctx *c = vctx;
+  for (int64_t i = 0; i < n; i++) *c->dst++ = ddp_load_f64(ptrs[0] + i * strides[0], c->dtype);
+}
+
+int ddp_tensor_to_f64(const ddp_tensor *t, double *dst) {
+  DDP_TRY(ddp_check_alive(t, "to_f64", "self"));
+  struct to_f64_ctx c = {dst, t->dtype};
+  ddp_tensor *ops[1] = {(ddp_tensor *)t};
+  ddp_foreach(1, ops, t->ndim, t->shape, to_f64_loop, &c, 0); /* serial: writes in order */
+  return DDP_OK;
+}

@@ -1,0 +1,1 @@
+/* ddplua/ops_loss.h: part of the public API, included by ddplua.h only. */

@@ -1,0 +1,1 @@
+/* ddplua/ops_nn.h: part of the public API, included by ddplua.h only. */

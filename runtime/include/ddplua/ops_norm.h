@@ -1,0 +1,1 @@
+/* ddplua/ops_norm.h: part of the public API, included by ddplua.h only. */

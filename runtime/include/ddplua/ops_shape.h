@@ -1,0 +1,1 @@
+/* ddplua/ops_shape.h: part of the public API, included by ddplua.h only. */
