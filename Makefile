@@ -27,7 +27,12 @@ NVCC     ?= nvcc
 CC       ?= cc
 CXX      ?= c++
 
-BUILD := build
+# Sanitizer builds go to their own folder so they never mix objects with the normal build.
+ifneq ($(SANITIZE),)
+  BUILD ?= build-sanitize
+else
+  BUILD ?= build
+endif
 LUAJIT_CFLAGS := $(shell pkg-config --cflags luajit 2>/dev/null)
 LUAJIT_LIBS   := $(shell pkg-config --libs luajit 2>/dev/null)
 BLAS_CFLAGS   := $(shell pkg-config --cflags openblas 2>/dev/null)
@@ -142,8 +147,11 @@ config:
 	check "python3-torch (bench)" "/usr/bin/python3 -c 'import torch'"
 
 BUSTED_ENV :=
+ifneq ($(BUILD),build)
+  BUSTED_ENV += DDPLUA_LIB=$(CURDIR)/$(BUILD)/libddplua.so DDPLUA_EXE=$(CURDIR)/$(BUILD)/ddplua
+endif
 ifneq ($(SANITIZE),)
-  BUSTED_ENV := LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+  BUSTED_ENV += LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
                 ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 endif
 
