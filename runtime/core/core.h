@@ -99,6 +99,10 @@ static inline void ddp_tensor_bump_version(ddp_tensor *t) { t->storage->version+
 const char *ddp_shape_str(int ndim, const int64_t *shape);
 #define DDP_SHAPE(t) ddp_shape_str((t)->ndim, (t)->shape)
 
+/* DDP_OK for the CPU; for a CUDA device a DDP_ERR_UNAVAILABLE error "op: CUDA is not
+ * available: <reason>" (or a bad device number). */
+int ddp_check_device(int device, const char *op);
+
 /* ---- dtypes ------------------------------------------------------------------------- */
 
 float ddp_f16_to_f32(uint16_t h);

@@ -68,10 +68,7 @@ static int check_geometry(const char *op, int ndim, const int64_t *shape, int dt
                (long long)shape[i], i + 1);
   if (dtype < 0 || dtype >= DDP_DTYPE_COUNT)
     DDP_FAIL(DDP_ERR_ARG, "%s: unknown dtype %d", op, dtype);
-  if (device != DDP_DEVICE_CPU)
-    DDP_FAIL(DDP_ERR_UNAVAILABLE, "%s: device %d is not available (CPU is device -1)", op,
-             device);
-  return DDP_OK;
+  return ddp_check_device(device, op);
 }
 
 int ddp_tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {

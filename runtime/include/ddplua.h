@@ -91,6 +91,17 @@ size_t ddp_dtype_size(int dtype);
 /* 1 when the dtype is a floating-point type (f32, f64, f16, bf16), else 0. */
 int ddp_dtype_is_floating(int dtype);
 
+/* 1 when the CUDA plug-in loaded and found at least one device (probed once per process;
+ * never fails). */
+int ddp_cuda_is_available(void);
+
+/* Number of CUDA devices (0 when CUDA is not available). */
+int ddp_cuda_device_count(void);
+
+/* Why CUDA is not available ("" when it is): the plug-in did not load, no driver, no
+ * device. */
+const char *ddp_cuda_unavailable_reason(void);
+
 /* ---------------------------------------------------------------------------------------
  * Memory and threads
  * ------------------------------------------------------------------------------------- */
