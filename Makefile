@@ -53,7 +53,7 @@ CFLAGS  := -std=gnu11 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime $(BLAS_CFLAGS)
 CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime
-LDLIBS  := $(BLAS_LIBS) -lz -lm -ldl -pthread
+LDLIBS  := $(BLAS_LIBS) -lcjson -lz -lm -ldl -pthread
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/cpu/*.c runtime/ops/*.c \

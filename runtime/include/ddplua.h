@@ -337,6 +337,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/ops_nn.h"
 #include "ddplua/ops_norm.h"
 #include "ddplua/ops_loss.h"
+#include "ddplua/io.h"
 
 #ifdef __cplusplus
 }

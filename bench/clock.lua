@@ -1,0 +1,32 @@
+--- bench/clock.lua: a monotonic clock and a median-of-runs timer for the benchmarks.
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+  typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+  int clock_gettime(int clk, bench_timespec *ts);
+]])
+local ts = ffi.new("bench_timespec")
+
+local M = {}
+
+--- Seconds from a monotonic clock (CLOCK_MONOTONIC).
+function M.now()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+--- Median time in seconds of one call of fn, over `runs` runs of `reps` calls each (after
+-- one warm-up run).
+function M.median_time(fn, reps, runs)
+  runs = runs or 5
+  local times = {}
+  for r = 0, runs do
+    local t0 = M.now()
+    for _ = 1, reps do fn() end
+    local dt = (M.now() - t0) / reps
+    if r > 0 then times[#times + 1] = dt end
+  end
+  table.sort(times)
+  return times[math.floor((#times + 1) / 2)]
+end
+
+return M

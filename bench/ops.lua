@@ -1,0 +1,109 @@
+--- bench/ops.lua: engine-core benchmarks (issue 2). Prints a Markdown table and, with
+-- --out FILE, writes it there.
+--   matmul 1024^3 f32 against raw cblas_sgemm measured in the same run;
+--   conv2d forward+backward at the Fashion-MNIST CNN's shapes (batch 64);
+--   element-wise ops on 16 MiB tensors against memcpy bandwidth measured in the same run;
+--   the cost of one small op called from Lua (dispatch, tape, allocation) over 10^6 calls.
+-- Run: build/ddplua bench/ops.lua [--threads N] [--out FILE]
+package.path = "bench/?.lua;" .. package.path
+local dl = require "ddplua"
+local clock = require "clock"
+local ffi = require "ffi"
+
+local threads, out_path = nil, nil
+for i = 1, #arg do
+  if arg[i] == "--threads" then threads = tonumber(arg[i + 1]) end
+  if arg[i] == "--out" then out_path = arg[i + 1] end
+end
+if threads then dl.set_num_threads(threads) end
+
+pcall(ffi.cdef, [[
+  void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
+                   const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+  void *memcpy(void *dst, const void *src, size_t n);
+]])
+local blas = ffi.load("libopenblas.so.0")
+
+local rows = {}
+local function row(name, value, unit, limit, limit_name)
+  local ratio = limit and string.format("%.0f%%", 100 * value / limit) or ""
+  rows[#rows + 1] = string.format("| %s | %.1f %s | %s | %s |", name, value, unit,
+    limit and string.format("%.1f %s (%s)", limit, unit, limit_name) or "", ratio)
+  io.stderr:write(rows[#rows], "\n")
+end
+
+-- matmul 1024^3 -----------------------------------------------------------------------
+local n = 1024
+local a, b = dl.randn { n, n }, dl.randn { n, n }
+local c = dl.zeros { n, n }
+local C = require("ddplua.lib").C
+local pa = ffi.cast("float*", C.ddp_tensor_data(a))
+local pb = ffi.cast("float*", C.ddp_tensor_data(b))
+local pc = ffi.cast("float*", C.ddp_tensor_data(c))
+local flops = 2 * n * n * n
+local t_raw = clock.median_time(function()
+  blas.cblas_sgemm(101, 111, 111, n, n, n, 1, pa, n, pb, n, 0, pc, n)
+end, 3, 5)
+local t_mm = clock.median_time(function() local _ = a:matmul(b) end, 3, 5)
+local raw_gflops = flops / t_raw / 1e9
+row("matmul 1024³ f32", flops / t_mm / 1e9, "GFLOP/s", raw_gflops, "raw cblas_sgemm")
+
+-- conv2d forward + backward at the CNN's shapes --------------------------------------
+local function conv_case(name, cin, cout, hw)
+  local x = dl.randn { 64, cin, hw, hw }
+  local w = dl.randn({ cout, cin, 3, 3 }, { requires_grad = true })
+  local bias = dl.zeros({ cout }, { requires_grad = true })
+  x:requires_grad_(cin > 1) -- the first layer's input needs no gradient
+  local gout = dl.randn { 64, cout, hw, hw }
+  local conv_flops = 3 * 2 * 64 * cout * cin * 9 * hw * hw -- forward + 2 backward GEMMs
+  if cin == 1 then conv_flops = 2 * 2 * 64 * cout * cin * 9 * hw * hw end
+  local t = clock.median_time(function()
+    local y = dl.conv2d(x, w, bias, { padding = 1 })
+    y:backward(gout)
+    w.grad = nil
+    bias.grad = nil
+    if cin > 1 then x.grad = nil end
+  end, 5, 5)
+  row(name, conv_flops / t / 1e9, "GFLOP/s", raw_gflops, "raw cblas_sgemm 1024³")
+  return t
+end
+conv_case("conv2d fwd+bwd 64×1×28×28 → 32, 3×3 pad 1", 1, 32, 28)
+conv_case("conv2d fwd+bwd 64×32×14×14 → 64, 3×3 pad 1", 32, 64, 14)
+
+-- element-wise on 16 MiB tensors -------------------------------------------------------
+local m = 4 * 1024 * 1024 -- elements (16 MiB of f32)
+local x, y = dl.randn { m }, dl.randn { m }
+local dst = ffi.new("float[?]", m)
+local px = ffi.cast("float*", C.ddp_tensor_data(x))
+local t_copy = clock.median_time(function() ffi.C.memcpy(dst, px, m * 4) end, 10, 5)
+local memcpy_gbs = 2 * m * 4 / t_copy / 1e9 -- read + write
+local function ew(name, fn, streams)
+  local t = clock.median_time(fn, 10, 5)
+  row(name, streams * m * 4 / t / 1e9, "GB/s", memcpy_gbs, "memcpy, read+write")
+end
+ew("add (16 MiB f32)", function() local _ = x + y end, 3)
+ew("mul (16 MiB f32)", function() local _ = x * y end, 3)
+ew("relu (16 MiB f32)", function() local _ = x:relu() end, 2)
+ew("exp (16 MiB f32)", function() local _ = x:exp() end, 2)
+ew("add_ in place (16 MiB f32)", function() x:add_(y) end, 3)
+
+-- one small op from Lua ----------------------------------------------------------------
+local s1, s2 = dl.randn { 4 }, dl.randn({ 4 }, { requires_grad = true })
+local calls = 1000000
+local t_small = clock.median_time(function()
+  for _ = 1, calls do local _ = s1 + s2 end
+end, 1, 3) / calls
+rows[#rows + 1] = string.format("| small op from Lua (add of two (4,) tensors, tape on), 10⁶ calls | %.3f µs/call | target < 1 µs | |", t_small * 1e6)
+io.stderr:write(rows[#rows], "\n")
+
+local header = {
+  "| benchmark | ddplua | machine limit (same run) | ratio |",
+  "|---|---|---|---|",
+}
+local text = table.concat(header, "\n") .. "\n" .. table.concat(rows, "\n") .. "\n"
+if out_path then
+  local f = assert(io.open(out_path, "w"))
+  f:write(text)
+  f:close()
+end
+print(text)

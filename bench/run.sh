@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# bench/run.sh: run the benchmarks and rewrite the tables in bench/RESULTS.md.
+# Each table is measured in one run (ratios are measured together; absolute times move
+# from run to run on a shared machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p bench/out
+machine="$(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores"
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+for threads in 1 2; do
+  build/ddplua bench/ops.lua --threads "$threads" --out "bench/out/ops_t$threads.md"
+done
+{
+  echo "# Benchmark results"
+  echo
+  echo "Written by \`make bench\` (bench/run.sh). Machine: $machine. Commit $commit. Date $(date -u +%F)."
+  echo
+  for threads in 1 2; do
+    echo "## Engine core (bench/ops.lua), $threads thread(s)"
+    echo
+    echo "Command: \`build/ddplua bench/ops.lua --threads $threads\`. Medians of 5 runs."
+    echo
+    cat "bench/out/ops_t$threads.md"
+    echo
+  done
+} > bench/RESULTS.md
+echo "wrote bench/RESULTS.md"
