@@ -103,26 +103,23 @@ static inline double u01(uint32_t lo, uint32_t hi) {
   return (double)(x >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static double value_at(const fill_job *j, int64_t i) {
-  uint32_t w[4];
+/* Element i's value from the words of its block (see the header comment: uniform,
+ * bernoulli and randint take 64 bits = words (2 (i % 2), 2 (i % 2) + 1) of block i / 2;
+ * normal takes the whole block i). */
+static double value_from(const fill_job *j, const uint32_t w[4], int64_t i) {
+  int h = (int)(i & 1) * 2;
   switch (j->kind) {
-  case KIND_UNIFORM: /* one element per block pair of words: words (2k, 2k+1) of block i/2 */
-    block(w, j->seed, j->base + (uint64_t)i / 2);
-    return j->a + (j->b - j->a) * u01(w[(i & 1) * 2], w[(i & 1) * 2 + 1]);
-  case KIND_NORMAL: { /* Box-Muller on the block's two uniform pairs: one normal per block */
-    block(w, j->seed, j->base + (uint64_t)i);
+  case KIND_UNIFORM:
+    return j->a + (j->b - j->a) * u01(w[h], w[h + 1]);
+  case KIND_NORMAL: {
     double u1 = 1.0 - u01(w[0], w[1]), u2 = u01(w[2], w[3]); /* u1 in (0, 1] */
     return j->a + j->b * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
   }
   case KIND_BERNOULLI:
-    block(w, j->seed, j->base + (uint64_t)i / 2);
-    return u01(w[(i & 1) * 2], w[(i & 1) * 2 + 1]) < j->a ? 1.0 : 0.0;
-  default: { /* randint: 64 random bits modulo the range (bias below 2^-32 for any range
-                that fits in 32 bits) */
-    block(w, j->seed, j->base + (uint64_t)i / 2);
-    uint64_t x = ((uint64_t)w[(i & 1) * 2 + 1] << 32) | w[(i & 1) * 2];
-    return (double)(j->low + (int64_t)(x % j->range));
-  }
+    return u01(w[h], w[h + 1]) < j->a ? 1.0 : 0.0;
+  default: /* randint: 64 random bits modulo the range (bias below 2^-32 for any range that
+              fits in 32 bits) */
+    return (double)(j->low + (int64_t)((((uint64_t)w[h + 1] << 32) | w[h]) % j->range));
   }
 }
 
@@ -133,26 +130,38 @@ static void fill_range(void *vj, int64_t begin, int64_t end) {
     idx[d] = rem % j->shape[d];
     rem /= j->shape[d];
   }
+  int per_block = j->kind == KIND_NORMAL ? 1 : 2;
+  uint64_t have = UINT64_MAX; /* block number held in w */
+  uint32_t w[4];
+  int64_t off = 0;
+  for (int d = 0; d < j->ndim; d++) off += idx[d] * j->strides[d];
   for (int64_t i = begin; i < end; i++) {
-    int64_t off = 0;
-    for (int d = 0; d < j->ndim; d++) off += idx[d] * j->strides[d];
+    uint64_t blk = (uint64_t)i / (uint64_t)per_block;
+    if (blk != have) {
+      block(w, j->seed, j->base + blk);
+      have = blk;
+    }
     void *p = j->data + off * (int64_t)j->esize;
-    double v = value_at(j, i);
-    if (j->kind == KIND_RANDINT && j->dtype == DDP_I64) {
-      uint32_t w[4];
-      block(w, j->seed, j->base + (uint64_t)i / 2); /* exact for i64 beyond 2^53 */
-      uint64_t x = ((uint64_t)w[(i & 1) * 2 + 1] << 32) | w[(i & 1) * 2];
-      *(int64_t *)p = j->low + (int64_t)(x % j->range);
+    if (j->kind == KIND_RANDINT && j->dtype == DDP_I64) { /* exact beyond 2^53 */
+      int h = (int)(i & 1) * 2;
+      *(int64_t *)p = j->low + (int64_t)((((uint64_t)w[h + 1] << 32) | w[h]) % j->range);
+    } else if (j->kind == KIND_BERNOULLI) {
+      int h = (int)(i & 1) * 2;
+      ddp_store_f64(p, j->dtype, u01(w[h], w[h + 1]) < j->a ? 1.0 : 0.0);
     } else if (j->dtype == DDP_F32 && j->kind != KIND_RANDINT) {
-      float f = (float)v;
+      float f = (float)value_from(j, w, i);
       /* rounding to float may reach the excluded upper bound: keep [a, b) half-open */
-      if (j->kind == KIND_UNIFORM && f >= (float)j->b && j->b > j->a) f = nextafterf((float)j->b, -INFINITY);
+      if (j->kind == KIND_UNIFORM && f >= (float)j->b && j->b > j->a)
+        f = nextafterf((float)j->b, -INFINITY);
       *(float *)p = f;
     } else {
-      ddp_store_f64(p, j->dtype, v);
+      ddp_store_f64(p, j->dtype, value_from(j, w, i));
     }
+    /* next index in row-major order, keeping the storage offset incrementally */
     for (int d = j->ndim - 1; d >= 0; d--) {
+      off += j->strides[d];
       if (++idx[d] < j->shape[d]) break;
+      off -= idx[d] * j->strides[d];
       idx[d] = 0;
     }
   }
