@@ -1,0 +1,307 @@
+/* runtime/backend/cpu/norm.c: CPU kernels of batch norm, layer norm, dropout and
+ * embedding. See norm.h for the shapes. Each typed kernel is written once as a macro body
+ * instantiated for float and double (NORM_KERNELS at the bottom); the work is split over
+ * the thread pool with ddp_parallel_for on the dimension whose slices are independent
+ * (channels for batch norm, rows or columns for layer norm, columns for embedding grads). */
+#include "backend/cpu/norm.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/core.h"
+
+enum { ELEMENT_GRAIN = 1 << 15 }; /* ~32K elements per thread chunk for cheap work */
+
+/* Chunk size (in slices of `per_slice` elements each) giving about ELEMENT_GRAIN elements. */
+static int64_t grain_for(int64_t per_slice) {
+  if (per_slice <= 0) return ELEMENT_GRAIN;
+  int64_t g = ELEMENT_GRAIN / per_slice;
+  return g < 1 ? 1 : g;
+}
+
+/* Context of every batch-norm range function: buffers as void pointers, cast by the
+ * typed function. */
+typedef struct {
+  void *out0, *out1;
+  const void *x, *dy, *mean, *a, *b, *d;
+  int64_t N, C, S;
+} bn_ctx;
+
+typedef struct {
+  void *y, *mean, *rstd, *dx, *dw, *db;
+  const void *x, *w, *b, *dy, *cmean, *crstd;
+  int64_t M, D;
+  double eps;
+} ln_ctx;
+
+typedef struct {
+  void *dweight;
+  const void *dy;
+  const int64_t *idx;
+  int64_t n, D, padding_idx;
+} emb_ctx;
+
+#define NORM_KERNELS(T, SFX)                                                                   \
+  /* channels [c0, c1): mean, then biased variance around it (two passes, double sums) */     \
+  static void bn_moments_range_##SFX(void *vctx, int64_t c0, int64_t c1) {                   \
+    const bn_ctx *k = vctx;                                                                    \
+    double *mean = k->out0, *var = k->out1;                                                    \
+    const T *x = k->x;                                                                         \
+    int64_t N = k->N, C = k->C, S = k->S;                                                      \
+    double M = (double)N * (double)S;                                                          \
+    for (int64_t c = c0; c < c1; c++) mean[c] = var[c] = 0;                                    \
+    for (int64_t n = 0; n < N; n++)                                                            \
+      for (int64_t c = c0; c < c1; c++) {                                                      \
+        const T *p = x + (n * C + c) * S;                                                      \
+        double acc = 0;                                                                        \
+        for (int64_t s = 0; s < S; s++) acc += p[s];                                           \
+        mean[c] += acc;                                                                        \
+      }                                                                                        \
+    for (int64_t c = c0; c < c1; c++) mean[c] /= M;                                            \
+    for (int64_t n = 0; n < N; n++)                                                            \
+      for (int64_t c = c0; c < c1; c++) {                                                      \
+        const T *p = x + (n * C + c) * S;                                                      \
+        double m = mean[c], acc = 0;                                                           \
+        for (int64_t s = 0; s < S; s++) acc += (p[s] - m) * (p[s] - m);                        \
+        var[c] += acc;                                                                         \
+      }                                                                                        \
+    for (int64_t c = c0; c < c1; c++) var[c] /= M;                                             \
+  }                                                                                            \
+  void ddp_cpu_bn_moments_##SFX(double *mean, double *var, const T *x, int64_t N, int64_t C,   \
+                                int64_t S) {                                                   \
+    bn_ctx k = {.out0 = mean, .out1 = var, .x = x, .N = N, .C = C, .S = S};                    \
+    ddp_parallel_for(C, grain_for(N * S), bn_moments_range_##SFX, &k);                         \
+  }                                                                                            \
+                                                                                               \
+  static void bn_sums_range_##SFX(void *vctx, int64_t c0, int64_t c1) {                      \
+    const bn_ctx *k = vctx;                                                                    \
+    double *sum = k->out0, *sumsq = k->out1;                                                   \
+    const T *x = k->x;                                                                         \
+    int64_t N = k->N, C = k->C, S = k->S;                                                      \
+    for (int64_t c = c0; c < c1; c++) sum[c] = sumsq[c] = 0;                                   \
+    for (int64_t n = 0; n < N; n++)                                                            \
+      for (int64_t c = c0; c < c1; c++) {                                                      \
+        const T *p = x + (n * C + c) * S;                                                      \
+        double a1 = 0, a2 = 0;                                                                 \
+        for (int64_t s = 0; s < S; s++) {                                                      \
+          a1 += p[s];                                                                          \
+          a2 += (double)p[s] * p[s];                                                           \
+        }                                                                                      \
+        sum[c] += a1;                                                                          \
+        sumsq[c] += a2;                                                                        \
+      }                                                                                        \
+  }                                                                                            \
+  void ddp_cpu_bn_sums_##SFX(double *sum, double *sumsq, const T *x, int64_t N, int64_t C,     \
+                             int64_t S) {                                                      \
+    bn_ctx k = {.out0 = sum, .out1 = sumsq, .x = x, .N = N, .C = C, .S = S};                   \
+    ddp_parallel_for(C, grain_for(N * S), bn_sums_range_##SFX, &k);                            \
+  }                                                                                            \
+                                                                                               \
+  /* batch rows [n0, n1): each (n, c) slice is S contiguous elements */                        \
+  static void bn_apply_range_##SFX(void *vctx, int64_t n0, int64_t n1) {                     \
+    const bn_ctx *k = vctx;                                                                    \
+    T *restrict y = k->out0;                                                                   \
+    const T *restrict x = k->x;                                                                \
+    const T *mean = k->mean, *scale = k->a, *shift = k->b;                                     \
+    int64_t C = k->C, S = k->S;                                                                \
+    for (int64_t n = n0; n < n1; n++)                                                          \
+      for (int64_t c = 0; c < C; c++) {                                                        \
+        int64_t base = (n * C + c) * S;                                                        \
+        T m = mean[c], sc = scale[c], sh = shift[c];                                           \
+        for (int64_t s = 0; s < S; s++) y[base + s] = (x[base + s] - m) * sc + sh;             \
+      }                                                                                        \
+  }                                                                                            \
+  void ddp_cpu_bn_apply_##SFX(T *y, const T *x, const T *mean, const T *scale, const T *shift, \
+                              int64_t N, int64_t C, int64_t S) {                               \
+    bn_ctx k = {.out0 = y, .x = x, .mean = mean, .a = scale, .b = shift, .N = N, .C = C,       \
+                .S = S};                                                                       \
+    ddp_parallel_for(N, grain_for(C * S), bn_apply_range_##SFX, &k);                           \
+  }                                                                                            \
+                                                                                               \
+  static void bn_backward_reduce_range_##SFX(void *vctx, int64_t c0, int64_t c1) {           \
+    const bn_ctx *k = vctx;                                                                    \
+    double *sum_dy = k->out0, *sum_dy_xmu = k->out1;                                           \
+    const T *x = k->x, *dy = k->dy, *mean = k->mean;                                           \
+    int64_t N = k->N, C = k->C, S = k->S;                                                      \
+    for (int64_t c = c0; c < c1; c++) sum_dy[c] = sum_dy_xmu[c] = 0;                           \
+    for (int64_t n = 0; n < N; n++)                                                            \
+      for (int64_t c = c0; c < c1; c++) {                                                      \
+        int64_t base = (n * C + c) * S;                                                        \
+        double m = mean[c], a1 = 0, a2 = 0;                                                    \
+        for (int64_t s = 0; s < S; s++) {                                                      \
+          a1 += dy[base + s];                                                                  \
+          a2 += dy[base + s] * (x[base + s] - m);                                              \
+        }                                                                                      \
+        sum_dy[c] += a1;                                                                       \
+        sum_dy_xmu[c] += a2;                                                                   \
+      }                                                                                        \
+  }                                                                                            \
+  void ddp_cpu_bn_backward_reduce_##SFX(double *sum_dy, double *sum_dy_xmu, const T *dy,       \
+                                        const T *x, const T *mean, int64_t N, int64_t C,       \
+                                        int64_t S) {                                           \
+    bn_ctx k = {.out0 = sum_dy, .out1 = sum_dy_xmu, .x = x, .dy = dy, .mean = mean, .N = N,    \
+                .C = C, .S = S};                                                               \
+    ddp_parallel_for(C, grain_for(N * S), bn_backward_reduce_range_##SFX, &k);                 \
+  }                                                                                            \
+                                                                                               \
+  static void bn_backward_elemt_range_##SFX(void *vctx, int64_t n0, int64_t n1) {            \
+    const bn_ctx *k = vctx;                                                                    \
+    T *restrict dx = k->out0;                                                                  \
+    const T *restrict x = k->x, *restrict dy = k->dy;                                          \
+    const T *mean = k->mean, *a = k->a, *b = k->b, *d = k->d;                                  \
+    int64_t C = k->C, S = k->S;                                                                \
+    for (int64_t n = n0; n < n1; n++)                                                          \
+      for (int64_t c = 0; c < C; c++) {                                                        \
+        int64_t base = (n * C + c) * S;                                                        \
+        T m = mean[c], ac = a[c], bc = b[c], dc = d[c];                                        \
+        for (int64_t s = 0; s < S; s++)                                                        \
+          dx[base + s] += ac * dy[base + s] + bc * (x[base + s] - m) + dc;                     \
+      }                                                                                        \
+  }                                                                                            \
+  void ddp_cpu_bn_backward_elemt_##SFX(T *dx, const T *dy, const T *x, const T *mean,          \
+                                       const T *a, const T *b, const T *d, int64_t N,          \
+                                       int64_t C, int64_t S) {                                 \
+    bn_ctx k = {.out0 = dx, .x = x, .dy = dy, .mean = mean, .a = a, .b = b, .d = d, .N = N,    \
+                .C = C, .S = S};                                                               \
+    ddp_parallel_for(N, grain_for(C * S), bn_backward_elemt_range_##SFX, &k);                  \
+  }                                                                                            \
+                                                                                               \
+  /* rows [r0, r1) */                                                                          \
+  static void ln_forward_range_##SFX(void *vctx, int64_t r0, int64_t r1) {                   \
+    const ln_ctx *k = vctx;                                                                    \
+    T *y = k->y, *mean = k->mean, *rstd = k->rstd;                                             \
+    const T *x = k->x, *w = k->w, *b = k->b;                                                   \
+    int64_t D = k->D;                                                                          \
+    for (int64_t r = r0; r < r1; r++) {                                                        \
+      const T *restrict xr = x + r * D;                                                        \
+      T *restrict yr = y + r * D;                                                              \
+      double acc = 0;                                                                          \
+      for (int64_t j = 0; j < D; j++) acc += xr[j];                                            \
+      double m = acc / (double)D, sq = 0;                                                      \
+      for (int64_t j = 0; j < D; j++) sq += (xr[j] - m) * (xr[j] - m);                         \
+      double rs = 1.0 / sqrt(sq / (double)D + k->eps);                                         \
+      mean[r] = (T)m;                                                                          \
+      rstd[r] = (T)rs;                                                                         \
+      T mt = (T)m, rt = (T)rs;                                                                 \
+      if (w && b)                                                                              \
+        for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt * w[j] + b[j];               \
+      else if (w)                                                                              \
+        for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt * w[j];                      \
+      else if (b)                                                                              \
+        for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt + b[j];                      \
+      else                                                                                     \
+        for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mt) * rt;                             \
+    }                                                                                          \
+  }                                                                                            \
+  void ddp_cpu_ln_forward_##SFX(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b,    \
+                                int64_t M, int64_t D, double eps) {                            \
+    ln_ctx k = {.y = y, .mean = mean, .rstd = rstd, .x = x, .w = w, .b = b, .M = M, .D = D,    \
+                .eps = eps};                                                                   \
+    ddp_parallel_for(M, grain_for(D), ln_forward_range_##SFX, &k);                             \
+  }                                                                                            \
+                                                                                               \
+  /* rows [r0, r1) of dx: g = dy * w, dx += rstd / D (D g - sum g - xhat sum(g xhat)) */       \
+  static void ln_backward_dx_range_##SFX(void *vctx, int64_t r0, int64_t r1) {               \
+    const ln_ctx *k = vctx;                                                                    \
+    T *dx = k->dx;                                                                             \
+    const T *x = k->x, *w = k->w, *dy = k->dy, *mean = k->cmean, *rstd = k->crstd;             \
+    int64_t D = k->D;                                                                          \
+    for (int64_t r = r0; r < r1; r++) {                                                        \
+      const T *restrict xr = x + r * D, *restrict dyr = dy + r * D;                            \
+      T *restrict dxr = dx + r * D;                                                            \
+      T m = mean[r], rs = rstd[r];                                                             \
+      double sum_g = 0, sum_g_xhat = 0;                                                        \
+      for (int64_t j = 0; j < D; j++) {                                                        \
+        T g = w ? dyr[j] * w[j] : dyr[j];                                                      \
+        sum_g += g;                                                                            \
+        sum_g_xhat += g * (xr[j] - m) * rs;                                                    \
+      }                                                                                        \
+      T c1 = (T)(rs / (double)D), mg = (T)sum_g, mgx = (T)sum_g_xhat, Dt = (T)D;               \
+      for (int64_t j = 0; j < D; j++) {                                                        \
+        T g = w ? dyr[j] * w[j] : dyr[j];                                                      \
+        dxr[j] += c1 * (Dt * g - mg - (xr[j] - m) * rs * mgx);                                 \
+      }                                                                                        \
+    }                                                                                          \
+  }                                                                                            \
+  /* columns [j0, j1) of dw and db, summed over every row in order */                          \
+  static void ln_backward_dwdb_range_##SFX(void *vctx, int64_t j0, int64_t j1) {             \
+    const ln_ctx *k = vctx;                                                                    \
+    T *dw = k->dw, *db = k->db;                                                                \
+    const T *x = k->x, *dy = k->dy, *mean = k->cmean, *rstd = k->crstd;                        \
+    int64_t D = k->D;                                                                          \
+    for (int64_t r = 0; r < k->M; r++) {                                                       \
+      const T *restrict xr = x + r * D, *restrict dyr = dy + r * D;                            \
+      T m = mean[r], rs = rstd[r];                                                             \
+      if (dw)                                                                                  \
+        for (int64_t j = j0; j < j1; j++) dw[j] += dyr[j] * (xr[j] - m) * rs;                  \
+      if (db)                                                                                  \
+        for (int64_t j = j0; j < j1; j++) db[j] += dyr[j];                                     \
+    }                                                                                          \
+  }                                                                                            \
+  void ddp_cpu_ln_backward_##SFX(T *dx, T *dw, T *db, const T *dy, const T *x, const T *mean,  \
+                                 const T *rstd, const T *w, int64_t M, int64_t D) {            \
+    ln_ctx k = {.dx = dx, .dw = dw, .db = db, .dy = dy, .x = x, .cmean = mean, .crstd = rstd,  \
+                .w = w, .M = M, .D = D};                                                       \
+    if (dx) ddp_parallel_for(M, grain_for(D), ln_backward_dx_range_##SFX, &k);                 \
+    if (dw || db) ddp_parallel_for(D, grain_for(M), ln_backward_dwdb_range_##SFX, &k);         \
+  }                                                                                            \
+                                                                                               \
+  typedef struct {                                                                             \
+    T *y;                                                                                      \
+    const T *x;                                                                                \
+    const uint8_t *mask;                                                                       \
+    T scale;                                                                                   \
+  } masked_ctx_##SFX;                                                                          \
+  static void masked_scale_range_##SFX(void *vctx, int64_t i0, int64_t i1) {                 \
+    const masked_ctx_##SFX *k = vctx;                                                          \
+    T *restrict y = k->y;                                                                      \
+    const T *restrict x = k->x;                                                                \
+    const uint8_t *restrict mask = k->mask;                                                    \
+    T scale = k->scale;                                                                        \
+    for (int64_t i = i0; i < i1; i++) y[i] = x[i] * (T)mask[i] * scale;                        \
+  }                                                                                            \
+  void ddp_cpu_masked_scale_##SFX(T *y, const T *x, const uint8_t *mask, T scale, int64_t n) { \
+    masked_ctx_##SFX k = {y, x, mask, scale};                                                  \
+    ddp_parallel_for(n, ELEMENT_GRAIN, masked_scale_range_##SFX, &k);                          \
+  }                                                                                            \
+                                                                                               \
+  static void embedding_backward_range_##SFX(void *vctx, int64_t j0, int64_t j1) {           \
+    const emb_ctx *k = vctx;                                                                   \
+    T *dweight = k->dweight;                                                                   \
+    const T *dy = k->dy;                                                                       \
+    for (int64_t i = 0; i < k->n; i++) {                                                       \
+      int64_t v = k->idx[i];                                                                   \
+      if (v == k->padding_idx) continue;                                                       \
+      T *restrict dst = dweight + v * k->D;                                                    \
+      const T *restrict src = dy + i * k->D;                                                   \
+      for (int64_t j = j0; j < j1; j++) dst[j] += src[j];                                      \
+    }                                                                                          \
+  }                                                                                            \
+  void ddp_cpu_embedding_backward_##SFX(T *dweight, const T *dy, const int64_t *idx, int64_t n, \
+                                        int64_t D, int64_t padding_idx) {                      \
+    emb_ctx k = {.dweight = dweight, .dy = dy, .idx = idx, .n = n, .D = D,                     \
+                 .padding_idx = padding_idx};                                                  \
+    ddp_parallel_for(D, grain_for(n), embedding_backward_range_##SFX, &k);                     \
+  }
+
+NORM_KERNELS(float, f32)
+NORM_KERNELS(double, f64)
+
+typedef struct {
+  char *out;
+  const char *weight;
+  const int64_t *idx;
+  int64_t row_bytes;
+} gather_ctx;
+
+static void embedding_forward_range(void *vctx, int64_t i0, int64_t i1) {
+  const gather_ctx *k = vctx;
+  for (int64_t i = i0; i < i1; i++)
+    memcpy(k->out + i * k->row_bytes, k->weight + k->idx[i] * k->row_bytes, (size_t)k->row_bytes);
+}
+
+void ddp_cpu_embedding_forward(char *out, const char *weight, const int64_t *idx, int64_t n,
+                               int64_t row_bytes) {
+  gather_ctx k = {out, weight, idx, row_bytes};
+  ddp_parallel_for(n, grain_for(row_bytes / 4 + 1), embedding_forward_range, &k);
+}

@@ -1,0 +1,80 @@
+/* runtime/backend/cpu/norm.h: CPU kernels of batch norm, layer norm, dropout and embedding
+ * (internal; the front doors in runtime/ops/norm.c check shapes and call these).
+ *
+ * All buffers are contiguous. Batch-norm buffers are viewed as (N, C, S): N the batch, C the
+ * channels, S the product of the spatial dims (1 for an (N, C) input). Layer-norm buffers
+ * are viewed as (M, D): M rows, each normalised over its D elements. Kernels come in f32
+ * and f64 (suffix); reductions accumulate in double. Backward kernels accumulate (+=) into
+ * their d* buffers. Kernels split their work over the thread pool themselves. */
+#ifndef DDP_CPU_NORM_H
+#define DDP_CPU_NORM_H
+
+#include <stdint.h>
+
+/* Per-channel mean and biased variance:
+ * mean (C), var (C) <- x (N, C, S). Two passes (mean, then squared deviations). */
+void ddp_cpu_bn_moments_f32(double *mean, double *var, const float *x, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_moments_f64(double *mean, double *var, const double *x, int64_t N, int64_t C, int64_t S);
+
+/* Per-channel sum and sum of squares: sum (C), sumsq (C) <- x (N, C, S). */
+void ddp_cpu_bn_sums_f32(double *sum, double *sumsq, const float *x, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_sums_f64(double *sum, double *sumsq, const double *x, int64_t N, int64_t C, int64_t S);
+
+/* y = (x - mean[c]) * scale[c] + shift[c]:
+ * y (N, C, S) <- x (N, C, S), mean (C), scale (C), shift (C). */
+void ddp_cpu_bn_apply_f32(float *y, const float *x, const float *mean, const float *scale,
+                          const float *shift, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_apply_f64(double *y, const double *x, const double *mean, const double *scale,
+                          const double *shift, int64_t N, int64_t C, int64_t S);
+
+/* Per-channel sums for the backward: sum_dy[c] = sum dy, sum_dy_xmu[c] = sum dy * (x - mean[c]):
+ * sum_dy (C), sum_dy_xmu (C) <- dy (N, C, S), x (N, C, S), mean (C). */
+void ddp_cpu_bn_backward_reduce_f32(double *sum_dy, double *sum_dy_xmu, const float *dy,
+                                    const float *x, const float *mean, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_backward_reduce_f64(double *sum_dy, double *sum_dy_xmu, const double *dy,
+                                    const double *x, const double *mean, int64_t N, int64_t C, int64_t S);
+
+/* dx += a[c] * dy + b[c] * (x - mean[c]) + d[c], the per-channel affine form both the
+ * training and the eval backward of batch norm reduce to:
+ * dx (N, C, S) <- dy (N, C, S), x (N, C, S), mean (C), a (C), b (C), d (C). */
+void ddp_cpu_bn_backward_elemt_f32(float *dx, const float *dy, const float *x, const float *mean,
+                                   const float *a, const float *b, const float *d, int64_t N,
+                                   int64_t C, int64_t S);
+void ddp_cpu_bn_backward_elemt_f64(double *dx, const double *dy, const double *x, const double *mean,
+                                   const double *a, const double *b, const double *d, int64_t N,
+                                   int64_t C, int64_t S);
+
+/* Layer norm forward: y (M, D), mean (M), rstd (M) <- x (M, D), w (D) or NULL, b (D) or NULL;
+ * rstd = 1 / sqrt(biased var + eps). */
+void ddp_cpu_ln_forward_f32(float *y, float *mean, float *rstd, const float *x, const float *w,
+                            const float *b, int64_t M, int64_t D, double eps);
+void ddp_cpu_ln_forward_f64(double *y, double *mean, double *rstd, const double *x, const double *w,
+                            const double *b, int64_t M, int64_t D, double eps);
+
+/* Layer norm backward; each of dx (M, D), dw (D), db (D) may be NULL (not wanted):
+ * <- dy (M, D), x (M, D), mean (M), rstd (M), w (D) or NULL. */
+void ddp_cpu_ln_backward_f32(float *dx, float *dw, float *db, const float *dy, const float *x,
+                             const float *mean, const float *rstd, const float *w, int64_t M, int64_t D);
+void ddp_cpu_ln_backward_f64(double *dx, double *dw, double *db, const double *dy, const double *x,
+                             const double *mean, const double *rstd, const double *w, int64_t M,
+                             int64_t D);
+
+/* y = x * mask * scale (dropout forward, and its backward with x = dy):
+ * y (n) <- x (n), mask (n) u8 0/1. */
+void ddp_cpu_masked_scale_f32(float *y, const float *x, const uint8_t *mask, float scale, int64_t n);
+void ddp_cpu_masked_scale_f64(double *y, const double *x, const uint8_t *mask, double scale, int64_t n);
+
+/* Embedding lookup: out (n, row_bytes) <- weight (V, row_bytes), idx (n), every idx in [0, V)
+ * (checked by the caller). */
+void ddp_cpu_embedding_forward(char *out, const char *weight, const int64_t *idx, int64_t n,
+                               int64_t row_bytes);
+
+/* Embedding backward (index_add of rows): dweight[idx[i], :] += dy[i, :] for every i with
+ * idx[i] != padding_idx (-1: none). dweight (V, D) <- dy (n, D), idx (n). Deterministic: the
+ * columns are split over threads, rows are added in order. */
+void ddp_cpu_embedding_backward_f32(float *dweight, const float *dy, const int64_t *idx, int64_t n,
+                                    int64_t D, int64_t padding_idx);
+void ddp_cpu_embedding_backward_f64(double *dweight, const double *dy, const int64_t *idx, int64_t n,
+                                    int64_t D, int64_t padding_idx);
+
+#endif /* DDP_CPU_NORM_H */

@@ -1,0 +1,663 @@
+/* runtime/ops/norm.c: front doors of batch norm, layer norm, dropout and embedding (see
+ * ddplua/ops_norm.h for the contracts): argument checks, dtype dispatch to the kernels of
+ * backend/cpu/norm.c, autograd recording and the backward functions.
+ *
+ * Half types (f16, bf16) run through f32: the front door converts with the differentiable
+ * ddp_to_dtype, calls itself in f32 and converts back, so the graph gets ToCopy nodes
+ * around the f32 node. Per-channel and per-row statistics are computed in double. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "autograd/autograd.h"
+#include "backend/cpu/norm.h"
+#include "core/core.h"
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+/* Element address of t as void * (kernels take typed pointers). */
+static void *dptr(const ddp_tensor *t) { return ddp_data(t); }
+
+static int is_half(int dtype) { return dtype == DDP_F16 || dtype == DDP_BF16; }
+
+/* 1 when backward must produce a gradient for input i of node n. */
+static int wanted(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
+
+/* A contiguous tensor with t's values in `dtype` and no graph (t itself, detached, when
+ * it already is one). */
+static int detached_as(ddp_tensor **out, ddp_tensor *t, int dtype) {
+  *out = NULL;
+  ddp_tensor *alias = ddp_tensor_alias(t);
+  if (!alias) return ddp_last_status();
+  ddp_tensor *converted;
+  int status = ddp_to_dtype(&converted, alias, dtype);
+  ddp_tensor_release(alias);
+  if (status) return status;
+  status = ddp_contiguous(out, converted);
+  ddp_tensor_release(converted);
+  return status;
+}
+
+/* The elements of t (any dtype, any strides) as a malloc'ed array of doubles; for NULL t,
+ * `n` copies of `fallback`. */
+static int read_f64(double **out, const ddp_tensor *t, int64_t n, double fallback) {
+  *out = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+  if (!*out) DDP_FAIL(DDP_ERR_MEMORY, "norm: out of memory for %lld values", (long long)n);
+  if (!t) {
+    for (int64_t i = 0; i < n; i++) (*out)[i] = fallback;
+    return DDP_OK;
+  }
+  int status = ddp_tensor_to_f64(t, *out);
+  if (status) {
+    free(*out);
+    *out = NULL;
+  }
+  return status;
+}
+
+/* A new 1-d tensor of n values (doubles) in dtype. */
+static int from_f64(ddp_tensor **out, int64_t n, const double *values, int dtype) {
+  return ddp_tensor_from_data(out, 1, &n, dtype, values, DDP_F64);
+}
+
+/* Release up to 8 tensors (NULLs allowed). */
+static void release_all(ddp_tensor **ts, int n) {
+  for (int i = 0; i < n; i++) ddp_tensor_release(ts[i]);
+}
+
+/* out = t converted to dtype with autograd (NULL stays NULL). */
+static int to_dtype_opt(ddp_tensor **out, ddp_tensor *t, int dtype) {
+  *out = NULL;
+  if (!t) return DDP_OK;
+  return ddp_to_dtype(out, t, dtype);
+}
+
+/* Run a computation made for f32 on a half tensor: *out = back_to_half(fn(f32 output)).
+ * Shared tail of the half paths: converts result32 to dtype and drops result32. */
+static int back_to(ddp_tensor **out, ddp_tensor *result32, int dtype) {
+  int status = ddp_to_dtype(out, result32, dtype);
+  ddp_tensor_release(result32);
+  return status;
+}
+
+/* ---- batch norm -------------------------------------------------------------------------- */
+
+/* Check a per-channel tensor: NULL, or 1-d of size C (and dtype `dtype` unless -1). */
+static int check_channel_arg(const ddp_tensor *t, const char *arg, int64_t C, int dtype,
+                             const ddp_tensor *input) {
+  if (!t) return DDP_OK;
+  DDP_TRY(ddp_check_alive(t, "batch_norm", arg));
+  if (t->ndim != 1 || t->shape[0] != C)
+    DDP_FAIL(DDP_ERR_ARG,
+             "batch_norm: %s of shape %s does not match the %lld channels (dim 2) of input %s",
+             arg, DDP_SHAPE(t), (long long)C, DDP_SHAPE(input));
+  if (dtype >= 0 && t->dtype != dtype)
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm: %s has dtype %s but input has dtype %s", arg,
+             ddp_dtype_name(t->dtype), ddp_dtype_name(dtype));
+  if (!ddp_dtype_is_floating(t->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm: %s must be floating, got %s", arg,
+             ddp_dtype_name(t->dtype));
+  return DDP_OK;
+}
+
+/* Check input (N, C, *): rank >= 2 and floating; returns C, and N and S (spatial size). */
+static int check_bn_input(const ddp_tensor *input, const char *op, int64_t *N, int64_t *C,
+                          int64_t *S) {
+  DDP_TRY(ddp_check_alive(input, op, "input"));
+  if (input->ndim < 2)
+    DDP_FAIL(DDP_ERR_ARG, "%s: input must be (N, C) or (N, C, *) with at least 2 dimensions, got %s",
+             op, DDP_SHAPE(input));
+  if (!ddp_dtype_is_floating(input->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "%s: input must be floating, got %s", op, ddp_dtype_name(input->dtype));
+  *N = input->shape[0];
+  *C = input->shape[1];
+  *S = 1;
+  for (int d = 2; d < input->ndim; d++) *S *= input->shape[d];
+  return DDP_OK;
+}
+
+/* Per-channel mean and biased variance of a contiguous f32/f64 input into mean, var (C). */
+static void bn_moments(double *mean, double *var, const ddp_tensor *x, int64_t N, int64_t C,
+                       int64_t S) {
+  if (x->dtype == DDP_F32)
+    ddp_cpu_bn_moments_f32(mean, var, (const float *)dptr(x), N, C, S);
+  else
+    ddp_cpu_bn_moments_f64(mean, var, (const double *)dptr(x), N, C, S);
+}
+
+/* Saved slots of BatchNormBackward; iattr[0] training, iattr[1] has weight. */
+enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_SAVED };
+
+static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
+  ddp_tensor *x0 = ddp_node_saved(n, BN_INPUT);
+  ddp_tensor *w0 = n->iattr[1] ? ddp_node_saved(n, BN_WEIGHT) : NULL;
+  ddp_tensor *mean = ddp_node_saved(n, BN_MEAN), *invstd_t = ddp_node_saved(n, BN_INVSTD);
+  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd_t) return ddp_last_status();
+  int dt = n->inputs[0].dtype, training = (int)n->iattr[0];
+  ddp_tensor *tmp[8] = {0}; /* x, g, a, b, d */
+  double *invstd = NULL, *w = NULL, *sum_dy = NULL, *sum_dy_xmu = NULL, *coef = NULL;
+  int status;
+  if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)))
+    goto done;
+  ddp_tensor *x = tmp[0], *g = tmp[1];
+  int64_t N = x->shape[0], C = x->shape[1], S = 1;
+  for (int d = 2; d < x->ndim; d++) S *= x->shape[d];
+  double M = (double)N * (double)S;
+  if ((status = read_f64(&invstd, invstd_t, C, 0)) || (status = read_f64(&w, w0, C, 1)))
+    goto done;
+  sum_dy = calloc((size_t)C + 1, sizeof(double));
+  sum_dy_xmu = calloc((size_t)C + 1, sizeof(double));
+  coef = calloc(3 * (size_t)C + 1, sizeof(double));
+  if (!sum_dy || !sum_dy_xmu || !coef) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "BatchNormBackward: out of memory for C = %lld", (long long)C);
+    goto done;
+  }
+  if (dt == DDP_F32)
+    ddp_cpu_bn_backward_reduce_f32(sum_dy, sum_dy_xmu, dptr(g), dptr(x), dptr(mean), N, C, S);
+  else
+    ddp_cpu_bn_backward_reduce_f64(sum_dy, sum_dy_xmu, dptr(g), dptr(x), dptr(mean), N, C, S);
+  if (wanted(n, 0)) {
+    /* dx = a dy + b (x - mean) + d, from the closed form of d(BN)/dx (training):
+     * dx = k (M dy - sum dy - xhat sum(dy xhat)), k = w invstd / M, xhat = (x - mean) invstd */
+    double *a = coef, *b = coef + C, *d = coef + 2 * C;
+    for (int64_t c = 0; c < C; c++) {
+      a[c] = w[c] * invstd[c];
+      if (training) {
+        double k = w[c] * invstd[c] / M;
+        b[c] = -k * invstd[c] * invstd[c] * sum_dy_xmu[c];
+        d[c] = -k * sum_dy[c];
+      } else {
+        b[c] = d[c] = 0;
+      }
+    }
+    if ((status = from_f64(&tmp[2], C, a, dt)) || (status = from_f64(&tmp[3], C, b, dt)) ||
+        (status = from_f64(&tmp[4], C, d, dt)) ||
+        (status = ddp_tensor_zeros(&gi[0], x->ndim, x->shape, dt, x->device)))
+      goto done;
+    if (dt == DDP_F32)
+      ddp_cpu_bn_backward_elemt_f32(dptr(gi[0]), dptr(g), dptr(x), dptr(mean),
+                                    dptr(tmp[2]), dptr(tmp[3]), dptr(tmp[4]), N, C, S);
+    else
+      ddp_cpu_bn_backward_elemt_f64(dptr(gi[0]), dptr(g), dptr(x), dptr(mean),
+                                    dptr(tmp[2]), dptr(tmp[3]), dptr(tmp[4]), N, C, S);
+  }
+  if (wanted(n, 1)) { /* dweight = sum(dy * xhat) */
+    for (int64_t c = 0; c < C; c++) coef[c] = sum_dy_xmu[c] * invstd[c];
+    if ((status = from_f64(&gi[1], C, coef, n->inputs[1].dtype))) goto done;
+  }
+  if (wanted(n, 2) && (status = from_f64(&gi[2], C, sum_dy, n->inputs[2].dtype))) goto done;
+done:
+  release_all(tmp, 8);
+  free(invstd);
+  free(w);
+  free(sum_dy);
+  free(sum_dy_xmu);
+  free(coef);
+  return status;
+}
+
+/* running = (1 - momentum) * running + momentum * value, written in place through a
+ * detached alias (running stats carry no graph). */
+static int update_running(ddp_tensor *running, const double *value, int64_t C, double momentum) {
+  double *cur;
+  DDP_TRY(read_f64(&cur, running, C, 0));
+  for (int64_t c = 0; c < C; c++) cur[c] = (1 - momentum) * cur[c] + momentum * value[c];
+  ddp_tensor *src = NULL, *alias = NULL;
+  int status = from_f64(&src, C, cur, DDP_F64);
+  free(cur);
+  if (!status && !(alias = ddp_tensor_alias(running))) status = ddp_last_status();
+  if (!status) status = ddp_copy_(alias, src);
+  ddp_tensor_release(src);
+  ddp_tensor_release(alias);
+  return status;
+}
+
+/* Batch norm on f32/f64 after the checks. */
+static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *rm, ddp_tensor *rv,
+                              ddp_tensor *weight, ddp_tensor *bias, int training, double momentum,
+                              double eps, int64_t N, int64_t C, int64_t S) {
+  int dt = input->dtype;
+  double M = (double)N * (double)S;
+  ddp_tensor *tmp[8] = {0}; /* x, mean, scale, shift, invstd */
+  double *mean = NULL, *var = NULL, *w = NULL, *b = NULL, *invstd = NULL, *scale = NULL;
+  int status;
+  if ((status = detached_as(&tmp[0], input, dt))) goto done;
+  ddp_tensor *x = tmp[0];
+  if (training) {
+    mean = malloc(sizeof(double) * (size_t)(C + 1));
+    var = malloc(sizeof(double) * (size_t)(C + 1));
+    if (!mean || !var) {
+      status = DDP_ERROR(DDP_ERR_MEMORY, "batch_norm: out of memory for C = %lld", (long long)C);
+      goto done;
+    }
+    bn_moments(mean, var, x, N, C, S);
+  } else if ((status = read_f64(&mean, rm, C, 0)) || (status = read_f64(&var, rv, C, 0))) {
+    goto done;
+  }
+  if ((status = read_f64(&w, weight, C, 1)) || (status = read_f64(&b, bias, C, 0)) ||
+      (status = read_f64(&invstd, NULL, C, 0)) || (status = read_f64(&scale, NULL, C, 0)))
+    goto done;
+  for (int64_t c = 0; c < C; c++) {
+    invstd[c] = 1.0 / sqrt(var[c] + eps);
+    scale[c] = w[c] * invstd[c];
+  }
+  if ((status = from_f64(&tmp[1], C, mean, dt)) || (status = from_f64(&tmp[2], C, scale, dt)) ||
+      (status = from_f64(&tmp[3], C, b, dt)) || (status = from_f64(&tmp[4], C, invstd, dt)) ||
+      (status = ddp_tensor_empty(out, input->ndim, input->shape, dt, input->device)))
+    goto done;
+  if (dt == DDP_F32)
+    ddp_cpu_bn_apply_f32(dptr(*out), dptr(x), dptr(tmp[1]), dptr(tmp[2]),
+                         dptr(tmp[3]), N, C, S);
+  else
+    ddp_cpu_bn_apply_f64(dptr(*out), dptr(x), dptr(tmp[1]), dptr(tmp[2]),
+                         dptr(tmp[3]), N, C, S);
+  if (training) { /* PyTorch: the running variance takes the unbiased batch variance */
+    if (rm && (status = update_running(rm, mean, C, momentum))) goto done;
+    for (int64_t c = 0; c < C; c++) var[c] *= M / (M - 1);
+    if (rv && (status = update_running(rv, var, C, momentum))) goto done;
+  }
+  ddp_tensor *inputs[3] = {input, weight, bias};
+  if (ddp_autograd_needed(3, inputs)) {
+    ddp_node *n = ddp_node_new("BatchNormBackward", batch_norm_backward, 3, inputs, BN_SAVED);
+    if (!n) {
+      status = ddp_last_status();
+      goto done;
+    }
+    n->iattr[0] = training;
+    n->iattr[1] = weight != NULL;
+    ddp_autograd_set_output(*out, n);
+    if ((status = ddp_node_save(n, BN_INPUT, input)) ||
+        (status = ddp_node_save(n, BN_WEIGHT, weight)) ||
+        (status = ddp_node_save(n, BN_MEAN, tmp[1])) ||
+        (status = ddp_node_save(n, BN_INVSTD, tmp[4])))
+      goto done;
+  }
+done:
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  release_all(tmp, 8);
+  free(mean);
+  free(var);
+  free(w);
+  free(b);
+  free(invstd);
+  free(scale);
+  return status;
+}
+
+/* Refuse an in-place update of a running stat that is a leaf requiring grad (grad mode on). */
+static int check_running_writable(const ddp_tensor *t, const char *arg) {
+  if (t && t->requires_grad && !t->grad_fn && ddp_grad_enabled())
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm: %s is a leaf tensor that requires grad and would be "
+             "updated in place in training mode (wrap it in no_grad or detach it)", arg);
+  return DDP_OK;
+}
+
+int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean,
+                   ddp_tensor *running_var, ddp_tensor *weight, ddp_tensor *bias, int training,
+                   double momentum, double eps) {
+  *out = NULL;
+  int64_t N = 0, C = 0, S = 1;
+  DDP_TRY(check_bn_input(input, "batch_norm", &N, &C, &S));
+  DDP_TRY(check_channel_arg(running_mean, "running_mean", C, -1, input));
+  DDP_TRY(check_channel_arg(running_var, "running_var", C, -1, input));
+  DDP_TRY(check_channel_arg(weight, "weight", C, input->dtype, input));
+  DDP_TRY(check_channel_arg(bias, "bias", C, input->dtype, input));
+  if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "batch_norm: eps must be >= 0, got %g", eps);
+  if (!training && (!running_mean || !running_var))
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm: running_mean and running_var are required in eval mode "
+             "(training = false) for input %s", DDP_SHAPE(input));
+  if (training && (double)N * (double)S <= 1)
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm: expected more than 1 value per channel when training, "
+             "got input %s", DDP_SHAPE(input));
+  if (training) {
+    DDP_TRY(check_running_writable(running_mean, "running_mean"));
+    DDP_TRY(check_running_writable(running_var, "running_var"));
+  }
+  if (is_half(input->dtype)) {
+    ddp_tensor *t[4] = {0}, *r32 = NULL;
+    int status;
+    if (!(status = ddp_to_dtype(&t[0], input, DDP_F32)) &&
+        !(status = to_dtype_opt(&t[1], weight, DDP_F32)) &&
+        !(status = to_dtype_opt(&t[2], bias, DDP_F32)))
+      status = ddp_batch_norm(&r32, t[0], running_mean, running_var, t[1], t[2], training,
+                              momentum, eps);
+    release_all(t, 4);
+    return status ? status : back_to(out, r32, input->dtype);
+  }
+  return batch_norm_compute(out, input, running_mean, running_var, weight, bias, training,
+                            momentum, eps, N, C, S);
+}
+
+int ddp_batch_norm_stats(ddp_tensor **out_mean, ddp_tensor **out_invstd, ddp_tensor *input,
+                         double eps) {
+  *out_mean = *out_invstd = NULL;
+  int64_t N = 0, C = 0, S = 1;
+  DDP_TRY(check_bn_input(input, "batch_norm_stats", &N, &C, &S));
+  if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "batch_norm_stats: eps must be >= 0, got %g", eps);
+  if (N * S == 0)
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm_stats: no values per channel in input %s", DDP_SHAPE(input));
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32;
+  ddp_tensor *x;
+  DDP_TRY(detached_as(&x, input, dt));
+  double *mean = malloc(sizeof(double) * (size_t)C), *var = malloc(sizeof(double) * (size_t)C);
+  int status = DDP_OK;
+  if (!mean || !var) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "batch_norm_stats: out of memory for C = %lld", (long long)C);
+  } else {
+    bn_moments(mean, var, x, N, C, S);
+    for (int64_t c = 0; c < C; c++) var[c] = 1.0 / sqrt(var[c] + eps);
+    if (!(status = from_f64(out_mean, C, mean, dt))) status = from_f64(out_invstd, C, var, dt);
+  }
+  if (status) {
+    ddp_tensor_release(*out_mean);
+    *out_mean = NULL;
+  }
+  ddp_tensor_release(x);
+  free(mean);
+  free(var);
+  return status;
+}
+
+int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor *input) {
+  *out_sum = *out_sumsq = NULL;
+  int64_t N = 0, C = 0, S = 1;
+  DDP_TRY(check_bn_input(input, "batch_norm_sums", &N, &C, &S));
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32;
+  ddp_tensor *x;
+  DDP_TRY(detached_as(&x, input, dt));
+  int status = ddp_tensor_empty(out_sum, 1, &C, DDP_F64, DDP_DEVICE_CPU);
+  if (!status) status = ddp_tensor_empty(out_sumsq, 1, &C, DDP_F64, DDP_DEVICE_CPU);
+  if (!status) {
+    if (dt == DDP_F32)
+      ddp_cpu_bn_sums_f32(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
+    else
+      ddp_cpu_bn_sums_f64(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
+  } else {
+    ddp_tensor_release(*out_sum);
+    *out_sum = NULL;
+  }
+  ddp_tensor_release(x);
+  return status;
+}
+
+/* ---- layer norm -------------------------------------------------------------------------- */
+
+/* Saved slots of LayerNormBackward; iattr[0] has weight, iattr[1] rows M, iattr[2] row D. */
+enum { LN_INPUT, LN_WEIGHT, LN_MEAN, LN_RSTD, LN_SAVED };
+
+static int layer_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
+  ddp_tensor *x0 = ddp_node_saved(n, LN_INPUT);
+  ddp_tensor *w0 = n->iattr[0] ? ddp_node_saved(n, LN_WEIGHT) : NULL;
+  ddp_tensor *mean = ddp_node_saved(n, LN_MEAN), *rstd = ddp_node_saved(n, LN_RSTD);
+  if (!x0 || (n->iattr[0] && !w0) || !mean || !rstd) return ddp_last_status();
+  int dt = n->inputs[0].dtype;
+  int64_t M = n->iattr[1], D = n->iattr[2];
+  ddp_tensor *tmp[3] = {0}; /* x, g, w */
+  int status;
+  if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)) ||
+      (w0 && (status = detached_as(&tmp[2], w0, dt))))
+    goto done;
+  for (int i = 0; i < 3; i++) {
+    if (!wanted(n, i)) continue;
+    const ddp_input_meta *m = &n->inputs[i];
+    if ((status = ddp_tensor_zeros(&gi[i], m->ndim, m->shape, dt, DDP_DEVICE_CPU))) goto done;
+  }
+  void *dx = gi[0] ? dptr(gi[0]) : NULL, *dw = gi[1] ? dptr(gi[1]) : NULL;
+  void *db = gi[2] ? dptr(gi[2]) : NULL, *w = tmp[2] ? dptr(tmp[2]) : NULL;
+  if (dt == DDP_F32)
+    ddp_cpu_ln_backward_f32(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean),
+                            dptr(rstd), w, M, D);
+  else
+    ddp_cpu_ln_backward_f64(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean),
+                            dptr(rstd), w, M, D);
+done:
+  release_all(tmp, 3);
+  return status;
+}
+
+/* Check weight or bias of layer_norm: NULL, or normalized_shape with input's dtype. */
+static int check_ln_param(const ddp_tensor *t, const char *arg, int nn, const int64_t *ns,
+                          const ddp_tensor *input) {
+  if (!t) return DDP_OK;
+  DDP_TRY(ddp_check_alive(t, "layer_norm", arg));
+  if (t->ndim != nn || memcmp(t->shape, ns, sizeof(int64_t) * (size_t)nn))
+    DDP_FAIL(DDP_ERR_ARG, "layer_norm: %s of shape %s does not match normalized_shape %s", arg,
+             DDP_SHAPE(t), ddp_shape_str(nn, ns));
+  if (t->dtype != input->dtype)
+    DDP_FAIL(DDP_ERR_ARG, "layer_norm: %s has dtype %s but input has dtype %s", arg,
+             ddp_dtype_name(t->dtype), ddp_dtype_name(input->dtype));
+  return DDP_OK;
+}
+
+static int layer_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight,
+                              ddp_tensor *bias, double eps, int64_t M, int64_t D) {
+  int dt = input->dtype;
+  ddp_tensor *tmp[5] = {0}; /* x, w, b, mean, rstd */
+  int status;
+  if ((status = detached_as(&tmp[0], input, dt)) ||
+      (weight && (status = detached_as(&tmp[1], weight, dt))) ||
+      (bias && (status = detached_as(&tmp[2], bias, dt))) ||
+      (status = ddp_tensor_empty(&tmp[3], 1, &M, dt, DDP_DEVICE_CPU)) ||
+      (status = ddp_tensor_empty(&tmp[4], 1, &M, dt, DDP_DEVICE_CPU)) ||
+      (status = ddp_tensor_empty(out, input->ndim, input->shape, dt, input->device)))
+    goto done;
+  void *w = tmp[1] ? dptr(tmp[1]) : NULL, *b = tmp[2] ? dptr(tmp[2]) : NULL;
+  if (dt == DDP_F32)
+    ddp_cpu_ln_forward_f32(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]),
+                           w, b, M, D, eps);
+  else
+    ddp_cpu_ln_forward_f64(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]),
+                           w, b, M, D, eps);
+  ddp_tensor *inputs[3] = {input, weight, bias};
+  if (ddp_autograd_needed(3, inputs)) {
+    ddp_node *n = ddp_node_new("LayerNormBackward", layer_norm_backward, 3, inputs, LN_SAVED);
+    if (!n) {
+      status = ddp_last_status();
+      goto done;
+    }
+    n->iattr[0] = weight != NULL;
+    n->iattr[1] = M;
+    n->iattr[2] = D;
+    ddp_autograd_set_output(*out, n);
+    if ((status = ddp_node_save(n, LN_INPUT, input)) ||
+        (status = ddp_node_save(n, LN_WEIGHT, weight)) ||
+        (status = ddp_node_save(n, LN_MEAN, tmp[3])) || (status = ddp_node_save(n, LN_RSTD, tmp[4])))
+      goto done;
+  }
+done:
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  release_all(tmp, 5);
+  return status;
+}
+
+int ddp_layer_norm(ddp_tensor **out, ddp_tensor *input, int n_normalized,
+                   const int64_t *normalized_shape, ddp_tensor *weight, ddp_tensor *bias,
+                   double eps) {
+  *out = NULL;
+  DDP_TRY(ddp_check_alive(input, "layer_norm", "input"));
+  if (!ddp_dtype_is_floating(input->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "layer_norm: input must be floating, got %s", ddp_dtype_name(input->dtype));
+  if (n_normalized < 1 || n_normalized > input->ndim || !normalized_shape)
+    DDP_FAIL(DDP_ERR_ARG, "layer_norm: normalized_shape must have 1 to %d dimensions (the last "
+             "dims of input %s), got %d", input->ndim, DDP_SHAPE(input), n_normalized);
+  int lead = input->ndim - n_normalized;
+  if (memcmp(input->shape + lead, normalized_shape, sizeof(int64_t) * (size_t)n_normalized))
+    DDP_FAIL(DDP_ERR_ARG, "layer_norm: normalized_shape %s does not match the last %d dims of "
+             "input %s", ddp_shape_str(n_normalized, normalized_shape), n_normalized,
+             DDP_SHAPE(input));
+  DDP_TRY(check_ln_param(weight, "weight", n_normalized, normalized_shape, input));
+  DDP_TRY(check_ln_param(bias, "bias", n_normalized, normalized_shape, input));
+  if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "layer_norm: eps must be >= 0, got %g", eps);
+  int64_t M = 1, D = 1;
+  for (int d = 0; d < lead; d++) M *= input->shape[d];
+  for (int d = lead; d < input->ndim; d++) D *= input->shape[d];
+  if (is_half(input->dtype)) {
+    ddp_tensor *t[3] = {0}, *r32 = NULL;
+    int status;
+    if (!(status = ddp_to_dtype(&t[0], input, DDP_F32)) &&
+        !(status = to_dtype_opt(&t[1], weight, DDP_F32)) &&
+        !(status = to_dtype_opt(&t[2], bias, DDP_F32)))
+      status = ddp_layer_norm(&r32, t[0], n_normalized, normalized_shape, t[1], t[2], eps);
+    release_all(t, 3);
+    return status ? status : back_to(out, r32, input->dtype);
+  }
+  return layer_norm_compute(out, input, weight, bias, eps, M, D);
+}
+
+/* ---- dropout ----------------------------------------------------------------------------- */
+
+/* out = x * mask * scale for contiguous f32/f64 out, x and a u8 mask. */
+static void masked_scale(ddp_tensor *out, const ddp_tensor *x, const ddp_tensor *mask, double scale) {
+  if (out->dtype == DDP_F32)
+    ddp_cpu_masked_scale_f32(dptr(out), dptr(x), dptr(mask), (float)scale, out->numel);
+  else
+    ddp_cpu_masked_scale_f64(dptr(out), dptr(x), dptr(mask), scale, out->numel);
+}
+
+/* d(dropout)/dx: dy * mask * scale (saved slot 0: the u8 mask, fattr[0]: the scale). */
+static int dropout_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
+  ddp_tensor *mask = ddp_node_saved(n, 0);
+  if (!mask) return ddp_last_status();
+  ddp_tensor *g;
+  int dt = n->inputs[0].dtype;
+  DDP_TRY(detached_as(&g, grad, dt));
+  int status = ddp_tensor_empty(&gi[0], g->ndim, g->shape, dt, DDP_DEVICE_CPU);
+  if (!status) masked_scale(gi[0], g, mask, n->fattr[0]);
+  ddp_tensor_release(g);
+  return status;
+}
+
+int ddp_dropout(ddp_tensor **out, ddp_tensor *input, double p, int training, ddp_generator *g) {
+  *out = NULL;
+  DDP_TRY(ddp_check_alive(input, "dropout", "input"));
+  if (!(p >= 0 && p <= 1))
+    DDP_FAIL(DDP_ERR_ARG, "dropout: probability p must be in [0, 1], got %g", p);
+  if (!ddp_dtype_is_floating(input->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "dropout: input must be floating, got %s for input %s",
+             ddp_dtype_name(input->dtype), DDP_SHAPE(input));
+  if (!training || p == 0) {
+    ddp_tensor_retain(input);
+    *out = input;
+    return DDP_OK;
+  }
+  if (is_half(input->dtype)) {
+    ddp_tensor *x32 = NULL, *r32 = NULL;
+    int status = ddp_to_dtype(&x32, input, DDP_F32);
+    if (!status) status = ddp_dropout(&r32, x32, p, training, g);
+    ddp_tensor_release(x32);
+    return status ? status : back_to(out, r32, input->dtype);
+  }
+  ddp_tensor *mask = NULL, *x = NULL;
+  double scale = p == 1 ? 0 : 1 / (1 - p);
+  int status = ddp_tensor_empty(&mask, input->ndim, input->shape, DDP_U8, DDP_DEVICE_CPU);
+  if (!status) status = p == 1 ? ddp_zero_(mask) : ddp_bernoulli_(mask, 1 - p, g);
+  if (!status) status = detached_as(&x, input, input->dtype);
+  if (!status) status = ddp_tensor_empty(out, input->ndim, input->shape, input->dtype, input->device);
+  if (!status) {
+    masked_scale(*out, x, mask, scale);
+    if (ddp_autograd_needed(1, &input)) {
+      ddp_node *n = ddp_node_new("DropoutBackward", dropout_backward, 1, &input, 1);
+      if (!n) {
+        status = ddp_last_status();
+      } else {
+        n->fattr[0] = scale;
+        ddp_autograd_set_output(*out, n);
+        status = ddp_node_save(n, 0, mask);
+      }
+    }
+  }
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  ddp_tensor_release(mask);
+  ddp_tensor_release(x);
+  return status;
+}
+
+/* ---- embedding --------------------------------------------------------------------------- */
+
+/* d(embedding)/d(weight): rows of dy added at their indices (saved slot 0: the indices,
+ * iattr[0]: padding_idx or -1). Accumulated in f32 (f64 for f64 weights). */
+static int embedding_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
+  ddp_tensor *idx0 = ddp_node_saved(n, 0);
+  if (!idx0) return ddp_last_status();
+  const ddp_input_meta *wm = &n->inputs[0];
+  int acc = wm->dtype == DDP_F64 ? DDP_F64 : DDP_F32;
+  int64_t D = wm->shape[1];
+  ddp_tensor *idx = NULL, *g = NULL, *dw = NULL;
+  int status;
+  if ((status = detached_as(&idx, idx0, DDP_I64)) || (status = detached_as(&g, grad, acc)) ||
+      (status = ddp_tensor_zeros(&dw, 2, wm->shape, acc, DDP_DEVICE_CPU)))
+    goto done;
+  if (acc == DDP_F32)
+    ddp_cpu_embedding_backward_f32(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
+  else
+    ddp_cpu_embedding_backward_f64(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
+  status = ddp_to_dtype(&gi[0], dw, wm->dtype);
+done:
+  ddp_tensor_release(idx);
+  ddp_tensor_release(g);
+  ddp_tensor_release(dw);
+  return status;
+}
+
+int ddp_embedding(ddp_tensor **out, ddp_tensor *weight, ddp_tensor *indices, int64_t padding_idx) {
+  *out = NULL;
+  DDP_TRY(ddp_check_alive(weight, "embedding", "weight"));
+  DDP_TRY(ddp_check_alive(indices, "embedding", "indices"));
+  if (weight->ndim != 2)
+    DDP_FAIL(DDP_ERR_ARG, "embedding: weight must be 2-d (V, D), got %s", DDP_SHAPE(weight));
+  if (indices->dtype != DDP_I64 && indices->dtype != DDP_I32)
+    DDP_FAIL(DDP_ERR_ARG, "embedding: indices must be i64 or i32, got %s for indices %s",
+             ddp_dtype_name(indices->dtype), DDP_SHAPE(indices));
+  if (indices->ndim + 1 > DDP_MAX_DIMS)
+    DDP_FAIL(DDP_ERR_ARG, "embedding: indices %s have too many dimensions (at most %d)",
+             DDP_SHAPE(indices), DDP_MAX_DIMS - 1);
+  int64_t V = weight->shape[0], D = weight->shape[1];
+  if (padding_idx < -1 || padding_idx >= V)
+    DDP_FAIL(DDP_ERR_ARG, "embedding: padding_idx %lld is out of range for weight %s (V = %lld)",
+             (long long)padding_idx, DDP_SHAPE(weight), (long long)V);
+  ddp_tensor *idx = NULL, *w = NULL;
+  int status = detached_as(&idx, indices, DDP_I64);
+  if (status) return status;
+  const int64_t *iv = dptr(idx);
+  for (int64_t i = 0; i < idx->numel; i++)
+    if (iv[i] < 0 || iv[i] >= V) {
+      status = DDP_ERROR(DDP_ERR_ARG, "embedding: index %lld is out of range [0, %lld) for weight "
+                         "%s (V = %lld)", (long long)iv[i], (long long)V, DDP_SHAPE(weight),
+                         (long long)V);
+      goto done;
+    }
+  int64_t shape[DDP_MAX_DIMS];
+  memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
+  shape[indices->ndim] = D;
+  if ((status = detached_as(&w, weight, weight->dtype)) ||
+      (status = ddp_tensor_empty(out, indices->ndim + 1, shape, weight->dtype, weight->device)))
+    goto done;
+  ddp_cpu_embedding_forward(dptr(*out), dptr(w), iv, idx->numel,
+                            D * (int64_t)ddp_dtype_size(weight->dtype));
+  if (ddp_autograd_needed(1, &weight)) {
+    ddp_node *n = ddp_node_new("EmbeddingBackward", embedding_backward, 1, &weight, 1);
+    if (!n) {
+      status = ddp_last_status();
+      goto done;
+    }
+    n->iattr[0] = padding_idx;
+    ddp_autograd_set_output(*out, n);
+    status = ddp_node_save(n, 0, indices);
+  }
+done:
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  ddp_tensor_release(idx);
+  ddp_tensor_release(w);
+  return status;
+}
