@@ -1,0 +1,92 @@
+/* cli.h: internal declarations of the ddplua executable (runtime/cli/), the LuaJIT host.
+ *
+ * The executable is the only part of ddplua that includes Lua headers (DESIGN.md, Layers).
+ * It is split in four files:
+ *   main.c   dispatch: subcommands, options, then the Lua host
+ *   args.c   command-line parsing into a ddp_cli_options
+ *   host.c   the Lua state: libraries, package.path, the `arg` table, protected calls with a
+ *            traceback, Ctrl-C, error reports
+ *   repl.c   the read-eval-print loop (libedit on a terminal, plain fgets on a pipe)
+ */
+#ifndef DDPLUA_CLI_H
+#define DDPLUA_CLI_H
+
+#include <lua.h>
+
+/* Name used in messages ("ddplua: cannot open foo.lua: ...") and in --help. */
+#define DDP_CLI_NAME "ddplua"
+
+/* Exit statuses of the executable: 0 success, 1 a Lua error (script, -e, load), 2 a bad
+ * command line (unknown option, missing option argument), as most Unix tools do. */
+enum ddp_cli_exit { DDP_CLI_EXIT_OK = 0, DDP_CLI_EXIT_ERROR = 1, DDP_CLI_EXIT_USAGE = 2 };
+
+/* One -e or -l option, kept in command-line order because they run in that order. */
+enum ddp_cli_action_kind { DDP_CLI_EXEC, DDP_CLI_REQUIRE };
+typedef struct ddp_cli_action {
+  enum ddp_cli_action_kind kind;
+  const char *text; /* the code of -e, or the module name of -l */
+} ddp_cli_action;
+
+/* What the command line asked for. Launcher flags (--nproc_per_node=N, --nnodes, ...) are
+ * meant to become fields here, set through the long-option table of args.c. */
+typedef struct ddp_cli_options {
+  ddp_cli_action *actions; /* -e / -l in order (malloc'd, n_actions entries) */
+  int n_actions;
+  int interactive;  /* -i: REPL after the script and the -e code */
+  int show_version; /* -v / --version */
+  int show_help;    /* -h / --help */
+  int script;       /* argv index of the script ("-" is stdin), or 0 when there is none */
+} ddp_cli_options;
+
+/* Parse argv into *opts. Options come before the script; everything after the script (or
+ * after "--") belongs to the script. Returns DDP_CLI_EXIT_OK, or DDP_CLI_EXIT_USAGE after
+ * printing "ddplua: <what was wrong>" and a hint to stderr. */
+int ddp_cli_parse(ddp_cli_options *opts, int argc, char **argv);
+
+/* Free what ddp_cli_parse allocated. */
+void ddp_cli_options_free(ddp_cli_options *opts);
+
+/* Print the usage text to `out`. */
+void ddp_cli_usage(void *out);
+
+/* The project root: the parent of the directory that holds the executable (resolved through
+ * /proc/self/exe, so it works from any directory and through symlinks), written into `buf`.
+ * Returns 0, or -1 when it cannot be found (then buf is "."). */
+int ddp_cli_root(char *buf, size_t size);
+
+/* The directory that holds the executable (e.g. <root>/build), or -1 as ddp_cli_root. */
+int ddp_cli_exe_dir(char *buf, size_t size);
+
+/* Create the Lua state: standard libraries, package.path with <root>/lua and ./ first, and
+ * the global `arg` (laid out as the stock luajit does: arg[0] the script, arg[1..] its
+ * arguments, negative indices the executable and the options before the script; with no
+ * script, arg[0] is the executable). Returns NULL (after a message) when out of memory. */
+lua_State *ddp_host_new(const char *root, int argc, char **argv, int script);
+
+/* Call the function under `nargs` arguments on top of the stack in protected mode, with a
+ * traceback added to the error message and Ctrl-C turned into a Lua error ("interrupted!")
+ * for the duration of the call. Returns the lua_pcall status; on failure the message (with
+ * the traceback) is on top of the stack. */
+int ddp_host_call(lua_State *L, int nargs, int nresults);
+
+/* When status != 0, print the message on top of the stack as "ddplua: <message>" to stderr
+ * and pop it. Returns status. */
+int ddp_host_report(lua_State *L, int status);
+
+/* Run `code` (chunk name `name`, e.g. "=(command line)"). Returns the status; reports. */
+int ddp_host_dostring(lua_State *L, const char *code, const char *name);
+
+/* `name = require(name)` as a global (the -l option and the REPL's `dl`). */
+int ddp_host_require(lua_State *L, const char *global, const char *module);
+
+/* Load and run the script at argv[script] ("-" reads stdin) with argv[script+1..] as `...`.
+ * Returns the status; reports. */
+int ddp_host_run_script(lua_State *L, int argc, char **argv, int script);
+
+/* The read-eval-print loop on stdin: "> " and ">> " prompts, expressions printed, errors
+ * reported with a traceback without leaving the loop, ends on end of input. `tty` selects
+ * libedit (line editing, history in ~/.ddplua_history, a banner) over plain line reads.
+ * Returns DDP_CLI_EXIT_OK. */
+int ddp_repl_run(lua_State *L, int tty);
+
+#endif /* DDPLUA_CLI_H */

@@ -1,0 +1,110 @@
+/* main.c: entry point of the ddplua executable (DESIGN.md, runtime/cli).
+ *
+ *   ddplua script.lua args...       run a script
+ *   ddplua -e 'code' ...            run code given on the command line
+ *   ddplua [-i script.lua]          REPL (also after a script with -i)
+ *   ddplua -                        script from stdin
+ *   ddplua --version | --help
+ *   ddplua <subcommand> ...         tools built into the executable (table below)
+ *
+ * Order: a subcommand named by argv[1] takes the whole command line; otherwise the options
+ * are parsed (args.c), then -e / -l run in order, then the script, then the REPL when asked
+ * for (-i) or when there was nothing else to run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <lua.h>
+#include <luajit.h>
+
+#include "cli.h"
+#include "ddplua.h"
+
+#define PATH_BUF 4096
+
+/* A subcommand: `ddplua <name> args...` calls run(argc, argv) with argv[0] = name and
+ * returns its exit status. Subcommands win over a script of the same name; a script named
+ * like one can still be run as ./name or with `--`. */
+typedef struct subcommand {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *help;
+} subcommand;
+
+static const subcommand subcommands[] = {
+  /* {"verify", verify_main, "compare rank checkpoints tensor by tensor"}, ... */
+  {NULL, NULL, NULL},
+};
+
+static const subcommand *find_subcommand(const char *name) {
+  for (const subcommand *s = subcommands; s->name; s++)
+    if (strcmp(s->name, name) == 0) return s;
+  return NULL;
+}
+
+static void print_version(void) {
+  printf(DDP_CLI_NAME " %s (%s)\n", ddp_version(), LUAJIT_VERSION);
+}
+
+/* The executable uses the runtime it was linked with (rpath $ORIGIN): tell the Lua side
+ * (lua/ddplua/lib.lua reads $DDPLUA_LIB) to ffi.load that same file unless the user chose
+ * one, so a build-sanitize/ddplua never mixes in build/libddplua.so. Children (launcher
+ * workers) inherit the choice. */
+static void point_lua_at_own_runtime(void) {
+  char dir[PATH_BUF], lib[PATH_BUF + 32];
+  if (getenv("DDPLUA_LIB") || ddp_cli_exe_dir(dir, sizeof dir) != 0) return;
+  snprintf(lib, sizeof lib, "%s/libddplua.so", dir);
+  if (access(lib, R_OK) == 0) setenv("DDPLUA_LIB", lib, 0);
+}
+
+/* Run -e / -l, the script and the REPL as the options say. Returns the exit status. */
+static int run_lua(const ddp_cli_options *opts, int argc, char **argv) {
+  char root[PATH_BUF];
+  ddp_cli_root(root, sizeof root);
+  lua_State *L = ddp_host_new(root, argc, argv, opts->script);
+  if (!L) return DDP_CLI_EXIT_ERROR;
+
+  int status = 0;
+  for (int i = 0; i < opts->n_actions && status == 0; i++) {
+    const ddp_cli_action *a = &opts->actions[i];
+    status = a->kind == DDP_CLI_EXEC ? ddp_host_dostring(L, a->text, "=(command line)")
+                                     : ddp_host_require(L, a->text, a->text);
+  }
+  if (status == 0 && opts->script) status = ddp_host_run_script(L, argc, argv, opts->script);
+  int repl = opts->interactive || (!opts->script && opts->n_actions == 0);
+  if (status == 0 && repl) status = ddp_repl_run(L, isatty(STDIN_FILENO));
+
+  fflush(stdout);
+  lua_close(L);
+  return status == 0 ? DDP_CLI_EXIT_OK : DDP_CLI_EXIT_ERROR;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) {
+    const subcommand *sub = find_subcommand(argv[1]);
+    if (sub) return sub->run(argc - 1, argv + 1);
+  }
+
+  ddp_cli_options opts;
+  int status = ddp_cli_parse(&opts, argc, argv);
+  if (status != DDP_CLI_EXIT_OK) {
+    ddp_cli_options_free(&opts);
+    return status;
+  }
+  if (opts.show_help) {
+    ddp_cli_usage(stdout);
+    if (subcommands[0].name) {
+      printf("\nsubcommands:\n");
+      for (const subcommand *s = subcommands; s->name; s++) printf("  %-12s %s\n", s->name, s->help);
+    }
+  } else if (opts.show_version) {
+    print_version();
+  } else {
+    point_lua_at_own_runtime();
+    status = run_lua(&opts, argc, argv);
+  }
+  ddp_cli_options_free(&opts);
+  return status;
+}
