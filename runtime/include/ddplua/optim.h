@@ -1,0 +1,1 @@
+/* ddplua/optim.h: part of the public API, included by ddplua.h only. */
