@@ -94,13 +94,10 @@ local function layouts(t)
   return out
 end
 
-local function assert_same_storage(a, b)
-  assert.is_true(dl.lib_shares_storage(a, b))
-end
-
--- dl.lib_shares_storage is not part of the API: use the C call directly.
-local lib = require "ddplua.lib"
-function dl.lib_shares_storage(a, b) return lib.C.ddp_tensor_shares_storage(a, b) ~= 0 end
+-- Storage sharing is not exposed as a method: ask the C API directly.
+local C = require("ddplua.lib").C
+local function shares_storage(a, b) return C.ddp_tensor_shares_storage(a, b) ~= 0 end
+local function assert_same_storage(a, b) assert.is_true(shares_storage(a, b)) end
 
 local function raises(pattern, fn)
   local ok, err = pcall(fn)
@@ -141,7 +138,7 @@ describe("ddplua.ops.shape", function()
       -- reshape of a transpose copies
       local tt = base:transpose(1, 3)
       local r = tt:reshape(-1)
-      assert.is_false(dl.lib_shares_storage(r, base))
+      assert.is_false(shares_storage(r, base))
       assert.same(flat(tt:tolist()), flat(r:tolist()))
     end)
 
@@ -369,7 +366,7 @@ describe("ddplua.ops.shape", function()
       assert.same({ 0, 2 }, dl.zeros({ 0, 3 }):index_select(2, dl.tensor({ 1, 2 }, { dtype = "i64" })):size())
       local c = base:index_select(1, dl.tensor(1, { dtype = "i64" }))
       assert.same({ 1, 5 }, c:size())
-      assert.is_false(dl.lib_shares_storage(c, base))
+      assert.is_false(shares_storage(c, base))
     end)
 
     it("raises on bad indices", function()
