@@ -188,10 +188,15 @@ static inline float erf_f32(float x) {
         for (int64_t i = 0; i < n; i++) { TA a = x_[i]; TB b = y_[i]; o_[i] = (EXPR); }     \
       }                                                                                      \
     } else if (s[0] == so && s[1] == sa && s[2] == 0) {                                      \
-      TO *o_ = (TO *)p[0];                                                                   \
-      const TA *x_ = (const TA *)p[1];                                                       \
       const TB b = *(const TB *)p[2];                                                        \
-      for (int64_t i = 0; i < n; i++) { TA a = x_[i]; o_[i] = (EXPR); }                     \
+      if ((void *)p[0] == (void *)p[1]) {                                                    \
+        TO *restrict o_ = (TO *)p[0];                                                        \
+        for (int64_t i = 0; i < n; i++) { TA a = (TA)o_[i]; o_[i] = (EXPR); }               \
+      } else {                                                                               \
+        TO *restrict o_ = (TO *)p[0];                                                        \
+        const TA *restrict x_ = (const TA *)p[1];                                            \
+        for (int64_t i = 0; i < n; i++) { TA a = x_[i]; o_[i] = (EXPR); }                   \
+      }                                                                                      \
     } else if (s[0] == so && s[1] == 0 && s[2] == sb) {                                      \
       TO *restrict o_ = (TO *)p[0];                                                          \
       const TB *restrict y_ = (const TB *)p[2];                                              \
