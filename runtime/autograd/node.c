@@ -22,15 +22,20 @@ int ddp_autograd_needed(int n, ddp_tensor *const *inputs) {
 
 ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
                        ddp_tensor *const *inputs, int n_saved) {
-  ddp_node *n = calloc(1, sizeof *n);
-  ddp_edge *edges = calloc(n_inputs ? n_inputs : 1, sizeof *edges);
-  ddp_input_meta *meta = calloc(n_inputs ? n_inputs : 1, sizeof *meta);
-  ddp_saved *saved = calloc(n_saved ? n_saved : 1, sizeof *saved);
-  if (!n || !edges || !meta || !saved) {
-    free(n); free(edges); free(meta); free(saved);
+  /* one block: the node, then its edges, input metadata and saved slots */
+  size_t edges_at = sizeof(ddp_node);
+  size_t meta_at = edges_at + (size_t)n_inputs * sizeof(ddp_edge);
+  size_t saved_at = meta_at + (size_t)n_inputs * sizeof(ddp_input_meta);
+  size_t total = saved_at + (size_t)n_saved * sizeof(ddp_saved);
+  char *block = calloc(1, total);
+  if (!block) {
     DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory recording the graph", name);
     return NULL;
   }
+  ddp_node *n = (ddp_node *)block;
+  ddp_edge *edges = (ddp_edge *)(block + edges_at);
+  ddp_input_meta *meta = (ddp_input_meta *)(block + meta_at);
+  ddp_saved *saved = (ddp_saved *)(block + saved_at);
   static int64_t next_seq;
   n->refcount = 1;
   n->seq = __atomic_add_fetch(&next_seq, 1, __ATOMIC_RELAXED);
@@ -46,7 +51,7 @@ ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
     if (!t) continue;
     meta[i].dtype = t->dtype;
     meta[i].ndim = t->ndim;
-    memcpy(meta[i].shape, t->shape, sizeof t->shape);
+    memcpy(meta[i].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     if (!t->requires_grad) continue;
     if (t->grad_fn) {
       edges[i].fn = t->grad_fn;
@@ -141,10 +146,7 @@ void ddp_node_release(ddp_node *node) {
     ddp_node_release_saved(cur);
     if (cur->extra_free) cur->extra_free(cur->extra);
     ddp_tensor_release(cur->grad_sum);
-    free(cur->edges);
-    free(cur->inputs);
-    free(cur->saved);
-    free(cur);
+    free(cur); /* edges, inputs and saved live in the same block */
     if (top == 0) break;
     cur = stack[--top];
   }

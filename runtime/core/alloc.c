@@ -6,10 +6,19 @@
 
 static int64_t live_bytes, peak_bytes;
 
+/* Blocks up to this size come from plain malloc (16-byte aligned, glibc's fast per-thread
+ * cache); memalign on small blocks makes glibc consolidate its fast bins on every call,
+ * which once cost more than the op itself for small tensors. */
+enum { SMALL_BLOCK = 1024 };
+
 void *ddp_alloc(size_t nbytes) {
-  size_t rounded = (nbytes + DDP_ALIGNMENT - 1) / DDP_ALIGNMENT * DDP_ALIGNMENT;
-  if (rounded == 0) rounded = DDP_ALIGNMENT;
-  void *p = aligned_alloc(DDP_ALIGNMENT, rounded);
+  void *p;
+  if (nbytes <= SMALL_BLOCK) {
+    p = malloc(nbytes ? nbytes : 1);
+  } else {
+    size_t rounded = (nbytes + DDP_ALIGNMENT - 1) / DDP_ALIGNMENT * DDP_ALIGNMENT;
+    p = aligned_alloc(DDP_ALIGNMENT, rounded);
+  }
   if (!p) return NULL;
   int64_t live = __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   int64_t peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);

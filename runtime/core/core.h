@@ -36,7 +36,9 @@ void ddp_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 /* ---- allocator (aligned, counts live and peak bytes) -------------------------------- */
 
 enum { DDP_ALIGNMENT = 64 };
-void *ddp_alloc(size_t nbytes); /* NULL on failure (no error set); nbytes 0 gives a valid block */
+/* NULL on failure (no error set); nbytes 0 gives a valid block. Blocks above 1 KiB are
+ * 64-byte aligned, smaller ones 16-byte aligned. */
+void *ddp_alloc(size_t nbytes);
 void ddp_free(void *p, size_t nbytes);
 
 /* ---- storage and tensor ------------------------------------------------------------- */
