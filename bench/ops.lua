@@ -5,9 +5,8 @@
 --   element-wise ops on 16 MiB tensors against memcpy bandwidth measured in the same run;
 --   the cost of one small op called from Lua (dispatch, tape, allocation) over 10^6 calls.
 -- Run: build/ddplua bench/ops.lua [--threads N] [--out FILE]
-package.path = "bench/?.lua;" .. package.path
 local dl = require "ddplua"
-local clock = require "clock"
+local clock = require "ddplua.clock"
 local ffi = require "ffi"
 
 local threads, out_path = nil, nil

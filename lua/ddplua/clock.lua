@@ -1,6 +1,6 @@
---- bench/clock.lua: a monotonic clock and a median-of-runs timer for the benchmarks.
+--- ddplua.clock: a monotonic clock (seconds) and a median-of-runs timer (benchmarks, logs).
 local ffi = require "ffi"
-pcall(ffi.cdef, [[
+pcall(ffi.cdef, [[ /* ddplua.clock */
   typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
   int clock_gettime(int clk, bench_timespec *ts);
 ]])

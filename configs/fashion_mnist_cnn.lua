@@ -1,0 +1,12 @@
+-- configs/fashion_mnist_cnn.lua: the default config (`ddplua train.lua`). Plain Lua table;
+-- command-line values override it (train.lua --help).
+return {
+  name = "fashion_mnist_cnn",
+  model = "cnn",                 -- models/cnn.lua
+  dataset = "fashion_mnist",
+  batch_size = 64,
+  epochs = 3,
+  seed = 0,
+  optimizer = { name = "SGD", lr = 0.05, momentum = 0.9 },
+  schedule = nil,                -- constant lr
+}
