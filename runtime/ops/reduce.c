@@ -281,24 +281,66 @@ static int small_apply(ddp_tensor **out, int mode, double k, double p, ddp_tenso
 
 /* ---- sum and mean ----------------------------------------------------------------------- */
 
-/* The sum kernel on x (already of a compute dtype: f32, f64, i64) into a new tensor. */
+static void sum_kernel(void *o, const void *x, int dtype, int64_t A, int64_t R, int64_t B,
+                       int mode, double scale) {
+  if (dtype == DDP_F32) ddp_cpu_sum_f32(o, x, A, R, B, mode, scale);
+  else if (dtype == DDP_F64) ddp_cpu_sum_f64(o, x, A, R, B, mode, scale);
+  else ddp_cpu_sum_i64(o, x, A, R, B);
+}
+
+/* The start and end [*lo, *hi] of the last run of reduced dims of x (size-1 dims skipped)
+ * when the reduced dims form two runs or more; 0 when they form at most one. */
+static int last_run(const ddp_tensor *x, uint32_t mask, int *lo, int *hi) {
+  int runs = 0, inside = 0;
+  for (int d = 0; d < x->ndim; d++) {
+    if (x->shape[d] == 1) continue;
+    if (mask & (1u << d)) {
+      if (!inside) {
+        runs++;
+        *lo = d;
+        inside = 1;
+      }
+      *hi = d;
+    } else {
+      inside = 0;
+    }
+  }
+  return runs >= 2;
+}
+
+/* The sum kernel on x (already of a compute dtype: f32, f64, i64) into a new tensor of
+ * (nd, shape). Reduced dims in several runs of a contiguous x (the bias gradient of a
+ * convolution: (N, C, H, W) over N, H, W) are summed run by run from the last, each stage
+ * a fast (A, R, B) pass, instead of copying x into a permuted layout. */
 static int run_sum(ddp_tensor **out, ddp_tensor *x, uint32_t mask, int nd, const int64_t *shape,
                    int mode, double scale) {
+  int lo, hi;
+  if (mode != DDP_SUM_SQRT && ddp_tensor_is_contiguous(x) && last_run(x, mask, &lo, &hi)) {
+    int64_t pshape[DDP_MAX_DIMS], A = 1, R = 1, B = 1;
+    uint32_t pmask = 0;
+    int pn = 0;
+    for (int d = 0; d < x->ndim; d++) {
+      if (d < lo) A *= x->shape[d];
+      else if (d <= hi) R *= x->shape[d];
+      else B *= x->shape[d];
+      if (d >= lo && d <= hi && (mask & (1u << d))) continue;
+      if (mask & (1u << d)) pmask |= 1u << pn;
+      pshape[pn++] = x->shape[d];
+    }
+    ddp_tensor *part;
+    DDP_TRY(ddp_tensor_empty(&part, pn, pshape, x->dtype, x->device));
+    sum_kernel(ddp_data(part), ddp_data(x), x->dtype, A, R, B, mode, 1.0);
+    int status = run_sum(out, part, pmask, nd, shape, DDP_SUM_PLAIN, scale);
+    ddp_tensor_release(part);
+    return status;
+  }
   ddp_tensor *src;
   int64_t A, R, B;
   DDP_TRY(reduce_layout(&src, x, mask, &A, &R, &B));
   int status = ddp_tensor_empty(out, nd, shape, x->dtype, x->device);
-  if (status) {
-    ddp_tensor_release(src);
-    return status;
-  }
-  void *o = ddp_data(*out);
-  const void *s = ddp_data(src);
-  if (x->dtype == DDP_F32) ddp_cpu_sum_f32(o, s, A, R, B, mode, scale);
-  else if (x->dtype == DDP_F64) ddp_cpu_sum_f64(o, s, A, R, B, mode, scale);
-  else ddp_cpu_sum_i64(o, s, A, R, B);
+  if (!status) sum_kernel(ddp_data(*out), ddp_data(src), x->dtype, A, R, B, mode, scale);
   ddp_tensor_release(src);
-  return DDP_OK;
+  return status;
 }
 
 /* sum / mean / 1-norm / 2-norm of t into result dtype odt. */

@@ -185,6 +185,22 @@ describe("ddplua.ops.reduce", function()
       assert.equal(2 ^ 24 + 4, big:sum():item())
     end)
 
+    it("sum reduced dims in separate runs (a conv bias gradient) without mixing them up", function()
+      local t = randn({ 3, 4, 5, 6 })
+      for _, dims in ipairs { { 1, 3, 4 }, { 1, 3 }, { 2, 4 }, { 1, 2, 4 } } do
+        for _, keepdim in ipairs { false, true } do
+          check_reduce(t:sum(dims, { keepdim = keepdim }), t, dims, keepdim, ref_sum)
+          check_reduce(t:mean(dims, { keepdim = keepdim }), t, dims, keepdim, ref_mean)
+          check_reduce(t:norm(1, { dim = dims, keepdim = keepdim }), t, dims, keepdim, ref_norm(1))
+        end
+      end
+      local i = dl.randint(-9, 9, { 2, 3, 4 }, { generator = gen })
+      check_reduce(i:sum({ 1, 3 }), i, { 1, 3 }, false, ref_sum)
+      local e = dl.zeros({ 2, 0, 3, 2 })
+      assert.same({ 0 }, e:sum({ 1, 3, 4 }):size())
+      assert.same({ { 0, 0, 0 }, { 0, 0, 0 } }, e:sum({ 2, 4 }):tolist())
+    end)
+
     it("sum integers and bools into i64 and convert with dtype", function()
       local i = dl.tensor({ { 1, 2, 3 }, { 4, 5, 6 } }, { dtype = "i32" })
       assert.equal("i64", i:sum().dtype)
@@ -271,6 +287,29 @@ describe("ddplua.ops.reduce", function()
       close.assert_close(h.grad, { 0.25, 0.25, 0.25, 0.25 })
       assert.equal("SumBackward", dl.ones({ 2 }, { requires_grad = true }):sum().grad_fn)
     end)
+  end)
+
+  it("frees everything it allocates, forward and backward", function()
+    local function work()
+      local x = randn({ 3, 4, 5 }, "f64"):requires_grad_()
+      local v = x:max(2)
+      local parts = { x:sum({ 1, 3 }), x:mean(2, { keepdim = true }), v, x:min(), x:var(1), x:std(),
+        x:norm(), x:norm(3, { dim = 2 }), x:norm(math.huge), x:softmax(3), x:log_softmax(1),
+        x:to("f32"):sum(2), x:to("f16"):log_softmax(2) }
+      for _, p in ipairs(parts) do p:to("f64"):sum():backward() end
+      local a = x:argmax(2)
+      local ok = pcall(function() return x:sum(9) end)
+      assert.is_false(ok)
+      assert.is_truthy(a)
+    end
+    work()
+    collectgarbage("collect")
+    collectgarbage("collect")
+    local before = dl.memory_stats().live
+    for _ = 1, 5 do work() end
+    collectgarbage("collect")
+    collectgarbage("collect")
+    assert.equal(before, dl.memory_stats().live)
   end)
 
   describe("max, min, argmax, argmin", function()
