@@ -445,6 +445,10 @@ describe("ddplua.ops.nn", function()
       { x = { 1, 4, 6, 5 }, w = { 4, 1, 2, 2 }, o = { groups = 4, stride = 2, dilation = { 2, 1 } } },
       { x = { 2, 3, 4, 4 }, w = { 5, 3, 1, 1 }, o = {} },
       { x = { 2, 1, 8, 8 }, w = { 3, 1, 3, 3 }, o = { padding = 1 } },
+      -- 3x3, stride 1, >= 8 channels: the Winograd path, with odd and even output sizes
+      { x = { 3, 8, 5, 6 }, w = { 9, 8, 3, 3 }, o = { padding = 1 } },
+      { x = { 2, 8, 6, 7 }, w = { 8, 8, 3, 3 }, o = {} },
+      { x = { 2, 9, 4, 5 }, w = { 8, 9, 3, 3 }, o = { padding = { 2, 0 } } },
     }
 
     it("matches the direct convolution for stride, padding, dilation and groups", function()
@@ -482,6 +486,7 @@ describe("ddplua.ops.nn", function()
         { x = { 1, 2, 6, 5 }, w = { 2, 2, 2, 3 }, o = { stride = { 2, 1 }, padding = { 1, 0 }, dilation = { 1, 2 } } },
         { x = { 1, 4, 4, 4 }, w = { 4, 2, 2, 2 }, o = { groups = 2, dilation = 2, padding = 1 } },
         { x = { 2, 2, 3, 3 }, w = { 3, 2, 1, 1 }, o = {} },
+        { x = { 2, 8, 3, 4 }, w = { 8, 8, 3, 3 }, o = { padding = 1 } }, -- Winograd
       }
       for _, c in ipairs(gcases) do
         assert.is_true(gradcheck(function(x, w, b) return dl.conv2d(x, w, b, c.o) end,
@@ -491,11 +496,19 @@ describe("ddplua.ops.nn", function()
       local x = randn({ 2, 1, 4, 4 })
       assert.is_true(gradcheck(function(xx, w) return dl.conv2d(xx, w, { padding = 1 }) end,
         { x, randn({ 2, 1, 3, 3 }) }, { skip = { [1] = true } }))
+      -- Winograd with only the weight, then only the input needing a gradient
+      local x8 = randn({ 1, 8, 3, 3 })
+      assert.is_true(gradcheck(function(xx, w) return dl.conv2d(xx, w, { padding = 1 }) end,
+        { x8, randn({ 8, 8, 3, 3 }) }, { skip = { [1] = true } }))
+      local w8 = randn({ 8, 8, 3, 3 })
+      assert.is_true(gradcheck(function(xx, w) return dl.conv2d(xx, w, { padding = 1 }) end,
+        { randn({ 1, 8, 3, 3 }), w8 }, { skip = { [2] = true } }))
     end)
 
     it("accumulates f32 gradients like f64 ones at the CNN layer sizes", function()
-      local x, w, b = randn({ 3, 4, 6, 6 }), randn({ 5, 4, 3, 3 }), randn({ 5 })
-      local g = randn({ 3, 5, 6, 6 })
+      for _, c in ipairs { { 4, 5 }, { 16, 12 } } do -- im2col, then Winograd
+      local x, w, b = randn({ 5, c[1], 6, 6 }), randn({ c[2], c[1], 3, 3 }), randn({ c[2] })
+      local g = randn({ 5, c[2], 6, 6 })
       local grads = {}
       for _, dtype in ipairs { "f64", "f32" } do
         local xx, ww, bb = x:detach():to(dtype), w:detach():to(dtype), b:detach():to(dtype)
@@ -505,6 +518,7 @@ describe("ddplua.ops.nn", function()
       end
       for i = 1, 3 do
         close.assert_close(grads.f32[i], grads.f64[i], { atol = 1e-3, rtol = 1e-4 })
+      end
       end
     end)
 
