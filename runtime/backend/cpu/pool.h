@@ -1,0 +1,33 @@
+/* runtime/backend/cpu/pool.h: 2-d pooling kernels over planes. Internal. */
+#ifndef DDP_CPU_POOL_H
+#define DDP_CPU_POOL_H
+
+#include <stdint.h>
+
+/* Sizes and options of one pooling call; planes = N * C. */
+typedef struct {
+  int64_t planes, h, w, oh, ow;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int count_include_pad;
+} ddp_pool2d_geom;
+
+/* Contiguous buffers of dtype DDP_F32 or DDP_F64 (indices: int64_t); planes spread over the
+ * runtime's threads. Backward kernels accumulate into d_in. */
+void ddp_cpu_max_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
+                                int64_t *indices /* (P, OH, OW) */, const void *in /* (P, H, W) */,
+                                const ddp_pool2d_geom *g);
+void ddp_cpu_max_pool2d_backward(int dtype, void *d_in /* (P, H, W) */,
+                                 const void *grad_out /* (P, OH, OW) */,
+                                 const int64_t *indices /* (P, OH, OW) */, const ddp_pool2d_geom *g);
+void ddp_cpu_avg_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
+                                const void *in /* (P, H, W) */, const ddp_pool2d_geom *g);
+void ddp_cpu_avg_pool2d_backward(int dtype, void *d_in /* (P, H, W) */,
+                                 const void *grad_out /* (P, OH, OW) */, const ddp_pool2d_geom *g);
+/* Adaptive average pooling: only planes, h, w, oh, ow of g are used. */
+void ddp_cpu_adaptive_avg_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
+                                         const void *in /* (P, H, W) */, const ddp_pool2d_geom *g);
+void ddp_cpu_adaptive_avg_pool2d_backward(int dtype, void *d_in /* (P, H, W) */,
+                                          const void *grad_out /* (P, OH, OW) */,
+                                          const ddp_pool2d_geom *g);
+
+#endif /* DDP_CPU_POOL_H */
