@@ -226,8 +226,9 @@ setters.grad = function(t, g) check(C.ddp_tensor_set_grad(t, g)) end
 setters.requires_grad = function(t, v) check(C.ddp_tensor_set_requires_grad(t, v and 1 or 0)) end
 
 -- ---- indexing -------------------------------------------------------------------------
--- t[i] (i a number, 1-based, negative from the end): for a 1-d tensor the element as a
--- number; otherwise the (n-1)-d view t:select(1, i). t[{i, j, ...}]: the element.
+-- t[{i, j, ...}] reads or writes one element (1-based, negative from the end). A plain
+-- number key (t[i]) cannot reach a metamethod: handles are C pointers, and LuaJIT takes a
+-- number index on a pointer as pointer arithmetic; use t:select(1, i), t:get(i) or t[{i}].
 
 local function element_index(t, key)
   local n = C.ddp_tensor_dim(t)
@@ -244,17 +245,7 @@ end
 meta.__index = function(t, k)
   local m = Tensor[k]
   if m ~= nil then return m end
-  local tk = type(k)
-  if tk == "number" then
-    if C.ddp_tensor_dim(t) == 1 then
-      local shape = C.ddp_tensor_shape(t)
-      index_buf[0] = k < 0 and shape[0] + k or k - 1
-      check(C.ddp_tensor_get(t, index_buf, num_out))
-      return num_out[0]
-    end
-    if Tensor.select == nil then lib.raise("index: select is not available") end
-    return Tensor.select(t, 1, k)
-  elseif tk == "table" then
+  if type(k) == "table" then
     element_index(t, k)
     check(C.ddp_tensor_get(t, index_buf, num_out))
     return num_out[0]
@@ -265,18 +256,7 @@ meta.__index = function(t, k)
 end
 
 meta.__newindex = function(t, k, v)
-  local tk = type(k)
-  if tk == "number" then
-    if C.ddp_tensor_dim(t) == 1 and type(v) == "number" then
-      local shape = C.ddp_tensor_shape(t)
-      index_buf[0] = k < 0 and shape[0] + k or k - 1
-      check(C.ddp_tensor_set(t, index_buf, v))
-      return
-    end
-    local row = Tensor.select(t, 1, k)
-    if type(v) == "number" then row:fill_(v) else row:copy_(v) end
-    return
-  elseif tk == "table" then
+  if type(k) == "table" then
     element_index(t, k)
     check(C.ddp_tensor_set(t, index_buf, v))
     return
