@@ -430,11 +430,11 @@ end
 
 -- {name, tensor} for each parameter and persistent buffer, in PyTorch's state_dict order:
 -- per module in pre-order, its parameters then its persistent buffers. Not deduplicated
--- (a shared parameter appears under each name, as PyTorch).
+-- (a shared parameter or module appears under each name, as PyTorch).
 local function state_entries(self)
   local out = {}
-  for _, entry in ipairs(walk(self, "", {}, {})) do
-    local prefix, m = entry[1], entry[2]
+  -- No memo: a module shared under two names is saved under both, as PyTorch's.
+  local function visit(m, prefix)
     local function add(name, t)
       out[#out + 1] = { prefix == "" and name or (prefix .. "." .. name), t }
     end
@@ -446,7 +446,13 @@ local function state_entries(self)
     for _, name in ipairs(buffers.names) do
       if buffers.values[name] ~= nil and not np[name] then add(name, buffers.values[name]) end
     end
+    local mods = rawget(m, "_modules")
+    for _, name in ipairs(mods.names) do
+      local child = mods.values[name]
+      if child then visit(child, prefix == "" and name or (prefix .. "." .. name)) end
+    end
   end
+  visit(self, "")
   return out
 end
 
