@@ -137,9 +137,11 @@ local function newindex(self, k, v)
   local attrs = rawget(self, "_attrs")
   if is_module(v) then
     odict_remove(params, k); odict_remove(buffers, k); attrs[k] = nil
+    rawget(self, "_non_persistent")[k] = nil
     odict_set(mods, k, v)
   elseif is_parameter(v) then
     odict_remove(mods, k); odict_remove(buffers, k); attrs[k] = nil
+    rawget(self, "_non_persistent")[k] = nil
     odict_set(params, k, v)
   elseif params.has[k] then
     if v ~= nil then
@@ -220,7 +222,7 @@ local function check_name(self, what, name)
     lib.raise(("%s: %s name must be a non-empty string without '.', got %s"):format(
       self:_get_name(), what, tostring(name)))
   end
-  if rawget(self, "_attrs")[name] ~= nil then
+  if rawget(self, "_attrs")[name] ~= nil or getmetatable(self)[name] ~= nil then
     lib.raise(("%s: attribute '%s' already exists"):format(self:_get_name(), name))
   end
 end
