@@ -203,6 +203,15 @@ function M.memory_stats()
 end
 function M.reset_peak_memory() C.ddp_memory_reset_peak() end
 
+-- submodules reachable from dl (each also loads on its own: require "ddplua.optim")
+setmetatable(M, { __index = function(t, k)
+  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" then
+    local mod = require("ddplua." .. k)
+    rawset(t, k, mod)
+    return mod
+  end
+end })
+
 -- functional forms of the ops
 for _, name in ipairs(tensor.op_modules) do
   for k, v in pairs(require(name).functions or {}) do M[k] = v end

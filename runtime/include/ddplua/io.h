@@ -1,1 +1,190 @@
-/* ddplua/io.h: part of the public API, included by ddplua.h only. */
+/* ddplua/io.h: part of the public API, included by ddplua.h only.
+ *
+ * Data input and checkpoints (runtime/io/): dataset file readers (IDX, CIFAR-10 binary),
+ * batch collation with the usual image transforms, a batch loader with a prefetch thread,
+ * and safetensors checkpoint files. Every reader names the file and the fault in its error
+ * (DDP_ERR_IO) and never crashes on malformed input.
+ */
+
+/* ---------------------------------------------------------------------------------------
+ * Dataset files (runtime/io/idx.c, runtime/io/cifar.c)
+ * ------------------------------------------------------------------------------------- */
+
+/* Read an IDX file (the MNIST / Fashion-MNIST format, http://yann.lecun.com/exdb/mnist/),
+ * gzipped or raw (zlib detects which), into a new contiguous tensor of the file's shape.
+ * Layout: two zero bytes, a type code, the number of dimensions, one big-endian u32 size per
+ * dimension, then the data in row-major order, big-endian.
+ * Type codes and result dtypes: 0x08 u8 -> u8; 0x09 i8 -> i32; 0x0B i16 -> i32;
+ * 0x0C i32 -> i32; 0x0D f32 -> f32; 0x0E f64 -> f64.
+ * Errors (DDP_ERR_IO, the message names the file): cannot open (with strerror), corrupt gzip
+ * stream, wrong magic (the bytes found), unknown type code, 0 or more than 8 dimensions,
+ * sizes whose product overflows or passes 2^33 bytes, truncated data ("expected N bytes
+ * of data, found M"), trailing bytes after the data. */
+int ddp_io_read_idx(ddp_tensor **out, const char *path);
+
+/* Read CIFAR-10 binary batch files (https://www.cs.toronto.edu/~kriz/cifar.html): records of
+ * 1 label byte then 3072 image bytes (3 x 32 x 32, channel-major: the red plane, then
+ * green, then blue, each row-major), the files' records concatenated in order.
+ * images: (N, 3, 32, 32) u8; labels: (N) i64 in 0..9. npaths >= 1.
+ * Errors (DDP_ERR_IO): a file that cannot be opened or read, a file whose size is not a
+ * positive multiple of 3073 (naming the file and its size), a label above 9 (naming the
+ * file, the record (0-based) and the value). */
+int ddp_io_read_cifar(ddp_tensor **images, ddp_tensor **labels, int npaths,
+                      const char *const *paths);
+
+/* A view of the contiguous tensor t with another shape of the same number of elements
+ * (sharing storage, no autograd): how the dataset code turns (N, 28, 28) into
+ * (N, 1, 28, 28) without the shape ops. Errors: t not contiguous, numel differs, ndim out
+ * of 0..8. */
+int ddp_io_reshape(ddp_tensor **out, ddp_tensor *t, int ndim, const int64_t *shape);
+
+/* ---------------------------------------------------------------------------------------
+ * Batch collation and transforms (runtime/io/batch.c)
+ *
+ * A sample of a source tensor (N, ...) is src[i]. Image transforms see a sample as
+ * (C, H, W): its last two dimensions are H and W, and every dimension before them together
+ * is C (a (H, W) sample has C = 1). A zero-filled ddp_io_transform is the identity.
+ *
+ * Order of work for each sample (torchvision's CIFAR pipeline RandomCrop, RandomFlip,
+ * ToTensor, Normalize): crop a crop_h x crop_w window from the sample padded with
+ * `padding` on every side, flip it left-right, then scale (to_float), then normalize:
+ *   out[c, y, x] = (in[c, sy, sx] * scale - mean[c]) / std[c]
+ * with sy = y + oy - padding, sx = (flip ? crop_w - 1 - x : x) + ox - padding. A position
+ * outside the sample reads 0 before scaling (pad_mode DDP_IO_PAD_INPUT: as torchvision pads
+ * the raw image) or gives 0 in the output (DDP_IO_PAD_OUTPUT: a crop after Normalize).
+ *
+ * Randomness (Note [transform randomness]): the sample at position p of a batch or epoch
+ * uses Philox block (seed, offset + p) of the generator (as ddplua.h's fills): word 0 gives
+ * the flip (flip when w0 / 2^32 < flip_p), word 1 the crop row oy = w1 mod (H + 2 padding -
+ * crop_h + 1), word 2 the crop column ox likewise. Every source of a batch uses the same
+ * block for the same sample, so an image and its mask get the same crop and flip. Results
+ * do not depend on threads or prefetching, only on the generator state.
+ * ------------------------------------------------------------------------------------- */
+
+enum ddp_io_pad_mode {
+  DDP_IO_PAD_INPUT = 0,  /* padding reads raw 0, then goes through scale and normalize */
+  DDP_IO_PAD_OUTPUT = 1  /* padding is 0 in the output */
+};
+
+typedef struct ddp_io_transform {
+  int to_float;      /* 1: the output is f32, each value multiplied by `scale` (ToFloat) */
+  double scale;      /* ToFloat's factor, 1/255 for u8 images (0 is read as 1) */
+  int normalize;     /* 1: (x - mean[c]) / std[c]; the output is f32 */
+  int nchannels;     /* entries used in mean and std: 1 (shared by every channel) or C */
+  double mean[16];   /* per channel */
+  double std[16];    /* per channel, non-zero */
+  int crop_h;        /* crop window height; 0: no crop */
+  int crop_w;        /* crop window width; 0: no crop */
+  int padding;       /* zeros added on every side before cropping (>= 0) */
+  int pad_mode;      /* enum ddp_io_pad_mode */
+  double flip_p;     /* probability of a left-right flip, 0 .. 1 */
+} ddp_io_transform;
+
+/* Gather samples of src (N, ...) (any dtype, any strides) at the 0-based `indices` (i64 or
+ * i32; shape (B) gives out (B, ...), a 0-d index gives one sample (...)) into one new
+ * contiguous tensor, applying `tf` (NULL: none). The dtype of out is f32 when tf->to_float
+ * or tf->normalize, else src's. Cropping changes the last two sizes to (crop_h, crop_w).
+ * g (NULL: the default generator) drives the random transforms and moves on by B blocks
+ * when tf has any (crop with room to move, or flip_p > 0).
+ * Errors (DDP_ERR_ARG): src 0-d, an index out of range (naming its position and value),
+ * indices not integer or of 2 or more dims, a crop larger than the padded sample, image
+ * transforms on samples with fewer than 2 dims, nchannels neither 1 nor C (or above 16),
+ * a zero std, flip_p outside 0..1. */
+int ddp_io_collate(ddp_tensor **out, ddp_tensor *src, ddp_tensor *indices,
+                   const ddp_io_transform *tf, ddp_generator *g);
+
+/* Stack n >= 1 tensors of one shape and dtype into a new contiguous (n, ...) tensor (the
+ * collation of samples a Lua dataset returns). Errors name the first item whose shape or
+ * dtype differs from item 0. */
+int ddp_io_stack(ddp_tensor **out, int n, ddp_tensor **items);
+
+/* ---------------------------------------------------------------------------------------
+ * Batch loader with a prefetch thread (runtime/io/loader.c)
+ *
+ * A loader makes the batches of one epoch: batch b holds the samples at positions
+ * [b * batch_size, (b + 1) * batch_size) of `order` (the last one shorter unless
+ * drop_last), gathered from each source with ddp_io_collate's rules. With prefetch >= 1 a
+ * background thread makes them in order and keeps up to `prefetch` ready; with prefetch 0
+ * ddp_io_loader_next makes each on the calling thread. Both give identical batches (Note
+ * [transform randomness]: position p of the epoch uses generator block offset + p; the
+ * loader reserves the epoch's blocks from g when it is made).
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct ddp_io_loader ddp_io_loader;
+
+/* ddp_io_loader_next's status at the end of the epoch (not an error). */
+enum { DDP_IO_END = -1 };
+
+/* A loader over `nsources` (1..8) source tensors (N, ...) sharing N (retained until the
+ * loader is freed; do not write them meanwhile), `transforms` (nsources entries, or NULL
+ * for none), the epoch's sample order `order` (1-d i64 or i32 of 0-based indices in
+ * 0..N-1, copied), batch_size >= 1, drop_last 0/1, prefetch >= 0 (batches kept ready by the
+ * thread; 0: no thread), g (NULL: the default generator) for the random transforms.
+ * Errors (DDP_ERR_ARG): sizes disagree (naming the sources), an index out of range (naming
+ * its position), bad batch_size / prefetch, transforms invalid for a source (as
+ * ddp_io_collate); DDP_ERR_MEMORY; thread creation failure (DDP_ERR_STATE). */
+int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
+                      const ddp_io_transform *transforms, ddp_tensor *order,
+                      int64_t batch_size, int drop_last, int prefetch, ddp_generator *g);
+
+/* The next batch: outs[k] (nsources entries) receives a new reference to source k's batch
+ * (B, ...). Returns DDP_OK, DDP_IO_END (outs set to NULL) once every batch was handed out
+ * (and again on later calls), or an error: one raised on the prefetch thread is reported
+ * here, with its message, after the batches made before it. Waits while the thread works. */
+int ddp_io_loader_next(ddp_io_loader *loader, ddp_tensor **outs);
+
+/* Number of batches of the epoch: ceil(len / batch_size), or floor with drop_last. */
+int64_t ddp_io_loader_num_batches(const ddp_io_loader *loader);
+
+/* Stop the thread (it finishes the batch in hand, then exits; joined here), drop the
+ * batches still queued and the sources, free the loader. NULL is ignored. Safe mid-epoch. */
+void ddp_io_loader_free(ddp_io_loader *loader);
+
+/* ---------------------------------------------------------------------------------------
+ * safetensors checkpoints (runtime/io/safetensors.c)
+ *
+ * Format (https://github.com/huggingface/safetensors): an 8-byte little-endian u64 N, an
+ * N-byte UTF-8 JSON header {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets":
+ * [begin, end]}, ..., "__metadata__": {"key": "value", ...}} padded with spaces to a
+ * multiple of 8, then the data bytes, little-endian, row-major; offsets are relative to the
+ * start of the data and the tensors tile it without gaps or overlap.
+ * dtypes: F32 F64 F16 BF16 I64 I32 U8 BOOL.
+ * ------------------------------------------------------------------------------------- */
+
+/* Write `n` tensors (CPU, any strides, live) named names[k] (distinct, non-empty) and
+ * `nmeta` metadata pairs (keys[k], values[k]: strings) to `path`, atomically: the bytes go
+ * to "<path>.tmp.<pid>", which is flushed, fsync'ed and renamed over `path`, then the
+ * directory is fsync'ed. A writer killed midway leaves the previous file untouched (and
+ * at most a stale .tmp.<pid> file). Errors (DDP_ERR_IO naming the path and the cause with
+ * strerror; DDP_ERR_ARG naming a bad tensor or duplicate name). */
+int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
+                            ddp_tensor **tensors, int nmeta, const char *const *keys,
+                            const char *const *values);
+
+/* A loaded safetensors file: its tensors (in the file's data order) and metadata. */
+typedef struct ddp_io_safetensors ddp_io_safetensors;
+
+/* Read and validate a whole safetensors file. Errors (DDP_ERR_IO, naming the file, and the
+ * tensor where one is at fault): cannot open, shorter than 8 bytes, header length past the
+ * end of the file (or above 100 MB), header not a JSON object, an entry without dtype /
+ * shape / data_offsets, unknown dtype, more than 8 dims or negative sizes, offsets out of
+ * the data or not matching dtype x shape, tensors overlapping or leaving gaps, metadata
+ * values that are not strings. */
+int ddp_io_safetensors_load(ddp_io_safetensors **out, const char *path);
+
+/* Number of tensors / metadata pairs. */
+int ddp_io_safetensors_count(const ddp_io_safetensors *f);
+int ddp_io_safetensors_metadata_count(const ddp_io_safetensors *f);
+
+/* Name of tensor i (0-based; NULL when out of range); valid until the file is freed. */
+const char *ddp_io_safetensors_name(const ddp_io_safetensors *f, int i);
+
+/* Tensor i as a new reference in *out. DDP_ERR_ARG when i is out of range. */
+int ddp_io_safetensors_tensor(ddp_tensor **out, const ddp_io_safetensors *f, int i);
+
+/* Key / value of metadata pair i (NULL when out of range); valid until the file is freed. */
+const char *ddp_io_safetensors_metadata_key(const ddp_io_safetensors *f, int i);
+const char *ddp_io_safetensors_metadata_value(const ddp_io_safetensors *f, int i);
+
+/* Free the file object (tensors handed out keep their own references). NULL is ignored. */
+void ddp_io_safetensors_free(ddp_io_safetensors *f);

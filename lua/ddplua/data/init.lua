@@ -1,0 +1,39 @@
+--- ddplua.data: datasets, transforms and batch loading. `local data = require "ddplua.data"`.
+--
+--   data.FashionMNIST{train = true}           -- (60000, 1, 28, 28) u8 + labels 0..9
+--   data.MNIST{root = ...}, data.CIFAR10{root = ...}, data.TensorDataset(x, y)
+--   data.Compose{data.RandomCrop(32, {padding = 4}), data.RandomHorizontalFlip(),
+--                data.ToFloat(), data.Normalize(mean, std)}
+--   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
+--   data.read_idx(path), data.read_cifar(paths)
+--
+-- The dataset protocol is described in ddplua/data/datasets.lua, the sampler protocol and
+-- the two loading paths (C with a prefetch thread, or Lua) in ddplua/data/loader.lua, the
+-- transforms in ddplua/data/transforms.lua.
+local datasets = require "ddplua.data.datasets"
+local transforms = require "ddplua.data.transforms"
+local loader = require "ddplua.data.loader"
+
+local M = {}
+
+M.TensorDataset = datasets.TensorDataset
+M.FashionMNIST = datasets.FashionMNIST
+M.MNIST = datasets.MNIST
+M.CIFAR10 = datasets.CIFAR10
+M.Dataset = datasets.Dataset
+M.read_idx = datasets.read_idx
+M.read_cifar = datasets.read_cifar
+
+M.ToFloat = transforms.ToFloat
+M.Normalize = transforms.Normalize
+M.RandomCrop = transforms.RandomCrop
+M.RandomHorizontalFlip = transforms.RandomHorizontalFlip
+M.Compose = transforms.Compose
+M.is_transform = transforms.is_transform
+
+M.DataLoader = loader.DataLoader
+
+--- data.len(obj): length of a dataset or sampler under the protocol (obj:len() or #obj).
+M.len = require("ddplua.data.object").len
+
+return M

@@ -1,0 +1,260 @@
+--- ddplua.data.loader: DataLoader, the batch iterator over a dataset.
+--
+--   local loader = data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g})
+--   for epoch = 1, 10 do
+--     for x, y in loader:iter() do ... end      -- x f32 (B, C, H, W), y i64 (B)
+--   end
+--   print(#loader)                              -- batches per epoch
+--
+-- Two paths:
+--  * C path, for datasets with c_sources() (the built-in ones and TensorDataset, with
+--    transforms made of data.* objects): a C loader (runtime/io/loader.c) gathers each
+--    batch into one contiguous tensor per source and applies the transforms, on a
+--    background thread that keeps `prefetch` batches ready (prefetch = 0: on the caller's
+--    thread). Prefetching changes no value (Note [transform randomness], ddplua/io.h).
+--  * Lua path, for any other dataset (the protocol in ddplua.data.datasets): each batch
+--    calls ds:get(i) for its samples and stacks them in C (ddp_io_stack): tensors of equal
+--    shape stack to (B, ...); numbers become an i64 tensor when all are integers, else
+--    f64; booleans a bool tensor. `prefetch` is ignored there (no thread).
+--
+-- Sampler protocol: any object with sampler:indices() returning the epoch's sample order
+-- as a Lua table or a 1-d i64 tensor of 0-based indices (dataset positions minus one, as
+-- PyTorch's samplers yield). Called once per iter(). Optionally sampler:len() (or #sampler)
+-- gives the count without drawing the order (used by #loader). A DistributedSampler
+-- plugs in here; its set_epoch is the caller's business, as in PyTorch.
+local lib = require "ddplua.lib"
+local object = require "ddplua.data.object"
+local transforms = require "ddplua.data.transforms"
+local generator = require "ddplua.generator"
+local ffi, C = lib.ffi, lib.C
+local check, wrap, box = lib.check, lib.wrap, lib.box
+
+local M = {}
+
+local DataLoader = { name = "DataLoader" }
+
+local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
+
+--- data.DataLoader(dataset, opts): batches of `dataset`.
+-- opts.batch_size (64), opts.shuffle (false: a new dl.randperm order each iter(), drawn from
+-- opts.generator), opts.sampler (see the protocol above; not with shuffle),
+-- opts.generator (a dl.Generator; the default generator when nil; drives shuffling and the
+-- random transforms), opts.drop_last (false: keep the short last batch), opts.prefetch (2:
+-- batches the C loader's thread keeps ready; 0: no thread). Raises on bad options.
+function M.DataLoader(dataset, opts)
+  opts = opts or {}
+  local known = { batch_size = true, shuffle = true, generator = true, sampler = true, drop_last = true, prefetch = true }
+  for k in pairs(opts) do
+    if not known[k] then lib.raise("DataLoader: unknown option '" .. tostring(k) .. "'") end
+  end
+  if dataset == nil or (type(dataset) ~= "table" and type(dataset) ~= "userdata") then
+    lib.raise("DataLoader: expected a dataset, got " .. type(dataset))
+  end
+  local bs = opts.batch_size or 64
+  if type(bs) ~= "number" or bs < 1 or bs % 1 ~= 0 then
+    lib.raise("DataLoader: batch_size must be a positive integer, got " .. tostring(bs))
+  end
+  local prefetch = opts.prefetch == nil and 2 or opts.prefetch
+  if type(prefetch) ~= "number" or prefetch < 0 or prefetch % 1 ~= 0 then
+    lib.raise("DataLoader: prefetch must be an integer >= 0, got " .. tostring(prefetch))
+  end
+  if opts.sampler and opts.shuffle then
+    lib.raise("DataLoader: sampler and shuffle = true are mutually exclusive")
+  end
+  if opts.sampler and type(opts.sampler.indices) ~= "function" then
+    lib.raise("DataLoader: sampler must have an indices() method")
+  end
+  return object.new(DataLoader, {
+    dataset = dataset, batch_size = bs, shuffle = opts.shuffle and true or false,
+    sampler = opts.sampler, generator = opts.generator or generator.default,
+    drop_last = opts.drop_last and true or false, prefetch = prefetch, epoch = nil,
+  })
+end
+
+-- Number of samples of the epoch.
+local function epoch_len(self)
+  local s = self.sampler
+  if s then
+    local ok, f = pcall(function() return s.len end)
+    if ok and type(f) == "function" then return f(s) end
+    local ok2, n = pcall(function() return #s end)
+    if ok2 and type(n) == "number" and n > 0 then return n end
+    local idx = s:indices()
+    return is_tensor(idx) and idx:numel() or #idx
+  end
+  return object.len(self.dataset)
+end
+
+--- Number of batches per epoch: ceil(len / batch_size), floor with drop_last.
+function DataLoader.len(self)
+  local n = epoch_len(self)
+  if self.drop_last then return math.floor(n / self.batch_size) end
+  return math.ceil(n / self.batch_size)
+end
+
+-- The epoch's order as a 1-d i64 tensor of 0-based indices.
+local function epoch_order(self)
+  local n = object.len(self.dataset)
+  if self.sampler then
+    local idx = self.sampler:indices()
+    if is_tensor(idx) then
+      if idx:dim() ~= 1 then lib.raise("DataLoader: sampler:indices() returned a tensor that is not 1-d") end
+      if idx.dtype ~= "i64" then idx = idx:to("i64") end
+      return idx
+    end
+    if type(idx) ~= "table" then lib.raise("DataLoader: sampler:indices() must return a table or an i64 tensor") end
+    local buf = ffi.new("int64_t[?]", math.max(#idx, 1))
+    for i = 1, #idx do
+      local v = idx[i]
+      if type(v) ~= "number" or v % 1 ~= 0 or v < 0 or v >= n then
+        lib.raise(("DataLoader: sampler index %s at position %d is out of range 0..%d (indices count from 0)"):format(
+          tostring(v), i, n - 1))
+      end
+      buf[i - 1] = v
+    end
+    local len = ffi.new("int64_t[1]", #idx)
+    check(C.ddp_tensor_from_data(box, 1, len, C.DDP_I64, buf, C.DDP_I64))
+    return wrap(box[0])
+  end
+  if self.shuffle then
+    check(C.ddp_randperm(box, n, C.DDP_I64, self.generator.handle))
+    return wrap(box[0])
+  end
+  check(C.ddp_arange(box, 0, n, 1, C.DDP_I64))
+  return wrap(box[0])
+end
+
+--- Stop the current epoch's C loader (joins its thread, frees queued batches). Called by
+-- iter() before a new epoch and when an epoch ends; safe to call any time.
+function DataLoader.close(self)
+  local ep = self.epoch
+  if ep and ep.handle ~= nil then
+    local h = ep.handle
+    ep.handle = nil
+    ffi.gc(h, nil)
+    C.ddp_io_loader_free(h)
+  end
+  self.epoch = nil
+end
+
+-- C path: the iterator over a ddp_io_loader.
+local function c_iter(self, sources, tfs, order)
+  local n = #sources
+  local srcs = ffi.new("ddp_tensor*[?]", n)
+  local specs = ffi.new("ddp_io_transform[?]", n)
+  for k = 1, n do
+    srcs[k - 1] = sources[k]
+    if tfs[k] then specs[k - 1] = transforms.spec(tfs[k], C.ddp_tensor_dtype(sources[k])) end
+  end
+  local lbox = ffi.new("ddp_io_loader*[1]")
+  check(C.ddp_io_loader_new(lbox, n, srcs, specs, order, self.batch_size, self.drop_last and 1 or 0,
+    self.prefetch, self.generator.handle))
+  local ep = { handle = ffi.gc(lbox[0], C.ddp_io_loader_free) }
+  self.epoch = ep
+  local outs = ffi.new("ddp_tensor*[?]", n)
+  local res = {}
+  return function()
+    local h = ep.handle
+    if h == nil then return nil end
+    local st = C.ddp_io_loader_next(h, outs)
+    if st == C.DDP_IO_END then
+      if self.epoch == ep then self:close() else ep.handle = nil end
+      return nil
+    end
+    check(st)
+    if n == 2 then return wrap(outs[0]), wrap(outs[1]) end
+    for k = 1, n do res[k] = wrap(outs[k - 1]) end
+    return unpack(res, 1, n)
+  end
+end
+
+-- Stack one part of B samples.
+local function collate_part(values, k)
+  local first = values[1]
+  if is_tensor(first) then
+    local arr = ffi.new("ddp_tensor*[?]", #values)
+    for i, v in ipairs(values) do
+      if not is_tensor(v) then lib.raise(("DataLoader: part %d of sample %d is not a tensor (sample 1's is)"):format(k, i)) end
+      arr[i - 1] = v
+    end
+    check(C.ddp_io_stack(box, #values, arr))
+    return wrap(box[0])
+  end
+  local tv = type(first)
+  local buf = ffi.new("double[?]", #values)
+  local integral = true
+  for i, v in ipairs(values) do
+    if type(v) ~= tv then lib.raise(("DataLoader: part %d of sample %d is a %s, sample 1's is a %s"):format(k, i, type(v), tv)) end
+    if tv == "boolean" then v = v and 1 or 0
+    elseif tv ~= "number" then lib.raise(("DataLoader: cannot collate part %d of type %s"):format(k, tv)) end
+    if v % 1 ~= 0 then integral = false end
+    buf[i - 1] = v
+  end
+  local dtype = tv == "boolean" and C.DDP_BOOL or integral and C.DDP_I64 or C.DDP_F64
+  local len = ffi.new("int64_t[1]", #values)
+  check(C.ddp_tensor_from_data(box, 1, len, dtype, buf, C.DDP_F64))
+  return wrap(box[0])
+end
+
+-- Lua path: batches from ds:get.
+local function lua_iter(self, order)
+  local ds = self.dataset
+  local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
+  local total = order:numel()
+  local nb = self.drop_last and math.floor(total / self.batch_size) or math.ceil(total / self.batch_size)
+  local ep = { handle = nil }
+  self.epoch = ep
+  local b = 0
+  return function()
+    if b >= nb or self.epoch ~= ep then return nil end
+    local start = b * self.batch_size
+    local stop = math.min(start + self.batch_size, total)
+    b = b + 1
+    local parts, nparts = {}, nil
+    for p = start, stop - 1 do
+      local sample = { ds:get(tonumber(idx[p]) + 1) }
+      local cnt = table.maxn(sample)
+      nparts = nparts or cnt
+      if cnt ~= nparts then lib.raise(("DataLoader: samples have %d and %d parts"):format(nparts, cnt)) end
+      for k = 1, cnt do
+        parts[k] = parts[k] or {}
+        parts[k][#parts[k] + 1] = sample[k]
+      end
+    end
+    local out = {}
+    for k = 1, nparts do out[k] = collate_part(parts[k], k) end
+    return unpack(out, 1, nparts)
+  end
+end
+
+--- loader:iter(): an iterator for one epoch, `for x, y in loader:iter() do ... end`,
+-- yielding one tensor per sample part (B, ...), in the order of the epoch (shuffled afresh
+-- on every call when shuffle is set; the sampler's indices() otherwise). Starting a new
+-- iter() stops the previous epoch's loader; leaving the loop early is fine (the thread is
+-- stopped by the next iter(), loader:close() or the collector).
+function DataLoader.iter(self)
+  self:close()
+  local order = epoch_order(self)
+  local ds = self.dataset
+  local ok, f = pcall(function() return ds.c_sources end)
+  if ok and type(f) == "function" then
+    local sources, tfs = f(ds)
+    if sources then
+      local len = object.len(ds)
+      for k, s in ipairs(sources) do
+        if s:size(1) ~= len then
+          lib.raise(("DataLoader: c_sources()[%d] has %d samples but the dataset has %d"):format(k, s:size(1), len))
+        end
+      end
+      return c_iter(self, sources, tfs or {}, order)
+    end
+  end
+  return lua_iter(self, order)
+end
+
+function DataLoader.__tostring(self)
+  return ("DataLoader(%s, batch_size = %d, %d batches)"):format(tostring(self.dataset), self.batch_size,
+    DataLoader.len(self))
+end
+
+return M

@@ -1,0 +1,254 @@
+--- ddplua.optim.Optimizer: the base class of the optimizers (PyTorch's torch.optim.Optimizer).
+--
+-- An optimizer holds `param_groups` (a list of tables, each with its options and `params`,
+-- a list of leaf tensors that require grad) and `state` (per-parameter tables keyed by the
+-- parameter handle held in param_groups: opt.state[p] with p the handle passed in). The
+-- state's tensors are created and owned here and handed to the fused C kernels
+-- (ddplua/optim.h). Subclasses (one per file) give `name`, `defaults` (every option with
+-- its default), `validate(group)` and `update(p, grad, group, state)`.
+local lib = require "ddplua.lib"
+local tensor = require "ddplua.tensor"
+local ffi, C = lib.ffi, lib.C
+
+local M = {}
+M.__index = M
+
+local is_tensor = tensor.is_tensor
+local raise = lib.raise
+
+--- Optimizer.subclass(name, defaults): a new optimizer class, callable as Class(params, opts).
+function M.subclass(name, defaults)
+  local cls = { name = name, defaults = defaults }
+  cls.__index = cls
+  return setmetatable(cls, { __index = M, __call = function(c, ...) return c.new(...) end })
+end
+
+-- A copy of v: tables deeply, tensors cloned, other values as they are.
+local function copy_value(v)
+  if is_tensor(v) then return v:clone() end
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = copy_value(x) end
+  return out
+end
+M.copy_value = copy_value
+
+-- Address of a tensor handle's C object: two handles of one tensor give the same key.
+local function address(p) return tonumber(ffi.cast("intptr_t", p)) end
+
+--- Construct an optimizer of class cls over params (a list of tensors or a list of param
+-- groups {params = {...}, <option> = ...}) with opts (the class defaults filled in).
+-- Raises naming the bad option or parameter.
+function M.construct(cls, params, opts)
+  local self = setmetatable({ state = {}, param_groups = {}, _ids = {} }, cls)
+  opts = opts or {}
+  if type(opts) ~= "table" then raise(cls.name .. ": options must be a table, got " .. type(opts)) end
+  local defaults = {}
+  for k, v in pairs(cls.defaults) do defaults[k] = copy_value(v) end
+  for k, v in pairs(opts) do
+    if cls.defaults[k] == nil then raise(("%s: unknown option '%s'"):format(cls.name, tostring(k))) end
+    defaults[k] = copy_value(v)
+  end
+  cls.validate(defaults, cls.name)
+  self.defaults = defaults
+  if is_tensor(params) or type(params) ~= "table" then
+    raise(cls.name .. ": params must be a list of tensors or of param groups, got " ..
+      (is_tensor(params) and "a tensor" or type(params)))
+  end
+  if #params == 0 then raise(cls.name .. ": optimizer got an empty parameter list") end
+  if is_tensor(params[1]) then
+    self:add_param_group({ params = params })
+  else
+    for _, group in ipairs(params) do self:add_param_group(group) end
+  end
+  return self
+end
+
+--- opt:add_param_group(group): add {params = {...}, <option> = ...}; options not given take
+-- the optimizer's defaults. Raises when a parameter is not a leaf tensor requiring grad, is
+-- already in a group, or an option is invalid.
+function M:add_param_group(group)
+  local name = self.name
+  local gi = #self.param_groups + 1
+  if type(group) ~= "table" or is_tensor(group) then
+    raise(("%s: param group %d must be a table {params = {...}, ...}"):format(name, gi))
+  end
+  local params = group.params
+  if is_tensor(params) then params = { params } end
+  if type(params) ~= "table" then
+    raise(("%s: param group %d has no params list"):format(name, gi))
+  end
+  local g = {}
+  for k, v in pairs(group) do if k ~= "params" then g[k] = copy_value(v) end end
+  for k, v in pairs(self.defaults) do if g[k] == nil then g[k] = copy_value(v) end end
+  self.validate(g, name)
+  local list = {}
+  for i, p in ipairs(params) do
+    if not is_tensor(p) then
+      raise(("%s: parameter %d of param group %d is not a tensor (got %s)"):format(name, i, gi, type(p)))
+    end
+    if not p.requires_grad then
+      raise(("%s: parameter %d of param group %d does not require grad"):format(name, i, gi))
+    end
+    if not p.is_leaf then
+      raise(("%s: parameter %d of param group %d is not a leaf tensor (can't optimize a non-leaf)"):format(name, i, gi))
+    end
+    local id = address(p)
+    if self._ids[id] then
+      raise(("%s: parameter %d of param group %d appears in more than one place"):format(name, i, gi))
+    end
+    self._ids[id] = true
+    list[i] = p
+  end
+  g.params = list
+  self.param_groups[gi] = g
+end
+
+--- opt:zero_grad(opts): forget the gradients. opts.set_to_none (default true, as PyTorch
+-- 2.x) drops each .grad; false zeroes it in place.
+function M:zero_grad(opts)
+  local to_none = not (opts and opts.set_to_none == false)
+  for _, group in ipairs(self.param_groups) do
+    for _, p in ipairs(group.params) do
+      if to_none then
+        lib.check(C.ddp_tensor_set_grad(p, nil))
+      else
+        local g = C.ddp_tensor_grad(p)
+        if g ~= nil then
+          local status = C.ddp_zero_(g)
+          C.ddp_tensor_release(g)
+          lib.check(status)
+        end
+      end
+    end
+  end
+end
+
+--- opt:step(closure): one update of every parameter that has a .grad (those without are
+-- skipped and get no state). closure (optional) is called first with grad mode on, to
+-- recompute the loss; its result is returned.
+function M:step(closure)
+  local loss
+  if closure then
+    local prev = C.ddp_set_grad_enabled(1)
+    local ok, res = pcall(closure)
+    C.ddp_set_grad_enabled(prev)
+    if not ok then error(res, 0) end
+    loss = res
+  end
+  local state = self.state
+  for _, group in ipairs(self.param_groups) do
+    for _, p in ipairs(group.params) do
+      local g = lib.wrap(C.ddp_tensor_grad(p))
+      if g ~= nil then
+        local st = state[p]
+        if not st then st = {}; state[p] = st end
+        self:update(p, g, group, st)
+      end
+    end
+  end
+  return loss
+end
+
+--- A zero tensor of p's shape and dtype (optimizer state).
+function M.zeros_like(p)
+  lib.check(C.ddp_tensor_zeros(lib.box, C.ddp_tensor_dim(p), C.ddp_tensor_shape(p),
+    C.ddp_tensor_dtype(p), C.ddp_tensor_device(p)))
+  return lib.wrap(lib.box[0])
+end
+
+--- opt:state_dict(): PyTorch's structure, a plain table of numbers, booleans, strings and
+-- tensors: {state = {[i] = {step = n, exp_avg = tensor, ...}}, param_groups = {{lr = ...,
+-- params = {i, ...}}, ...}} where i numbers the parameters across the groups in order
+-- FROM 0, as PyTorch does (they are ids in a serialised structure, not Lua positions).
+-- Tensors are copies.
+function M:state_dict()
+  local index, next_id = {}, 0
+  local groups = {}
+  for gi, group in ipairs(self.param_groups) do
+    local g, ids = {}, {}
+    for k, v in pairs(group) do if k ~= "params" then g[k] = copy_value(v) end end
+    for i, p in ipairs(group.params) do
+      index[p] = next_id
+      ids[i] = next_id
+      next_id = next_id + 1
+    end
+    g.params = ids
+    groups[gi] = g
+  end
+  local state = {}
+  for p, st in pairs(self.state) do
+    local id = index[p]
+    if id ~= nil then state[id] = copy_value(st) end
+  end
+  return { state = state, param_groups = groups }
+end
+
+--- opt:load_state_dict(sd): restore options and state from a table made by state_dict()
+-- (ids may be numbers or numeric strings). Floating state tensors are copied and
+-- converted to their parameter's dtype, except `step`. Raises when the groups or their
+-- sizes differ from this optimizer's.
+function M:load_state_dict(sd)
+  local name = self.name
+  if type(sd) ~= "table" or type(sd.param_groups) ~= "table" or type(sd.state) ~= "table" then
+    raise(name .. ": load_state_dict expects a table {state = ..., param_groups = ...}")
+  end
+  local saved = sd.param_groups
+  if #saved ~= #self.param_groups then
+    raise(("%s: loaded state dict has %d parameter groups, the optimizer has %d"):format(
+      name, #saved, #self.param_groups))
+  end
+  local by_id = {}
+  for gi, group in ipairs(self.param_groups) do
+    local ids = saved[gi].params
+    if type(ids) ~= "table" or #ids ~= #group.params then
+      raise(("%s: loaded param group %d has %s parameters, the optimizer's has %d"):format(
+        name, gi, type(ids) == "table" and #ids or "no", #group.params))
+    end
+    for i, p in ipairs(group.params) do by_id[tonumber(ids[i])] = p end
+  end
+  local state = {}
+  for id, st in pairs(sd.state) do
+    local p = by_id[tonumber(id)]
+    if p ~= nil then
+      local s = {}
+      for k, v in pairs(st) do
+        if is_tensor(v) and k ~= "step" and v:is_floating_point() then
+          v = v:to(p.dtype)
+          s[k] = v:clone()
+        else
+          s[k] = copy_value(v)
+        end
+      end
+      state[p] = s
+    end
+  end
+  for gi, group in ipairs(self.param_groups) do
+    local g = {}
+    for k, v in pairs(saved[gi]) do if k ~= "params" then g[k] = copy_value(v) end end
+    g.params = group.params
+    self.param_groups[gi] = g
+  end
+  self.state = state
+end
+
+-- ---- validation helpers shared by the subclasses ---------------------------------------
+
+--- Raise "<Name>: invalid <option> <value> (<why>)".
+function M.invalid(name, option, value, why)
+  raise(("%s: invalid %s %s (%s)"):format(name, option, tostring(value), why))
+end
+
+--- Check group[key] is a number >= 0.
+function M.check_nonneg(group, key, name)
+  local v = group[key]
+  if type(v) ~= "number" or not (v >= 0) then M.invalid(name, key, v, "must be a number >= 0") end
+end
+
+--- Check group[key] is a boolean.
+function M.check_bool(group, key, name)
+  local v = group[key]
+  if type(v) ~= "boolean" then M.invalid(name, key, v, "must be true or false") end
+end
+
+return M

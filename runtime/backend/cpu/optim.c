@@ -1,0 +1,127 @@
+/* runtime/backend/cpu/optim.c: the fused optimizer updates and the clipping kernels (see
+ * optim.h). One pass per parameter: each element's gradient, state and parameter are read
+ * once and written once. The f32 and f64 kernels are the same code instantiated twice by
+ * the DEFINE_* macros below (T the element type); the hyper-parameters are converted to T
+ * once so the loops stay in T's precision and vectorise. */
+#include "backend/cpu/optim.h"
+
+#include <math.h>
+
+/* Note [optimizer update order]: every kernel follows the algorithm box of PyTorch's page
+ * for the optimizer line by line (ddplua/optim.h quotes them): maximize negates the
+ * gradient first, L2 weight decay is added to the gradient next (AdamW's decoupled decay
+ * scales the parameter instead), then the state is updated, then the parameter. */
+
+#define DEFINE_SGD(SUFFIX, T)                                                               \
+  void ddp_cpu_sgd_##SUFFIX(T *param, T *buf, const T *grad, int64_t n,                     \
+                            const ddp_sgd_hparams *h) {                                     \
+    const T lr = (T)h->lr, mu = (T)h->momentum, damp = (T)(1.0 - h->dampening);             \
+    const T wd = (T)h->weight_decay, sign = h->maximize ? (T)-1 : (T)1;                     \
+    const int use_wd = h->weight_decay != 0, use_mom = h->momentum != 0 && buf;            \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T g = sign * grad[i];                                                                 \
+      if (use_wd) g += wd * param[i];                                                       \
+      if (use_mom) {                                                                        \
+        T b = h->first_step ? g : mu * buf[i] + damp * g;                                   \
+        buf[i] = b;                                                                         \
+        g = h->nesterov ? g + mu * b : b;                                                   \
+      }                                                                                     \
+      param[i] -= lr * g;                                                                   \
+    }                                                                                       \
+  }
+
+DEFINE_SGD(f32, float)
+DEFINE_SGD(f64, double)
+
+/* The parameter step is PyTorch's rearrangement of the documented
+ * p -= lr * m_hat / (sqrt(v_hat) + eps): with m_hat = m / bc1 and v_hat = v / bc2 it is
+ * p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps), the same value. */
+#define DEFINE_ADAM(SUFFIX, T, SQRT)                                                        \
+  void ddp_cpu_adam_##SUFFIX(T *param, T *m, T *v, T *vmax, const T *grad, int64_t n,       \
+                             const ddp_adam_hparams *h) {                                   \
+    const T b1 = (T)h->beta1, b2 = (T)h->beta2, eps = (T)h->eps;                            \
+    const T one_b1 = (T)(1.0 - h->beta1), one_b2 = (T)(1.0 - h->beta2);                     \
+    const T step_size = (T)h->step_size, bc2_sqrt = (T)h->bc2_sqrt;                         \
+    const T wd = (T)h->weight_decay, decay = (T)(1.0 - h->lr * h->weight_decay);            \
+    const T sign = h->maximize ? (T)-1 : (T)1;                                              \
+    const int l2 = !h->decoupled && h->weight_decay != 0;                                   \
+    const int decoupled = h->decoupled && h->weight_decay != 0;                             \
+    const int ams = h->amsgrad && vmax;                                                     \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T p = param[i];                                                                       \
+      T g = sign * grad[i];                                                                 \
+      if (decoupled) p *= decay;                                                            \
+      if (l2) g += wd * p;                                                                  \
+      T mi = b1 * m[i] + one_b1 * g;                                                        \
+      T vi = b2 * v[i] + one_b2 * g * g;                                                    \
+      m[i] = mi;                                                                            \
+      v[i] = vi;                                                                            \
+      if (ams) {                                                                            \
+        T mx = vmax[i];                                                                     \
+        vi = (vi > mx || vi != vi) ? vi : mx; /* NaN kept, as torch.maximum */              \
+        vmax[i] = vi;                                                                       \
+      }                                                                                     \
+      param[i] = p - step_size * mi / (SQRT(vi) / bc2_sqrt + eps);                          \
+    }                                                                                       \
+  }
+
+DEFINE_ADAM(f32, float, sqrtf)
+DEFINE_ADAM(f64, double, sqrt)
+
+#define DEFINE_ADADELTA(SUFFIX, T, SQRT)                                                    \
+  void ddp_cpu_adadelta_##SUFFIX(T *param, T *sq, T *acc, const T *grad, int64_t n,         \
+                                 const ddp_adadelta_hparams *h) {                           \
+    const T lr = (T)h->lr, rho = (T)h->rho, one_rho = (T)(1.0 - h->rho), eps = (T)h->eps;   \
+    const T wd = (T)h->weight_decay, sign = h->maximize ? (T)-1 : (T)1;                     \
+    const int use_wd = h->weight_decay != 0;                                                \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T g = sign * grad[i];                                                                 \
+      if (use_wd) g += wd * param[i];                                                       \
+      T v = rho * sq[i] + one_rho * g * g;                                                  \
+      T dx = SQRT(acc[i] + eps) / SQRT(v + eps) * g;                                        \
+      sq[i] = v;                                                                            \
+      acc[i] = rho * acc[i] + one_rho * dx * dx;                                            \
+      param[i] -= lr * dx;                                                                  \
+    }                                                                                       \
+  }
+
+DEFINE_ADADELTA(f32, float, sqrtf)
+DEFINE_ADADELTA(f64, double, sqrt)
+
+#define DEFINE_CLIP(SUFFIX, T)                                                              \
+  double ddp_cpu_abs_pow_sum_##SUFFIX(const T *x, int64_t n, double p) {                    \
+    double s = 0;                                                                           \
+    if (p == 2) {                                                                           \
+      for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];                     \
+    } else if (p == 1) {                                                                    \
+      for (int64_t i = 0; i < n; i++) s += fabs((double)x[i]);                              \
+    } else {                                                                                \
+      for (int64_t i = 0; i < n; i++) s += pow(fabs((double)x[i]), p);                      \
+    }                                                                                       \
+    return s;                                                                               \
+  }                                                                                         \
+  double ddp_cpu_abs_max_##SUFFIX(const T *x, int64_t n) {                                  \
+    double m = 0;                                                                           \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      double a = fabs((double)x[i]);                                                        \
+      if (a != a) return a;                                                                 \
+      if (a > m) m = a;                                                                     \
+    }                                                                                       \
+    return m;                                                                               \
+  }                                                                                         \
+  void ddp_cpu_scale_##SUFFIX(T *x, int64_t n, double s) {                                  \
+    const T c = (T)s;                                                                       \
+    for (int64_t i = 0; i < n; i++) x[i] *= c;                                              \
+  }                                                                                         \
+  void ddp_cpu_clamp_##SUFFIX(T *x, int64_t n, double lo, double hi) {                      \
+    const T l = (T)lo, u = (T)hi;                                                           \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T v = x[i];                                                                           \
+      if (v < l) v = l;                                                                     \
+      if (v > u) v = u;                                                                     \
+      x[i] = v;                                                                             \
+    }                                                                                       \
+  }
+
+DEFINE_CLIP(f32, float)
+DEFINE_CLIP(f64, double)

@@ -1,0 +1,196 @@
+/* runtime/io/idx.c: IDX files (MNIST, Fashion-MNIST), gzipped or raw.
+ *
+ * Format (LeCun, Cortes, Burges, "THE MNIST DATABASE", http://yann.lecun.com/exdb/mnist/):
+ * bytes 0-1 zero, byte 2 the type code, byte 3 the number of dimensions, then one
+ * big-endian u32 per dimension, then the data, big-endian, row-major. zlib's gzread passes
+ * files that are not gzipped through unchanged, so one path reads both. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zlib.h>
+
+#include "core/core.h"
+#include "io/io_internal.h"
+
+/* Largest data part we accept: 2^33 bytes (8 GiB), far above any IDX data set. */
+#define IDX_MAX_BYTES ((uint64_t)1 << 33)
+
+typedef struct {
+  int code;
+  const char *name;
+  int elem_size; /* bytes per element in the file */
+  int dtype;     /* dtype of the result */
+} idx_type;
+
+static const idx_type idx_types[] = {
+    {0x08, "u8", 1, DDP_U8},   {0x09, "i8", 1, DDP_I32},  {0x0B, "i16", 2, DDP_I32},
+    {0x0C, "i32", 4, DDP_I32}, {0x0D, "f32", 4, DDP_F32}, {0x0E, "f64", 8, DDP_F64},
+};
+
+/* Read up to n bytes; returns the count read (< n at the end of the file), or -1 with the
+ * error set for a read failure or corrupt gzip stream. */
+static int64_t read_full(gzFile f, const char *path, void *buf, uint64_t n) {
+  uint64_t got = 0;
+  while (got < n) {
+    uint64_t want = n - got;
+    if (want > (1u << 30)) want = 1u << 30;
+    int r = gzread(f, (char *)buf + got, (unsigned)want);
+    if (r < 0) {
+      int zerr = 0;
+      const char *msg = gzerror(f, &zerr);
+      if (zerr == Z_ERRNO)
+        DDP_ERROR(DDP_ERR_IO, "read_idx: %s: read failed: %s", path, strerror(errno));
+      else
+        DDP_ERROR(DDP_ERR_IO, "read_idx: %s: corrupt gzip data: %s", path, msg);
+      return -1;
+    }
+    if (r == 0) break;
+    got += (uint64_t)r;
+  }
+  return (int64_t)got;
+}
+
+/* Convert n big-endian elements of the file type in buf into the result tensor's data. */
+static void convert(void *dst, const unsigned char *src, const idx_type *t, int64_t n) {
+  switch (t->code) {
+  case 0x08: memcpy(dst, src, (size_t)n); break;
+  case 0x09:
+    for (int64_t i = 0; i < n; i++) ((int32_t *)dst)[i] = (int8_t)src[i];
+    break;
+  case 0x0B:
+    for (int64_t i = 0; i < n; i++)
+      ((int32_t *)dst)[i] = (int16_t)(uint16_t)((src[2 * i] << 8) | src[2 * i + 1]);
+    break;
+  case 0x0C:
+  case 0x0D:
+    for (int64_t i = 0; i < n; i++) {
+      const unsigned char *p = src + 4 * i;
+      uint32_t v = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+      memcpy((char *)dst + 4 * i, &v, 4);
+    }
+    break;
+  case 0x0E:
+    for (int64_t i = 0; i < n; i++) {
+      const unsigned char *p = src + 8 * i;
+      uint64_t v = 0;
+      for (int k = 0; k < 8; k++) v = (v << 8) | p[k];
+      memcpy((char *)dst + 8 * i, &v, 8);
+    }
+    break;
+  }
+}
+
+static int read_idx(ddp_tensor **out, gzFile f, const char *path) {
+  unsigned char head[4];
+  int64_t got = read_full(f, path, head, 4);
+  if (got < 0) return ddp_last_status();
+  if (got < 4)
+    DDP_FAIL(DDP_ERR_IO, "read_idx: %s: truncated header: expected 4 bytes of magic, found %lld",
+             path, (long long)got);
+  const idx_type *type = NULL;
+  for (size_t i = 0; i < sizeof idx_types / sizeof idx_types[0]; i++)
+    if (idx_types[i].code == head[2]) type = &idx_types[i];
+  if (head[0] != 0 || head[1] != 0 || !type)
+    DDP_FAIL(DDP_ERR_IO,
+             "read_idx: %s: wrong magic: found bytes %02x %02x %02x %02x, expected 00 00 "
+             "followed by a type code (08 u8, 09 i8, 0b i16, 0c i32, 0d f32, 0e f64) and the "
+             "number of dimensions (not an IDX file?)",
+             path, head[0], head[1], head[2], head[3]);
+  int ndim = head[3];
+  if (ndim < 1 || ndim > DDP_MAX_DIMS)
+    DDP_FAIL(DDP_ERR_IO, "read_idx: %s: %d dimensions in the header (expected 1 to %d)", path,
+             ndim, DDP_MAX_DIMS);
+  unsigned char dims[4 * DDP_MAX_DIMS];
+  got = read_full(f, path, dims, 4 * (uint64_t)ndim);
+  if (got < 0) return ddp_last_status();
+  if (got < 4 * ndim)
+    DDP_FAIL(DDP_ERR_IO, "read_idx: %s: truncated header: expected %d bytes of sizes, found %lld",
+             path, 4 * ndim, (long long)got);
+  int64_t shape[DDP_MAX_DIMS];
+  uint64_t numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    const unsigned char *p = dims + 4 * d;
+    shape[d] = (int64_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
+    /* each size < 2^32, so the product check before multiplying cannot overflow */
+    if (shape[d] != 0 && numel > IDX_MAX_BYTES / (uint64_t)shape[d]) numel = IDX_MAX_BYTES + 1;
+    else numel *= (uint64_t)shape[d];
+  }
+  if (numel > IDX_MAX_BYTES || numel * (uint64_t)type->elem_size > IDX_MAX_BYTES)
+    DDP_FAIL(DDP_ERR_IO, "read_idx: %s: absurd sizes %s of %s: more than 2^33 bytes of data",
+             path, ddp_shape_str(ndim, shape), type->name);
+  uint64_t nbytes = numel * (uint64_t)type->elem_size;
+  ddp_tensor *t = NULL;
+  DDP_TRY(ddp_tensor_empty(&t, ndim, shape, type->dtype, DDP_DEVICE_CPU));
+  /* u8 reads straight into the tensor; the others through a staging buffer */
+  unsigned char *buf = type->code == 0x08 ? (unsigned char *)ddp_data(t) : malloc(nbytes ? nbytes : 1);
+  if (!buf) {
+    ddp_tensor_release(t);
+    DDP_FAIL(DDP_ERR_MEMORY, "read_idx: %s: out of memory for %llu bytes", path,
+             (unsigned long long)nbytes);
+  }
+  int status = DDP_OK;
+  got = read_full(f, path, buf, nbytes);
+  if (got < 0) {
+    status = ddp_last_status();
+  } else if ((uint64_t)got < nbytes) {
+    status = DDP_ERROR(DDP_ERR_IO,
+                       "read_idx: %s: truncated: header says %s of %s, expected %llu bytes of "
+                       "data, found %lld",
+                       path, ddp_shape_str(ndim, shape), type->name, (unsigned long long)nbytes,
+                       (long long)got);
+  } else {
+    unsigned char extra[256];
+    int64_t more = read_full(f, path, extra, sizeof extra);
+    if (more < 0) status = ddp_last_status();
+    else if (more > 0)
+      status = DDP_ERROR(DDP_ERR_IO,
+                         "read_idx: %s: trailing bytes after the %llu bytes of data the header "
+                         "%s of %s announces (mis-sized file?)",
+                         path, (unsigned long long)nbytes, ddp_shape_str(ndim, shape), type->name);
+    else if (type->code != 0x08)
+      convert(ddp_data(t), buf, type, (int64_t)numel);
+  }
+  if (buf != (unsigned char *)ddp_data(t)) free(buf);
+  if (status) {
+    ddp_tensor_release(t);
+    return status;
+  }
+  *out = t;
+  return DDP_OK;
+}
+
+int ddp_io_read_idx(ddp_tensor **out, const char *path) {
+  *out = NULL;
+  if (!path) DDP_FAIL(DDP_ERR_ARG, "read_idx: path is NULL");
+  errno = 0;
+  gzFile f = gzopen(path, "rb");
+  if (!f)
+    DDP_FAIL(DDP_ERR_IO, "read_idx: cannot open %s: %s", path,
+             errno ? strerror(errno) : "out of memory");
+  gzbuffer(f, 1 << 17);
+  int status = read_idx(out, f, path);
+  gzclose(f);
+  return status;
+}
+
+int ddp_io_reshape(ddp_tensor **out, ddp_tensor *t, int ndim, const int64_t *shape) {
+  *out = NULL;
+  DDP_TRY(ddp_check_alive(t, "reshape", "self"));
+  if (ndim < 0 || ndim > DDP_MAX_DIMS)
+    DDP_FAIL(DDP_ERR_ARG, "reshape: %d dimensions (expected 0 to %d)", ndim, DDP_MAX_DIMS);
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0)
+      DDP_FAIL(DDP_ERR_ARG, "reshape: negative size in %s", ddp_shape_str(ndim, shape));
+    numel *= shape[d];
+  }
+  if (numel != t->numel)
+    DDP_FAIL(DDP_ERR_ARG, "reshape: cannot view %s (%lld elements) as %s", DDP_SHAPE(t),
+             (long long)t->numel, ddp_shape_str(ndim, shape));
+  if (!ddp_tensor_is_contiguous(t))
+    DDP_FAIL(DDP_ERR_ARG, "reshape: tensor %s is not contiguous", DDP_SHAPE(t));
+  int64_t strides[DDP_MAX_DIMS];
+  ddp_contiguous_strides(ndim, shape, strides);
+  return ddp_tensor_view_raw(out, t, ndim, shape, strides, t->offset);
+}

@@ -1,0 +1,34 @@
+/* runtime/io/io_internal.h: what the io files share (not public). */
+#ifndef DDP_IO_INTERNAL_H
+#define DDP_IO_INTERNAL_H
+
+#include "core/core.h"
+
+/* How one source's samples are gathered and transformed: the sample seen as (C, H, W)
+ * (see io.h), the output geometry and what the transform needs. Made by ddp_io_plan. */
+typedef struct {
+  ddp_io_transform tf;  /* the transform with defaults filled in (scale 1, ...) */
+  int sample_ndim;      /* dims of one sample (src->ndim - 1) */
+  int64_t sample_shape[DDP_MAX_DIMS];   /* output sample shape (crop applied) */
+  int64_t C, H, W;      /* input sample as (C, H, W) */
+  int64_t OH, OW;       /* output height and width (crop window, or H and W) */
+  int64_t in_numel, out_numel; /* elements per input / output sample */
+  int src_dtype, out_dtype;
+  int out_float;        /* the output is f32 computed from scale / normalize */
+  int geometric;        /* crop or flip present */
+  int random;           /* the transform draws from the generator */
+} ddp_io_plan_t;
+
+/* Check tf (NULL: identity) against the source src (N, ...) and fill the plan. Errors name
+ * `op` and the fault (DDP_ERR_ARG). */
+int ddp_io_plan(ddp_io_plan_t *plan, const ddp_tensor *src, const ddp_io_transform *tf,
+                const char *op);
+
+/* Gather B samples of the contiguous source src (N, ...) at the (already range-checked)
+ * indices idx into a new tensor (B, ...) (or the sample alone when batch_dim is 0, B 1);
+ * sample p uses Philox block (seed, base + p) when the plan is random. Runs on any thread:
+ * uses no thread pool and no autograd. */
+int ddp_io_gather(ddp_tensor **out, const ddp_tensor *src, const int64_t *idx, int64_t B,
+                  int batch_dim, const ddp_io_plan_t *plan, uint64_t seed, uint64_t base);
+
+#endif /* DDP_IO_INTERNAL_H */

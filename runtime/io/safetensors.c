@@ -1,0 +1,525 @@
+/* runtime/io/safetensors.c: safetensors checkpoint files
+ * (https://github.com/huggingface/safetensors, "Format"): u64 little-endian header size N,
+ * N bytes of JSON header, then the tensors' bytes. The writer is atomic (temporary file,
+ * fsync, rename, directory fsync); the reader checks every field against the file before
+ * reading any data. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/core.h"
+#include "io/io_internal.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c writes the host's bytes: little-endian hosts only"
+#endif
+
+/* Headers above this are refused (the safetensors library's own limit). */
+#define MAX_HEADER ((uint64_t)100 * 1000 * 1000)
+
+static const char *const st_names[DDP_DTYPE_COUNT] = {
+    [DDP_F32] = "F32", [DDP_F64] = "F64", [DDP_F16] = "F16", [DDP_BF16] = "BF16",
+    [DDP_I64] = "I64", [DDP_I32] = "I32", [DDP_U8] = "U8",   [DDP_BOOL] = "BOOL",
+};
+
+static int st_dtype(const char *name) {
+  for (int d = 0; d < DDP_DTYPE_COUNT; d++)
+    if (st_names[d] && strcmp(st_names[d], name) == 0) return d;
+  return -1;
+}
+
+/* ---- a growable text buffer for the header ------------------------------------------ */
+
+typedef struct {
+  char *p;
+  size_t n, cap;
+  int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+  if (b->oom) return;
+  if (b->n + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + n + 1) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+      b->oom = 1;
+      return;
+    }
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->n, s, n);
+  b->n += n;
+  b->p[b->n] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_fmt(sbuf *b, const char *fmt, long long v) {
+  char tmp[32];
+  int n = snprintf(tmp, sizeof tmp, fmt, v);
+  sb_put(b, tmp, (size_t)n);
+}
+
+/* s as a JSON string literal (RFC 8259: quote, backslash and control characters escaped). */
+static void sb_json_string(sbuf *b, const char *s) {
+  sb_put(b, "\"", 1);
+  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+    if (*c == '"') sb_put(b, "\\\"", 2);
+    else if (*c == '\\') sb_put(b, "\\\\", 2);
+    else if (*c < 0x20) {
+      char tmp[8];
+      snprintf(tmp, sizeof tmp, "\\u%04x", *c);
+      sb_put(b, tmp, 6);
+    } else sb_put(b, (const char *)c, 1);
+  }
+  sb_put(b, "\"", 1);
+}
+
+/* ---- writer ------------------------------------------------------------------------- */
+
+/* Write all n bytes or fail with errno set. */
+static int write_all(int fd, const void *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p = (const char *)p + w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* fsync the directory holding `path`, so the rename itself is durable. */
+static int fsync_dir(const char *path) {
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc = fsync(fd);
+  int saved = errno;
+  close(fd);
+  errno = saved;
+  return rc;
+}
+
+int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
+                            ddp_tensor **tensors, int nmeta, const char *const *keys,
+                            const char *const *values) {
+  if (!path || !*path) DDP_FAIL(DDP_ERR_ARG, "save_safetensors: empty path");
+  if (n < 0 || nmeta < 0 || (n && (!names || !tensors)) || (nmeta && (!keys || !values)))
+    DDP_FAIL(DDP_ERR_ARG, "save_safetensors: %s: bad counts (%d tensors, %d metadata pairs)", path, n, nmeta);
+  for (int i = 0; i < n; i++) {
+    if (!names[i] || !*names[i]) DDP_FAIL(DDP_ERR_ARG, "save_safetensors: %s: tensor %d has an empty name", path, i);
+    if (strcmp(names[i], "__metadata__") == 0)
+      DDP_FAIL(DDP_ERR_ARG, "save_safetensors: %s: '__metadata__' is reserved and cannot name a tensor", path);
+    char arg[64];
+    snprintf(arg, sizeof arg, "tensor '%.40s'", names[i]);
+    DDP_TRY(ddp_check_alive(tensors[i], "save_safetensors", arg));
+    if (tensors[i]->device != DDP_DEVICE_CPU)
+      DDP_FAIL(DDP_ERR_ARG, "save_safetensors: %s: tensor '%s' is not on the CPU", path, names[i]);
+    for (int j = 0; j < i; j++)
+      if (strcmp(names[i], names[j]) == 0)
+        DDP_FAIL(DDP_ERR_ARG, "save_safetensors: %s: two tensors are named '%s'", path, names[i]);
+  }
+  for (int i = 0; i < nmeta; i++)
+    if (!keys[i] || !values[i]) DDP_FAIL(DDP_ERR_ARG, "save_safetensors: %s: metadata pair %d is NULL", path, i);
+
+  /* Data order: larger elements first (stable), so every tensor starts aligned to its
+   * element size (the header is padded to 8 bytes), as the safetensors library does. */
+  int *order = malloc((size_t)(n ? n : 1) * sizeof *order);
+  ddp_tensor **data = calloc((size_t)(n ? n : 1), sizeof *data);
+  sbuf h = {0};
+  int status = DDP_OK, fd = -1;
+  char *tmp = NULL;
+  if (!order || !data) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "save_safetensors: out of memory");
+    goto done;
+  }
+  int k = 0;
+  for (size_t es = 8; es >= 1; es /= 2)
+    for (int i = 0; i < n; i++)
+      if (ddp_dtype_size(tensors[i]->dtype) == es) order[k++] = i;
+
+  /* contiguous detached copies (or aliases) of the data */
+  for (int i = 0; i < n && !status; i++) {
+    ddp_tensor *a = ddp_tensor_alias(tensors[i]);
+    if (!a) {
+      status = ddp_last_status();
+      break;
+    }
+    status = ddp_contiguous(&data[i], a);
+    ddp_tensor_release(a);
+  }
+  if (status) goto done;
+
+  sb_str(&h, "{");
+  if (nmeta) {
+    sb_str(&h, "\"__metadata__\":{");
+    for (int i = 0; i < nmeta; i++) {
+      if (i) sb_str(&h, ",");
+      sb_json_string(&h, keys[i]);
+      sb_str(&h, ":");
+      sb_json_string(&h, values[i]);
+    }
+    sb_str(&h, "}");
+  }
+  int64_t offset = 0;
+  for (int j = 0; j < n; j++) {
+    int i = order[j];
+    const ddp_tensor *t = data[i];
+    int64_t bytes = t->numel * (int64_t)ddp_dtype_size(t->dtype);
+    if (nmeta || j) sb_str(&h, ",");
+    sb_json_string(&h, names[i]);
+    sb_str(&h, ":{\"dtype\":\"");
+    sb_str(&h, st_names[t->dtype]);
+    sb_str(&h, "\",\"shape\":[");
+    for (int d = 0; d < t->ndim; d++) sb_fmt(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+    sb_fmt(&h, "],\"data_offsets\":[%lld,", (long long)offset);
+    sb_fmt(&h, "%lld]}", (long long)(offset + bytes));
+    offset += bytes;
+  }
+  sb_str(&h, "}");
+  while (!h.oom && h.n % 8) sb_str(&h, " ");
+  if (h.oom) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "save_safetensors: out of memory for the header");
+    goto done;
+  }
+
+  size_t plen = strlen(path) + 32;
+  tmp = malloc(plen);
+  if (!tmp) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "save_safetensors: out of memory");
+    goto done;
+  }
+  snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: cannot create %s: %s", tmp, strerror(errno));
+    goto done;
+  }
+  unsigned char len8[8];
+  for (int b = 0; b < 8; b++) len8[b] = (unsigned char)((uint64_t)h.n >> (8 * b));
+  int failed = write_all(fd, len8, 8) || write_all(fd, h.p, h.n);
+  for (int j = 0; j < n && !failed; j++) {
+    const ddp_tensor *t = data[order[j]];
+    size_t bytes = (size_t)t->numel * ddp_dtype_size(t->dtype);
+    if (bytes) failed = write_all(fd, ddp_data(t), bytes);
+  }
+  if (failed) {
+    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: writing %s failed: %s", tmp, strerror(errno));
+    goto done;
+  }
+  if (fsync(fd) != 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: fsync of %s failed: %s", tmp, strerror(errno));
+    goto done;
+  }
+  int rc = close(fd);
+  fd = -1;
+  if (rc != 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: closing %s failed: %s", tmp, strerror(errno));
+    goto done;
+  }
+  if (rename(tmp, path) != 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    goto done;
+  }
+  free(tmp);
+  tmp = NULL; /* renamed: nothing to remove */
+  if (fsync_dir(path) != 0)
+    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: %s written, but fsync of its directory failed: %s",
+                       path, strerror(errno));
+
+done:
+  if (fd >= 0) close(fd);
+  if (tmp) {
+    unlink(tmp);
+    free(tmp);
+  }
+  if (data)
+    for (int i = 0; i < n; i++) ddp_tensor_release(data[i]);
+  free(data);
+  free(order);
+  free(h.p);
+  return status;
+}
+
+/* ---- reader ------------------------------------------------------------------------- */
+
+struct ddp_io_safetensors {
+  int n, nmeta;
+  char **names;
+  ddp_tensor **tensors;
+  char **keys, **values;
+};
+
+void ddp_io_safetensors_free(ddp_io_safetensors *f) {
+  if (!f) return;
+  for (int i = 0; i < f->n; i++) {
+    free(f->names[i]);
+    ddp_tensor_release(f->tensors[i]);
+  }
+  for (int i = 0; i < f->nmeta; i++) {
+    free(f->keys[i]);
+    free(f->values[i]);
+  }
+  free(f->names);
+  free(f->tensors);
+  free(f->keys);
+  free(f->values);
+  free(f);
+}
+
+int ddp_io_safetensors_count(const ddp_io_safetensors *f) { return f ? f->n : 0; }
+int ddp_io_safetensors_metadata_count(const ddp_io_safetensors *f) { return f ? f->nmeta : 0; }
+const char *ddp_io_safetensors_name(const ddp_io_safetensors *f, int i) {
+  return f && i >= 0 && i < f->n ? f->names[i] : NULL;
+}
+const char *ddp_io_safetensors_metadata_key(const ddp_io_safetensors *f, int i) {
+  return f && i >= 0 && i < f->nmeta ? f->keys[i] : NULL;
+}
+const char *ddp_io_safetensors_metadata_value(const ddp_io_safetensors *f, int i) {
+  return f && i >= 0 && i < f->nmeta ? f->values[i] : NULL;
+}
+int ddp_io_safetensors_tensor(ddp_tensor **out, const ddp_io_safetensors *f, int i) {
+  *out = NULL;
+  if (!f || i < 0 || i >= f->n)
+    DDP_FAIL(DDP_ERR_ARG, "safetensors_tensor: index %d out of range (%d tensors)", i, f ? f->n : 0);
+  ddp_tensor_retain(f->tensors[i]);
+  *out = f->tensors[i];
+  return DDP_OK;
+}
+
+/* A JSON number that is an integer in [0, 2^53], or -1. */
+static int64_t json_uint(const cJSON *v) {
+  if (!cJSON_IsNumber(v)) return -1;
+  double d = v->valuedouble;
+  if (!(d >= 0) || d > 9007199254740992.0 || d != floor(d)) return -1;
+  return (int64_t)d;
+}
+
+typedef struct {
+  const char *name;
+  int dtype, ndim;
+  int64_t shape[DDP_MAX_DIMS];
+  int64_t begin, end;
+} entry;
+
+static int cmp_entry(const void *a, const void *b) {
+  const entry *x = a, *y = b;
+  return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+static char *dupstr(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = malloc(n);
+  if (p) memcpy(p, s, n);
+  return p;
+}
+
+/* Parse one tensor entry; the error names the file and the tensor. */
+static int parse_entry(entry *e, const cJSON *item, const char *path, int64_t data_size) {
+  e->name = item->string;
+  if (!cJSON_IsObject(item))
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': entry is not a JSON object", path, e->name);
+  const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+  const cJSON *sh = cJSON_GetObjectItemCaseSensitive(item, "shape");
+  const cJSON *off = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+  if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off))
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': needs a string \"dtype\", an array \"shape\" and an array \"data_offsets\"",
+             path, e->name);
+  e->dtype = st_dtype(dt->valuestring);
+  if (e->dtype < 0)
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': unsupported dtype \"%s\" (F32 F64 F16 BF16 I64 I32 U8 BOOL)",
+             path, e->name, dt->valuestring);
+  int nd = cJSON_GetArraySize(sh);
+  if (nd > DDP_MAX_DIMS)
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': %d dims (at most %d)", path, e->name, nd, DDP_MAX_DIMS);
+  e->ndim = nd;
+  uint64_t numel = 1;
+  int d = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, sh) {
+    int64_t s = json_uint(v);
+    if (s < 0)
+      DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': shape entry %d is not a non-negative integer",
+               path, e->name, d);
+    e->shape[d++] = s;
+    if (s && numel > ((uint64_t)1 << 62) / (uint64_t)s)
+      DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': shape %s is absurdly large", path, e->name,
+               ddp_shape_str(nd, e->shape));
+    numel *= (uint64_t)s;
+  }
+  if (cJSON_GetArraySize(off) != 2)
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': data_offsets must be [begin, end]", path, e->name);
+  e->begin = json_uint(cJSON_GetArrayItem(off, 0));
+  e->end = json_uint(cJSON_GetArrayItem(off, 1));
+  if (e->begin < 0 || e->end < 0 || e->begin > e->end || e->end > data_size)
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': data_offsets [%lld, %lld] out of range: the data part has %lld bytes",
+             path, e->name, (long long)e->begin, (long long)e->end, (long long)data_size);
+  uint64_t want = numel * ddp_dtype_size(e->dtype);
+  if ((uint64_t)(e->end - e->begin) != want)
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': data_offsets [%lld, %lld] hold %lld bytes but %s %s needs %llu",
+             path, e->name, (long long)e->begin, (long long)e->end, (long long)(e->end - e->begin),
+             dt->valuestring, ddp_shape_str(nd, e->shape), (unsigned long long)want);
+  return DDP_OK;
+}
+
+static int read_at(int fd, void *p, size_t n, int64_t at) {
+  while (n > 0) {
+    ssize_t r = pread(fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)at);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    p = (char *)p + r;
+    n -= (size_t)r;
+    at += r;
+  }
+  return 0;
+}
+
+static int load(ddp_io_safetensors *f, int fd, const char *path) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s is not a regular file", path);
+  int64_t size = (int64_t)st.st_size;
+  if (size < 8)
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: truncated: %lld bytes, shorter than the 8-byte header length",
+             path, (long long)size);
+  unsigned char len8[8];
+  if (read_at(fd, len8, 8, 0)) DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: read failed: %s", path, strerror(errno));
+  uint64_t hlen = 0;
+  for (int b = 7; b >= 0; b--) hlen = (hlen << 8) | len8[b];
+  if (hlen > (uint64_t)(size - 8))
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: bad header length %llu: the file has only %lld bytes after it (truncated, or not a safetensors file)",
+             path, (unsigned long long)hlen, (long long)(size - 8));
+  if (hlen > MAX_HEADER)
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: header length %llu is above the 100 MB limit", path,
+             (unsigned long long)hlen);
+  char *text = malloc(hlen + 1);
+  if (!text) DDP_FAIL(DDP_ERR_MEMORY, "load_safetensors: %s: out of memory for the header", path);
+  if (read_at(fd, text, hlen, 8)) {
+    free(text);
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: read failed: %s", path, strerror(errno));
+  }
+  text[hlen] = 0;
+  cJSON *root = cJSON_ParseWithLength(text, hlen);
+  free(text);
+  if (!cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: the %llu-byte header is not a JSON object (corrupt, or not a safetensors file)",
+             path, (unsigned long long)hlen);
+  }
+  int64_t data_start = 8 + (int64_t)hlen, data_size = size - data_start;
+  int count = cJSON_GetArraySize(root);
+  entry *es = calloc((size_t)(count ? count : 1), sizeof *es);
+  int status = es ? DDP_OK : DDP_ERROR(DDP_ERR_MEMORY, "load_safetensors: out of memory");
+  int n = 0;
+  const cJSON *item;
+  cJSON_ArrayForEach(item, root) {
+    if (status) break;
+    if (strcmp(item->string, "__metadata__") == 0) {
+      if (!cJSON_IsObject(item)) {
+        status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: __metadata__ is not a JSON object", path);
+        break;
+      }
+      int m = cJSON_GetArraySize(item);
+      f->keys = calloc((size_t)(m ? m : 1), sizeof *f->keys);
+      f->values = calloc((size_t)(m ? m : 1), sizeof *f->values);
+      if (!f->keys || !f->values) {
+        status = DDP_ERROR(DDP_ERR_MEMORY, "load_safetensors: out of memory");
+        break;
+      }
+      const cJSON *kv;
+      cJSON_ArrayForEach(kv, item) {
+        if (!cJSON_IsString(kv)) {
+          status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: metadata '%s' is not a string", path, kv->string);
+          break;
+        }
+        f->keys[f->nmeta] = dupstr(kv->string);
+        f->values[f->nmeta] = dupstr(kv->valuestring);
+        f->nmeta++;
+        if (!f->keys[f->nmeta - 1] || !f->values[f->nmeta - 1]) {
+          status = DDP_ERROR(DDP_ERR_MEMORY, "load_safetensors: out of memory");
+          break;
+        }
+      }
+      continue;
+    }
+    for (int j = 0; j < n && !status; j++)
+      if (strcmp(es[j].name, item->string) == 0)
+        status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: tensor '%s' appears twice in the header", path, item->string);
+    if (!status) status = parse_entry(&es[n++], item, path, data_size);
+  }
+  /* the tensors must tile the data part exactly: no gap, no overlap, nothing after */
+  if (!status) {
+    qsort(es, (size_t)n, sizeof *es, cmp_entry);
+    int64_t at = 0;
+    for (int j = 0; j < n && !status; j++) {
+      if (es[j].begin != at)
+        status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: tensor '%s' starts at data offset %lld but the previous tensor ends at %lld (%s)",
+                           path, es[j].name, (long long)es[j].begin, (long long)at,
+                           es[j].begin < at ? "overlap" : "gap");
+      at = es[j].end;
+    }
+    if (!status && at != data_size)
+      status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: the tensors' data ends at offset %lld but the file has %lld data bytes (truncated or trailing bytes)",
+                         path, (long long)at, (long long)data_size);
+  }
+  if (!status) {
+    f->names = calloc((size_t)(n ? n : 1), sizeof *f->names);
+    f->tensors = calloc((size_t)(n ? n : 1), sizeof *f->tensors);
+    if (!f->names || !f->tensors) status = DDP_ERROR(DDP_ERR_MEMORY, "load_safetensors: out of memory");
+  }
+  for (int j = 0; j < n && !status; j++) {
+    entry *e = &es[j];
+    ddp_tensor *t = NULL;
+    status = ddp_tensor_empty(&t, e->ndim, e->shape, e->dtype, DDP_DEVICE_CPU);
+    if (status) break;
+    char *name = dupstr(e->name);
+    f->names[f->n] = name;
+    f->tensors[f->n] = t;
+    f->n++;
+    if (!name) {
+      status = DDP_ERROR(DDP_ERR_MEMORY, "load_safetensors: out of memory");
+      break;
+    }
+    if (e->end > e->begin && read_at(fd, ddp_data(t), (size_t)(e->end - e->begin), data_start + e->begin))
+      status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': read failed: %s", path, e->name,
+                         errno ? strerror(errno) : "unexpected end of file");
+  }
+  free(es);
+  cJSON_Delete(root);
+  return status;
+}
+
+int ddp_io_safetensors_load(ddp_io_safetensors **out, const char *path) {
+  *out = NULL;
+  if (!path) DDP_FAIL(DDP_ERR_ARG, "load_safetensors: path is NULL");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) DDP_FAIL(DDP_ERR_IO, "load_safetensors: cannot open %s: %s", path, strerror(errno));
+  ddp_io_safetensors *f = calloc(1, sizeof *f);
+  if (!f) {
+    close(fd);
+    DDP_FAIL(DDP_ERR_MEMORY, "load_safetensors: out of memory");
+  }
+  int status = load(f, fd, path);
+  close(fd);
+  if (status) {
+    ddp_io_safetensors_free(f);
+    return status;
+  }
+  *out = f;
+  return DDP_OK;
+}
