@@ -9,6 +9,7 @@
 --   losses: nn.CrossEntropyLoss, nn.NLLLoss, nn.MSELoss
 --   nn.init (weight_init.lua): kaiming_*, xavier_*, normal_, uniform_, constant_, ...
 --   nn.functional (functional.lua): the stateless forms (F.relu, F.conv2d, ...)
+--   nn.utils (utils.lua): clip_grad_norm_, clip_grad_value_, parameters_to_vector, ...
 --
 -- A model is a subclass of nn.Module (see module.lua for the idiom and the rules of
 -- registration, naming and order). Positions (dims) count from 1 as everywhere in ddplua;
@@ -45,5 +46,6 @@ for name, cls in pairs(require "ddplua.nn.loss") do M[name] = cls end
 
 M.init = require "ddplua.nn.weight_init"
 M.functional = require "ddplua.nn.functional"
+M.utils = require "ddplua.nn.utils"
 
 return M
