@@ -1,0 +1,67 @@
+/* runtime/backend/cpu/elementwise.h: CPU kernels of the element-wise ops (internal).
+ *
+ * Every kernel takes tensors that already have the output's shape: broadcast operands come
+ * in as stride-0 views (header-only views made by the caller), and scalars as stride-0
+ * one-element views. The loops run through ddp_foreach, which coalesces dimensions, so
+ * contiguous operands give one long run; that run has tight loops the compiler vectorises
+ * when every operand has the same dtype (f32, f64, i64, i32), and a general path through
+ * double for mixed dtypes, f16, bf16, u8 and bool (f16/bf16 thus compute in higher
+ * precision and round once when stored). Big tensors are split over the thread pool. */
+#ifndef DDP_CPU_ELEMENTWISE_H
+#define DDP_CPU_ELEMENTWISE_H
+
+#include "core/core.h"
+
+/* Binary ops (and comparisons, whose outputs are bool). */
+enum ddp_ew_binary {
+  DDP_EW_ADD, /* a + alpha * b */
+  DDP_EW_SUB, /* a - alpha * b */
+  DDP_EW_MUL,
+  DDP_EW_DIV, /* true division */
+  DDP_EW_POW, /* a ^ b */
+  DDP_EW_MAX, /* maximum, NaN propagating */
+  DDP_EW_MIN, /* minimum, NaN propagating */
+  DDP_EW_EQ, DDP_EW_NE, DDP_EW_LT, DDP_EW_LE, DDP_EW_GT, DDP_EW_GE,
+  DDP_EW_BINARY_COUNT
+};
+
+/* Unary ops; p0, p1 are the op's parameters. */
+enum ddp_ew_unary {
+  DDP_EW_NEG, DDP_EW_EXP, DDP_EW_LOG, DDP_EW_SQRT, DDP_EW_RSQRT, DDP_EW_ABS,
+  DDP_EW_CLAMP,     /* p0 = min (-inf: none), p1 = max (+inf: none) */
+  DDP_EW_RELU,
+  DDP_EW_LEAKY_RELU, /* p0 = negative slope */
+  DDP_EW_GELU,      /* exact: x * Phi(x) (Hendrycks & Gimpel, arXiv:1606.08415) */
+  DDP_EW_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), same paper */
+  DDP_EW_TANH, DDP_EW_SIGMOID,
+  DDP_EW_SILU,      /* x * sigmoid(x) */
+  DDP_EW_UNARY_COUNT
+};
+
+/* out = a op b. out: (*) of any dtype (bool for comparisons); a, b: views of out's shape
+ * (*), any dtypes. out may be a itself (in-place). */
+void ddp_cpu_binary(ddp_tensor *out, ddp_tensor *a, ddp_tensor *b, int op, double alpha);
+
+/* d = g * d(a op b)/d(a) (wrt = 0) or d/d(b) (wrt = 1), for op ADD .. MIN. d: (*) fresh,
+ * written (not accumulated: it is a new tensor handed to the engine); g, a, b: views of
+ * d's shape (*). Gradients of pow and maximum/minimum follow PyTorch's derivatives.yaml
+ * (pow: 0 where the exponent is 0, resp. where a == 0 and b >= 0; ties share half). */
+void ddp_cpu_binary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *a, ddp_tensor *b, int op,
+                             int wrt, double alpha);
+
+/* out = f(x). out: (*), x: (*) (out may be x: in-place). */
+void ddp_cpu_unary(ddp_tensor *out, ddp_tensor *x, int op, double p0, double p1);
+
+/* d = g * f'(.) where s is the saved input x or output y as ddp_ew_unary_uses_output says.
+ * d: (*) fresh, written; g, s: (*). */
+void ddp_cpu_unary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *s, int op, double p0,
+                            double p1);
+
+/* 1 when op's backward reads the output (exp, sqrt, rsqrt, relu, tanh, sigmoid), 0 when it
+ * reads the input, -1 when it reads neither (neg). */
+int ddp_ew_unary_uses_output(int op);
+
+/* out = cond ? a : b. out: (*); cond: (*) bool/u8 view; a, b: (*) views, any dtypes. */
+void ddp_cpu_where(ddp_tensor *out, ddp_tensor *cond, ddp_tensor *a, ddp_tensor *b);
+
+#endif /* DDP_CPU_ELEMENTWISE_H */
