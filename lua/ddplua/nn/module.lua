@@ -362,6 +362,31 @@ function Module:modules() return values_of(walk(self, "", {}, {})) end
 --- m:named_modules([prefix]) -> iterator of (dotted name, module), m first with name "".
 function Module:named_modules(prefix) return pair_iterator(walk(self, prefix or "", {}, {})) end
 
+--- m:get_submodule(target) -> the module at dotted path target ("features.0"; "" is m).
+-- Raises naming the first missing part.
+function Module:get_submodule(target)
+  local m = self
+  if target == "" then return m end
+  for part in (target .. "."):gmatch("([^.]*)%.") do
+    local child = rawget(m, "_modules").values[part]
+    if not child then
+      lib.raise(("%s has no attribute `%s` (looking up '%s')"):format(m:_get_name(), part, target))
+    end
+    m = child
+  end
+  return m
+end
+
+--- m:get_parameter(target) -> the parameter at dotted path target ("features.0.weight").
+function Module:get_parameter(target)
+  local path, name = target:match("^(.*)%.([^.]*)$")
+  if not path then path, name = "", target end
+  local m = self:get_submodule(path)
+  local p = rawget(m, "_parameters").values[name]
+  if p == nil then lib.raise(("%s has no parameter `%s` (looking up '%s')"):format(m:_get_name(), name, target)) end
+  return p
+end
+
 -- ---- modes, gradients, apply ---------------------------------------------------------
 
 --- m:train([mode]) -> m: set training mode (default true) on m and every descendant
