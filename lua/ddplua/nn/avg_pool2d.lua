@@ -1,0 +1,30 @@
+--- ddplua.nn.avg_pool2d: nn.AvgPool2d(kernel_size[, opts]), PyTorch's nn.AvgPool2d: the
+-- mean over each window of x (N, C, H, W) or (C, H, W). kernel_size a number or {kh, kw};
+-- opts.stride (= kernel_size), opts.padding (0), opts.ceil_mode (false),
+-- opts.count_include_pad (true). See dl.avg_pool2d.
+local dl = require "ddplua"
+local module = require "ddplua.nn.module"
+
+local AvgPool2d = module.Module:extend("AvgPool2d")
+
+function AvgPool2d:init(kernel_size, opts)
+  opts = opts or {}
+  self.kernel_size = kernel_size
+  self.stride = opts.stride or kernel_size
+  self.padding = opts.padding or 0
+  self.ceil_mode = opts.ceil_mode or false
+  self.count_include_pad = opts.count_include_pad ~= false
+end
+
+function AvgPool2d:forward(x)
+  return dl.avg_pool2d(x, self.kernel_size, { stride = self.stride, padding = self.padding,
+    ceil_mode = self.ceil_mode, count_include_pad = self.count_include_pad })
+end
+
+function AvgPool2d:extra_repr()
+  local repr = module.repr
+  return ("kernel_size=%s, stride=%s, padding=%s"):format(repr(self.kernel_size), repr(self.stride),
+    repr(self.padding))
+end
+
+return AvgPool2d

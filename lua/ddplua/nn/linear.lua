@@ -1,0 +1,52 @@
+--- ddplua.nn.linear: nn.Linear(in_features, out_features[, opts]), PyTorch's nn.Linear:
+-- y = x · weightᵀ + bias, x (..., in_features) -> (..., out_features).
+-- Parameters: weight (out_features, in_features), bias (out_features) unless opts.bias is
+-- false. opts.dtype ("f32"), opts.generator (default generator) for the initialisation:
+-- weight kaiming_uniform_(a = sqrt(5)) (bound 1 / sqrt(in_features)), bias
+-- U(-1 / sqrt(in_features), 1 / sqrt(in_features)), as PyTorch's reset_parameters.
+local dl = require "ddplua"
+local lib = require "ddplua.lib"
+local module = require "ddplua.nn.module"
+local init = require "ddplua.nn.weight_init"
+
+local Linear = module.Module:extend("Linear")
+
+local function check_size(v, what)
+  if type(v) ~= "number" or v % 1 ~= 0 or v < 0 then
+    lib.raise("Linear: " .. what .. " must be a non-negative integer, got " .. tostring(v))
+  end
+end
+
+function Linear:init(in_features, out_features, opts)
+  check_size(in_features, "in_features")
+  check_size(out_features, "out_features")
+  opts = opts or {}
+  self.in_features, self.out_features = in_features, out_features
+  local dtype = opts.dtype or "f32"
+  self.weight = module.Parameter(dl.empty({ out_features, in_features }, { dtype = dtype }))
+  if opts.bias ~= false then
+    self.bias = module.Parameter(dl.empty({ out_features }, { dtype = dtype }))
+  else
+    self:register_parameter("bias", nil)
+  end
+  self:reset_parameters(opts.generator)
+end
+
+--- linear:reset_parameters([generator]): redraw the initial values (see above).
+function Linear:reset_parameters(generator)
+  init.kaiming_uniform_(self.weight, { a = math.sqrt(5), generator = generator })
+  if self.bias ~= nil then
+    local fan_in = init.calculate_fan_in_and_fan_out(self.weight)
+    local bound = fan_in > 0 and 1 / math.sqrt(fan_in) or 0
+    init.uniform_(self.bias, -bound, bound, { generator = generator })
+  end
+end
+
+function Linear:forward(x) return dl.linear(x, self.weight, self.bias) end
+
+function Linear:extra_repr()
+  return ("in_features=%d, out_features=%d, bias=%s"):format(self.in_features, self.out_features,
+    self.bias ~= nil and "True" or "False")
+end
+
+return Linear

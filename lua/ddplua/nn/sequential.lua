@@ -1,0 +1,74 @@
+--- ddplua.nn.sequential: nn.Sequential(m1, m2, ...), PyTorch's: forward(x) feeds x through
+-- the children in order. The children are named "0", "1", ... as PyTorch's, so state_dict
+-- keys match PyTorch's ("0.weight"). nn.Sequential({{"conv", m1}, {"relu", m2}}) names them
+-- (PyTorch's OrderedDict form); nn.Sequential({m1, m2}) is nn.Sequential(m1, m2).
+-- seq[i] is the i-th child (1-based as Lua, negative from the end; nil past the end),
+-- seq[i] = m replaces it; seq:len() counts them (Lua 5.1's # cannot be overridden).
+local lib = require "ddplua.lib"
+local module = require "ddplua.nn.module"
+
+local Sequential = module.Module:extend("Sequential")
+
+function Sequential:init(...)
+  local n, first = select("#", ...), ...
+  if n == 1 and type(first) == "table" and not module.is_module(first) then
+    if type(first[1]) == "table" and type(first[1][1]) == "string" then
+      for _, pair in ipairs(first) do self:add_module(pair[1], pair[2]) end
+    else
+      for i, m in ipairs(first) do self:add_module(tostring(i - 1), m) end
+    end
+    return
+  end
+  for i = 1, n do
+    local m = select(i, ...)
+    if not module.is_module(m) then
+      lib.raise(("Sequential: argument %d is not a Module (%s)"):format(i, type(m)))
+    end
+    self:add_module(tostring(i - 1), m)
+  end
+end
+
+-- The name at 1-based position i (negative from the end), or nil.
+local function name_at(self, i, what)
+  local names = rawget(self, "_modules").names
+  if i % 1 ~= 0 then lib.raise(what .. ": index must be an integer, got " .. tostring(i)) end
+  if i < 0 then i = #names + i + 1 end
+  return names[i]
+end
+
+function Sequential:__getitem(i)
+  local name = name_at(self, i, "Sequential")
+  return name and rawget(self, "_modules").values[name]
+end
+
+function Sequential:__setitem(i, m)
+  local name = name_at(self, i, "Sequential")
+  if not name then lib.raise(("Sequential: index %d is out of range for %d modules"):format(i, self:len())) end
+  self:add_module(name, m)
+end
+
+--- seq:len() -> the number of children.
+function Sequential:len() return #rawget(self, "_modules").names end
+
+--- seq:append(m) -> seq: add m at the end (named by its position, from 0).
+function Sequential:append(m)
+  self:add_module(tostring(self:len()), m)
+  return self
+end
+
+--- seq:extend(list) -> seq: append each module of a list.
+function Sequential:extend(list)
+  for _, m in ipairs(list) do self:append(m) end
+  return self
+end
+
+function Sequential:forward(x)
+  local mods = rawget(self, "_modules")
+  for _, name in ipairs(mods.names) do
+    local m = mods.values[name]
+    if m then x = m(x) end
+  end
+  return x
+end
+
+return Sequential
