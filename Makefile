@@ -120,7 +120,7 @@ $(BUILD)/libddplua_cuda.so: $(CUDA_SRCS) $(HEADERS)
 	$(NVCC) $(CUDA_FLAGS) -shared -o $@ $(CUDA_SRCS) $(CUDA_LIBS)
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
-                zlib1g-dev libedit-dev libcjson-dev dataset-fashion-mnist
+                zlib1g-dev libedit-dev libcjson-dev dataset-fashion-mnist gnuplot-nox
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \

@@ -89,4 +89,8 @@ int ddp_host_run_script(lua_State *L, int argc, char **argv, int script);
  * Returns DDP_CLI_EXIT_OK. */
 int ddp_repl_run(lua_State *L, int tty);
 
+/* `ddplua <tool> args...` for tools written in Lua: runs ddplua.tools.<argv[0]>.main with
+ * argv[1..] as a list; returns its exit status (runtime/cli/tools.c). */
+int ddp_cli_run_lua_tool(int argc, char **argv);
+
 #endif /* DDPLUA_CLI_H */

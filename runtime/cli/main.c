@@ -34,7 +34,7 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand subcommands[] = {
-  /* {"verify", verify_main, "compare rank checkpoints tensor by tensor"}, ... */
+  {"plot", ddp_cli_run_lua_tool, "plot loss and accuracy of runs/<name> to a PNG (gnuplot)"},
   {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,99 @@
+-- Specs for train.lua end to end (run as `ddplua train.lua ...` in a subprocess): the loss
+-- falls on a subset, the same seed gives bitwise identical weights, and resuming from a
+-- checkpoint equals an uninterrupted run; plus `ddplua plot`.
+local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
+
+-- Run `ddplua <args>`; returns (exit status was 0, output). LuaJIT's popen:close() does
+-- not report the status, so the shell prints it last.
+local function run(args)
+  local p = io.popen(exe .. " " .. args .. " 2>&1; echo \"exit status $?\"")
+  local out = p:read("*a")
+  p:close()
+  local status = tonumber(out:match("exit status (%d+)\n$"))
+  return status == 0, out
+end
+
+local function read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p " .. d) == 0)
+  return d
+end
+
+describe("train.lua", function()
+  local dir
+  before_each(function() dir = tmpdir() end)
+  after_each(function() os.execute("rm -rf " .. dir) end)
+
+  it("brings the loss of the MLP under a bound within a few hundred steps", function()
+    -- 6400 samples, batch 64: 100 steps per epoch, 2 epochs
+    local ok, out = run(("train.lua --config configs/fashion_mnist_mlp.lua --subset 6400 --test-subset 2000 " ..
+      "--epochs 2 --threads 1 --quiet --out %s/mlp"):format(dir))
+    assert.is_true(ok, out)
+    local loss = tonumber(out:match("epoch 2/2 train loss ([%d%.]+)"))
+    local acc = tonumber(out:match("final test accuracy ([%d%.]+)"))
+    assert.is_truthy(loss, out)
+    assert.is_true(loss < 0.6, "train loss " .. loss)
+    assert.is_true(acc > 0.75, "test accuracy " .. acc)
+    local csv = read_file(dir .. "/mlp/metrics.csv")
+    assert.matches("^epoch,step,lr,train_loss,train_acc,test_loss,test_acc", csv)
+    assert.matches("\n2,200,", csv)
+  end)
+
+  it("gives bitwise identical weights for the same seed and different ones for another", function()
+    local common = "train.lua --subset 640 --test-subset 200 --epochs 1 --threads 1 --quiet "
+    assert.is_true((run(common .. "--seed 5 --out " .. dir .. "/a")))
+    assert.is_true((run(common .. "--seed 5 --out " .. dir .. "/b")))
+    assert.is_true((run(common .. "--seed 6 --out " .. dir .. "/c")))
+    local a = read_file(dir .. "/a/model.safetensors")
+    assert.equal(a, read_file(dir .. "/b/model.safetensors"))
+    assert.not_equal(a, read_file(dir .. "/c/model.safetensors"))
+  end)
+
+  it("resumes from a checkpoint to the same weights as an uninterrupted run", function()
+    local common = "train.lua --subset 640 --test-subset 200 --threads 1 --quiet "
+    assert.is_true((run(common .. "--epochs 2 --out " .. dir .. "/full")))
+    assert.is_true((run(common .. "--epochs 1 --out " .. dir .. "/part")))
+    local ok, out = run(common .. "--epochs 2 --out " .. dir .. "/part --resume " .. dir .. "/part/checkpoint.safetensors")
+    assert.is_true(ok, out)
+    assert.matches("resumed from .* after epoch 1", out)
+    assert.equal(read_file(dir .. "/full/model.safetensors"), read_file(dir .. "/part/model.safetensors"))
+    assert.equal(read_file(dir .. "/full/metrics.csv"):match("\n2,[^\n]*"):match("^\n2,%d+,[^,]+,([^,]+)"),
+      read_file(dir .. "/part/metrics.csv"):match("\n2,[^\n]*"):match("^\n2,%d+,[^,]+,([^,]+)"))
+  end)
+
+  it("rejects unknown options and bad values with a message", function()
+    local ok, out = run("train.lua --bogus 1")
+    assert.is_false(ok)
+    assert.matches("unknown option '%-%-bogus'", out)
+    ok, out = run("train.lua --epochs many")
+    assert.is_false(ok)
+    assert.matches("%-%-epochs expects a number", out)
+    ok, out = run("train.lua --resume " .. dir .. "/missing.safetensors --subset 64 --epochs 1 --quiet --out " .. dir .. "/r")
+    assert.is_false(ok)
+    assert.matches("missing.safetensors", out)
+  end)
+
+  it("plots a run's curves with gnuplot, or says why not", function()
+    assert.is_true((run("train.lua --subset 320 --test-subset 100 --epochs 2 --threads 1 --quiet --out " .. dir .. "/p")))
+    local ok, out = run("plot " .. dir .. "/p")
+    if os.execute("command -v gnuplot >/dev/null 2>&1") == 0 then
+      assert.is_true(ok, out)
+      local png = read_file(dir .. "/p/curves.png")
+      assert.equal("\137PNG", png:sub(1, 4))
+    else
+      assert.is_false(ok)
+      assert.matches("gnuplot is not installed", out)
+    end
+    ok, out = run("plot " .. dir .. "/nothing")
+    assert.is_false(ok)
+    assert.matches("cannot open", out)
+  end)
+end)
