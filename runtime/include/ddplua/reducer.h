@@ -1,0 +1,1 @@
+/* ddplua/reducer.h: part of the public API, included by ddplua.h only. */

@@ -1,0 +1,1 @@
+/* ddplua/sampler.h: part of the public API, included by ddplua.h only. */

@@ -1,0 +1,1 @@
+/* ddplua/store.h: part of the public API, included by ddplua.h only. */
