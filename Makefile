@@ -53,7 +53,7 @@ CFLAGS  := -std=gnu11 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime $(BLAS_CFLAGS)
 CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime
-LDLIBS  := $(BLAS_LIBS) -lcjson -lz -lm -ldl -pthread
+LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lz -lm -ldl -pthread
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
@@ -120,7 +120,7 @@ $(BUILD)/libddplua_cuda.so: $(CUDA_SRCS) $(HEADERS)
 	$(NVCC) $(CUDA_FLAGS) -shared -o $@ $(CUDA_SRCS) $(CUDA_LIBS)
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
-                zlib1g-dev libedit-dev libcjson-dev dataset-fashion-mnist gnuplot-nox
+                zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
