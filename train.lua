@@ -190,6 +190,7 @@ local function evaluate(model, loader)
 end
 
 local function main(argv)
+  io.stdout:setvbuf("line") -- log lines appear as they happen, also through pipes and files
   local opts = parse_args(argv)
   local cfg = load_config(opts)
   if opts.threads then dl.set_num_threads(opts.threads) end
