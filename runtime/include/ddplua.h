@@ -290,6 +290,18 @@ int ddp_tensor_add_post_accumulate_hook(ddp_tensor *t, ddp_grad_hook_fn fn, void
                                         int64_t *handle);
 int ddp_tensor_remove_hook(ddp_tensor *t, int64_t handle);
 
+/* A backward-end callback: called on the thread that ran ddp_backward, after the walk
+ * finished (status = its result, DDP_OK on success), before ddp_backward returns. The DDP
+ * reducer finalizes an iteration here (launches what is left, waits, copies back), as
+ * PyTorch's reducer does from the engine's final callback. A callback may return non-zero
+ * (with the error set) to make ddp_backward fail. */
+typedef int (*ddp_backward_end_fn)(void *ctx, int status);
+
+/* Register a process-wide backward-end callback; *handle receives an id for
+ * ddp_autograd_remove_backward_end. Callbacks run in registration order. */
+int ddp_autograd_add_backward_end(ddp_backward_end_fn fn, void *ctx, int64_t *handle);
+int ddp_autograd_remove_backward_end(int64_t handle);
+
 /* ---------------------------------------------------------------------------------------
  * Copy and conversion (runtime/core/copy.c)
  * ------------------------------------------------------------------------------------- */
