@@ -164,12 +164,15 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
   j.sa0 = ac->strides[ba], j.sa1 = ac->strides[ba + 1];
   j.sb0 = bc->strides[bb], j.sb1 = bc->strides[bb + 1];
   j.a = ddp_data(ac), j.b = ddp_data(bc), j.c = ddp_data(*out);
-  /* OpenBLAS runs products of at most 2^18 multiply-adds on the calling thread: spread
-   * many small ones over our pool; leave bigger ones to OpenBLAS's own threads. */
+  /* Many small products (at most 2^18 multiply-adds each, below what OpenBLAS would thread
+   * itself) go over our pool, one GEMM per thread at a time; bigger ones one after another,
+   * each threaded by OpenBLAS. */
   double mnk = (double)j.n * (double)j.m * (double)j.k;
-  if (batches > 1 && mnk <= 262144.0) {
-    int64_t grain = (int64_t)(65536.0 / (mnk + 1.0)) + 1;
+  int64_t grain = (int64_t)(65536.0 / (mnk + 1.0)) + 1;
+  if (batches >= 2 * grain && mnk <= 262144.0 && ddp_get_num_threads() > 1) {
+    int blas_threads = ddp_cpu_blas_hold_single();
     ddp_parallel_for(batches, grain, mm_range, &j);
+    ddp_cpu_blas_restore(blas_threads);
   } else {
     mm_range(&j, 0, batches);
   }

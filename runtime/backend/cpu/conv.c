@@ -20,7 +20,6 @@
  * GEMM: ~11.5 ms against ~17 ms for that layer's forward + backward on 2 cores. Holding
  * OpenBLAS at one thread is a process-wide setting: a BLAS call made meanwhile by another
  * thread runs single-threaded too. */
-#include <cblas.h>
 #include <immintrin.h>
 #include <pthread.h>
 
@@ -739,10 +738,9 @@ static char *wg_transform_weights(conv_job *j, size_t *bytes) {
 static void run_samples(conv_job *j, ddp_range_fn fn) {
   int64_t n = j->g->n;
   if (ddp_get_num_threads() > 1 && n > 1) {
-    int blas_threads = openblas_get_num_threads();
-    if (blas_threads > 1) openblas_set_num_threads(1);
+    int blas_threads = ddp_cpu_blas_hold_single();
     ddp_parallel_for(n, 1, fn, j);
-    if (blas_threads > 1) openblas_set_num_threads(blas_threads);
+    ddp_cpu_blas_restore(blas_threads);
   } else {
     fn(j, 0, n);
   }
