@@ -626,6 +626,7 @@ describe("ddplua.ops.nn", function()
     end
     local cases = {
       { shape = { 2, 2, 6, 6 }, kernel = 2, opts = nil, o = o_of({ 2, 2 }) },
+      { shape = { 2, 3, 5, 21 }, kernel = 2, opts = nil, o = o_of({ 2, 2 }) }, -- 8 windows a row
       { shape = { 1, 2, 7, 7 }, kernel = 3, opts = { stride = 2, padding = 1 }, o = o_of({ 3, 3 }, { 2, 2 }, { 1, 1 }) },
       { shape = { 1, 1, 8, 7 }, kernel = { 2, 3 }, opts = { stride = { 1, 2 }, dilation = 2 },
         o = o_of({ 2, 3 }, { 1, 2 }, nil, { 2, 2 }) },
@@ -645,7 +646,28 @@ describe("ddplua.ops.nn", function()
         close.assert_close(out, want, { atol = 0 })
         assert.equal("i64", idx.dtype)
         assert.same(want_idx, idx:tolist())
-        close.assert_close(x:to("f32"):max_pool2d(c.kernel, c.opts), want, { atol = 0 })
+        local opts32 = {}
+        for k, v in pairs(opts) do opts32[k] = v end
+        local out32, idx32 = x:to("f32"):max_pool2d(c.kernel, opts32)
+        close.assert_close(out32, want, { atol = 0 })
+        assert.same(want_idx, idx32:tolist())
+      end
+    end)
+
+    it("propagates NaN with its index, in f32 and f64", function()
+      local rows = {}
+      for i = 1, 4 do
+        rows[i] = {}
+        for k = 1, 18 do rows[i][k] = (i * 31 + k * 17) % 23 end
+      end
+      rows[2][6] = 0 / 0 -- window (1, 3) of the 2x2 pooling: flat index 1 * 18 + 5
+      for _, dtype in ipairs { "f32", "f64" } do
+        local x = dl.tensor({ { rows } }, { dtype = dtype })
+        local out, idx = dl.max_pool2d(x, 2, { return_indices = true })
+        local o, i = out:tolist()[1][1], idx:tolist()[1][1]
+        assert.is_true(o[1][3] ~= o[1][3])
+        assert.equal(23, i[1][3])
+        assert.is_true(o[1][4] == o[1][4])
       end
     end)
 
