@@ -35,6 +35,7 @@ typedef struct subcommand {
 
 static const subcommand subcommands[] = {
   {"plot", ddp_cli_run_lua_tool, "plot loss and accuracy of runs/<name> to a PNG (gnuplot)"},
+  {"verify", ddp_cli_run_lua_tool, "compare replica checkpoints (safetensors) tensor by tensor; exit 1 if any differ"},
   {NULL, NULL, NULL},
 };
 
