@@ -1,0 +1,656 @@
+/* runtime/dist/reducer.c: the DDP gradient reducer (ddplua/reducer.h), after PyTorch's c10d
+ * Reducer: Bucket, mark_variable_ready, finalize_backward. The invariants are the notes in
+ * ddplua/reducer.h: [bucket order], [bucket assignment], [gradient averaging],
+ * [bucket rebuild], [unused parameters]. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/core.h"
+
+/* TEMPORARY until the gloo branch (ddplua/pg.h) is merged: its declarations, weak so the
+ * library links without it; reducers with pg == NULL never call them. */
+#ifndef DDP_PG_MERGED
+typedef struct ddp_pg ddp_pg;
+typedef struct ddp_work ddp_work;
+enum { DDP_REDUCE_SUM = 0 };
+int ddp_pg_rank(const ddp_pg *pg) __attribute__((weak));
+int ddp_pg_size(const ddp_pg *pg) __attribute__((weak));
+const char *ddp_pg_error(const ddp_pg *pg) __attribute__((weak));
+int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op) __attribute__((weak));
+int ddp_pg_broadcast(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root) __attribute__((weak));
+int ddp_work_wait(ddp_work *w, double timeout_s) __attribute__((weak));
+void ddp_work_free(ddp_work *w) __attribute__((weak));
+#endif
+
+enum { DEFAULT_TIMEOUT_S = 300 };
+
+/* A group of parameters whose gradients are all-reduced together through one flat buffer. */
+typedef struct {
+  int dtype;
+  int n_vars;
+  int *vars;            /* parameter indices, in slot order */
+  int64_t *offsets;     /* element offset of each slot in buffer */
+  int64_t numel;
+  ddp_tensor *buffer;   /* (numel,) contiguous, dtype */
+  ddp_tensor **views;   /* per slot: buffer viewed with the parameter's shape */
+  int pending;          /* slots not yet ready in this iteration */
+  ddp_work *work;       /* the in-flight all-reduce, NULL before launch */
+  int launched;
+} bucket;
+
+/* What a parameter's hook gets: its reducer and index. */
+typedef struct {
+  struct ddp_reducer *r;
+  int index;
+} hook_ctx;
+
+struct ddp_reducer {
+  ddp_pg *pg;                /* NULL: world size 1, nothing to communicate */
+  int rank, world;
+  int n;
+  ddp_tensor **params;       /* owned references, registration order */
+  hook_ctx *hook_ctx;        /* per parameter */
+  int64_t *hook_handles;     /* per parameter */
+  int64_t end_handle;
+  int end_registered;
+  int64_t cap, first_cap;
+  int find_unused, as_view;
+  double timeout_s;
+
+  bucket *buckets;
+  int n_buckets;
+  int *bucket_of, *slot_of;  /* per parameter */
+
+  /* iteration state */
+  int sync;                  /* ddp_reducer_set_sync */
+  int armed;                 /* prepare_for_backward ran, finalize has not */
+  int hooks_fired;           /* some hook of this reducer ran in the armed iteration */
+  int next_bucket;           /* lowest bucket not yet launched (Note [bucket order]) */
+  uint8_t *ready;            /* per parameter: marked ready this iteration */
+  ddp_tensor *local_used;    /* (n,) i32: 1 where this rank's hook fired (find_unused) */
+  ddp_work *used_work;
+  int failed;                /* a hook failed: finalize reports it */
+  char *failure;
+  int failure_status;
+  int64_t iterations;        /* finished reductions */
+
+  /* Note [bucket rebuild] */
+  int *order;                /* first iteration's ready order on this rank */
+  int n_order;
+  int recording;
+  int rebuild_pending;
+  int has_rebuilt;
+
+  /* Note [unused parameters] without find_unused_parameters */
+  int unfinished;
+  int *unready;
+  int n_unready;
+};
+
+/* ---- buckets --------------------------------------------------------------------------- */
+
+static void bucket_clear(bucket *b) {
+  if (b->work) ddp_work_free(b->work);
+  for (int k = 0; k < b->n_vars && b->views; k++) ddp_tensor_release(b->views[k]);
+  ddp_tensor_release(b->buffer);
+  free(b->views);
+  free(b->vars);
+  free(b->offsets);
+  memset(b, 0, sizeof *b);
+}
+
+static void buckets_free(bucket *bs, int n) {
+  for (int k = 0; bs && k < n; k++) bucket_clear(&bs[k]);
+  free(bs);
+}
+
+/* Build the buckets for the walk `order` (NULL: reverse registration order) into *out.
+ * Note [bucket assignment]. */
+static int buckets_build(ddp_reducer *r, const int *order, bucket **out, int *n_out) {
+  *out = NULL;
+  *n_out = 0;
+  int n = r->n;
+  int64_t *bytes = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+  int *dtypes = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  int *bucket_of = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  bucket *bs = NULL;
+  int nb = 0, status = DDP_OK;
+  if (!bytes || !dtypes || !bucket_of) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory building buckets");
+    goto done;
+  }
+  for (int i = 0; i < n; i++) {
+    bytes[i] = r->params[i]->numel * (int64_t)ddp_dtype_size(r->params[i]->dtype);
+    dtypes[i] = r->params[i]->dtype;
+  }
+  nb = ddp_compute_bucket_assignment(bucket_of, n, order, bytes, dtypes, r->cap, r->first_cap);
+  if (nb < 0) {
+    status = ddp_last_status();
+    nb = 0;
+    goto done;
+  }
+  bs = calloc((size_t)(nb ? nb : 1), sizeof *bs);
+  if (!bs) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory building buckets");
+    goto done;
+  }
+  for (int i = 0; i < n; i++) bs[bucket_of[i]].n_vars++;
+  for (int k = 0; k < nb && !status; k++) {
+    bs[k].vars = malloc(sizeof(int) * (size_t)bs[k].n_vars);
+    bs[k].offsets = malloc(sizeof(int64_t) * (size_t)bs[k].n_vars);
+    bs[k].views = calloc((size_t)bs[k].n_vars, sizeof(ddp_tensor *));
+    if (!bs[k].vars || !bs[k].offsets || !bs[k].views)
+      status = DDP_ERROR(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory building buckets");
+    bs[k].n_vars = 0; /* refilled below in walk order */
+  }
+  /* Slots in walk order. */
+  for (int pos = 0; pos < n && !status; pos++) {
+    int i = order ? order[pos] : n - 1 - pos;
+    bucket *b = &bs[bucket_of[i]];
+    b->dtype = r->params[i]->dtype;
+    b->vars[b->n_vars] = i;
+    b->offsets[b->n_vars] = b->numel;
+    b->numel += r->params[i]->numel;
+    b->n_vars++;
+  }
+  for (int k = 0; k < nb && !status; k++) {
+    bucket *b = &bs[k];
+    int64_t shape[1] = {b->numel};
+    status = ddp_tensor_zeros(&b->buffer, 1, shape, b->dtype, DDP_DEVICE_CPU);
+    for (int s = 0; s < b->n_vars && !status; s++) {
+      ddp_tensor *p = r->params[b->vars[s]];
+      int64_t strides[DDP_MAX_DIMS];
+      ddp_contiguous_strides(p->ndim, p->shape, strides);
+      status = ddp_tensor_view_raw(&b->views[s], b->buffer, p->ndim, p->shape, strides,
+                                   b->offsets[s]);
+    }
+  }
+done:
+  free(bytes);
+  free(dtypes);
+  free(bucket_of);
+  if (status) {
+    buckets_free(bs, nb);
+    return status;
+  }
+  *out = bs;
+  *n_out = nb;
+  return DDP_OK;
+}
+
+/* Make r's buckets `bs`: index maps, and with gradient_as_bucket_view the existing gradients
+ * move into the new views (PyTorch's initialize_bucket_views). */
+static int buckets_install(ddp_reducer *r, bucket *bs, int nb) {
+  for (int k = 0; k < nb; k++)
+    for (int s = 0; s < bs[k].n_vars; s++) {
+      r->bucket_of[bs[k].vars[s]] = k;
+      r->slot_of[bs[k].vars[s]] = s;
+    }
+  buckets_free(r->buckets, r->n_buckets);
+  r->buckets = bs;
+  r->n_buckets = nb;
+  if (!r->as_view) return DDP_OK;
+  for (int i = 0; i < r->n; i++) {
+    ddp_tensor *p = r->params[i], *view = bs[r->bucket_of[i]].views[r->slot_of[i]];
+    if (!p->grad || p->grad == view) continue;
+    DDP_TRY(ddp_copy_(view, p->grad));
+    DDP_TRY(ddp_tensor_set_grad(p, view));
+  }
+  return DDP_OK;
+}
+
+/* ---- failures ------------------------------------------------------------------------ */
+
+/* Remember the first failure inside a hook (hooks cannot return one); finalize reports it. */
+static void hook_failed(ddp_reducer *r) {
+  if (r->failed) return;
+  r->failed = 1;
+  r->failure_status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
+  const char *msg = ddp_last_error();
+  r->failure = strdup(msg && *msg ? msg : "DistributedDataParallel: a gradient hook failed");
+}
+
+/* ---- launching (Note [bucket order]) ----------------------------------------------- */
+
+static int bucket_launch(ddp_reducer *r, int k) {
+  bucket *b = &r->buckets[k];
+  b->launched = 1;
+  if (!r->pg || r->world == 1) return DDP_OK;
+  int status = ddp_pg_allreduce(&b->work, r->pg, b->buffer, DDP_REDUCE_SUM);
+  if (status) {
+    b->work = NULL;
+    return DDP_ERROR(status, "DistributedDataParallel: could not launch the all-reduce of gradient "
+                     "bucket %d on rank %d: %s", k, r->rank, ddp_last_error());
+  }
+  return DDP_OK;
+}
+
+/* Launch every complete bucket from next_bucket on, stopping at the first incomplete one. */
+static int launch_ready_buckets(ddp_reducer *r) {
+  while (r->next_bucket < r->n_buckets && r->buckets[r->next_bucket].pending == 0)
+    DDP_TRY(bucket_launch(r, r->next_bucket++));
+  return DDP_OK;
+}
+
+/* ---- mark_variable_ready ---------------------------------------------------------------- */
+
+/* dst (contiguous slot) = src * scale (Note [gradient averaging]); src NULL: zeros. */
+static int copy_scaled(ddp_tensor *dst, const ddp_tensor *src, double scale) {
+  if (!src) return ddp_zero_(dst);
+  int64_t n = dst->numel;
+  if (src->dtype == dst->dtype && ddp_tensor_is_contiguous(src)) {
+    if (dst->dtype == DDP_F32) {
+      float *restrict d = (float *)ddp_data(dst);
+      const float *restrict s = (const float *)ddp_data(src);
+      float f = (float)scale;
+      for (int64_t i = 0; i < n; i++) d[i] = s[i] * f;
+      ddp_tensor_bump_version(dst);
+      return DDP_OK;
+    }
+    if (dst->dtype == DDP_F64) {
+      double *restrict d = (double *)ddp_data(dst);
+      const double *restrict s = (const double *)ddp_data(src);
+      for (int64_t i = 0; i < n; i++) d[i] = s[i] * scale;
+      ddp_tensor_bump_version(dst);
+      return DDP_OK;
+    }
+  }
+  if (src != dst) DDP_TRY(ddp_copy_(dst, src));
+  if (scale == 1.0) return DDP_OK;
+  char *d = ddp_data(dst);
+  size_t es = ddp_dtype_size(dst->dtype);
+  if (dst->dtype == DDP_F32) {
+    float f = (float)scale;
+    for (int64_t i = 0; i < n; i++) ((float *)d)[i] *= f;
+  } else if (dst->dtype == DDP_F64) {
+    for (int64_t i = 0; i < n; i++) ((double *)d)[i] *= scale;
+  } else { /* f16, bf16: through f32 as the CPU kernels do */
+    for (int64_t i = 0; i < n; i++)
+      ddp_store_f64(d + i * es, dst->dtype, (double)(float)(ddp_load_f64(d + i * es, dst->dtype) * (float)scale));
+  }
+  ddp_tensor_bump_version(dst);
+  return DDP_OK;
+}
+
+/* Put parameter i's gradient (NULL: zeros) into its bucket slot, count the bucket down and
+ * launch what became launchable. `used`: the gradient came from this rank's backward. */
+static int mark_variable_ready(ddp_reducer *r, int i, int used) {
+  ddp_tensor *p = r->params[i];
+  if (r->ready[i])
+    DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: parameter %d was marked ready twice in one "
+             "iteration on rank %d (a second backward through the same parameters before the "
+             "reduction finished, or a parameter shared by two DDP modules)", i, r->rank);
+  r->ready[i] = 1;
+  if (used && r->local_used) ((int32_t *)ddp_data(r->local_used))[i] = 1;
+  if (used && r->recording) r->order[r->n_order++] = i;
+  bucket *b = &r->buckets[r->bucket_of[i]];
+  ddp_tensor *view = b->views[r->slot_of[i]];
+  double scale = 1.0 / r->world;
+  if (r->as_view && p->grad == view) {
+    DDP_TRY(copy_scaled(view, view, scale));
+  } else {
+    DDP_TRY(copy_scaled(view, used ? p->grad : NULL, scale));
+    /* gradient_as_bucket_view: the gradient lives in the bucket from now on (a nil one is
+     * re-created as the view; an unused one stays as it is, Note [unused parameters]). */
+    if (r->as_view && used) DDP_TRY(ddp_tensor_set_grad(p, view));
+  }
+  b->pending--;
+  return launch_ready_buckets(r);
+}
+
+static void on_grad_ready(ddp_tensor *t, void *vctx) {
+  hook_ctx *c = vctx;
+  ddp_reducer *r = c->r;
+  (void)t;
+  if (!r->armed || !r->sync || r->failed) return;
+  r->hooks_fired = 1;
+  if (mark_variable_ready(r, c->index, 1)) hook_failed(r);
+}
+
+/* ---- finalize_backward -------------------------------------------------------------------- */
+
+static void reset_iteration(ddp_reducer *r) {
+  for (int k = 0; k < r->n_buckets; k++) {
+    bucket *b = &r->buckets[k];
+    if (b->work) ddp_work_free(b->work);
+    b->work = NULL;
+    b->launched = 0;
+    b->pending = b->n_vars;
+  }
+  if (r->used_work) ddp_work_free(r->used_work);
+  r->used_work = NULL;
+  memset(r->ready, 0, (size_t)r->n);
+  if (r->local_used) memset(ddp_data(r->local_used), 0, sizeof(int32_t) * (size_t)r->n);
+  r->next_bucket = 0;
+  r->hooks_fired = 0;
+  r->armed = 0;
+  r->failed = 0;
+  free(r->failure);
+  r->failure = NULL;
+}
+
+/* Wait for bucket k's all-reduce; the error names the bucket, this rank and the pg's cause
+ * (which names the peer when it can be known). */
+static int bucket_wait(ddp_reducer *r, int k) {
+  bucket *b = &r->buckets[k];
+  if (!b->work) return DDP_OK;
+  int status = ddp_work_wait(b->work, r->timeout_s);
+  if (status) {
+    const char *cause = r->pg && ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error();
+    return DDP_ERROR(status, "DistributedDataParallel: the all-reduce of gradient bucket %d (%d "
+                     "parameters, %lld bytes) failed on rank %d: %s", k, b->n_vars,
+                     (long long)(b->numel * (int64_t)ddp_dtype_size(b->dtype)), r->rank, cause);
+  }
+  return DDP_OK;
+}
+
+/* Write the reduced buckets into param.grad (Note [unused parameters] for globally unused
+ * parameters). */
+static int copy_back(ddp_reducer *r) {
+  const int32_t *used = r->local_used ? (const int32_t *)ddp_data(r->local_used) : NULL;
+  for (int i = 0; i < r->n; i++) {
+    if (used && used[i] == 0) continue; /* unused on every rank: .grad as it was */
+    ddp_tensor *p = r->params[i];
+    ddp_tensor *view = r->buckets[r->bucket_of[i]].views[r->slot_of[i]];
+    if (r->as_view) {
+      if (p->grad != view) DDP_TRY(ddp_tensor_set_grad(p, view));
+    } else if (p->grad) {
+      DDP_TRY(ddp_copy_(p->grad, view));
+    } else {
+      ddp_tensor *g;
+      DDP_TRY(ddp_clone(&g, view));
+      int status = ddp_tensor_set_grad(p, g);
+      ddp_tensor_release(g);
+      if (status) return status;
+    }
+  }
+  return DDP_OK;
+}
+
+static int finalize_backward(ddp_reducer *r) {
+  if (r->failed) {
+    int status = r->failure_status;
+    ddp_fail_at(__FILE__, __LINE__, status, "%s", r->failure);
+    return status;
+  }
+  int n_unready = 0;
+  for (int i = 0; i < r->n; i++) n_unready += !r->ready[i];
+  if (n_unready && !r->find_unused) {
+    /* Not waiting: the peers may never launch the buckets we wait for. */
+    r->unfinished = 1;
+    r->n_unready = 0;
+    for (int i = 0; i < r->n; i++)
+      if (!r->ready[i]) r->unready[r->n_unready++] = i;
+    return DDP_OK;
+  }
+  for (int i = 0; i < r->n; i++)
+    if (!r->ready[i]) DDP_TRY(mark_variable_ready(r, i, 0));
+  if (r->find_unused && r->pg && r->world > 1) {
+    /* After every bucket, so in the same collective order on every rank. */
+    int status = ddp_pg_allreduce(&r->used_work, r->pg, r->local_used, DDP_REDUCE_SUM);
+    if (status) {
+      r->used_work = NULL;
+      return status;
+    }
+  }
+  for (int k = 0; k < r->n_buckets; k++) DDP_TRY(bucket_wait(r, k));
+  if (r->used_work && ddp_work_wait(r->used_work, r->timeout_s))
+    DDP_FAIL(ddp_last_status(), "DistributedDataParallel: the all-reduce of the used-parameter "
+             "flags failed on rank %d: %s", r->rank,
+             ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error());
+  DDP_TRY(copy_back(r));
+  if (r->recording) {
+    r->recording = 0;
+    r->rebuild_pending = r->n_order == r->n && !r->find_unused;
+  }
+  r->iterations++;
+  return DDP_OK;
+}
+
+static int on_backward_end(void *vctx, int status) {
+  ddp_reducer *r = vctx;
+  if (!r->armed || !r->sync || !r->hooks_fired) return status;
+  if (status) {
+    /* The backward failed: the peers' reductions cannot be matched; forget the iteration
+     * after the launched buckets finished with their buffers (bounded by the timeout). */
+    for (int k = 0; k < r->n_buckets; k++)
+      if (r->buckets[k].work) ddp_work_wait(r->buckets[k].work, r->timeout_s);
+    reset_iteration(r);
+    return status;
+  }
+  int s = finalize_backward(r);
+  if (s) {
+    /* Let the works finish with their buffers before they are reused. */
+    for (int k = 0; k < r->n_buckets; k++)
+      if (r->buckets[k].work) ddp_work_wait(r->buckets[k].work, 1e-3);
+  }
+  if (r->unfinished) {
+    r->armed = 0;
+    return s;
+  }
+  reset_iteration(r);
+  return s;
+}
+
+/* ---- public ------------------------------------------------------------------------------ */
+
+static int check_params(ddp_tensor **params, int n) {
+  for (int i = 0; i < n; i++) {
+    ddp_tensor *p = params[i];
+    if (!p) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d is NULL", i);
+    DDP_TRY(ddp_check_alive(p, "DistributedDataParallel", "parameter"));
+    if (!p->requires_grad || p->grad_fn)
+      DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d %s is not a leaf that requires "
+               "grad", i, DDP_SHAPE(p));
+    if (!ddp_dtype_is_floating(p->dtype))
+      DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d has dtype %s (floating dtypes "
+               "only)", i, ddp_dtype_name(p->dtype));
+    if (p->device != DDP_DEVICE_CPU)
+      DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d is not on the CPU (the gloo "
+               "reducer reduces CPU tensors)", i);
+    for (int j = 0; j < i; j++)
+      if (params[j] == p)
+        DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameters %d and %d are the same tensor", j, i);
+  }
+  return DDP_OK;
+}
+
+int ddp_reducer_new(ddp_reducer **out, struct ddp_pg *pg, ddp_tensor **params, int n,
+                    int64_t bucket_cap_bytes, int64_t first_bucket_cap_bytes,
+                    int find_unused_parameters, int gradient_as_bucket_view, double timeout_s) {
+  *out = NULL;
+  if (n < 0) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: n must be >= 0, got %d", n);
+  if (n > 0 && !params) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: params is NULL");
+  if (bucket_cap_bytes <= 0 || first_bucket_cap_bytes <= 0)
+    DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: bucket caps must be > 0 bytes, got %lld and "
+             "%lld", (long long)bucket_cap_bytes, (long long)first_bucket_cap_bytes);
+  DDP_TRY(check_params(params, n));
+  ddp_reducer *r = calloc(1, sizeof *r);
+  if (!r) DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory");
+  size_t m = (size_t)(n ? n : 1);
+  r->pg = pg;
+  r->rank = pg ? ddp_pg_rank(pg) : 0;
+  r->world = pg ? ddp_pg_size(pg) : 1;
+  r->n = n;
+  r->cap = bucket_cap_bytes;
+  r->first_cap = first_bucket_cap_bytes;
+  r->find_unused = find_unused_parameters != 0;
+  r->as_view = gradient_as_bucket_view != 0;
+  r->timeout_s = timeout_s > 0 ? timeout_s : DEFAULT_TIMEOUT_S;
+  r->sync = 1;
+  r->params = calloc(m, sizeof *r->params);
+  r->hook_ctx = calloc(m, sizeof *r->hook_ctx);
+  r->hook_handles = calloc(m, sizeof *r->hook_handles);
+  r->bucket_of = calloc(m, sizeof(int));
+  r->slot_of = calloc(m, sizeof(int));
+  r->ready = calloc(m, 1);
+  r->order = calloc(m, sizeof(int));
+  r->unready = calloc(m, sizeof(int));
+  int status = DDP_OK;
+  if (!r->params || !r->hook_ctx || !r->hook_handles || !r->bucket_of || !r->slot_of ||
+      !r->ready || !r->order || !r->unready) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < n; i++) {
+    ddp_tensor_retain(params[i]);
+    r->params[i] = params[i];
+  }
+  if (r->find_unused) {
+    int64_t shape[1] = {n};
+    if ((status = ddp_tensor_zeros(&r->local_used, 1, shape, DDP_I32, DDP_DEVICE_CPU))) goto fail;
+  }
+  bucket *bs;
+  int nb;
+  if ((status = buckets_build(r, NULL, &bs, &nb))) goto fail;
+  if ((status = buckets_install(r, bs, nb))) goto fail;
+  for (int i = 0; i < n; i++) {
+    r->hook_ctx[i] = (hook_ctx){r, i};
+    status = ddp_tensor_add_post_accumulate_hook(params[i], on_grad_ready, &r->hook_ctx[i],
+                                                 &r->hook_handles[i]);
+    if (status) {
+      for (int j = 0; j < i; j++) ddp_tensor_remove_hook(params[j], r->hook_handles[j]);
+      goto fail;
+    }
+  }
+  if ((status = ddp_autograd_add_backward_end(on_backward_end, r, &r->end_handle))) {
+    for (int j = 0; j < n; j++) ddp_tensor_remove_hook(params[j], r->hook_handles[j]);
+    goto fail;
+  }
+  r->end_registered = 1;
+  r->recording = !r->find_unused;
+  reset_iteration(r);
+  *out = r;
+  return DDP_OK;
+fail:
+  r->n = 0; /* hooks are not registered (or were removed) */
+  for (int i = 0; r->params && i < n; i++) ddp_tensor_release(r->params[i]);
+  ddp_reducer_free(r);
+  return status;
+}
+
+void ddp_reducer_free(ddp_reducer *r) {
+  if (!r) return;
+  if (r->end_registered) ddp_autograd_remove_backward_end(r->end_handle);
+  for (int i = 0; i < r->n; i++) {
+    if (ddp_tensor_is_alive(r->params[i]))
+      ddp_tensor_remove_hook(r->params[i], r->hook_handles[i]);
+    ddp_tensor_release(r->params[i]);
+  }
+  ddp_clear_error();
+  buckets_free(r->buckets, r->n_buckets);
+  if (r->used_work) ddp_work_free(r->used_work);
+  ddp_tensor_release(r->local_used);
+  free(r->params);
+  free(r->hook_ctx);
+  free(r->hook_handles);
+  free(r->bucket_of);
+  free(r->slot_of);
+  free(r->ready);
+  free(r->order);
+  free(r->unready);
+  free(r->failure);
+  free(r);
+}
+
+/* Note [bucket rebuild]. */
+static int rebuild_buckets(ddp_reducer *r) {
+  r->rebuild_pending = 0;
+  int n = r->n;
+  int64_t shape[1] = {n};
+  ddp_tensor *order_t;
+  DDP_TRY(ddp_tensor_empty(&order_t, 1, shape, DDP_I64, DDP_DEVICE_CPU));
+  int64_t *o = (int64_t *)ddp_data(order_t);
+  for (int i = 0; i < n; i++) o[i] = r->order[i];
+  int status = DDP_OK;
+  if (r->pg && r->world > 1) {
+    status = ddp_pg_broadcast(NULL, r->pg, order_t, 0);
+    if (status)
+      status = DDP_ERROR(status, "DistributedDataParallel: rank %d could not receive rank 0's "
+                         "gradient order to rebuild the buckets: %s", r->rank, ddp_last_error());
+  }
+  int *order = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  if (!status && !order) status = DDP_ERROR(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory");
+  for (int i = 0; !status && i < n; i++) order[i] = (int)o[i];
+  ddp_tensor_release(order_t);
+  bucket *bs = NULL;
+  int nb = 0;
+  if (!status) status = buckets_build(r, order, &bs, &nb);
+  free(order);
+  if (!status) status = buckets_install(r, bs, nb);
+  if (!status) {
+    reset_iteration(r);
+    r->has_rebuilt = 1;
+  }
+  return status;
+}
+
+int ddp_reducer_prepare_for_forward(ddp_reducer *r) {
+  if (!r) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: reducer is NULL");
+  if (r->unfinished) {
+    char list[1024];
+    size_t len = 0;
+    list[0] = 0;
+    for (int k = 0; k < r->n_unready && len + 24 < sizeof list; k++)
+      len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", k ? " " : "", r->unready[k]);
+    if (len + 24 >= sizeof list) snprintf(list + len, sizeof list - len, " ...");
+    DDP_FAIL(DDP_ERR_STATE,
+             "Expected to have finished reduction in the prior iteration before starting a new "
+             "one. This error indicates that your module has parameters that were not used in "
+             "producing loss. You can enable unused parameter detection by passing the keyword "
+             "argument `find_unused_parameters = true` to DistributedDataParallel, and by making "
+             "sure all `forward` function outputs participate in calculating loss. If you "
+             "already have done the above, then the distributed data parallel module wasn't "
+             "able to locate the output tensors in the return value of your module's `forward` "
+             "function. Parameter indices which did not receive grad for rank %d: %s",
+             r->rank, list);
+  }
+  if (r->rebuild_pending && ddp_grad_enabled()) DDP_TRY(rebuild_buckets(r));
+  return DDP_OK;
+}
+
+int ddp_reducer_prepare_for_backward(ddp_reducer *r) {
+  if (!r) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: reducer is NULL");
+  if (r->unfinished) return ddp_reducer_prepare_for_forward(r);
+  if (r->armed && r->hooks_fired) return DDP_OK; /* a backward is under way */
+  reset_iteration(r);
+  r->armed = 1;
+  if (r->recording) r->n_order = 0;
+  return DDP_OK;
+}
+
+void ddp_reducer_set_sync(ddp_reducer *r, int sync) {
+  if (r) r->sync = sync != 0;
+}
+
+int ddp_reducer_get_sync(const ddp_reducer *r) { return r ? r->sync : 0; }
+
+int ddp_reducer_num_buckets(const ddp_reducer *r) { return r ? r->n_buckets : 0; }
+
+int ddp_reducer_bucket_params(const ddp_reducer *r, int k, int *out, int cap) {
+  if (!r || k < 0 || k >= r->n_buckets) return -1;
+  const bucket *b = &r->buckets[k];
+  for (int s = 0; s < b->n_vars && s < cap; s++) out[s] = b->vars[s];
+  return b->n_vars;
+}
+
+int64_t ddp_reducer_bucket_bytes(const ddp_reducer *r, int k) {
+  if (!r || k < 0 || k >= r->n_buckets) return -1;
+  return r->buckets[k].numel * (int64_t)ddp_dtype_size(r->buckets[k].dtype);
+}
+
+int ddp_reducer_has_rebuilt_buckets(const ddp_reducer *r) { return r ? r->has_rebuilt : 0; }
+
+int ddp_reducer_ready_order(const ddp_reducer *r, int *out, int cap) {
+  if (!r) return 0;
+  for (int k = 0; k < r->n_order && k < cap; k++) out[k] = r->order[k];
+  return r->n_order;
+}
+
+int ddp_reducer_unready_params(const ddp_reducer *r, int *out, int cap) {
+  if (!r || !r->unfinished) return 0;
+  for (int k = 0; k < r->n_unready && k < cap; k++) out[k] = r->unready[k];
+  return r->n_unready;
+}
+
+int64_t ddp_reducer_num_iterations(const ddp_reducer *r) { return r ? r->iterations : 0; }
