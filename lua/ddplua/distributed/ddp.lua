@@ -1,0 +1,381 @@
+--- ddplua.distributed.ddp: DistributedDataParallel, as torch.nn.parallel.DistributedDataParallel.
+--
+--   local DDP = require "ddplua.distributed.ddp"
+--   dist.init_process_group{backend = "gloo"}
+--   local model = DDP(Net(), {bucket_cap_mb = 25})
+--   local loss = crit(model(x), y)          -- forward: broadcasts buffers, arms the reducer
+--   loss:backward()                         -- gradients averaged over the ranks, overlapped
+--   opt:step()
+--
+-- Construction is collective (every rank of the group calls it with the same model): it
+-- checks that parameter names, dtypes and shapes agree on every rank, copies rank 0's
+-- parameters and buffers to every rank, and builds the reducer (ddplua/reducer.h: buckets in
+-- reverse parameter order, launched in index order, gradients divided by the world size before
+-- the sum, rebuilt once in the order of the first iteration). Every forward with grad enabled
+-- is then collective too. Parameters with requires_grad = false are not reduced (as PyTorch).
+local lib = require "ddplua.lib"
+local dl = require "ddplua"
+local ffi, C = lib.ffi, lib.C
+local check, raise = lib.check, lib.raise
+
+local DDP = {}
+DDP.__index = DDP
+
+local MB = 1024 * 1024
+--- PyTorch's bucket sizes: the first bucket 1 MiB, the others bucket_cap_mb (25 MiB).
+DDP.FIRST_BUCKET_BYTES = 1 * MB
+DDP.DEFAULT_BUCKET_CAP_MB = 25
+
+local reducer_box = ffi.new("ddp_reducer*[1]")
+local digest_box = ffi.new("uint64_t[1]")
+
+-- ---- process group --------------------------------------------------------------------
+
+local function dist_module() return require "ddplua.distributed" end
+
+-- The group to reduce over: opts.process_group, else the default (world) group. The
+-- distributed module has no public accessor of its default group yet; without one, DDP
+-- makes its own group of all ranks (a collective, like DDP's construction itself).
+local function resolve_group(pg)
+  if pg ~= nil then return pg end
+  local dist = dist_module()
+  if not dist.is_initialized() then
+    raise("DistributedDataParallel: the default process group is not initialised (call " ..
+          "dist.init_process_group first, or pass process_group =)")
+  end
+  if type(dist._get_default_group) == "function" then return dist._get_default_group() end
+  if dist.group and dist.group.WORLD then return dist.group.WORLD end
+  return dist.new_group()
+end
+
+-- ---- small collectives on int64 rows (through the C process group directly) ----------
+
+local function i64_tensor(values)
+  local t = dl.zeros({ math.max(#values, 0) }, { dtype = "i64" })
+  local p = ffi.cast("int64_t*", C.ddp_tensor_data(t))
+  for i = 1, #values do p[i - 1] = values[i] end
+  return t
+end
+
+-- All-gather the int64 list `values` (the same length on every rank) -> rows[rank + 1][i].
+local function allgather_i64(self, values, op)
+  local world = self.world_size
+  local n = #values
+  local t = i64_tensor(values)
+  local out = dl.zeros({ world, math.max(n, 0) }, { dtype = "i64" })
+  if n > 0 then check(C.ddp_pg_allgather(nil, self.process_group:ptr(op), out, t)) end
+  local p = ffi.cast("int64_t*", C.ddp_tensor_data(out))
+  local rows = {}
+  for r = 1, world do
+    local row = {}
+    for i = 1, n do row[i] = p[(r - 1) * n + i - 1] end
+    rows[r] = row
+  end
+  return rows
+end
+
+local function shape_str(dims)
+  local parts = {}
+  for i, d in ipairs(dims) do parts[i] = tostring(d) end
+  if #parts == 1 then return "(" .. parts[1] .. ",)" end
+  return "(" .. table.concat(parts, ", ") .. ")"
+end
+
+local MAX_DIMS = 8
+local RECORD = 3 + MAX_DIMS -- name digest, dtype, ndim, shape
+
+local function record_of(name, p)
+  local rec = { ffi.cast("int64_t", C.ddp_bytes_digest(name, #name)), C.ddp_tensor_dtype(p),
+                C.ddp_tensor_dim(p) }
+  local shape = C.ddp_tensor_shape(p)
+  for d = 1, MAX_DIMS do rec[3 + d] = d <= rec[3] and shape[d - 1] or -1 end
+  return rec
+end
+
+local function record_shape(rows, r, i)
+  local base = (i - 1) * RECORD
+  local dims = {}
+  for d = 1, tonumber(rows[r][base + 3]) do dims[d] = tonumber(rows[r][base + 3 + d]) end
+  return shape_str(dims)
+end
+
+-- Every rank must hold the same parameters (names, dtypes, shapes) in the same order.
+local function check_same_parameters(self)
+  local counts = allgather_i64(self, { #self.param_names }, "DistributedDataParallel")
+  for r = 2, self.world_size do
+    if counts[r][1] ~= counts[1][1] then
+      raise(("DistributedDataParallel: the module has %d parameters on rank 0 but %d on rank %d")
+            :format(tonumber(counts[1][1]), tonumber(counts[r][1]), r - 1))
+    end
+  end
+  local flat = {}
+  for i, name in ipairs(self.param_names) do
+    for k, v in ipairs(record_of(name, self.params[i])) do flat[(i - 1) * RECORD + k] = v end
+  end
+  local rows = allgather_i64(self, flat, "DistributedDataParallel")
+  local me = self.rank + 1
+  for i, name in ipairs(self.param_names) do
+    local base = (i - 1) * RECORD
+    for r = 2, self.world_size do
+      if rows[r][base + 1] ~= rows[1][base + 1] then
+        raise(("DistributedDataParallel: parameter %d is named '%s' on rank %d but differently on rank %d")
+              :format(i, name, me - 1, me == 1 and r - 1 or 0))
+      end
+      if rows[r][base + 2] ~= rows[1][base + 2] then
+        raise(("DistributedDataParallel: parameter '%s' has dtype %s on rank 0 but %s on rank %d"):format(
+          name, ffi.string(C.ddp_dtype_name(tonumber(rows[1][base + 2]))),
+          ffi.string(C.ddp_dtype_name(tonumber(rows[r][base + 2]))), r - 1))
+      end
+      for k = 3, RECORD do
+        if rows[r][base + k] ~= rows[1][base + k] then
+          raise(("DistributedDataParallel: parameter '%s' has shape %s on rank 0 but %s on rank %d")
+                :format(name, record_shape(rows, 1, i), record_shape(rows, r, i), r - 1))
+        end
+      end
+    end
+  end
+end
+
+-- ---- construction ---------------------------------------------------------------------
+
+local function broadcast_from_0(self, tensors, op)
+  local h = self.process_group:ptr(op)
+  for _, t in ipairs(tensors) do check(C.ddp_pg_broadcast(nil, h, t, 0)) end
+end
+
+local function option(opts, name, default)
+  local v = opts[name]
+  if v == nil then return default end
+  return v
+end
+
+--- DDP(module, opts) -> the wrapped module. opts:
+--   process_group (default: the world), bucket_cap_mb = 25 (MiB per bucket; the first
+--   bucket is 1 MiB), find_unused_parameters = false (mark parameters that got no gradient
+--   ready with zeros at the end of backward; otherwise such an iteration makes the next
+--   forward fail naming them), broadcast_buffers = true (rank 0's buffers copied to every
+--   rank before each forward), gradient_as_bucket_view = false (param.grad views into the
+--   buckets: no copy back), timeout (seconds for each bucket's all-reduce; default: the
+--   group's). Raises when the ranks' parameters differ (naming the first one and the ranks).
+function DDP.new(module, opts)
+  opts = opts or {}
+  if type(module) ~= "table" or type(module.parameters) ~= "function" then
+    raise("DistributedDataParallel: module must be an nn.Module, got " .. type(module))
+  end
+  local group = resolve_group(opts.process_group)
+  local h = group:ptr("DistributedDataParallel")
+  local self = setmetatable({
+    module = module,
+    process_group = group,
+    rank = C.ddp_pg_rank(h),
+    world_size = C.ddp_pg_size(h),
+    find_unused_parameters = option(opts, "find_unused_parameters", false),
+    broadcast_buffers = option(opts, "broadcast_buffers", true),
+    gradient_as_bucket_view = option(opts, "gradient_as_bucket_view", false),
+    bucket_cap_mb = option(opts, "bucket_cap_mb", DDP.DEFAULT_BUCKET_CAP_MB),
+    require_backward_grad_sync = true,
+  }, DDP)
+  if type(self.bucket_cap_mb) ~= "number" or not (self.bucket_cap_mb > 0) then
+    raise("DistributedDataParallel: bucket_cap_mb must be a number > 0, got " .. tostring(self.bucket_cap_mb))
+  end
+  local timeout = opts.timeout or tonumber(C.ddp_pg_get_timeout(h))
+  self.params, self.param_names = {}, {}
+  for name, p in module:named_parameters() do
+    if p.requires_grad then
+      self.params[#self.params + 1] = p
+      self.param_names[#self.params] = name
+    end
+  end
+  self.buffers, self.buffer_names = {}, {}
+  for name, b in module:named_buffers() do
+    self.buffers[#self.buffers + 1] = b
+    self.buffer_names[#self.buffers] = name
+  end
+  if self.world_size > 1 then
+    check_same_parameters(self)
+    dl.no_grad(function()
+      broadcast_from_0(self, self.params, "DistributedDataParallel")
+      broadcast_from_0(self, self.buffers, "DistributedDataParallel")
+    end)
+  end
+  local n = #self.params
+  local arr = ffi.new("ddp_tensor*[?]", math.max(n, 1))
+  for i = 1, n do arr[i - 1] = self.params[i] end
+  local cap = math.floor(self.bucket_cap_mb * MB + 0.5)
+  check(C.ddp_reducer_new(reducer_box, h, arr, n, math.max(cap, 1), DDP.FIRST_BUCKET_BYTES,
+                          self.find_unused_parameters and 1 or 0,
+                          self.gradient_as_bucket_view and 1 or 0, timeout))
+  self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
+  return self
+end
+
+setmetatable(DDP, { __call = function(_, module, opts) return DDP.new(module, opts) end })
+
+local function reducer_of(self, op)
+  local r = self.reducer
+  if r == nil then raise("DistributedDataParallel:" .. op .. ": the DDP module was destroyed") end
+  return r
+end
+
+--- ddp:destroy(): remove the reducer's hooks now (the module keeps training locally after).
+function DDP:destroy()
+  if self.reducer ~= nil then
+    local r = self.reducer
+    ffi.gc(r, nil)
+    C.ddp_reducer_free(r)
+    self.reducer = nil
+  end
+end
+
+-- ---- forward ---------------------------------------------------------------------------
+
+local idx_buf = ffi.new("int[?]", 4096)
+
+local function unfinished_error(self, msg)
+  local n = C.ddp_reducer_unready_params(self.reducer, idx_buf, 4096)
+  local names = {}
+  for k = 1, math.min(n, 4096) do names[k] = self.param_names[idx_buf[k - 1] + 1] end
+  if #names > 0 then
+    msg = msg:gsub("%s*%([%w_./]+%.c:%d+%)$", "")
+    msg = msg .. ("\nParameters which did not receive grad for rank %d: %s"):format(
+      self.rank, table.concat(names, ", "))
+  end
+  raise(msg)
+end
+
+--- ddp(...) / ddp:forward(...): the module's forward, with DDP's bookkeeping: when grad is
+-- enabled, fails if the prior iteration's reduction did not finish (parameters that received
+-- no gradient, named) and rebuilds the buckets once after the first iteration; broadcasts
+-- rank 0's buffers (broadcast_buffers); runs the module; arms the reducer for the backward
+-- (unless inside no_sync). Returns what the module returns.
+function DDP:forward(...)
+  local r = reducer_of(self, "forward")
+  local grad = C.ddp_grad_enabled() ~= 0
+  if grad then
+    if C.ddp_reducer_prepare_for_forward(r) ~= 0 then
+      local msg = ffi.string(C.ddp_last_error())
+      if C.ddp_reducer_unready_params(r, idx_buf, 1) > 0 then unfinished_error(self, msg) end
+      raise(msg)
+    end
+  end
+  if self.broadcast_buffers and self.world_size > 1 and #self.buffers > 0 then
+    dl.no_grad(function() broadcast_from_0(self, self.buffers, "DistributedDataParallel.forward") end)
+  end
+  if grad and self.require_backward_grad_sync then
+    check(C.ddp_reducer_prepare_for_backward(r))
+  end
+  return self.module(...)
+end
+
+DDP.__call = function(self, ...) return self:forward(...) end
+
+--- ddp:no_sync(fn, ...) -> fn's results: run fn with gradient synchronisation off, so
+-- backward passes inside accumulate locally into param.grad; the first backward after it (with
+-- sync on) reduces the accumulated gradients. As PyTorch's `with ddp.no_sync():`.
+function DDP:no_sync(fn, ...)
+  local r = reducer_of(self, "no_sync")
+  local prev = self.require_backward_grad_sync
+  self.require_backward_grad_sync = false
+  C.ddp_reducer_set_sync(r, 0)
+  local res = table.pack(pcall(fn, ...))
+  self.require_backward_grad_sync = prev
+  C.ddp_reducer_set_sync(r, prev and 1 or 0)
+  if not res[1] then error(res[2], 0) end
+  return table.unpack(res, 2, res.n)
+end
+
+-- ---- the wrapped module's interface -----------------------------------------------------
+
+--- ddp:parameters() / named_parameters / buffers / named_buffers / children / modules: the
+-- wrapped module's.
+function DDP:parameters(...) return self.module:parameters(...) end
+function DDP:named_parameters(...) return self.module:named_parameters(...) end
+function DDP:buffers(...) return self.module:buffers(...) end
+function DDP:named_buffers(...) return self.module:named_buffers(...) end
+function DDP:children() return { self.module } end
+function DDP:modules() return self.module:modules() end
+
+--- ddp:state_dict() -> the module's state dict (no "module." prefix).
+function DDP:state_dict(...) return self.module:state_dict(...) end
+
+--- ddp:load_state_dict(sd, opts) -> report: into the module (names without "module.").
+function DDP:load_state_dict(sd, opts) return self.module:load_state_dict(sd, opts) end
+
+--- ddp:train([mode]) / ddp:eval() -> ddp.
+function DDP:train(mode)
+  self.module:train(mode)
+  return self
+end
+function DDP:eval()
+  self.module:eval()
+  return self
+end
+
+--- ddp:zero_grad(set_to_none): the module's.
+function DDP:zero_grad(...) return self.module:zero_grad(...) end
+
+--- ddp.training: the module's training flag.
+function DDP:is_training() return self.module.training end
+
+-- ---- inspection -------------------------------------------------------------------------
+
+--- ddp:buckets() -> list of buckets, each a list of parameter names in slot order (bucket 1
+-- is reduced first; Note [bucket order]).
+function DDP:buckets()
+  local r = reducer_of(self, "buckets")
+  local out = {}
+  local buf = ffi.new("int[?]", math.max(#self.params, 1))
+  for k = 0, C.ddp_reducer_num_buckets(r) - 1 do
+    local n = C.ddp_reducer_bucket_params(r, k, buf, #self.params)
+    local names = {}
+    for s = 1, n do names[s] = self.param_names[buf[s - 1] + 1] end
+    out[k + 1] = names
+  end
+  return out
+end
+
+--- ddp:has_rebuilt_buckets() -> true once the buckets follow the first iteration's order.
+function DDP:has_rebuilt_buckets() return C.ddp_reducer_has_rebuilt_buckets(reducer_of(self, "has_rebuilt_buckets")) ~= 0 end
+
+--- ddp:verify_sync(): collective check that every parameter and buffer holds the same bytes
+-- on every rank (64-bit FNV-1a digests, ddp_tensor_digest, all-gathered). Raises naming the
+-- first tensor that differs and two ranks that disagree, e.g. "verify_sync: parameter
+-- 'fc.weight' differs: ranks 0 and 2 hold different values". Returns true.
+function DDP:verify_sync()
+  local names, kinds, tensors = {}, {}, {}
+  for name, p in self.module:named_parameters() do
+    names[#names + 1], kinds[#names + 1], tensors[#names + 1] = name, "parameter", p
+  end
+  for name, b in self.module:named_buffers() do
+    names[#names + 1], kinds[#names + 1], tensors[#names + 1] = name, "buffer", b
+  end
+  if self.world_size == 1 then return true end
+  local counts = allgather_i64(self, { #names }, "verify_sync")
+  for r = 2, self.world_size do
+    if counts[r][1] ~= counts[1][1] then
+      raise(("verify_sync: rank 0 has %d parameters and buffers but rank %d has %d"):format(
+        tonumber(counts[1][1]), r - 1, tonumber(counts[r][1])))
+    end
+  end
+  local digests = {}
+  for i, t in ipairs(tensors) do
+    check(C.ddp_tensor_digest(digest_box, t))
+    digests[i] = ffi.cast("int64_t", digest_box[0])
+  end
+  local rows = allgather_i64(self, digests, "verify_sync")
+  for i = 1, #names do
+    for r = 2, self.world_size do
+      if rows[r][i] ~= rows[1][i] then
+        raise(("verify_sync: %s '%s' differs: ranks 0 and %d hold different values"):format(
+          kinds[i], names[i], r - 1))
+      end
+    end
+  end
+  return true
+end
+
+function DDP:__tostring()
+  return "DistributedDataParallel(\n  (module): " .. tostring(self.module):gsub("\n", "\n  ") .. "\n)"
+end
+
+return DDP
