@@ -4,6 +4,7 @@
  * [bucket rebuild], [unused parameters]. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "core/core.h"
 
@@ -73,6 +74,7 @@ struct ddp_reducer {
   char *failure;
   int failure_status;
   int64_t iterations;        /* finished reductions */
+  double last_wait_s;        /* seconds finalize waited for the buckets (exposed comm) */
 
   /* Note [bucket rebuild] */
   int *order;                /* first iteration's ready order on this rank */
@@ -393,7 +395,13 @@ static int finalize_backward(ddp_reducer *r) {
       return status;
     }
   }
-  for (int k = 0; k < r->n_buckets; k++) DDP_TRY(bucket_wait(r, k));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int wait_status = DDP_OK;
+  for (int k = 0; k < r->n_buckets && !wait_status; k++) wait_status = bucket_wait(r, k);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  r->last_wait_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  if (wait_status) return wait_status;
   if (r->used_work && ddp_work_wait(r->used_work, r->timeout_s))
     DDP_FAIL(ddp_last_status(), "DistributedDataParallel: the all-reduce of the used-parameter "
              "flags failed on rank %d: %s", r->rank,
@@ -654,3 +662,5 @@ int ddp_reducer_unready_params(const ddp_reducer *r, int *out, int cap) {
 }
 
 int64_t ddp_reducer_num_iterations(const ddp_reducer *r) { return r ? r->iterations : 0; }
+
+double ddp_reducer_last_wait_seconds(const ddp_reducer *r) { return r ? r->last_wait_s : 0.0; }

@@ -337,6 +337,12 @@ end
 --- ddp:has_rebuilt_buckets() -> true once the buckets follow the first iteration's order.
 function DDP:has_rebuilt_buckets() return C.ddp_reducer_has_rebuilt_buckets(reducer_of(self, "has_rebuilt_buckets")) ~= 0 end
 
+--- ddp:exposed_comm_seconds() -> seconds the last backward waited at its end for the
+-- gradient all-reduces (the communication the backward pass did not hide).
+function DDP:exposed_comm_seconds()
+  return tonumber(C.ddp_reducer_last_wait_seconds(reducer_of(self, "exposed_comm_seconds")))
+end
+
 --- ddp:verify_sync(): collective check that every parameter and buffer holds the same bytes
 -- on every rank (64-bit FNV-1a digests, ddp_tensor_digest, all-gathered). Raises naming the
 -- first tensor that differs and two ranks that disagree, e.g. "verify_sync: parameter

@@ -118,6 +118,10 @@ int ddp_reducer_ready_order(const ddp_reducer *r, int *out, int cap);
  * parameters]; at most cap written); returns the count (0 when the reduction finished). */
 int ddp_reducer_unready_params(const ddp_reducer *r, int *out, int cap);
 
+/* Seconds the last finished backward waited for its buckets' all-reduces at its end: the
+ * communication that backward did not hide (exposed communication). */
+double ddp_reducer_last_wait_seconds(const ddp_reducer *r);
+
 /* Number of iterations whose reduction finished. */
 int64_t ddp_reducer_num_iterations(const ddp_reducer *r);
 

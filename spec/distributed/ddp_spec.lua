@@ -1,0 +1,256 @@
+-- Specs for DistributedDataParallel (lua/ddplua/distributed/ddp.lua over the reducer,
+-- ddplua/reducer.h) with real ranks on 127.0.0.1 (spec/helpers/multiproc.lua).
+--
+-- Equivalence: k = 3 SGD-with-momentum steps on W ranks, each with its own B/W slice of the
+-- batch, must equal k steps of one process with the whole batch B (the loss is a mean, and
+-- DDP averages the gradients). Rank 0 trains the single-process reference itself, from the
+-- same seed, and prints the largest relative difference per tensor (max |a - b| / max |b|);
+-- every rank prints a digest of its parameters so the spec checks the replicas agree.
+local mp = require "multiproc"
+
+local PRELUDE = [[
+local dl = require "ddplua"
+local nn = require "ddplua.nn"
+local optim = require "ddplua.optim"
+local dist = require "ddplua.distributed"
+local DDP = require "ddplua.distributed.ddp"
+RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
+dist.init_process_group{backend = "gloo", timeout = 20}
+
+function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
+function try(name, fn)
+  local ok, err = pcall(fn)
+  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
+  io.flush()
+end
+
+function mlp()
+  dl.manual_seed(1)
+  return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 4))
+end
+function cnn()
+  dl.manual_seed(2)
+  return nn.Sequential(nn.Conv2d(2, 4, 3, {padding = 1}), nn.ReLU(), nn.MaxPool2d(2),
+                       nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 2 * 2, 3))
+end
+-- Batches: step s has B samples, the same on every rank (seeded).
+function batches(k, B, xshape, ydim)
+  local xs, ys = {}, {}
+  dl.manual_seed(100)
+  for s = 1, k do
+    local shape = {B}
+    for _, d in ipairs(xshape) do shape[#shape + 1] = d end
+    xs[s], ys[s] = dl.randn(shape), dl.randn({B, ydim})
+  end
+  return xs, ys
+end
+function shard(t, world, rank)
+  local n = t:size(1) / world
+  return t:narrow(1, rank * n + 1, n)
+end
+function mse(a, b) return (a - b):pow(2):mean() end
+-- The largest relative difference of two modules' parameters (over tensors).
+function max_rel(m1, m2)
+  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
+  for i = 1, #p1 do
+    local d = (p1[i] - p2[i]):abs():max():item()
+    local s = p2[i]:abs():max():item()
+    worst = math.max(worst, d / math.max(s, 1e-12))
+  end
+  return worst
+end
+function params_text(m)
+  local parts = {}
+  for _, p in ipairs(m:parameters()) do
+    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
+  end
+  return table.concat(parts, ",")
+end
+-- k steps of one process on the whole batches (rank 0's reference).
+function reference(make, xs, ys, opt_args, forward)
+  local m = make()
+  local opt = optim.SGD(m:parameters(), opt_args)
+  for s = 1, #xs do
+    opt:zero_grad()
+    local loss = forward and forward(m, xs[s], s) or mse(m(xs[s]), ys[s])
+    loss:backward()
+    opt:step()
+  end
+  return m
+end
+]]
+
+-- Run code on n ranks; returns per-rank {out = {name = value}, err = {name = msg}} and the
+-- raw result. Raises with every rank's output unless all ranks exit 0 (or expect_failure).
+local function run(code, n, opts)
+  opts = opts or {}
+  local r = mp.run { code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40 }
+  if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
+  local ranks = {}
+  for i = 1, n do
+    local rk = { out = {}, err = {} }
+    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
+    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
+    ranks[i] = rk
+  end
+  return ranks, r
+end
+
+-- The equivalence body: train DDP(make()) for k steps on the rank's shards, compare with the
+-- reference on rank 0, print the replicas' parameters.
+local function equivalence(make, xshape, ydim, B, ddp_opts, extra)
+  return ([[
+local xs, ys = batches(3, %d, %s, %d)
+local opt_args = {lr = 0.1, momentum = 0.9}
+local model = DDP(%s(), %s)
+local opt = optim.SGD(model:parameters(), opt_args)
+for s = 1, #xs do
+  opt:zero_grad()
+  local x, y = shard(xs[s], WORLD, RANK), shard(ys[s], WORLD, RANK)
+  %s
+  opt:step()
+end
+out("buckets", #model:buckets())
+out("rebuilt", tostring(model:has_rebuilt_buckets()))
+out("params", params_text(model.module))
+model:verify_sync()
+if RANK == 0 then out("max_rel", max_rel(model.module, reference(%s, xs, ys, opt_args))) end
+]]):format(B, xshape, ydim, make, ddp_opts, extra or "mse(model(x), y):backward()", make)
+end
+
+local function check_equivalence(ranks, n, tol)
+  local rel = tonumber(ranks[1].out.max_rel)
+  assert.is_not_nil(rel, "rank 0 printed no max_rel")
+  assert.is_true(rel <= (tol or 1e-5), "max relative difference " .. tostring(rel))
+  for i = 2, n do
+    assert.equal(ranks[1].out.params, ranks[i].out.params)
+  end
+end
+
+describe("ddplua.distributed.ddp #dist", function()
+  it("2 ranks with B/2 each equal one process with B (MLP, SGD momentum)", function()
+    local ranks = run(equivalence("mlp", "{6}", 4, 8, "{}"), 2)
+    check_equivalence(ranks, 2)
+    assert.equal("1", ranks[1].out.buckets)
+    assert.equal("true", ranks[1].out.rebuilt)
+  end)
+
+  it("a small CNN with many small buckets (bucket_cap_mb) is equivalent too", function()
+    local ranks = run(equivalence("cnn", "{2, 6, 6}", 3, 8, "{bucket_cap_mb = 0.0002}"), 2)
+    check_equivalence(ranks, 2)
+    assert.is_true(tonumber(ranks[1].out.buckets) >= 4, "buckets: " .. ranks[1].out.buckets)
+    assert.equal(ranks[1].out.buckets, ranks[2].out.buckets)
+  end)
+
+  it("gradient_as_bucket_view is equivalent", function()
+    local ranks = run(equivalence("mlp", "{6}", 4, 8, "{gradient_as_bucket_view = true, bucket_cap_mb = 0.0005}"), 2)
+    check_equivalence(ranks, 2)
+  end)
+
+  it("no_sync: two accumulated micro-batches then a synced one equal the big batch", function()
+    -- each rank: B/2 = 4 samples, two micro-batches of 2; loss halves so the sum is the mean
+    local body = [[
+local x1, y1 = x:narrow(1, 1, 2), y:narrow(1, 1, 2)
+local x2, y2 = x:narrow(1, 3, 2), y:narrow(1, 3, 2)
+model:no_sync(function() (mse(model(x1), y1) * 0.5):backward() end)
+(mse(model(x2), y2) * 0.5):backward()
+]]
+    local ranks = run(equivalence("mlp", "{6}", 4, 8, "{}", body), 2)
+    check_equivalence(ranks, 2)
+  end)
+
+  it("find_unused_parameters: a branch unused on some iterations", function()
+    local code = [[
+local Net = nn.Module:extend("Net")
+function Net:init()
+  dl.manual_seed(5)
+  self.a = nn.Linear(6, 8)
+  self.branch = nn.Linear(8, 4)
+  self.head = nn.Linear(8, 4)
+end
+function Net:forward(x, use) local h = dl.tanh(self.a(x)); local o = self.head(h)
+  if use then o = o + self.branch(h) end
+  return o end
+local xs, ys = batches(3, 8, {6}, 4)
+local use = {true, false, true}
+local opt_args = {lr = 0.1, momentum = 0.9}
+local model = DDP(Net(), {find_unused_parameters = true})
+local opt = optim.SGD(model:parameters(), opt_args)
+for s = 1, 3 do
+  opt:zero_grad()
+  local x, y = shard(xs[s], WORLD, RANK), shard(ys[s], WORLD, RANK)
+  mse(model(x, use[s]), y):backward()
+  if s == 2 then out("branch_grad_nil", tostring(model.module.branch.weight.grad == nil)) end
+  opt:step()
+end
+out("params", params_text(model.module))
+if RANK == 0 then
+  out("max_rel", max_rel(model.module, reference(Net, xs, ys, opt_args,
+      function(m, x, s) return mse(m(x, use[s]), ys[s]) end)))
+end
+-- used on rank 1 only: rank 0 still gets the averaged gradient of the branch
+opt:zero_grad()
+local x, y = shard(xs[1], WORLD, RANK), shard(ys[1], WORLD, RANK)
+mse(model(x, RANK == 1), y):backward()
+local g = model.module.branch.weight.grad
+out("partial_grad", g and string.format("%.9g", g:abs():sum():item()) or "nil")
+]]
+    local ranks = run(code, 2)
+    check_equivalence(ranks, 2)
+    assert.equal("true", ranks[1].out.branch_grad_nil)
+    assert.equal("true", ranks[2].out.branch_grad_nil)
+    assert.are_not.equal("nil", ranks[1].out.partial_grad)
+    assert.is_true(tonumber(ranks[1].out.partial_grad) > 0)
+    assert.equal(ranks[1].out.partial_grad, ranks[2].out.partial_grad)
+  end)
+
+  it("an unused parameter without find_unused_parameters fails the next forward, named", function()
+    local code = [[
+local Net = nn.Module:extend("Net")
+function Net:init() self.fc = nn.Linear(4, 4); self.unused = nn.Linear(4, 2) end
+function Net:forward(x) return self.fc(x) end
+local model = DDP(Net())
+local x = dl.randn({2, 4})
+model(x):sum():backward()
+try("second_forward", function() model(x) end)
+]]
+    local ranks = run(code, 2)
+    for i = 1, 2 do
+      local e = ranks[i].err.second_forward
+      assert.matches("Expected to have finished reduction in the prior iteration", e, 1, true)
+      assert.matches("Parameter indices which did not receive grad for rank " .. (i - 1) .. ": 2 3", e, 1, true)
+      assert.matches("Parameters which did not receive grad for rank " .. (i - 1) ..
+                     ": unused.weight, unused.bias", e, 1, true)
+    end
+  end)
+
+  it("a model that differs on one rank fails construction naming the parameter and ranks", function()
+    local code = [[
+local Net = nn.Module:extend("Net")
+function Net:init() self.fc = nn.Linear(RANK == 1 and 6 or 5, 10); self.out = nn.Linear(10, 2) end
+try("construct", function() DDP(Net()) end)
+]]
+    local ranks = run(code, 2)
+    for i = 1, 2 do
+      assert.matches("DistributedDataParallel: parameter 'fc.weight' has shape (10, 5) on rank 0 " ..
+                     "but (10, 6) on rank 1", ranks[i].err.construct, 1, true)
+    end
+  end)
+
+  it("3 ranks: equivalence, then verify_sync passes and names a perturbed parameter", function()
+    local code = equivalence("mlp", "{6}", 4, 12, "{bucket_cap_mb = 0.001}") .. [[
+try("verify_ok", function() model:verify_sync() end)
+if RANK == 2 then
+  dl.no_grad(function() local w = model.module[3].weight; w:add_(1e-3) end)
+end
+try("verify_bad", function() model:verify_sync() end)
+]]
+    local ranks = run(code, 3)
+    check_equivalence(ranks, 3)
+    for i = 1, 3 do
+      assert.equal("no error", ranks[i].err.verify_ok)
+      assert.matches("verify_sync: parameter '2.weight' differs: ranks 0 and 2 hold different values",
+                     ranks[i].err.verify_bad, 1, true)
+    end
+  end)
+end)
