@@ -415,23 +415,28 @@ static int finalize_backward(ddp_reducer *r) {
   return DDP_OK;
 }
 
+/* Let the launched all-reduces finish with their buffers (bounded by the timeout) before the
+ * buffers are reused, keeping this thread's error message (the backward's). */
+static void drain_works(ddp_reducer *r) {
+  char saved[1024];
+  int saved_status = ddp_last_status();
+  snprintf(saved, sizeof saved, "%s", ddp_last_error());
+  for (int k = 0; k < r->n_buckets; k++)
+    if (r->buckets[k].work) ddp_work_wait(r->buckets[k].work, r->timeout_s);
+  if (saved_status) ddp_fail_at(__FILE__, __LINE__, saved_status, "%s", saved);
+}
+
 static int on_backward_end(void *vctx, int status) {
   ddp_reducer *r = vctx;
   if (!r->armed || !r->sync || !r->hooks_fired) return status;
   if (status) {
-    /* The backward failed: the peers' reductions cannot be matched; forget the iteration
-     * after the launched buckets finished with their buffers (bounded by the timeout). */
-    for (int k = 0; k < r->n_buckets; k++)
-      if (r->buckets[k].work) ddp_work_wait(r->buckets[k].work, r->timeout_s);
+    /* The backward failed: the peers' reductions cannot be matched; forget the iteration. */
+    drain_works(r);
     reset_iteration(r);
     return status;
   }
+  /* On a failure of the reduction itself the group is broken (pg.h): no more waiting. */
   int s = finalize_backward(r);
-  if (s) {
-    /* Let the works finish with their buffers before they are reused. */
-    for (int k = 0; k < r->n_buckets; k++)
-      if (r->buckets[k].work) ddp_work_wait(r->buckets[k].work, 1e-3);
-  }
   if (r->unfinished) {
     r->armed = 0;
     return s;

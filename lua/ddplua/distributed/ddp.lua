@@ -151,7 +151,7 @@ end
 
 --- DDP(module, opts) -> the wrapped module. opts:
 --   process_group (default: the world), bucket_cap_mb = 25 (MiB per bucket; the first
---   bucket is 1 MiB), find_unused_parameters = false (mark parameters that got no gradient
+--   bucket is min(1 MiB, bucket_cap_mb)), find_unused_parameters = false (mark parameters that got no gradient
 --   ready with zeros at the end of backward; otherwise such an iteration makes the next
 --   forward fail naming them), broadcast_buffers = true (rank 0's buffers copied to every
 --   rank before each forward), gradient_as_bucket_view = false (param.grad views into the
@@ -202,7 +202,9 @@ function DDP.new(module, opts)
   local arr = ffi.new("ddp_tensor*[?]", math.max(n, 1))
   for i = 1, n do arr[i - 1] = self.params[i] end
   local cap = math.floor(self.bucket_cap_mb * MB + 0.5)
-  check(C.ddp_reducer_new(reducer_box, h, arr, n, math.max(cap, 1), DDP.FIRST_BUCKET_BYTES,
+  cap = math.max(cap, 1)
+  -- The first bucket is small so the first all-reduce starts early; a cap below it wins.
+  check(C.ddp_reducer_new(reducer_box, h, arr, n, cap, math.min(DDP.FIRST_BUCKET_BYTES, cap),
                           self.find_unused_parameters and 1 or 0,
                           self.gradient_as_bucket_view and 1 or 0, timeout))
   self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
@@ -277,11 +279,13 @@ function DDP:no_sync(fn, ...)
   local prev = self.require_backward_grad_sync
   self.require_backward_grad_sync = false
   C.ddp_reducer_set_sync(r, 0)
-  local res = table.pack(pcall(fn, ...))
-  self.require_backward_grad_sync = prev
-  C.ddp_reducer_set_sync(r, prev and 1 or 0)
-  if not res[1] then error(res[2], 0) end
-  return table.unpack(res, 2, res.n)
+  local function finish(ok, ...)
+    self.require_backward_grad_sync = prev
+    C.ddp_reducer_set_sync(r, prev and 1 or 0)
+    if not ok then error((...), 0) end
+    return ...
+  end
+  return finish(pcall(fn, ...))
 end
 
 -- ---- the wrapped module's interface -----------------------------------------------------
