@@ -252,7 +252,7 @@ try("backward", function() mse(model(x), y):backward() end)
 ]]
     local ranks = run(code, 2)
     local e = ranks[1].err.backward
-    assert.matches("DistributedDataParallel: the all%%-reduce of gradient bucket 0 %(%d+ parameters, %d+ bytes%) failed on rank 0", e)
+    assert.matches("DistributedDataParallel: the all%-reduce of gradient bucket 0 %(%d+ parameters, %d+ bytes%) failed on rank 0", e)
     assert.matches("rank 1", e, 1, true)
   end)
 
