@@ -147,6 +147,50 @@ describe("ddplua.distributed.ddp #dist", function()
     assert.equal(ranks[1].out.buckets, ranks[2].out.buckets)
   end)
 
+  it("rebuilds identical buckets on every rank from rank 0's ready order", function()
+    -- Two parallel branches used in a rank-dependent order: the ranks see their gradients
+    -- arrive in different orders, yet must end with the same buckets (rank 0's order).
+    local code = [[
+local lib = require "ddplua.lib"
+local Net = nn.Module:extend("Net")
+function Net:init()
+  dl.manual_seed(7)
+  self.a = nn.Linear(6, 4)
+  self.b = nn.Linear(6, 4)
+end
+function Net:forward(x)
+  if RANK == 0 then local ya = self.a(x); return ya + self.b(x) end
+  local yb = self.b(x); return self.a(x) + yb
+end
+local model = DDP(Net(), {bucket_cap_mb = 0.00001})
+local x, y = dl.randn({2, 6}), dl.randn({2, 4})
+local function order_text()
+  local buf = lib.ffi.new("int[8]")
+  local n = lib.C.ddp_reducer_ready_order(model.reducer, buf, 8)
+  local t = {}
+  for i = 1, n do t[i] = model.param_names[buf[i - 1] + 1] end
+  return table.concat(t, " ")
+end
+local function buckets_text()
+  local t = {}
+  for k, b in ipairs(model:buckets()) do t[k] = table.concat(b, "+") end
+  return table.concat(t, " | ")
+end
+out("initial", buckets_text())
+mse(model(x), y):backward()
+out("order", order_text())
+mse(model(x), y):backward()
+out("rebuilt", buckets_text())
+model:verify_sync()
+]]
+    local ranks = run(code, 2)
+    -- reverse registration order at first
+    assert.equal("b.bias | b.weight | a.bias | a.weight", ranks[1].out.initial)
+    assert.are_not.equal(ranks[1].out.order, ranks[2].out.order)
+    assert.equal(ranks[1].out.rebuilt, ranks[2].out.rebuilt)
+    assert.equal(ranks[1].out.order:gsub(" ", " | "), ranks[1].out.rebuilt)
+  end)
+
   it("gradient_as_bucket_view is equivalent", function()
     local ranks = run(equivalence("mlp", "{6}", 4, 8, "{gradient_as_bucket_view = true, bucket_cap_mb = 0.0005}"), 2)
     check_equivalence(ranks, 2)
