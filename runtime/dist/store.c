@@ -512,6 +512,11 @@ static int store_alloc(ddp_store **out, int kind, double timeout_s, const char *
 }
 
 int ddp_store_tcp_new(ddp_store **out, const char *host, int port, int is_server, double timeout_s) {
+  return ddp_store_tcp_new_ranked(out, host, port, is_server, timeout_s, -1);
+}
+
+int ddp_store_tcp_new_ranked(ddp_store **out, const char *host, int port, int is_server,
+                             double timeout_s, int rank) {
   if (!host || !host[0]) host = "127.0.0.1";
   if (port < 0 || port > 65535)
     DDP_FAIL(DDP_ERR_ARG, "store: port %d out of range 0 .. 65535 (host %s)", port, host);
@@ -521,6 +526,7 @@ int ddp_store_tcp_new(ddp_store **out, const char *host, int port, int is_server
     DDP_FAIL(DDP_ERR_ARG, "store: host name of %zu bytes is too long", strlen(host));
   ddp_store *s;
   DDP_TRY(store_alloc(&s, STORE_KIND_TCP, timeout_s, "store"));
+  s->rank = rank < 0 ? -1 : rank;
   snprintf(s->host, sizeof s->host, "%s", host);
   s->port = port;
   int st = DDP_OK;
@@ -538,9 +544,14 @@ int ddp_store_tcp_new(ddp_store **out, const char *host, int port, int is_server
 }
 
 int ddp_store_file_new(ddp_store **out, const char *path, double timeout_s) {
+  return ddp_store_file_new_ranked(out, path, timeout_s, -1);
+}
+
+int ddp_store_file_new_ranked(ddp_store **out, const char *path, double timeout_s, int rank) {
   if (!path || !path[0]) DDP_FAIL(DDP_ERR_ARG, "store: file store path is empty");
   ddp_store *s;
   DDP_TRY(store_alloc(&s, STORE_KIND_FILE, timeout_s, "store"));
+  s->rank = rank < 0 ? -1 : rank;
   int st = store_file_open(&s->file, path);
   if (st) {
     ddp_store_free(s);

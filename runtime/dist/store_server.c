@@ -396,7 +396,8 @@ static void accept_all(store_server *srv) {
     char host[48] = "?", serv[16] = "?";
     getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, serv, sizeof serv,
                 NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
+    const char *h = strncmp(host, "::ffff:", 7) == 0 ? host + 7 : host;  // IPv4 on the v6 socket
+    snprintf(c->peer, sizeof c->peer, "%s:%s", h, serv);
     srv->conns[srv->nconns++] = c;
   }
 }

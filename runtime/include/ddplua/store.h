@@ -34,6 +34,11 @@ typedef struct ddp_store ddp_store;
  * host:port), DDP_ERR_TIMEOUT. */
 int ddp_store_tcp_new(ddp_store **out, const char *host, int port, int is_server, double timeout_s);
 
+/* As ddp_store_tcp_new, naming `rank` (>= 0; -1: none) in its messages from the start, so a
+ * failed connection already says which rank gave up. */
+int ddp_store_tcp_new_ranked(ddp_store **out, const char *host, int port, int is_server,
+                             double timeout_s, int rank);
+
 /* A store kept in the file at `path` (file:// init), shared by every process (and every
  * store object) that opens the same path on a shared file system with working flock().
  * The file is an append-only log of set/delete records; each call takes flock() on it
@@ -43,6 +48,9 @@ int ddp_store_tcp_new(ddp_store **out, const char *host, int port, int is_server
  * removes the file, as PyTorch's FileStore does. Errors: DDP_ERR_ARG, DDP_ERR_IO (cannot
  * open or lock, naming the path; a corrupt record, naming path and offset). */
 int ddp_store_file_new(ddp_store **out, const char *path, double timeout_s);
+
+/* As ddp_store_file_new, naming `rank` (-1: none) in its messages from the start. */
+int ddp_store_file_new_ranked(ddp_store **out, const char *path, double timeout_s, int rank);
 
 /* The TCP port the store is connected to (the server's real port when created with port 0);
  * -1 for a file store or NULL. */
