@@ -174,8 +174,15 @@ int store_parse_i64(const unsigned char *v, size_t len, int64_t *out) {
   return 0;
 }
 
+double store_timeout(const ddp_store *s) {
+  double t;
+  __atomic_load(&s->timeout_s, &t, __ATOMIC_RELAXED);
+  return t;
+}
+
 const char *store_who(const ddp_store *s, char *buf, size_t cap) {
-  if (s && s->rank >= 0) snprintf(buf, cap, "store (rank %d)", s->rank);
+  int rank = s ? __atomic_load_n(&s->rank, __ATOMIC_RELAXED) : -1;
+  if (rank >= 0) snprintf(buf, cap, "store (rank %d)", rank);
   else snprintf(buf, cap, "store");
   return buf;
 }
@@ -340,7 +347,7 @@ static int tcp_send(ddp_store *s, const store_buf *b, double deadline, const cha
       if (left <= 0) {
         tcp_break(s, "a send timed out");
         DDP_FAIL(DDP_ERR_TIMEOUT, "%s: sending %s to %s:%d timed out after %.1f s",
-                 store_who(s, who, sizeof who), during, s->host, s->port, s->timeout_s);
+                 store_who(s, who, sizeof who), during, s->host, s->port, store_timeout(s));
       }
       poll(&p, 1, (int)(left * 1000) + 1);
       continue;
@@ -563,24 +570,21 @@ int ddp_store_file_new_ranked(ddp_store **out, const char *path, double timeout_
 
 int ddp_store_port(const ddp_store *s) { return s && s->kind == STORE_KIND_TCP ? s->port : -1; }
 
+/* Rank and timeout are atomics, not under the mutex: setting them must not wait for another
+ * thread's long wait to end. */
 void ddp_store_set_rank(ddp_store *s, int rank) {
-  if (!s) return;
-  pthread_mutex_lock(&s->mu);
-  s->rank = rank < 0 ? -1 : rank;
-  pthread_mutex_unlock(&s->mu);
+  if (s) __atomic_store_n(&s->rank, rank < 0 ? -1 : rank, __ATOMIC_RELAXED);
 }
 
 int ddp_store_set_timeout(ddp_store *s, double timeout_s) {
   DDP_TRY(check_store(s, "set_timeout"));
   if (!(timeout_s > 0))
     DDP_FAIL(DDP_ERR_ARG, "store set_timeout: timeout must be > 0 seconds, got %g", timeout_s);
-  pthread_mutex_lock(&s->mu);
-  s->timeout_s = timeout_s;
-  pthread_mutex_unlock(&s->mu);
+  __atomic_store(&s->timeout_s, &timeout_s, __ATOMIC_RELAXED);
   return DDP_OK;
 }
 
-double ddp_store_get_timeout(const ddp_store *s) { return s ? s->timeout_s : 0; }
+double ddp_store_get_timeout(const ddp_store *s) { return s ? store_timeout(s) : 0; }
 
 int ddp_store_set(ddp_store *s, const char *key, const void *value, size_t len) {
   DDP_TRY(check_store(s, "set"));
@@ -596,7 +600,7 @@ int ddp_store_set(ddp_store *s, const char *key, const void *value, size_t len) 
     const void *args[2] = {key, value ? value : ""};
     size_t lens[2] = {strlen(key), len};
     reply r;
-    st = tcp_call(s, STORE_OP_SET, 2, args, lens, s->timeout_s, 0, during, &r);
+    st = tcp_call(s, STORE_OP_SET, 2, args, lens, store_timeout(s), 0, during, &r);
     if (!st) free(r.data);
   }
   pthread_mutex_unlock(&s->mu);
@@ -619,7 +623,7 @@ int ddp_store_get(ddp_store *s, const char *key, void **value, size_t *len) {
     const void *args[1] = {key};
     size_t lens[1] = {strlen(key)};
     reply r;
-    st = tcp_call(s, STORE_OP_GET, 1, args, lens, s->timeout_s, 1, during, &r);
+    st = tcp_call(s, STORE_OP_GET, 1, args, lens, store_timeout(s), 1, during, &r);
     if (!st) {
       *value = r.data;
       if (len) *len = r.len;
@@ -647,7 +651,7 @@ int ddp_store_add(ddp_store *s, const char *key, int64_t delta, int64_t *result)
     const void *args[2] = {key, d};
     size_t lens[2] = {strlen(key), 8};
     reply r;
-    st = tcp_call(s, STORE_OP_ADD, 2, args, lens, s->timeout_s, 0, during, &r);
+    st = tcp_call(s, STORE_OP_ADD, 2, args, lens, store_timeout(s), 0, during, &r);
     if (!st) {
       if (r.len == 8) v = (int64_t)store_get_u64(r.data);
       else st = tcp_fail_peer(s, "malformed add reply", during);
@@ -678,7 +682,7 @@ int ddp_store_compare_set(ddp_store *s, const char *key, const void *expected, s
     const void *args[3] = {key, expected ? expected : "", desired ? desired : ""};
     size_t lens[3] = {strlen(key), elen, dlen};
     reply r;
-    st = tcp_call(s, STORE_OP_CAS, 3, args, lens, s->timeout_s, 0, during, &r);
+    st = tcp_call(s, STORE_OP_CAS, 3, args, lens, store_timeout(s), 0, during, &r);
     if (!st) {
       *result = r.data;
       if (rlen) *rlen = r.len;
@@ -713,7 +717,7 @@ int ddp_store_wait(ddp_store *s, const char *const *keys, int n, double timeout_
   DDP_TRY(check_keys(s, "wait", keys, n));
   if (n == 0) return DDP_OK;
   pthread_mutex_lock(&s->mu);
-  if (timeout_s < 0) timeout_s = s->timeout_s;
+  if (timeout_s < 0) timeout_s = store_timeout(s);
   int st;
   if (s->kind == STORE_KIND_FILE) {
     st = store_file_wait(s, keys, n, timeout_s);
@@ -746,7 +750,7 @@ int ddp_store_check(ddp_store *s, const char *const *keys, int n, int *all_prese
     char during[600], list[520];
     snprintf(during, sizeof during, "check of %s", store_keys_text(keys, n, list, sizeof list));
     reply r;
-    st = keys_call(s, STORE_OP_CHECK, keys, n, s->timeout_s, during, &r);
+    st = keys_call(s, STORE_OP_CHECK, keys, n, store_timeout(s), during, &r);
     if (!st) {
       *all_present = r.len == 1 && r.data[0] == 1;
       free(r.data);
@@ -769,7 +773,7 @@ int ddp_store_delete_key(ddp_store *s, const char *key, int *deleted) {
     const void *args[1] = {key};
     size_t lens[1] = {strlen(key)};
     reply r;
-    st = tcp_call(s, STORE_OP_DELETE, 1, args, lens, s->timeout_s, 0, during, &r);
+    st = tcp_call(s, STORE_OP_DELETE, 1, args, lens, store_timeout(s), 0, during, &r);
     if (!st) {
       d = r.len == 1 && r.data[0] == 1;
       free(r.data);

@@ -315,7 +315,7 @@ int store_file_get(ddp_store *s, const char *key, void **v, size_t *len) {
   char during[256];
   snprintf(during, sizeof during, "get: wait for key '%.200s'", key);
   for (;;) {
-    DDP_TRY(poll_keys(s, &key, 1, s->timeout_s, during));
+    DDP_TRY(poll_keys(s, &key, 1, store_timeout(s), during));
     DDP_TRY(file_lock(s, LOCK_SH));
     int st = file_sync(s);
     int present = !st && store_table_find(&s->file->table, key, strlen(key)) != NULL;

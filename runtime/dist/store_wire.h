@@ -123,8 +123,8 @@ enum { STORE_KIND_TCP = 1, STORE_KIND_FILE = 2 };
 
 struct ddp_store {
   int kind;
-  int rank;            /* named in messages; -1: none */
-  double timeout_s;    /* default timeout of blocking calls */
+  int rank;            /* named in messages; -1: none (atomic access) */
+  double timeout_s;    /* default timeout of blocking calls (atomic access) */
   pthread_mutex_t mu;  /* one call at a time (Gloo calls from its own threads) */
   /* TCP */
   int fd;              /* client socket, -1 once broken */
@@ -138,6 +138,9 @@ struct ddp_store {
 
 /* "store (rank 1)" or "store" into buf. */
 const char *store_who(const ddp_store *s, char *buf, size_t cap);
+
+/* The store's timeout (read atomically: ddp_store_set_timeout does not take the mutex). */
+double store_timeout(const ddp_store *s);
 
 /* Write the keys as "'a', 'b'" (shortened past a few hundred bytes) for messages. */
 const char *store_keys_text(const char *const *keys, int n, char *buf, size_t cap);

@@ -283,6 +283,82 @@ c:close()
       assert.equals(1, s:add("after", 1))
     end)
 
+    it("waits that time out just as their key arrives keep the connection in step", function()
+      -- A child sets race/1..N every 0.1 s. This process waits for odd keys generously (they
+      -- must arrive) and for even keys with a timeout close to 0.1 s, right where the key's
+      -- arrival and the client's cancel cross (Note [parked waits]). Whichever wins, the
+      -- replies must stay in order: a counter and a compare_set read back right every time.
+      local s = server({ timeout = 5 })
+      local N = 10
+      local child = spawn(PRE .. [[
+local s = store.TCPStore("127.0.0.1", PORT, {timeout = 10})
+s:wait({"go"})
+for i = 1, tonumber(os.getenv("N")) do ffi.C.usleep(100000); s:set("race/" .. i, "x") end
+s:close()
+]], { STORE_PORT = s:port(), N = N })
+      s:set("go", "1")
+      local won = 0
+      for i = 1, N do
+        local timeout = i % 2 == 1 and 2 or 0.09 + 0.005 * i
+        local ok, err = pcall(s.wait, s, { "race/" .. i }, timeout)
+        if ok then won = won + 1 else
+          assert.is_true(i % 2 == 0, err)
+          assert.matches("wait for key 'race/" .. i .. "' timed out", err)
+        end
+        assert.equals(i, s:add("in_step", 1))
+        assert.equals("v" .. i, s:compare_set("cas", i == 1 and "" or "v" .. (i - 1), "v" .. i))
+      end
+      assert_exit_ok(child)
+      assert.is_true(won >= N / 2)
+    end)
+
+    it("uses an answer that crossed its cancel (scripted server)", function()
+      -- A fake server (raw sockets in a child) leaves a WAIT unanswered until the client's
+      -- CANCEL comes, then sends the answer and only then CANCELLED: the client must return
+      -- success and stay in step for the next request (Note [parked waits]).
+      local child = spawn(PRE .. [[
+pcall(ffi.cdef, [=[
+struct fake_sa { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };
+int socket(int d, int t, int p); int bind(int fd, const void *a, unsigned l);
+int listen(int fd, int n); int accept(int fd, void *a, void *l);
+int getsockname(int fd, void *a, unsigned *l);
+long recv(int fd, void *b, size_t n, int f); long send(int fd, const void *b, size_t n, int f);
+int close(int fd);
+]=])
+local C = ffi.C
+local fd = C.socket(2, 1, 0)
+local sa = ffi.new("struct fake_sa"); sa.family = 2; sa.addr = 0x0100007f
+assert(C.bind(fd, sa, ffi.sizeof(sa)) == 0 and C.listen(fd, 4) == 0)
+local len = ffi.new("unsigned[1]", ffi.sizeof(sa))
+C.getsockname(fd, sa, len)
+local port = bit.bor(bit.lshift(bit.band(sa.port, 0xff), 8), bit.rshift(sa.port, 8))
+local f = io.open(os.getenv("PORT_FILE"), "w"); f:write(port); f:close()
+local c = C.accept(fd, nil, nil)
+local buf = ffi.new("uint8_t[64]")
+local function read_exact(n)
+  local got = 0
+  while got < n do
+    local r = tonumber(C.recv(c, buf + got, n - got, 0)); assert(r > 0, "client left"); got = got + r
+  end
+  return ffi.string(buf, n)
+end
+assert(read_exact(10) == "\5\1\0\0\0\1\0\0\0k", "expected WAIT 'k'")
+assert(read_exact(5) == "\9\0\0\0\0", "expected CANCEL")
+local answer = "\0\0\0\0\0" .. "\2\0\0\0\0" -- OK (the wait's answer), then CANCELLED
+C.send(c, answer, #answer, 0)
+assert(read_exact(5) == "\8\0\0\0\0", "expected NUMKEYS")
+local n = "\0\8\0\0\0" .. "\42\0\0\0\0\0\0\0"
+C.send(c, n, #n, 0)
+read_exact(0)
+C.close(c); C.close(fd)
+]])
+      local port = child:port()
+      local s = keep(store.TCPStore("127.0.0.1", port, { timeout = 5 }))
+      s:wait({ "k" }, 0.2) -- times out on the client, then gets the answer: success
+      assert.equals(42, s:num_keys())
+      assert_exit_ok(child)
+    end)
+
     it("a client started before the server connects once the server appears", function()
       -- Find a free port, release it, start the client, then the server on that port.
       local probe = store.TCPStore("127.0.0.1", 0, { is_server = true, timeout = 1 })
@@ -459,6 +535,13 @@ s:close()
       assert.is_not_nil(read_file(path)) -- t still uses it
       t:close()
       assert.is_nil(read_file(path)) -- the last user removed it
+    end)
+
+    it("refuses a corrupt file, naming it and the offset", function()
+      write_file(path, "S" .. u32le(1) .. "k" .. u32le(1) .. "v" .. "Qjunk")
+      local ok, err = pcall(store.FileStore, path, { timeout = 1 })
+      assert.is_false(ok)
+      assert.matches("file store " .. path .. " has a corrupt record at offset 11", err)
     end)
 
     it("is shared by two processes", function()

@@ -8,7 +8,9 @@
  * Threads: every call may come from any thread; each store serialises its calls with a
  * mutex (one request on the connection at a time). A call that waits (get, wait) holds the
  * store for the wait: a second thread that needs to run concurrently with a long wait should
- * use its own store object (a second client connection is cheap).
+ * use its own store object (a second client connection is cheap), as with PyTorch's TCPStore,
+ * whose calls are serialised the same way. ddp_store_set_rank / ddp_store_set_timeout never
+ * wait for the mutex.
  *
  * Timeouts: every blocking call ends with DDP_ERR_TIMEOUT after the store's timeout (set at
  * creation, changed with ddp_store_set_timeout; PyTorch's default is 300 s), with a message
@@ -25,9 +27,9 @@ typedef struct ddp_store ddp_store;
 
 /* A TCP store client connected to host:port (a name or a numeric address; "" or NULL means
  * 127.0.0.1). With is_server != 0 this process also runs the server, on a background thread,
- * listening on host:port (port 0 picks a free port: read it back with ddp_store_port; the
- * listener binds `host`, so use "0.0.0.0" to accept other machines), and the returned store
- * is a client of that server. Clients retry connecting until timeout_s (the server may start
+ * listening on `port` on every interface, as PyTorch's TCPStore (port 0 picks a free port:
+ * read it back with ddp_store_port), and the returned store is a client of that server at
+ * host:port. The listener uses SO_REUSEADDR; a port in use fails with DDP_ERR_IO. Clients retry connecting until timeout_s (the server may start
  * later), then fail with DDP_ERR_TIMEOUT naming host:port and the last socket error.
  * timeout_s > 0 is also the store's timeout for later calls. Errors: DDP_ERR_ARG (port out of
  * 0..65535, timeout_s <= 0, port 0 on a client), DDP_ERR_IO (cannot resolve or bind, naming
