@@ -60,10 +60,16 @@ int ddp_gloo_scatter(ddp_gloo *g, void *out, const void *in, size_t nbytes, int 
 /* in and out hold size chunks of chunk_bytes. */
 int ddp_gloo_alltoall(ddp_gloo *g, void *out, const void *in, size_t chunk_bytes, char *err,
                       int *peer);
-int ddp_gloo_send(ddp_gloo *g, const void *buf, size_t nbytes, int dst, int tag, char *err,
-                  int *peer);
-int ddp_gloo_recv(ddp_gloo *g, void *buf, size_t nbytes, int src, int tag, char *err,
-                  int *peer);
+/* Point to point in two steps, so the communication thread never blocks on a peer that
+ * has not posted its side yet: post (returns at once with a handle), then wait (any
+ * thread; up to the context's timeout) and free. */
+typedef struct ddp_gloo_p2p ddp_gloo_p2p;
+int ddp_gloo_post_send(ddp_gloo *g, const void *buf, size_t nbytes, int dst, int tag,
+                       ddp_gloo_p2p **out, char *err, int *peer);
+int ddp_gloo_post_recv(ddp_gloo *g, void *buf, size_t nbytes, int src, int tag,
+                       ddp_gloo_p2p **out, char *err, int *peer);
+int ddp_gloo_p2p_wait(ddp_gloo_p2p *p, char *err, int *peer);
+void ddp_gloo_p2p_free(ddp_gloo_p2p *p);
 int ddp_gloo_barrier(ddp_gloo *g, char *err, int *peer);
 
 #ifdef __cplusplus

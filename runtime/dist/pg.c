@@ -14,6 +14,7 @@
 #include "dist/gloo_shim.h"
 
 enum { MSG_CAP = 2048 };
+enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */
 static const double DEFAULT_TIMEOUT_S = 300.0;
 
 typedef enum {
@@ -37,6 +38,8 @@ struct ddp_work {
   ddp_tensor **outs;        /* all_gather list outputs, owned references */
   int nouts;
   double timeout_s;         /* default wait of ddp_work_wait */
+  ddp_tensor *staged;       /* send/recv: the contiguous buffer in flight, owned */
+  ddp_gloo_p2p *p2p;        /* send/recv: the posted message */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int done, status;
@@ -58,6 +61,12 @@ struct ddp_pg {
   pthread_cond_t cv;
   ddp_work *head, *tail;
   int stop;
+  /* Point-to-point messages posted by the communication thread, waited for here so the
+   * queue never blocks on a peer that has not posted its side (irecv then send). */
+  pthread_t p2p_thread;
+  pthread_cond_t p2p_cv;    /* with lock */
+  ddp_work *p2p_head, *p2p_tail;
+  int p2p_stop;
   int failed;               /* status of the first failure, 0 while healthy */
   char failure[MSG_CAP];
 };
@@ -323,16 +332,19 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       if (unstage(w->out, obuf, ok) && ok) goto core_failed;
       return status;
     case OP_SEND:
-      STAGE(buf, t, t->dtype, 1);
-      status = ddp_gloo_send(g, ddp_data(buf), nbytes_of(buf), w->peer, w->tag, err, peer);
-      ddp_tensor_release(buf);
-      return status;
     case OP_RECV:
-      STAGE(buf, t, t->dtype, 0);
-      status = ddp_gloo_recv(g, ddp_data(buf), nbytes_of(buf), w->peer, w->tag, err, peer);
-      ok = status == DDP_OK;
-      if (unstage(t, buf, ok) && ok) goto core_failed;
-      return status;
+      STAGE(buf, t, t->dtype, w->kind == OP_SEND);
+      status = w->kind == OP_SEND
+                   ? ddp_gloo_post_send(g, ddp_data(buf), nbytes_of(buf), w->peer, w->tag, &w->p2p,
+                                        err, peer)
+                   : ddp_gloo_post_recv(g, ddp_data(buf), nbytes_of(buf), w->peer, w->tag, &w->p2p,
+                                        err, peer);
+      if (status) {
+        ddp_tensor_release(buf);
+        return status;
+      }
+      w->staged = buf;
+      return POSTED;
     case OP_BARRIER:
       return ddp_gloo_barrier(g, err, peer);
   }
@@ -348,32 +360,14 @@ core_failed:
   return ddp_last_status() ? ddp_last_status() : DDP_ERR_MEMORY;
 }
 
-static void run_work(ddp_pg *pg, ddp_work *w) {
+/* Record the failure of w (status, the shim's message, the peer at fault) and finish it. */
+static void fail_work(ddp_pg *pg, ddp_work *w, int status, const char *err, int peer) {
   char msg[MSG_CAP];
-  pthread_mutex_lock(&pg->lock);
-  int failed = pg->failed;
-  double timeout_s = pg->timeout_s;
-  if (failed) snprintf(msg, sizeof msg, "%s on rank %d: the process group failed earlier: %s",
-                       op_names[w->kind], pg->global[pg->rank], pg->failure);
-  pthread_mutex_unlock(&pg->lock);
-  if (failed) {
-    work_finish(w, failed, msg);
-    return;
-  }
-  if (timeout_s != pg->applied_timeout_s) { /* ddp_pg_set_timeout since the last item */
-    ddp_gloo_set_timeout(pg->gloo, timeout_s);
-    pg->applied_timeout_s = timeout_s;
-  }
-  char err[DDP_GLOO_ERR_CAP];
-  int peer = -1;
-  int status = run_transport(pg, w, err, &peer);
-  if (status == DDP_OK) {
-    work_finish(w, DDP_OK, NULL);
-    return;
-  }
   if (peer == -2) { /* staging (memory) failure on this rank */
     snprintf(msg, sizeof msg, "%s on rank %d: %s", op_names[w->kind], pg->global[pg->rank], err);
   } else {
+    /* In a pair the peer at fault can only be the other rank. */
+    if (peer < 0 && pg->size == 2) peer = 1 - pg->rank;
     describe_failure(pg, w, status, err, peer, msg);
     /* Gloo's context is unusable after an exception: the group is broken for good. */
     pthread_mutex_lock(&pg->lock);
@@ -384,6 +378,78 @@ static void run_work(ddp_pg *pg, ddp_work *w) {
     pthread_mutex_unlock(&pg->lock);
   }
   work_finish(w, status, msg);
+}
+
+/* Run one item; returns 1 when it was handed to the point-to-point thread (which then owns
+ * the queue's reference). */
+static int run_work(ddp_pg *pg, ddp_work *w) {
+  char msg[MSG_CAP];
+  pthread_mutex_lock(&pg->lock);
+  int failed = pg->failed;
+  double timeout_s = pg->timeout_s;
+  if (failed) snprintf(msg, sizeof msg, "%s on rank %d: the process group failed earlier: %s",
+                       op_names[w->kind], pg->global[pg->rank], pg->failure);
+  pthread_mutex_unlock(&pg->lock);
+  if (failed) {
+    work_finish(w, failed, msg);
+    return 0;
+  }
+  if (timeout_s != pg->applied_timeout_s) { /* ddp_pg_set_timeout since the last item */
+    ddp_gloo_set_timeout(pg->gloo, timeout_s);
+    pg->applied_timeout_s = timeout_s;
+  }
+  char err[DDP_GLOO_ERR_CAP];
+  int peer = -1;
+  int status = run_transport(pg, w, err, &peer);
+  if (status == POSTED) {
+    pthread_mutex_lock(&pg->lock);
+    w->next = NULL;
+    if (pg->p2p_tail) pg->p2p_tail->next = w;
+    else pg->p2p_head = w;
+    pg->p2p_tail = w;
+    pthread_cond_signal(&pg->p2p_cv);
+    pthread_mutex_unlock(&pg->lock);
+    return 1;
+  }
+  if (status == DDP_OK) work_finish(w, DDP_OK, NULL);
+  else fail_work(pg, w, status, err, peer);
+  return 0;
+}
+
+/* Wait for the posted messages in posting order; finish their work items. */
+static void *p2p_thread(void *arg) {
+  ddp_pg *pg = arg;
+  ddp_set_grad_enabled(0);
+  for (;;) {
+    pthread_mutex_lock(&pg->lock);
+    while (!pg->p2p_head && !pg->p2p_stop) pthread_cond_wait(&pg->p2p_cv, &pg->lock);
+    ddp_work *w = pg->p2p_head;
+    if (!w) {
+      pthread_mutex_unlock(&pg->lock);
+      return NULL;
+    }
+    pg->p2p_head = w->next;
+    if (!pg->p2p_head) pg->p2p_tail = NULL;
+    pthread_mutex_unlock(&pg->lock);
+
+    char err[DDP_GLOO_ERR_CAP];
+    int peer = -1;
+    int status = ddp_gloo_p2p_wait(w->p2p, err, &peer);
+    ddp_gloo_p2p_free(w->p2p);
+    w->p2p = NULL;
+    ddp_tensor *buf = w->staged;
+    w->staged = NULL;
+    if (w->kind == OP_RECV && status == DDP_OK && unstage(w->t, buf, 1)) {
+      snprintf(err, sizeof err, "%s", ddp_last_error());
+      status = ddp_last_status() ? ddp_last_status() : DDP_ERR_MEMORY;
+      peer = -2;
+    } else if (!(w->kind == OP_RECV && status == DDP_OK)) {
+      ddp_tensor_release(buf);
+    }
+    if (status == DDP_OK) work_finish(w, DDP_OK, NULL);
+    else fail_work(pg, w, status, err, peer);
+    work_unref(w);
+  }
 }
 
 static void *comm_thread(void *arg) {
@@ -400,8 +466,7 @@ static void *comm_thread(void *arg) {
     pg->head = w->next;
     if (!pg->head) pg->tail = NULL;
     pthread_mutex_unlock(&pg->lock);
-    run_work(pg, w);
-    work_unref(w);
+    if (!run_work(pg, w)) work_unref(w);
   }
 }
 
@@ -441,6 +506,7 @@ static void pg_destroy(ddp_pg *pg) {
   free(pg->prefix);
   pthread_mutex_destroy(&pg->lock);
   pthread_cond_destroy(&pg->cv);
+  pthread_cond_destroy(&pg->p2p_cv);
   free(pg);
 }
 
@@ -464,6 +530,7 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
   pg->timeout_s = pg->applied_timeout_s = timeout_s;
   pthread_mutex_init(&pg->lock, NULL);
   pthread_cond_init(&pg->cv, NULL);
+  pthread_cond_init(&pg->p2p_cv, NULL);
 
   char host[256], err[DDP_GLOO_ERR_CAP];
   const char *iface;
@@ -491,7 +558,16 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
              (long long)one, size);
   }
 
+  if (pthread_create(&pg->p2p_thread, NULL, p2p_thread, pg) != 0) {
+    pg_destroy(pg);
+    DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: cannot start the point-to-point thread");
+  }
   if (pthread_create(&pg->thread, NULL, comm_thread, pg) != 0) {
+    pthread_mutex_lock(&pg->lock);
+    pg->p2p_stop = 1;
+    pthread_cond_signal(&pg->p2p_cv);
+    pthread_mutex_unlock(&pg->lock);
+    pthread_join(pg->p2p_thread, NULL);
     pg_destroy(pg);
     DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: cannot start the communication thread");
   }
@@ -906,5 +982,11 @@ void ddp_pg_free(ddp_pg *pg) {
   pthread_cond_signal(&pg->cv);
   pthread_mutex_unlock(&pg->lock);
   pthread_join(pg->thread, NULL);
+  /* The communication thread posted its last message: now drain the point-to-point ones. */
+  pthread_mutex_lock(&pg->lock);
+  pg->p2p_stop = 1;
+  pthread_cond_signal(&pg->p2p_cv);
+  pthread_mutex_unlock(&pg->lock);
+  pthread_join(pg->p2p_thread, NULL);
   pg_destroy(pg);
 }

@@ -104,6 +104,14 @@ struct ddp_gloo {
   int rank = 0, size = 1;
 };
 
+struct ddp_gloo_p2p {
+  ddp_gloo *g = nullptr;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+  int other = -1;
+  bool is_send = false;
+  std::chrono::milliseconds timeout{0};  // the context's at posting time
+};
+
 namespace {
 
 // "[ip]:port" part of a Gloo address string (it may carry a sequence number after it).
@@ -383,26 +391,51 @@ int ddp_gloo_alltoall(ddp_gloo *g, void *out, const void *in, size_t chunk_bytes
   });
 }
 
-int ddp_gloo_send(ddp_gloo *g, const void *buf, size_t nbytes, int dst, int tag, char *err,
-                  int *peer) {
-  int st = guard(g, err, peer, [&] {
-    auto b = g->ctx->createUnboundBuffer(const_cast<void *>(buf), nbytes);
-    b->send(dst, kP2PSlotPrefix | (uint64_t)tag);
-    if (!b->waitSend(g->timeout)) throw std::runtime_error("send aborted");
+int ddp_gloo_post_send(ddp_gloo *g, const void *buf, size_t nbytes, int dst, int tag,
+                       ddp_gloo_p2p **out, char *err, int *peer) {
+  *out = nullptr;
+  return guard(g, err, peer, [&] {
+    std::unique_ptr<ddp_gloo_p2p> p(new ddp_gloo_p2p());
+    p->g = g;
+    p->other = dst;
+    p->is_send = true;
+    p->timeout = g->timeout;
+    p->buf = g->ctx->createUnboundBuffer(const_cast<void *>(buf), nbytes);
+    p->buf->send(dst, kP2PSlotPrefix | (uint64_t)tag);
+    *out = p.release();
   });
-  if (st && peer && *peer < 0 && st != DDP_ERR_STATE) *peer = dst;
+}
+
+int ddp_gloo_post_recv(ddp_gloo *g, void *buf, size_t nbytes, int src, int tag,
+                       ddp_gloo_p2p **out, char *err, int *peer) {
+  *out = nullptr;
+  return guard(g, err, peer, [&] {
+    std::unique_ptr<ddp_gloo_p2p> p(new ddp_gloo_p2p());
+    p->g = g;
+    p->other = src;
+    p->is_send = false;
+    p->timeout = g->timeout;
+    p->buf = g->ctx->createUnboundBuffer(buf, nbytes);
+    p->buf->recv(src, kP2PSlotPrefix | (uint64_t)tag);
+    *out = p.release();
+  });
+}
+
+int ddp_gloo_p2p_wait(ddp_gloo_p2p *p, char *err, int *peer) {
+  int st = guard(p->g, err, peer, [&] {
+    bool ok = p->is_send ? p->buf->waitSend(p->timeout) : p->buf->waitRecv(p->timeout);
+    if (!ok) throw std::runtime_error(p->is_send ? "send aborted" : "recv aborted");
+  });
+  // The only peer of a point-to-point message is the other side.
+  if (st && peer && *peer < 0) *peer = p->other;
   return st;
 }
 
-int ddp_gloo_recv(ddp_gloo *g, void *buf, size_t nbytes, int src, int tag, char *err,
-                  int *peer) {
-  int st = guard(g, err, peer, [&] {
-    auto b = g->ctx->createUnboundBuffer(buf, nbytes);
-    b->recv(src, kP2PSlotPrefix | (uint64_t)tag);
-    if (!b->waitRecv(g->timeout)) throw std::runtime_error("recv aborted");
-  });
-  if (st && peer && *peer < 0 && st != DDP_ERR_STATE) *peer = src;
-  return st;
+void ddp_gloo_p2p_free(ddp_gloo_p2p *p) {
+  try {
+    delete p;
+  } catch (...) {
+  }
 }
 
 int ddp_gloo_barrier(ddp_gloo *g, char *err, int *peer) {

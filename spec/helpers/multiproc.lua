@@ -123,11 +123,13 @@ function M.run(opts)
       }
       for k, v in pairs(opts.env or {}) do env[k] = v end
       for k, v in pairs(opts.rank_env and opts.rank_env(rank) or {}) do env[k] = v end
-      local parts = { "env" }
+      -- env takes its -u options before the assignments
+      local unset, set = {}, {}
       for k, v in pairs(env) do
-        if v == false then parts[#parts + 1] = "-u " .. k
-        else parts[#parts + 1] = k .. "=" .. quote(v) end
+        if v == false then unset[#unset + 1] = "-u " .. k
+        else set[#set + 1] = k .. "=" .. quote(v) end
       end
+      local parts = { "env", table.concat(unset, " "), table.concat(set, " ") }
       local out = dir .. "/out" .. rank
       local status = dir .. "/status" .. rank
       local cmd = table.concat(parts, " ") .. " " .. quote(M.exe()) .. " " .. quote(script) ..
