@@ -607,14 +607,27 @@ int ddp_pg_new_group(ddp_pg **out, ddp_pg *parent, const int *ranks, int n) {
   }
   /* Every parent rank counts the call, members or not, so prefixes agree everywhere. */
   int k = parent->n_subgroups++;
-  if (me < 0) return DDP_OK;
-  char prefix[512];
-  snprintf(prefix, sizeof prefix, "%s/group%d", parent->prefix, k);
-  int *global = malloc(sizeof(int) * (size_t)n);
-  if (!global) DDP_FAIL(DDP_ERR_MEMORY, "new_group: out of memory");
-  for (int i = 0; i < n; i++) global[i] = parent->global[ranks[i]];
-  int status = pg_create(out, parent->store, me, n, prefix, parent->timeout_s, global);
-  if (status) ddp_error_prefix("new_group");
+  int status = DDP_OK;
+  if (me >= 0) {
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s/group%d", parent->prefix, k);
+    int *global = malloc(sizeof(int) * (size_t)n);
+    if (!global) DDP_FAIL(DDP_ERR_MEMORY, "new_group: out of memory");
+    for (int i = 0; i < n; i++) global[i] = parent->global[ranks[i]];
+    status = pg_create(out, parent->store, me, n, prefix, parent->timeout_s, global);
+    if (status) {
+      ddp_error_prefix("new_group");
+      return status;
+    }
+  }
+  /* As PyTorch, every parent rank leaves new_group together: a non-member that ran on and
+   * exited (rank 0 closing the store it hosts) would break the members' rendezvous. */
+  status = ddp_pg_barrier(NULL, parent);
+  if (status) {
+    ddp_pg_free(*out);
+    *out = NULL;
+    ddp_error_prefix("new_group");
+  }
   return status;
 }
 

@@ -62,7 +62,9 @@ int ddp_pg_new_gloo(ddp_pg **out, struct ddp_store *store, int rank, int world_s
  * any order: rank i of the subgroup is ranks[i]). Every rank of the parent must call it,
  * with the same list, in the same order relative to other new_group calls (as PyTorch's
  * new_group); members get the new group in *out, the other ranks get *out = NULL (and
- * DDP_OK). It rendezvouses through the parent's store with the parent's timeout; ranks
+ * DDP_OK). It rendezvouses through the parent's store with the parent's timeout, then runs
+ * a barrier on the parent, so every parent rank returns once the subgroup is connected (as
+ * PyTorch: a non-member that exits early must not take the store away). Ranks
  * passed to later calls on the subgroup are subgroup ranks, error messages name global
  * ranks. Errors: DDP_ERR_ARG (empty list, duplicate or out-of-range rank), and those of
  * ddp_pg_new_gloo. */
