@@ -141,6 +141,8 @@ config:
 	check "zlib"                "test -f /usr/include/zlib.h"; \
 	check "libedit"             "test -f /usr/include/editline/readline.h"; \
 	check "cJSON"               "test -f /usr/include/cjson/cJSON.h"; \
+	check "Gloo"                "test -f /usr/include/gloo/allreduce.h"; \
+	check "gnuplot (ddplua plot)" "command -v gnuplot"; \
 	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
 	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
 	check "GPU"                 "nvidia-smi -L"; \

@@ -2,7 +2,7 @@
 --
 --   ddplua train.lua [--config FILE] [--epochs N] [--batch-size N] [--lr X] [--seed N]
 --                    [--out DIR] [--resume CKPT] [--subset N] [--test-subset N]
---                    [--threads N] [--data-root DIR] [--quiet]
+--                    [--stop-after N] [--threads N] [--data-root DIR] [--quiet]
 --
 -- Command-line values override the config (configs/fashion_mnist_cnn.lua by default).
 -- Writes runs/<name>/metrics.csv (one row per epoch), runs/<name>/checkpoint.safetensors
@@ -29,6 +29,8 @@ usage: ddplua train.lua [options]
   --resume CKPT      continue from a checkpoint.safetensors written by an earlier run
   --subset N         train on the first N training samples only (quick runs, specs)
   --test-subset N    evaluate on the first N test samples only
+  --stop-after N     stop after epoch N of the planned ones, as if interrupted (the
+                     schedule still spans all epochs; --resume continues)
   --threads N        threads for the kernels and OpenBLAS
   --data-root DIR    dataset folder (CIFAR-10 binary batches; Fashion-MNIST has a default)
   --quiet            no progress output (the epoch summaries still print)
@@ -42,10 +44,10 @@ local function parse_args(argv)
     ["--config"] = "config", ["--epochs"] = "epochs", ["--batch-size"] = "batch_size",
     ["--lr"] = "lr", ["--seed"] = "seed", ["--out"] = "out", ["--resume"] = "resume",
     ["--subset"] = "subset", ["--test-subset"] = "test_subset", ["--threads"] = "threads",
-    ["--data-root"] = "data_root",
+    ["--data-root"] = "data_root", ["--stop-after"] = "stop_after",
   }
   local numeric = { epochs = true, batch_size = true, lr = true, seed = true, subset = true,
-    test_subset = true, threads = true }
+    test_subset = true, threads = true, stop_after = true }
   local i = 1
   while i <= #argv do
     local a = argv[i]
@@ -190,6 +192,7 @@ local function evaluate(model, loader)
 end
 
 local function main(argv)
+  io.stdout:setvbuf("line") -- log lines appear as they happen, also through pipes and files
   local opts = parse_args(argv)
   local cfg = load_config(opts)
   if opts.threads then dl.set_num_threads(opts.threads) end
@@ -227,7 +230,8 @@ local function main(argv)
     cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, cfg.epochs, dl.get_num_threads()))
   local test_acc
   model:train()
-  for epoch = start_epoch, cfg.epochs do
+  local last_epoch = math.min(cfg.epochs, opts.stop_after or cfg.epochs)
+  for epoch = start_epoch, last_epoch do
     local t0 = clock.now()
     local loss_sum, correct, seen, batches = 0, 0, 0, #loader
     local next_log = 0.1

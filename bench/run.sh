@@ -10,10 +10,21 @@ commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 for threads in 1 2; do
   build/ddplua bench/ops.lua --threads "$threads" --out "bench/out/ops_t$threads.md"
 done
+
+# Training throughput against PyTorch (Debian's python3-torch), same run, medians of 3.
+if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "bench: installing python3-torch for the PyTorch side"
+  ${SUDO:-} env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null
+fi
+bench/train_compare.sh > bench/out/train.md
 {
   echo "# Benchmark results"
   echo
   echo "Written by \`make bench\` (bench/run.sh). Machine: $machine. Commit $commit. Date $(date -u +%F)."
+  echo
+  echo "## Training throughput against PyTorch (bench/train_compare.sh)"
+  echo
+  cat bench/out/train.md
   echo
   for threads in 1 2; do
     echo "## Engine core (bench/ops.lua), $threads thread(s)"

@@ -8,5 +8,7 @@ return {
   epochs = 3,
   seed = 0,
   optimizer = { name = "SGD", lr = 0.05, momentum = 0.9 },
-  schedule = nil,                -- constant lr
+  -- cosine annealing of the lr over all steps (to 0 at the end of the last epoch): with a
+  -- constant 0.05 the test accuracy wobbles around 0.89-0.90 from epoch 2 on, as PyTorch's
+  schedule = { name = "CosineAnnealingLR" },
 }

@@ -82,7 +82,8 @@ ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
  * status (memory). */
 int ddp_node_save(ddp_node *node, int slot, const ddp_tensor *t);
 
-/* The tensor saved in slot, or NULL with the error set when it was freed by an earlier
+/* The tensor saved in slot (a borrowed reference: do not release it), or NULL with the
+ * error set when it was freed by an earlier
  * backward (second backward without retain_graph) or modified in place since. */
 ddp_tensor *ddp_node_saved(ddp_node *node, int slot);
 

@@ -7,6 +7,7 @@
  * so gradients become ready in roughly reverse order of the forward. A leaf's gradient is
  * final when its last edge delivered: then its post-accumulate hooks run (the moment the
  * DDP reducer marks the parameter ready). */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
@@ -191,6 +192,72 @@ done:
   return status;
 }
 
+/* ---- backward-end callbacks ---------------------------------------------------------- */
+
+typedef struct {
+  ddp_backward_end_fn fn;
+  void *ctx;
+  int64_t id;
+} end_callback;
+
+static pthread_mutex_t end_lock = PTHREAD_MUTEX_INITIALIZER;
+static end_callback *end_callbacks;
+static int n_end_callbacks, cap_end_callbacks;
+static int64_t next_end_id;
+
+int ddp_autograd_add_backward_end(ddp_backward_end_fn fn, void *ctx, int64_t *handle) {
+  if (!fn) DDP_FAIL(DDP_ERR_ARG, "add_backward_end: callback is NULL");
+  pthread_mutex_lock(&end_lock);
+  if (n_end_callbacks == cap_end_callbacks) {
+    int cap = cap_end_callbacks ? 2 * cap_end_callbacks : 4;
+    end_callback *grown = realloc(end_callbacks, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      pthread_mutex_unlock(&end_lock);
+      DDP_FAIL(DDP_ERR_MEMORY, "add_backward_end: out of memory");
+    }
+    end_callbacks = grown;
+    cap_end_callbacks = cap;
+  }
+  end_callbacks[n_end_callbacks].fn = fn;
+  end_callbacks[n_end_callbacks].ctx = ctx;
+  end_callbacks[n_end_callbacks].id = ++next_end_id;
+  if (handle) *handle = next_end_id;
+  n_end_callbacks++;
+  pthread_mutex_unlock(&end_lock);
+  return DDP_OK;
+}
+
+int ddp_autograd_remove_backward_end(int64_t handle) {
+  pthread_mutex_lock(&end_lock);
+  for (int i = 0; i < n_end_callbacks; i++) {
+    if (end_callbacks[i].id != handle) continue;
+    memmove(&end_callbacks[i], &end_callbacks[i + 1],
+            (size_t)(n_end_callbacks - i - 1) * sizeof *end_callbacks);
+    n_end_callbacks--;
+    pthread_mutex_unlock(&end_lock);
+    return DDP_OK;
+  }
+  pthread_mutex_unlock(&end_lock);
+  DDP_FAIL(DDP_ERR_ARG, "remove_backward_end: no callback with handle %lld", (long long)handle);
+}
+
+/* Run the callbacks on a snapshot (a callback may remove itself). The first failure wins
+ * over a successful walk. */
+static int run_end_callbacks(int status) {
+  pthread_mutex_lock(&end_lock);
+  int n = n_end_callbacks;
+  end_callback snapshot[16], *list = n <= 16 ? snapshot : malloc((size_t)n * sizeof *list);
+  if (list) memcpy(list, end_callbacks, (size_t)n * sizeof *list);
+  pthread_mutex_unlock(&end_lock);
+  if (!list) return status ? status : DDP_ERROR(DDP_ERR_MEMORY, "backward: out of memory");
+  for (int i = 0; i < n; i++) {
+    int s = list[i].fn(list[i].ctx, status);
+    if (s && !status) status = s;
+  }
+  if (list != snapshot) free(list);
+  return status;
+}
+
 int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph) {
   DDP_TRY(ddp_check_alive(root, "backward", "self"));
   if (!root->requires_grad)
@@ -219,6 +286,7 @@ int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph) {
     root->backward_pending = 1;
     status = deliver_to_leaf(root, g, "backward");
   }
+  status = run_end_callbacks(status);
   ddp_set_grad_enabled(prev);
   ddp_tensor_release(g);
   return status;

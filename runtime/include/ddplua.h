@@ -115,6 +115,11 @@ int64_t ddp_memory_peak_bytes(void);
 /* Set the peak to the current live count. */
 void ddp_memory_reset_peak(void);
 
+/* Bytes of freed large blocks the allocator keeps for reuse (not counted as live; see
+ * Note [block cache] in runtime/core/alloc.c), and a way to return them to the system. */
+int64_t ddp_memory_cached_bytes(void);
+void ddp_memory_empty_cache(void);
+
 /* Use `n` threads (n >= 1) for the runtime's own kernels and for OpenBLAS. The one place
  * that sets thread counts. Default: the DDP_NUM_THREADS, OMP_NUM_THREADS environment
  * variable, else the number of online cores. Fails with DDP_ERR_ARG when n < 1. */
@@ -289,6 +294,18 @@ typedef void (*ddp_grad_hook_fn)(ddp_tensor *t, void *ctx);
 int ddp_tensor_add_post_accumulate_hook(ddp_tensor *t, ddp_grad_hook_fn fn, void *ctx,
                                         int64_t *handle);
 int ddp_tensor_remove_hook(ddp_tensor *t, int64_t handle);
+
+/* A backward-end callback: called on the thread that ran ddp_backward, after the walk
+ * finished (status = its result, DDP_OK on success), before ddp_backward returns. The DDP
+ * reducer finalizes an iteration here (launches what is left, waits, copies back), as
+ * PyTorch's reducer does from the engine's final callback. A callback may return non-zero
+ * (with the error set) to make ddp_backward fail. */
+typedef int (*ddp_backward_end_fn)(void *ctx, int status);
+
+/* Register a process-wide backward-end callback; *handle receives an id for
+ * ddp_autograd_remove_backward_end. Callbacks run in registration order. */
+int ddp_autograd_add_backward_end(ddp_backward_end_fn fn, void *ctx, int64_t *handle);
+int ddp_autograd_remove_backward_end(int64_t handle);
 
 /* ---------------------------------------------------------------------------------------
  * Copy and conversion (runtime/core/copy.c)

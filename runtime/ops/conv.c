@@ -1,5 +1,7 @@
 /* runtime/ops/conv.c: the conv2d front door and its backward. Checks follow PyTorch's
  * (ConvUtils.h); the kernels are in backend/cpu/conv.c. */
+#include <limits.h>
+
 #include "autograd/autograd.h"
 #include "backend/cpu/conv.h"
 #include "core/core.h"
@@ -104,6 +106,9 @@ static int conv_check(ddp_conv2d_geom *g, ddp_tensor *input, ddp_tensor *weight,
              (long long)ekh, (long long)ekw, (long long)hp, (long long)wp, DDP_SHAPE(input));
   g->oh = (hp - ekh) / g->sh + 1;
   g->ow = (wp - ekw) / g->sw + 1;
+  if (g->oh * g->ow > INT_MAX || weight->shape[1] * g->kh * g->kw > INT_MAX || g->o > INT_MAX)
+    DDP_FAIL(DDP_ERR_ARG, "conv2d: input %s with weight %s exceeds the BLAS size limit (%d)",
+             DDP_SHAPE(input), DDP_SHAPE(weight), INT_MAX);
   return DDP_OK;
 }
 

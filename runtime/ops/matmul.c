@@ -164,12 +164,15 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
   j.sa0 = ac->strides[ba], j.sa1 = ac->strides[ba + 1];
   j.sb0 = bc->strides[bb], j.sb1 = bc->strides[bb + 1];
   j.a = ddp_data(ac), j.b = ddp_data(bc), j.c = ddp_data(*out);
-  /* OpenBLAS runs products of at most 2^18 multiply-adds on the calling thread: spread
-   * many small ones over our pool; leave bigger ones to OpenBLAS's own threads. */
+  /* Many small products (at most 2^18 multiply-adds each, below what OpenBLAS would thread
+   * itself) go over our pool, one GEMM per thread at a time; bigger ones one after another,
+   * each threaded by OpenBLAS. */
   double mnk = (double)j.n * (double)j.m * (double)j.k;
-  if (batches > 1 && mnk <= 262144.0) {
-    int64_t grain = (int64_t)(65536.0 / (mnk + 1.0)) + 1;
+  int64_t grain = (int64_t)(65536.0 / (mnk + 1.0)) + 1;
+  if (batches >= 2 * grain && mnk <= 262144.0 && ddp_get_num_threads() > 1) {
+    int blas_threads = ddp_cpu_blas_hold_single();
     ddp_parallel_for(batches, grain, mm_range, &j);
+    ddp_cpu_blas_restore(blas_threads);
   } else {
     mm_range(&j, 0, batches);
   }
@@ -209,16 +212,28 @@ static int check_pair(ddp_tensor *a, ddp_tensor *b, const char *op) {
 
 static int needs_grad(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
 
-/* a as a matrix: itself for ndim >= 2, else the (1, K) view. Detached. */
+/* t itself (one more reference) where mm_any may take it as is (mm_batched records
+ * nothing: it copies through detached aliases); its f16/bf16 path converts dtypes, which
+ * would record autograd on a tensor that requires grad, so those get a detached alias.
+ * Saves header allocations on the small-op path. */
+static int as_is(ddp_tensor **out, const ddp_tensor *t) {
+  if (t->dtype == DDP_F16 || t->dtype == DDP_BF16)
+    return ddp_tensor_view_raw(out, t, t->ndim, t->shape, t->strides, t->offset);
+  ddp_tensor_retain((ddp_tensor *)t);
+  *out = (ddp_tensor *)t;
+  return DDP_OK;
+}
+
+/* a as a matrix: itself for ndim >= 2, else the (1, K) view. */
 static int as_lhs(ddp_tensor **out, const ddp_tensor *a) {
-  if (a->ndim >= 2) return ddp_tensor_view_raw(out, a, a->ndim, a->shape, a->strides, a->offset);
+  if (a->ndim >= 2) return as_is(out, a);
   int64_t shape[2] = {1, a->shape[0]}, strides[2] = {a->shape[0] * a->strides[0], a->strides[0]};
   return ddp_tensor_view_raw(out, a, 2, shape, strides, a->offset);
 }
 
-/* b as a matrix: itself for ndim >= 2, else the (K, 1) view. Detached. */
+/* b as a matrix: itself for ndim >= 2, else the (K, 1) view. */
 static int as_rhs(ddp_tensor **out, const ddp_tensor *b) {
-  if (b->ndim >= 2) return ddp_tensor_view_raw(out, b, b->ndim, b->shape, b->strides, b->offset);
+  if (b->ndim >= 2) return as_is(out, b);
   int64_t shape[2] = {b->shape[0], 1}, strides[2] = {b->strides[0], 1};
   return ddp_tensor_view_raw(out, b, 2, shape, strides, b->offset);
 }
@@ -334,9 +349,13 @@ int ddp_matmul(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
   for (int d = 0; d < nbd; d++) shape[nd++] = o3->shape[d];
   if (a->ndim >= 2) shape[nd++] = o3->shape[nbd];
   if (b->ndim >= 2) shape[nd++] = o3->shape[nbd + 1];
-  status = reshape_contiguous(out, o3, nd, shape);
-  ddp_tensor_release(o3);
-  if (status) return status;
+  if (nd == o3->ndim) {
+    *out = o3;
+  } else {
+    status = reshape_contiguous(out, o3, nd, shape);
+    ddp_tensor_release(o3);
+    if (status) return status;
+  }
   return record_product(out, a, b, "MmBackward");
 }
 

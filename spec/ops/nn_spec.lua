@@ -186,6 +186,46 @@ local function ref_conv2d(x, w, b, o)
   return nest(out, { N, O, OH, OW })
 end
 
+-- The gradients of conv2d by its definition (groups 1): for out = conv2d(x, w, b) and the
+-- output gradient g, dx, dw and db as nested tables.
+local function ref_conv2d_grads(x, w, g, o)
+  local X, W, G = flat(x), flat(w), flat(g)
+  local xs, ws, gs = x:size(), w:size(), g:size()
+  local N, Cin, H, Wd = xs[1], xs[2], xs[3], xs[4]
+  local O, KH, KW = ws[1], ws[3], ws[4]
+  local OH, OW = gs[3], gs[4]
+  local sh, sw, ph, pw = o.stride[1], o.stride[2], o.padding[1], o.padding[2]
+  local dh, dw = o.dilation[1], o.dilation[2]
+  local dx, dwt, db = {}, {}, {}
+  for i = 1, #X do dx[i] = 0 end
+  for i = 1, #W do dwt[i] = 0 end
+  for i = 1, O do db[i] = 0 end
+  for n = 0, N - 1 do
+    for oc = 0, O - 1 do
+      for oy = 0, OH - 1 do
+        for ox = 0, OW - 1 do
+          local gv = G[((n * O + oc) * OH + oy) * OW + ox + 1]
+          db[oc + 1] = db[oc + 1] + gv
+          for c = 0, Cin - 1 do
+            for ky = 0, KH - 1 do
+              for kx = 0, KW - 1 do
+                local iy, ix = oy * sh - ph + ky * dh, ox * sw - pw + kx * dw
+                if iy >= 0 and iy < H and ix >= 0 and ix < Wd then
+                  local xi = ((n * Cin + c) * H + iy) * Wd + ix + 1
+                  local wi = ((oc * Cin + c) * KH + ky) * KW + kx + 1
+                  dx[xi] = dx[xi] + gv * W[wi]
+                  dwt[wi] = dwt[wi] + gv * X[xi]
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  return nest(dx, xs), nest(dwt, ws), db
+end
+
 -- Output size of PyTorch's pooling_output_shape.
 local function pooled(size, k, p, s, d, ceil)
   local num = size + 2 * p - d * (k - 1) - 1 + (ceil and s - 1 or 0)
@@ -369,6 +409,9 @@ describe("ddplua.ops.nn", function()
       local bv, own = transposed_last2(b)
       close.assert_close(a:bmm(bv), ref_matmul(a, b))
       assert.same({ 0, 2, 5 }, dl.bmm(randn({ 0, 2, 4 }), randn({ 0, 4, 5 })):size())
+      -- batch entries spread over the threads
+      local big_a, big_b = randn({ 4, 64, 48 }, "f32"), randn({ 4, 48, 64 }, "f32")
+      close.assert_close(dl.bmm(big_a, big_b), ref_matmul(big_a, big_b), { atol = 1e-4, rtol = 1e-4 })
       local _ = own
     end)
 
@@ -473,9 +516,17 @@ describe("ddplua.ops.nn", function()
       local got = dl.conv2d(three, w, o)
       assert.same({ 2, 5, 5 }, got:size())
       close.assert_close(got, want, { atol = 1e-10 })
-      local h = dl.conv2d(x:to("f16"), w:to("f16"), o)
+      local xh, wh = x:to("f16"), w:to("f16")
+      xh:requires_grad_(); wh:requires_grad_()
+      local h = dl.conv2d(xh, wh, o)
       assert.equal("f16", h.dtype)
       close.assert_close(h, ref_conv2d(x, w, nil, opts_of(o)), { atol = 5e-2, rtol = 2e-2 })
+      local gh = randn(h:size())
+      h:backward(gh:to("f16"))
+      local dx, dw = ref_conv2d_grads(x, w, gh, opts_of(o))
+      assert.equal("f16", xh.grad.dtype)
+      close.assert_close(xh.grad, dx, { atol = 5e-2, rtol = 2e-2 })
+      close.assert_close(wh.grad, dw, { atol = 1e-1, rtol = 2e-2 })
       assert.same({ 0, 2, 5, 5 }, dl.conv2d(randn({ 0, 3, 5, 5 }), w, o):size())
       local _ = own
     end)
@@ -503,6 +554,30 @@ describe("ddplua.ops.nn", function()
       local w8 = randn({ 8, 8, 3, 3 })
       assert.is_true(gradcheck(function(xx, w) return dl.conv2d(xx, w, { padding = 1 }) end,
         { randn({ 1, 8, 3, 3 }), w8 }, { skip = { [2] = true } }))
+    end)
+
+    it("matches the gradients by definition over many samples and threads", function()
+      -- 12 samples of 14 x 14: several Winograd chunks per thread; then the im2col path
+      for _, c in ipairs {
+        { x = { 12, 8, 14, 14 }, w = { 8, 8, 3, 3 }, o = { padding = 1 } },
+        { x = { 12, 3, 9, 9 }, w = { 4, 3, 3, 3 }, o = { padding = 1, stride = 2 } },
+      } do
+        local x, w, b = randn(c.x), randn(c.w), randn({ c.w[1] })
+        local o = opts_of(c.o)
+        for _, dtype in ipairs { "f64", "f32" } do
+          local xx, ww, bb = x:detach():to(dtype), w:detach():to(dtype), b:detach():to(dtype)
+          xx:requires_grad_(); ww:requires_grad_(); bb:requires_grad_()
+          local y = dl.conv2d(xx, ww, bb, c.o)
+          local tol = dtype == "f64" and { atol = 1e-9 } or { atol = 1e-3, rtol = 1e-4 }
+          close.assert_close(y, ref_conv2d(x, w, b, o), tol)
+          local g = randn(y:size())
+          y:backward(g:to(dtype))
+          local dx, dw, db = ref_conv2d_grads(x, w, g, o)
+          close.assert_close(xx.grad, dx, tol)
+          close.assert_close(ww.grad, dw, tol)
+          close.assert_close(bb.grad, db, tol)
+        end
+      end
     end)
 
     it("accumulates f32 gradients like f64 ones at the CNN layer sizes", function()
@@ -551,6 +626,7 @@ describe("ddplua.ops.nn", function()
     end
     local cases = {
       { shape = { 2, 2, 6, 6 }, kernel = 2, opts = nil, o = o_of({ 2, 2 }) },
+      { shape = { 2, 3, 5, 21 }, kernel = 2, opts = nil, o = o_of({ 2, 2 }) }, -- 8 windows a row
       { shape = { 1, 2, 7, 7 }, kernel = 3, opts = { stride = 2, padding = 1 }, o = o_of({ 3, 3 }, { 2, 2 }, { 1, 1 }) },
       { shape = { 1, 1, 8, 7 }, kernel = { 2, 3 }, opts = { stride = { 1, 2 }, dilation = 2 },
         o = o_of({ 2, 3 }, { 1, 2 }, nil, { 2, 2 }) },
@@ -570,7 +646,28 @@ describe("ddplua.ops.nn", function()
         close.assert_close(out, want, { atol = 0 })
         assert.equal("i64", idx.dtype)
         assert.same(want_idx, idx:tolist())
-        close.assert_close(x:to("f32"):max_pool2d(c.kernel, c.opts), want, { atol = 0 })
+        local opts32 = {}
+        for k, v in pairs(opts) do opts32[k] = v end
+        local out32, idx32 = x:to("f32"):max_pool2d(c.kernel, opts32)
+        close.assert_close(out32, want, { atol = 0 })
+        assert.same(want_idx, idx32:tolist())
+      end
+    end)
+
+    it("propagates NaN with its index, in f32 and f64", function()
+      local rows = {}
+      for i = 1, 4 do
+        rows[i] = {}
+        for k = 1, 18 do rows[i][k] = (i * 31 + k * 17) % 23 end
+      end
+      rows[2][6] = 0 / 0 -- window (1, 3) of the 2x2 pooling: flat index 1 * 18 + 5
+      for _, dtype in ipairs { "f32", "f64" } do
+        local x = dl.tensor({ { rows } }, { dtype = dtype })
+        local out, idx = dl.max_pool2d(x, 2, { return_indices = true })
+        local o, i = out:tolist()[1][1], idx:tolist()[1][1]
+        assert.is_true(o[1][3] ~= o[1][3])
+        assert.equal(23, i[1][3])
+        assert.is_true(o[1][4] == o[1][4])
       end
     end)
 

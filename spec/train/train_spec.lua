@@ -53,18 +53,19 @@ describe("train.lua", function()
     assert.is_true((run(common .. "--seed 5 --out " .. dir .. "/b")))
     assert.is_true((run(common .. "--seed 6 --out " .. dir .. "/c")))
     local a = read_file(dir .. "/a/model.safetensors")
-    assert.equal(a, read_file(dir .. "/b/model.safetensors"))
-    assert.not_equal(a, read_file(dir .. "/c/model.safetensors"))
+    assert.is_true(a == read_file(dir .. "/b/model.safetensors"), "same seed, different weights")
+    assert.is_true(a ~= read_file(dir .. "/c/model.safetensors"), "different seeds, same weights")
   end)
 
   it("resumes from a checkpoint to the same weights as an uninterrupted run", function()
     local common = "train.lua --subset 640 --test-subset 200 --threads 1 --quiet "
     assert.is_true((run(common .. "--epochs 2 --out " .. dir .. "/full")))
-    assert.is_true((run(common .. "--epochs 1 --out " .. dir .. "/part")))
+    assert.is_true((run(common .. "--epochs 2 --stop-after 1 --out " .. dir .. "/part")))
     local ok, out = run(common .. "--epochs 2 --out " .. dir .. "/part --resume " .. dir .. "/part/checkpoint.safetensors")
     assert.is_true(ok, out)
     assert.matches("resumed from .* after epoch 1", out)
-    assert.equal(read_file(dir .. "/full/model.safetensors"), read_file(dir .. "/part/model.safetensors"))
+    assert.is_true(read_file(dir .. "/full/model.safetensors") == read_file(dir .. "/part/model.safetensors"),
+      "the resumed run's model differs from the uninterrupted run's")
     assert.equal(read_file(dir .. "/full/metrics.csv"):match("\n2,[^\n]*"):match("^\n2,%d+,[^,]+,([^,]+)"),
       read_file(dir .. "/part/metrics.csv"):match("\n2,[^\n]*"):match("^\n2,%d+,[^,]+,([^,]+)"))
   end)

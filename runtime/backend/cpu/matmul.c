@@ -19,6 +19,16 @@ void ddp_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t m, int64_t n, int
                 (double *)c, (blasint)ldc);
 }
 
+int ddp_cpu_blas_hold_single(void) {
+  int previous = openblas_get_num_threads();
+  if (previous > 1) openblas_set_num_threads(1);
+  return previous;
+}
+
+void ddp_cpu_blas_restore(int previous) {
+  if (previous > 1) openblas_set_num_threads(previous);
+}
+
 #define MATMUL_INT(T)                                                                      \
   static void matmul_##T(T *c, const T *a, int64_t sa0, int64_t sa1, const T *b,           \
                          int64_t sb0, int64_t sb1, int64_t m, int64_t n, int64_t k) {      \

@@ -19,4 +19,10 @@ void ddp_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t m, int64_t n, int
 void ddp_cpu_matmul_int(int dtype, void *c, const void *a, int64_t sa0, int64_t sa1,
                         const void *b, int64_t sb0, int64_t sb1, int64_t m, int64_t n, int64_t k);
 
+/* Hold OpenBLAS at one thread while our own pool runs several GEMMs side by side (one per
+ * sample or batch entry); returns the previous count for ddp_cpu_blas_restore. The setting
+ * is process-wide: BLAS calls from other threads meanwhile run on one thread too. */
+int ddp_cpu_blas_hold_single(void);
+void ddp_cpu_blas_restore(int previous);
+
 #endif /* DDP_CPU_MATMUL_H */

@@ -13,18 +13,21 @@
  * scales the parameter instead), then the state is updated, then the parameter. */
 
 #define DEFINE_SGD(SUFFIX, T)                                                               \
-  void ddp_cpu_sgd_##SUFFIX(T *param, T *buf, const T *grad, int64_t n,                     \
-                            const ddp_sgd_hparams *h) {                                     \
+  void ddp_cpu_sgd_##SUFFIX(T *restrict param, T *restrict buf, const T *restrict grad,     \
+                            int64_t n, const ddp_sgd_hparams *h) {                          \
+    /* flags read once: through h the compiler could not hoist them, and the loop would not \
+     * vectorise */                                                                         \
     const T lr = (T)h->lr, mu = (T)h->momentum, damp = (T)(1.0 - h->dampening);             \
     const T wd = (T)h->weight_decay, sign = h->maximize ? (T)-1 : (T)1;                     \
     const int use_wd = h->weight_decay != 0, use_mom = h->momentum != 0 && buf;            \
+    const int first = h->first_step, nesterov = h->nesterov;                                \
     for (int64_t i = 0; i < n; i++) {                                                       \
       T g = sign * grad[i];                                                                 \
       if (use_wd) g += wd * param[i];                                                       \
       if (use_mom) {                                                                        \
-        T b = h->first_step ? g : mu * buf[i] + damp * g;                                   \
+        T b = first ? g : mu * buf[i] + damp * g;                                           \
         buf[i] = b;                                                                         \
-        g = h->nesterov ? g + mu * b : b;                                                   \
+        g = nesterov ? g + mu * b : b;                                                      \
       }                                                                                     \
       param[i] -= lr * g;                                                                   \
     }                                                                                       \

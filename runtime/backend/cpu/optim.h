@@ -34,7 +34,7 @@ typedef struct {
 } ddp_adadelta_hparams;
 
 /* param (n), momentum_buffer (n; NULL when momentum == 0) <- grad (n). */
-void ddp_cpu_sgd_f32(float *param, float *momentum_buffer, const float *grad, int64_t n,
+void ddp_cpu_sgd_f32(float *restrict param, float *restrict momentum_buffer, const float *restrict grad, int64_t n,
                      const ddp_sgd_hparams *h);
 void ddp_cpu_sgd_f64(double *param, double *momentum_buffer, const double *grad, int64_t n,
                      const ddp_sgd_hparams *h);

@@ -1,6 +1,7 @@
 /* runtime/backend/cpu/pool.c: max, average and adaptive average pooling over (P, H, W)
  * planes, forward and backward. Window formulas follow PyTorch's CPU kernels
  * (aten/src/ATen/native/cpu/{MaxPoolKernel,AvgPoolKernel,AdaptiveAvgPoolKernel}.cpp). */
+#include <immintrin.h>
 #include <math.h>
 
 #include "backend/cpu/pool.h"
@@ -9,6 +10,22 @@
 /* PyTorch's adaptive window: [floor(i * in / out), ceil((i + 1) * in / out)). */
 static int64_t start_index(int64_t i, int64_t out, int64_t in) { return (i * in) / out; }
 static int64_t end_index(int64_t i, int64_t out, int64_t in) { return ((i + 1) * in + out - 1) / out; }
+
+/* Kernel taps [*k0, *k1) of a window starting at `start` (step `dil`, `k` taps) that fall
+ * inside [0, size). */
+static void window_range(int64_t start, int64_t dil, int64_t k, int64_t size, int64_t *k0, int64_t *k1) {
+  int64_t lo, hi;
+  if (dil == 1) { /* no divisions in the common case */
+    lo = start >= 0 ? 0 : -start;
+    hi = size - start <= 0 ? 0 : size - start;
+  } else {
+    lo = start >= 0 ? 0 : (-start + dil - 1) / dil;
+    hi = size - start <= 0 ? 0 : (size - start + dil - 1) / dil;
+  }
+  if (hi > k) hi = k;
+  if (lo > hi) lo = hi;
+  *k0 = lo, *k1 = hi;
+}
 
 typedef struct {
   const ddp_pool2d_geom *g;
@@ -25,6 +42,36 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
 }
 
 #define POOL_KERNELS(T)                                                                    \
+  /* 2x2 windows, stride 2, no padding or dilation (the usual CNN pooling): the four taps  \
+   * unrolled, comparisons turned into selects */                                          \
+  static void max_fwd_2x2_##T(void *vctx, int64_t begin, int64_t end) {                    \
+    const pool_job *j = vctx;                                                              \
+    const ddp_pool2d_geom *g = j->g;                                                       \
+    int64_t W = g->w;                                                                      \
+    for (int64_t p = begin; p < end; p++) {                                                \
+      const T *in = (const T *)j->in + p * g->h * W;                                       \
+      T *out = (T *)j->out + p * g->oh * g->ow;                                            \
+      int64_t *idx = j->indices + p * g->oh * g->ow;                                       \
+      for (int64_t oh = 0; oh < g->oh; oh++) {                                             \
+        const T *r0 = in + 2 * oh * W, *r1 = r0 + W;                                       \
+        T *o = out + oh * g->ow;                                                           \
+        int64_t *io = idx + oh * g->ow;                                                    \
+        for (int64_t ow = 0; ow < g->ow; ow++) {                                           \
+          T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];        \
+          int64_t at = 2 * oh * W + 2 * ow, bi = at;                                       \
+          T best = a;                                                                      \
+          int take = (b > best) | (b != b);                                                \
+          best = take ? b : best, bi = take ? at + 1 : bi;                                 \
+          take = (c > best) | (c != c);                                                    \
+          best = take ? c : best, bi = take ? at + W : bi;                                 \
+          take = (d > best) | (d != d);                                                    \
+          best = take ? d : best, bi = take ? at + W + 1 : bi;                             \
+          o[ow] = best;                                                                    \
+          io[ow] = bi;                                                                     \
+        }                                                                                  \
+      }                                                                                    \
+    }                                                                                      \
+  }                                                                                        \
   static void max_fwd_##T(void *vctx, int64_t begin, int64_t end) {                        \
     const pool_job *j = vctx;                                                              \
     const ddp_pool2d_geom *g = j->g;                                                       \
@@ -32,25 +79,31 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
       const T *in = (const T *)j->in + p * g->h * g->w;                                    \
       T *out = (T *)j->out + p * g->oh * g->ow;                                            \
       int64_t *idx = j->indices + p * g->oh * g->ow;                                       \
-      for (int64_t oh = 0; oh < g->oh; oh++)                                               \
+      for (int64_t oh = 0; oh < g->oh; oh++) {                                             \
+        int64_t h0 = oh * g->sh - g->ph, ki0, ki1;                                         \
+        window_range(h0, g->dh, g->kh, g->h, &ki0, &ki1);                                  \
         for (int64_t ow = 0; ow < g->ow; ow++) {                                           \
-          int64_t h0 = oh * g->sh - g->ph, w0 = ow * g->sw - g->pw;                        \
-          T best = -INFINITY;                                                              \
-          int64_t best_i = -1;                                                             \
-          for (int64_t ki = 0; ki < g->kh; ki++) {                                         \
-            int64_t ih = h0 + ki * g->dh;                                                  \
-            if (ih < 0 || ih >= g->h) continue;                                            \
-            for (int64_t kj = 0; kj < g->kw; kj++) {                                       \
+          int64_t w0 = ow * g->sw - g->pw, kj0, kj1;                                       \
+          window_range(w0, g->dw, g->kw, g->w, &kj0, &kj1);                                \
+          int64_t first = (h0 + ki0 * g->dh) * g->w + w0 + kj0 * g->dw;                    \
+          T best = ki0 < ki1 && kj0 < kj1 ? in[first] : -INFINITY;                         \
+          int64_t best_i = ki0 < ki1 && kj0 < kj1 ? first : 0;                             \
+          for (int64_t ki = ki0; ki < ki1; ki++) {                                         \
+            const T *row = in + (h0 + ki * g->dh) * g->w;                                  \
+            for (int64_t kj = kj0; kj < kj1; kj++) {                                       \
               int64_t iw = w0 + kj * g->dw;                                                \
-              if (iw < 0 || iw >= g->w) continue;                                          \
-              T v = in[ih * g->w + iw];                                                    \
-              /* NaN wins and stays, as in PyTorch */                                      \
-              if (best_i < 0 || v > best || isnan(v)) best = v, best_i = ih * g->w + iw;   \
+              T v = row[iw];                                                               \
+              /* branch-free (random data mispredicts a branch half the time); NaN wins and \
+               * stays, as in PyTorch */                                                   \
+              int take = (v > best) | (v != v);                                            \
+              best = take ? v : best;                                                      \
+              best_i = take ? (h0 + ki * g->dh) * g->w + iw : best_i;                      \
             }                                                                              \
           }                                                                                \
           out[oh * g->ow + ow] = best;                                                     \
-          idx[oh * g->ow + ow] = best_i < 0 ? 0 : best_i;                                  \
+          idx[oh * g->ow + ow] = best_i;                                                   \
         }                                                                                  \
+      }                                                                                    \
     }                                                                                      \
   }                                                                                        \
   static void max_bwd_##T(void *vctx, int64_t begin, int64_t end) {                        \
@@ -146,6 +199,64 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
 POOL_KERNELS(float)
 POOL_KERNELS(double)
 
+/* max_fwd_2x2 for f32 with AVX2, eight windows at a time: even and odd columns split by
+ * shuffles, the running maximum and the winning tap (0..3) kept by compare-and-blend (a
+ * NaN tap wins, as in the scalar code). The tap turns into the flat index at the end. */
+static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
+  const pool_job *j = vctx;
+  const ddp_pool2d_geom *g = j->g;
+  int64_t W = g->w, OW = g->ow, ow8 = OW / 8 * 8;
+  const __m256i lanes2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i one = _mm256_set1_epi32(1), wv = _mm256_set1_epi32((int)W);
+  for (int64_t p = begin; p < end; p++) {
+    const float *in = (const float *)j->in + p * g->h * W;
+    float *out = (float *)j->out + p * g->oh * OW;
+    int64_t *idx = j->indices + p * g->oh * OW;
+    for (int64_t oh = 0; oh < g->oh; oh++) {
+      const float *r0 = in + 2 * oh * W, *r1 = r0 + W;
+      for (int64_t ow = 0; ow < ow8; ow += 8) {
+        __m256 x0 = _mm256_loadu_ps(r0 + 2 * ow), x1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+        __m256 y0 = _mm256_loadu_ps(r1 + 2 * ow), y1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+#define DEINTERLEAVE(u, v, sel)                                                         \
+  _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(u, v, sel)), \
+                                         _MM_SHUFFLE(3, 1, 2, 0)))
+        __m256 a = DEINTERLEAVE(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 b = DEINTERLEAVE(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 c = DEINTERLEAVE(y0, y1, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 d = DEINTERLEAVE(y0, y1, _MM_SHUFFLE(3, 1, 3, 1));
+#undef DEINTERLEAVE
+        __m256 best = a, tap = _mm256_setzero_ps();
+        __m256 m = _mm256_or_ps(_mm256_cmp_ps(b, best, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, b, m), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(1), m);
+        m = _mm256_or_ps(_mm256_cmp_ps(c, best, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, c, m), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(2), m);
+        m = _mm256_or_ps(_mm256_cmp_ps(d, best, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, d, m), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(3), m);
+        _mm256_storeu_ps(out + oh * OW + ow, best);
+        __m256i t = _mm256_cvtps_epi32(tap);
+        __m256i off = _mm256_add_epi32(_mm256_and_si256(t, one),
+                                       _mm256_mullo_epi32(_mm256_srli_epi32(t, 1), wv));
+        __m256i at = _mm256_add_epi32(_mm256_set1_epi32((int)(2 * oh * W + 2 * ow)),
+                                      _mm256_add_epi32(lanes2, off));
+        int64_t *io = idx + oh * OW + ow;
+        _mm256_storeu_si256((__m256i *)io, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(at)));
+        _mm256_storeu_si256((__m256i *)(io + 4),
+                            _mm256_cvtepi32_epi64(_mm256_extracti128_si256(at, 1)));
+      }
+      for (int64_t ow = ow8; ow < OW; ow++) { /* the last few windows */
+        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+        int64_t at = 2 * oh * W + 2 * ow, bi = at;
+        float best = a;
+        if ((b > best) | (b != b)) best = b, bi = at + 1;
+        if ((c > best) | (c != c)) best = c, bi = at + W;
+        if ((d > best) | (d != d)) best = d, bi = at + W + 1;
+        out[oh * OW + ow] = best;
+        idx[oh * OW + ow] = bi;
+      }
+    }
+  }
+}
+
 #define DISPATCH(name, window)                                                             \
   ddp_parallel_for(g->planes, plane_grain(g, window),                                      \
                    dtype == DDP_F32 ? name##_float : name##_double, &j)
@@ -153,6 +264,14 @@ POOL_KERNELS(double)
 void ddp_cpu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const void *in,
                                 const ddp_pool2d_geom *g) {
   pool_job j = {.g = g, .out = out, .indices = indices, .in = in};
+  if (g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+      g->dh == 1 && g->dw == 1 && g->oh * 2 <= g->h && g->ow * 2 <= g->w) {
+    if (dtype == DDP_F32 && g->h * g->w < INT32_MAX) /* indices computed in 32 bits */
+      ddp_parallel_for(g->planes, plane_grain(g, 4), max_fwd_2x2_avx, &j);
+    else
+      DISPATCH(max_fwd_2x2, 4);
+    return;
+  }
   DISPATCH(max_fwd, g->kh * g->kw);
 }
 

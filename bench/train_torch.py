@@ -1,0 +1,52 @@
+"""bench/train_torch.py: PyTorch's side of bench/train.lua (same models, data, batch 64,
+SGD lr 0.05 momentum 0.9). Run with Debian's /usr/bin/python3 (python3-torch, CPU):
+    OPENBLAS_NUM_THREADS=N OMP_NUM_THREADS=N /usr/bin/python3 bench/train_torch.py --model cnn --threads N
+Prints "model=<m> threads=<n> samples_per_s=<x> peak_rss_mb=<y>". PyTorch at its best per
+TOOLCHAIN.md: thread variables set before import, OMP_WAIT_POLICY=PASSIVE set by the caller."""
+import argparse, gzip, resource, time
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", default="cnn")
+p.add_argument("--threads", type=int, default=1)
+p.add_argument("--steps", type=int, default=200)
+p.add_argument("--warmup", type=int, default=20)
+a = p.parse_args()
+torch.set_num_threads(a.threads)
+torch.manual_seed(0)
+
+root = "/usr/share/datasets/fashion-mnist/"
+with gzip.open(root + "train-images-idx3-ubyte.gz") as f:
+    images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+with gzip.open(root + "train-labels-idx1-ubyte.gz") as f:
+    labels = np.frombuffer(f.read(), np.uint8, offset=8).astype(np.int64)
+x_all = (torch.from_numpy(images.copy()).float() / 255 - 0.2860) / 0.3530
+y_all = torch.from_numpy(labels)
+
+if a.model == "cnn":
+    model = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
+else:
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
+                          nn.ReLU(), nn.Linear(128, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_all, y_all), batch_size=64,
+                                     shuffle=True)
+done, t0 = 0, None
+for x, y in loader:
+    if done == a.warmup:
+        t0 = time.perf_counter()
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    done += 1
+    if done == a.warmup + a.steps:
+        break
+seconds = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(f"model={a.model} threads={a.threads} samples_per_s={a.steps * 64 / seconds:.1f} peak_rss_mb={rss:.1f}")
