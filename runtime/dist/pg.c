@@ -50,7 +50,7 @@ struct ddp_pg {
   ddp_gloo *gloo;
   int rank, size;
   int *global;              /* (size) group rank -> global rank */
-  struct ddp_store *store;  /* not owned; NULL only in the interim FileStore mode */
+  ddp_store *store;         /* not owned: the rendezvous of this group and its subgroups */
   ddp_gloo_store store_ops;
   char *prefix;
   int n_subgroups;          /* new_group calls made on this group: names their prefixes */
@@ -472,8 +472,65 @@ static void *comm_thread(void *arg) {
 
 /* ---- group creation ------------------------------------------------------------------- */
 
-/* Store callbacks over ddp_store. Filled in once the store lands (issue 4, store branch);
- * until then a NULL store selects Gloo's FileStore (see pg_gloo.cc). */
+/* Our store behind the shim's callbacks (pg_gloo.cc puts them behind Gloo's Store). */
+static int store_set_cb(void *ctx, const char *key, const void *data, size_t len, char *err) {
+  int st = ddp_store_set((ddp_store *)ctx, key, data, len);
+  if (st) snprintf(err, DDP_GLOO_ERR_CAP, "%s", ddp_last_error());
+  return st;
+}
+
+static int store_get_cb(void *ctx, const char *key, void **data, size_t *len, char *err) {
+  void *v = NULL;
+  size_t n = 0;
+  int st = ddp_store_get((ddp_store *)ctx, key, &v, &n);
+  if (st) {
+    snprintf(err, DDP_GLOO_ERR_CAP, "%s", ddp_last_error());
+    return st;
+  }
+  *data = malloc(n ? n : 1); /* the shim frees with free() */
+  if (!*data) {
+    ddp_store_free_value(v);
+    snprintf(err, DDP_GLOO_ERR_CAP, "out of memory reading store key '%s'", key);
+    return DDP_ERR_MEMORY;
+  }
+  if (n) memcpy(*data, v, n);
+  *len = n;
+  ddp_store_free_value(v);
+  return DDP_OK;
+}
+
+static int store_wait_cb(void *ctx, const char *const *keys, int n, double timeout_s, char *err) {
+  int st = ddp_store_wait((ddp_store *)ctx, keys, n, timeout_s > 0 ? timeout_s : -1);
+  if (st) snprintf(err, DDP_GLOO_ERR_CAP, "%s", ddp_last_error());
+  return st;
+}
+
+/* Every rank publishes its world size; ranks other than 0 compare theirs with rank 0's, so
+ * a rank started with another world size fails loudly instead of waiting for ranks that
+ * will never come. */
+static int check_world_size(ddp_store *store, const char *prefix, int rank, int size, int me) {
+  char key[600], val[32];
+  snprintf(val, sizeof val, "%d", size);
+  snprintf(key, sizeof key, "%s/ddp_world_size/%d", prefix, rank);
+  if (ddp_store_set(store, key, val, strlen(val))) {
+    ddp_error_prefix("init_process_group: rank %d", me);
+    return ddp_last_status();
+  }
+  if (rank == 0) return DDP_OK;
+  snprintf(key, sizeof key, "%s/ddp_world_size/0", prefix);
+  void *v = NULL;
+  size_t n = 0;
+  if (ddp_store_get(store, key, &v, &n)) {
+    ddp_error_prefix("init_process_group: rank %d waiting for rank 0", me);
+    return ddp_last_status();
+  }
+  int theirs = atoi((const char *)v); /* NUL-terminated by the store */
+  ddp_store_free_value(v);
+  if (theirs != size)
+    DDP_FAIL(DDP_ERR_ARG, "init_process_group: rank %d was started with world size %d but "
+             "rank 0 with %d: every rank must get the same world size", me, size, theirs);
+  return DDP_OK;
+}
 
 /* The address to bind and publish (pg.h: ddp_pg_new_gloo). */
 static void pick_address(char *host, size_t cap, const char **iface) {
@@ -532,16 +589,29 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
   pthread_cond_init(&pg->cv, NULL);
   pthread_cond_init(&pg->p2p_cv, NULL);
 
+  pg->store_ops.ctx = store;
+  pg->store_ops.set = store_set_cb;
+  pg->store_ops.get = store_get_cb;
+  pg->store_ops.wait = store_wait_cb;
+
+  int status = check_world_size(store, prefix, rank, size, global[rank]);
+  if (status) {
+    pg_destroy(pg);
+    return status;
+  }
+
   char host[256], err[DDP_GLOO_ERR_CAP];
   const char *iface;
   pick_address(host, sizeof host, &iface);
-  int status = ddp_gloo_new(&pg->gloo, NULL, prefix, rank, size, iface ? NULL : host, iface,
-                            timeout_s, err);
+  status = ddp_gloo_new(&pg->gloo, &pg->store_ops, prefix, rank, size, iface ? NULL : host,
+                        iface, timeout_s, err);
   if (status) {
     int me = global[rank];
     pg_destroy(pg);
     DDP_FAIL(status, "init_process_group: rank %d of %d could not connect the Gloo group '%s' "
-             "(address %s): %s", me, size, prefix, iface ? iface : host, err);
+             "(address %s): %s%s", me, size, prefix, iface ? iface : host, err,
+             status == DDP_ERR_TIMEOUT ? " [each rank sets the key '<group>/<its rank>' when "
+             "it reaches the rendezvous: the key named is the rank that never arrived]" : "");
   }
 
   /* Sanity all-reduce: every rank adds 1; the sum must be the world size. */
@@ -578,6 +648,7 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
 int ddp_pg_new_gloo(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
                     const char *prefix, double timeout_s) {
   *out = NULL;
+  if (!store) DDP_FAIL(DDP_ERR_ARG, "init_process_group: no store (the rendezvous) given");
   if (world_size < 1)
     DDP_FAIL(DDP_ERR_ARG, "init_process_group: world_size must be >= 1, got %d", world_size);
   if (rank < 0 || rank >= world_size)

@@ -12,8 +12,6 @@
 #include <gloo/math.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
@@ -95,8 +93,7 @@ void set_err(char *err, const std::string &msg) {
 }  // namespace
 
 struct ddp_gloo {
-  std::unique_ptr<gloo::rendezvous::Store> store;       // our store or Gloo's FileStore
-  std::unique_ptr<gloo::rendezvous::Store> prefixed;    // FileStore under the prefix
+  std::unique_ptr<gloo::rendezvous::Store> store;       // our store, keys under the prefix
   std::shared_ptr<gloo::transport::Device> dev;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   std::vector<std::string> peer_addr;                    // "[ip]:port" of peer j's end
@@ -250,18 +247,8 @@ int ddp_gloo_new(ddp_gloo **out, const ddp_gloo_store *store, const char *prefix
     p->rank = rank;
     p->size = size;
     p->timeout = to_ms(timeout_s);
-    gloo::rendezvous::Store *rv;
-    if (store) {
-      p->store.reset(new CallbackStore(*store, prefix, timeout_s));
-      rv = p->store.get();
-    } else {
-      // Interim rendezvous for tests: Gloo's own FileStore in $DDPLUA_GLOO_FILESTORE.
-      const char *dir = getenv("DDPLUA_GLOO_FILESTORE");
-      if (!dir || !*dir) throw StoreError(DDP_ERR_ARG, "no store given and DDPLUA_GLOO_FILESTORE unset");
-      p->store.reset(new gloo::rendezvous::FileStore(dir));
-      p->prefixed.reset(new gloo::rendezvous::PrefixStore(prefix, *p->store));
-      rv = p->prefixed.get();
-    }
+    p->store.reset(new CallbackStore(*store, prefix, timeout_s));
+    gloo::rendezvous::Store *rv = p->store.get();
     gloo::transport::tcp::attr attr;
     if (iface && *iface) attr.iface = iface;
     else attr.hostname = hostname && *hostname ? hostname : "127.0.0.1";

@@ -39,7 +39,6 @@ end
 function init(opts)
   opts = opts or {}
   opts.timeout = opts.timeout or 20
-  if os.getenv("DDPLUA_GLOO_FILESTORE") then opts.store = { handle = function() return nil end } end
   dist.init_process_group(opts)
 end
 RANK, WORLD = tonumber(os.getenv("RANK") or "-1"), tonumber(os.getenv("WORLD_SIZE") or "-1")
@@ -50,15 +49,10 @@ RANK, WORLD = tonumber(os.getenv("RANK") or "-1"), tonumber(os.getenv("WORLD_SIZ
 -- (opts.expect_failure skips that check).
 local function run(code, n, opts)
   opts = opts or {}
-  local env = {}
-  for k, v in pairs(opts.env or {}) do env[k] = v end
-  local dir = io.popen("mktemp -d"):read("*l")
-  env.DDPLUA_GLOO_FILESTORE = dir
   local r = mp.run {
-    code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40, env = env,
+    code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40, env = opts.env,
     rank_env = opts.rank_env, kill_on_failure = opts.kill_on_failure, grace = opts.grace,
   }
-  os.execute("rm -rf " .. dir)
   if not opts.expect_failure and not r.ok then
     error("ranks failed:\n" .. mp.describe(r), 2)
   end
@@ -373,6 +367,48 @@ describe("ddplua.distributed collectives #dist", function()
       assert.matches("not initialised", e.after, 1, true)
       assert_list({ 1 }, ranks[rank].out.ok, "healthy after argument errors")
     end
+  end)
+
+  it("initialises by env://, tcp://host:port and file:///path", function()
+    local dir = io.popen("mktemp -d /tmp/ddplua-spec.XXXXXX"):read("*l")
+    local ok, err = pcall(function()
+      for _, method in ipairs { "env://", "tcp://127.0.0.1:PORT", "file://" .. dir .. "/rendezvous" } do
+        local ranks = run([[
+          local method = os.getenv("SPEC_INIT_METHOD"):gsub("PORT", os.getenv("MASTER_PORT"))
+          -- rank and world size as arguments: the environment's are removed for this run
+          init({ init_method = method, rank = tonumber(os.getenv("SPEC_RANK")), world_size = 2 })
+          emit("info", { dist.get_rank(), dist.get_world_size(), dist.is_initialized() and 1 or 0 })
+          local t = fill(3, dist.get_rank(), "f64")
+          dist.all_reduce(t, { op = "max" })
+          emit("max", t)
+          dist.destroy_process_group()
+          emit("after", { dist.is_initialized() and 1 or 0 })
+        ]], 2, {
+          env = { SPEC_INIT_METHOD = method, RANK = false, WORLD_SIZE = false },
+          rank_env = function(r) return { SPEC_RANK = r } end,
+        })
+        for rank = 1, 2 do
+          local o = ranks[rank].out
+          assert_list({ rank - 1, 2, 1 }, o.info, method .. " info")
+          assert_list(reduce_ref("max", { values(0, 3), values(1, 3) }), o.max, method .. " max")
+          assert_list({ 0 }, o.after, method .. " destroyed")
+        end
+      end
+    end)
+    os.execute("rm -rf " .. dir)
+    assert(ok, err)
+  end)
+
+  it("fails loudly naming the rank when the world sizes disagree", function()
+    local ranks = run([[
+      local ws = RANK == 1 and 3 or 2
+      emit_err("init", function() init({ world_size = ws, timeout = 2 }) end)
+      os.exit(0)
+    ]], 2, { timeout = 30 })
+    assert.matches("rank 1 was started with world size 3 but rank 0 with 2", ranks[2].err.init, 1, true)
+    -- rank 0 waits for the rank that never connects and names it
+    assert.matches("init_process_group", ranks[1].err.init, 1, true)
+    assert.matches("timed out", ranks[1].err.init, 1, true)
   end)
 
   it("reads rank and world size from Slurm and Open MPI variables", function()
