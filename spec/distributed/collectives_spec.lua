@@ -53,6 +53,11 @@ local function run(code, n, opts)
     code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40, env = opts.env,
     rank_env = opts.rank_env, kill_on_failure = opts.kill_on_failure, grace = opts.grace,
   }
+  for i = 1, n do -- a sanitizer report in any rank fails the spec, whatever its status
+    if r[i].output:find("AddressSanitizer", 1, true) or r[i].output:find("runtime error:", 1, true) then
+      error("sanitizer report:\n" .. mp.describe(r), 2)
+    end
+  end
   if not opts.expect_failure and not r.ok then
     error("ranks failed:\n" .. mp.describe(r), 2)
   end
@@ -409,6 +414,34 @@ describe("ddplua.distributed collectives #dist", function()
     -- rank 0 waits for the rank that never connects and names it
     assert.matches("init_process_group", ranks[1].err.init, 1, true)
     assert.matches("timed out", ranks[1].err.init, 1, true)
+  end)
+
+  it("has the helpers: reduce_tensor, generator_for_rank, is_main_process, print0", function()
+    local ranks, raw = run([[
+      init()
+      local t = fill(3, RANK, "f32")
+      local m = dist.reduce_tensor(t)
+      emit("mean", m)
+      emit("unchanged", t)
+      emit("mean_int", dist.reduce_tensor(fill(2, RANK, "i64")))
+      local g = dist.generator_for_rank(100)
+      emit("draw", dl.rand({ 4 }, { generator = g }))
+      emit("ref", dl.rand({ 4 }, { generator = dl.Generator(100 + RANK) }))
+      emit("main", { dist.is_main_process() and 1 or 0 })
+      dist.print0("PRINT0 from rank " .. RANK)
+      dist.destroy_process_group()
+    ]], 2)
+    for rank = 1, 2 do
+      local o = ranks[rank].out
+      assert_list(reduce_ref("avg", { values(0, 3), values(1, 3) }), o.mean, "reduce_tensor mean")
+      assert_list(values(rank - 1, 3), o.unchanged, "reduce_tensor leaves its input")
+      assert_list(reduce_ref("avg", { values(0, 2), values(1, 2) }), o.mean_int, "reduce_tensor of integers")
+      assert_list(o.ref, o.draw, "generator seeded seed + rank")
+      assert_list({ rank == 1 and 1 or 0 }, o.main, "is_main_process")
+    end
+    assert.not_same(ranks[1].out.draw, ranks[2].out.draw)
+    assert.matches("PRINT0 from rank 0", raw[1].output, 1, true)
+    assert.is_nil(raw[2].output:find("PRINT0", 1, true))
   end)
 
   it("reads rank and world size from Slurm and Open MPI variables", function()
