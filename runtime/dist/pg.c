@@ -609,7 +609,7 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
     int me = global[rank];
     pg_destroy(pg);
     DDP_FAIL(status, "init_process_group: rank %d of %d could not connect the Gloo group '%s' "
-             "(address %s): %s%s", me, size, prefix, iface ? iface : host, err,
+             "(%s %s): %s%s", me, size, prefix, iface ? "interface" : "address", iface ? iface : host, err,
              status == DDP_ERR_TIMEOUT ? " [each rank sets the key '<group>/<its rank>' when "
              "it reaches the rendezvous: the key named is the rank that never arrived]" : "");
   }
