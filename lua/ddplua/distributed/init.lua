@@ -212,6 +212,12 @@ function M.get_backend(group)
   return (group or default_group("get_backend")).backend
 end
 
+--- dist.get_default_group() -> the world's process group object (its `handle` field is the
+-- ddp_pg* for C code such as the DDP reducer).
+function M.get_default_group()
+  return default_group("get_default_group")
+end
+
 --- dist.get_store() -> the default group's store object.
 function M.get_store()
   default_group("get_store")
