@@ -1,8 +1,18 @@
---- train.lua: train a model from a config on Fashion-MNIST (or CIFAR-10).
+--- train.lua: train a model from a config on Fashion-MNIST (or CIFAR-10), in one process
+-- or data-parallel under the launcher.
 --
 --   ddplua train.lua [--config FILE] [--epochs N] [--batch-size N] [--lr X] [--seed N]
 --                    [--out DIR] [--resume CKPT] [--subset N] [--test-subset N]
 --                    [--stop-after N] [--threads N] [--data-root DIR] [--quiet]
+--                    [--save-all-ranks] [--profile]
+--   ddplua --nproc_per_node=2 train.lua ...      # DDP over 2 processes (gloo)
+--
+-- Under the launcher (WORLD_SIZE > 1) it joins the process group (env://), wraps the model
+-- in DistributedDataParallel, shards the training set with DistributedSampler (set_epoch
+-- every epoch) and the test set with the evaluation sampler (each test sample counted
+-- once), reduces loss and accuracy across ranks, and only rank 0 prints and writes files.
+-- The config's batch_size is the GLOBAL batch: each rank takes batch_size / world_size, so
+-- a run on N processes follows the same trajectory as one process (DDP equivalence).
 --
 -- Command-line values override the config (configs/fashion_mnist_cnn.lua by default).
 -- Writes runs/<name>/metrics.csv (one row per epoch), runs/<name>/checkpoint.safetensors
@@ -34,6 +44,10 @@ usage: ddplua train.lua [options]
   --threads N        threads for the kernels and OpenBLAS
   --data-root DIR    dataset folder (CIFAR-10 binary batches; Fashion-MNIST has a default)
   --quiet            no progress output (the epoch summaries still print)
+  --save-all-ranks   every rank writes runs/<name>/model_rank<R>.safetensors after each
+                     epoch (for `ddplua verify`)
+  --profile          print a per-step time breakdown (data, forward, backward, exposed
+                     communication, optimizer) after each epoch
 ]]
 
 -- ---- options ------------------------------------------------------------------------------
@@ -58,6 +72,10 @@ local function parse_args(argv)
       os.exit(0)
     elseif key == "--quiet" then
       opts.quiet = true
+    elseif key == "--save-all-ranks" then
+      opts.save_all_ranks = true
+    elseif key == "--profile" then
+      opts.profile = true
     elseif flags[key] then
       if not value then
         i = i + 1
@@ -100,19 +118,7 @@ end
 
 -- ---- data ----------------------------------------------------------------------------------
 
---- A sampler over the first n samples (n <= dataset size), in a new random order each
--- epoch when shuffle is set (drawn from `generator`), as the DataLoader's sampler protocol
--- asks: indices() returns the epoch's 0-based order.
-local function subset_sampler(n, shuffle, generator)
-  return {
-    indices = function()
-      if shuffle then return dl.randperm(n, { generator = generator }) end
-      return dl.arange(n)
-    end,
-    len = function() return n end,
-  }
-end
-
+local DistributedSampler = require "ddplua.distributed.sampler"
 local function datasets(cfg)
   if cfg.dataset == "fashion_mnist" or cfg.dataset == nil then
     return data.FashionMNIST { train = true }, data.FashionMNIST { train = false }
@@ -176,7 +182,8 @@ end
 
 -- ---- training -------------------------------------------------------------------------------
 
-local function evaluate(model, loader)
+--- Sums of (loss, correct, count) over the test samples this rank holds, then over ranks.
+local function evaluate(model, loader, dist)
   model:eval()
   local loss_sum, correct, count = 0, 0, 0
   dl.no_grad(function()
@@ -188,7 +195,36 @@ local function evaluate(model, loader)
     end
   end)
   model:train()
-  return loss_sum / math.max(count, 1), correct / math.max(count, 1)
+  if dist then loss_sum, correct, count = unpack(dist.sum_over_ranks { loss_sum, correct, count }) end
+  return loss_sum / math.max(count, 1), correct / math.max(count, 1), count
+end
+
+--- The process group when launched with WORLD_SIZE > 1, with a helper summing numbers over
+-- ranks; nil in a single process.
+local function join_process_group()
+  if tonumber(os.getenv("WORLD_SIZE") or "1") <= 1 then return nil end
+  local dist = require "ddplua.distributed"
+  dist.init_process_group { backend = "gloo" }
+  function dist.sum_over_ranks(values)
+    local t = dl.tensor(values, { dtype = "f64" })
+    dist.all_reduce(t)
+    return t:tolist()
+  end
+  return dist
+end
+
+--- Accumulates seconds per phase of a step for --profile.
+local function new_profile()
+  local p = { data = 0, forward = 0, backward = 0, comm = 0, optimizer = 0, steps = 0 }
+  function p.report(epoch)
+    local n = math.max(p.steps, 1)
+    local ms = function(v) return 1000 * v / n end
+    print(("profile epoch %d (ms per step, %d steps): data %.2f | forward %.2f | backward %.2f " ..
+      "(of which exposed communication %.2f) | optimizer %.2f"):format(epoch, p.steps, ms(p.data),
+      ms(p.forward), ms(p.backward), ms(p.comm), ms(p.optimizer)))
+    p.data, p.forward, p.backward, p.comm, p.optimizer, p.steps = 0, 0, 0, 0, 0, 0
+  end
+  return p
 end
 
 local function main(argv)
@@ -196,51 +232,77 @@ local function main(argv)
   local opts = parse_args(argv)
   local cfg = load_config(opts)
   if opts.threads then dl.set_num_threads(opts.threads) end
+  local dist = join_process_group()
+  local world = dist and dist.get_world_size() or 1
+  local rank = dist and dist.get_rank() or 0
+  local is_main = rank == 0
+  local function say(...) if is_main then print(...) end end
+  if cfg.batch_size % world ~= 0 then
+    error(("train.lua: the batch size %d (global) does not divide over %d processes"):format(cfg.batch_size, world), 0)
+  end
+  local local_batch = math.floor(cfg.batch_size / world)
 
-  dl.manual_seed(cfg.seed)
-  local data_gen = dl.Generator(cfg.seed + 1)
+  dl.manual_seed(cfg.seed) -- the same initial model on every rank (DDP also broadcasts rank 0's)
+  -- Random transforms: a stream per rank, reseeded from (seed, epoch, rank) at every epoch,
+  -- so a resumed run needs no per-rank generator state.
+  local data_gen = dl.Generator(0)
   local train_set, test_set = datasets(cfg)
   local n_train = math.min(cfg.subset or #train_set, #train_set)
   local n_test = math.min(cfg.test_subset or #test_set, #test_set)
-  local loader = data.DataLoader(train_set, { batch_size = cfg.batch_size,
-    sampler = subset_sampler(n_train, true, data_gen), generator = data_gen })
+  -- The same sampler with world size 1 in a single process: a run on N processes then sees
+  -- exactly the global batches of the single-process run.
+  local sampler = DistributedSampler(n_train, { num_replicas = world, rank = rank, shuffle = true, seed = cfg.seed })
+  local loader = data.DataLoader(train_set, { batch_size = local_batch, sampler = sampler, generator = data_gen })
   local test_loader = data.DataLoader(test_set, { batch_size = 256,
-    sampler = subset_sampler(n_test, false) })
+    sampler = DistributedSampler.DistributedEvalSampler(n_test, { num_replicas = world, rank = rank }) })
 
   local model = require("models." .. cfg.model)(cfg.model_opts)
+  local net = model
+  if dist then net = require("ddplua.distributed.ddp")(model) end
   local opt = make_optimizer(cfg, model:parameters())
   local sched = make_scheduler(cfg, opt, #loader)
   local state = { model = model, optimizer = opt, scheduler = sched,
-    generators = { default = dl.default_generator, data = data_gen } }
+    generators = { default = dl.default_generator } }
 
-  mkdir_p(cfg.out)
+  if is_main then mkdir_p(cfg.out) end
   local start_epoch, step = 1, 0
   if opts.resume then
     local p = train_state.load(opts.resume, state)
     start_epoch, step = (p.epoch or 0) + 1, p.step or 0
-    print(("resumed from %s after epoch %d (step %d)"):format(opts.resume, p.epoch or 0, step))
+    say(("resumed from %s after epoch %d (step %d)"):format(opts.resume, p.epoch or 0, step))
   end
-  local metrics_path = cfg.out .. "/metrics.csv"
-  local metrics = assert(io.open(metrics_path, start_epoch > 1 and "a" or "w"))
-  if start_epoch == 1 then
-    metrics:write("epoch,step,lr,train_loss,train_acc,test_loss,test_acc,seconds,samples_per_s\n")
+  local metrics
+  if is_main then
+    metrics = assert(io.open(cfg.out .. "/metrics.csv", start_epoch > 1 and "a" or "w"))
+    if start_epoch == 1 then
+      metrics:write("epoch,step,lr,train_loss,train_acc,test_loss,test_acc,seconds,samples_per_s\n")
+    end
   end
 
-  print(("training %s: %s on %s, %d samples, batch %d, %d epochs, %d thread(s)"):format(cfg.name,
-    cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, cfg.epochs, dl.get_num_threads()))
+  say(("training %s: %s on %s, %d samples, batch %d (%d per process), %d epochs, %d process(es) x %d thread(s)"):format(
+    cfg.name, cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, local_batch, cfg.epochs, world,
+    dl.get_num_threads()))
+  local profile = opts.profile and new_profile()
+  local show_progress = is_main and not opts.quiet
   local test_acc
   model:train()
   local last_epoch = math.min(cfg.epochs, opts.stop_after or cfg.epochs)
   for epoch = start_epoch, last_epoch do
+    sampler:set_epoch(epoch)
+    data_gen:manual_seed((cfg.seed * 100003 + epoch) * 1024 + rank)
     local t0 = clock.now()
     local loss_sum, correct, seen, batches = 0, 0, 0, #loader
     local next_log = 0.1
     local b = 0
+    local t_data = clock.now()
     for x, y in loader:iter() do
+      local t_fwd = clock.now()
       opt:zero_grad()
-      local logits = model(x)
+      local logits = net(x)
       local loss = dl.cross_entropy(logits, y)
+      local t_bwd = clock.now()
       loss:backward()
+      local t_opt = clock.now()
       opt:step()
       if sched then sched:step() end
       step, b = step + 1, b + 1
@@ -248,8 +310,17 @@ local function main(argv)
       loss_sum = loss_sum + loss:item() * n
       correct = correct + logits:argmax(2):eq(y):sum():item()
       seen = seen + n
-      if not opts.quiet then
-        local rate = seen / math.max(clock.now() - t0, 1e-9)
+      if profile then
+        local t_end = clock.now()
+        profile.data = profile.data + (t_fwd - t_data)
+        profile.forward = profile.forward + (t_bwd - t_fwd)
+        profile.backward = profile.backward + (t_opt - t_bwd)
+        profile.comm = profile.comm + (net.exposed_comm_seconds and net:exposed_comm_seconds() or 0)
+        profile.optimizer = profile.optimizer + (t_end - t_opt)
+        profile.steps = profile.steps + 1
+      end
+      if show_progress then
+        local rate = seen * world / math.max(clock.now() - t0, 1e-9)
         if on_terminal then
           progress(epoch, cfg.epochs, b, batches, loss_sum / seen, rate)
         elseif b / batches >= next_log then
@@ -258,27 +329,37 @@ local function main(argv)
           next_log = next_log + 0.1
         end
       end
+      t_data = clock.now()
     end
     local seconds = clock.now() - t0
-    if on_terminal and not opts.quiet then io.write("\n") end
+    if on_terminal and show_progress then io.write("\n") end
+    if dist then loss_sum, correct, seen = unpack(dist.sum_over_ranks { loss_sum, correct, seen }) end
     local test_loss
-    test_loss, test_acc = evaluate(model, test_loader)
+    test_loss, test_acc = evaluate(model, test_loader, dist)
     local lr = opt.param_groups[1].lr
-    print(("epoch %d/%d train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1f s, %.0f samples/s"):format(
+    say(("epoch %d/%d train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1f s, %.0f samples/s"):format(
       epoch, cfg.epochs, loss_sum / seen, correct / seen, test_loss, test_acc, seconds, seen / seconds))
-    metrics:write(("%d,%d,%.6g,%.6f,%.6f,%.6f,%.6f,%.3f,%.1f\n"):format(epoch, step, lr, loss_sum / seen,
-      correct / seen, test_loss, test_acc, seconds, seen / seconds))
-    metrics:flush()
-    train_state.save(cfg.out .. "/checkpoint.safetensors", {
-      model = model, optimizer = opt, scheduler = sched, generators = state.generators,
-      progress = { epoch = epoch, step = step, test_acc = test_acc },
-    })
-    train_state.save_model(cfg.out .. "/model.safetensors", model)
+    if profile and is_main then profile.report(epoch) end
+    if is_main then
+      metrics:write(("%d,%d,%.6g,%.6f,%.6f,%.6f,%.6f,%.3f,%.1f\n"):format(epoch, step, lr, loss_sum / seen,
+        correct / seen, test_loss, test_acc, seconds, seen / seconds))
+      metrics:flush()
+      train_state.save(cfg.out .. "/checkpoint.safetensors", {
+        model = model, optimizer = opt, scheduler = sched, generators = state.generators,
+        progress = { epoch = epoch, step = step, test_acc = test_acc },
+      })
+      train_state.save_model(cfg.out .. "/model.safetensors", model)
+    end
+    if opts.save_all_ranks then
+      if dist then dist.barrier() end -- rank 0 made the folder
+      train_state.save_model(("%s/model_rank%d.safetensors"):format(cfg.out, rank), model)
+    end
   end
-  metrics:close()
+  if metrics then metrics:close() end
   loader:close()
   test_loader:close()
-  if test_acc then print(("final test accuracy %.4f"):format(test_acc)) end
+  if test_acc then say(("final test accuracy %.4f"):format(test_acc)) end
+  if dist then dist.destroy_process_group() end
 end
 
 main(arg)

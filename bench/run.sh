@@ -17,10 +17,17 @@ if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   ${SUDO:-} env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null
 fi
 bench/train_compare.sh > bench/out/train.md
+bench/allreduce_compare.sh > bench/out/allreduce.md
 {
   echo "# Benchmark results"
   echo
   echo "Written by \`make bench\` (bench/run.sh). Machine: $machine. Commit $commit. Date $(date -u +%F)."
+  echo
+  echo "## All-reduce, 2 ranks over gloo, against torch.distributed (bench/allreduce_compare.sh)"
+  echo
+  echo "Ratio = PyTorch time / ddplua time (higher is better for ddplua). Medians of 3 runs."
+  echo
+  cat bench/out/allreduce.md
   echo
   echo "## Training throughput against PyTorch (bench/train_compare.sh)"
   echo

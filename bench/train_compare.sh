@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${RUNS:-3}
 steps=${STEPS:-200}
+# PyTorch at its best (TOOLCHAIN.md): its AVX-512 kernels where the CPU has AVX-512.
+aten_cap=""
+grep -q avx512f /proc/cpuinfo && aten_cap="ATEN_CPU_CAPABILITY=avx512"
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 echo "| model | threads | ddplua / PyTorch samples/s | ddplua samples/s | PyTorch samples/s | ddplua peak RSS MiB | PyTorch peak RSS MiB |"
@@ -18,7 +21,7 @@ for model in mlp cnn; do
       out=$(build/ddplua bench/train.lua --model "$model" --threads "$threads" --steps "$steps")
       d_sps+=("$(echo "$out" | field samples_per_s)"); d_rss+=("$(echo "$out" | field peak_rss_mb)")
       out=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads OMP_WAIT_POLICY=PASSIVE \
-            ATEN_CPU_CAPABILITY=avx512 /usr/bin/python3 bench/train_torch.py --model "$model" \
+            env $aten_cap /usr/bin/python3 bench/train_torch.py --model "$model" \
             --threads "$threads" --steps "$steps")
       t_sps+=("$(echo "$out" | field samples_per_s)"); t_rss+=("$(echo "$out" | field peak_rss_mb)")
     done

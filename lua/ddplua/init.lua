@@ -197,18 +197,27 @@ function M.set_grad_enabled(flag) return C.ddp_set_grad_enabled(flag and 1 or 0)
 function M.set_num_threads(n) check(C.ddp_set_num_threads(n)) end
 function M.get_num_threads() return C.ddp_get_num_threads() end
 
---- Memory held by CPU tensors: {live = bytes, peak = bytes}.
+--- Memory held by CPU tensors: {live = bytes in use, peak = highest live, cached = freed
+-- large blocks kept for reuse}.
 function M.memory_stats()
-  return { live = tonumber(C.ddp_memory_live_bytes()), peak = tonumber(C.ddp_memory_peak_bytes()) }
+  return { live = tonumber(C.ddp_memory_live_bytes()), peak = tonumber(C.ddp_memory_peak_bytes()),
+    cached = tonumber(C.ddp_memory_cached_bytes()) }
 end
+
+--- Return the allocator's cached blocks to the system.
+function M.empty_cache() C.ddp_memory_empty_cache() end
 function M.reset_peak_memory() C.ddp_memory_reset_peak() end
 
 -- submodules reachable from dl (each also loads on its own: require "ddplua.optim")
 setmetatable(M, { __index = function(t, k)
-  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" then
+  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" or k == "distributed" then
     local mod = require("ddplua." .. k)
     rawset(t, k, mod)
     return mod
+  elseif k == "spawn" then -- dl.spawn(fn, nprocs, opts): torch.multiprocessing.spawn's job
+    local spawn = require "ddplua.distributed.spawn"
+    rawset(t, k, spawn)
+    return spawn
   end
 end })
 

@@ -27,8 +27,25 @@ typedef struct ddp_cli_action {
   const char *text; /* the code of -e, or the module name of -l */
 } ddp_cli_action;
 
-/* What the command line asked for. Launcher flags (--nproc_per_node=N, --nnodes, ...) are
- * meant to become fields here, set through the long-option table of args.c. */
+/* Launcher flags (torchrun's): set through the long-option table of args.c, used by
+ * launcher.c. `requested` is set by any of them; the others hold the defaults below until a
+ * flag changes them. */
+typedef struct ddp_cli_launch {
+  int requested;      /* a launcher flag was given: run the launcher, not the script */
+  int nproc_per_node; /* --nproc_per_node=N (default 1; "auto"/"cpu"/"gpu" resolved here) */
+  int nnodes;         /* --nnodes=M (default 1) */
+  int node_rank;      /* --node_rank=K, 0 <= K < nnodes (default 0) */
+  const char *master_addr; /* --master_addr=A (default "127.0.0.1") */
+  int master_port;    /* --master_port=P (default 29500) */
+  int standalone;     /* --standalone: one node, a free port on 127.0.0.1 */
+  int max_restarts;   /* --max_restarts=R (default 0) */
+  const char *log_dir; /* --log_dir=DIR, or NULL */
+  int redirects;      /* --redirects=0..3: bit 1 stdout, bit 2 stderr go to log files only */
+  int tee;            /* --tee=0..3: those streams go to log files and the console */
+  int redirects_set;  /* --redirects or --tee appeared (otherwise --log_dir means tee=3) */
+} ddp_cli_launch;
+
+/* What the command line asked for. */
 typedef struct ddp_cli_options {
   ddp_cli_action *actions; /* -e / -l in order (malloc'd, n_actions entries) */
   int n_actions;
@@ -36,6 +53,9 @@ typedef struct ddp_cli_options {
   int show_version; /* -v / --version */
   int show_help;    /* -h / --help */
   int script;       /* argv index of the script ("-" is stdin), or 0 when there is none */
+  ddp_cli_launch launch;
+  unsigned char *launcher_arg; /* argc entries (malloc'd): 1 where argv[i] belongs to a
+                                  launcher flag, so workers get the command line without it */
 } ddp_cli_options;
 
 /* Parse argv into *opts. Options come before the script; everything after the script (or
@@ -88,6 +108,14 @@ int ddp_host_run_script(lua_State *L, int argc, char **argv, int script);
  * libedit (line editing, history in ~/.ddplua_history, a banner) over plain line reads.
  * Returns DDP_CLI_EXIT_OK. */
 int ddp_repl_run(lua_State *L, int tty);
+
+/* The launcher (launcher.c), torchrun's job: start opts->launch.nproc_per_node workers,
+ * each this same executable run on argv without the launcher flags and with the torchrun
+ * environment (RANK, LOCAL_RANK, WORLD_SIZE, ...); prefix or log their output; stop them all
+ * when one fails (restarting the group up to max_restarts times); forward SIGINT/SIGTERM/
+ * SIGHUP. Returns 0 when every worker exited 0, 1 after a failure (with a summary naming the
+ * rank on stderr); on a forwarded signal the launcher ends by that signal. */
+int ddp_launcher_run(const ddp_cli_options *opts, int argc, char **argv);
 
 /* `ddplua <tool> args...` for tools written in Lua: runs ddplua.tools.<argv[0]>.main with
  * argv[1..] as a list; returns its exit status (runtime/cli/tools.c). */

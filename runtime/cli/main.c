@@ -5,6 +5,7 @@
  *   ddplua [-i script.lua]          REPL (also after a script with -i)
  *   ddplua -                        script from stdin
  *   ddplua --version | --help
+ *   ddplua --nproc_per_node=N [launcher flags] script.lua args...   the launcher (launcher.c)
  *   ddplua <subcommand> ...         tools built into the executable (table below)
  *
  * Order: a subcommand named by argv[1] takes the whole command line; otherwise the options
@@ -60,6 +61,15 @@ static void point_lua_at_own_runtime(void) {
   if (access(lib, R_OK) == 0) setenv("DDPLUA_LIB", lib, 0);
 }
 
+/* Workers of the launcher write into pipes, where stdio would buffer whole blocks: a worker
+ * that crashes would lose its last lines, and the lines of the ranks would reach the console
+ * late. DDPLUA_UNBUFFERED (set by the launcher, as PYTHONUNBUFFERED) makes stdout line
+ * buffered. */
+static void line_buffer_if_asked(void) {
+  const char *v = getenv("DDPLUA_UNBUFFERED");
+  if (v && *v && strcmp(v, "0") != 0) setvbuf(stdout, NULL, _IOLBF, 0);
+}
+
 /* Run -e / -l, the script and the REPL as the options say. Returns the exit status. */
 static int run_lua(const ddp_cli_options *opts, int argc, char **argv) {
   char root[PATH_BUF];
@@ -102,7 +112,10 @@ int main(int argc, char **argv) {
     }
   } else if (opts.show_version) {
     print_version();
+  } else if (opts.launch.requested) {
+    status = ddp_launcher_run(&opts, argc, argv);
   } else {
+    line_buffer_if_asked();
     point_lua_at_own_runtime();
     status = run_lua(&opts, argc, argv);
   }

@@ -43,13 +43,21 @@ void ddp_free(void *p, size_t nbytes);
 
 /* ---- storage and tensor ------------------------------------------------------------- */
 
+/* Who owns a storage's memory. */
+enum ddp_storage_kind {
+  DDP_STORAGE_ALLOC = 0,   /* data from ddp_alloc, freed with ddp_free */
+  DDP_STORAGE_INLINE = 1,  /* small data in the same block as the storage struct */
+  DDP_STORAGE_EXTERNAL = 2 /* the caller's memory (from_blob): deleter(data, ctx) if set */
+};
+
 typedef struct ddp_storage {
   int64_t refcount;       /* atomic */
   void *data;
   size_t nbytes;
   int32_t device;         /* DDP_DEVICE_CPU or a cuda index */
+  int32_t kind;           /* enum ddp_storage_kind */
   int64_t version;        /* bumped by every in-place write (saved-tensor checks) */
-  ddp_deleter_fn deleter; /* NULL: memory from ddp_alloc */
+  ddp_deleter_fn deleter; /* DDP_STORAGE_EXTERNAL only; may be NULL */
   void *deleter_ctx;
 } ddp_storage;
 

@@ -6,13 +6,28 @@
 
 /* ---- storage ------------------------------------------------------------------------ */
 
+/* Data up to this size lives in the storage's own block: one allocation per small tensor
+ * instead of two (small ops are dominated by malloc/free). Offset 64 keeps it aligned. */
+enum { INLINE_MAX = 256, INLINE_OFFSET = 64 };
+
 static ddp_storage *storage_new(size_t nbytes, int device) {
-  ddp_storage *s = calloc(1, sizeof *s);
-  if (!s) return NULL;
-  s->data = ddp_alloc(nbytes);
-  if (!s->data) {
-    free(s);
-    return NULL;
+  ddp_storage *s;
+  if (nbytes <= INLINE_MAX) {
+    _Static_assert(sizeof(ddp_storage) <= INLINE_OFFSET, "storage header outgrew its slot");
+    s = ddp_alloc(INLINE_OFFSET + nbytes);
+    if (!s) return NULL;
+    memset(s, 0, sizeof *s);
+    s->data = (char *)s + INLINE_OFFSET;
+    s->kind = DDP_STORAGE_INLINE;
+  } else {
+    s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->data = ddp_alloc(nbytes);
+    if (!s->data) {
+      free(s);
+      return NULL;
+    }
+    s->kind = DDP_STORAGE_ALLOC;
   }
   s->refcount = 1;
   s->nbytes = nbytes;
@@ -22,8 +37,17 @@ static ddp_storage *storage_new(size_t nbytes, int device) {
 
 static void storage_release(ddp_storage *s) {
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
-  if (s->deleter) s->deleter(s->data, s->deleter_ctx);
-  else if (!s->deleter_ctx) ddp_free(s->data, s->nbytes);
+  switch (s->kind) {
+  case DDP_STORAGE_INLINE:
+    ddp_free(s, INLINE_OFFSET + s->nbytes);
+    return;
+  case DDP_STORAGE_ALLOC:
+    ddp_free(s->data, s->nbytes);
+    break;
+  default:
+    if (s->deleter) s->deleter(s->data, s->deleter_ctx);
+    break;
+  }
   free(s);
 }
 
@@ -141,11 +165,12 @@ int ddp_tensor_from_blob(ddp_tensor **out, void *data, int ndim, const int64_t *
   s->data = data;
   s->nbytes = (size_t)span * ddp_dtype_size(dtype);
   s->device = DDP_DEVICE_CPU;
+  s->kind = DDP_STORAGE_EXTERNAL;
   s->deleter = deleter;
-  s->deleter_ctx = deleter ? ctx : (void *)1; /* non-NULL: not ours to free */
+  s->deleter_ctx = ctx;
   *out = header_new(s, dtype, ndim, shape, strides, 0);
   if (!*out) {
-    s->deleter = NULL;
+    s->deleter = NULL; /* the caller keeps its memory when we fail */
     storage_release(s);
     DDP_FAIL(DDP_ERR_MEMORY, "from_blob: out of memory");
   }

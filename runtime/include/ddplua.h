@@ -115,6 +115,11 @@ int64_t ddp_memory_peak_bytes(void);
 /* Set the peak to the current live count. */
 void ddp_memory_reset_peak(void);
 
+/* Bytes of freed large blocks the allocator keeps for reuse (not counted as live; see
+ * Note [block cache] in runtime/core/alloc.c), and a way to return them to the system. */
+int64_t ddp_memory_cached_bytes(void);
+void ddp_memory_empty_cache(void);
+
 /* Use `n` threads (n >= 1) for the runtime's own kernels and for OpenBLAS. The one place
  * that sets thread counts. Default: the DDP_NUM_THREADS, OMP_NUM_THREADS environment
  * variable, else the number of online cores. Fails with DDP_ERR_ARG when n < 1. */

@@ -1,1 +1,149 @@
-/* ddplua/pg.h: part of the public API, included by ddplua.h only. */
+/* ddplua/pg.h: part of the public API, included by ddplua.h only.
+ *
+ * Process groups (runtime/dist/pg.c, Gloo shim runtime/dist/pg_gloo.cc): collectives over
+ * CPU tensors between the ranks of a job, as torch.distributed's ProcessGroupGloo.
+ *
+ * Tensors: CPU, dtypes f32, f64, f16, bf16, i64, i32, u8 (f16 and bf16 are reduced in f32,
+ * then rounded back). A non-contiguous tensor is copied into a contiguous buffer and the
+ * result copied back into it. Every rank must call the same collectives in the same order
+ * with tensors of the same shape and dtype.
+ *
+ * Work: every collective takes `ddp_work **work` first. NULL: blocking (the call returns
+ * when the collective finished on this rank). Non-NULL: asynchronous: the call returns at
+ * once with a handle in *work (free it with ddp_work_free); the tensors must not be touched
+ * until ddp_work_wait returned. Asynchronous work runs on the group's one communication
+ * thread, in submission order.
+ *
+ * Note [collective order]: each process group has exactly one communication thread and a
+ * FIFO queue; blocking calls go through the same queue. So collectives run on every rank
+ * in the order they were launched, whatever mix of blocking and asynchronous calls made
+ * them. The DDP reducer relies on this: buckets are launched in index order on every rank
+ * and therefore reduced in that order everywhere.
+ *
+ * Errors: misuse (shape, dtype, root out of range, a freed group) fails at the call with
+ * DDP_ERR_ARG. Failures of the transport come back from the blocking call or from
+ * ddp_work_wait: DDP_ERR_PEER when a peer disconnected (its process died), DDP_ERR_TIMEOUT
+ * when the collective ran past the group's timeout; the message names the collective, this
+ * rank and, when it can be known, the peer's rank (global ranks of the job). After such a
+ * failure the group is broken: every later call fails at once with the first error.
+ */
+
+typedef struct ddp_pg ddp_pg;
+typedef struct ddp_work ddp_work;
+struct ddp_store; /* ddplua/store.h */
+
+/* Reduction operators. AVG is SUM followed by a division by the group size, floating
+ * dtypes only (DDP_ERR_ARG for integer dtypes, as PyTorch). */
+enum ddp_reduce_op {
+  DDP_REDUCE_SUM = 0,
+  DDP_REDUCE_AVG = 1,
+  DDP_REDUCE_MIN = 2,
+  DDP_REDUCE_MAX = 3,
+  DDP_REDUCE_PRODUCT = 4
+};
+
+/* A Gloo process group of `world_size` ranks (this one is `rank`, 0 <= rank < world_size),
+ * meeting through `store` (the rendezvous; it must outlive the group) under the key prefix
+ * `prefix` (NULL: "pg"), so several groups can share one store. Every rank calls it; it
+ * returns when all ranks connected, or fails after `timeout_s` (<= 0: 300 s), which is also
+ * the group's timeout for every collective (ddp_pg_set_timeout changes it).
+ * Transport: Gloo TCP. The address this rank binds and publishes: the interface named by
+ * $DDPLUA_GLOO_IFNAME when set; else the host name or address in $DDPLUA_GLOO_HOSTNAME;
+ * else 127.0.0.1 when $MASTER_ADDR is unset or a loopback name (127.x, localhost, ::1);
+ * else this machine's host name (gethostname), as PyTorch does.
+ * At init each rank checks its world size against rank 0's through the store and then runs
+ * one sanity all-reduce; a mismatch fails naming the rank and both sizes.
+ * Errors: DDP_ERR_ARG (rank out of range, world_size < 1, NULL store), DDP_ERR_TIMEOUT (a rank
+ * never arrived; names the missing key), DDP_ERR_IO / DDP_ERR_PEER (transport). */
+int ddp_pg_new_gloo(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
+                    const char *prefix, double timeout_s);
+
+/* A subgroup of `parent` made of the `n` parent ranks in `ranks` (distinct, in range, in
+ * any order: rank i of the subgroup is ranks[i]). Every rank of the parent must call it,
+ * with the same list, in the same order relative to other new_group calls (as PyTorch's
+ * new_group); members get the new group in *out, the other ranks get *out = NULL (and
+ * DDP_OK). It rendezvouses through the parent's store with the parent's timeout, then runs
+ * a barrier on the parent, so every parent rank returns once the subgroup is connected (as
+ * PyTorch: a non-member that exits early must not take the store away). Ranks
+ * passed to later calls on the subgroup are subgroup ranks, error messages name global
+ * ranks. Errors: DDP_ERR_ARG (empty list, duplicate or out-of-range rank), and those of
+ * ddp_pg_new_gloo. */
+int ddp_pg_new_group(ddp_pg **out, ddp_pg *parent, const int *ranks, int n);
+
+/* This process's rank in the group (0-based) and the group's size. */
+int ddp_pg_rank(const ddp_pg *pg);
+int ddp_pg_size(const ddp_pg *pg);
+
+/* The global rank (rank in the job's first group) of group rank `group_rank`; -1 when out of
+ * range. */
+int ddp_pg_global_rank(const ddp_pg *pg, int group_rank);
+
+/* Timeout in seconds of collectives started from now on (> 0; default: the one given at
+ * creation, 300 s when none). Errors: DDP_ERR_ARG for timeout_s <= 0. */
+int ddp_pg_set_timeout(ddp_pg *pg, double timeout_s);
+double ddp_pg_get_timeout(const ddp_pg *pg);
+
+/* The first failure of the group ("" while it is healthy). */
+const char *ddp_pg_error(const ddp_pg *pg);
+
+/* In-place all-reduce: every rank's t becomes op over all ranks' t. Any shape. */
+int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op);
+
+/* t of rank `root` copied into t of every rank. */
+int ddp_pg_broadcast(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root);
+
+/* out (world, ...t's shape) receives every rank's t, stacked in rank order. out's dtype is
+ * t's. */
+int ddp_pg_allgather(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *t);
+
+/* List form: outs[i] (n == world size tensors, each of t's shape and dtype) receives rank
+ * i's t. */
+int ddp_pg_allgather_list(ddp_work **work, ddp_pg *pg, ddp_tensor **outs, int n,
+                          ddp_tensor *t);
+
+/* in (world * m, ...) is split along dim 0 into world chunks of m rows; out (m, ...)
+ * receives op over all ranks of the chunk at this rank's index. */
+int ddp_pg_reduce_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
+                          int op);
+
+/* t of rank `root` becomes op over all ranks' t; other ranks' t is left unchanged (PyTorch
+ * leaves it unspecified). */
+int ddp_pg_reduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root, int op);
+
+/* out (world, ...t's shape) of rank `root` receives every rank's t in rank order; `out`
+ * must be NULL on the other ranks (and non-NULL on the root). */
+int ddp_pg_gather(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *t, int root);
+
+/* in (world, ...out's shape) on rank `root` (NULL elsewhere): every rank's out receives
+ * in[rank]. */
+int ddp_pg_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in, int root);
+
+/* in and out (world * m, ...), same shape and dtype: chunk j of rank i's in (rows j*m ..
+ * j*m+m-1) goes to chunk i of rank j's out. */
+int ddp_pg_alltoall(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in);
+
+/* Point to point: send t to group rank `dst` / receive into t from group rank `src`, with a
+ * user tag (>= 0, < 2^24) that must match on both sides. dst/src != this rank. */
+int ddp_pg_send(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int dst, int tag);
+int ddp_pg_recv(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int src, int tag);
+
+/* Returns on every rank once all ranks reached it (and every earlier collective of this
+ * group finished on this rank). */
+int ddp_pg_barrier(ddp_work **work, ddp_pg *pg);
+
+/* Wait for the work to finish, at most timeout_s seconds (<= 0: the group's timeout). Its
+ * status: DDP_OK, the collective's failure (DDP_ERR_PEER, DDP_ERR_TIMEOUT, ...), or
+ * DDP_ERR_TIMEOUT when the wait ran out first (the work goes on). May be called again. */
+int ddp_work_wait(ddp_work *w, double timeout_s);
+
+/* 1 when the work finished (successfully or not), else 0. Never blocks. */
+int ddp_work_is_completed(ddp_work *w);
+
+/* Release the handle. Unfinished work still runs to its end (its tensors stay referenced
+ * until then). NULL is ignored. */
+void ddp_work_free(ddp_work *w);
+
+/* Finish the queued work, stop the communication thread and close the connections. Peers
+ * still in a collective with this rank then see it disconnect. NULL is ignored. A group's
+ * subgroups should be freed first (they share its store). */
+void ddp_pg_free(ddp_pg *pg);

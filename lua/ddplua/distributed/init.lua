@@ -1,0 +1,500 @@
+--- ddplua.distributed: process groups and collectives, as torch.distributed.
+--
+--   local dist = require "ddplua.distributed"
+--   dist.init_process_group{backend = "gloo"}          -- env:// from torchrun's variables
+--   dist.all_reduce(t, {op = "avg"})                   -- in place, blocking
+--   local w = dist.all_reduce(t, {async_op = true})    -- asynchronous: w:wait()
+--   dist.destroy_process_group()
+--
+-- Ranks are data: they count from 0, as in the environment and in PyTorch. `src`/`dst`
+-- arguments are global ranks, also with a subgroup (as PyTorch). Tensors: CPU, dtypes f32,
+-- f64, f16, bf16, i64, i32, u8. Every collective has a timeout (the group's, default 300 s);
+-- a dead peer or a timeout raises an error naming the collective, this rank and, when it can
+-- be known, the peer's rank, and the group is unusable afterwards.
+local lib = require "ddplua.lib"
+local tensor = require "ddplua.tensor"
+local Group = require "ddplua.distributed.group"
+local Work = require "ddplua.distributed.work"
+local ffi, C = lib.ffi, lib.C
+local check, raise = lib.check, lib.raise
+
+local M = {}
+
+M.Work = Work
+M.Group = Group
+
+--- PyTorch's default timeout of process groups and their store, in seconds.
+M.DEFAULT_TIMEOUT = 300
+
+-- The state of this process: the default group and how it was made.
+local state = { group = nil, store = nil, local_rank = 0, backend = nil }
+
+local pg_box = ffi.new("ddp_pg*[1]")
+local work_box = ffi.new("ddp_work*[1]")
+
+local ops = { sum = 0, avg = 1, min = 2, max = 3, product = 4 }
+M.ReduceOp = { SUM = "sum", AVG = "avg", MIN = "min", MAX = "max", PRODUCT = "product" }
+
+local function op_arg(opts, name)
+  local op = opts and opts.op or "sum"
+  local v = ops[type(op) == "string" and op:lower() or op]
+  if not v then
+    raise(("%s: unknown op '%s' (sum, avg, min, max, product)"):format(name, tostring(op)))
+  end
+  return v
+end
+
+local function tensor_arg(t, name, what)
+  if not tensor.is_tensor(t) then
+    raise(("%s: %s must be a tensor, got %s"):format(name, what, type(t)))
+  end
+  return t
+end
+
+-- ---- environment -------------------------------------------------------------------------
+
+local function env_int(names)
+  for _, n in ipairs(names) do
+    local v = os.getenv(n)
+    if v and v ~= "" then
+      local x = tonumber(v)
+      if not x or x ~= math.floor(x) then
+        raise(("init_process_group: environment variable %s=%q is not an integer"):format(n, v))
+      end
+      return x, n
+    end
+  end
+end
+
+-- Launchers and their variables: torchrun (and ddplua's launcher), Slurm's srun, Open MPI.
+local RANK_VARS = { "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK" }
+local SIZE_VARS = { "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE" }
+local LOCAL_VARS = { "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID" }
+
+--- dist.env_info() -> {rank =, world_size =, local_rank =} as read from the launcher's
+-- environment (torchrun's RANK / WORLD_SIZE / LOCAL_RANK, else Slurm's SLURM_PROCID /
+-- SLURM_NTASKS / SLURM_LOCALID, else Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK);
+-- fields are nil when not set.
+function M.env_info()
+  return { rank = env_int(RANK_VARS), world_size = env_int(SIZE_VARS), local_rank = env_int(LOCAL_VARS) }
+end
+
+-- ---- stores -------------------------------------------------------------------------------
+
+local store_mod
+local function store_module()
+  if store_mod == nil then
+    local ok, m = pcall(require, "ddplua.distributed.store")
+    store_mod = ok and m or false
+  end
+  return store_mod
+end
+
+local function parse_host_port(s, what)
+  local host, port = s:match("^%[(.+)%]:(%d+)$")
+  if not host then host, port = s:match("^([^:]+):(%d+)$") end
+  if not host then raise(("init_process_group: %s: expected host:port, got '%s'"):format(what, s)) end
+  return host, tonumber(port)
+end
+
+-- The store of init_method for this rank.
+local function make_store(init_method, rank, world_size, timeout)
+  local sm = store_module()
+  if not sm then raise("init_process_group: the store module (ddplua.distributed.store) is not available") end
+  local scheme, rest = init_method:match("^(%a+)://(.*)$")
+  if scheme == "env" then
+    local addr, port = os.getenv("MASTER_ADDR"), os.getenv("MASTER_PORT")
+    if not addr or addr == "" then
+      raise("init_process_group: env:// needs the environment variable MASTER_ADDR (the address of rank 0)")
+    end
+    if not port or not tonumber(port) then
+      raise("init_process_group: env:// needs the environment variable MASTER_PORT (a port number), got " ..
+            tostring(port))
+    end
+    return sm.TCPStore(addr, tonumber(port), { is_server = rank == 0, rank = rank, timeout = timeout })
+  elseif scheme == "tcp" then
+    local host, port = parse_host_port(rest, init_method)
+    return sm.TCPStore(host, port, { is_server = rank == 0, rank = rank, timeout = timeout })
+  elseif scheme == "file" then
+    if rest == "" then raise("init_process_group: file:// needs a path (file:///tmp/rendezvous)") end
+    return sm.FileStore(rest, { rank = rank, timeout = timeout })
+  end
+  raise(("init_process_group: unknown init_method '%s' (env://, tcp://host:port, file:///path)"):format(init_method))
+end
+
+-- ---- the default group --------------------------------------------------------------------
+
+--- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
+-- timeout = 300, store =}: join the job's default process group.
+-- rank / world_size: the arguments, else the launcher's environment (see env_info);
+-- init_method: "env://" (MASTER_ADDR, MASTER_PORT; rank 0 hosts the TCP store, the others
+-- connect), "tcp://host:port" (the same with that address), "file:///path" (a file store on
+-- a shared file system); `store` (a ddplua.distributed.store object) replaces init_method.
+-- timeout: seconds for the rendezvous and every collective. Raises when already
+-- initialised, on a missing rank/world size, an unknown backend, or a failed rendezvous
+-- (naming the rank).
+function M.init_process_group(opts)
+  opts = opts or {}
+  if state.group then raise("init_process_group: the default process group is already initialised") end
+  local backend = (opts.backend or "gloo"):lower()
+  if backend ~= "gloo" then
+    raise(("init_process_group: backend '%s' is not available (this build has gloo for CPU tensors)"):format(backend))
+  end
+  local env = M.env_info()
+  local rank = opts.rank or env.rank
+  local world_size = opts.world_size or env.world_size
+  if rank == nil then
+    raise("init_process_group: no rank: pass rank = or set RANK (or SLURM_PROCID, OMPI_COMM_WORLD_RANK)")
+  end
+  if world_size == nil then
+    raise("init_process_group: no world size: pass world_size = or set WORLD_SIZE (or SLURM_NTASKS, OMPI_COMM_WORLD_SIZE)")
+  end
+  if world_size < 1 or rank < 0 or rank >= world_size then
+    raise(("init_process_group: rank %d is out of range for world size %d (ranks count from 0)"):format(rank, world_size))
+  end
+  local timeout = opts.timeout or M.DEFAULT_TIMEOUT
+  if type(timeout) ~= "number" or not (timeout > 0) then
+    raise("init_process_group: timeout must be a number of seconds > 0, got " .. tostring(timeout))
+  end
+  local store = opts.store or make_store(opts.init_method or "env://", rank, world_size, timeout)
+  check(C.ddp_pg_new_gloo(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout))
+  local ranks = {}
+  for i = 1, world_size do ranks[i] = i - 1 end
+  state.group = Group.new(pg_box[0], ranks, { store = store, backend = backend })
+  state.store = store
+  state.backend = backend
+  state.local_rank = env.local_rank or rank
+end
+
+--- True once init_process_group succeeded (and destroy_process_group has not run).
+function M.is_initialized() return state.group ~= nil end
+
+--- True: this build has the gloo backend.
+function M.is_available() return true end
+function M.is_gloo_available() return true end
+function M.is_nccl_available() return false end
+
+local function default_group(op)
+  local g = state.group
+  if not g then raise(op .. ": the default process group is not initialised (call init_process_group)") end
+  return g
+end
+
+local function group_of(opts, op)
+  local g = opts and opts.group
+  if g == nil then return default_group(op) end
+  if getmetatable(g) ~= Group then raise(op .. ": group must be a process group from new_group") end
+  return g
+end
+
+--- dist.get_rank(group) -> this process's rank in group (default: the world; -1 when not a
+-- member of group).
+function M.get_rank(group)
+  if group then return group:rank() end
+  return default_group("get_rank"):rank()
+end
+
+--- dist.get_world_size(group) -> number of ranks in group (default: the world).
+function M.get_world_size(group)
+  if group then return group:size() end
+  return default_group("get_world_size"):size()
+end
+
+--- dist.get_local_rank() -> rank on this node (LOCAL_RANK, SLURM_LOCALID or
+-- OMPI_COMM_WORLD_LOCAL_RANK; the global rank when none is set).
+function M.get_local_rank()
+  default_group("get_local_rank")
+  return state.local_rank
+end
+
+--- dist.get_backend(group) -> "gloo".
+function M.get_backend(group)
+  return (group or default_group("get_backend")).backend
+end
+
+--- dist.get_default_group() -> the world's process group object (its `handle` field is the
+-- ddp_pg* for C code such as the DDP reducer).
+function M.get_default_group()
+  return default_group("get_default_group")
+end
+
+--- dist.get_store() -> the default group's store object.
+function M.get_store()
+  default_group("get_store")
+  return state.store
+end
+
+--- dist.get_process_group_ranks(group) -> list of the global ranks of group's members.
+function M.get_process_group_ranks(group)
+  local g = group or default_group("get_process_group_ranks")
+  local r = {}
+  for i, v in ipairs(g.ranks) do r[i] = v end
+  return r
+end
+
+--- dist.new_group(ranks, opts) -> a subgroup of the world with the given global ranks
+-- (default: all). Every rank must call it, in the same order relative to other new_group
+-- calls, with the same list; on ranks not in the list the returned group is not usable
+-- (get_rank(group) is -1 there). opts.timeout: seconds for its collectives (default: the
+-- world's).
+function M.new_group(ranks, opts)
+  local world = default_group("new_group")
+  if ranks == nil then ranks = world.ranks end
+  if type(ranks) ~= "table" then raise("new_group: ranks must be a list of ranks, got " .. type(ranks)) end
+  local n = #ranks
+  local buf = ffi.new("int[?]", math.max(n, 1))
+  local list = {}
+  for i = 1, n do
+    local r = ranks[i]
+    if type(r) ~= "number" or r ~= math.floor(r) then
+      raise(("new_group: entry %d of ranks must be an integer, got %s"):format(i, tostring(r)))
+    end
+    buf[i - 1] = r
+    list[i] = r
+  end
+  check(C.ddp_pg_new_group(pg_box, world.handle, buf, n))
+  local g = Group.new(pg_box[0], list, { parent = world, store = state.store, backend = world.backend })
+  world.children[#world.children + 1] = g
+  if opts and opts.timeout and g.handle then check(C.ddp_pg_set_timeout(g.handle, opts.timeout)) end
+  return g
+end
+
+--- dist.set_timeout(seconds, group): timeout of the collectives started from now on.
+function M.set_timeout(seconds, group)
+  check(C.ddp_pg_set_timeout((group or default_group("set_timeout")):ptr("set_timeout"), seconds))
+end
+
+--- dist.destroy_process_group(group): free group (default: the world and every subgroup,
+-- then the store). Queued work finishes first; peers still waiting on this rank then see it
+-- disconnect.
+function M.destroy_process_group(group)
+  if group and group ~= state.group then
+    group:destroy()
+    return
+  end
+  local g = default_group("destroy_process_group")
+  g:destroy()
+  if state.store and state.store.close then state.store:close() end
+  state.group, state.store, state.backend = nil, nil, nil
+end
+
+-- ---- collectives ------------------------------------------------------------------------
+
+-- Finish a submitted call: a Work for async_op, else nil (the call already waited).
+local function finish(opts, keep, after)
+  if opts and opts.async_op then return Work.new(work_box[0], keep, after) end
+  if after then after() end
+  return nil
+end
+
+local function wbox(opts) return opts and opts.async_op and work_box or nil end
+
+--- dist.all_reduce(t, {op = "sum", group =, async_op = false}): in place, t on every rank
+-- becomes op over all ranks' t. op: "sum", "avg" (floating dtypes), "min", "max",
+-- "product". Returns a Work when async_op, else nil.
+function M.all_reduce(t, opts)
+  local g = group_of(opts, "all_reduce")
+  tensor_arg(t, "all_reduce", "tensor")
+  check(C.ddp_pg_allreduce(wbox(opts), g:ptr("all_reduce"), t, op_arg(opts, "all_reduce")))
+  return finish(opts)
+end
+
+--- dist.broadcast(t, src, opts): t of global rank src copied into t on every rank.
+function M.broadcast(t, src, opts)
+  local g = group_of(opts, "broadcast")
+  tensor_arg(t, "broadcast", "tensor")
+  check(C.ddp_pg_broadcast(wbox(opts), g:ptr("broadcast"), t, g:group_rank(src, "broadcast: src")))
+  return finish(opts)
+end
+
+--- dist.all_gather(out, t, opts): out is a list of world-size tensors of t's shape and dtype
+-- (entry i, 1-based, receives the t of group rank i-1) or one tensor (world, ...t's shape).
+function M.all_gather(out, t, opts)
+  local g = group_of(opts, "all_gather")
+  tensor_arg(t, "all_gather", "tensor")
+  local h = g:ptr("all_gather")
+  if tensor.is_tensor(out) then
+    check(C.ddp_pg_allgather(wbox(opts), h, out, t))
+    return finish(opts)
+  end
+  if type(out) ~= "table" then raise("all_gather: output must be a list of tensors or a tensor") end
+  local n = #out
+  local arr = ffi.new("ddp_tensor*[?]", math.max(n, 1))
+  for i = 1, n do arr[i - 1] = tensor_arg(out[i], "all_gather", "output entry " .. i) end
+  check(C.ddp_pg_allgather_list(wbox(opts), h, arr, n, t))
+  return finish(opts, out)
+end
+M.all_gather_into_tensor = function(out, t, opts) return M.all_gather(out, t, opts) end
+
+--- dist.reduce_scatter(out, input, opts): input is one tensor (world * m, ...) or a list of
+-- world tensors of out's shape; out (m, ...) receives op over all ranks of the chunk at this
+-- rank's index. op as all_reduce.
+function M.reduce_scatter(out, input, opts)
+  local g = group_of(opts, "reduce_scatter")
+  tensor_arg(out, "reduce_scatter", "output")
+  if not tensor.is_tensor(input) then
+    if type(input) ~= "table" then raise("reduce_scatter: input must be a tensor or a list of tensors") end
+    for i = 1, #input do tensor_arg(input[i], "reduce_scatter", "input entry " .. i) end
+    if #input ~= g:size() then
+      raise(("reduce_scatter: the input list has %d tensors but the group has %d ranks"):format(#input, g:size()))
+    end
+    input = require("ddplua").cat(input, 1)
+  end
+  check(C.ddp_pg_reduce_scatter(wbox(opts), g:ptr("reduce_scatter"), out, input,
+                                op_arg(opts, "reduce_scatter")))
+  return finish(opts, input)
+end
+M.reduce_scatter_tensor = M.reduce_scatter
+
+--- dist.reduce(t, dst, opts): t of global rank dst becomes op over all ranks' t; other ranks'
+-- t is unchanged. op as all_reduce.
+function M.reduce(t, dst, opts)
+  local g = group_of(opts, "reduce")
+  tensor_arg(t, "reduce", "tensor")
+  check(C.ddp_pg_reduce(wbox(opts), g:ptr("reduce"), t, g:group_rank(dst, "reduce: dst"), op_arg(opts, "reduce")))
+  return finish(opts)
+end
+
+--- dist.gather(t, gather_list, dst, opts): on global rank dst, gather_list (a list of world
+-- tensors of t's shape, or one (world, ...) tensor) receives every rank's t in rank order;
+-- other ranks pass nil.
+function M.gather(t, gather_list, dst, opts)
+  local g = group_of(opts, "gather")
+  tensor_arg(t, "gather", "tensor")
+  dst = dst or 0
+  local h = g:ptr("gather")
+  local root = g:group_rank(dst, "gather: dst")
+  local out, after = nil, nil
+  if gather_list ~= nil then
+    if tensor.is_tensor(gather_list) then
+      out = gather_list
+    else
+      if type(gather_list) ~= "table" then raise("gather: gather_list must be a list of tensors or a tensor") end
+      if #gather_list ~= g:size() then
+        raise(("gather: gather_list has %d tensors but the group has %d ranks"):format(#gather_list, g:size()))
+      end
+      local shape = t:size()
+      table.insert(shape, 1, g:size())
+      out = require("ddplua").empty(shape, { dtype = t:type() })
+      after = function()
+        for i = 1, #gather_list do gather_list[i]:copy_(out:select(1, i)) end
+      end
+    end
+  end
+  check(C.ddp_pg_gather(wbox(opts), h, out, t, root))
+  return finish(opts, { out, gather_list }, after)
+end
+
+--- dist.scatter(t, scatter_list, src, opts): every rank's t receives entry (rank + 1) of
+-- scatter_list (a list of world tensors of t's shape, or one (world, ...) tensor) of global
+-- rank src; other ranks pass nil.
+function M.scatter(t, scatter_list, src, opts)
+  local g = group_of(opts, "scatter")
+  tensor_arg(t, "scatter", "tensor")
+  src = src or 0
+  local h = g:ptr("scatter")
+  local root = g:group_rank(src, "scatter: src")
+  local input = scatter_list
+  if input ~= nil and not tensor.is_tensor(input) then
+    if type(input) ~= "table" then raise("scatter: scatter_list must be a list of tensors or a tensor") end
+    if #input ~= g:size() then
+      raise(("scatter: scatter_list has %d tensors but the group has %d ranks"):format(#input, g:size()))
+    end
+    input = require("ddplua").stack(input, 1)
+  end
+  check(C.ddp_pg_scatter(wbox(opts), h, t, input, root))
+  return finish(opts, input)
+end
+
+--- dist.all_to_all(out, input, opts): tensors (world * m, ...) of the same shape: chunk j
+-- of rank i's input goes to chunk i of rank j's out. Lists of world tensors work too
+-- (entry j goes to rank j; entry i of out comes from rank i).
+function M.all_to_all(out, input, opts)
+  local g = group_of(opts, "all_to_all")
+  local h = g:ptr("all_to_all")
+  local dl = require("ddplua")
+  local after
+  local out_t, in_t = out, input
+  if not tensor.is_tensor(input) then
+    if type(input) ~= "table" or #input ~= g:size() then
+      raise(("all_to_all: input must be a tensor or a list of %d tensors"):format(g:size()))
+    end
+    in_t = dl.stack(input, 1)
+  end
+  if not tensor.is_tensor(out) then
+    if type(out) ~= "table" or #out ~= g:size() then
+      raise(("all_to_all: output must be a tensor or a list of %d tensors"):format(g:size()))
+    end
+    out_t = dl.empty(in_t:size(), { dtype = in_t:type() })
+    after = function()
+      for i = 1, #out do out[i]:copy_(out_t:select(1, i)) end
+    end
+  end
+  check(C.ddp_pg_alltoall(wbox(opts), h, out_t, in_t))
+  return finish(opts, { out_t, in_t, out }, after)
+end
+M.all_to_all_single = M.all_to_all
+
+--- dist.send(t, dst, opts{tag = 0}): send t to global rank dst.
+function M.send(t, dst, opts)
+  local g = group_of(opts, "send")
+  tensor_arg(t, "send", "tensor")
+  check(C.ddp_pg_send(wbox(opts), g:ptr("send"), t, g:group_rank(dst, "send: dst"), opts and opts.tag or 0))
+  return finish(opts)
+end
+
+--- dist.recv(t, src, opts{tag = 0}): receive into t from global rank src (required).
+function M.recv(t, src, opts)
+  local g = group_of(opts, "recv")
+  tensor_arg(t, "recv", "tensor")
+  check(C.ddp_pg_recv(wbox(opts), g:ptr("recv"), t, g:group_rank(src, "recv: src"), opts and opts.tag or 0))
+  return finish(opts)
+end
+
+--- dist.isend / dist.irecv: send / recv returning a Work.
+function M.isend(t, dst, opts)
+  local o = { group = opts and opts.group, tag = opts and opts.tag, async_op = true }
+  return M.send(t, dst, o)
+end
+function M.irecv(t, src, opts)
+  local o = { group = opts and opts.group, tag = opts and opts.tag, async_op = true }
+  return M.recv(t, src, o)
+end
+
+--- dist.barrier(opts): returns once every rank of the group reached it.
+function M.barrier(opts)
+  local g = group_of(opts, "barrier")
+  check(C.ddp_pg_barrier(wbox(opts), g:ptr("barrier")))
+  return finish(opts)
+end
+
+-- ---- helpers ------------------------------------------------------------------------------
+
+--- dist.reduce_tensor(t, opts) -> a new tensor: the mean of t over the ranks of opts.group
+-- (default: the world), in t's dtype when floating, else in f32. For logging metrics.
+function M.reduce_tensor(t, opts)
+  tensor_arg(t, "reduce_tensor", "tensor")
+  local d = t:detach()
+  local r = d:is_floating_point() and d:clone() or d:to("f32")
+  M.all_reduce(r, { op = "avg", group = opts and opts.group })
+  return r
+end
+
+--- dist.generator_for_rank(seed) -> a dl.Generator seeded seed + rank (rank 0 when not
+-- initialised): independent random streams per rank (dropout, augmentation).
+function M.generator_for_rank(seed)
+  local rank = state.group and state.group:rank() or 0
+  return require("ddplua").Generator((seed or 0) + rank)
+end
+
+--- dist.is_main_process() -> true on rank 0, and when no group is initialised.
+function M.is_main_process()
+  return not state.group or state.group:rank() == 0
+end
+
+--- dist.print0(...): print on rank 0 only (everywhere when not initialised).
+function M.print0(...)
+  if M.is_main_process() then print(...) end
+end
+
+return M

@@ -1,0 +1,36 @@
+--- ddplua.distributed.work: the handle of an asynchronous collective (PyTorch's Work),
+-- returned by the collectives when called with {async_op = true}.
+local lib = require "ddplua.lib"
+local C = lib.C
+
+local Work = {}
+Work.__index = Work
+
+--- Work.new(handle, keep): wrap a ddp_work* (owned); `keep` holds Lua values (output lists)
+-- alive until the work is collected, and `after` (optional) runs once after a successful
+-- wait (copying results into Lua-side outputs).
+function Work.new(handle, keep, after)
+  return setmetatable({ handle = lib.ffi.gc(handle, C.ddp_work_free), keep = keep, after = after }, Work)
+end
+
+--- work:wait(timeout) -> true once the collective finished on this rank. timeout: seconds
+-- (default: the group's timeout). Raises the collective's failure (a dead peer, a timeout:
+-- the message names the collective and the ranks), or a timeout error when the wait ran out
+-- first (the work goes on; wait may be called again).
+function Work:wait(timeout)
+  lib.check(C.ddp_work_wait(self.handle, timeout or 0))
+  if self.after then
+    local after = self.after
+    self.after = nil
+    after()
+  end
+  return true
+end
+
+--- work:is_completed() -> true when the collective finished (successfully or not). Never
+-- blocks.
+function Work:is_completed()
+  return C.ddp_work_is_completed(self.handle) ~= 0
+end
+
+return Work

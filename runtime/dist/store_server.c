@@ -1,0 +1,542 @@
+/* runtime/dist/store_server.c: the TCP store server, one poll() loop on a background thread
+ * serving many clients. Protocol: Note [store wire protocol]; waits never block the loop:
+ * Note [parked waits] (store_wire.h).
+ *
+ * Every request is length-checked as its bytes arrive (known opcode, argument count, key
+ * length 1 .. 64 KiB - 1, value length up to 1 GiB): a request that breaks a rule closes
+ * THAT connection, with a line on stderr, and the loop goes on serving the others. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dist/store_wire.h"
+
+typedef struct conn {
+  int fd;
+  char peer[64];          /* "address:port" for log lines */
+  store_buf in, out;
+  size_t out_off;         /* bytes of `out` already sent */
+  int parked_op;          /* 0, STORE_OP_GET or STORE_OP_WAIT */
+  char **parked_keys;     /* keys of the parked request */
+  size_t *parked_lens;
+  int nparked;
+} conn;
+
+struct store_server {
+  int listen_fd;
+  int wake[2];            /* a byte on wake[1] stops the loop */
+  int port;
+  pthread_t thread;
+  store_table table;
+  conn **conns;
+  int nconns, capconns;
+};
+
+/* ---- connections --------------------------------------------------------------------- */
+
+static void unpark(conn *c) {
+  for (int i = 0; i < c->nparked; i++) free(c->parked_keys[i]);
+  free(c->parked_keys);
+  free(c->parked_lens);
+  c->parked_keys = NULL;
+  c->parked_lens = NULL;
+  c->nparked = 0;
+  c->parked_op = 0;
+}
+
+static void conn_close(store_server *srv, int i, const char *why) {
+  conn *c = srv->conns[i];
+  if (why) fprintf(stderr, "ddplua store server (port %d): closing the connection from %s: %s\n",
+                   srv->port, c->peer, why);
+  close(c->fd);
+  unpark(c);
+  store_buf_free(&c->in);
+  store_buf_free(&c->out);
+  free(c);
+  srv->conns[i] = srv->conns[--srv->nconns];
+}
+
+/* Queue a reply; sending happens in flush. */
+static int reply(conn *c, int code, const void *data, size_t len) {
+  unsigned char hdr[5];
+  hdr[0] = (unsigned char)code;
+  store_put_u32(hdr + 1, (uint32_t)len);
+  if (store_buf_append(&c->out, hdr, 5) || store_buf_append(&c->out, data, len)) return -1;
+  return 0;
+}
+
+/* Send what the socket takes now. -1 when the connection failed. */
+static int flush(conn *c) {
+  while (c->out_off < c->out.len) {
+    ssize_t n = send(c->fd, c->out.data + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
+    if (n > 0) {
+      c->out_off += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    return -1;
+  }
+  c->out.len = c->out_off = 0;
+  return 0;
+}
+
+/* ---- request parsing ----------------------------------------------------------------- */
+
+typedef struct request {
+  int op;
+  uint32_t nargs;
+  const unsigned char **args; /* pointers into the connection's input buffer */
+  size_t *lens;
+  size_t size;                /* bytes of the whole request */
+} request;
+
+/* Argument count rules: exact count, or 1 .. STORE_MAX_NARGS keys for WAIT/CHECK. */
+static int nargs_ok(int op, uint32_t n) {
+  switch (op) {
+    case STORE_OP_SET: return n == 2;
+    case STORE_OP_GET: return n == 1;
+    case STORE_OP_ADD: return n == 2;
+    case STORE_OP_CAS: return n == 3;
+    case STORE_OP_WAIT:
+    case STORE_OP_CHECK: return n >= 1 && n <= STORE_MAX_NARGS;
+    case STORE_OP_DELETE: return n == 1;
+    case STORE_OP_NUMKEYS:
+    case STORE_OP_CANCEL: return n == 0;
+    default: return 0;
+  }
+}
+
+/* Is argument i of op a key (1 .. MAX_KEY bytes) rather than a value? */
+static int arg_is_key(int op, uint32_t i) {
+  return i == 0 || op == STORE_OP_WAIT || op == STORE_OP_CHECK;
+}
+
+/* Parse one request from the start of buf. Returns 1 (complete, *r filled: args arrays
+ * malloc'd), 0 (need more bytes) or -1 (malformed: `why` says how). Checks run on the
+ * prefix that has arrived, so an oversized length is refused before its bytes come. */
+static int parse(const unsigned char *buf, size_t len, request *r, char *why, size_t cap) {
+  if (len < 5) return 0;
+  r->op = buf[0];
+  r->nargs = store_get_u32(buf + 1);
+  if (r->op < 1 || r->op > STORE_OP_LAST) {
+    snprintf(why, cap, "unknown opcode %d", r->op);
+    return -1;
+  }
+  if (!nargs_ok(r->op, r->nargs)) {
+    snprintf(why, cap, "opcode %d with %u arguments", r->op, r->nargs);
+    return -1;
+  }
+  size_t off = 5, total = 5;
+  for (uint32_t i = 0; i < r->nargs; i++) {
+    if (len < off + 4) return 0;
+    size_t n = store_get_u32(buf + off);
+    if (arg_is_key(r->op, i) && (n == 0 || n > STORE_MAX_KEY)) {
+      snprintf(why, cap, "key of %zu bytes (1 .. %zu allowed)", n, STORE_MAX_KEY);
+      return -1;
+    }
+    if (n > STORE_MAX_VALUE) {
+      snprintf(why, cap, "value of %zu bytes (1 GiB allowed)", n);
+      return -1;
+    }
+    if (r->op == STORE_OP_ADD && i == 1 && n != 8) {
+      snprintf(why, cap, "add with a %zu-byte delta (8 expected)", n);
+      return -1;
+    }
+    total += 4 + n;
+    if (total > STORE_MAX_REQUEST) {
+      snprintf(why, cap, "request of more than %zu bytes", (size_t)STORE_MAX_REQUEST);
+      return -1;
+    }
+    if (len < off + 4 + n) return 0;
+    off += 4 + n;
+  }
+  r->size = off;
+  r->args = malloc(sizeof *r->args * (r->nargs ? r->nargs : 1));
+  r->lens = malloc(sizeof *r->lens * (r->nargs ? r->nargs : 1));
+  if (!r->args || !r->lens) {
+    free(r->args);
+    free(r->lens);
+    snprintf(why, cap, "out of memory");
+    return -1;
+  }
+  off = 5;
+  for (uint32_t i = 0; i < r->nargs; i++) {
+    r->lens[i] = store_get_u32(buf + off);
+    r->args[i] = buf + off + 4;
+    off += 4 + r->lens[i];
+  }
+  return 1;
+}
+
+/* ---- serving ------------------------------------------------------------------------- */
+
+static int all_present(store_server *srv, conn *c) {
+  for (int i = 0; i < c->nparked; i++)
+    if (!store_table_find(&srv->table, c->parked_keys[i], c->parked_lens[i])) return 0;
+  return 1;
+}
+
+/* Answer a parked request whose keys are all set now. */
+static int answer_parked(store_server *srv, conn *c) {
+  int rc = 0;
+  if (c->parked_op == STORE_OP_GET) {
+    store_entry *e = store_table_find(&srv->table, c->parked_keys[0], c->parked_lens[0]);
+    rc = reply(c, STORE_REPLY_OK, e->value, e->vlen);
+  } else {
+    rc = reply(c, STORE_REPLY_OK, NULL, 0);
+  }
+  unpark(c);
+  return rc;
+}
+
+/* A key was set: answer the parked requests it completes. */
+static void wake_waiters(store_server *srv, const char *key, size_t klen) {
+  for (int i = 0; i < srv->nconns; i++) {
+    conn *c = srv->conns[i];
+    if (!c->parked_op) continue;
+    int mentions = 0;
+    for (int k = 0; k < c->nparked && !mentions; k++)
+      mentions = c->parked_lens[k] == klen && memcmp(c->parked_keys[k], key, klen) == 0;
+    if (mentions && all_present(srv, c)) answer_parked(srv, c);
+  }
+}
+
+static int park(conn *c, const request *r) {
+  c->parked_keys = calloc(r->nargs, sizeof *c->parked_keys);
+  c->parked_lens = calloc(r->nargs, sizeof *c->parked_lens);
+  if (!c->parked_keys || !c->parked_lens) return -1;
+  c->parked_op = r->op;
+  for (uint32_t i = 0; i < r->nargs; i++) {
+    c->parked_keys[i] = malloc(r->lens[i] + 1);
+    if (!c->parked_keys[i]) return -1;
+    memcpy(c->parked_keys[i], r->args[i], r->lens[i]);
+    c->parked_keys[i][r->lens[i]] = 0;
+    c->parked_lens[i] = r->lens[i];
+    c->nparked = (int)i + 1;
+  }
+  return 0;
+}
+
+/* Run one request. Returns 0, or -1 to close the connection (why filled). */
+static int serve(store_server *srv, conn *c, const request *r, char *why, size_t cap) {
+  const char *key = r->nargs ? (const char *)r->args[0] : NULL;
+  size_t klen = r->nargs ? r->lens[0] : 0;
+  if (c->parked_op && r->op != STORE_OP_CANCEL) {
+    snprintf(why, cap, "opcode %d while a wait is parked (only cancel is allowed)", r->op);
+    return -1;
+  }
+  int rc = 0;
+  switch (r->op) {
+    case STORE_OP_SET:
+      if (store_table_set(&srv->table, key, klen, r->args[1], r->lens[1])) goto oom;
+      rc = reply(c, STORE_REPLY_OK, NULL, 0);
+      wake_waiters(srv, key, klen);
+      break;
+    case STORE_OP_GET:
+    case STORE_OP_WAIT: {
+      if (park(c, r)) goto oom;
+      if (all_present(srv, c)) rc = answer_parked(srv, c);
+      break;
+    }
+    case STORE_OP_ADD: {
+      int64_t cur = 0, delta = (int64_t)store_get_u64(r->args[1]);
+      store_entry *e = store_table_find(&srv->table, key, klen);
+      if (e && store_parse_i64(e->value, e->vlen, &cur)) {
+        char msg[200];
+        int n = snprintf(msg, sizeof msg, "the value is not a decimal integer (%zu bytes: '%.40s')",
+                         e->vlen, (const char *)e->value);
+        rc = reply(c, STORE_REPLY_ERR, msg, (size_t)(n < (int)sizeof msg ? n : (int)sizeof msg - 1));
+        break;
+      }
+      int64_t now = (int64_t)((uint64_t)cur + (uint64_t)delta);  // wraps as int64 in PyTorch
+      char text[32];
+      int n = snprintf(text, sizeof text, "%lld", (long long)now);
+      if (store_table_set(&srv->table, key, klen, text, (size_t)n)) goto oom;
+      unsigned char out[8];
+      store_put_u64(out, (uint64_t)now);
+      rc = reply(c, STORE_REPLY_OK, out, 8);
+      wake_waiters(srv, key, klen);
+      break;
+    }
+    case STORE_OP_CAS: {
+      store_entry *e = store_table_find(&srv->table, key, klen);
+      const unsigned char *exp = r->args[1], *des = r->args[2];
+      size_t elen = r->lens[1], dlen = r->lens[2];
+      if ((!e && elen == 0) ||
+          (e && e->vlen == elen && (elen == 0 || memcmp(e->value, exp, elen) == 0))) {
+        if (store_table_set(&srv->table, key, klen, des, dlen)) goto oom;
+        rc = reply(c, STORE_REPLY_OK, des, dlen);
+        wake_waiters(srv, key, klen);
+      } else if (e) {
+        rc = reply(c, STORE_REPLY_OK, e->value, e->vlen);
+      } else {
+        rc = reply(c, STORE_REPLY_OK, exp, elen);  // missing key, non-empty expected: PyTorch
+      }
+      break;
+    }
+    case STORE_OP_CHECK: {
+      unsigned char all = 1;
+      for (uint32_t i = 0; i < r->nargs && all; i++)
+        all = store_table_find(&srv->table, (const char *)r->args[i], r->lens[i]) != NULL;
+      rc = reply(c, STORE_REPLY_OK, &all, 1);
+      break;
+    }
+    case STORE_OP_DELETE: {
+      unsigned char d = (unsigned char)store_table_delete(&srv->table, key, klen);
+      rc = reply(c, STORE_REPLY_OK, &d, 1);
+      break;
+    }
+    case STORE_OP_NUMKEYS: {
+      unsigned char out[8];
+      store_put_u64(out, (uint64_t)srv->table.count);
+      rc = reply(c, STORE_REPLY_OK, out, 8);
+      break;
+    }
+    case STORE_OP_CANCEL:
+      unpark(c);
+      rc = reply(c, STORE_REPLY_CANCELLED, NULL, 0);
+      break;
+  }
+  if (rc) goto oom;
+  return 0;
+oom:
+  snprintf(why, cap, "out of memory serving opcode %d", r->op);
+  return -1;
+}
+
+/* Run every complete request in c's input. -1 closes the connection. */
+static int process_input(store_server *srv, conn *c, char *why, size_t cap) {
+  size_t off = 0;
+  int rc = 0;
+  for (;;) {
+    request r = {0};
+    int p = parse(c->in.data + off, c->in.len - off, &r, why, cap);
+    if (p < 0) {
+      rc = -1;
+      break;
+    }
+    if (p == 0) break;
+    rc = serve(srv, c, &r, why, cap);
+    free(r.args);
+    free(r.lens);
+    off += r.size;
+    if (rc) break;
+  }
+  if (off) {
+    memmove(c->in.data, c->in.data + off, c->in.len - off);
+    c->in.len -= off;
+  }
+  return rc;
+}
+
+/* Read what is there. -1 closes (why filled, or "" for an orderly close). */
+static int read_input(store_server *srv, conn *c, char *why, size_t cap) {
+  for (;;) {
+    if (store_buf_reserve(&c->in, 65536)) {
+      snprintf(why, cap, "out of memory");
+      return -1;
+    }
+    ssize_t n = recv(c->fd, c->in.data + c->in.len, c->in.cap - c->in.len, 0);
+    if (n > 0) {
+      c->in.len += (size_t)n;
+      if (process_input(srv, c, why, cap)) return -1;
+      continue;
+    }
+    if (n == 0) {
+      why[0] = 0;
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    snprintf(why, cap, "recv: %s", strerror(errno));
+    return -1;
+  }
+}
+
+static void accept_all(store_server *srv) {
+  for (;;) {
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(srv->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        fprintf(stderr, "ddplua store server (port %d): accept: %s\n", srv->port, strerror(errno));
+      return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    conn *c = calloc(1, sizeof *c);
+    if (srv->nconns == srv->capconns) {
+      int cap = srv->capconns ? srv->capconns * 2 : 16;
+      conn **p = realloc(srv->conns, sizeof *p * (size_t)cap);
+      if (p) {
+        srv->conns = p;
+        srv->capconns = cap;
+      }
+    }
+    if (!c || srv->nconns == srv->capconns) {
+      fprintf(stderr, "ddplua store server (port %d): out of memory for a connection\n", srv->port);
+      free(c);
+      close(fd);
+      continue;
+    }
+    c->fd = fd;
+    char host[48] = "?", serv[16] = "?";
+    getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, serv, sizeof serv,
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    const char *h = strncmp(host, "::ffff:", 7) == 0 ? host + 7 : host;  // IPv4 on the v6 socket
+    snprintf(c->peer, sizeof c->peer, "%s:%s", h, serv);
+    srv->conns[srv->nconns++] = c;
+  }
+}
+
+static void *server_main(void *arg) {
+  store_server *srv = arg;
+  struct pollfd *pfds = NULL;
+  int cap = 0;
+  for (;;) {
+    int n = srv->nconns + 2;
+    if (n > cap) {
+      struct pollfd *p = realloc(pfds, sizeof *p * (size_t)n * 2);
+      if (!p) {
+        fprintf(stderr, "ddplua store server (port %d): out of memory; stopping\n", srv->port);
+        break;
+      }
+      pfds = p;
+      cap = n * 2;
+    }
+    pfds[0] = (struct pollfd){srv->wake[0], POLLIN, 0};
+    pfds[1] = (struct pollfd){srv->listen_fd, POLLIN, 0};
+    int nc = srv->nconns;
+    for (int i = 0; i < nc; i++) {
+      conn *c = srv->conns[i];
+      pfds[i + 2] = (struct pollfd){c->fd, (short)(POLLIN | (c->out.len > c->out_off ? POLLOUT : 0)), 0};
+    }
+    if (poll(pfds, (nfds_t)(nc + 2), -1) < 0) {
+      if (errno == EINTR) continue;
+      fprintf(stderr, "ddplua store server (port %d): poll: %s; stopping\n", srv->port, strerror(errno));
+      break;
+    }
+    if (pfds[0].revents) break;
+    /* Connections first (indices stay valid: closing moves the last one into the hole, so walk
+     * backwards), then new ones. */
+    for (int i = nc - 1; i >= 0; i--) {
+      conn *c = srv->conns[i];
+      char why[200] = "";
+      int bad = 0;
+      if (pfds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) bad = read_input(srv, c, why, sizeof why);
+      if (!bad && flush(c)) snprintf(why, sizeof why, "send: %s", strerror(errno)), bad = -1;
+      if (bad) conn_close(srv, i, why[0] ? why : NULL);
+    }
+    /* Replies queued for other connections (wake_waiters) go out now. */
+    for (int i = srv->nconns - 1; i >= 0; i--)
+      if (srv->conns[i]->out.len > srv->conns[i]->out_off && flush(srv->conns[i]))
+        conn_close(srv, i, "send failed");
+    if (pfds[1].revents & POLLIN) accept_all(srv);
+  }
+  free(pfds);
+  return NULL;
+}
+
+/* ---- start / stop -------------------------------------------------------------------- */
+
+/* Listen on every interface (as PyTorch's TCPStore does: MASTER_ADDR may name this machine by
+ * an address other than the one it resolves to here), dual-stack IPv6 when there is one. */
+static int open_listener(int port, int *out_fd, char *err, size_t cap) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1, zero = 0;
+  if (fd >= 0) {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    struct sockaddr_in6 a = {0};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons((uint16_t)port);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 512) == 0) {
+      *out_fd = fd;
+      return 0;
+    }
+    snprintf(err, cap, "%s", strerror(errno));
+    close(fd);
+    if (errno == EADDRINUSE) return -1;
+  }
+  fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    snprintf(err, cap, "socket: %s", strerror(errno));
+    return -1;
+  }
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons((uint16_t)port);
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 512) == 0) {
+    *out_fd = fd;
+    return 0;
+  }
+  snprintf(err, cap, "%s", strerror(errno));
+  close(fd);
+  return -1;
+}
+
+int store_server_start(store_server **out, const char *host, int port) {
+  *out = NULL;
+  store_server *srv = calloc(1, sizeof *srv);
+  if (!srv) DDP_FAIL(DDP_ERR_MEMORY, "store server: out of memory");
+  srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
+  char err[160] = "";
+  if (open_listener(port, &srv->listen_fd, err, sizeof err)) {
+    free(srv);
+    DDP_FAIL(DDP_ERR_IO, "store server: cannot listen on %s:%d (%s)", host, port, err);
+  }
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  getsockname(srv->listen_fd, (struct sockaddr *)&sa, &sl);
+  srv->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                             : ((struct sockaddr_in *)&sa)->sin_port);
+  if (pipe2(srv->wake, O_CLOEXEC) != 0) {
+    int e = errno;
+    close(srv->listen_fd);
+    free(srv);
+    DDP_FAIL(DDP_ERR_IO, "store server: pipe: %s", strerror(e));
+  }
+  int rc = pthread_create(&srv->thread, NULL, server_main, srv);
+  if (rc) {
+    close(srv->listen_fd);
+    close(srv->wake[0]);
+    close(srv->wake[1]);
+    free(srv);
+    DDP_FAIL(DDP_ERR_IO, "store server: cannot start its thread: %s", strerror(rc));
+  }
+  *out = srv;
+  return DDP_OK;
+}
+
+int store_server_port(const store_server *srv) { return srv->port; }
+
+void store_server_stop(store_server *srv) {
+  if (!srv) return;
+  ssize_t w;
+  do w = write(srv->wake[1], "x", 1);
+  while (w < 0 && errno == EINTR);
+  pthread_join(srv->thread, NULL);
+  while (srv->nconns) conn_close(srv, srv->nconns - 1, NULL);
+  free(srv->conns);
+  store_table_clear(&srv->table);
+  close(srv->listen_fd);
+  close(srv->wake[0]);
+  close(srv->wake[1]);
+  free(srv);
+}

@@ -1,0 +1,164 @@
+/* runtime/dist/store_wire.h: internals of the store (store.c client, store_server.c server,
+ * store_file.c file store): the wire protocol, the store struct, small shared helpers.
+ *
+ * Note [store wire protocol]
+ * Every integer is little-endian. A request is
+ *     u8 opcode | u32 nargs | nargs times (u32 len | len bytes)
+ * and a reply is
+ *     u8 code | u32 len | len bytes.
+ * Requests and their arguments (the server checks the opcode, nargs, every length against
+ * the caps below, and closes the connection of a request that breaks them):
+ *     SET     key value          -> OK, empty
+ *     GET     key                -> OK value; parked until the key is set (Note [parked waits])
+ *     ADD     key delta(8 bytes) -> OK new value (8 bytes), or ERR text (value not integer)
+ *     CAS     key expected desired -> OK value now stored
+ *     WAIT    key...             -> OK, empty; parked until all keys are set
+ *     CHECK   key...             -> OK 1 byte (1 = all present)
+ *     DELETE  key                -> OK 1 byte (1 = existed)
+ *     NUMKEYS                    -> OK 8 bytes
+ *     CANCEL                     -> CANCELLED, empty
+ *
+ * Note [parked waits]
+ * GET and WAIT on missing keys are parked on the server (the loop never blocks) and answered
+ * when a SET/ADD/CAS provides the last missing key. The client times out on its own: it then
+ * sends CANCEL. The server answers every CANCEL with CANCELLED after dropping the parked
+ * request, if still parked. Replies keep request order, so the client reads replies until
+ * CANCELLED: when the real answer came first (the key arrived just in time) it is used, and
+ * the connection stays in step either way. While a request is parked the server accepts only
+ * CANCEL from that connection (anything else is a protocol error that closes it).
+ */
+#ifndef DDP_STORE_WIRE_H
+#define DDP_STORE_WIRE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+
+enum {
+  STORE_OP_SET = 1,
+  STORE_OP_GET = 2,
+  STORE_OP_ADD = 3,
+  STORE_OP_CAS = 4,
+  STORE_OP_WAIT = 5,
+  STORE_OP_CHECK = 6,
+  STORE_OP_DELETE = 7,
+  STORE_OP_NUMKEYS = 8,
+  STORE_OP_CANCEL = 9,
+  STORE_OP_LAST = 9,
+};
+
+enum { STORE_REPLY_OK = 0, STORE_REPLY_ERR = 1, STORE_REPLY_CANCELLED = 2 };
+
+#define STORE_MAX_KEY ((size_t)65535)         /* bytes of one key */
+#define STORE_MAX_VALUE ((size_t)1 << 30)     /* bytes of one value: 1 GiB */
+#define STORE_MAX_NARGS 65536u                /* keys of one WAIT/CHECK */
+#define STORE_MAX_REQUEST (STORE_MAX_VALUE * 2 + ((size_t)1 << 24)) /* whole request (CAS) */
+
+/* little-endian helpers */
+static inline void store_put_u32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline uint32_t store_get_u32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static inline void store_put_u64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline uint64_t store_get_u64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+/* A growable byte buffer. */
+typedef struct store_buf {
+  unsigned char *data;
+  size_t len, cap;
+} store_buf;
+
+int store_buf_reserve(store_buf *b, size_t extra);
+int store_buf_append(store_buf *b, const void *p, size_t n);
+void store_buf_free(store_buf *b);
+
+/* The in-memory table (server and file store): key -> value, chained hash. */
+typedef struct store_entry {
+  struct store_entry *next;
+  char *key;
+  size_t klen;
+  unsigned char *value; /* malloc'd, NUL after len bytes */
+  size_t vlen;
+} store_entry;
+
+typedef struct store_table {
+  store_entry **slots;
+  size_t nslots, count;
+} store_table;
+
+store_entry *store_table_find(store_table *t, const char *key, size_t klen);
+/* Set (copying key and value); returns DDP_OK or DDP_ERR_MEMORY. */
+int store_table_set(store_table *t, const char *key, size_t klen, const void *v, size_t vlen);
+/* 1 when the key existed. */
+int store_table_delete(store_table *t, const char *key, size_t klen);
+void store_table_clear(store_table *t);
+
+/* Parse the decimal integer held by a value (whole value, optional sign): 0 on success. */
+int store_parse_i64(const unsigned char *v, size_t len, int64_t *out);
+
+/* The server (store_server.c). */
+typedef struct store_server store_server;
+/* Bind host:port (port 0: any free port) and start the serving thread. */
+int store_server_start(store_server **out, const char *host, int port);
+int store_server_port(const store_server *srv);
+/* Stop the thread, close every connection, free. */
+void store_server_stop(store_server *srv);
+
+/* The file store's half (store_file.c). */
+typedef struct store_file store_file;
+
+enum { STORE_KIND_TCP = 1, STORE_KIND_FILE = 2 };
+
+struct ddp_store {
+  int kind;
+  int rank;            /* named in messages; -1: none (atomic access) */
+  double timeout_s;    /* default timeout of blocking calls (atomic access) */
+  pthread_mutex_t mu;  /* one call at a time (Gloo calls from its own threads) */
+  /* TCP */
+  int fd;              /* client socket, -1 once broken */
+  char host[256];
+  int port;
+  char broken[256];    /* why the connection is unusable ("" while fine) */
+  store_server *server;
+  /* file */
+  store_file *file;
+};
+
+/* "store (rank 1)" or "store" into buf. */
+const char *store_who(const ddp_store *s, char *buf, size_t cap);
+
+/* The store's timeout (read atomically: ddp_store_set_timeout does not take the mutex). */
+double store_timeout(const ddp_store *s);
+
+/* Write the keys as "'a', 'b'" (shortened past a few hundred bytes) for messages. */
+const char *store_keys_text(const char *const *keys, int n, char *buf, size_t cap);
+
+/* Seconds on the monotonic clock. */
+double store_now(void);
+
+/* File store operations (store_file.c), called under s->mu. */
+int store_file_open(store_file **out, const char *path);
+void store_file_close(store_file *f);
+int store_file_set(ddp_store *s, const char *key, const void *v, size_t len);
+int store_file_get(ddp_store *s, const char *key, void **v, size_t *len);
+int store_file_add(ddp_store *s, const char *key, int64_t delta, int64_t *result);
+int store_file_cas(ddp_store *s, const char *key, const void *e, size_t elen, const void *d,
+                   size_t dlen, void **r, size_t *rlen);
+int store_file_wait(ddp_store *s, const char *const *keys, int n, double timeout_s);
+int store_file_check(ddp_store *s, const char *const *keys, int n, int *all);
+int store_file_delete(ddp_store *s, const char *key, int *deleted);
+int store_file_num_keys(ddp_store *s, int64_t *n);
+
+#endif
