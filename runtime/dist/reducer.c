@@ -8,21 +8,6 @@
 
 #include "core/core.h"
 
-/* TEMPORARY until the gloo branch (ddplua/pg.h) is merged: its declarations, weak so the
- * library links without it; reducers with pg == NULL never call them. */
-#ifndef DDP_PG_MERGED
-typedef struct ddp_pg ddp_pg;
-typedef struct ddp_work ddp_work;
-enum { DDP_REDUCE_SUM = 0 };
-int ddp_pg_rank(const ddp_pg *pg) __attribute__((weak));
-int ddp_pg_size(const ddp_pg *pg) __attribute__((weak));
-const char *ddp_pg_error(const ddp_pg *pg) __attribute__((weak));
-int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op) __attribute__((weak));
-int ddp_pg_broadcast(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root) __attribute__((weak));
-int ddp_work_wait(ddp_work *w, double timeout_s) __attribute__((weak));
-void ddp_work_free(ddp_work *w) __attribute__((weak));
-#endif
-
 enum { DEFAULT_TIMEOUT_S = 300 };
 
 /* A group of parameters whose gradients are all-reduced together through one flat buffer. */

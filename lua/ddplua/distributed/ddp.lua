@@ -33,9 +33,7 @@ local digest_box = ffi.new("uint64_t[1]")
 
 local function dist_module() return require "ddplua.distributed" end
 
--- The group to reduce over: opts.process_group, else the default (world) group. The
--- distributed module has no public accessor of its default group yet; without one, DDP
--- makes its own group of all ranks (a collective, like DDP's construction itself).
+-- The group to reduce over: opts.process_group, else the default (world) group.
 local function resolve_group(pg)
   if pg ~= nil then return pg end
   local dist = dist_module()
@@ -43,9 +41,7 @@ local function resolve_group(pg)
     raise("DistributedDataParallel: the default process group is not initialised (call " ..
           "dist.init_process_group first, or pass process_group =)")
   end
-  if type(dist._get_default_group) == "function" then return dist._get_default_group() end
-  if dist.group and dist.group.WORLD then return dist.group.WORLD end
-  return dist.new_group()
+  return dist.get_default_group()
 end
 
 -- ---- small collectives on int64 rows (through the C process group directly) ----------
