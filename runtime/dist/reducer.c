@@ -225,7 +225,7 @@ static int launch_ready_buckets(ddp_reducer *r) {
 static int copy_scaled(ddp_tensor *dst, const ddp_tensor *src, double scale) {
   if (!src) return ddp_zero_(dst);
   int64_t n = dst->numel;
-  if (src->dtype == dst->dtype && ddp_tensor_is_contiguous(src)) {
+  if (src != dst && src->dtype == dst->dtype && ddp_tensor_is_contiguous(src)) {
     if (dst->dtype == DDP_F32) {
       float *restrict d = (float *)ddp_data(dst);
       const float *restrict s = (const float *)ddp_data(src);
