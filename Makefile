@@ -7,7 +7,8 @@
 #                   when not root); does nothing when they are all present
 #   make config     print what was found, one ✓ or ✗ line each
 #   make test       deps + build + every spec under busted/LuaJIT (ends with "N passed, N failed")
-#   make train      deps + build + train the default config on Fashion-MNIST
+#   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
+#                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md
 #   make clean
 #
@@ -163,8 +164,7 @@ test: deps
 
 train: deps
 	@$(MAKE) --no-print-directory all
-	@if [ -f train.lua ]; then $(BUILD)/ddplua train.lua; \
-	else echo "make train: train.lua arrives with the training issue (#3); the engine is built."; fi
+	$(BUILD)/ddplua --nproc_per_node=2 train.lua
 
 bench: deps
 	@$(MAKE) --no-print-directory all

@@ -350,6 +350,7 @@ local function main(argv)
       })
       train_state.save_model(cfg.out .. "/model.safetensors", model)
     end
+    if dist then net:verify_sync() end -- raises naming a tensor whose replicas drifted apart
     if opts.save_all_ranks then
       if dist then dist.barrier() end -- rank 0 made the folder
       train_state.save_model(("%s/model_rank%d.safetensors"):format(cfg.out, rank), model)

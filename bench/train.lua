@@ -1,7 +1,10 @@
 --- bench/train.lua: training throughput of one model on Fashion-MNIST, for the side-by-side
 -- comparison with PyTorch (bench/train_torch.py does the same there).
 --   build/ddplua bench/train.lua --model cnn|mlp --threads N [--steps 200] [--warmup 20]
--- Prints one line: "model=<m> threads=<n> samples_per_s=<x> peak_rss_mb=<y>".
+--   build/ddplua --nproc_per_node=2 bench/train.lua --model cnn --threads 1   # DDP
+-- Prints one line (rank 0): "model=<m> threads=<n> samples_per_s=<x> peak_rss_mb=<y>";
+-- under the launcher the model is wrapped in DDP, each rank takes batches of 64 from its
+-- DistributedSampler shard, and samples/s counts all ranks.
 -- Same model, data, batch size (64) and optimizer (SGD lr 0.05 momentum 0.9) as train.lua;
 -- the timed steps exclude the warm-up steps and the data loading set-up.
 local dl = require "ddplua"
@@ -20,16 +23,26 @@ end
 dl.set_num_threads(threads)
 dl.manual_seed(0)
 
+local world, dist = tonumber(os.getenv("WORLD_SIZE") or "1"), nil
 local model = require("models." .. model_name)()
+local net = model
+local train_set = data.FashionMNIST { train = true }
+local loader_opts = { batch_size = 64, shuffle = true, generator = dl.Generator(1) }
+if world > 1 then
+  dist = require "ddplua.distributed"
+  dist.init_process_group { backend = "gloo" }
+  net = dist.DistributedDataParallel(model)
+  loader_opts.shuffle = nil
+  loader_opts.sampler = dist.DistributedSampler(#train_set, { shuffle = true })
+end
 local opt = optim.SGD(model:parameters(), { lr = 0.05, momentum = 0.9 })
-local loader = data.DataLoader(data.FashionMNIST { train = true },
-  { batch_size = 64, shuffle = true, generator = dl.Generator(1) })
+local loader = data.DataLoader(train_set, loader_opts)
 
 local done, t0 = 0, nil
 for x, y in loader:iter() do
   if done == warmup then t0 = clock.now() end
   opt:zero_grad()
-  local loss = dl.cross_entropy(model(x), y)
+  local loss = dl.cross_entropy(net(x), y)
   loss:backward()
   opt:step()
   done = done + 1
@@ -44,5 +57,8 @@ pcall(ffi.cdef, [[
 ]])
 local ru = ffi.new("struct bench_rusage")
 ffi.C.getrusage(0, ru)
-print(("model=%s threads=%d samples_per_s=%.1f peak_rss_mb=%.1f"):format(model_name, threads,
-  steps * 64 / seconds, tonumber(ru.maxrss) / 1024))
+if not dist or dist.get_rank() == 0 then
+  print(("model=%s threads=%d samples_per_s=%.1f peak_rss_mb=%.1f"):format(model_name, threads,
+    world * steps * 64 / seconds, tonumber(ru.maxrss) / 1024))
+end
+if dist then dist.destroy_process_group() end

@@ -1,6 +1,9 @@
 """bench/train_torch.py: PyTorch's side of bench/train.lua (same models, data, batch 64,
 SGD lr 0.05 momentum 0.9). Run with Debian's /usr/bin/python3 (python3-torch, CPU):
     OPENBLAS_NUM_THREADS=N OMP_NUM_THREADS=N /usr/bin/python3 bench/train_torch.py --model cnn --threads N
+or under torchrun for DDP (gloo, DistributedSampler, batch 64 per rank; samples/s of all
+ranks, printed by rank 0):
+    /usr/bin/python3 -m torch.distributed.run --nproc_per_node 2 --redirects 2 --tee 2 bench/train_torch.py ...
 Prints "model=<m> threads=<n> samples_per_s=<x> peak_rss_mb=<y>". PyTorch at its best per
 TOOLCHAIN.md: thread variables set before import, OMP_WAIT_POLICY=PASSIVE set by the caller."""
 import argparse, gzip, resource, time
@@ -33,15 +36,25 @@ if a.model == "cnn":
 else:
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
                           nn.ReLU(), nn.Linear(128, 10))
+import os
+world = int(os.environ.get("WORLD_SIZE", "1"))
+dataset = torch.utils.data.TensorDataset(x_all, y_all)
+if world > 1:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    net = nn.parallel.DistributedDataParallel(model)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64,
+                                         sampler=torch.utils.data.distributed.DistributedSampler(dataset))
+else:
+    net = model
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=True)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_all, y_all), batch_size=64,
-                                     shuffle=True)
 done, t0 = 0, None
 for x, y in loader:
     if done == a.warmup:
         t0 = time.perf_counter()
     opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
+    loss = nn.functional.cross_entropy(net(x), y)
     loss.backward()
     opt.step()
     done += 1
@@ -49,4 +62,7 @@ for x, y in loader:
         break
 seconds = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(f"model={a.model} threads={a.threads} samples_per_s={a.steps * 64 / seconds:.1f} peak_rss_mb={rss:.1f}")
+if world == 1 or dist.get_rank() == 0:
+    print(f"model={a.model} threads={a.threads} samples_per_s={world * a.steps * 64 / seconds:.1f} peak_rss_mb={rss:.1f}", flush=True)
+if world > 1:
+    dist.destroy_process_group()

@@ -70,6 +70,22 @@ describe("train.lua", function()
       read_file(dir .. "/part/metrics.csv"):match("\n2,[^\n]*"):match("^\n2,%d+,[^,]+,([^,]+)"))
   end)
 
+  it("trains under the launcher with identical replicas that match one process #dist", function()
+    local common = "train.lua --subset 640 --test-subset 200 --epochs 2 --quiet "
+    assert.is_true((run(common .. "--threads 1 --out " .. dir .. "/one")))
+    local ok, out = run("--nproc_per_node=2 --standalone " .. common .. "--save-all-ranks --out " .. dir .. "/two")
+    assert.is_true(ok, out)
+    assert.matches("%[rank 0%]: training .* batch 64 %(32 per process%)", out)
+    assert.not_matches("%[rank 1%]: epoch", out) -- only rank 0 logs
+    -- the ranks' replicas are bitwise identical (ddplua verify exits 0) ...
+    ok, out = run(("verify %s/two/model_rank0.safetensors %s/two/model_rank1.safetensors"):format(dir, dir))
+    assert.is_true(ok, out)
+    assert.matches("8 tensors identical across 2 files", out)
+    -- ... and follow the single-process run over the same global batches (sums in another order)
+    ok, out = run(("verify --atol 1e-5 %s/one/model.safetensors %s/two/model_rank0.safetensors"):format(dir, dir))
+    assert.is_true(ok, out)
+  end)
+
   it("rejects unknown options and bad values with a message", function()
     local ok, out = run("train.lua --bogus 1")
     assert.is_false(ok)
