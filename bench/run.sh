@@ -18,6 +18,7 @@ if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
 fi
 bench/train_compare.sh > bench/out/train.md
 bench/allreduce_compare.sh > bench/out/allreduce.md
+bench/ddp_compare.sh > bench/out/ddp.md
 {
   echo "# Benchmark results"
   echo
@@ -28,6 +29,12 @@ bench/allreduce_compare.sh > bench/out/allreduce.md
   echo "Ratio = PyTorch time / ddplua time (higher is better for ddplua). Medians of 3 runs."
   echo
   cat bench/out/allreduce.md
+  echo
+  echo "## DDP training, 2 ranks × 1 thread, against PyTorch DDP under torchrun (bench/ddp_compare.sh)"
+  echo
+  echo "Batch 64 per rank, gloo, samples/s of all ranks. Medians of 3 runs."
+  echo
+  cat bench/out/ddp.md
   echo
   echo "## Training throughput against PyTorch (bench/train_compare.sh)"
   echo
