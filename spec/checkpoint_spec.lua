@@ -7,15 +7,10 @@ local lib = require "ddplua.lib"
 local views = require "views"
 local ffi = lib.ffi
 
+local files = require "files"
 local tmpdir
-setup(function()
-  local p = io.popen("mktemp -d /tmp/ddplua-ckpt-spec.XXXXXX")
-  tmpdir = p:read("*l")
-  p:close()
-end)
-teardown(function()
-  if tmpdir then os.execute("rm -rf '" .. tmpdir .. "'") end
-end)
+setup(function() tmpdir = files.tmpdir("ckpt") end)
+teardown(function() files.remove(tmpdir) end)
 
 local function read_all(path)
   local f = assert(io.open(path, "rb"))

@@ -18,15 +18,10 @@ local zlib = ffi.load("z")
 
 local FMNIST = "/usr/share/datasets/fashion-mnist"
 
+local files = require "files"
 local tmpdir
-setup(function()
-  local p = io.popen("mktemp -d /tmp/ddplua-data-spec.XXXXXX")
-  tmpdir = p:read("*l")
-  p:close()
-end)
-teardown(function()
-  if tmpdir then os.execute("rm -rf '" .. tmpdir .. "'") end
-end)
+setup(function() tmpdir = files.tmpdir("data") end)
+teardown(function() files.remove(tmpdir) end)
 
 local function write_file(name, bytes)
   local path = tmpdir .. "/" .. name

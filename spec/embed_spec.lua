@@ -8,13 +8,7 @@ describe("embedding the C runtime", function()
     local exe = os.tmpname()
     finally(function() os.remove(exe) end)
     local sanitize = os.getenv("LD_PRELOAD") and " -fsanitize=address,undefined" or ""
-    -- LuaJIT's popen:close() does not report the exit status: the shell prints it last
-    local function sh(cmd)
-      local p = io.popen(cmd .. " 2>&1; echo \"exit status $?\"")
-      local out = p:read("*a")
-      p:close()
-      return tonumber(out:match("exit status (%d+)\n$")), out
-    end
+    local sh = require("files").run
     local status, compile_out = sh(("cc -std=c11 -Wall -Werror%s -Iruntime/include examples/embed_linear.c -L%s -lddplua -Wl,-rpath,%s -o %s")
       :format(sanitize, build_dir, build_dir, exe))
     assert.equal(0, status, "compile failed: " .. compile_out)

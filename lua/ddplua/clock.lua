@@ -29,4 +29,27 @@ function M.median_time(fn, reps, runs)
   return times[math.floor((#times + 1) / 2)]
 end
 
+--- Median times of fa and fb (seconds per call) measured alternately, `reps` calls per
+-- run, `runs` runs each after one warm-up run of each, so both see the same machine load
+-- (for ratios on a noisy machine).
+function M.paired_median_time(fa, fb, reps, runs)
+  runs = runs or 5
+  local ta, tb = {}, {}
+  for r = 0, runs do
+    local t0 = M.now()
+    for _ = 1, reps do fa() end
+    local t1 = M.now()
+    for _ = 1, reps do fb() end
+    local t2 = M.now()
+    if r > 0 then
+      ta[#ta + 1] = (t1 - t0) / reps
+      tb[#tb + 1] = (t2 - t1) / reps
+    end
+  end
+  table.sort(ta)
+  table.sort(tb)
+  local mid = math.floor((runs + 1) / 2)
+  return ta[mid], tb[mid]
+end
+
 return M

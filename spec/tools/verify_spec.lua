@@ -12,15 +12,10 @@ local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 -- uses the library it was built with.
 local child_env = os.getenv("DDPLUA_EXE") and "" or "env -u DDPLUA_LIB "
 
+local files = require "files"
 local tmpdir
-setup(function()
-  local p = io.popen("mktemp -d /tmp/ddplua-verify-spec.XXXXXX")
-  tmpdir = p:read("*l")
-  p:close()
-end)
-teardown(function()
-  if tmpdir then os.execute("rm -rf '" .. tmpdir .. "'") end
-end)
+setup(function() tmpdir = files.tmpdir("verify") end)
+teardown(function() files.remove(tmpdir) end)
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 

@@ -1,36 +1,20 @@
 -- Specs for train.lua end to end (run as `ddplua train.lua ...` in a subprocess): the loss
 -- falls on a subset, the same seed gives bitwise identical weights, and resuming from a
 -- checkpoint equals an uninterrupted run; plus `ddplua plot`.
+local files = require "files"
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
+local read_file = files.read
 
--- Run `ddplua <args>`; returns (exit status was 0, output). LuaJIT's popen:close() does
--- not report the status, so the shell prints it last.
+-- Run `ddplua <args>`; returns (exit status was 0, output).
 local function run(args)
-  local p = io.popen(exe .. " " .. args .. " 2>&1; echo \"exit status $?\"")
-  local out = p:read("*a")
-  p:close()
-  local status = tonumber(out:match("exit status (%d+)\n$"))
+  local status, out = files.run(exe .. " " .. args)
   return status == 0, out
-end
-
-local function read_file(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  assert(os.execute("mkdir -p " .. d) == 0)
-  return d
 end
 
 describe("train.lua", function()
   local dir
-  before_each(function() dir = tmpdir() end)
-  after_each(function() os.execute("rm -rf " .. dir) end)
+  before_each(function() dir = files.tmpdir("train") end)
+  after_each(function() files.remove(dir) end)
 
   it("brings the loss of the MLP under a bound within a few hundred steps", function()
     -- 6400 samples, batch 64: 100 steps per epoch, 2 epochs
