@@ -247,7 +247,7 @@ static int run_end_callbacks(int status) {
   pthread_mutex_lock(&end_lock);
   int n = n_end_callbacks;
   end_callback snapshot[16], *list = n <= 16 ? snapshot : malloc((size_t)n * sizeof *list);
-  if (list) memcpy(list, end_callbacks, (size_t)n * sizeof *list);
+  if (list && n > 0) memcpy(list, end_callbacks, (size_t)n * sizeof *list);
   pthread_mutex_unlock(&end_lock);
   if (!list) return status ? status : DDP_ERROR(DDP_ERR_MEMORY, "backward: out of memory");
   for (int i = 0; i < n; i++) {
