@@ -408,8 +408,8 @@ static int linear_backward(ddp_node *node, ddp_tensor *g, ddp_tensor **gi) {
     ddp_tensor_release(xc), ddp_tensor_release(xf), ddp_tensor_release(gft);
   }
   if (!status && node->iattr[0] && needs_grad(node, 2)) {
-    int64_t bshape[1] = {out_f};
-    status = ddp_sum_to_shape(&gi[2], gf, 1, bshape);
+    int rows_dim = 0; /* bias gradient: the column sums of gf (rows, out), vectorised */
+    status = ddp_sum(&gi[2], gf, &rows_dim, 1, 0, -1);
   }
   ddp_tensor_release(gc), ddp_tensor_release(gf);
   return status;
