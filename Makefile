@@ -155,7 +155,7 @@ ifneq ($(BUILD),build)
 endif
 ifneq ($(SANITIZE),)
   BUSTED_ENV += LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-                ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+                ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 endif
 
 test: deps

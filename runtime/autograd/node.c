@@ -173,10 +173,10 @@ int ddp_tensor_set_requires_grad(ddp_tensor *t, int requires_grad) {
   return DDP_OK;
 }
 
-int ddp_tensor_is_leaf(const ddp_tensor *t) { return t->grad_fn == NULL; }
+int ddp_tensor_is_leaf(const ddp_tensor *t) { return !t || t->grad_fn == NULL; }
 
 const char *ddp_tensor_grad_fn_name(const ddp_tensor *t) {
-  return t->grad_fn ? t->grad_fn->name : NULL;
+  return t && t->grad_fn ? t->grad_fn->name : NULL;
 }
 
 ddp_tensor *ddp_tensor_grad(const ddp_tensor *t) {

@@ -143,9 +143,9 @@ void ddp_foreach(int nops, ddp_tensor *const *ops, int ndim, const int64_t *shap
 int ddp_normalize_dim(int dim, int ndim, const char *op, int *out) {
   int n = ndim > 0 ? ndim : 1;
   if (dim < -n || dim >= n)
-    DDP_FAIL(DDP_ERR_ARG, "%s: dimension %d is out of range for a tensor with %d dimension%s "
-             "(Lua counts dimensions from 1; -1 is the last)", op, dim >= 0 ? dim + 1 : dim, ndim,
-             ndim == 1 ? "" : "s");
+    DDP_FAIL(DDP_ERR_ARG, "%s: dimension %lld is out of range for a tensor with %d dimension%s "
+             "(Lua counts dimensions from 1; -1 is the last)", op,
+             dim >= 0 ? (long long)dim + 1 : (long long)dim, ndim, ndim == 1 ? "" : "s");
   *out = dim < 0 ? dim + n : dim;
   return DDP_OK;
 }

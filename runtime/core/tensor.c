@@ -86,10 +86,15 @@ static int check_geometry(const char *op, int ndim, const int64_t *shape, int dt
     DDP_FAIL(DDP_ERR_ARG, "%s: %d dimensions requested, at most %d are supported", op, ndim,
              DDP_MAX_DIMS);
   if (ndim > 0 && !shape) DDP_FAIL(DDP_ERR_ARG, "%s: shape is NULL", op);
-  for (int i = 0; i < ndim; i++)
+  int64_t bytes = (int64_t)ddp_dtype_size(dtype >= 0 && dtype < DDP_DTYPE_COUNT ? dtype : 0);
+  for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0)
       DDP_FAIL(DDP_ERR_ARG, "%s: size %lld of dimension %d is negative", op,
                (long long)shape[i], i + 1);
+    if (__builtin_mul_overflow(bytes, shape[i], &bytes))
+      DDP_FAIL(DDP_ERR_MEMORY, "%s: shape %s needs more bytes than fit in 64 bits", op,
+               ddp_shape_str(ndim, shape));
+  }
   if (dtype < 0 || dtype >= DDP_DTYPE_COUNT)
     DDP_FAIL(DDP_ERR_ARG, "%s: unknown dtype %d", op, dtype);
   return ddp_check_device(device, op);
@@ -236,24 +241,29 @@ int ddp_check_alive(const ddp_tensor *t, const char *op, const char *arg) {
 
 /* ---- accessors ---------------------------------------------------------------------- */
 
-int ddp_tensor_dim(const ddp_tensor *t) { return t->ndim; }
-int64_t ddp_tensor_numel(const ddp_tensor *t) { return t->numel; }
-int ddp_tensor_dtype(const ddp_tensor *t) { return t->dtype; }
-int ddp_tensor_device(const ddp_tensor *t) { return t->device; }
-const int64_t *ddp_tensor_shape(const ddp_tensor *t) { return t->shape; }
-const int64_t *ddp_tensor_strides(const ddp_tensor *t) { return t->strides; }
-int64_t ddp_tensor_offset(const ddp_tensor *t) { return t->offset; }
-void *ddp_tensor_data(const ddp_tensor *t) { return t->storage ? ddp_data(t) : NULL; }
+/* The accessors never fail: a NULL handle (nil from Lua) reads as an empty 0-d tensor, so
+ * a mistaken argument reaches the op's front door, which names it, instead of crashing. */
+static const int64_t no_sizes[DDP_MAX_DIMS];
+
+int ddp_tensor_dim(const ddp_tensor *t) { return t ? t->ndim : 0; }
+int64_t ddp_tensor_numel(const ddp_tensor *t) { return t ? t->numel : 0; }
+int ddp_tensor_dtype(const ddp_tensor *t) { return t ? t->dtype : DDP_F32; }
+int ddp_tensor_device(const ddp_tensor *t) { return t ? t->device : DDP_DEVICE_CPU; }
+const int64_t *ddp_tensor_shape(const ddp_tensor *t) { return t ? t->shape : no_sizes; }
+const int64_t *ddp_tensor_strides(const ddp_tensor *t) { return t ? t->strides : no_sizes; }
+int64_t ddp_tensor_offset(const ddp_tensor *t) { return t ? t->offset : 0; }
+void *ddp_tensor_data(const ddp_tensor *t) { return t && t->storage ? ddp_data(t) : NULL; }
 int64_t ddp_tensor_storage_bytes(const ddp_tensor *t) {
-  return t->storage ? (int64_t)t->storage->nbytes : 0;
+  return t && t->storage ? (int64_t)t->storage->nbytes : 0;
 }
-int64_t ddp_tensor_version(const ddp_tensor *t) { return t->storage ? t->storage->version : 0; }
+int64_t ddp_tensor_version(const ddp_tensor *t) { return t && t->storage ? t->storage->version : 0; }
 
 int ddp_tensor_shares_storage(const ddp_tensor *a, const ddp_tensor *b) {
   return a && b && a->storage && a->storage == b->storage;
 }
 
 int ddp_tensor_is_contiguous(const ddp_tensor *t) {
+  if (!t) return 1;
   int64_t expected = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] == 1) continue;

@@ -68,8 +68,9 @@ static int infer_shape(const char *op, const ddp_tensor *t, int ndim, const int6
     } else if (req[i] < 0) {
       DDP_FAIL(DDP_ERR_ARG, "%s: invalid size %lld in shape %s", op, (long long)req[i],
                ddp_shape_str(ndim, req));
-    } else {
-      known *= req[i];
+    } else if (__builtin_mul_overflow(known, req[i], &known)) {
+      DDP_FAIL(DDP_ERR_ARG, "%s: shape %s has more elements than fit in 64 bits", op,
+               ddp_shape_str(ndim, req));
     }
     shape[i] = req[i];
   }
