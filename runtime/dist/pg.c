@@ -1,7 +1,8 @@
 /* runtime/dist/pg.c: process groups (see ddplua/pg.h): argument checks, the work queue and
  * communication thread of each group, tensor staging (contiguous copies, f16/bf16 through
  * f32, AVG as SUM then divide), and error messages naming ranks. The transport is the Gloo
- * shim (gloo_shim.h, pg_gloo.cc). */
+ * shim (gloo_shim.h, pg_gloo.cc); all-reduce of f32/f64 goes through shared memory instead
+ * when every rank is on this host (pg_shm.h; $DDPLUA_SHM=0 turns that off). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "core/core.h"
 #include "dist/gloo_shim.h"
+#include "dist/pg_shm.h"
 
 enum { MSG_CAP = 2048 };
 enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */
@@ -48,6 +50,7 @@ struct ddp_work {
 
 struct ddp_pg {
   ddp_gloo *gloo;
+  ddp_shm *shm;             /* NULL: all-reduce goes through Gloo too */
   int rank, size;
   int *global;              /* (size) group rank -> global rank */
   ddp_store *store;         /* not owned: the rendezvous of this group and its subgroups */
@@ -207,7 +210,12 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
     case OP_ALLREDUCE: {
       int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
       STAGE(buf, t, reduce_dtype(t->dtype), 1);
-      status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err, peer);
+      if (pg->shm && ddp_shm_supports(buf->dtype))
+        status = ddp_shm_allreduce(pg->shm, ddp_data(buf), (size_t)buf->numel, buf->dtype, op,
+                                   pg->applied_timeout_s, err, peer);
+      else
+        status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err,
+                                    peer);
       if (!status && w->op == DDP_REDUCE_AVG) divide(buf, n);
       ok = status == DDP_OK;
       if (unstage(t, buf, ok) && ok) goto core_failed;
@@ -558,6 +566,7 @@ static void pick_address(char *host, size_t cap, const char **iface) {
 
 static void pg_destroy(ddp_pg *pg) {
   if (!pg) return;
+  ddp_shm_free(pg->shm);
   ddp_gloo_free(pg->gloo);
   free(pg->global);
   free(pg->prefix);
@@ -626,6 +635,13 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
     DDP_FAIL(DDP_ERR_STATE, "init_process_group: rank %d counts %lld ranks in the sanity "
              "all-reduce but has world size %d: the ranks disagree on the world size", me,
              (long long)one, size);
+  }
+
+  /* After the sanity all-reduce: every rank is connected, so the vote cannot split. */
+  status = ddp_shm_new(&pg->shm, store, prefix, rank, size, global);
+  if (status) {
+    pg_destroy(pg);
+    return status;
   }
 
   if (pthread_create(&pg->p2p_thread, NULL, p2p_thread, pg) != 0) {

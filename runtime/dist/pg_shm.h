@@ -1,0 +1,44 @@
+/* runtime/dist/pg_shm.h: the shared-memory all-reduce of a process group whose ranks all run
+ * on this host (runtime/dist/pg_shm.c), used by runtime/dist/pg.c only.
+ *
+ * pg.c creates it after the Gloo group is connected and calls it from the group's one
+ * communication thread, in the FIFO order of Note [collective order] (ddplua/pg.h), in place
+ * of ddp_gloo_allreduce for the dtypes ddp_shm_supports accepts. Everything else keeps going
+ * through Gloo. Results are bitwise identical on every rank: each element is reduced by one
+ * rank, over the ranks in order 0 .. world-1.
+ *
+ * Errors follow gloo_shim.h: a status, the reason in `err` (DDP_GLOO_ERR_CAP bytes) and the
+ * group rank at fault in *peer (-1 when unknown). After a failure the segment's counters no
+ * longer agree between ranks: pg.c breaks the group, as after a Gloo failure. */
+#ifndef DDP_PG_SHM_H
+#define DDP_PG_SHM_H
+
+#include <stddef.h>
+
+#include "core/core.h"
+
+typedef struct ddp_shm ddp_shm;
+
+/* Decide together, through `store` under `prefix`, whether the group uses shared memory,
+ * and map the segment when it does. Every rank of the group calls it once at group
+ * creation. It is used when $DDPLUA_SHM is not "0" on every rank, world_size >= 2, every
+ * rank reports the same host identity (host name, boot id, IPC/PID/mount namespaces), and
+ * every rank mapped the segment rank 0 created; otherwise every rank gets *out = NULL and
+ * DDP_OK (all fall back to Gloo: the decision is never split). Fails (with the core error
+ * set) only when the store does (a rank never arrived). */
+int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, int world_size,
+                const int *global);
+
+/* 1 when ddp_shm_allreduce takes buffers of this dtype (f32, f64), else 0. */
+int ddp_shm_supports(int dtype);
+
+/* In-place all-reduce of the n contiguous elements at buf (op: enum ddp_reduce_op without
+ * AVG). Waits at most timeout_s for the peers in each phase: DDP_ERR_TIMEOUT naming the
+ * ranks that did not arrive; DDP_ERR_PEER when a peer's process died or closed the group. */
+int ddp_shm_allreduce(ddp_shm *s, void *buf, size_t n, int dtype, int op, double timeout_s,
+                      char *err, int *peer);
+
+/* Tell the peers this rank left, unmap. NULL is ignored. */
+void ddp_shm_free(ddp_shm *s);
+
+#endif /* DDP_PG_SHM_H */

@@ -1,0 +1,251 @@
+-- Specs for the shared-memory all-reduce (runtime/dist/pg_shm.c): ranks on this host reduce
+-- f32/f64 through a shared segment instead of Gloo's loopback TCP. Real ranks started by
+-- spec/helpers/multiproc.lua. The segment reduces each element once, on one rank, over the
+-- ranks in order 0 .. world-1; the references below compute exactly that order (f32 rounded
+-- after every step), so they check the values bit for bit, and every rank reports a hash of
+-- its result bits so the spec checks that all ranks hold the same bits.
+local mp = require "multiproc"
+
+local PRELUDE = [[
+local ffi = require "ffi"
+local dl = require "ddplua"
+local dist = require "ddplua.distributed"
+local C = require("ddplua.lib").C
+RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
+function out(name, ...) io.write("OUT ", name, " ", table.concat({ ... }, ","), "\n"); io.flush() end
+function err(name, fn)
+  local ok, e = pcall(fn)
+  io.write("ERR ", name, " ", ok and "no error" or tostring(e):gsub("\n", " "), "\n")
+  io.flush()
+end
+local f32 = ffi.new("float[1]")
+local function round(dtype, x)
+  if dtype == "f64" then return x end
+  f32[0] = x
+  return f32[0]
+end
+-- Rank r's value at i (0-based): not integers, signs mixed, so summation order shows.
+function value(dtype, r, i)
+  return round(dtype, ((r * 7919 + i * 104729) % 1000003) / 1000003 * 2 - 1 + (r + 1) * 1e-3)
+end
+local ctype = { f32 = "float *", f64 = "double *" }
+function make(dtype, r, n)
+  local t = dl.empty({ n }, { dtype = dtype })
+  local p = ffi.cast(ctype[dtype], C.ddp_tensor_data(t))
+  for i = 0, n - 1 do p[i] = value(dtype, r, i) end
+  return t
+end
+local function combine(dtype, op, a, b)
+  if op == "sum" or op == "avg" then return round(dtype, a + b)
+  elseif op == "product" then return round(dtype, a * b)
+  elseif op == "min" then return b < a and b or a
+  else return b > a and b or a end
+end
+-- Reduced in rank order 0 .. WORLD-1, as the segment does; avg divides the sum afterwards.
+function reference(dtype, op, i)
+  local acc = value(dtype, 0, i)
+  for r = 1, WORLD - 1 do acc = combine(dtype, op, acc, value(dtype, r, i)) end
+  if op == "avg" then acc = round(dtype, acc / WORLD) end
+  return acc
+end
+-- Mismatches against the reference (and the first one), and a hash of the result's bits.
+function check(t, dtype, op)
+  local n = t:numel()
+  local p = ffi.cast(ctype[dtype], C.ddp_tensor_data(t))
+  local words = ffi.cast("uint32_t *", p)
+  local bad, first, h = 0, -1, 0
+  for i = 0, n - 1 do
+    if p[i] ~= reference(dtype, op, i) then
+      bad = bad + 1
+      if first < 0 then first = i end
+    end
+  end
+  for k = 0, n * (dtype == "f64" and 2 or 1) - 1 do h = bit.bxor(bit.rol(h, 5), words[k]) end
+  return bad, first, bit.tohex(h)
+end
+]]
+
+local function run(code, n, opts)
+  opts = opts or {}
+  local r = mp.run {
+    code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 60, env = opts.env,
+    rank_env = opts.rank_env,
+    kill_on_failure = opts.kill_on_failure,
+  }
+  for i = 1, n do
+    if r[i].output:find("AddressSanitizer", 1, true) or r[i].output:find("runtime error:", 1, true) then
+      error("sanitizer report:\n" .. mp.describe(r), 2)
+    end
+  end
+  if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
+  local ranks = {}
+  for i = 1, n do
+    local outs, errs = {}, {}
+    for line in (r[i].output .. "\n"):gmatch("([^\n]*)\n") do
+      local name, vals = line:match("^OUT (%S+) (.*)$")
+      if name then
+        local list = {}
+        for x in vals:gmatch("[^,]+") do list[#list + 1] = tonumber(x) or x end
+        outs[name] = list
+      end
+      local ename, msg = line:match("^ERR (%S+) (.*)$")
+      if ename then errs[ename] = msg end
+    end
+    ranks[i] = { out = outs, err = errs }
+  end
+  return ranks, r
+end
+
+-- 4 MiB slots: one chunk holds 1048576 f32 or 524288 f64 elements.
+local BIG = 1048576 + 524288 + 3
+
+-- Every rank's result of `name`: no mismatch, and the same bits everywhere.
+local function assert_results(ranks, name, raw)
+  local hash
+  for rank = 1, #ranks do
+    local o = ranks[rank].out[name]
+    assert(o, ("rank %d printed no result for %s:\n%s"):format(rank - 1, name, mp.describe(raw)))
+    assert(o[1] == 0, ("%s on rank %d: %d elements differ from the reference, the first at %d")
+      :format(name, rank - 1, o[1], o[2]))
+    hash = hash or o[3]
+    assert.equal(hash, o[3], name .. ": ranks hold different bits")
+  end
+end
+
+describe("shared-memory all_reduce #dist", function()
+  for _, n in ipairs { 2, 3 } do
+    it(("reduces every op in f32 and f64 on %d ranks, odd sizes and several chunks"):format(n), function()
+      local ranks, raw = run(([[
+        dist.init_process_group { timeout = 30 }
+        local big = %d
+        for _, dtype in ipairs { "f32", "f64" } do
+          for k, op in ipairs { "sum", "avg", "min", "max", "product" } do
+            -- the big size for one op in turn per dtype keeps the Lua reference quick
+            for _, size in ipairs { 1, 7, 1001, (k + (dtype == "f64" and 1 or 0)) %% 2 == 0 and big or 0 } do
+              local t = make(dtype, RANK, size)
+              dist.all_reduce(t, { op = op })
+              out(dtype .. "_" .. op .. "_" .. size, check(t, dtype, op))
+            end
+          end
+        end
+        dist.destroy_process_group()
+      ]]):format(BIG), n)
+      for _, dtype in ipairs { "f32", "f64" } do
+        for k, op in ipairs { "sum", "avg", "min", "max", "product" } do
+          for _, size in ipairs { 1, 7, 1001, (k + (dtype == "f64" and 1 or 0)) % 2 == 0 and BIG or 0 } do
+            assert_results(ranks, dtype .. "_" .. op .. "_" .. size, raw)
+          end
+        end
+      end
+    end)
+  end
+
+  it("keeps launch order mixed with Gloo collectives, blocking and asynchronous (3 ranks)", function()
+    local ranks, raw = run(([[
+      dist.init_process_group { timeout = 30 }
+      local works, ts = {}, {}
+      for j = 1, 6 do
+        ts[j] = make(j %% 2 == 0 and "f64" or "f32", RANK, j * 1000 + 1)
+        works[#works + 1] = dist.all_reduce(ts[j], { async_op = true })
+        local b = dl.full({ 3 }, RANK + j)
+        works[#works + 1] = dist.broadcast(b, j %% WORLD, { async_op = true })
+        ts["b" .. j] = b
+      end
+      for i = #works, 1, -1 do works[i]:wait() end
+      for j = 1, 6 do
+        local dtype = j %% 2 == 0 and "f64" or "f32"
+        out("seq" .. j, check(ts[j], dtype, "sum"))
+        out("bcast" .. j, unpack(ts["b" .. j]:tolist()))
+      end
+      local g = dl.zeros { WORLD, 2 }
+      dist.all_gather_into_tensor(g, dl.full({ 2 }, RANK * 10))
+      local flat = {}
+      for _, row in ipairs(g:tolist()) do for _, v in ipairs(row) do flat[#flat + 1] = v end end
+      out("gather", unpack(flat))
+      local big = make("f32", RANK, %d)
+      dist.all_reduce(big)
+      out("big", check(big, "f32", "sum"))
+      local i64 = dl.tensor({ RANK + 1, 2 }, { dtype = "i64" }) -- not a shared-memory dtype
+      dist.all_reduce(i64)
+      out("i64", unpack(i64:tolist()))
+      dist.destroy_process_group()
+    ]]):format(BIG), 3)
+    for j = 1, 6 do
+      assert_results(ranks, "seq" .. j, raw)
+      for rank = 1, 3 do
+        local root = j % 3
+        assert.same({ root + j, root + j, root + j }, ranks[rank].out["bcast" .. j])
+      end
+    end
+    assert_results(ranks, "big", raw)
+    for rank = 1, 3 do
+      assert.same({ 0, 0, 10, 10, 20, 20 }, ranks[rank].out.gather)
+      assert.same({ 6, 6 }, ranks[rank].out.i64)
+    end
+  end)
+
+  -- Gloo's timeout message has no "shared memory:" part: that tells which path ran.
+  for _, case in ipairs { { "every rank", function() return { DDPLUA_SHM = "0" } end },
+                          { "rank 1 only", function(r) return { DDPLUA_SHM = r == 1 and "0" or false } end } } do
+    it("goes through Gloo when DDPLUA_SHM=0 is set on " .. case[1], function()
+      local ranks, raw = run([[
+        dist.init_process_group { timeout = 1.5 }
+        local m = dl.full({ 5 }, RANK + 1)
+        dist.all_reduce(m)
+        out("sum", unpack(m:tolist()))
+        local t = make("f64", RANK, 1001)
+        dist.all_reduce(t, { op = "max" })
+        out("max", check(t, "f64", "max"))
+        if RANK == 1 then os.execute("sleep 3"); os.exit(0) end
+        err("timeout", function() dist.all_reduce(m) end)
+        os.exit(0)
+      ]], 2, { rank_env = case[2], timeout = 40 })
+      for rank = 1, 2 do assert.same({ 3, 3, 3, 3, 3 }, ranks[rank].out.sum) end
+      assert_results(ranks, "max", raw)
+      assert.matches("all_reduce timed out on rank 0", ranks[1].err.timeout, 1, true)
+      assert.is_nil(ranks[1].err.timeout:find("shared memory", 1, true), ranks[1].err.timeout)
+    end)
+  end
+
+  it("fails within seconds naming the rank killed during an all_reduce", function()
+    local ranks, raw = run([[
+      dist.init_process_group { timeout = 60 }
+      local t = make("f32", RANK, 4096)
+      dist.all_reduce(t)
+      dist.barrier()
+      if RANK == 1 then
+        ffi.cdef "int getpid(void); int kill(int pid, int sig);"
+        ffi.C.kill(ffi.C.getpid(), 9)
+      end
+      local t0 = os.time()
+      err("dead", function() for _ = 1, 1000 do dist.all_reduce(t) end end)
+      out("elapsed", os.time() - t0)
+      err("later", function() dist.all_reduce(t) end)
+      os.exit(0)
+    ]], 2, { expect_failure = true, kill_on_failure = false, timeout = 40 })
+    assert.is_nil(raw.timed_out, mp.describe(raw))
+    local e = ranks[1].err
+    assert.matches("all_reduce failed on rank 0: peer rank 1 disconnected", e.dead, 1, true)
+    assert(ranks[1].out.elapsed[1] <= 5, "the survivor took " .. ranks[1].out.elapsed[1] .. " s")
+    assert.matches("the process group failed earlier", e.later, 1, true)
+    assert.equal(0, raw[1].status)
+    assert.equal(128 + 9, raw[2].status)
+  end)
+
+  it("times out naming this rank and the rank that did not arrive", function()
+    local ranks, raw = run([[
+      dist.init_process_group { timeout = 1.5 }
+      local t = make("f64", RANK, 10)
+      dist.all_reduce(t)
+      if RANK == 1 then os.execute("sleep 4"); os.exit(0) end
+      local t0 = os.time()
+      err("timeout", function() dist.all_reduce(t) end)
+      out("elapsed", os.time() - t0)
+      os.exit(0)
+    ]], 2, { timeout = 40 })
+    local e = ranks[1].err
+    assert.matches("all_reduce timed out on rank 0 after 1.5 s waiting for peer rank 1", e.timeout, 1, true)
+    assert.matches("shared memory: rank 0 waited 1.5 s", e.timeout, 1, true)
+    assert(ranks[1].out.elapsed[1] <= 4, "took " .. ranks[1].out.elapsed[1] .. " s")
+  end)
+end)
