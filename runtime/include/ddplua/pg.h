@@ -20,6 +20,12 @@
  * them. The DDP reducer relies on this: buckets are launched in index order on every rank
  * and therefore reduced in that order everywhere.
  *
+ * Transport: Gloo over TCP, except all-reduce of f32/f64 (and f16/bf16, staged as f32)
+ * between ranks that all run on this host: it goes through a shared-memory segment
+ * (runtime/dist/pg_shm.c), on the same communication thread and in the same FIFO order,
+ * each element reduced once, in rank order 0..world-1, so every rank holds identical bits.
+ * DDPLUA_SHM=0 turns it off (every rank then votes for Gloo).
+ *
  * Errors: misuse (shape, dtype, root out of range, a freed group) fails at the call with
  * DDP_ERR_ARG. Failures of the transport come back from the blocking call or from
  * ddp_work_wait: DDP_ERR_PEER when a peer disconnected (its process died), DDP_ERR_TIMEOUT
