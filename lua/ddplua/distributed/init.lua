@@ -324,20 +324,7 @@ function M.all_gather(out, t, opts)
   check(C.ddp_pg_allgather_list(wbox(opts), h, arr, n, t))
   return finish(opts, out)
 end
-M.all_gather_into_tensor = function(out, t, opts) --- dist.DistributedDataParallel(module, opts): the DDP wrapper (ddplua.distributed.ddp),
--- loaded on first use so the process-group module does not depend on nn.
---- dist.spawn(fn, nprocs, opts): torch.multiprocessing.spawn (ddplua.distributed.spawn).
-setmetatable(M, { __index = function(t, k)
-  local mod = ({ DistributedDataParallel = "ddplua.distributed.ddp", spawn = "ddplua.distributed.spawn",
-    DistributedSampler = "ddplua.distributed.sampler" })[k]
-  if mod then
-    local v = require(mod)
-    rawset(t, k, v)
-    return v
-  end
-end })
-
-return M.all_gather(out, t, opts) end
+M.all_gather_into_tensor = function(out, t, opts) return M.all_gather(out, t, opts) end
 
 --- dist.reduce_scatter(out, input, opts): input is one tensor (world * m, ...) or a list of
 -- world tensors of out's shape; out (m, ...) receives op over all ranks of the chunk at this
@@ -467,37 +454,11 @@ end
 --- dist.isend / dist.irecv: send / recv returning a Work.
 function M.isend(t, dst, opts)
   local o = { group = opts and opts.group, tag = opts and opts.tag, async_op = true }
-  --- dist.DistributedDataParallel(module, opts): the DDP wrapper (ddplua.distributed.ddp),
--- loaded on first use so the process-group module does not depend on nn.
---- dist.spawn(fn, nprocs, opts): torch.multiprocessing.spawn (ddplua.distributed.spawn).
-setmetatable(M, { __index = function(t, k)
-  local mod = ({ DistributedDataParallel = "ddplua.distributed.ddp", spawn = "ddplua.distributed.spawn",
-    DistributedSampler = "ddplua.distributed.sampler" })[k]
-  if mod then
-    local v = require(mod)
-    rawset(t, k, v)
-    return v
-  end
-end })
-
-return M.send(t, dst, o)
+  return M.send(t, dst, o)
 end
 function M.irecv(t, src, opts)
   local o = { group = opts and opts.group, tag = opts and opts.tag, async_op = true }
-  --- dist.DistributedDataParallel(module, opts): the DDP wrapper (ddplua.distributed.ddp),
--- loaded on first use so the process-group module does not depend on nn.
---- dist.spawn(fn, nprocs, opts): torch.multiprocessing.spawn (ddplua.distributed.spawn).
-setmetatable(M, { __index = function(t, k)
-  local mod = ({ DistributedDataParallel = "ddplua.distributed.ddp", spawn = "ddplua.distributed.spawn",
-    DistributedSampler = "ddplua.distributed.sampler" })[k]
-  if mod then
-    local v = require(mod)
-    rawset(t, k, v)
-    return v
-  end
-end })
-
-return M.recv(t, src, o)
+  return M.recv(t, src, o)
 end
 
 --- dist.barrier(opts): returns once every rank of the group reached it.
