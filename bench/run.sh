@@ -16,6 +16,15 @@ if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "bench: installing python3-torch for the PyTorch side"
   ${SUDO:-} env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null
 fi
+# Per-step breakdown of DDP training (train.lua --profile), 2 ranks x 1 thread, one epoch on
+# a 12 800-sample subset of Fashion-MNIST.
+for cfg in mlp cnn; do
+  build/ddplua --nproc_per_node=2 --standalone train.lua --config "configs/fashion_mnist_$cfg.lua" \
+    --subset 12800 --test-subset 1000 --epochs 1 --quiet --profile --out "bench/out/profile_$cfg" 2>&1 \
+    | sed -n 's/^\[rank 0\]: profile epoch 1 (ms per step, \([0-9]*\) steps): /\1 steps: /p' \
+    | sed 's/ | /; /g' | sed "s/^/| $cfg | /; s/\$/ |/" > "bench/out/profile_$cfg.md"
+done
+
 # REUSE=1 keeps the comparison tables of an earlier run (bench/out/) and reruns the rest.
 for part in train allreduce ddp; do
   if [ "${REUSE:-0}" = 1 ] && [ -s "bench/out/$part.md" ]; then continue; fi
@@ -34,9 +43,11 @@ figures move from run to run. No GPU was available: there are no CUDA figures.
 - Targets of the engine core: matmul 1024³ ≥ 95% of raw `cblas_sgemm` (measured
   alternately, pair by pair); element-wise ops on ≥ 4 MiB ≥ 50% of the memcpy figure (glibc's
   memcpy of 16 MiB uses non-temporal stores, and a 16 MiB operand partly stays in this
-  EPYC's L3, so an in-place add can beat it); one small op from Lua < 1 µs: met without the
-  tape, not with it (about 1.4-1.8 µs): LuaJIT's `ffi.gc` finalizer alone costs about
-  330 ns per handle here, and the C side of an add with its autograd node about 270 ns.
+  EPYC's L3, so an in-place add can beat it); one small op from Lua < 1 µs: NOT met. The
+  figure moves a lot between runs on this shared machine (seen: 0.56-1.5 µs without the
+  tape, 1.0-1.9 µs with it, in the tables below and in other runs this day): LuaJIT's
+  `ffi.gc` finalizer alone costs about 330 ns per handle here, and the C side of an add
+  with its autograd node about 200-270 ns.
 - `a + b` runs through an interpreted metamethod (Note [pointer plus number] in
   lua/ddplua/ops/elementwise.lua: LuaJIT 2.1.0-beta3 miscompiles pointer-plus-number
   metamethods in traces); `a:add(b)` is compiled.
@@ -49,6 +60,15 @@ NOTES
   echo "Ratio = PyTorch time / ddplua time (higher is better for ddplua). Medians of 3 runs."
   echo
   cat bench/out/allreduce.md
+  echo
+  echo "## Per-step breakdown of DDP training (\`train.lua --profile\`, 2 ranks × 1 thread)"
+  echo
+  echo "Global batch 64 (32 per rank), one epoch on 12 800 samples; milliseconds per step on rank 0."
+  echo "Exposed communication is the part of backward spent waiting for bucket all-reduces."
+  echo
+  echo "| model | breakdown |"
+  echo "|---|---|"
+  cat bench/out/profile_mlp.md bench/out/profile_cnn.md
   echo
   echo "## DDP training, 2 ranks × 1 thread, against PyTorch DDP under torchrun (bench/ddp_compare.sh)"
   echo
