@@ -212,7 +212,10 @@ describe("ddplua launcher #dist", function()
     local script = temp_file([[
       local count = os.getenv("DDPLUA_RESTART_COUNT")
       print("attempt " .. count)
-      if os.getenv("RANK") == "1" and count == "0" then error("flaky first attempt") end
+      if os.getenv("RANK") == "1" and count == "0" then
+        os.execute("sleep 1") -- let rank 0 print before the launcher stops it (a loaded machine)
+        error("flaky first attempt")
+      end
     ]])
     finally(function() os.remove(script) end)
     local out, err, status = run("--nproc_per_node=2 --max_restarts=1 " .. sh(script))
