@@ -34,12 +34,7 @@ end
 
 --- linear:reset_parameters([generator]): redraw the initial values (see above).
 function Linear:reset_parameters(generator)
-  init.kaiming_uniform_(self.weight, { a = math.sqrt(5), generator = generator })
-  if self.bias ~= nil then
-    local fan_in = init.calculate_fan_in_and_fan_out(self.weight)
-    local bound = fan_in > 0 and 1 / math.sqrt(fan_in) or 0
-    init.uniform_(self.bias, -bound, bound, { generator = generator })
-  end
+  init.default_affine_(self.weight, self.bias, generator)
 end
 
 function Linear:forward(x) return dl.linear(x, self.weight, self.bias) end

@@ -131,4 +131,17 @@ function M.kaiming_normal_(t, opts)
   return under_no_grad(function() t:normal_(0, std, gen_of(opts)) end, t)
 end
 
+--- nn.init.default_affine_(weight, bias[, generator]): PyTorch's default initialisation of
+-- Linear and ConvNd (their reset_parameters): weight kaiming_uniform_(a = sqrt(5)), bias
+-- (may be nil) U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in of the weight (bound 0 when
+-- fan_in is 0).
+function M.default_affine_(weight, bias, generator)
+  M.kaiming_uniform_(weight, { a = math.sqrt(5), generator = generator })
+  if bias ~= nil then
+    local fan_in = M.calculate_fan_in_and_fan_out(weight)
+    local bound = fan_in > 0 and 1 / math.sqrt(fan_in) or 0
+    M.uniform_(bias, -bound, bound, { generator = generator })
+  end
+end
+
 return M
