@@ -75,9 +75,15 @@ endif
 CUDA_GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 CUDA_FLAGS   := -O3 -std=c++17 -Xcompiler -fPIC -Iruntime/include -Iruntime $(CUDA_GENCODE) \
                 -cudart static
-CUDA_LIBS    := -lcublas -lnccl -Xlinker -rpath,$(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64
+CUDA_LIBS    := -lcublas -lcudnn -lnccl -L$(BUILD) -lddplua \
+                -Xlinker -rpath,$(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64 \
+                -Xlinker -rpath,'$$ORIGIN'
+CUDA_OBJS    := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 
-TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua
+# The simulated device (host memory, CPU kernels) lets the specs drive every device code
+# path of the core on machines without a GPU (runtime/backend/sim/plugin.c).
+SIM_PLUGIN := $(BUILD)/libddplua_cuda_sim.so
+TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua $(SIM_PLUGIN)
 ifeq ($(HAVE_NVCC),1)
   ifneq ($(CUDA_SRCS),)
     TARGETS += $(BUILD)/libddplua_cuda.so
@@ -88,7 +94,7 @@ endif
 all: $(TARGETS)
 
 # The runtime library and its cdef only (what the specs load).
-lib: $(BUILD)/libddplua.so $(BUILD)/lua/ddplua/cdef.lua
+lib: $(BUILD)/libddplua.so $(BUILD)/lua/ddplua/cdef.lua $(SIM_PLUGIN)
 
 $(BUILD)/obj/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -116,9 +122,17 @@ $(BUILD)/lua/ddplua/cdef.lua: $(shell find runtime/include -name '*.h') tools/ge
 	@mkdir -p $(dir $@)
 	luajit tools/gen_cdef.lua runtime/include/ddplua.h > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/libddplua_cuda.so: $(CUDA_SRCS) $(HEADERS)
+$(BUILD)/obj/%.o: %.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CUDA_FLAGS) -shared -o $@ $(CUDA_SRCS) $(CUDA_LIBS)
+	$(NVCC) $(CUDA_FLAGS) -c $< -o $@
+
+# The plug-in links the runtime (for the tensor struct and error recording), never the
+# reverse; libddplua.so finds it with dlopen.
+$(BUILD)/libddplua_cuda.so: $(CUDA_OBJS) $(BUILD)/libddplua.so
+	$(NVCC) $(CUDA_FLAGS) -shared -o $@ $(CUDA_OBJS) $(CUDA_LIBS)
+
+$(SIM_PLUGIN): runtime/backend/sim/plugin.c $(HEADERS) $(BUILD)/libddplua.so
+	$(CC) $(CFLAGS) -shared -o $@ $< -L$(BUILD) -lddplua -Wl,-rpath,'$$ORIGIN'
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox

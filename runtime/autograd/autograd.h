@@ -40,6 +40,7 @@ typedef struct {
 /* What backward needs to know about an input without keeping it alive. */
 typedef struct {
   int32_t dtype, ndim;
+  int32_t device; /* DDP_DEVICE_CPU or a cuda index */
   int64_t shape[DDP_MAX_DIMS];
 } ddp_input_meta;
 

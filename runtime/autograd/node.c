@@ -50,6 +50,7 @@ ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
     ddp_tensor *t = inputs[i];
     if (!t) continue;
     meta[i].dtype = t->dtype;
+    meta[i].device = t->device;
     meta[i].ndim = t->ndim;
     memcpy(meta[i].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     if (!t->requires_grad) continue;

@@ -1,62 +1,88 @@
 /* runtime/core/copy.c: copies across dtypes and strides, fills, contiguous, clone, casts,
  * and the in-place accumulation the autograd engine sums gradients with. */
 #include "autograd/autograd.h"
+#include "backend/cpu/copy.h"
+#include "backend/cpu/elementwise.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 enum { COPY_GRAIN = 1 << 16 }; /* elements per thread chunk: below this, one thread */
 
 typedef struct { int dst_dtype, src_dtype; } convert_ctx;
 
-static void copy_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
-  const convert_ctx *c = vctx;
-  char *d = p[0], *src = p[1];
-  if (c->dst_dtype == c->src_dtype) {
-    size_t es = ddp_dtype_size(c->dst_dtype);
-    if (s[0] == (int64_t)es && s[1] == (int64_t)es) {
-      memcpy(d, src, (size_t)n * es);
-      return;
-    }
-    switch (es) {
-    case 8: for (int64_t i = 0; i < n; i++) *(uint64_t *)(d + i * s[0]) = *(const uint64_t *)(src + i * s[1]); return;
-    case 4: for (int64_t i = 0; i < n; i++) *(uint32_t *)(d + i * s[0]) = *(const uint32_t *)(src + i * s[1]); return;
-    case 2: for (int64_t i = 0; i < n; i++) *(uint16_t *)(d + i * s[0]) = *(const uint16_t *)(src + i * s[1]); return;
-    default: for (int64_t i = 0; i < n; i++) d[i * s[0]] = src[i * s[1]]; return;
-    }
+static int copy_raw(ddp_tensor *dst, const ddp_tensor *src, const char *op);
+
+/* dst = src where the two live on different devices: src is made contiguous on its own
+ * device, moved as bytes, then converted and scattered on dst's device. A contiguous dst
+ * of src's shape and dtype takes the bytes directly. */
+static int copy_across_devices(ddp_tensor *dst, const ddp_tensor *src, const char *op) {
+  ddp_tensor *packed = NULL, *staged = NULL;
+  int status = DDP_OK;
+  if (ddp_tensor_is_contiguous(src)) {
+    packed = ddp_tensor_alias(src);
+    if (!packed) return ddp_last_status();
+  } else {
+    status = ddp_tensor_empty(&packed, src->ndim, src->shape, src->dtype, src->device);
+    if (!status) status = copy_raw(packed, src, op);
   }
-  if (c->dst_dtype == DDP_F32 && c->src_dtype == DDP_F64) {
-    for (int64_t i = 0; i < n; i++) *(float *)(d + i * s[0]) = (float)*(const double *)(src + i * s[1]);
-    return;
+  size_t nbytes = (size_t)src->numel * ddp_dtype_size(src->dtype);
+  int direct = dst->dtype == src->dtype && ddp_tensor_is_contiguous(dst) &&
+               dst->ndim == src->ndim &&
+               !memcmp(dst->shape, src->shape, sizeof(int64_t) * (size_t)dst->ndim);
+  if (!status && direct) {
+    status = ddp_device_memcpy(ddp_data(dst), dst->device, ddp_data(packed), src->device,
+                               nbytes, op);
+    if (!status) ddp_tensor_bump_version(dst);
+  } else if (!status) {
+    status = ddp_tensor_empty(&staged, src->ndim, src->shape, src->dtype, dst->device);
+    if (!status)
+      status = ddp_device_memcpy(ddp_data(staged), dst->device, ddp_data(packed), src->device,
+                                 nbytes, op);
+    if (!status) status = copy_raw(dst, staged, op);
   }
-  if (c->dst_dtype == DDP_F64 && c->src_dtype == DDP_F32) {
-    for (int64_t i = 0; i < n; i++) *(double *)(d + i * s[0]) = *(const float *)(src + i * s[1]);
-    return;
-  }
-  for (int64_t i = 0; i < n; i++)
-    ddp_store_f64(d + i * s[0], c->dst_dtype, ddp_load_f64(src + i * s[1], c->src_dtype));
+  ddp_tensor_release(packed);
+  ddp_tensor_release(staged);
+  return status;
 }
 
 /* Copy without autograd or checks beyond broadcasting. */
 static int copy_raw(ddp_tensor *dst, const ddp_tensor *src, const char *op) {
+  if (dst->device != src->device) return copy_across_devices(dst, src, op);
   ddp_tensor *view;
   DDP_TRY(ddp_broadcast_view(&view, src, dst->ndim, dst->shape, op));
-  convert_ctx c = {dst->dtype, src->dtype};
-  ddp_tensor *ops[2] = {dst, view};
-  ddp_foreach(2, ops, dst->ndim, dst->shape, copy_loop, &c, COPY_GRAIN);
+  int status = DDP_OK;
+  if (dst->device == DDP_DEVICE_CPU) {
+    ddp_cpu_copy(dst, view);
+  } else {
+    const ddp_kernels *k = ddp_kernels_for(dst->device);
+    status = DDP_KERNEL_CHECK(k, copy, op);
+    if (!status) {
+      k->copy(dst, view);
+      status = ddp_device_check(dst->device, op);
+    }
+  }
   ddp_tensor_release(view);
-  ddp_tensor_bump_version(dst);
-  return DDP_OK;
+  if (!status) ddp_tensor_bump_version(dst);
+  return status;
 }
 
 /* d(copy)/d(src): the gradient summed back to src's shape, in src's dtype. */
 static int copy_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   ddp_tensor *summed;
-  DDP_TRY(ddp_sum_to_shape(&summed, g, n->inputs[0].ndim, n->inputs[0].shape));
-  if (summed->dtype == n->inputs[0].dtype) {
+  const ddp_input_meta *in = &n->inputs[0];
+  DDP_TRY(ddp_sum_to_shape(&summed, g, in->ndim, in->shape));
+  if (summed->dtype == in->dtype && summed->device == in->device) {
     gi[0] = summed;
     return DDP_OK;
   }
-  int status = ddp_to_dtype(&gi[0], summed, n->inputs[0].dtype);
+  /* back to the source's dtype and device (a copy_ from another device) */
+  int status = ddp_tensor_empty(&gi[0], in->ndim, in->shape, in->dtype, in->device);
+  if (!status) status = copy_raw(gi[0], summed, "copy_ backward");
   ddp_tensor_release(summed);
+  if (status) {
+    ddp_tensor_release(gi[0]);
+    gi[0] = NULL;
+  }
   return status;
 }
 
@@ -78,21 +104,19 @@ int ddp_copy_(ddp_tensor *dst, const ddp_tensor *src) {
   return DDP_OK;
 }
 
-typedef struct { char value[8]; size_t esize; } fill_ctx;
-
-static void fill_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
-  const fill_ctx *c = vctx;
-  for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], c->value, c->esize);
-}
-
 int ddp_fill_(ddp_tensor *t, double value) {
   DDP_TRY(ddp_check_alive(t, "fill_", "self"));
   if (t->requires_grad && !t->grad_fn && ddp_grad_enabled())
     DDP_FAIL(DDP_ERR_ARG, "fill_: a leaf tensor that requires grad is being used in an in-place "
              "operation (wrap it in no_grad)");
-  fill_ctx c = {.esize = ddp_dtype_size(t->dtype)};
-  ddp_store_f64(c.value, t->dtype, value);
-  ddp_foreach(1, &t, t->ndim, t->shape, fill_loop, &c, COPY_GRAIN);
+  if (t->device == DDP_DEVICE_CPU) {
+    ddp_cpu_fill(t, value);
+  } else {
+    const ddp_kernels *k = ddp_kernels_for(t->device);
+    DDP_TRY(DDP_KERNEL_CHECK(k, fill, "fill_"));
+    k->fill(t, value);
+    DDP_TRY(ddp_device_check(t->device, "fill_"));
+  }
   ddp_tensor_bump_version(t);
   if (t->grad_fn) { /* the values no longer depend on the history */
     ddp_node_release(t->grad_fn);
@@ -106,7 +130,8 @@ int ddp_zero_(ddp_tensor *t) {
   DDP_TRY(ddp_check_alive(t, "zero_", "self"));
   if (ddp_tensor_is_contiguous(t) && !t->grad_fn &&
       !(t->requires_grad && ddp_grad_enabled())) {
-    memset(ddp_data(t), 0, (size_t)t->numel * ddp_dtype_size(t->dtype));
+    DDP_TRY(ddp_device_memset(ddp_data(t), t->device, 0,
+                              (size_t)t->numel * ddp_dtype_size(t->dtype), "zero_"));
     ddp_tensor_bump_version(t);
     return DDP_OK;
   }
@@ -193,13 +218,57 @@ static void acc_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
 }
 
 int ddp_accumulate_(ddp_tensor *dst, const ddp_tensor *src) {
+  if (dst->device != src->device)
+    DDP_FAIL(DDP_ERR_ARG, "accumulate: the gradient is on %s but the tensor it accumulates "
+             "into is on %s", ddp_device_str(src->device), ddp_device_str(dst->device));
   ddp_tensor *view;
   DDP_TRY(ddp_broadcast_view(&view, src, dst->ndim, dst->shape, "accumulate"));
-  convert_ctx c = {dst->dtype, src->dtype};
-  ddp_tensor *ops[2] = {dst, view};
-  ddp_foreach(2, ops, dst->ndim, dst->shape, acc_loop, &c, COPY_GRAIN);
+  int status = DDP_OK;
+  if (dst->device == DDP_DEVICE_CPU) {
+    convert_ctx c = {dst->dtype, src->dtype};
+    ddp_tensor *ops[2] = {dst, view};
+    ddp_foreach(2, ops, dst->ndim, dst->shape, acc_loop, &c, COPY_GRAIN);
+  } else { /* dst = dst + 1 * src, element-wise (the kernel converts dtypes) */
+    const ddp_kernels *k = ddp_kernels_for(dst->device);
+    status = DDP_KERNEL_CHECK(k, binary, "accumulate");
+    if (!status) {
+      k->binary(dst, dst, view, DDP_EW_ADD, 1.0);
+      status = ddp_device_check(dst->device, "accumulate");
+    }
+  }
   ddp_tensor_release(view);
-  ddp_tensor_bump_version(dst);
+  if (!status) ddp_tensor_bump_version(dst);
+  return status;
+}
+
+/* sum_to_shape through the reduction ops (the device path): sum the leading dimensions
+ * grad has in excess, then, keeping dims, those where shape has 1 and grad does not. */
+static int sum_to_shape_reduce(ddp_tensor **out, ddp_tensor *grad, int ndim,
+                               const int64_t *shape) {
+  int lead = grad->ndim - ndim, dims[DDP_MAX_DIMS], nd = 0;
+  if (lead < 0) DDP_FAIL(DDP_ERR_ARG, "sum_to_shape: %s does not reduce to %s", DDP_SHAPE(grad),
+                         ddp_shape_str(ndim, shape));
+  for (int i = 0; i < lead; i++) dims[nd++] = i;
+  ddp_tensor *summed = grad;
+  ddp_tensor_retain(grad);
+  if (nd) {
+    ddp_tensor *r;
+    int status = ddp_sum(&r, summed, dims, nd, 0, -1);
+    ddp_tensor_release(summed);
+    DDP_TRY(status);
+    summed = r;
+  }
+  nd = 0;
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] == 1 && summed->shape[i] != 1) dims[nd++] = i;
+  if (nd) {
+    ddp_tensor *r;
+    int status = ddp_sum(&r, summed, dims, nd, 1, -1);
+    ddp_tensor_release(summed);
+    DDP_TRY(status);
+    summed = r;
+  }
+  *out = summed;
   return DDP_OK;
 }
 
@@ -210,6 +279,7 @@ int ddp_sum_to_shape(ddp_tensor **out, ddp_tensor *grad, int ndim, const int64_t
     *out = grad;
     return DDP_OK;
   }
+  if (grad->device != DDP_DEVICE_CPU) return sum_to_shape_reduce(out, grad, ndim, shape);
   ddp_tensor *acc, *view;
   DDP_TRY(ddp_tensor_zeros(&acc, ndim, shape, grad->dtype, grad->device));
   /* acc viewed at grad's shape (stride 0 over summed dims) += grad, serially: many grad

@@ -47,7 +47,9 @@ void ddp_free(void *p, size_t nbytes);
 enum ddp_storage_kind {
   DDP_STORAGE_ALLOC = 0,   /* data from ddp_alloc, freed with ddp_free */
   DDP_STORAGE_INLINE = 1,  /* small data in the same block as the storage struct */
-  DDP_STORAGE_EXTERNAL = 2 /* the caller's memory (from_blob): deleter(data, ctx) if set */
+  DDP_STORAGE_EXTERNAL = 2, /* the caller's memory (from_blob): deleter(data, ctx) if set */
+  DDP_STORAGE_DEVICE = 3,   /* device memory from the plug-in's caching allocator */
+  DDP_STORAGE_PINNED = 4    /* page-locked host memory from the plug-in (pin_memory) */
 };
 
 typedef struct ddp_storage {
@@ -94,6 +96,10 @@ int ddp_check_alive(const ddp_tensor *t, const char *op, const char *arg);
 int ddp_tensor_view_raw(ddp_tensor **out, const ddp_tensor *base, int ndim, const int64_t *shape,
                         const int64_t *strides, int64_t offset);
 
+/* A contiguous tensor header over storage s, which it takes over (s->refcount must be 1
+ * and hold enough bytes). NULL on memory exhaustion (s is then still the caller's). */
+ddp_tensor *ddp_tensor_over_storage(ddp_storage *s, int dtype, int ndim, const int64_t *shape);
+
 /* A detached alias of t: same storage and geometry, no graph. Never fails for a live t
  * except on memory exhaustion (then NULL with the error set). */
 ddp_tensor *ddp_tensor_alias(const ddp_tensor *t);
@@ -109,9 +115,29 @@ static inline void ddp_tensor_bump_version(ddp_tensor *t) { t->storage->version+
 const char *ddp_shape_str(int ndim, const int64_t *shape);
 #define DDP_SHAPE(t) ddp_shape_str((t)->ndim, (t)->shape)
 
-/* DDP_OK for the CPU; for a CUDA device a DDP_ERR_UNAVAILABLE error "op: CUDA is not
- * available: <reason>" (or a bad device number). */
+/* DDP_OK for the CPU and for an existing CUDA device; otherwise a DDP_ERR_UNAVAILABLE
+ * error "op: CUDA is not available: <reason>" or DDP_ERR_ARG for a bad device number. */
 int ddp_check_device(int device, const char *op);
+
+/* "cpu" or "cuda:<k>", in a thread-local rotating buffer (as ddp_shape_str). */
+const char *ddp_device_str(int device);
+
+/* Fail naming op and the arguments unless every tensor of ts (names[i] says which
+ * argument ts[i] is; NULL entries are skipped) is on the same device. */
+int ddp_check_same_device(const char *op, int n, ddp_tensor *const *ts,
+                          const char *const *names);
+
+/* ---- device memory (runtime/core/device.c) --------------------------------------------
+ * Thin wrappers over the plug-in's table that record a DDP error on failure. Host memory
+ * (DDP_DEVICE_CPU) is handled too, so callers need no branch. */
+int ddp_device_alloc(void **out, int device, size_t nbytes);
+void ddp_device_free(void *p);
+void ddp_pinned_free(void *p);
+int ddp_device_memset(void *dst, int device, int byte, size_t nbytes, const char *op);
+/* Copy nbytes between devices (DDP_DEVICE_CPU for host memory) and wait for the copy;
+ * errors name `op`. Host to host is a memcpy. */
+int ddp_device_memcpy(void *dst, int dst_device, const void *src, int src_device,
+                      size_t nbytes, const char *op);
 
 /* ---- dtypes ------------------------------------------------------------------------- */
 

@@ -12,7 +12,15 @@ enum { INLINE_MAX = 256, INLINE_OFFSET = 64 };
 
 static ddp_storage *storage_new(size_t nbytes, int device) {
   ddp_storage *s;
-  if (nbytes <= INLINE_MAX) {
+  if (device != DDP_DEVICE_CPU) { /* from the plug-in's caching allocator */
+    s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    if (ddp_device_alloc(&s->data, device, nbytes)) {
+      free(s);
+      return NULL; /* error recorded by the allocator */
+    }
+    s->kind = DDP_STORAGE_DEVICE;
+  } else if (nbytes <= INLINE_MAX) {
     _Static_assert(sizeof(ddp_storage) <= INLINE_OFFSET, "storage header outgrew its slot");
     s = ddp_alloc(INLINE_OFFSET + nbytes);
     if (!s) return NULL;
@@ -43,6 +51,12 @@ static void storage_release(ddp_storage *s) {
     return;
   case DDP_STORAGE_ALLOC:
     ddp_free(s->data, s->nbytes);
+    break;
+  case DDP_STORAGE_DEVICE:
+    ddp_device_free(s->data);
+    break;
+  case DDP_STORAGE_PINNED:
+    ddp_pinned_free(s->data);
     break;
   default:
     if (s->deleter) s->deleter(s->data, s->deleter_ctx);
@@ -81,6 +95,12 @@ static ddp_tensor *header_new(ddp_storage *s, int dtype, int ndim, const int64_t
   return t;
 }
 
+ddp_tensor *ddp_tensor_over_storage(ddp_storage *s, int dtype, int ndim, const int64_t *shape) {
+  int64_t strides[DDP_MAX_DIMS];
+  ddp_contiguous_strides(ndim, shape, strides);
+  return header_new(s, dtype, ndim, shape, strides, 0);
+}
+
 static int check_geometry(const char *op, int ndim, const int64_t *shape, int dtype, int device) {
   if (ndim < 0 || ndim > DDP_MAX_DIMS)
     DDP_FAIL(DDP_ERR_ARG, "%s: %d dimensions requested, at most %d are supported", op, ndim,
@@ -107,6 +127,7 @@ int ddp_tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype
   int64_t numel = ddp_contiguous_strides(ndim, shape, strides);
   size_t nbytes = (size_t)numel * ddp_dtype_size(dtype);
   ddp_storage *s = storage_new(nbytes, device);
+  if (!s && device != DDP_DEVICE_CPU) return ddp_last_status(); /* the allocator's message */
   if (!s)
     DDP_FAIL(DDP_ERR_MEMORY, "empty: out of memory allocating %zu bytes for shape %s", nbytes,
              ddp_shape_str(ndim, shape));
@@ -120,8 +141,13 @@ int ddp_tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype
 
 int ddp_tensor_zeros(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
   DDP_TRY(ddp_tensor_empty(out, ndim, shape, dtype, device));
-  memset((*out)->storage->data, 0, (*out)->storage->nbytes);
-  return DDP_OK;
+  int status = ddp_device_memset((*out)->storage->data, device, 0, (*out)->storage->nbytes,
+                                 "zeros");
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
 }
 
 int ddp_tensor_from_data(ddp_tensor **out, int ndim, const int64_t *shape, int dtype,
@@ -276,13 +302,24 @@ int ddp_tensor_is_contiguous(const ddp_tensor *t) {
 
 /* ---- element access ----------------------------------------------------------------- */
 
+/* *out = the element at p of t, fetched from the device first when t lives on one. */
+static int load_element(const ddp_tensor *t, const char *p, double *out) {
+  char buf[8];
+  if (t->device != DDP_DEVICE_CPU) {
+    DDP_TRY(ddp_device_memcpy(buf, DDP_DEVICE_CPU, p, t->device, ddp_dtype_size(t->dtype),
+                              "item"));
+    p = buf;
+  }
+  *out = ddp_load_f64(p, t->dtype);
+  return DDP_OK;
+}
+
 int ddp_tensor_item(const ddp_tensor *t, double *out) {
   DDP_TRY(ddp_check_alive(t, "item", "self"));
   if (t->numel != 1)
     DDP_FAIL(DDP_ERR_ARG, "item: a tensor with %lld elements %s cannot be converted to a number "
              "(item needs exactly one element)", (long long)t->numel, DDP_SHAPE(t));
-  *out = ddp_load_f64(ddp_data(t), t->dtype);
-  return DDP_OK;
+  return load_element(t, ddp_data(t), out);
 }
 
 static int element_address(const ddp_tensor *t, const int64_t *index, const char *op, char **p) {
@@ -302,14 +339,19 @@ static int element_address(const ddp_tensor *t, const int64_t *index, const char
 int ddp_tensor_get(const ddp_tensor *t, const int64_t *index, double *out) {
   char *p;
   DDP_TRY(element_address(t, index, "get", &p));
-  *out = ddp_load_f64(p, t->dtype);
-  return DDP_OK;
+  return load_element(t, p, out);
 }
 
 int ddp_tensor_set(ddp_tensor *t, const int64_t *index, double value) {
   char *p;
   DDP_TRY(element_address(t, index, "set", &p));
-  ddp_store_f64(p, t->dtype, value);
+  if (t->device != DDP_DEVICE_CPU) {
+    char buf[8];
+    ddp_store_f64(buf, t->dtype, value);
+    DDP_TRY(ddp_device_memcpy(p, t->device, buf, DDP_DEVICE_CPU, ddp_dtype_size(t->dtype), "set"));
+  } else {
+    ddp_store_f64(p, t->dtype, value);
+  }
   ddp_tensor_bump_version(t);
   return DDP_OK;
 }
@@ -322,6 +364,13 @@ static void to_f64_loop(void *vctx, char **ptrs, const int64_t *strides, int64_t
 
 int ddp_tensor_to_f64(const ddp_tensor *t, double *dst) {
   DDP_TRY(ddp_check_alive(t, "to_f64", "self"));
+  if (t->device != DDP_DEVICE_CPU) { /* through a host copy */
+    ddp_tensor *host;
+    DDP_TRY(ddp_tensor_to_device(&host, (ddp_tensor *)t, DDP_DEVICE_CPU, 0));
+    int status = ddp_tensor_to_f64(host, dst);
+    ddp_tensor_release(host);
+    return status;
+  }
   struct to_f64_ctx c = {dst, t->dtype};
   ddp_tensor *ops[1] = {(ddp_tensor *)t};
   ddp_foreach(1, ops, t->ndim, t->shape, to_f64_loop, &c, 0); /* serial: writes in order */

@@ -1,25 +1,31 @@
-// runtime/backend/cuda/plugin.cu: the CUDA plug-in (build/libddplua_cuda.so), loaded with
-// dlopen by runtime/core/device.c the first time CUDA is asked for. The core library and
-// the executable never link CUDA, so one build runs on machines without a GPU.
+// runtime/backend/cuda/plugin.cu: the CUDA plug-in's table (build/libddplua_cuda.so),
+// loaded with dlopen by runtime/core/device.c the first time CUDA is asked for. The core
+// library and the executable never link CUDA, so one build runs on machines without a GPU.
 //
-// For now the plug-in answers the probe (driver present? how many devices?) and proves the
-// toolchain: it is built for sm_80 and sm_90 with explicit -gencode, links cuBLAS and NCCL
-// from the toolkit, and never links -lcuda. Device tensors, kernels and the nccl backend
-// arrive with the CUDA issue.
+// This file holds the probe, devices, streams, events, copies and the error check; the
+// caching allocator is in allocator.cu, the kernels in the area files (elementwise.cu, ...)
+// gathered by kernels.cu, the collectives in nccl.cu.
 #include <cublas_v2.h>
-#include <cuda_runtime.h>
+#include <cudnn.h>
 #include <nccl.h>
 #include <stdio.h>
 
-#include "backend/cuda/plugin.h"
+#include "backend/cuda/cuda_internal.h"
 
-// A trivial kernel, so the fat binary really holds sm_80 and sm_90 code.
-__global__ void ddp_cuda_fill_kernel(float *out, float value, long n) {
-  long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = value;
+enum { MAX_DEVICES = 64 };
+
+int ddp_cuda_allow_tf32 = 0;
+
+int ddp_cuda_fail(cudaError_t err, const char *op, const char *what, const char *file,
+                  int line) {
+  int status = err == cudaErrorMemoryAllocation ? DDP_ERR_MEMORY : DDP_ERR_STATE;
+  return ddp_fail_at(file, line, status, "%s: %s failed: %s (%s)", op, what,
+                     cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
-extern "C" int ddp_cuda_plugin_probe(int *device_count, char *reason, size_t reason_len) {
+// ---- devices -------------------------------------------------------------------------
+
+static int probe(int *device_count, char *reason, size_t reason_len) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -33,15 +39,245 @@ extern "C" int ddp_cuda_plugin_probe(int *device_count, char *reason, size_t rea
     *device_count = 0;
     return 1;
   }
-  *device_count = count;
+  *device_count = count < MAX_DEVICES ? count : MAX_DEVICES;
   return 0;
 }
 
-extern "C" int ddp_cuda_plugin_abi_version(void) { return DDP_CUDA_PLUGIN_ABI; }
-
-// Versions of the libraries the plug-in was linked against, for `make config` and reports.
-extern "C" void ddp_cuda_plugin_versions(int *cudart, int *cublas, int *nccl) {
+static void versions(int *cudart, int *cublas, int *cudnn, int *nccl) {
+  *cudart = 0;
   cudaRuntimeGetVersion(cudart);
   *cublas = CUBLAS_VERSION;
+  *cudnn = (int)cudnnGetVersion();
   *nccl = NCCL_VERSION_CODE;
+}
+
+static int device_name(int device, char *out, size_t len) {
+  cudaDeviceProp prop;
+  DDP_CUDA_TRY(cudaGetDeviceProperties(&prop, device), "get_device_name");
+  snprintf(out, len, "%s", prop.name);
+  return DDP_OK;
+}
+
+int ddp_cuda_use_device(int device, const char *op) {
+  int current = -1;
+  DDP_CUDA_TRY(cudaGetDevice(&current), op);
+  if (current != device) DDP_CUDA_TRY(cudaSetDevice(device), op);
+  return DDP_OK;
+}
+
+int ddp_cuda_device(void) {
+  int d = 0;
+  cudaGetDevice(&d);
+  return d;
+}
+
+static int set_device(int device) { return ddp_cuda_use_device(device, "set_device"); }
+
+static int get_device(int *device) {
+  DDP_CUDA_TRY(cudaGetDevice(device), "current_device");
+  return DDP_OK;
+}
+
+static int synchronize(int device) {
+  DDP_TRY(ddp_cuda_use_device(device, "synchronize"));
+  DDP_CUDA_TRY(cudaDeviceSynchronize(), "synchronize");
+  return DDP_OK;
+}
+
+// ---- streams -------------------------------------------------------------------------
+
+// Per host thread and device: the stream work goes to (NULL: the legacy default stream).
+static thread_local cudaStream_t current[MAX_DEVICES];
+
+cudaStream_t ddp_cuda_stream(void) { return current[ddp_cuda_device()]; }
+
+static int stream_create(void **out, int device, int priority) {
+  DDP_TRY(ddp_cuda_use_device(device, "Stream"));
+  cudaStream_t s;
+  DDP_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority), "Stream");
+  *out = s;
+  return DDP_OK;
+}
+
+static int stream_destroy(void *s) {
+  if (s) DDP_CUDA_TRY(cudaStreamDestroy((cudaStream_t)s), "Stream.free");
+  return DDP_OK;
+}
+
+static int current_stream(void **out, int device) {
+  if (device < 0 || device >= MAX_DEVICES)
+    DDP_FAIL(DDP_ERR_ARG, "current_stream: invalid device %d", device);
+  *out = current[device];
+  return DDP_OK;
+}
+
+static int set_current_stream(int device, void *s) {
+  if (device < 0 || device >= MAX_DEVICES)
+    DDP_FAIL(DDP_ERR_ARG, "set_stream: invalid device %d", device);
+  current[device] = (cudaStream_t)s;
+  return DDP_OK;
+}
+
+static int stream_synchronize(void *s) {
+  DDP_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)s), "Stream.synchronize");
+  return DDP_OK;
+}
+
+static int stream_wait_event(void *s, void *e) {
+  DDP_CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)e, 0), "Stream.wait_event");
+  return DDP_OK;
+}
+
+// ---- events --------------------------------------------------------------------------
+
+static int event_create(void **out, int device, int timing) {
+  DDP_TRY(ddp_cuda_use_device(device, "Event"));
+  cudaEvent_t e;
+  DDP_CUDA_TRY(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+               "Event");
+  *out = e;
+  return DDP_OK;
+}
+
+static int event_destroy(void *e) {
+  if (e) DDP_CUDA_TRY(cudaEventDestroy((cudaEvent_t)e), "Event.free");
+  return DDP_OK;
+}
+
+static int event_record(void *e, void *s) {
+  DDP_CUDA_TRY(cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s), "Event.record");
+  return DDP_OK;
+}
+
+static int event_synchronize(void *e) {
+  DDP_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)e), "Event.synchronize");
+  return DDP_OK;
+}
+
+static int event_query(void *e, int *done) {
+  cudaError_t err = cudaEventQuery((cudaEvent_t)e);
+  if (err == cudaErrorNotReady) {
+    *done = 0;
+    return DDP_OK;
+  }
+  DDP_CUDA_TRY(err, "Event.query");
+  *done = 1;
+  return DDP_OK;
+}
+
+static int event_elapsed_ms(void *start, void *end, float *ms) {
+  DDP_CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end),
+               "Event.elapsed_time");
+  return DDP_OK;
+}
+
+// ---- copies --------------------------------------------------------------------------
+
+static int copy(void *dst, int dst_device, const void *src, int src_device, size_t nbytes,
+                int async) {
+  if (nbytes == 0) return DDP_OK;
+  int device = dst_device >= 0 ? dst_device : src_device;
+  cudaMemcpyKind kind = dst_device >= 0 ? (src_device >= 0 ? cudaMemcpyDeviceToDevice
+                                                           : cudaMemcpyHostToDevice)
+                                        : (src_device >= 0 ? cudaMemcpyDeviceToHost
+                                                           : cudaMemcpyHostToHost);
+  if (device >= 0) DDP_TRY(ddp_cuda_use_device(device, "copy"));
+  cudaStream_t s = device >= 0 ? current[device] : 0;
+  if (dst_device >= 0 && src_device >= 0 && dst_device != src_device) {
+    // Between devices: order after the source device's current stream too.
+    DDP_TRY(ddp_cuda_use_device(src_device, "copy"));
+    DDP_CUDA_TRY(cudaStreamSynchronize(current[src_device]), "copy");
+    DDP_TRY(ddp_cuda_use_device(dst_device, "copy"));
+    DDP_CUDA_TRY(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, s), "copy");
+  } else {
+    DDP_CUDA_TRY(cudaMemcpyAsync(dst, src, nbytes, kind, s), "copy");
+  }
+  if (!async) DDP_CUDA_TRY(cudaStreamSynchronize(s), "copy");
+  return DDP_OK;
+}
+
+static int fill_bytes(void *dst, int device, int byte, size_t nbytes) {
+  if (nbytes == 0) return DDP_OK;
+  DDP_TRY(ddp_cuda_use_device(device, "zero_"));
+  DDP_CUDA_TRY(cudaMemsetAsync(dst, byte, nbytes, current[device]), "zero_");
+  return DDP_OK;
+}
+
+static int host_alloc(void **out, size_t nbytes) {
+  *out = NULL;
+  DDP_CUDA_TRY(cudaHostAlloc(out, nbytes ? nbytes : 1, cudaHostAllocPortable), "pin_memory");
+  return DDP_OK;
+}
+
+static void host_free(void *p) {
+  if (p) cudaFreeHost(p);
+}
+
+// ---- checks and flags ----------------------------------------------------------------
+
+static int check(const char *op) {
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return DDP_OK;
+  return ddp_fail_at(__FILE__, __LINE__, DDP_ERR_STATE, "%s: CUDA error: %s (%s)", op,
+                     cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+static void set_allow_tf32(int on) { ddp_cuda_allow_tf32 = on != 0; }
+static int get_allow_tf32(void) { return ddp_cuda_allow_tf32; }
+
+// ---- the table -----------------------------------------------------------------------
+
+// allocator.cu
+extern "C" int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes);
+extern "C" void ddp_cuda_caching_free(void *p);
+extern "C" int ddp_cuda_caching_record_stream(void *p, void *stream);
+extern "C" int ddp_cuda_caching_empty_cache(void);
+extern "C" int ddp_cuda_caching_stats(int device, ddp_cuda_memory_stats *out);
+extern "C" int ddp_cuda_caching_reset_peak(int device);
+// kernels.cu, nccl.cu
+extern "C" const ddp_kernels *ddp_cuda_kernel_table(void);
+extern "C" const struct ddp_nccl_api *ddp_cuda_nccl_table(void) __attribute__((weak));
+
+extern "C" const ddp_cuda_api *ddp_cuda_plugin_api(void) {
+  static ddp_cuda_api api;
+  static bool ready;
+  if (!ready) {
+    api.abi = DDP_CUDA_PLUGIN_ABI;
+    api.name = "cuda";
+    api.probe = probe;
+    api.versions = versions;
+    api.device_name = device_name;
+    api.set_device = set_device;
+    api.get_device = get_device;
+    api.synchronize = synchronize;
+    api.malloc = ddp_cuda_caching_malloc;
+    api.free = ddp_cuda_caching_free;
+    api.record_stream = ddp_cuda_caching_record_stream;
+    api.empty_cache = ddp_cuda_caching_empty_cache;
+    api.memory_stats = ddp_cuda_caching_stats;
+    api.reset_peak = ddp_cuda_caching_reset_peak;
+    api.host_alloc = host_alloc;
+    api.host_free = host_free;
+    api.memcpy = copy;
+    api.memset = fill_bytes;
+    api.stream_create = stream_create;
+    api.stream_destroy = stream_destroy;
+    api.current_stream = current_stream;
+    api.set_current_stream = set_current_stream;
+    api.stream_synchronize = stream_synchronize;
+    api.stream_wait_event = stream_wait_event;
+    api.event_create = event_create;
+    api.event_destroy = event_destroy;
+    api.event_record = event_record;
+    api.event_synchronize = event_synchronize;
+    api.event_query = event_query;
+    api.event_elapsed_ms = event_elapsed_ms;
+    api.check = check;
+    api.set_allow_tf32 = set_allow_tf32;
+    api.get_allow_tf32 = get_allow_tf32;
+    api.kernels = ddp_cuda_kernel_table();
+    api.nccl = ddp_cuda_nccl_table ? ddp_cuda_nccl_table() : NULL;
+    ready = true; // the core calls this once, under pthread_once
+  }
+  return &api;
 }

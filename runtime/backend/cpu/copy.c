@@ -1,0 +1,53 @@
+/* runtime/backend/cpu/copy.c: CPU kernels of copies (any dtypes and strides) and fills. */
+#include "backend/cpu/copy.h"
+
+enum { COPY_GRAIN = 1 << 16 }; /* elements per thread chunk: below this, one thread */
+
+typedef struct { int dst_dtype, src_dtype; } convert_ctx;
+
+static void copy_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
+  const convert_ctx *c = vctx;
+  char *d = p[0], *src = p[1];
+  if (c->dst_dtype == c->src_dtype) {
+    size_t es = ddp_dtype_size(c->dst_dtype);
+    if (s[0] == (int64_t)es && s[1] == (int64_t)es) {
+      memcpy(d, src, (size_t)n * es);
+      return;
+    }
+    switch (es) {
+    case 8: for (int64_t i = 0; i < n; i++) *(uint64_t *)(d + i * s[0]) = *(const uint64_t *)(src + i * s[1]); return;
+    case 4: for (int64_t i = 0; i < n; i++) *(uint32_t *)(d + i * s[0]) = *(const uint32_t *)(src + i * s[1]); return;
+    case 2: for (int64_t i = 0; i < n; i++) *(uint16_t *)(d + i * s[0]) = *(const uint16_t *)(src + i * s[1]); return;
+    default: for (int64_t i = 0; i < n; i++) d[i * s[0]] = src[i * s[1]]; return;
+    }
+  }
+  if (c->dst_dtype == DDP_F32 && c->src_dtype == DDP_F64) {
+    for (int64_t i = 0; i < n; i++) *(float *)(d + i * s[0]) = (float)*(const double *)(src + i * s[1]);
+    return;
+  }
+  if (c->dst_dtype == DDP_F64 && c->src_dtype == DDP_F32) {
+    for (int64_t i = 0; i < n; i++) *(double *)(d + i * s[0]) = *(const float *)(src + i * s[1]);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++)
+    ddp_store_f64(d + i * s[0], c->dst_dtype, ddp_load_f64(src + i * s[1], c->src_dtype));
+}
+
+void ddp_cpu_copy(ddp_tensor *dst, const ddp_tensor *src) {
+  convert_ctx c = {dst->dtype, src->dtype};
+  ddp_tensor *ops[2] = {dst, (ddp_tensor *)src};
+  ddp_foreach(2, ops, dst->ndim, dst->shape, copy_loop, &c, COPY_GRAIN);
+}
+
+typedef struct { char value[8]; size_t esize; } fill_ctx;
+
+static void fill_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
+  const fill_ctx *c = vctx;
+  for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], c->value, c->esize);
+}
+
+void ddp_cpu_fill(ddp_tensor *t, double value) {
+  fill_ctx c = {.esize = ddp_dtype_size(t->dtype)};
+  ddp_store_f64(c.value, t->dtype, value);
+  ddp_foreach(1, &t, t->ndim, t->shape, fill_loop, &c, COPY_GRAIN);
+}

@@ -1,0 +1,66 @@
+// runtime/backend/cuda/cuda_internal.h: what the plug-in's .cu files share: the core's
+// tensor struct and error recording, the kernel table, the current stream, launch sizes
+// and error checks. Included by runtime/backend/cuda/*.cu only.
+#ifndef DDP_CUDA_INTERNAL_H
+#define DDP_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// The CPU headers are C99; `restrict` is spelled __restrict__ in C++.
+#define restrict __restrict__
+extern "C" {
+#include "backend/kernels.h"
+#include "core/core.h"
+}
+#undef restrict
+
+#include "backend/cuda/plugin.h"
+
+// The stream kernels of this thread go to: the current stream of the current device
+// (runtime/backend/cuda/plugin.cu).
+cudaStream_t ddp_cuda_stream(void);
+// The current device of this thread.
+int ddp_cuda_device(void);
+// Make `device` current for this thread (cudaSetDevice), recording a DDP error on failure.
+int ddp_cuda_use_device(int device, const char *op);
+
+// Record a failed CUDA call as a DDP error: "<op>: <what> failed: <message> (<name>)".
+int ddp_cuda_fail(cudaError_t err, const char *op, const char *what, const char *file, int line);
+
+// Evaluate a CUDA runtime call; on failure record the error and return its status.
+#define DDP_CUDA_TRY(call, op)                                                             \
+  do {                                                                                     \
+    cudaError_t ddp_cuda_err_ = (call);                                                    \
+    if (ddp_cuda_err_ != cudaSuccess)                                                      \
+      return ddp_cuda_fail(ddp_cuda_err_, (op), #call, __FILE__, __LINE__);                \
+  } while (0)
+
+// Threads per block for element-wise kernels, and the grid for n elements (grid-stride
+// loops cover the rest: the grid is capped so huge tensors do not overflow gridDim.x).
+enum { DDP_CUDA_THREADS = 256 };
+static inline unsigned ddp_cuda_blocks(int64_t n, int threads = DDP_CUDA_THREADS) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > 65535LL * 8) b = 65535LL * 8;
+  return (unsigned)b;
+}
+
+// A kernel table area registers its entries here (runtime/backend/cuda/kernels.cu calls
+// every register function that was linked in).
+extern "C" {
+void ddp_cuda_register_elementwise(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_reduce(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_matmul(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_conv(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_pool(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_loss(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_norm(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_optim(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_shape(ddp_kernels *k) __attribute__((weak));
+}
+
+// TF32 switch (runtime/backend/cuda/plugin.cu), read by the GEMM and convolution kernels.
+extern int ddp_cuda_allow_tf32;
+
+#endif
