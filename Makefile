@@ -160,6 +160,7 @@ config:
 	check "gnuplot (ddplua plot)" "command -v gnuplot"; \
 	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
 	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
+	check "cuDNN (CUDA plug-in)" "test -f $(dir $(shell command -v $(NVCC) 2>/dev/null))../include/cudnn.h"; \
 	check "GPU"                 "nvidia-smi -L"; \
 	check "python3-torch (bench)" "/usr/bin/python3 -c 'import torch'"
 
