@@ -276,7 +276,15 @@ int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph) {
       DDP_FAIL(DDP_ERR_ARG, "backward: grad can be implicitly created only for a tensor with one "
                "element, got %s; pass a gradient", DDP_SHAPE(root));
     DDP_TRY(ddp_tensor_empty(&g, root->ndim, root->shape, root->dtype, root->device));
-    ddp_store_f64(ddp_data(g), g->dtype, 1.0);
+    if (root->device == DDP_DEVICE_CPU) {
+      ddp_store_f64(ddp_data(g), g->dtype, 1.0);
+    } else {
+      int status = ddp_fill_(g, 1.0);
+      if (status) {
+        ddp_tensor_release(g);
+        return status;
+      }
+    }
   }
   int prev = ddp_set_grad_enabled(0);
   int status;

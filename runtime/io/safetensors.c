@@ -153,14 +153,15 @@ int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
     for (int i = 0; i < n; i++)
       if (ddp_dtype_size(tensors[i]->dtype) == es) order[k++] = i;
 
-  /* contiguous detached copies (or aliases) of the data */
+  /* contiguous detached host copies (or aliases) of the data: device tensors are fetched */
   for (int i = 0; i < n && !status; i++) {
     ddp_tensor *a = ddp_tensor_alias(tensors[i]);
     if (!a) {
       status = ddp_last_status();
       break;
     }
-    status = ddp_contiguous(&data[i], a);
+    if (a->device != DDP_DEVICE_CPU) status = ddp_tensor_to_device(&data[i], a, DDP_DEVICE_CPU, 0);
+    else status = ddp_contiguous(&data[i], a);
     ddp_tensor_release(a);
   }
   if (status) goto done;
