@@ -124,9 +124,17 @@ int ddp_check_same_device(const char *op, int n, ddp_tensor *const *ts,
 
 /* ---- kernels ------------------------------------------------------------------------ */
 
+/* Note [current device]: CUDA runs kernels on the calling thread's current device, so
+ * before a tensor's kernels run its device is made current (PyTorch's DeviceGuard, without
+ * the restore). What the user chose with set_device is kept apart (user_device) and is
+ * what "cuda" without an index means, so an op on cuda:1 never changes where the next
+ * "cuda" tensor goes. */
+static __thread int user_device;
+
 const ddp_kernels *ddp_kernels_for(int device) {
   if (device == DDP_DEVICE_CPU) return &ddp_cpu_kernels;
-  return cuda() ? api->kernels : NULL;
+  if (!cuda() || api->set_device(device)) return NULL;
+  return api->kernels;
 }
 
 int ddp_kernel_missing(const ddp_kernels *k, const char *kernel, const char *op) {
@@ -276,12 +284,15 @@ int ddp_cuda_versions(int *cudart, int *cublas, int *cudnn, int *nccl) {
 int ddp_cuda_set_device(int device) {
   DDP_TRY(ddp_check_device(device, "set_device"));
   if (device == DDP_DEVICE_CPU) DDP_FAIL(DDP_ERR_ARG, "set_device: expects a CUDA device, got cpu");
-  return api->set_device(device);
+  DDP_TRY(api->set_device(device));
+  user_device = device;
+  return DDP_OK;
 }
 
 int ddp_cuda_current_device(int *device) {
   NEED_CUDA("current_device");
-  return api->get_device(device);
+  *device = user_device;
+  return DDP_OK;
 }
 
 int ddp_cuda_device_name(int device, char *out, size_t len) {

@@ -28,8 +28,8 @@ const char *ddp_cuda_backend_name(void);
  * cuDNN, NCCL. DDP_ERR_UNAVAILABLE without CUDA. */
 int ddp_cuda_versions(int *cudart, int *cublas, int *cudnn, int *nccl);
 
-/* The calling thread's current device (cudaSetDevice), where new work and tensors made
- * with device "cuda" go. */
+/* The calling thread's current device: where tensors made for "cuda" without an index go
+ * (torch.cuda.set_device). Each op runs on its tensors' device whatever this says. */
 int ddp_cuda_set_device(int device);
 int ddp_cuda_current_device(int *device);
 /* The device's marketing name, e.g. "NVIDIA H100 80GB HBM3", into out (len bytes). */
