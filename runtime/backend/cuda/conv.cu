@@ -98,7 +98,8 @@ struct Plan {
   cudnnMathType_t math;
   cudnnTensorDescriptor_t x = NULL, y = NULL, b = NULL;
   cudnnFilterDescriptor_t w = NULL;
-  cudnnConvolutionDescriptor_t conv = NULL;
+  // one convolution descriptor per direction: each takes the math type of its algorithm
+  cudnnConvolutionDescriptor_t conv[3] = {NULL, NULL, NULL}; // forward, data, filter
   bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
   cudnnConvolutionFwdAlgo_t fwd;
   cudnnConvolutionBwdDataAlgo_t bwd_data;
@@ -126,7 +127,6 @@ int build_plan(Plan *p, int dtype, const ddp_conv2d_geom *g, const char *op) {
   DNN_TRY(cudnnCreateTensorDescriptor(&p->y), op);
   DNN_TRY(cudnnCreateTensorDescriptor(&p->b), op);
   DNN_TRY(cudnnCreateFilterDescriptor(&p->w), op);
-  DNN_TRY(cudnnCreateConvolutionDescriptor(&p->conv), op);
   DNN_TRY(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, p->type, (int)g->n, (int)g->c,
                                      (int)g->h, (int)g->w), op);
   DNN_TRY(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, p->type, (int)g->n, (int)g->o,
@@ -134,13 +134,16 @@ int build_plan(Plan *p, int dtype, const ddp_conv2d_geom *g, const char *op) {
   DNN_TRY(cudnnSetTensor4dDescriptor(p->b, CUDNN_TENSOR_NCHW, p->type, 1, (int)g->o, 1, 1), op);
   DNN_TRY(cudnnSetFilter4dDescriptor(p->w, p->type, CUDNN_TENSOR_NCHW, (int)g->o,
                                      (int)(g->c / g->groups), (int)g->kh, (int)g->kw), op);
-  DNN_TRY(cudnnSetConvolution2dDescriptor(p->conv, (int)g->ph, (int)g->pw, (int)g->sh,
-                                          (int)g->sw, (int)g->dh, (int)g->dw,
-                                          CUDNN_CROSS_CORRELATION, p->type), op);
-  DNN_TRY(cudnnSetConvolutionGroupCount(p->conv, (int)g->groups), op);
-  DNN_TRY(cudnnSetConvolutionMathType(p->conv, p->math), op);
+  for (cudnnConvolutionDescriptor_t &conv : p->conv) {
+    DNN_TRY(cudnnCreateConvolutionDescriptor(&conv), op);
+    DNN_TRY(cudnnSetConvolution2dDescriptor(conv, (int)g->ph, (int)g->pw, (int)g->sh, (int)g->sw,
+                                            (int)g->dh, (int)g->dw, CUDNN_CROSS_CORRELATION,
+                                            p->type), op);
+    DNN_TRY(cudnnSetConvolutionGroupCount(conv, (int)g->groups), op);
+    DNN_TRY(cudnnSetConvolutionMathType(conv, p->math), op);
+  }
   int n, c, h, w;
-  DNN_TRY(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n, &c, &h, &w), op);
+  DNN_TRY(cudnnGetConvolution2dForwardOutputDim(p->conv[0], p->x, p->w, &n, &c, &h, &w), op);
   if (n != g->n || c != g->o || h != g->oh || w != g->ow)
     DDP_FAIL(DDP_ERR_STATE, "%s: cuDNN computes output (%d, %d, %d, %d), expected (%lld, %lld, "
              "%lld, %lld)", op, n, c, h, w, (long long)g->n, (long long)g->o, (long long)g->oh,
@@ -166,7 +169,7 @@ int plan_for(Plan **out, int device, int dtype, const ddp_conv2d_geom *g, const 
   if (status) { // descriptors of a failed plan are dropped (cuDNN accepts NULL)
     cudnnDestroyTensorDescriptor(p->x), cudnnDestroyTensorDescriptor(p->y);
     cudnnDestroyTensorDescriptor(p->b), cudnnDestroyFilterDescriptor(p->w);
-    cudnnDestroyConvolutionDescriptor(p->conv);
+    for (cudnnConvolutionDescriptor_t conv : p->conv) cudnnDestroyConvolutionDescriptor(conv);
     delete p;
     return status;
   }
@@ -175,19 +178,29 @@ int plan_for(Plan **out, int device, int dtype, const ddp_conv2d_geom *g, const 
   return DDP_OK;
 }
 
-// The first ranked result that succeeded with the plan's math type (else the first that
-// succeeded at all), or an error naming the direction.
+// The first ranked result that succeeded with the plan's math type; else, for f64 or f32
+// with TF32 allowed, the first that succeeded at all, whose math type is then set on the
+// direction's descriptor `conv` (as PyTorch does). f32 without TF32 takes CUDNN_FMA_MATH
+// algorithms only (CUDNN_DEFAULT_MATH may use TF32 on Ampere and later). -1 with an error
+// naming the direction when none fits.
 template <typename Perf>
-int pick(const Perf *perf, int count, cudnnMathType_t math, const char *op, const char *what) {
+int pick(const Perf *perf, int count, const Plan *p, cudnnConvolutionDescriptor_t conv,
+         const char *op, const char *what) {
   int any = -1;
   for (int i = 0; i < count; i++) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    if (perf[i].mathType == math) return i;
+    if (perf[i].mathType == p->math) return i;
     if (any < 0) any = i;
   }
-  if (any >= 0) return any;
+  bool strict = p->type == CUDNN_DATA_FLOAT && p->math == CUDNN_FMA_MATH;
+  if (any >= 0 && !strict) {
+    cudnnStatus_t s = cudnnSetConvolutionMathType(conv, perf[any].mathType);
+    if (s == CUDNN_STATUS_SUCCESS) return any;
+    dnn_fail(s, op, "cudnnSetConvolutionMathType", __LINE__);
+    return -1;
+  }
   ddp_fail_at(__FILE__, __LINE__, DDP_ERR_UNAVAILABLE, "%s: cuDNN has no %s algorithm for "
-              "this geometry", op, what);
+              "this geometry%s", op, what, strict ? " without TF32" : "");
   return -1;
 }
 
@@ -196,12 +209,12 @@ int choose_fwd(Plan *p, cudnnHandle_t h, const char *op) {
   if (p->have_fwd) return DDP_OK;
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int count = 0;
-  DNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
+  DNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv[0], p->y,
                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
           op);
-  int i = pick(perf, count, p->math, op, "forward");
+  int i = pick(perf, count, p, p->conv[0], op, "forward");
   if (i < 0) return ddp_last_status();
-  DNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, perf[i].algo,
+  DNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv[0], p->y, perf[i].algo,
                                                   &p->fwd_ws), op);
   p->fwd = perf[i].algo;
   p->have_fwd = true;
@@ -212,12 +225,12 @@ int choose_bwd_data(Plan *p, cudnnHandle_t h, const char *op) {
   if (p->have_bwd_data) return DDP_OK;
   cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
   int count = 0;
-  DNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
+  DNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv[1], p->x,
                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
                                                       &count, perf), op);
-  int i = pick(perf, count, p->math, op, "backward data");
+  int i = pick(perf, count, p, p->conv[1], op, "backward data");
   if (i < 0) return ddp_last_status();
-  DNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x,
+  DNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv[1], p->x,
                                                        perf[i].algo, &p->bwd_data_ws), op);
   p->bwd_data = perf[i].algo;
   p->have_bwd_data = true;
@@ -228,12 +241,12 @@ int choose_bwd_filter(Plan *p, cudnnHandle_t h, const char *op) {
   if (p->have_bwd_filter) return DDP_OK;
   cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
   int count = 0;
-  DNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
+  DNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv[2], p->w,
                                                         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                         &count, perf), op);
-  int i = pick(perf, count, p->math, op, "backward filter");
+  int i = pick(perf, count, p, p->conv[2], op, "backward filter");
   if (i < 0) return ddp_last_status();
-  DNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv, p->w,
+  DNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv[2], p->w,
                                                          perf[i].algo, &p->bwd_filter_ws), op);
   p->bwd_filter = perf[i].algo;
   p->have_bwd_filter = true;
@@ -333,7 +346,7 @@ static int cuda_conv2d_forward(int dtype, void *out, const void *in, const void 
   {
     Workspace ws;
     DDP_TRY(ws.get(device, p->fwd_ws));
-    DNN_TRY(cudnnConvolutionForward(h, s.one(dtype), p->x, in, p->w, w, p->conv, p->fwd, ws.p,
+    DNN_TRY(cudnnConvolutionForward(h, s.one(dtype), p->x, in, p->w, w, p->conv[0], p->fwd, ws.p,
                                     p->fwd_ws, s.zero(dtype), p->y, out), op);
   }
   if (bias) DNN_TRY(cudnnAddTensor(h, s.one(dtype), p->b, bias, s.one(dtype), p->y, out), op);
@@ -371,14 +384,14 @@ static int cuda_conv2d_backward(int dtype, void *d_in, void *d_w, void *d_b, con
   if (d_w) {
     Workspace ws;
     DDP_TRY(ws.get(device, p->bwd_filter_ws));
-    DNN_TRY(cudnnConvolutionBackwardFilter(h, s.one(dtype), p->x, in, p->y, grad_out, p->conv,
+    DNN_TRY(cudnnConvolutionBackwardFilter(h, s.one(dtype), p->x, in, p->y, grad_out, p->conv[2],
                                            p->bwd_filter, ws.p, p->bwd_filter_ws, s.one(dtype),
                                            p->w, d_w), op);
   }
   if (d_in) {
     Workspace ws;
     DDP_TRY(ws.get(device, p->bwd_data_ws));
-    DNN_TRY(cudnnConvolutionBackwardData(h, s.one(dtype), p->w, w, p->y, grad_out, p->conv,
+    DNN_TRY(cudnnConvolutionBackwardData(h, s.one(dtype), p->w, w, p->y, grad_out, p->conv[1],
                                          p->bwd_data, ws.p, p->bwd_data_ws, s.one(dtype), p->x,
                                          d_in), op);
   }

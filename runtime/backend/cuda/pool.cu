@@ -13,8 +13,9 @@
 //    distinct indices there is no contention and the sums are exact.
 //  - average and adaptive average: a gather, no atomics. Each input element visits the
 //    output windows that contain it, in increasing (oh, ow) order, adding each share to
-//    its value one at a time: the same additions in the same order as the CPU's scatter,
-//    so results match it bit for bit.
+//    its value one at a time: the same additions in the same order as the CPU's scatter
+//    (results may still differ in the last bit where the compilers fuse a multiply-add).
+//    The forward kernels sum in the CPU's order and match it exactly.
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
