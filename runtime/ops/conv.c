@@ -1,9 +1,11 @@
 /* runtime/ops/conv.c: the conv2d front door and its backward. Checks follow PyTorch's
- * (ConvUtils.h); the kernels are in backend/cpu/conv.c. */
+ * (ConvUtils.h); the kernels are those of the tensors' device (conv2d_forward and
+ * conv2d_backward of its kernel table: backend/cpu/conv.c, backend/cuda/conv.cu). */
 #include <limits.h>
 
 #include "autograd/autograd.h"
 #include "backend/cpu/conv.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 static int needs_grad(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
@@ -38,6 +40,9 @@ static int conv_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
       .sh = node->iattr[0], .sw = node->iattr[1], .ph = node->iattr[2], .pw = node->iattr[3],
       .dh = node->iattr[4], .dw = node->iattr[5], .groups = node->iattr[6]};
   int want[3] = {needs_grad(node, 0), needs_grad(node, 1), node->iattr[7] && needs_grad(node, 2)};
+  int (*backward)(int, void *, void *, void *, const void *, const void *, const void *,
+                  const ddp_conv2d_geom *);
+  DDP_KERNEL(backward, input->device, conv2d_backward, "conv2d backward");
   ddp_tensor *x = NULL, *w = NULL, *go = NULL, *d[3] = {NULL, NULL, NULL};
   int status = prepared(&x, input, cd);
   if (!status) status = prepared(&w, weight, cd);
@@ -49,10 +54,11 @@ static int conv_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
     status = i < 2 ? ddp_tensor_zeros(&d[i], like[i]->ndim, like[i]->shape, cd, input->device)
                    : ddp_tensor_zeros(&d[i], 1, bshape, cd, input->device);
   }
-  if (!status && g.n > 0)
-    status = ddp_cpu_conv2d_backward(cd, d[0] ? ddp_data(d[0]) : NULL,
-                                     d[1] ? ddp_data(d[1]) : NULL, d[2] ? ddp_data(d[2]) : NULL,
-                                     ddp_data(go), ddp_data(x), ddp_data(w), &g);
+  if (!status && g.n > 0) {
+    status = backward(cd, d[0] ? ddp_data(d[0]) : NULL, d[1] ? ddp_data(d[1]) : NULL,
+                      d[2] ? ddp_data(d[2]) : NULL, ddp_data(go), ddp_data(x), ddp_data(w), &g);
+    if (!status) status = ddp_device_check(input->device, "conv2d backward");
+  }
   for (int i = 0; i < 3; i++) {
     if (!d[i]) continue;
     if (!status && cd != dtype) status = ddp_to_dtype(&gi[i], d[i], dtype);
@@ -68,6 +74,9 @@ static int conv_check(ddp_conv2d_geom *g, ddp_tensor *input, ddp_tensor *weight,
   DDP_TRY(ddp_check_alive(input, "conv2d", "input"));
   DDP_TRY(ddp_check_alive(weight, "conv2d", "weight"));
   if (bias) DDP_TRY(ddp_check_alive(bias, "conv2d", "bias"));
+  ddp_tensor *ts[3] = {input, weight, bias};
+  const char *names[3] = {"input", "weight", "bias"};
+  DDP_TRY(ddp_check_same_device("conv2d", 3, ts, names));
   if (!ddp_dtype_is_floating(input->dtype))
     DDP_FAIL(DDP_ERR_ARG, "conv2d: expected a floating input, got %s", ddp_dtype_name(input->dtype));
   if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
@@ -119,6 +128,8 @@ int ddp_conv2d(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
   ddp_conv2d_geom g = {.sh = stride_h, .sw = stride_w, .ph = padding_h, .pw = padding_w,
                        .dh = dilation_h, .dw = dilation_w, .groups = groups};
   DDP_TRY(conv_check(&g, input, weight, bias));
+  int (*forward)(int, void *, const void *, const void *, const void *, const ddp_conv2d_geom *);
+  DDP_KERNEL(forward, input->device, conv2d_forward, "conv2d");
   int dtype = input->dtype, cd = compute_dtype(dtype);
   ddp_tensor *x = NULL, *w = NULL, *b = NULL, *o = NULL;
   int64_t shape[4] = {g.n, g.o, g.oh, g.ow};
@@ -127,9 +138,10 @@ int ddp_conv2d(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
   if (!status) status = prepared(&w, weight, cd);
   if (!status) status = prepared(&b, bias, cd);
   if (!status) status = ddp_tensor_empty(&o, 4 - unbatched, shape + unbatched, cd, input->device);
-  if (!status && g.n > 0)
-    status = ddp_cpu_conv2d_forward(cd, ddp_data(o), ddp_data(x), ddp_data(w),
-                                    b ? ddp_data(b) : NULL, &g);
+  if (!status && g.n > 0) {
+    status = forward(cd, ddp_data(o), ddp_data(x), ddp_data(w), b ? ddp_data(b) : NULL, &g);
+    if (!status) status = ddp_device_check(input->device, "conv2d");
+  }
   if (!status && cd != dtype) status = ddp_to_dtype(out, o, dtype);
   else if (!status) ddp_tensor_retain(*out = o);
   ddp_tensor_release(x), ddp_tensor_release(w), ddp_tensor_release(b), ddp_tensor_release(o);

@@ -3,11 +3,18 @@
  * Every product reduces to mm_batched: a (..., N, K) · b (..., K, M) with broadcast batch
  * dimensions, on detached operands. Each operand's 2-d slices go to cblas as stored when
  * their strides allow it (row-major, or a transposed row-major view passed as CblasTrans);
- * only other layouts are copied. */
+ * only other layouts are copied.
+ *
+ * Devices: the products go through the kernel table of the operands' device (gemm,
+ * matmul_int); on a CUDA device f16 and bf16 operands go to gemm as they are (cuBLAS
+ * multiplies them with f32 sums) where the CPU converts them to f32 first to use OpenBLAS.
+ * Batch entries are multiplied one after another on the calling thread there (each GEMM
+ * is queued on the current stream); the CPU spreads small ones over the thread pool. */
 #include <limits.h>
 
 #include "autograd/autograd.h"
 #include "backend/cpu/matmul.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 /* ---- layout of one operand ------------------------------------------------------------ */
@@ -74,6 +81,7 @@ typedef struct {
   int64_t n, m, k, esize;
   int64_t sa0, sa1, sb0, sb1;       /* element strides of the 2-d slices */
   gemm_layout la, lb;
+  const ddp_kernels *kern;          /* the operands' device's kernels */
 } mm_job;
 
 /* Products of batch entries [begin, end). */
@@ -90,19 +98,23 @@ static void mm_range(void *vctx, int64_t begin, int64_t end) {
     const char *pa = j->a + aoff * j->esize, *pb = j->b + boff * j->esize;
     char *pc = j->c + bi * j->n * j->m * j->esize;
     if (ddp_dtype_is_floating(j->dtype))
-      ddp_cpu_gemm(j->dtype, j->la.trans, j->lb.trans, j->n, j->m, j->k, 1.0, pa, j->la.ld, pb,
-                   j->lb.ld, 0.0, pc, j->m);
+      j->kern->gemm(j->dtype, j->la.trans, j->lb.trans, j->n, j->m, j->k, 1.0, pa, j->la.ld, pb,
+                    j->lb.ld, 0.0, pc, j->m);
     else
-      ddp_cpu_matmul_int(j->dtype, pc, pa, j->sa0, j->sa1, pb, j->sb0, j->sb1, j->n, j->m, j->k);
+      j->kern->matmul_int(j->dtype, pc, pa, j->sa0, j->sa1, pb, j->sb0, j->sb1, j->n, j->m, j->k);
   }
 }
 
 /* out (batch..., N, M), new and contiguous = a (..., N, K) · b (..., K, M), the batch
- * dimensions broadcast. a and b: detached, ndim >= 2, the same dtype (f32, f64 or an
- * integer type), inner sizes already checked. */
+ * dimensions broadcast. a and b: detached, ndim >= 2, on one device, the same dtype (f32,
+ * f64 or an integer type; f16 and bf16 too on a CUDA device), inner sizes already
+ * checked. */
 static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char *op) {
   *out = NULL;
-  mm_job j = {.dtype = a->dtype, .esize = (int64_t)ddp_dtype_size(a->dtype)};
+  mm_job j = {.dtype = a->dtype, .esize = (int64_t)ddp_dtype_size(a->dtype),
+              .kern = ddp_kernels_for(a->device)};
+  if (ddp_dtype_is_floating(a->dtype)) DDP_TRY(DDP_KERNEL_CHECK(j.kern, gemm, op));
+  else DDP_TRY(DDP_KERNEL_CHECK(j.kern, matmul_int, op));
   int ba = a->ndim - 2, bb = b->ndim - 2;
   j.nbd = ddp_broadcast_shapes(ba, a->shape, bb, b->shape, j.bshape);
   if (j.nbd < 0)
@@ -169,21 +181,30 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
    * each threaded by OpenBLAS. */
   double mnk = (double)j.n * (double)j.m * (double)j.k;
   int64_t grain = (int64_t)(65536.0 / (mnk + 1.0)) + 1;
-  if (batches >= 2 * grain && mnk <= 262144.0 && ddp_get_num_threads() > 1) {
+  if (a->device == DDP_DEVICE_CPU && batches >= 2 * grain && mnk <= 262144.0 &&
+      ddp_get_num_threads() > 1) {
     int blas_threads = ddp_cpu_blas_hold_single();
     ddp_parallel_for(batches, grain, mm_range, &j);
     ddp_cpu_blas_restore(blas_threads);
   } else {
+    /* on a device: this thread, whose current stream and library handles are the ones */
     mm_range(&j, 0, batches);
   }
   ddp_tensor_release(ac);
   ddp_tensor_release(bc);
-  return DDP_OK;
+  status = ddp_device_check(a->device, op); /* a failed launch or cuBLAS call */
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
 }
 
-/* mm_batched for any supported dtype: f16 and bf16 go through f32. */
+/* mm_batched for any supported dtype: on the CPU f16 and bf16 go through f32 (OpenBLAS);
+ * a device's gemm takes them as they are. */
 static int mm_any(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char *op) {
-  if (a->dtype != DDP_F16 && a->dtype != DDP_BF16) return mm_batched(out, a, b, op);
+  if ((a->dtype != DDP_F16 && a->dtype != DDP_BF16) || a->device != DDP_DEVICE_CPU)
+    return mm_batched(out, a, b, op);
   *out = NULL;
   ddp_tensor *af = NULL, *bf = NULL, *of = NULL;
   int status = ddp_to_dtype(&af, a, DDP_F32);
@@ -201,6 +222,9 @@ static int mm_any(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char *op
 static int check_pair(ddp_tensor *a, ddp_tensor *b, const char *op) {
   DDP_TRY(ddp_check_alive(a, op, "self"));
   DDP_TRY(ddp_check_alive(b, op, "other"));
+  ddp_tensor *ts[2] = {a, b};
+  const char *names[2] = {"self", "other"};
+  DDP_TRY(ddp_check_same_device(op, 2, ts, names));
   if (a->dtype != b->dtype)
     DDP_FAIL(DDP_ERR_ARG, "%s: expected both operands to have the same dtype, got %s %s and %s %s",
              op, ddp_dtype_name(a->dtype), DDP_SHAPE(a), ddp_dtype_name(b->dtype), DDP_SHAPE(b));
@@ -420,6 +444,9 @@ int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
   DDP_TRY(ddp_check_alive(input, "linear", "input"));
   DDP_TRY(ddp_check_alive(weight, "linear", "weight"));
   if (bias) DDP_TRY(ddp_check_alive(bias, "linear", "bias"));
+  ddp_tensor *ts[3] = {input, weight, bias};
+  const char *names[3] = {"input", "weight", "bias"};
+  DDP_TRY(ddp_check_same_device("linear", 3, ts, names));
   if (!ddp_dtype_is_floating(input->dtype))
     DDP_FAIL(DDP_ERR_ARG, "linear: expected a floating input, got %s", ddp_dtype_name(input->dtype));
   if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))

@@ -1,8 +1,10 @@
 /* runtime/ops/pool.c: front doors of max_pool2d, avg_pool2d and adaptive_avg_pool2d and
  * their backward. Shape rules follow PyTorch's Pool.h (pooling_output_shape,
- * pool2d_shape_check). */
+ * pool2d_shape_check). Kernels come from the input's device's table (backend/cpu/pool.c,
+ * backend/cuda/pool.cu). */
 #include "autograd/autograd.h"
 #include "backend/cpu/pool.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 /* The dtype kernels run in: f16 and bf16 compute through f32. */
@@ -83,15 +85,21 @@ enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE };
 /* Forward through the compute dtype: *out (input's dtype) from the kernel `kind`. */
 static int pool_forward(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *input,
                         const ddp_pool2d_geom *g, int kind) {
+  static const char *const ops[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+  const ddp_kernels *k = ddp_kernels_for(input->device);
+  if (kind == POOL_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, max_pool2d_forward, ops[kind]));
+  else if (kind == POOL_AVG) DDP_TRY(DDP_KERNEL_CHECK(k, avg_pool2d_forward, ops[kind]));
+  else DDP_TRY(DDP_KERNEL_CHECK(k, adaptive_avg_pool2d_forward, ops[kind]));
   int dtype = input->dtype, cd = compute_dtype(dtype);
   ddp_tensor *x = NULL, *o = NULL;
   int status = prepared(&x, input, cd);
   if (!status) status = pooled_empty(&o, input, g, cd);
   if (!status && kind == POOL_MAX) status = pooled_empty(indices, input, g, DDP_I64);
   if (!status && g->planes > 0) {
-    if (kind == POOL_MAX) ddp_cpu_max_pool2d_forward(cd, ddp_data(o), (int64_t *)ddp_data(*indices), ddp_data(x), g);
-    else if (kind == POOL_AVG) ddp_cpu_avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
-    else ddp_cpu_adaptive_avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
+    if (kind == POOL_MAX) k->max_pool2d_forward(cd, ddp_data(o), (int64_t *)ddp_data(*indices), ddp_data(x), g);
+    else if (kind == POOL_AVG) k->avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
+    else k->adaptive_avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
+    status = ddp_device_check(input->device, ops[kind]);
   }
   if (!status && cd != dtype) status = ddp_to_dtype(out, o, dtype);
   else if (!status) ddp_tensor_retain(*out = o);
@@ -104,6 +112,12 @@ static int pool_forward(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *inpu
 static int pool_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
   const ddp_input_meta *im = &node->inputs[0];
   int kind = (int)node->iattr[7], dtype = im->dtype, cd = compute_dtype(dtype);
+  static const char *const ops[] = {"max_pool2d backward", "avg_pool2d backward",
+                                    "adaptive_avg_pool2d backward"};
+  const ddp_kernels *k = ddp_kernels_for(grad->device);
+  if (kind == POOL_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, max_pool2d_backward, ops[kind]));
+  else if (kind == POOL_AVG) DDP_TRY(DDP_KERNEL_CHECK(k, avg_pool2d_backward, ops[kind]));
+  else DDP_TRY(DDP_KERNEL_CHECK(k, adaptive_avg_pool2d_backward, ops[kind]));
   ddp_tensor *idx = NULL;
   if (kind == POOL_MAX && !(idx = ddp_node_saved(node, 0))) return ddp_last_status();
   ddp_pool2d_geom g = {.h = im->shape[im->ndim - 2], .w = im->shape[im->ndim - 1],
@@ -118,9 +132,10 @@ static int pool_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
   if (!status) {
     g.planes = d->numel / (g.h * g.w);
     if (g.planes > 0) {
-      if (kind == POOL_MAX) ddp_cpu_max_pool2d_backward(cd, ddp_data(d), ddp_data(go), (const int64_t *)ddp_data(idxc), &g);
-      else if (kind == POOL_AVG) ddp_cpu_avg_pool2d_backward(cd, ddp_data(d), ddp_data(go), &g);
-      else ddp_cpu_adaptive_avg_pool2d_backward(cd, ddp_data(d), ddp_data(go), &g);
+      if (kind == POOL_MAX) k->max_pool2d_backward(cd, ddp_data(d), ddp_data(go), (const int64_t *)ddp_data(idxc), &g);
+      else if (kind == POOL_AVG) k->avg_pool2d_backward(cd, ddp_data(d), ddp_data(go), &g);
+      else k->adaptive_avg_pool2d_backward(cd, ddp_data(d), ddp_data(go), &g);
+      status = ddp_device_check(grad->device, ops[kind]);
     }
   }
   if (!status && cd != dtype) status = ddp_to_dtype(&gi[0], d, dtype);

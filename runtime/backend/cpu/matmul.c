@@ -4,9 +4,33 @@
 #include "backend/cpu/matmul.h"
 #include "core/core.h"
 
+/* f16 / bf16 GEMM with f32 products and sums, a plain loop (see matmul.h). */
+static float half_get(int dtype, const uint16_t *p, int64_t i) {
+  return dtype == DDP_F16 ? ddp_f16_to_f32(p[i]) : ddp_bf16_to_f32(p[i]);
+}
+
+static void gemm_half(int dtype, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                      int64_t ldb, float beta, uint16_t *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      float acc = 0;
+      for (int64_t p = 0; p < k; p++)
+        acc += half_get(dtype, a, trans_a ? p * lda + i : i * lda + p) *
+               half_get(dtype, b, trans_b ? j * ldb + p : p * ldb + j);
+      float v = alpha * acc;
+      if (beta != 0) v += beta * half_get(dtype, c, i * ldc + j); /* c not read for beta 0 */
+      c[i * ldc + j] = dtype == DDP_F16 ? ddp_f32_to_f16(v) : ddp_f32_to_bf16(v);
+    }
+}
+
 void ddp_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                   double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                   double beta, void *c, int64_t ldc) {
+  if (dtype == DDP_F16 || dtype == DDP_BF16) {
+    gemm_half(dtype, trans_a, trans_b, m, n, k, (float)alpha, a, lda, b, ldb, (float)beta, c, ldc);
+    return;
+  }
   enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if (dtype == DDP_F32)

@@ -7,8 +7,11 @@
 
 /* c (m, n) row-major with leading dimension ldc = alpha * op(a) op(b) + beta * c, where
  * op(a) is (m, k) and op(b) is (k, n); trans_a says a is stored as (k, m) (row-major, lda),
- * else as (m, k); likewise b. dtype DDP_F32 or DDP_F64. Leading dimensions must be >= 1 and
- * at least the stored row length (cblas rules); m, n, k >= 1. */
+ * else as (m, k); likewise b. dtype DDP_F32 or DDP_F64 (OpenBLAS), or DDP_F16 / DDP_BF16
+ * (f32 products and sums, alpha and beta as f32, c not read when beta is 0: the semantics
+ * of the CUDA table's cuBLAS GEMM; a plain loop, for the simulated device: the CPU ops
+ * layer converts such operands to f32 and calls OpenBLAS instead). Leading dimensions must
+ * be >= 1 and at least the stored row length (cblas rules); m, n, k >= 1. */
 void ddp_cpu_gemm(int dtype, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                   double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                   double beta, void *c, int64_t ldc);

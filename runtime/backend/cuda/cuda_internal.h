@@ -28,6 +28,13 @@ int ddp_cuda_use_device(int device, const char *op);
 // Record a failed CUDA call as a DDP error: "<op>: <what> failed: <message> (<name>)".
 int ddp_cuda_fail(cudaError_t err, const char *op, const char *what, const char *file, int line);
 
+// Note [deferred errors]: a table entry that returns void (gemm, the pooling kernels) can
+// fail outside a kernel launch, in a library call (cuBLAS). It records the failure here
+// ("<what> failed: <reason>"), and the ops layer's next ddp_device_check(device, op) (the
+// plug-in's check) reports it as "<op>: <what> failed: <reason>" with `status`, and clears
+// it. Per host thread; the first failure is kept until it is reported.
+void ddp_cuda_defer_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 // Evaluate a CUDA runtime call; on failure record the error and return its status.
 #define DDP_CUDA_TRY(call, op)                                                             \
   do {                                                                                     \

@@ -8,6 +8,7 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 #include <nccl.h>
+#include <stdarg.h>
 #include <stdio.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -215,7 +216,25 @@ static void host_free(void *p) {
 
 // ---- checks and flags ----------------------------------------------------------------
 
+// Note [deferred errors] in cuda_internal.h.
+static thread_local int deferred_status;
+static thread_local char deferred_message[512];
+
+void ddp_cuda_defer_error(int status, const char *fmt, ...) {
+  if (deferred_status) return; // the first failure is the one to report
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(deferred_message, sizeof deferred_message, fmt, ap);
+  va_end(ap);
+  deferred_status = status ? status : DDP_ERR_STATE;
+}
+
 static int check(const char *op) {
+  if (deferred_status) {
+    int status = deferred_status;
+    deferred_status = 0;
+    return ddp_fail_at(__FILE__, __LINE__, status, "%s: %s", op, deferred_message);
+  }
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) return DDP_OK;
   return ddp_fail_at(__FILE__, __LINE__, DDP_ERR_STATE, "%s: CUDA error: %s (%s)", op,
