@@ -191,6 +191,24 @@ case("clip_grad_value_ on device gradients equals the CPU", function(ctx)
   end
 end)
 
+case("large tensors (more elements than one grid covers) update and clip as on the CPU", function(ctx)
+  local n = 300000 -- > 256 threads x 1024 blocks of the reduction
+  dl.manual_seed(77)
+  local p = dl.randn({n}):requires_grad_()
+  local q = ctx.dev(p:detach(), 0):requires_grad_()
+  local g = dl.randn({n})
+  p.grad, q.grad = g, ctx.dev(g, 0)
+  local oc, od = optim.Adam({p}, {lr = 0.01, amsgrad = true}), optim.Adam({q}, {lr = 0.01, amsgrad = true})
+  oc:step(); od:step()
+  ctx.close(ctx.cpu(q), p, "Adam on a large param", 2e-5, 1e-6)
+  for _, nt in ipairs({2, math.huge}) do
+    local a = optim.clip_grad_norm_({p}, 1.0, {norm_type = nt})
+    local b = optim.clip_grad_norm_({q}, 1.0, {norm_type = nt})
+    assert(math.abs(a - b) <= 1e-9 * a, ("norm %g: %.17g vs %.17g"):format(nt, a, b))
+  end
+  ctx.close(ctx.cpu(q.grad), p.grad, "clipped large grad", 1e-6, 1e-9)
+end)
+
 -- errors ---------------------------------------------------------------------------------------
 
 case("a gradient or state on another device is refused naming both devices", function(ctx)
