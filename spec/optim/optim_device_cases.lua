@@ -209,6 +209,25 @@ case("large tensors (more elements than one grid covers) update and clip as on t
   ctx.close(ctx.cpu(q.grad), p.grad, "clipped large grad", 1e-6, 1e-9)
 end)
 
+case("load_state_dict moves saved state to the parameter's device", function(ctx)
+  local cpu, dev = make_params("f32", 0, ctx, 9)
+  local oc, od = optim.Adam(cpu, {lr = 0.01, amsgrad = true}), optim.Adam(dev, {lr = 0.01, amsgrad = true})
+  set_grads(cpu, dev, ctx, 1, 0)
+  oc:step()
+  od:load_state_dict(oc:state_dict()) -- CPU state into the device optimizer (no step yet)
+  for i = 1, #dev do
+    -- load the CPU parameters' values as well
+    dl.no_grad(function() dev[i]:copy_(ctx.dev(cpu[i]:detach(), 0)) end)
+    for k, v in pairs(od.state[dev[i]]) do
+      if dl.is_tensor(v) then assert(v.device == "cuda:0", k .. " stayed on " .. v.device) end
+    end
+  end
+  set_grads(cpu, dev, ctx, 2, 0)
+  oc:step()
+  od:step()
+  for i = 1, #cpu do ctx.close(ctx.cpu(dev[i]), cpu[i], "param " .. i .. " after a loaded step", 2e-5, 1e-6) end
+end)
+
 -- errors ---------------------------------------------------------------------------------------
 
 case("a gradient or state on another device is refused naming both devices", function(ctx)
