@@ -1,6 +1,14 @@
 /* runtime/ops/optim.c: front doors of the fused optimizer updates and of gradient clipping
  * (contracts in ddplua/optim.h): argument checks, operands made contiguous in the compute
- * dtype, the kernels of backend/cpu/optim.c run over the thread pool, results written back.
+ * dtype, the kernels run (on the CPU: backend/cpu/optim.c over the thread pool; on a device:
+ * that device's kernel table, one call over the whole buffer), results written back.
+ *
+ * Note [optimizer devices]: a parameter, its gradient and its state live on one device
+ * (checked; the error names both devices); the state is created by the front end on the
+ * parameter's device (Optimizer.zeros_like) and work copies are made there too. Clipping
+ * takes gradients on any mix of devices, as torch.nn.utils.clip_grad_norm_ does: each
+ * gradient's |g|^p sum (or max) is computed on its own device and returned to the host,
+ * where the total is formed, and the scaling runs on each gradient's device.
  *
  * Note [optimizer operands]: a kernel wants contiguous buffers of one dtype (f32 or f64).
  * Each tensor argument becomes an `operand`: the tensor itself when it already is such a
@@ -13,6 +21,7 @@
 #include <stdlib.h>
 
 #include "backend/cpu/optim.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 enum {
@@ -46,7 +55,7 @@ static int operand_open(operand *o, ddp_tensor *t, int dtype) {
     o->work = t;
     return DDP_OK;
   }
-  DDP_TRY(ddp_tensor_empty(&o->work, t->ndim, t->shape, dtype, DDP_DEVICE_CPU));
+  DDP_TRY(ddp_tensor_empty(&o->work, t->ndim, t->shape, dtype, t->device));
   return ddp_copy_(o->work, t);
 }
 
@@ -69,9 +78,6 @@ static void *wptr(const operand *o) { return o->work ? ddp_data(o->work) : NULL;
 
 static int check_param(ddp_tensor *param, const char *op) {
   DDP_TRY(ddp_check_alive(param, op, "param"));
-  if (param->device != DDP_DEVICE_CPU)
-    DDP_FAIL(DDP_ERR_UNAVAILABLE, "%s: param is on cuda:%d; the optimizer kernels run on the CPU only",
-             op, param->device);
   if (compute_dtype(param->dtype) < 0)
     DDP_FAIL(DDP_ERR_ARG, "%s: param has dtype %s; optimizers update floating tensors (f32, f64, "
              "f16, bf16)", op, ddp_dtype_name(param->dtype));
@@ -93,7 +99,9 @@ static int check_like(ddp_tensor *t, ddp_tensor *param, const char *op, const ch
     DDP_FAIL(DDP_ERR_ARG, "%s: %s has dtype %s but param has dtype %s", op, arg,
              ddp_dtype_name(t->dtype), ddp_dtype_name(param->dtype));
   if (t->device != param->device)
-    DDP_FAIL(DDP_ERR_ARG, "%s: %s is on another device than param", op, arg);
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s is on %s but param is on %s (a parameter, its gradient and "
+             "its optimizer state must live on one device)", op, arg, ddp_device_str(t->device),
+             ddp_device_str(param->device));
   if (ddp_tensor_shares_storage(t, param))
     DDP_FAIL(DDP_ERR_ARG, "%s: %s shares its storage with param", op, arg);
   return DDP_OK;
@@ -147,19 +155,70 @@ static void update_range(void *vctx, int64_t begin, int64_t end) {
   }
 }
 
+/* The update of ctx on a device: one call of the device table's kernel over the whole
+ * buffers, then the device's pending error, if any (Note [optimizer devices]). */
+static int update_device(const update_ctx *c, int device, int64_t n, const char *op) {
+  const ddp_kernels *k = ddp_kernels_for(device);
+  int f64 = c->dtype == DDP_F64;
+  char *const *b = c->base;
+  switch (c->kind) {
+  case KIND_SGD:
+    if (f64) {
+      DDP_TRY(DDP_KERNEL_CHECK(k, sgd_f64, op));
+      k->sgd_f64((double *)b[0], (double *)b[2], (const double *)b[1], n, c->h);
+    } else {
+      DDP_TRY(DDP_KERNEL_CHECK(k, sgd_f32, op));
+      k->sgd_f32((float *)b[0], (float *)b[2], (const float *)b[1], n, c->h);
+    }
+    break;
+  case KIND_ADAM:
+    if (f64) {
+      DDP_TRY(DDP_KERNEL_CHECK(k, adam_f64, op));
+      k->adam_f64((double *)b[0], (double *)b[2], (double *)b[3], (double *)b[4],
+                  (const double *)b[1], n, c->h);
+    } else {
+      DDP_TRY(DDP_KERNEL_CHECK(k, adam_f32, op));
+      k->adam_f32((float *)b[0], (float *)b[2], (float *)b[3], (float *)b[4], (const float *)b[1],
+                  n, c->h);
+    }
+    break;
+  case KIND_ADADELTA:
+    if (f64) {
+      DDP_TRY(DDP_KERNEL_CHECK(k, adadelta_f64, op));
+      k->adadelta_f64((double *)b[0], (double *)b[2], (double *)b[3], (const double *)b[1], n,
+                      c->h);
+    } else {
+      DDP_TRY(DDP_KERNEL_CHECK(k, adadelta_f32, op));
+      k->adadelta_f32((float *)b[0], (float *)b[2], (float *)b[3], (const float *)b[1], n, c->h);
+    }
+    break;
+  }
+  return ddp_device_check(device, op);
+}
+
 /* Run kernel `kind` over tensors[0] = param, tensors[1] = grad, tensors[2..n-1] = state
- * (already checked), all but the gradient written back. */
-static int run_update(int kind, const void *h, int n, ddp_tensor **tensors, int64_t grain) {
+ * (already checked, all on param's device), all but the gradient written back. */
+static int run_update(int kind, const void *h, int n, ddp_tensor **tensors, int64_t grain,
+                      const char *op) {
   ddp_tensor *param = tensors[0];
   update_ctx c = {.kind = kind, .dtype = compute_dtype(param->dtype), .h = h};
   operand ops[MAX_OPERANDS] = {{0}};
   int prev = ddp_set_grad_enabled(0);
   int status = DDP_OK;
+  if (param->device != DDP_DEVICE_CPU) { /* no kernel there: fail before any work copy */
+    const ddp_kernels *k = ddp_kernels_for(param->device);
+    status = kind == KIND_SGD ? DDP_KERNEL_CHECK(k, sgd_f32, op)
+             : kind == KIND_ADAM ? DDP_KERNEL_CHECK(k, adam_f32, op)
+                                 : DDP_KERNEL_CHECK(k, adadelta_f32, op);
+  }
   for (int k = 0; k < n && !status; k++) {
     status = operand_open(&ops[k], tensors[k], c.dtype);
     c.base[k] = wptr(&ops[k]);
   }
-  if (!status) ddp_parallel_for(param->numel, grain, update_range, &c);
+  if (!status) {
+    if (param->device == DDP_DEVICE_CPU) ddp_parallel_for(param->numel, grain, update_range, &c);
+    else status = update_device(&c, param->device, param->numel, op);
+  }
   for (int k = 0; k < n; k++) {
     int s = operand_close(&ops[k], !status && k != 1);
     if (!status) status = s;
@@ -187,7 +246,7 @@ int ddp_sgd_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *momentum_buff
   ddp_sgd_hparams h = {lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0,
                        first_step != 0};
   ddp_tensor *tensors[3] = {param, grad, momentum != 0 ? momentum_buffer : NULL};
-  return run_update(KIND_SGD, &h, 3, tensors, SGD_GRAIN);
+  return run_update(KIND_SGD, &h, 3, tensors, SGD_GRAIN, op);
 }
 
 /* ---- Adam and AdamW -------------------------------------------------------------------------- */
@@ -218,7 +277,7 @@ static int adam_common(const char *op, int decoupled, ddp_tensor *param, ddp_ten
       .step_size = lr / bc1, .bc2_sqrt = sqrt(bc2), .decoupled = decoupled,
       .amsgrad = amsgrad != 0, .maximize = maximize != 0};
   ddp_tensor *tensors[5] = {param, grad, exp_avg, exp_avg_sq, amsgrad ? max_exp_avg_sq : NULL};
-  return run_update(KIND_ADAM, &h, 5, tensors, ADAM_GRAIN);
+  return run_update(KIND_ADAM, &h, 5, tensors, ADAM_GRAIN, op);
 }
 
 int ddp_adam_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *exp_avg,
@@ -254,7 +313,7 @@ int ddp_adadelta_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *square_a
     DDP_FAIL(DDP_ERR_ARG, "%s: invalid rho %g (must be in [0, 1])", op, rho);
   ddp_adadelta_hparams h = {lr, rho, eps, weight_decay, maximize != 0};
   ddp_tensor *tensors[4] = {param, grad, square_avg, acc_delta};
-  return run_update(KIND_ADADELTA, &h, 4, tensors, ADAM_GRAIN);
+  return run_update(KIND_ADADELTA, &h, 4, tensors, ADAM_GRAIN, op);
 }
 
 /* ---- clipping -------------------------------------------------------------------------------- */
@@ -267,9 +326,6 @@ static int check_grads(ddp_tensor **grads, int n, const char *op) {
     snprintf(arg, sizeof arg, "grads[%d]", i);
     if (!grads[i]) DDP_FAIL(DDP_ERR_ARG, "%s: %s is NULL", op, arg);
     DDP_TRY(ddp_check_alive(grads[i], op, arg));
-    if (grads[i]->device != DDP_DEVICE_CPU)
-      DDP_FAIL(DDP_ERR_UNAVAILABLE, "%s: %s is on cuda:%d; clipping runs on the CPU only", op, arg,
-               grads[i]->device);
     if (compute_dtype(grads[i]->dtype) < 0)
       DDP_FAIL(DDP_ERR_ARG, "%s: %s has dtype %s; gradients are floating (f32, f64, f16, bf16)",
                op, arg, ddp_dtype_name(grads[i]->dtype));
@@ -299,9 +355,30 @@ static void norm_blocks(void *vctx, int64_t begin, int64_t end) {
   }
 }
 
+/* norm_reduce on a device: one call of the device's reduction, which returns the host
+ * double (synchronously). Such a kernel cannot return a status: on a failure it records the
+ * error and returns NaN, so the error is cleared first and looked at when NaN comes back. */
+static int norm_reduce_device(double *out, const ddp_tensor *t, double p) {
+  const char *op = "clip_grad_norm_";
+  const ddp_kernels *k = ddp_kernels_for(t->device);
+  int f64 = t->dtype == DDP_F64, inf = isinf(p);
+  if (inf) DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, abs_max_f64, op) : DDP_KERNEL_CHECK(k, abs_max_f32, op));
+  else DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, abs_pow_sum_f64, op)
+                   : DDP_KERNEL_CHECK(k, abs_pow_sum_f32, op));
+  ddp_clear_error();
+  const void *x = ddp_data(t);
+  double r = inf ? (f64 ? k->abs_max_f64(x, t->numel) : k->abs_max_f32(x, t->numel))
+                 : (f64 ? k->abs_pow_sum_f64(x, t->numel, p) : k->abs_pow_sum_f32(x, t->numel, p));
+  DDP_TRY(ddp_device_check(t->device, op));
+  if (r != r && ddp_last_status() != DDP_OK) return ddp_last_status();
+  *out = r;
+  return DDP_OK;
+}
+
 /* Sum of |x|^p (or max |x| for p = inf) over a contiguous buffer, from fixed-size blocks so
  * the result does not depend on the thread count. */
 static int norm_reduce(double *out, const ddp_tensor *t, double p) {
+  if (t->device != DDP_DEVICE_CPU) return norm_reduce_device(out, t, p);
   int64_t nblocks = (t->numel + CLIP_BLOCK - 1) / CLIP_BLOCK;
   double *partial = malloc(sizeof(double) * (size_t)(nblocks > 0 ? nblocks : 1));
   if (!partial) DDP_FAIL(DDP_ERR_MEMORY, "clip_grad_norm_: out of memory");
@@ -332,6 +409,24 @@ static void elemt_range(void *vctx, int64_t begin, int64_t end) {
   }
 }
 
+/* elemt_range on a device tensor x (contiguous, f32 or f64): one call of its table. */
+static int elemt_device(ddp_tensor *x, int clamp, double s, double lo, double hi) {
+  const char *op = clamp ? "clip_grad_value_" : "clip_grad_norm_";
+  const ddp_kernels *k = ddp_kernels_for(x->device);
+  int f64 = x->dtype == DDP_F64;
+  void *d = ddp_data(x);
+  if (clamp) {
+    DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, clamp_f64, op) : DDP_KERNEL_CHECK(k, clamp_f32, op));
+    if (f64) k->clamp_f64(d, x->numel, lo, hi);
+    else k->clamp_f32(d, x->numel, lo, hi);
+  } else {
+    DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, scale_f64, op) : DDP_KERNEL_CHECK(k, scale_f32, op));
+    if (f64) k->scale_f64(d, x->numel, s);
+    else k->scale_f32(d, x->numel, s);
+  }
+  return ddp_device_check(x->device, op);
+}
+
 /* Scale (clamp == 0) or clamp every gradient in place through its operand. */
 static int elemt_all(ddp_tensor **grads, int n, int clamp, double s, double lo, double hi) {
   int prev = ddp_set_grad_enabled(0);
@@ -339,7 +434,9 @@ static int elemt_all(ddp_tensor **grads, int n, int clamp, double s, double lo, 
   for (int i = 0; i < n && !status; i++) {
     operand o;
     status = operand_open(&o, grads[i], compute_dtype(grads[i]->dtype));
-    if (!status) {
+    if (!status && o.work->device != DDP_DEVICE_CPU)
+      status = elemt_device(o.work, clamp, s, lo, hi);
+    else if (!status) {
       elemt_ctx c = {ddp_data(o.work), o.work->dtype, s, lo, hi, clamp};
       ddp_parallel_for(o.work->numel, SGD_GRAIN, elemt_range, &c);
     }

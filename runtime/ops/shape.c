@@ -5,12 +5,20 @@
  * A view is one tensor header over the input's storage (ddp_tensor_view_raw) plus, when
  * the input requires grad, a single-input node whose backward applies the inverse geometry
  * to the gradient. Messages print dimensions and positions as Lua counts them (see
- * lua_pos). */
+ * lua_pos).
+ *
+ * Note [shape devices]: views need nothing (a view stays on its input's device). The ops
+ * that move data (index_select, gather, scatter_add, cat, stack and their backwards) check
+ * that every tensor argument is on one device, allocate on it, and call the kernels through
+ * ddp_kernels_for(device). Index values are checked on the host before any kernel runs, as
+ * on the CPU: an index on a device is copied to the host for that (ddp_device_memcpy, one
+ * synchronous transfer of the index; PyTorch checks with device-side asserts instead). */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
 #include "backend/cpu/shape.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 /* A 0-based position or dimension as the Lua front end writes it: from 1, negatives kept. */
@@ -563,6 +571,29 @@ static int check_index_values(const int64_t *idx, int64_t n, int64_t size, int d
   return DDP_OK;
 }
 
+/* check_index_values for the contiguous i64 tensor idx on any device: a device index is
+ * copied to the host first (Note [shape devices]). */
+static int check_index_tensor_values(const ddp_tensor *idx, int64_t size, int d, const char *op) {
+  if (idx->device == DDP_DEVICE_CPU)
+    return check_index_values((const int64_t *)ddp_data(idx), idx->numel, size, d, op);
+  if (idx->numel == 0) return DDP_OK;
+  int64_t *host = malloc(sizeof(int64_t) * (size_t)idx->numel);
+  if (!host) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory copying the index to the host", op);
+  int status = ddp_device_memcpy(host, DDP_DEVICE_CPU, ddp_data(idx), idx->device,
+                                 sizeof(int64_t) * (size_t)idx->numel, op);
+  if (!status) status = check_index_values(host, idx->numel, size, d, op);
+  free(host);
+  return status;
+}
+
+/* self and index (and src when given) on one device, or fail naming both. */
+static int check_index_devices(const char *op, ddp_tensor *self, ddp_tensor *index,
+                               ddp_tensor *src) {
+  ddp_tensor *ts[3] = {self, index, src};
+  static const char *const names[3] = {"self", "index", "src"};
+  return ddp_check_same_device(op, 3, ts, names);
+}
+
 /* Product of shape[from .. to). */
 static int64_t prod(const int64_t *shape, int from, int to) {
   int64_t p = 1;
@@ -582,11 +613,19 @@ static int index_select_raw(ddp_tensor **out, ddp_tensor *t, int d, ddp_tensor *
   shape[d] = idx->numel;
   ddp_tensor *src;
   DDP_TRY(contiguous_nograd(&src, t));
-  int status = ddp_tensor_empty(out, out_ndim, shape, t->dtype, t->device);
-  if (!status)
-    ddp_cpu_index_select(ddp_data(*out), ddp_data(src), (const int64_t *)ddp_data(idx),
-                         prod(tshape, 0, d), tshape[d], prod(tshape, d + 1, nd), idx->numel,
-                         ddp_dtype_size(t->dtype));
+  const ddp_kernels *k = ddp_kernels_for(t->device);
+  int status = DDP_KERNEL_CHECK(k, index_select, "index_select");
+  if (!status) status = ddp_tensor_empty(out, out_ndim, shape, t->dtype, t->device);
+  if (!status) {
+    k->index_select(ddp_data(*out), ddp_data(src), (const int64_t *)ddp_data(idx),
+                    prod(tshape, 0, d), tshape[d], prod(tshape, d + 1, nd), idx->numel,
+                    ddp_dtype_size(t->dtype));
+    status = ddp_device_check(t->device, "index_select");
+    if (status) {
+      ddp_tensor_release(*out);
+      *out = NULL;
+    }
+  }
   ddp_tensor_release(src);
   return status;
 }
@@ -598,15 +637,22 @@ static int index_select_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   int d = (int)n->iattr[0], nd = m->ndim > 0 ? m->ndim : 1;
   const int64_t *shape = m->ndim > 0 ? m->shape : (const int64_t[]){1};
   ddp_tensor *z, *gc;
+  const ddp_kernels *k = ddp_kernels_for(g->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, index_add, "index_select backward"));
   DDP_TRY(ddp_tensor_zeros(&z, m->ndim, m->shape, g->dtype, g->device));
   int status = contiguous_nograd(&gc, g);
   if (status) {
     ddp_tensor_release(z);
     return status;
   }
-  ddp_cpu_index_add(ddp_data(z), ddp_data(gc), (const int64_t *)ddp_data(idx), prod(shape, 0, d),
-                    shape[d], prod(shape, d + 1, nd), idx->numel, g->dtype);
+  k->index_add(ddp_data(z), ddp_data(gc), (const int64_t *)ddp_data(idx), prod(shape, 0, d),
+               shape[d], prod(shape, d + 1, nd), idx->numel, g->dtype);
   ddp_tensor_release(gc);
+  status = ddp_device_check(g->device, "index_select backward");
+  if (status) {
+    ddp_tensor_release(z);
+    return status;
+  }
   gi[0] = z;
   return DDP_OK;
 }
@@ -623,11 +669,11 @@ int ddp_index_select(ddp_tensor **out, ddp_tensor *t, int dim, ddp_tensor *index
   if (t->ndim == 0 && index->numel != 1)
     DDP_FAIL(DDP_ERR_ARG, "index_select: a 0-d tensor takes an index of 1 value, got shape %s",
              DDP_SHAPE(index));
+  DDP_TRY(check_index_devices("index_select", t, index, NULL));
   ddp_tensor *idx;
   DDP_TRY(contiguous_nograd(&idx, index));
   int64_t size = t->ndim > 0 ? t->shape[d] : 1;
-  int status = check_index_values((const int64_t *)ddp_data(idx), idx->numel, size, d,
-                                  "index_select");
+  int status = check_index_tensor_values(idx, size, d, "index_select");
   if (!status) status = index_select_raw(out, t, d, idx, t->ndim);
   if (!status && ddp_autograd_needed(1, &t)) {
     ddp_node *n = ddp_node_new("IndexSelectBackward", index_select_backward, 1, &t, 1);
@@ -685,20 +731,32 @@ static int check_scatter_shapes(const char *op, ddp_tensor *t, int d, ddp_tensor
   return DDP_OK;
 }
 
-/* dst[... index ...] += src over index's shape (dst and src any strides), no checks. */
-static void scatter_add_raw(ddp_tensor *dst, int d, ddp_tensor *idx, ddp_tensor *src) {
+/* dst[... index ...] += src over index's shape (dst and src any strides, all three on one
+ * device), no value checks. */
+static int scatter_add_raw(ddp_tensor *dst, int d, ddp_tensor *idx, ddp_tensor *src,
+                           const char *op) {
+  const ddp_kernels *k = ddp_kernels_for(dst->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, scatter_add, op));
   geom gd = geom_of(dst), gs = geom_of(src), gx = geom_of(idx);
-  ddp_cpu_scatter_add(ddp_data(dst), gd.strides, ddp_data(src), gs.strides,
-                      (const int64_t *)ddp_data(idx), gx.ndim, gx.shape, d, dst->dtype);
+  k->scatter_add(ddp_data(dst), gd.strides, ddp_data(src), gs.strides,
+                 (const int64_t *)ddp_data(idx), gx.ndim, gx.shape, d, dst->dtype);
+  return ddp_device_check(dst->device, op);
 }
 
-/* out = gather(t, d, idx) (idx contiguous, checked), no autograd. */
-static int gather_raw(ddp_tensor **out, ddp_tensor *t, int d, ddp_tensor *idx) {
+/* out = gather(t, d, idx) (idx contiguous, checked, on t's device), no autograd. */
+static int gather_raw(ddp_tensor **out, ddp_tensor *t, int d, ddp_tensor *idx, const char *op) {
+  const ddp_kernels *k = ddp_kernels_for(t->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, gather, op));
   DDP_TRY(ddp_tensor_empty(out, idx->ndim, idx->shape, t->dtype, t->device));
   geom gt = geom_of(t), go = geom_of(*out), gx = geom_of(idx);
-  ddp_cpu_gather(ddp_data(*out), go.strides, ddp_data(t), gt.strides,
-                 (const int64_t *)ddp_data(idx), gx.ndim, gx.shape, d, ddp_dtype_size(t->dtype));
-  return DDP_OK;
+  k->gather(ddp_data(*out), go.strides, ddp_data(t), gt.strides, (const int64_t *)ddp_data(idx),
+            gx.ndim, gx.shape, d, ddp_dtype_size(t->dtype));
+  int status = ddp_device_check(t->device, op);
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
 }
 
 static int gather_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
@@ -706,7 +764,11 @@ static int gather_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (!idx) return ddp_last_status();
   ddp_tensor *z;
   DDP_TRY(ddp_tensor_zeros(&z, n->inputs[0].ndim, n->inputs[0].shape, g->dtype, g->device));
-  scatter_add_raw(z, (int)n->iattr[0], idx, g);
+  int status = scatter_add_raw(z, (int)n->iattr[0], idx, g, "gather backward");
+  if (status) {
+    ddp_tensor_release(z);
+    return status;
+  }
   gi[0] = z;
   return DDP_OK;
 }
@@ -715,8 +777,7 @@ static int gather_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
 static int prepare_index(ddp_tensor **idx, ddp_tensor *t, int d, ddp_tensor *index,
                          const char *op) {
   DDP_TRY(contiguous_nograd(idx, index));
-  int status = check_index_values((const int64_t *)ddp_data(*idx), (*idx)->numel,
-                                  geom_of(t).shape[d], d, op);
+  int status = check_index_tensor_values(*idx, geom_of(t).shape[d], d, op);
   if (status) {
     ddp_tensor_release(*idx);
     *idx = NULL;
@@ -747,9 +808,10 @@ int ddp_gather(ddp_tensor **out, ddp_tensor *t, int dim, ddp_tensor *index) {
   int d;
   DDP_TRY(ddp_normalize_dim(dim, t->ndim, "gather", &d));
   DDP_TRY(check_scatter_shapes("gather", t, d, index, NULL));
+  DDP_TRY(check_index_devices("gather", t, index, NULL));
   ddp_tensor *idx;
   DDP_TRY(prepare_index(&idx, t, d, index, "gather"));
-  int status = gather_raw(out, t, d, idx);
+  int status = gather_raw(out, t, d, idx, "gather");
   if (!status && ddp_autograd_needed(1, &t)) {
     status = record_indexed(*out, "GatherBackward", gather_backward, 1, &t, idx, d);
     if (status) {
@@ -773,7 +835,7 @@ static int scatter_add_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (!n->edges[1].fn && !n->edges[1].leaf) return DDP_OK;
   int d = (int)n->iattr[0];
   ddp_tensor *gathered;
-  DDP_TRY(gather_raw(&gathered, g, d, idx));
+  DDP_TRY(gather_raw(&gathered, g, d, idx, "scatter_add backward"));
   ddp_input_meta *m = &n->inputs[1];
   if (same_shape(m->ndim, m->shape, gathered->ndim, gathered->shape)) {
     gi[1] = gathered;
@@ -807,6 +869,7 @@ static int scatter_prepare(const char *op, ddp_tensor *self, int dim, ddp_tensor
     DDP_FAIL(DDP_ERR_ARG, "%s: bool tensors are not supported", op);
   DDP_TRY(ddp_normalize_dim(dim, self->ndim, op, d));
   DDP_TRY(check_scatter_shapes(op, self, *d, index, src));
+  DDP_TRY(check_index_devices(op, self, index, src));
   return prepare_index(idx, self, *d, index, op);
 }
 
@@ -819,8 +882,8 @@ int ddp_scatter_add(ddp_tensor **out, ddp_tensor *self, int dim, ddp_tensor *ind
   int prev = ddp_set_grad_enabled(0);
   int status = ddp_clone(out, self);
   ddp_set_grad_enabled(prev);
+  if (!status) status = scatter_add_raw(*out, d, idx, src, "scatter_add");
   if (!status) {
-    scatter_add_raw(*out, d, idx, src);
     (*out)->storage->version = 0;
     ddp_tensor *inputs[2] = {self, src};
     if (ddp_autograd_needed(2, inputs))
@@ -848,10 +911,9 @@ int ddp_scatter_add_(ddp_tensor *self, int dim, ddp_tensor *index, ddp_tensor *s
       DDP_FAIL(DDP_ERR_ARG, "scatter_add_: self %s has overlapping elements (stride 0 in "
                "dimension %d, e.g. from expand): clone it first", DDP_SHAPE(self), i + 1);
   DDP_TRY(scatter_prepare("scatter_add_", self, dim, index, src, &d, &idx));
-  scatter_add_raw(self, d, idx, src);
+  int status = scatter_add_raw(self, d, idx, src, "scatter_add_");
   ddp_tensor_bump_version(self);
-  int status = DDP_OK;
-  if (record)
+  if (!status && record)
     status = record_indexed(self, "ScatterAddBackward", scatter_add_backward, 2, inputs, idx, d);
   ddp_tensor_release(idx);
   return status;
@@ -872,6 +934,10 @@ static int cat_check(ddp_tensor **tensors, int n, int dim, const char *op, int *
     snprintf(arg, sizeof arg, "tensors[%d]", i + 1);
     DDP_TRY(ddp_check_alive(tensors[i], op, arg));
     if (ref < 0 && !cat_skipped(tensors[i])) ref = i;
+    if (tensors[i]->device != tensors[0]->device)
+      DDP_FAIL(DDP_ERR_ARG, "%s: expected all tensors on the same device, but tensors[1] is on "
+               "%s and %s is on %s", op, ddp_device_str(tensors[0]->device), arg,
+               ddp_device_str(tensors[i]->device));
   }
   if (ref < 0) ref = 0;
   const ddp_tensor *r = tensors[ref];
@@ -907,10 +973,12 @@ static int cat_fill(ddp_tensor *out, ddp_tensor *const *tensors, int n, int d) {
     if (cat_skipped(t) && out->ndim != 1) continue;
     int64_t len = t->shape[d];
     if (len > 0 && t->numel > 0) {
-      if (t->dtype == out->dtype && ddp_tensor_is_contiguous(t)) {
-        ddp_cpu_copy_rows(ddp_data(out), ddp_data(t), outer, out->shape[d] * inner * (int64_t)es,
-                          at * inner * (int64_t)es, len * inner * (int64_t)es);
-      } else {
+      const ddp_kernels *k = ddp_kernels_for(out->device);
+      if (t->dtype == out->dtype && ddp_tensor_is_contiguous(t) && k && k->copy_rows) {
+        k->copy_rows(ddp_data(out), ddp_data(t), outer, out->shape[d] * inner * (int64_t)es,
+                     at * inner * (int64_t)es, len * inner * (int64_t)es);
+        DDP_TRY(ddp_device_check(out->device, "cat"));
+      } else { /* a strided copy_ (devices without copy_rows go here too) */
         int64_t shape[DDP_MAX_DIMS];
         memcpy(shape, out->shape, sizeof shape);
         shape[d] = len;

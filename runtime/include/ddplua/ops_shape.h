@@ -1,7 +1,12 @@
 /* ddplua/ops_shape.h: part of the public API, included by ddplua.h only.
  *
- * Shape and indexing ops (runtime/ops/shape.c, kernels in runtime/backend/cpu/shape.c).
- * Semantics follow PyTorch's ops of the same names.
+ * Shape and indexing ops (runtime/ops/shape.c, kernels in runtime/backend/cpu/shape.c and
+ * runtime/backend/cuda/shape.cu). Semantics follow PyTorch's ops of the same names.
+ *
+ * Devices: a view stays on its input's device. Ops taking several tensors (index_select,
+ * gather, scatter_add(_), cat, stack) need them all on one device, where the result is made;
+ * another device is DDP_ERR_ARG naming the arguments and both devices. Index values on a
+ * device are copied to the host for the bounds check (one synchronous transfer).
  *
  * Views (view, reshape when it can, transpose, t, permute, squeeze, unsqueeze, expand,
  * narrow, select, flatten, unflatten, split, chunk) share the input's storage: no element is

@@ -1,8 +1,9 @@
 /* ddplua/optim.h: part of the public API, included by ddplua.h only.
  *
  * Fused optimizer updates and gradient clipping (runtime/ops/optim.c, kernels in
- * runtime/backend/cpu/optim.c). Each update makes one pass over a parameter, reading its
- * gradient and the optimizer state and writing the parameter and the state in place.
+ * runtime/backend/cpu/optim.c and runtime/backend/cuda/optim.cu). Each update makes one pass
+ * over a parameter, reading its gradient and the optimizer state and writing the parameter
+ * and the state in place.
  *
  * Common contract of the ddp_*_step_ calls:
  *  - `param` is updated in place without autograd (as under torch.no_grad(): no node is
@@ -17,6 +18,10 @@
  *    PyTorch). Other dtypes fail with DDP_ERR_ARG.
  *  - `maximize` != 0 negates the gradient before anything else (g <- -grad), as PyTorch's
  *    implementation does and as its Adam/AdamW/Adadelta pages write it.
+ *  - Devices: param, grad and every state tensor live on one device (CPU or cuda:k), where
+ *    the update runs; another device is DDP_ERR_ARG naming the argument and both devices.
+ *    Clipping takes gradients spread over several devices (each one's norm is computed on
+ *    its device and summed on the host, in double).
  *  - Errors (DDP_ERR_ARG) name the call and the argument: freed tensors, shape or dtype
  *    mismatch, a missing state tensor, a bad hyper-parameter.
  * Formulas: the algorithm boxes of PyTorch's documentation,

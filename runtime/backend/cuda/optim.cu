@@ -1,0 +1,332 @@
+// runtime/backend/cuda/optim.cu: the CUDA kernels of the fused optimizer updates (SGD,
+// Adam/AdamW with amsgrad, Adadelta) and of gradient clipping (sum of |x|^p, max |x|, scale,
+// clamp): the entries sgd_f32 .. clamp_f64 of the kernel table.
+//
+// Semantics are those of runtime/backend/cpu/optim.c line by line (Note [optimizer update
+// order] there; the formulas are PyTorch's torch.optim algorithm boxes): each thread takes
+// elements i, i + stride, ... of a grid-stride loop and does exactly the CPU's per-element
+// work in the buffer's own precision (T = float or double). The hyper-parameter struct is a
+// host pointer (the CPU signature): it is read on the host and its values, converted to T
+// once as the CPU does, are passed to the kernel by value.
+//
+// The two reductions (abs_pow_sum, abs_max) return a host double: a first kernel leaves one
+// partial per block (each thread accumulates in double, then a shared-memory tree), a second
+// kernel of one block combines the partials in a fixed order, and the result is copied back
+// and waited for (synchronous, like the CPU's return value). The order of the additions is
+// fixed by the launch shape, so a result is reproducible run to run on one GPU; it differs
+// from the CPU's sequential sum by rounding only. On a failure (scratch allocation, launch)
+// the error is recorded as a DDP error and NaN is returned; callers on devices clear the
+// error before the call and look at ddp_last_status() when they see NaN.
+//
+// Every host entry first makes the device that owns the first pointer current (the table's
+// signatures carry pointers, not devices), then launches on that device's current stream.
+#include <math.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+extern "C" int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes);
+extern "C" void ddp_cuda_caching_free(void *p);
+
+namespace {
+
+// Make the device holding `p` current (pointers of the kernel table carry no device).
+int use_device_of(const void *p, const char *op) {
+  cudaPointerAttributes a;
+  cudaError_t err = cudaPointerGetAttributes(&a, p);
+  if (err != cudaSuccess) return ddp_cuda_fail(err, op, "cudaPointerGetAttributes", __FILE__, __LINE__);
+  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)
+    return ddp_cuda_use_device(a.device, op);
+  return DDP_OK; // host memory (pinned or not): keep the current device
+}
+
+// After a launch: turn a launch error into a DDP error (a later ddp_device_check would also
+// see it; reporting it here names the kernel).
+int launched(const char *op) {
+  cudaError_t err = cudaPeekAtLastError();
+  if (err != cudaSuccess) return ddp_cuda_fail(err, op, "kernel launch", __FILE__, __LINE__);
+  return DDP_OK;
+}
+
+__device__ __forceinline__ float dsqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double dsqrt(double x) { return sqrt(x); }
+
+#define GRID_STRIDE(i, n)                                                                   \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+// ---- SGD ----------------------------------------------------------------------------------
+
+template <typename T> struct SgdArgs {
+  T lr, mu, damp, wd, sign;
+  int use_wd, use_mom, first, nesterov;
+};
+
+template <typename T>
+__global__ void sgd_kernel(T *__restrict__ param, T *__restrict__ buf, const T *__restrict__ grad,
+                           int64_t n, SgdArgs<T> a) {
+  GRID_STRIDE(i, n) {
+    T g = a.sign * grad[i];
+    if (a.use_wd) g += a.wd * param[i];
+    if (a.use_mom) {
+      T b = a.first ? g : a.mu * buf[i] + a.damp * g;
+      buf[i] = b;
+      g = a.nesterov ? g + a.mu * b : b;
+    }
+    param[i] -= a.lr * g;
+  }
+}
+
+template <typename T>
+void sgd(T *param, T *buf, const T *grad, int64_t n, const ddp_sgd_hparams *h) {
+  if (n <= 0 || use_device_of(param, "sgd_step_")) return;
+  SgdArgs<T> a;
+  a.lr = (T)h->lr;
+  a.mu = (T)h->momentum;
+  a.damp = (T)(1.0 - h->dampening);
+  a.wd = (T)h->weight_decay;
+  a.sign = h->maximize ? (T)-1 : (T)1;
+  a.use_wd = h->weight_decay != 0;
+  a.use_mom = h->momentum != 0 && buf;
+  a.first = h->first_step;
+  a.nesterov = h->nesterov;
+  sgd_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(param, buf, grad,
+                                                                                n, a);
+  launched("sgd_step_");
+}
+
+// ---- Adam / AdamW -------------------------------------------------------------------------
+
+template <typename T> struct AdamArgs {
+  T b1, b2, eps, one_b1, one_b2, step_size, bc2_sqrt, wd, decay, sign;
+  int l2, decoupled, ams;
+};
+
+// p -= step_size * m / (sqrt(v) / bc2_sqrt + eps): PyTorch's rearrangement of
+// p -= lr * m_hat / (sqrt(v_hat) + eps), as on the CPU.
+template <typename T>
+__global__ void adam_kernel(T *__restrict__ param, T *__restrict__ m, T *__restrict__ v,
+                            T *__restrict__ vmax, const T *__restrict__ grad, int64_t n,
+                            AdamArgs<T> a) {
+  GRID_STRIDE(i, n) {
+    T p = param[i];
+    T g = a.sign * grad[i];
+    if (a.decoupled) p *= a.decay;
+    if (a.l2) g += a.wd * p;
+    T mi = a.b1 * m[i] + a.one_b1 * g;
+    T vi = a.b2 * v[i] + a.one_b2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    if (a.ams) {
+      T mx = vmax[i];
+      vi = (vi > mx || vi != vi) ? vi : mx; // NaN kept, as torch.maximum
+      vmax[i] = vi;
+    }
+    param[i] = p - a.step_size * mi / (dsqrt(vi) / a.bc2_sqrt + a.eps);
+  }
+}
+
+template <typename T>
+void adam(T *param, T *m, T *v, T *vmax, const T *grad, int64_t n, const ddp_adam_hparams *h) {
+  if (n <= 0 || use_device_of(param, "adam_step_")) return;
+  AdamArgs<T> a;
+  a.b1 = (T)h->beta1;
+  a.b2 = (T)h->beta2;
+  a.eps = (T)h->eps;
+  a.one_b1 = (T)(1.0 - h->beta1);
+  a.one_b2 = (T)(1.0 - h->beta2);
+  a.step_size = (T)h->step_size;
+  a.bc2_sqrt = (T)h->bc2_sqrt;
+  a.wd = (T)h->weight_decay;
+  a.decay = (T)(1.0 - h->lr * h->weight_decay);
+  a.sign = h->maximize ? (T)-1 : (T)1;
+  a.l2 = !h->decoupled && h->weight_decay != 0;
+  a.decoupled = h->decoupled && h->weight_decay != 0;
+  a.ams = h->amsgrad && vmax;
+  adam_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(param, m, v,
+                                                                                 vmax, grad, n, a);
+  launched("adam_step_");
+}
+
+// ---- Adadelta -----------------------------------------------------------------------------
+
+template <typename T> struct AdadeltaArgs {
+  T lr, rho, one_rho, eps, wd, sign;
+  int use_wd;
+};
+
+template <typename T>
+__global__ void adadelta_kernel(T *__restrict__ param, T *__restrict__ sq, T *__restrict__ acc,
+                                const T *__restrict__ grad, int64_t n, AdadeltaArgs<T> a) {
+  GRID_STRIDE(i, n) {
+    T g = a.sign * grad[i];
+    if (a.use_wd) g += a.wd * param[i];
+    T v = a.rho * sq[i] + a.one_rho * g * g;
+    T dx = dsqrt(acc[i] + a.eps) / dsqrt(v + a.eps) * g;
+    sq[i] = v;
+    acc[i] = a.rho * acc[i] + a.one_rho * dx * dx;
+    param[i] -= a.lr * dx;
+  }
+}
+
+template <typename T>
+void adadelta(T *param, T *sq, T *acc, const T *grad, int64_t n, const ddp_adadelta_hparams *h) {
+  if (n <= 0 || use_device_of(param, "adadelta_step_")) return;
+  AdadeltaArgs<T> a;
+  a.lr = (T)h->lr;
+  a.rho = (T)h->rho;
+  a.one_rho = (T)(1.0 - h->rho);
+  a.eps = (T)h->eps;
+  a.wd = (T)h->weight_decay;
+  a.sign = h->maximize ? (T)-1 : (T)1;
+  a.use_wd = h->weight_decay != 0;
+  adadelta_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
+      param, sq, acc, grad, n, a);
+  launched("adadelta_step_");
+}
+
+// ---- reductions for clipping ----------------------------------------------------------------
+
+enum { RED_THREADS = 256, RED_MAX_BLOCKS = 1024 };
+enum { MODE_P2, MODE_P1, MODE_POW, MODE_MAX };
+
+// max that keeps NaN (torch.norm(inf) of a tensor holding NaN is NaN).
+__device__ __forceinline__ double nan_max(double a, double b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return a > b ? a : b;
+}
+
+__device__ __forceinline__ double combine(int mode, double a, double b) {
+  return mode == MODE_MAX ? nan_max(a, b) : a + b;
+}
+
+// Tree reduction of one value per thread of a block of RED_THREADS; thread 0 gets the total.
+__device__ double block_reduce(int mode, double v) {
+  __shared__ double s[RED_THREADS];
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = RED_THREADS / 2; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) s[threadIdx.x] = combine(mode, s[threadIdx.x], s[threadIdx.x + w]);
+    __syncthreads();
+  }
+  return s[0];
+}
+
+// partial[blockIdx.x] <- the block's share of sum |x|^p (or max |x|), in double.
+template <typename T>
+__global__ void abs_reduce_kernel(double *__restrict__ partial, const T *__restrict__ x,
+                                  int64_t n, int mode, double p) {
+  double acc = 0;
+  GRID_STRIDE(i, n) {
+    double a = fabs((double)x[i]);
+    switch (mode) {
+    case MODE_P2: acc += a * a; break;
+    case MODE_P1: acc += a; break;
+    case MODE_POW: acc += pow(a, p); break;
+    default: acc = nan_max(acc, a); break;
+    }
+  }
+  double total = block_reduce(mode, acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// *out <- the partials (count) combined by one block.
+__global__ void combine_kernel(double *__restrict__ out, const double *__restrict__ partial,
+                               int count, int mode) {
+  double acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc = combine(mode, acc, partial[i]);
+  double total = block_reduce(mode, acc);
+  if (threadIdx.x == 0) *out = total;
+}
+
+template <typename T> double abs_reduce(const T *x, int64_t n, int mode, double p, const char *op) {
+  if (n <= 0) return 0;
+  int device = 0;
+  if (use_device_of(x, op)) return NAN;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    ddp_cuda_fail(cudaGetLastError(), op, "cudaGetDevice", __FILE__, __LINE__);
+    return NAN;
+  }
+  int64_t b = ((int64_t)n + RED_THREADS - 1) / RED_THREADS;
+  int blocks = b > RED_MAX_BLOCKS ? RED_MAX_BLOCKS : (int)b;
+  double *scratch = NULL; // partial[blocks], then the total
+  if (ddp_cuda_caching_malloc((void **)&scratch, device, sizeof(double) * (size_t)(blocks + 1)))
+    return NAN;
+  cudaStream_t s = ddp_cuda_stream();
+  double result = NAN;
+  abs_reduce_kernel<T><<<blocks, RED_THREADS, 0, s>>>(scratch, x, n, mode, p);
+  combine_kernel<<<1, RED_THREADS, 0, s>>>(scratch + blocks, scratch, blocks, mode);
+  cudaError_t err = cudaMemcpyAsync(&result, scratch + blocks, sizeof result,
+                                    cudaMemcpyDeviceToHost, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  ddp_cuda_caching_free(scratch); // stream-ordered: a later owner runs after the copy
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    ddp_cuda_fail(err, op, "reduction", __FILE__, __LINE__);
+    return NAN;
+  }
+  return result;
+}
+
+template <typename T> double abs_pow_sum(const T *x, int64_t n, double p) {
+  int mode = p == 2 ? MODE_P2 : p == 1 ? MODE_P1 : MODE_POW;
+  return abs_reduce<T>(x, n, mode, p, "clip_grad_norm_");
+}
+
+template <typename T> double abs_max(const T *x, int64_t n) {
+  return abs_reduce<T>(x, n, MODE_MAX, 0, "clip_grad_norm_");
+}
+
+// ---- scale / clamp ------------------------------------------------------------------------
+
+template <typename T> __global__ void scale_kernel(T *__restrict__ x, int64_t n, T c) {
+  GRID_STRIDE(i, n) x[i] *= c;
+}
+
+// Comparisons as on the CPU: a NaN fails both and is kept.
+template <typename T> __global__ void clamp_kernel(T *__restrict__ x, int64_t n, T lo, T hi) {
+  GRID_STRIDE(i, n) {
+    T v = x[i];
+    if (v < lo) v = lo;
+    if (v > hi) v = hi;
+    x[i] = v;
+  }
+}
+
+template <typename T> void scale(T *x, int64_t n, double s) {
+  if (n <= 0 || use_device_of(x, "scale")) return;
+  scale_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(x, n, (T)s);
+  launched("clip_grad_norm_");
+}
+
+template <typename T> void clamp(T *x, int64_t n, double lo, double hi) {
+  if (n <= 0 || use_device_of(x, "clamp")) return;
+  clamp_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(x, n, (T)lo,
+                                                                                  (T)hi);
+  launched("clip_grad_value_");
+}
+
+#undef GRID_STRIDE
+
+} // namespace
+
+// ---- the table ------------------------------------------------------------------------------
+
+/* Table entries of the optimizer area: signatures and contracts of runtime/backend/cpu/optim.h
+ * (buffers are device pointers of one device, contiguous, n elements). */
+extern "C" void ddp_cuda_register_optim(ddp_kernels *k) {
+  k->sgd_f32 = sgd<float>;
+  k->sgd_f64 = sgd<double>;
+  k->adam_f32 = adam<float>;
+  k->adam_f64 = adam<double>;
+  k->adadelta_f32 = adadelta<float>;
+  k->adadelta_f64 = adadelta<double>;
+  k->abs_pow_sum_f32 = abs_pow_sum<float>;
+  k->abs_pow_sum_f64 = abs_pow_sum<double>;
+  k->abs_max_f32 = abs_max<float>;
+  k->abs_max_f64 = abs_max<double>;
+  k->scale_f32 = scale<float>;
+  k->scale_f64 = scale<double>;
+  k->clamp_f32 = clamp<float>;
+  k->clamp_f64 = clamp<double>;
+}
