@@ -214,8 +214,9 @@ function M:load_state_dict(sd)
       local s = {}
       for k, v in pairs(st) do
         if is_tensor(v) and k ~= "step" and v:is_floating_point() then
-          v = v:to(p.dtype)
-          s[k] = v:clone()
+          -- PyTorch's rule: floating state follows its parameter's device and dtype.
+          local moved = v:to(p.device, p.dtype)
+          s[k] = moved == v and v:clone() or moved
         else
           s[k] = copy_value(v)
         end
