@@ -185,7 +185,6 @@ end
 
 local Stream = {}
 Stream.__index = Stream
-M.Stream_methods = Stream
 
 -- A Lua handle over a ddp_stream* ({handle = ptr or nil for the default stream, device =
 -- k, owned = bool}). Owned handles are destroyed by the collector (ffi.gc) or :free().
@@ -199,15 +198,16 @@ local function stream_of(ptr, device, owned)
   return s
 end
 
---- dl.cuda.Stream([device[, opts]]) -> a new non-blocking stream on device (default: the
--- current device). opts.priority: 0 normal (default), negative is higher. Freed by the
--- collector or by s:free().
-function M.Stream(device, opts)
+--- dl.cuda.Stream([device[, opts]]) (also dl.cuda.Stream.new) -> a new non-blocking
+-- stream on device (default: the current device). opts.priority: 0 normal (default),
+-- negative is higher. Freed by the collector (ffi.gc) or by s:free().
+function Stream.new(device, opts)
   if type(device) == "table" then device, opts = nil, device end
   local d = cuda_device(device, "Stream")
   check(C.ddp_cuda_stream_new(stream_box, d, opts and opts.priority or 0))
   return stream_of(stream_box[0], d, true)
 end
+M.Stream = setmetatable(Stream, { __call = function(_, ...) return Stream.new(...) end })
 
 --- s:synchronize(): wait until everything queued on s has finished.
 function Stream:synchronize()
@@ -217,7 +217,8 @@ end
 --- s:wait_event(e): work queued on s after this call waits until event e has happened
 -- (no host wait).
 function Stream:wait_event(e)
-  if type(e) ~= "table" or e.handle == nil then lib.raise("Stream:wait_event: expected a dl.cuda.Event") end
+  if not M.is_event(e) then lib.raise("Stream:wait_event: expected a dl.cuda.Event") end
+  if e.handle == nil then lib.raise("Stream:wait_event: the event was freed") end
   check(C.ddp_cuda_stream_wait_event(self.handle, e.handle))
 end
 
@@ -300,15 +301,19 @@ end
 local Event = {}
 Event.__index = Event
 
---- dl.cuda.Event([device][, opts]) -> a new event on device (default: the current device).
--- opts.enable_timing (default false): needed for elapsed_time. Freed by the collector or
--- by e:free().
-function M.Event(device, opts)
+--- dl.cuda.Event([device][, opts]) (also dl.cuda.Event.new) -> a new event on device
+-- (default: the current device). opts.enable_timing (default false): needed for
+-- elapsed_time. Freed by the collector (ffi.gc) or by e:free().
+function Event.new(device, opts)
   if type(device) == "table" then device, opts = nil, device end
   local d = cuda_device(device, "Event")
   check(C.ddp_cuda_event_new(event_box, d, opts and opts.enable_timing and 1 or 0))
   return setmetatable({ device = d, handle = ffi.gc(event_box[0], C.ddp_cuda_event_free) }, Event)
 end
+M.Event = setmetatable(Event, { __call = function(_, ...) return Event.new(...) end })
+
+--- dl.cuda.is_event(v) -> true when v is a dl.cuda.Event.
+function M.is_event(v) return type(v) == "table" and getmetatable(v) == Event end
 
 local function live_event(e, op)
   if e.handle == nil then lib.raise(op .. ": the event was freed") end
@@ -344,7 +349,7 @@ end
 --- start:elapsed_time(stop) -> milliseconds between two recorded events made with
 -- enable_timing (after stop has happened: call stop:synchronize() first).
 function Event:elapsed_time(stop)
-  if getmetatable(stop) ~= Event then lib.raise("Event:elapsed_time: expected a dl.cuda.Event") end
+  if not M.is_event(stop) then lib.raise("Event:elapsed_time: expected a dl.cuda.Event") end
   check(C.ddp_cuda_event_elapsed_ms(live_event(self, "Event:elapsed_time"), live_event(stop, "Event:elapsed_time"),
     float_out))
   return float_out[0]

@@ -27,6 +27,7 @@ struct ddp_io_loader {
   uint64_t seed, base;              /* generator blocks reserved for this epoch */
   int prefetch;
   int pin_memory;                   /* batches go to pinned host memory (Note [pinned batches]) */
+  int pin_device;                   /* the creating thread's current CUDA device */
   /* shared state, under mu */
   pthread_mutex_t mu;
   pthread_cond_t filled, freed;
@@ -45,7 +46,9 @@ struct ddp_io_loader {
  * into page-locked host memory (ddp_tensor_pin_memory) by whoever makes it: the prefetch
  * thread when there is one, so the consumer receives batches that a device can copy from
  * asynchronously (to(device, non_blocking)) at no cost on its own thread. The extra host
- * copy is a memcpy of the batch; the gather itself writes pageable memory. */
+ * copy is a memcpy of the batch; the gather itself writes pageable memory. The thread first
+ * makes the creating thread's current device its own (as PyTorch's pin-memory thread), so
+ * that a process using cuda:k never opens a context on cuda:0 from the loader. */
 
 /* Make batch b into outs[0 .. nsrc-1]. */
 static int make_batch(ddp_io_loader *l, int64_t b, ddp_tensor **outs) {
@@ -86,6 +89,7 @@ static struct timespec deadline(void) {
 static void *loader_main(void *arg) {
   ddp_io_loader *l = arg;
   ddp_tensor *outs[MAX_SOURCES];
+  if (l->pin_memory) ddp_cuda_set_device(l->pin_device); /* a failure shows at the first pin */
   for (int64_t b = 0; b < l->nbatches; b++) {
     pthread_mutex_lock(&l->mu);
     int stop = l->stop;
@@ -135,6 +139,8 @@ int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
   if (pin_memory && !ddp_cuda_is_available())
     DDP_FAIL(DDP_ERR_UNAVAILABLE, "loader: pin_memory needs CUDA, which is not available: %s",
              ddp_cuda_unavailable_reason());
+  int pin_device = 0;
+  if (pin_memory) DDP_TRY(ddp_cuda_current_device(&pin_device));
   DDP_TRY(ddp_check_alive(order, "loader", "order"));
   if (order->ndim != 1 || (order->dtype != DDP_I64 && order->dtype != DDP_I32))
     DDP_FAIL(DDP_ERR_ARG, "loader: order must be a 1-d i64 or i32 tensor, got %s %s",
@@ -188,6 +194,7 @@ int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
   l->nbatches = drop_last ? len / batch_size : (len + batch_size - 1) / batch_size;
   l->prefetch = prefetch;
   l->pin_memory = pin_memory ? 1 : 0;
+  l->pin_device = pin_device;
   int random = 0;
   for (int k = 0; k < nsources; k++) random |= plans[k].random;
   if (random) {

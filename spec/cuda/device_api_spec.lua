@@ -280,6 +280,8 @@ describe("streams and events on the simulated device", function()
       assert(s:query())
       local s2 = dl.cuda.Stream{priority = -1}
       assert(s2.device == 0)
+      local s3 = dl.cuda.Stream.new(1)
+      assert(dl.cuda.is_stream(s3) and s3.device == 1 and s3.handle ~= nil)
       s2:wait_stream(s)
       local t = dl.ones{3}:cuda(1)
       t:record_stream(s)
@@ -291,7 +293,8 @@ describe("streams and events on the simulated device", function()
   it("record, query, synchronize and time events", function()
     sim(PRELUDE .. [[
       local a = dl.cuda.Event{enable_timing = true}
-      local b = dl.cuda.Event(0, {enable_timing = true})
+      local b = dl.cuda.Event.new(0, {enable_timing = true})
+      assert(dl.cuda.is_event(b) and not dl.cuda.is_event(dl.cuda.Stream()))
       a:record()
       local x = dl.randn{64, 64}:cuda(0)
       b:record(dl.cuda.current_stream(0))
@@ -334,6 +337,14 @@ describe("DataLoader pin_memory on the simulated device", function()
         end
         assert(i == 3)
       end
+      -- made while another device is current: the thread pins from that device
+      dl.cuda.set_device(1)
+      local n = 0
+      for x in data.DataLoader(ds, {batch_size = 5, pin_memory = true}):iter() do
+        assert(x:is_pinned()); n = n + 1
+      end
+      assert(n == 2)
+      dl.cuda.set_device(0)
       -- the Lua path (a dataset without c_sources) pins too
       local lua_ds = data.Dataset({len = function() return 3 end, get = function(_, i) return dl.ones{2} * i, i end}, {})
       for x, y in data.DataLoader(lua_ds, {batch_size = 2, pin_memory = true}):iter() do

@@ -120,8 +120,9 @@ enum { DDP_IO_END = -1 };
  * for none), the epoch's sample order `order` (1-d i64 or i32 of 0-based indices in
  * 0..N-1, copied), batch_size >= 1, drop_last 0/1, prefetch >= 0 (batches kept ready by the
  * thread; 0: no thread), pin_memory 0/1 (1: each batch is copied into pinned host memory
- * by whoever makes it, the prefetch thread when there is one, so that to(device,
- * non_blocking) copies it asynchronously; needs CUDA: DDP_ERR_UNAVAILABLE otherwise), g
+ * by whoever makes it, the prefetch thread when there is one (which takes the calling
+ * thread's current CUDA device as its own), so that to(device, non_blocking) copies it
+ * asynchronously; needs CUDA: DDP_ERR_UNAVAILABLE otherwise), g
  * (NULL: the default generator) for the random transforms.
  * Errors (DDP_ERR_ARG): sizes disagree (naming the sources), an index out of range (naming
  * its position), bad batch_size / prefetch, transforms invalid for a source (as
