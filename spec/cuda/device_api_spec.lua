@@ -365,7 +365,10 @@ describe("nn on the simulated device", function()
       w0.grad = dl.ones{3, 4}
       local ref = {}
       for name, t in pairs(net:state_dict()) do ref[name] = t:clone() end
+      local opt_before = dl.optim.SGD(net:parameters(), {lr = 0.1})
       assert(net:cuda(1) == net)
+      assert(net[1].weight == w0, "Module:to must keep the Parameter objects (Note [module to])")
+      assert(opt_before.param_groups[1].params[1].device == "cuda:1")
       for name, p in net:named_parameters() do
         assert(p.device == "cuda:1", name .. " on " .. p.device)
         assert(nn.is_parameter(p) and p.requires_grad and p.is_leaf)
@@ -376,17 +379,17 @@ describe("nn on the simulated device", function()
       same(net[1].weight.grad, dl.ones{3, 4})
       assert(shared[1].weight == net[1].weight, "sharing lost")
       for name, t in pairs(net:state_dict()) do same(t, ref[name]) end
-      -- unchanged parameters stay the same objects
-      local w1 = net[1].weight
+      -- parameters stay the same objects through every move
       net:to("cuda:1")
-      assert(net[1].weight == w1)
+      assert(net[1].weight == w0)
       -- dtype and device at once; integer buffers keep their dtype
       net:to("cuda:0", "f64")
-      assert(net[1].weight.device == "cuda:0" and net[1].weight.dtype == "f64")
+      assert(net[1].weight.device == "cuda:0" and net[1].weight.dtype == "f64" and net[1].weight == w0)
+      assert(w0.grad.dtype == "f64" and w0.grad.device == "cuda:0")
       assert(net[2].num_batches_tracked.dtype == "i64" and net[2].num_batches_tracked.device == "cuda:0")
       net:to{dtype = "f32"}
       net:cpu()
-      assert(net[1].weight.device == "cpu")
+      assert(net[1].weight.device == "cpu" and net[1].weight == w0 and w0.requires_grad and w0.is_leaf)
       for name, t in pairs(net:state_dict()) do same(t, ref[name]) end
       -- forward on the device equals the CPU's
       net:eval()

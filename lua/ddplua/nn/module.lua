@@ -578,12 +578,13 @@ end
 -- m:to{device =, dtype =, non_blocking =}. Integer buffers (num_batches_tracked) move but
 -- keep their dtype; a dtype must be floating.
 --
--- Note [module to]: a C tensor cannot change its device or dtype in place, so a parameter
--- that changes is replaced in its module by a new nn.Parameter holding the moved or
--- converted values (with requires_grad, and its gradient moved or converted too); one that
--- already matches is kept (the same object). So build optimizers (and DDP, DataParallel)
--- after calling to(), as PyTorch advises, and do not hold parameters from before the call.
--- Parameters and buffers shared between modules stay shared (converted by identity).
+-- Note [module to]: every parameter and buffer keeps its identity: the same Lua handle
+-- (and C tensor) takes the moved or converted data (ddp_tensor_set_data, PyTorch's
+-- `param.data = new`), keeping requires_grad and hooks; a gradient is moved or converted
+-- with it. So an optimizer built before to() still updates the right tensors (PyTorch
+-- advises building it after; either works here), and references held elsewhere stay
+-- valid. Do not call to() between a forward and its backward. A tensor shared between
+-- modules is converted once.
 function Module:to(a, b)
   local device, dtype, non_blocking
   for _, v in ipairs { a, b } do
@@ -613,7 +614,6 @@ function Module:to(a, b)
     if dev ~= nil and lib.C.ddp_tensor_device(t) ~= dev then return true end
     return name ~= nil and t:is_floating_point() and t:type() ~= name
   end
-  -- A tensor shared by two modules must map to one new tensor: convert by identity.
   local done = {}
   dl.no_grad(function()
     for _, m in ipairs(self:modules()) do
@@ -621,20 +621,15 @@ function Module:to(a, b)
         local d = rawget(m, registry)
         for _, n in ipairs(d.names) do
           local t = d.values[n]
-          if t ~= nil and changes(t) then
+          if t ~= nil then
             local key = tensor_key(t)
-            local new = done[key]
-            if not new then
-              if registry == "_parameters" then
-                new = M.Parameter(convert(t), t.requires_grad)
-                local g = t.grad
-                if g ~= nil then new.grad = convert(g) end
-              else
-                new = convert(t)
-              end
-              done[key] = new
+            if not done[key] and changes(t) then
+              local g = t.grad
+              local new_g = g ~= nil and changes(g) and convert(g) or nil
+              lib.check(lib.C.ddp_tensor_set_data(t, convert(t)))
+              if new_g ~= nil then t.grad = new_g end
             end
-            d.values[n] = new
+            done[key] = true
           end
         end
       end
