@@ -7,7 +7,8 @@
 --                    [--save-all-ranks] [--profile] [--device cpu|cuda|cuda:K]
 --   ddplua --nproc_per_node=2 train.lua ...      # DDP over 2 processes (gloo, or nccl on GPUs)
 --
--- Devices: --device cuda (the default when dl.cuda.is_available(), else cpu) puts the model,
+-- Devices: --device cuda (or `device = "cuda"` in the config; the default when
+-- dl.cuda.is_available(), else cpu) puts the model,
 -- every batch and the loss on a GPU. In one process that is the current device (cuda:0
 -- unless --device cuda:K names another). Under the launcher each process takes
 -- cuda:LOCAL_RANK (as torchrun scripts do with torch.cuda.set_device(LOCAL_RANK)); it is an
@@ -284,7 +285,7 @@ local function main(argv)
   local cfg = load_config(opts)
   if opts.threads then dl.set_num_threads(opts.threads) end
   local launched = tonumber(os.getenv("WORLD_SIZE") or "1") > 1
-  local device = choose_device(opts.device, launched and tonumber(os.getenv("LOCAL_RANK") or "0") or nil)
+  local device = choose_device(opts.device or cfg.device, launched and tonumber(os.getenv("LOCAL_RANK") or "0") or nil)
   local dist = join_process_group(device)
   local world = dist and dist.get_world_size() or 1
   local rank = dist and dist.get_rank() or 0

@@ -72,7 +72,12 @@ function M.parse_device(d)
   end
   if td ~= "string" then lib.raise("expected a device ('cpu', 'cuda', 'cuda:1'), got " .. td) end
   if d == "cpu" then return C.DDP_DEVICE_CPU end
-  if d == "cuda" then return M.current_device() end
+  if d == "cuda" then
+    if C.ddp_cuda_is_available() == 0 then
+      lib.raise("device 'cuda': CUDA is not available: " .. M.unavailable_reason())
+    end
+    return M.current_device()
+  end
   local k = d:match("^cuda:(%d+)$")
   if k then return tonumber(k) end
   lib.raise("invalid device '" .. d .. "' (expected 'cpu', 'cuda' or 'cuda:<k>')")
