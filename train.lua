@@ -8,17 +8,18 @@
 --   ddplua --nproc_per_node=2 train.lua ...      # DDP over 2 processes (gloo, or nccl on GPUs)
 --
 -- Devices: --device cuda (or `device = "cuda"` in the config; the default when
--- dl.cuda.is_available(), else cpu) puts the model,
--- every batch and the loss on a GPU. In one process that is the current device (cuda:0
--- unless --device cuda:K names another). Under the launcher each process takes
--- cuda:LOCAL_RANK (as torchrun scripts do with torch.cuda.set_device(LOCAL_RANK)); it is an
--- error when LOCAL_RANK is not below the number of devices. The process group uses "nccl"
--- on CUDA and "gloo" on the CPU. Batches come from the loader in pinned host memory and
--- are copied with non_blocking, so the copy of batch b+1 can overlap step b. The model is
--- moved before the optimizer is built (Note [module to] in ddplua/nn/module.lua);
--- checkpoints hold host copies and load onto whichever device the run uses, so a run on
--- one device can resume on another. DDPLUA_CUDA_PLUGIN selects another CUDA plug-in (the
--- specs run --device cuda on the simulated device build/libddplua_cuda_sim.so).
+-- dl.cuda.is_available(), else cpu) puts the model, every batch and the loss on a GPU. In
+-- one process that is the current device (cuda:0 unless --device cuda:K names another).
+-- Under the launcher each process takes cuda:LOCAL_RANK (as torchrun scripts do with
+-- torch.cuda.set_device(LOCAL_RANK)); it is an error when LOCAL_RANK is not below the
+-- number of devices. The process group uses "nccl" on CUDA and "gloo" on the CPU. The
+-- loader's prefetch thread puts batches in pinned host memory and they are copied with
+-- non_blocking: the host does not wait for the copy and goes on queuing the step's kernels
+-- behind it on the same stream. The model is moved before the optimizer is built (Note
+-- [module to] in ddplua/nn/module.lua); checkpoints hold host copies and load onto
+-- whichever device the run uses, so a run on one device can resume on another.
+-- DDPLUA_CUDA_PLUGIN selects another CUDA plug-in (the specs run --device cuda on the
+-- simulated device build/libddplua_cuda_sim.so).
 --
 -- Under the launcher (WORLD_SIZE > 1) it joins the process group (env://), wraps the model
 -- in DistributedDataParallel, shards the training set with DistributedSampler (set_epoch
@@ -341,6 +342,10 @@ local function main(argv)
     cfg.name, cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, local_batch, cfg.epochs, world,
     dl.get_num_threads(), device == "cpu" and "cpu" or (device .. (world > 1 and " (cuda:LOCAL_RANK)" or ""))))
   local profile = opts.profile and new_profile()
+  -- Kernels run asynchronously on a GPU: --profile waits for them at each phase boundary so
+  -- that a phase's time is its own (this costs some overlap; plain runs never wait).
+  local now = clock.now
+  if profile and device ~= "cpu" then now = function() dl.cuda.synchronize(); return clock.now() end end
   local show_progress = is_main and not opts.quiet
   local test_acc
   model:train()
@@ -352,16 +357,16 @@ local function main(argv)
     local loss_sum, correct, seen, batches = 0, 0, 0, #loader
     local next_log = 0.1
     local b = 0
-    local t_data = clock.now()
+    local t_data = now()
     for x, y in loader:iter() do
       x, y = x:to(device, { non_blocking = true }), y:to(device, { non_blocking = true })
-      local t_fwd = clock.now()
+      local t_fwd = now()
       opt:zero_grad()
       local logits = net(x)
       local loss = dl.cross_entropy(logits, y)
-      local t_bwd = clock.now()
+      local t_bwd = now()
       loss:backward()
-      local t_opt = clock.now()
+      local t_opt = now()
       opt:step()
       if sched then sched:step() end
       step, b = step + 1, b + 1
@@ -370,7 +375,7 @@ local function main(argv)
       correct = correct + logits:argmax(2):eq(y):sum():item()
       seen = seen + n
       if profile then
-        local t_end = clock.now()
+        local t_end = now()
         profile.data = profile.data + (t_fwd - t_data)
         profile.forward = profile.forward + (t_bwd - t_fwd)
         profile.backward = profile.backward + (t_opt - t_bwd)
@@ -388,7 +393,7 @@ local function main(argv)
           next_log = next_log + 0.1
         end
       end
-      t_data = clock.now()
+      t_data = now()
     end
     local seconds = clock.now() - t0
     if on_terminal and show_progress then io.write("\n") end
