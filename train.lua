@@ -4,8 +4,22 @@
 --   ddplua train.lua [--config FILE] [--epochs N] [--batch-size N] [--lr X] [--seed N]
 --                    [--out DIR] [--resume CKPT] [--subset N] [--test-subset N]
 --                    [--stop-after N] [--threads N] [--data-root DIR] [--quiet]
---                    [--save-all-ranks] [--profile]
---   ddplua --nproc_per_node=2 train.lua ...      # DDP over 2 processes (gloo)
+--                    [--save-all-ranks] [--profile] [--device cpu|cuda|cuda:K]
+--   ddplua --nproc_per_node=2 train.lua ...      # DDP over 2 processes (gloo, or nccl on GPUs)
+--
+-- Devices: --device cuda (or `device = "cuda"` in the config; the default when
+-- dl.cuda.is_available(), else cpu) puts the model, every batch and the loss on a GPU. In
+-- one process that is the current device (cuda:0 unless --device cuda:K names another).
+-- Under the launcher each process takes cuda:LOCAL_RANK (as torchrun scripts do with
+-- torch.cuda.set_device(LOCAL_RANK)); it is an error when LOCAL_RANK is not below the
+-- number of devices. The process group uses "nccl" on CUDA and "gloo" on the CPU. The
+-- loader's prefetch thread puts batches in pinned host memory and they are copied with
+-- non_blocking: the host does not wait for the copy and goes on queuing the step's kernels
+-- behind it on the same stream. The model is moved before the optimizer is built (Note
+-- [module to] in ddplua/nn/module.lua); checkpoints hold host copies and load onto
+-- whichever device the run uses, so a run on one device can resume on another.
+-- DDPLUA_CUDA_PLUGIN selects another CUDA plug-in (the specs run --device cuda on the
+-- simulated device build/libddplua_cuda_sim.so).
 --
 -- Under the launcher (WORLD_SIZE > 1) it joins the process group (env://), wraps the model
 -- in DistributedDataParallel, shards the training set with DistributedSampler (set_epoch
@@ -48,6 +62,8 @@ usage: ddplua train.lua [options]
                      epoch (for `ddplua verify`)
   --profile          print a per-step time breakdown (data, forward, backward, exposed
                      communication, optimizer) after each epoch
+  --device D         cpu, cuda (the current device) or cuda:K; default cuda when CUDA is
+                     available, else cpu. Under the launcher cuda means cuda:LOCAL_RANK
 ]]
 
 -- ---- options ------------------------------------------------------------------------------
@@ -58,7 +74,7 @@ local function parse_args(argv)
     ["--config"] = "config", ["--epochs"] = "epochs", ["--batch-size"] = "batch_size",
     ["--lr"] = "lr", ["--seed"] = "seed", ["--out"] = "out", ["--resume"] = "resume",
     ["--subset"] = "subset", ["--test-subset"] = "test_subset", ["--threads"] = "threads",
-    ["--data-root"] = "data_root", ["--stop-after"] = "stop_after",
+    ["--data-root"] = "data_root", ["--stop-after"] = "stop_after", ["--device"] = "device",
   }
   local numeric = { epochs = true, batch_size = true, lr = true, seed = true, subset = true,
     test_subset = true, threads = true, stop_after = true }
@@ -182,12 +198,49 @@ end
 
 -- ---- training -------------------------------------------------------------------------------
 
+--- The device this process trains on, as a string: "cpu" or "cuda:k". `requested` is
+-- --device (nil: cuda when available, else cpu). Under the launcher (local_rank set) a
+-- CUDA device is cuda:LOCAL_RANK. Raises when CUDA is asked for but missing, or when
+-- LOCAL_RANK has no device.
+local function choose_device(requested, local_rank)
+  if requested == nil then requested = dl.cuda.is_available() and "cuda" or "cpu" end
+  if requested == "cpu" then return "cpu" end
+  if not dl.cuda.is_device(requested) then
+    error("train.lua: --device must be cpu, cuda or cuda:K, got '" .. tostring(requested) .. "'", 0)
+  end
+  if not dl.cuda.is_available() then
+    error("train.lua: --device " .. requested .. ": CUDA is not available: " .. dl.cuda.unavailable_reason(), 0)
+  end
+  local count = dl.cuda.device_count()
+  local k
+  if local_rank ~= nil then
+    k = local_rank
+    if requested ~= "cuda" and requested ~= "cuda:" .. local_rank then
+      error(("train.lua: --device %s under the launcher: each process uses cuda:LOCAL_RANK (cuda:%d); pass --device cuda"):format(
+        requested, local_rank), 0)
+    end
+    if k >= count then
+      error(("train.lua: LOCAL_RANK %d has no GPU: this host has %d CUDA device%s (cuda:0 .. cuda:%d); "
+        .. "start at most %d process%s per node"):format(k, count, count == 1 and "" or "s", count - 1, count,
+        count == 1 and "" or "es"), 0)
+    end
+  else
+    k = requested == "cuda" and dl.cuda.current_device() or tonumber(requested:match("^cuda:(%d+)$"))
+    if k >= count then
+      error(("train.lua: --device %s does not exist: %d CUDA device%s"):format(requested, count, count == 1 and "" or "s"), 0)
+    end
+  end
+  dl.cuda.set_device(k)
+  return "cuda:" .. k
+end
+
 --- Sums of (loss, correct, count) over the test samples this rank holds, then over ranks.
-local function evaluate(model, loader, dist)
+local function evaluate(model, loader, dist, device)
   model:eval()
   local loss_sum, correct, count = 0, 0, 0
   dl.no_grad(function()
     for x, y in loader:iter() do
+      x, y = x:to(device, { non_blocking = true }), y:to(device, { non_blocking = true })
       local logits = model(x)
       loss_sum = loss_sum + dl.cross_entropy(logits, y, { reduction = "sum" }):item()
       correct = correct + logits:argmax(2):eq(y):sum():item()
@@ -199,14 +252,14 @@ local function evaluate(model, loader, dist)
   return loss_sum / math.max(count, 1), correct / math.max(count, 1), count
 end
 
---- The process group when launched with WORLD_SIZE > 1, with a helper summing numbers over
--- ranks; nil in a single process.
-local function join_process_group()
+--- The process group when launched with WORLD_SIZE > 1 ("nccl" when training on CUDA,
+-- "gloo" on the CPU), with a helper summing numbers over ranks; nil in a single process.
+local function join_process_group(device)
   if tonumber(os.getenv("WORLD_SIZE") or "1") <= 1 then return nil end
   local dist = require "ddplua.distributed"
-  dist.init_process_group { backend = "gloo" }
+  dist.init_process_group { backend = device == "cpu" and "gloo" or "nccl" }
   function dist.sum_over_ranks(values)
-    local t = dl.tensor(values, { dtype = "f64" })
+    local t = dl.tensor(values, { dtype = "f64", device = device })
     dist.all_reduce(t)
     return t:tolist()
   end
@@ -232,7 +285,9 @@ local function main(argv)
   local opts = parse_args(argv)
   local cfg = load_config(opts)
   if opts.threads then dl.set_num_threads(opts.threads) end
-  local dist = join_process_group()
+  local launched = tonumber(os.getenv("WORLD_SIZE") or "1") > 1
+  local device = choose_device(opts.device or cfg.device, launched and tonumber(os.getenv("LOCAL_RANK") or "0") or nil)
+  local dist = join_process_group(device)
   local world = dist and dist.get_world_size() or 1
   local rank = dist and dist.get_rank() or 0
   local is_main = rank == 0
@@ -252,11 +307,15 @@ local function main(argv)
   -- The same sampler with world size 1 in a single process: a run on N processes then sees
   -- exactly the global batches of the single-process run.
   local sampler = DistributedSampler(n_train, { num_replicas = world, rank = rank, shuffle = true, seed = cfg.seed })
-  local loader = data.DataLoader(train_set, { batch_size = local_batch, sampler = sampler, generator = data_gen })
+  local pin = device ~= "cpu"
+  local loader = data.DataLoader(train_set, { batch_size = local_batch, sampler = sampler, generator = data_gen,
+    pin_memory = pin })
   local test_loader = data.DataLoader(test_set, { batch_size = 256,
-    sampler = DistributedSampler.DistributedEvalSampler(n_test, { num_replicas = world, rank = rank }) })
+    sampler = DistributedSampler.DistributedEvalSampler(n_test, { num_replicas = world, rank = rank }),
+    pin_memory = pin })
 
   local model = require("models." .. cfg.model)(cfg.model_opts)
+  model:to(device) -- before the optimizer and DDP take its parameters (Note [module to])
   local net = model
   if dist then net = require("ddplua.distributed.ddp")(model) end
   local opt = make_optimizer(cfg, model:parameters())
@@ -279,10 +338,14 @@ local function main(argv)
     end
   end
 
-  say(("training %s: %s on %s, %d samples, batch %d (%d per process), %d epochs, %d process(es) x %d thread(s)"):format(
+  say(("training %s: %s on %s, %d samples, batch %d (%d per process), %d epochs, %d process(es) x %d thread(s), device %s"):format(
     cfg.name, cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, local_batch, cfg.epochs, world,
-    dl.get_num_threads()))
+    dl.get_num_threads(), device == "cpu" and "cpu" or (device .. (world > 1 and " (cuda:LOCAL_RANK)" or ""))))
   local profile = opts.profile and new_profile()
+  -- Kernels run asynchronously on a GPU: --profile waits for them at each phase boundary so
+  -- that a phase's time is its own (this costs some overlap; plain runs never wait).
+  local now = clock.now
+  if profile and device ~= "cpu" then now = function() dl.cuda.synchronize(); return clock.now() end end
   local show_progress = is_main and not opts.quiet
   local test_acc
   model:train()
@@ -294,15 +357,16 @@ local function main(argv)
     local loss_sum, correct, seen, batches = 0, 0, 0, #loader
     local next_log = 0.1
     local b = 0
-    local t_data = clock.now()
+    local t_data = now()
     for x, y in loader:iter() do
-      local t_fwd = clock.now()
+      x, y = x:to(device, { non_blocking = true }), y:to(device, { non_blocking = true })
+      local t_fwd = now()
       opt:zero_grad()
       local logits = net(x)
       local loss = dl.cross_entropy(logits, y)
-      local t_bwd = clock.now()
+      local t_bwd = now()
       loss:backward()
-      local t_opt = clock.now()
+      local t_opt = now()
       opt:step()
       if sched then sched:step() end
       step, b = step + 1, b + 1
@@ -311,7 +375,7 @@ local function main(argv)
       correct = correct + logits:argmax(2):eq(y):sum():item()
       seen = seen + n
       if profile then
-        local t_end = clock.now()
+        local t_end = now()
         profile.data = profile.data + (t_fwd - t_data)
         profile.forward = profile.forward + (t_bwd - t_fwd)
         profile.backward = profile.backward + (t_opt - t_bwd)
@@ -329,13 +393,13 @@ local function main(argv)
           next_log = next_log + 0.1
         end
       end
-      t_data = clock.now()
+      t_data = now()
     end
     local seconds = clock.now() - t0
     if on_terminal and show_progress then io.write("\n") end
     if dist then loss_sum, correct, seen = unpack(dist.sum_over_ranks { loss_sum, correct, seen }) end
     local test_loss
-    test_loss, test_acc = evaluate(model, test_loader, dist)
+    test_loss, test_acc = evaluate(model, test_loader, dist, device)
     local lr = opt.param_groups[1].lr
     say(("epoch %d/%d train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1f s, %.0f samples/s"):format(
       epoch, cfg.epochs, loss_sum / seen, correct / seen, test_loss, test_acc, seconds, seen / seconds))

@@ -181,8 +181,8 @@ end
 
 -- ---- save / load -------------------------------------------------------------------------
 
---- checkpoint.save(path, tensors, metadata): write `tensors` (table name -> tensor, CPU, any
--- dtype of f32 f64 f16 bf16 i64 i32 u8 bool) and `metadata` (table string key -> string,
+--- checkpoint.save(path, tensors, metadata): write `tensors` (table name -> tensor, any
+-- device: device tensors are copied to the host first; any dtype of f32 f64 f16 bf16 i64 i32 u8 bool) and `metadata` (table string key -> string,
 -- number, boolean or nested table; see Note [checkpoint metadata]; may be nil) to path as
 -- safetensors, atomically (temporary file, fsync, rename). Tensors are written in name
 -- order within each element size. Raises naming the path and the cause.
@@ -213,7 +213,12 @@ function M.save(path, tensors, metadata)
   local anchor = {} -- keeps the Lua strings alive during the call
   for i, name in ipairs(names) do
     cnames[i - 1] = name
-    ctensors[i - 1] = tensors[name]
+    local t = tensors[name]
+    if lib.C.ddp_tensor_device(t) ~= lib.C.DDP_DEVICE_CPU then -- a device tensor: its host copy
+      t = t:cpu()
+      anchor[#anchor + 1] = t
+    end
+    ctensors[i - 1] = t
   end
   for i, k in ipairs(keys) do
     local v = metadata[k]

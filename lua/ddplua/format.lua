@@ -16,13 +16,15 @@ local function fmt_number(v, is_float, is_bool)
   return string.format("%.4f", v)
 end
 
---- The text of tensor t: values, then "[<dtype> tensor of shape (...)]".
+--- The text of tensor t: values, then "[<dtype> tensor of shape (...)]", with " on cuda:k"
+-- before the "]" for a device tensor (its values come through a host copy).
 function M.tensor(t)
   if C.ddp_tensor_is_alive(t) == 0 then return "[freed tensor]" end
   local sizes = lib.size_table(t)
   local dtype = C.ddp_tensor_dtype(t)
-  local header = ("[%s tensor of shape (%s%s)]"):format(lib.dtype_name(dtype), table.concat(sizes, ", "),
-    #sizes == 1 and "," or "")
+  local device = C.ddp_tensor_device(t)
+  local header = ("[%s tensor of shape (%s%s)%s]"):format(lib.dtype_name(dtype), table.concat(sizes, ", "),
+    #sizes == 1 and "," or "", device >= 0 and (" on cuda:" .. device) or "")
   local n = tonumber(C.ddp_tensor_numel(t))
   if n == 0 then return "tensor([])\n" .. header end
   local flat = ffi.new("double[?]", n)

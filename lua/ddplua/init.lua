@@ -1,11 +1,12 @@
 --- ddplua: the front end. `local dl = require "ddplua"`.
 --
 -- Creation functions (shape as a table: dl.zeros{2, 3}; options table last:
--- {dtype = "f64", requires_grad = true}), seeding, grad mode, threads and the functional
+-- {dtype = "f64", device = "cuda:1", requires_grad = true}), seeding, grad mode, threads and the functional
 -- forms of the ops (dl.add(a, b), dl.matmul(a, b), dl.cat({a, b}, 1), ...).
 local lib = require "ddplua.lib"
 local tensor = require "ddplua.tensor"
 local generator = require "ddplua.generator"
+local cuda = require "ddplua.cuda"
 local ffi, C = lib.ffi, lib.C
 local check, wrap, box = lib.check, lib.wrap, lib.box
 
@@ -16,6 +17,7 @@ M.is_tensor = tensor.is_tensor
 M.Tensor = tensor.methods
 M.Generator = generator.new
 M.default_generator = generator.default
+M.cuda = cuda
 
 -- dtype names, as PyTorch spells them and short
 for _, name in ipairs { "f32", "f64", "f16", "bf16", "i64", "i32", "u8", "bool" } do M[name] = name end
@@ -25,26 +27,55 @@ M.float, M.double, M.half, M.long, M.int = "f32", "f64", "f16", "i64", "i32"
 
 local F32 = C.DDP_F32
 
--- Apply the common options {requires_grad = bool} to a new tensor.
+-- The device number of opts.device (nil: the CPU).
+local function device_of(opts)
+  local d = opts and opts.device
+  if d == nil then return C.DDP_DEVICE_CPU end
+  return cuda.parse_device(d)
+end
+
+-- Apply the common options to a new tensor made on the CPU: opts.device (moved there; the
+-- values are the CPU's, bit for bit) then opts.requires_grad (so the result is a leaf).
 local function finish(t, opts)
-  if opts and opts.requires_grad then check(C.ddp_tensor_set_requires_grad(t, 1)) end
+  if opts then
+    local dev = device_of(opts)
+    if dev ~= C.DDP_DEVICE_CPU then
+      check(C.ddp_tensor_to_device(box, t, dev, 0))
+      t = wrap(box[0])
+    end
+    if opts.requires_grad then check(C.ddp_tensor_set_requires_grad(t, 1)) end
+  end
   return t
 end
 
+-- Uninitialised, on the CPU (finish moves it).
 local function empty_of(shape, opts)
   local buf, n = lib.shape(shape)
   check(C.ddp_tensor_empty(box, n, buf, lib.dtype(opts and opts.dtype, F32), C.DDP_DEVICE_CPU))
   return wrap(box[0])
 end
 
---- dl.empty(shape, opts): uninitialised tensor. opts.dtype (default "f32").
-function M.empty(shape, opts) return finish(empty_of(shape, opts), opts) end
+-- Options with the device removed (for a tensor already made on its device).
+local function without_device(opts)
+  if not (opts and opts.device) then return opts end
+  return { requires_grad = opts.requires_grad }
+end
+
+--- dl.empty(shape, opts): uninitialised tensor. opts.dtype (default "f32"), opts.device
+-- ("cpu" default, "cuda", "cuda:k": allocated there directly), opts.requires_grad. Every
+-- creation function below takes these options; those that compute values make them on the
+-- CPU and move them, so a device tensor holds exactly the values the CPU would.
+function M.empty(shape, opts)
+  local buf, n = lib.shape(shape)
+  check(C.ddp_tensor_empty(box, n, buf, lib.dtype(opts and opts.dtype, F32), device_of(opts)))
+  return finish(wrap(box[0]), without_device(opts))
+end
 
 --- dl.zeros(shape, opts) / dl.ones(shape, opts) / dl.full(shape, value, opts).
 function M.zeros(shape, opts)
   local buf, n = lib.shape(shape)
-  check(C.ddp_tensor_zeros(box, n, buf, lib.dtype(opts and opts.dtype, F32), C.DDP_DEVICE_CPU))
-  return finish(wrap(box[0]), opts)
+  check(C.ddp_tensor_zeros(box, n, buf, lib.dtype(opts and opts.dtype, F32), device_of(opts)))
+  return finish(wrap(box[0]), without_device(opts))
 end
 function M.ones(shape, opts) return M.full(shape, 1, opts) end
 function M.full(shape, value, opts)
@@ -53,12 +84,16 @@ function M.full(shape, value, opts)
   return finish(t, opts)
 end
 
---- zeros_like / ones_like / empty_like / full_like / rand_like / randn_like: same shape and
--- dtype as t unless opts.dtype says otherwise.
+--- zeros_like / ones_like / empty_like / full_like / rand_like / randn_like: same shape,
+-- dtype and device as t unless opts.dtype / opts.device say otherwise.
 local function like_opts(t, opts)
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
   o.dtype = o.dtype or t:type()
+  if o.device == nil then
+    local d = C.ddp_tensor_device(t)
+    if d ~= C.DDP_DEVICE_CPU then o.device = d end
+  end
   return o
 end
 function M.zeros_like(t, opts) return M.zeros(t:size(), like_opts(t, opts)) end
@@ -96,7 +131,11 @@ end
 -- (Lua has one number type, so integers are not guessed: pass {dtype = "i64"} for labels),
 -- or bool when every element is a boolean.
 function M.tensor(data, opts)
-  if tensor.is_tensor(data) then return data:clone() end
+  if tensor.is_tensor(data) then
+    local t = data:clone()
+    if opts and (opts.device or opts.dtype) then t = t:to(opts.device, opts.dtype) end
+    return t
+  end
   local flat, shape, all_bool = flatten(data)
   local dtype = lib.dtype(opts and opts.dtype, all_bool and C.DDP_BOOL or F32)
   local buf, n = lib.shape(shape)
@@ -162,7 +201,7 @@ end
 -- count from 0 as in PyTorch).
 function M.randperm(n, opts)
   check(C.ddp_randperm(box, n, lib.dtype(opts and opts.dtype, C.DDP_I64), gen_handle(opts)))
-  return wrap(box[0])
+  return finish(wrap(box[0]), opts)
 end
 
 --- dl.manual_seed(seed): reseed the default generator.

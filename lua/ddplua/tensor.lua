@@ -4,12 +4,14 @@
 -- or by :free()). Methods come from this file (metadata, element access, autograd, copies)
 -- and from the op modules under ddplua/ops/ (installed below). Properties read with `.`:
 -- `t.grad`, `t.requires_grad`, `t.is_leaf`, `t.grad_fn` (node name), `t.dtype` (name),
--- `t.device` ("cpu"), `t.shape` (table). Positions count from 1 as in Lua (Torch7).
+-- `t.device` ("cpu" or "cuda:k"), `t.is_cuda`, `t.shape` (table). Positions count from 1 as in Lua (Torch7).
 local lib = require "ddplua.lib"
 local format = require "ddplua.format"
+local cuda = require "ddplua.cuda"
 local ffi, C = lib.ffi, lib.C
 local check, wrap, box = lib.check, lib.wrap, lib.box
 
+local M = {}
 local Tensor = {}      -- methods
 local meta = {}        -- metamethods
 local properties = {}  -- key -> getter(t)
@@ -174,12 +176,92 @@ function Tensor.clone(t)
   return wrap(box[0])
 end
 
---- t:to(dtype): converted copy ("f64", "i64", ...), or t when the dtype already matches.
--- t:to("cpu") returns t.
-function Tensor.to(t, what)
-  if what == "cpu" then return t end
-  check(C.ddp_to_dtype(box, t, lib.dtype(what)))
+-- Move t to C device number `dev` (differentiable; t itself when it is there already).
+local function to_device(t, dev, non_blocking)
+  if C.ddp_tensor_device(t) == dev then return t end
+  check(C.ddp_tensor_to_device(box, t, dev, non_blocking and 1 or 0))
   return wrap(box[0])
+end
+
+local function to_dtype(t, dt)
+  if C.ddp_tensor_dtype(t) == dt then return t end
+  check(C.ddp_to_dtype(box, t, dt))
+  return wrap(box[0])
+end
+
+--- t:to(...) -> t converted to another device and/or dtype, as PyTorch's Tensor.to; t
+-- itself when nothing changes. Differentiable (the gradient goes back to t's device and
+-- dtype). Forms:
+--   t:to("f64")              dtype ("f32", "f64", "f16", "bf16", "i64", ... or the enum)
+--   t:to("cuda:1")           device ("cpu", "cuda" = the current device, "cuda:k")
+--   t:to("cuda", "f16")      both
+--   t:to(other)              other tensor's device and dtype
+--   t:to(..., {non_blocking = true})   a host <-> device copy that may return before it
+--       finishes, when the host side is pinned (t:pin_memory()); ordered on the current
+--       stream, as PyTorch's non_blocking=True (pageable memory copies synchronously).
+-- Also t:to{device = "cuda", dtype = "f16", non_blocking = true}. Moving to a device
+-- converts the dtype on the CPU side (before a move to a device, after a move back).
+-- Raises for an unknown dtype or device, or "CUDA is not available: ..." without CUDA.
+function Tensor.to(t, a, b, c)
+  local device, dtype, opts
+  local function take(v)
+    if v == nil then return end
+    if type(v) == "table" then
+      opts = v
+      if v.device ~= nil then device = v.device end
+      if v.dtype ~= nil then dtype = v.dtype end
+    elseif M.is_tensor(v) then
+      device, dtype = C.ddp_tensor_device(v), C.ddp_tensor_dtype(v)
+    elseif cuda.is_device(v) then
+      device = v
+    else
+      dtype = v
+    end
+  end
+  take(a); take(b); take(c)
+  local dev = device ~= nil and cuda.parse_device(device) or nil
+  local dt = dtype ~= nil and lib.dtype(dtype) or nil
+  local non_blocking = opts and opts.non_blocking
+  local out = t
+  if dev ~= nil and dev ~= C.ddp_tensor_device(t) then
+    if dev >= 0 and C.ddp_tensor_device(t) < 0 and dt then out = to_dtype(out, dt) end -- convert on the CPU
+    out = to_device(out, dev, non_blocking)
+  end
+  if dt then out = to_dtype(out, dt) end
+  return out
+end
+
+--- t:cuda([k[, opts]]) -> t on cuda:k (default: the current device); t itself when it is
+-- there already. opts.non_blocking as in to().
+function Tensor.cuda(t, k, opts)
+  if type(k) == "table" then k, opts = nil, k end
+  local dev = k == nil and cuda.current_device() or cuda.parse_device(k)
+  if dev < 0 then lib.raise("cuda: expected a CUDA device, got cpu") end
+  return to_device(t, dev, opts and opts.non_blocking)
+end
+
+--- t:cpu() -> t on the CPU (a host copy of a device tensor; t itself on the CPU).
+function Tensor.cpu(t) return to_device(t, C.DDP_DEVICE_CPU, false) end
+
+--- t:pin_memory() -> a copy of CPU tensor t in page-locked host memory (t itself when it
+-- is pinned already), which devices copy from asynchronously (to(..., {non_blocking =
+-- true})). Raises for a device tensor, or without CUDA.
+function Tensor.pin_memory(t)
+  if C.ddp_tensor_is_pinned(t) ~= 0 then return t end
+  check(C.ddp_tensor_pin_memory(box, t))
+  return wrap(box[0])
+end
+
+--- t:is_pinned() -> true when t lives in pinned host memory.
+function Tensor.is_pinned(t) return C.ddp_tensor_is_pinned(t) ~= 0 end
+
+--- t:record_stream(s): t's device memory is also used by work queued on stream s (a
+-- dl.cuda.Stream): the caching allocator keeps it from reuse until that work is done, even
+-- after t is freed (torch's Tensor.record_stream). Raises for a CPU tensor.
+function Tensor.record_stream(t, s)
+  if not cuda.is_stream(s) then lib.raise("record_stream: expected a dl.cuda.Stream, got " .. type(s)) end
+  check(C.ddp_cuda_record_stream(t, s.handle))
+  return t
 end
 
 function Tensor.float(t) return Tensor.to(t, C.DDP_F32) end
@@ -219,6 +301,7 @@ properties.device = function(t)
   local d = C.ddp_tensor_device(t)
   return d < 0 and "cpu" or ("cuda:" .. d)
 end
+properties.is_cuda = function(t) return C.ddp_tensor_device(t) >= 0 end
 properties.shape = lib.size_table
 properties.ndim = Tensor.dim
 
@@ -285,7 +368,8 @@ end
 
 ffi.metatype("struct ddp_tensor", meta)
 
-local M = { methods = Tensor, meta = meta, properties = properties, op_modules = op_modules }
+M.methods, M.meta, M.properties, M.op_modules = Tensor, meta, properties, op_modules
+
 
 --- True when v is a tensor handle.
 local tensor_ptr = ffi.typeof("ddp_tensor*")

@@ -255,6 +255,36 @@ void ddp_tensor_free(ddp_tensor *t) {
   }
 }
 
+int ddp_tensor_set_data(ddp_tensor *t, const ddp_tensor *src) {
+  DDP_TRY(ddp_check_alive(t, "set_data", "self"));
+  DDP_TRY(ddp_check_alive(src, "set_data", "src"));
+  if (t->grad_fn)
+    DDP_FAIL(DDP_ERR_ARG, "set_data: self is not a leaf (it was computed by %s); only leaves "
+             "(parameters, buffers) can take other data", t->grad_fn->name);
+  if (t->requires_grad && !ddp_dtype_is_floating(src->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "set_data: self requires grad and src has dtype %s; only floating "
+             "tensors can require gradients", ddp_dtype_name(src->dtype));
+  if (t == src) return DDP_OK;
+  ddp_storage *old = t->storage;
+  __atomic_add_fetch(&src->storage->refcount, 1, __ATOMIC_RELAXED);
+  t->storage = src->storage;
+  t->dtype = src->dtype;
+  t->device = src->device;
+  t->ndim = src->ndim;
+  t->offset = src->offset;
+  t->numel = src->numel;
+  memcpy(t->shape, src->shape, sizeof t->shape);
+  memcpy(t->strides, src->strides, sizeof t->strides);
+  storage_release(old);
+  ddp_tensor *g = t->grad;
+  if (g && (g->dtype != t->dtype || g->device != t->device || g->ndim != t->ndim ||
+            memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)) {
+    t->grad = NULL; /* it no longer fits: the caller sets a converted one */
+    ddp_tensor_release(g);
+  }
+  return DDP_OK;
+}
+
 int ddp_tensor_is_alive(const ddp_tensor *t) { return t && t->storage; }
 
 int ddp_check_alive(const ddp_tensor *t, const char *op, const char *arg) {

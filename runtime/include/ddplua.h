@@ -277,6 +277,14 @@ int ddp_tensor_retain_grad(ddp_tensor *t);
 /* A new tensor sharing t's storage with no graph: requires_grad 0, a leaf. */
 int ddp_tensor_detach(ddp_tensor **out, const ddp_tensor *t);
 
+/* Make the leaf t hold src's data: t takes src's storage (shared), dtype, device and
+ * geometry, and keeps its identity, requires_grad and hooks (PyTorch's `t.data = src`;
+ * Module.to uses it so parameters stay the same objects). A gradient that no longer fits
+ * (shape, dtype or device) is dropped. Do not call it while a graph that saved t is still
+ * to be back-propagated. Errors (DDP_ERR_ARG): t is not a leaf; t requires grad and src is
+ * not floating. */
+int ddp_tensor_set_data(ddp_tensor *t, const ddp_tensor *src);
+
 /* Back-propagate from `root`. `grad` is d(out)/d(root) of root's shape; it may be NULL only
  * when root has one element (then 1). retain_graph=0 frees the saved tensors as each node
  * is used; a second backward through the same graph then fails with DDP_ERR_STATE.

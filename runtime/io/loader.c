@@ -26,6 +26,8 @@ struct ddp_io_loader {
   int64_t len, batch_size, nbatches;
   uint64_t seed, base;              /* generator blocks reserved for this epoch */
   int prefetch;
+  int pin_memory;                   /* batches go to pinned host memory (Note [pinned batches]) */
+  int pin_device;                   /* the creating thread's current CUDA device */
   /* shared state, under mu */
   pthread_mutex_t mu;
   pthread_cond_t filled, freed;
@@ -40,6 +42,14 @@ struct ddp_io_loader {
   pthread_t thread;
 };
 
+/* Note [pinned batches]: with pin_memory the batch is gathered as usual and then copied
+ * into page-locked host memory (ddp_tensor_pin_memory) by whoever makes it: the prefetch
+ * thread when there is one, so the consumer receives batches that a device can copy from
+ * asynchronously (to(device, non_blocking)) at no cost on its own thread. The extra host
+ * copy is a memcpy of the batch; the gather itself writes pageable memory. The thread first
+ * makes the creating thread's current device its own (as PyTorch's pin-memory thread), so
+ * that a process using cuda:k never opens a context on cuda:0 from the loader. */
+
 /* Make batch b into outs[0 .. nsrc-1]. */
 static int make_batch(ddp_io_loader *l, int64_t b, ddp_tensor **outs) {
   int64_t start = b * l->batch_size;
@@ -47,6 +57,12 @@ static int make_batch(ddp_io_loader *l, int64_t b, ddp_tensor **outs) {
   for (int k = 0; k < l->nsrc; k++) {
     int status = ddp_io_gather(&outs[k], l->src[k], l->order + start, n, 1, &l->plan[k], l->seed,
                                l->base + (uint64_t)start);
+    if (!status && l->pin_memory) {
+      ddp_tensor *pinned = NULL;
+      status = ddp_tensor_pin_memory(&pinned, outs[k]);
+      ddp_tensor_release(outs[k]);
+      outs[k] = pinned;
+    }
     if (status) {
       for (int j = 0; j < k; j++) {
         ddp_tensor_release(outs[j]);
@@ -73,6 +89,7 @@ static struct timespec deadline(void) {
 static void *loader_main(void *arg) {
   ddp_io_loader *l = arg;
   ddp_tensor *outs[MAX_SOURCES];
+  if (l->pin_memory) ddp_cuda_set_device(l->pin_device); /* a failure shows at the first pin */
   for (int64_t b = 0; b < l->nbatches; b++) {
     pthread_mutex_lock(&l->mu);
     int stop = l->stop;
@@ -111,13 +128,19 @@ static void *loader_main(void *arg) {
 
 int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
                       const ddp_io_transform *transforms, ddp_tensor *order,
-                      int64_t batch_size, int drop_last, int prefetch, ddp_generator *g) {
+                      int64_t batch_size, int drop_last, int prefetch, int pin_memory,
+                      ddp_generator *g) {
   *out = NULL;
   if (nsources < 1 || nsources > MAX_SOURCES || !sources)
     DDP_FAIL(DDP_ERR_ARG, "loader: expected 1 to %d sources, got %d", MAX_SOURCES, nsources);
   if (batch_size < 1) DDP_FAIL(DDP_ERR_ARG, "loader: batch_size must be >= 1, got %lld", (long long)batch_size);
   if (prefetch < 0 || prefetch > 1024)
     DDP_FAIL(DDP_ERR_ARG, "loader: prefetch must be in 0..1024, got %d", prefetch);
+  if (pin_memory && !ddp_cuda_is_available())
+    DDP_FAIL(DDP_ERR_UNAVAILABLE, "loader: pin_memory needs CUDA, which is not available: %s",
+             ddp_cuda_unavailable_reason());
+  int pin_device = 0;
+  if (pin_memory) DDP_TRY(ddp_cuda_current_device(&pin_device));
   DDP_TRY(ddp_check_alive(order, "loader", "order"));
   if (order->ndim != 1 || (order->dtype != DDP_I64 && order->dtype != DDP_I32))
     DDP_FAIL(DDP_ERR_ARG, "loader: order must be a 1-d i64 or i32 tensor, got %s %s",
@@ -170,6 +193,8 @@ int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
   l->batch_size = batch_size;
   l->nbatches = drop_last ? len / batch_size : (len + batch_size - 1) / batch_size;
   l->prefetch = prefetch;
+  l->pin_memory = pin_memory ? 1 : 0;
+  l->pin_device = pin_device;
   int random = 0;
   for (int k = 0; k < nsources; k++) random |= plans[k].random;
   if (random) {

@@ -358,7 +358,7 @@ describe("ddplua.nn.module", function()
       local old = shared.weight
       net:double()
       assert.equal("f64", net[1].weight:type())
-      assert.not_equal(old, net[1].weight)
+      assert.equal(old, net[1].weight) -- the same object with new data (Note [module to])
       assert.equal(net[1].weight, net[3].weight)
       assert.is_true(nn.is_parameter(net[1].weight))
       assert.is_true(net[1].weight.requires_grad)
@@ -370,6 +370,35 @@ describe("ddplua.nn.module", function()
       local ok, err = pcall(function() net:to("i64") end)
       assert.is_false(ok)
       assert.matches("expected a floating dtype", err)
+    end)
+  end)
+
+  describe("to(dtype) keeps the objects", function()
+    it("an optimizer built before to() updates the converted parameters; grads convert too", function()
+      local dl = require "ddplua"
+      local lin = nn.Linear(3, 2)
+      local opt = dl.optim.SGD(lin:parameters(), { lr = 1 })
+      lin.weight.grad = dl.ones { 2, 3 }
+      lin:double()
+      assert.equal("f64", lin.weight.grad:type())
+      local before = lin.weight:clone()
+      opt:step()
+      local after = lin.weight
+      assert.near(before:get(1, 1) - 1, after:get(1, 1), 1e-12)
+      assert.equal("f64", opt.param_groups[1].params[1]:type())
+    end)
+
+    it("set_data refuses non-leaves and integer data for a tensor that requires grad", function()
+      local dl = require "ddplua"
+      local C = require("ddplua.lib").C
+      local p = nn.Parameter(dl.ones { 2 })
+      local y = p * 2
+      assert.are_not.equal(0, C.ddp_tensor_set_data(y, dl.zeros { 2 }))
+      assert.matches("not a leaf", require("ffi").string(C.ddp_last_error()))
+      assert.are_not.equal(0, C.ddp_tensor_set_data(p, dl.zeros({ 2 }, { dtype = "i64" })))
+      assert.matches("only floating", require("ffi").string(C.ddp_last_error()))
+      assert.equal(0, C.ddp_tensor_set_data(p, dl.zeros { 3 }))
+      assert.same({ 3 }, p:size())
     end)
   end)
 

@@ -40,10 +40,15 @@ local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 -- opts.generator), opts.sampler (see the protocol above; not with shuffle),
 -- opts.generator (a dl.Generator; the default generator when nil; drives shuffling and the
 -- random transforms), opts.drop_last (false: keep the short last batch), opts.prefetch (2:
--- batches the C loader's thread keeps ready; 0: no thread). Raises on bad options.
+-- batches the C loader's thread keeps ready; 0: no thread), opts.pin_memory (false: true
+-- puts every batch tensor in pinned host memory, so that x:to("cuda", {non_blocking =
+-- true}) copies it asynchronously; on the C path the prefetch thread does the pinning, see
+-- Note [pinned batches] in runtime/io/loader.c; without CUDA nothing is pinned, as PyTorch,
+-- and loader.pin_memory reads false). Raises on bad options.
 function M.DataLoader(dataset, opts)
   opts = opts or {}
-  local known = { batch_size = true, shuffle = true, generator = true, sampler = true, drop_last = true, prefetch = true }
+  local known = { batch_size = true, shuffle = true, generator = true, sampler = true, drop_last = true, prefetch = true,
+    pin_memory = true }
   for k in pairs(opts) do
     if not known[k] then lib.raise("DataLoader: unknown option '" .. tostring(k) .. "'") end
   end
@@ -68,6 +73,7 @@ function M.DataLoader(dataset, opts)
     dataset = dataset, batch_size = bs, shuffle = opts.shuffle and true or false,
     sampler = opts.sampler, generator = opts.generator or generator.default,
     drop_last = opts.drop_last and true or false, prefetch = prefetch, epoch = nil,
+    pin_memory = (opts.pin_memory and C.ddp_cuda_is_available() ~= 0) and true or false,
   })
 end
 
@@ -148,7 +154,7 @@ local function c_iter(self, sources, tfs, order)
   end
   local lbox = ffi.new("ddp_io_loader*[1]")
   check(C.ddp_io_loader_new(lbox, n, srcs, specs, order, self.batch_size, self.drop_last and 1 or 0,
-    self.prefetch, self.generator.handle))
+    self.prefetch, self.pin_memory and 1 or 0, self.generator.handle))
   local ep = { handle = ffi.gc(lbox[0], C.ddp_io_loader_free) }
   self.epoch = ep
   local outs = ffi.new("ddp_tensor*[?]", n)
@@ -222,7 +228,13 @@ local function lua_iter(self, order)
       end
     end
     local out = {}
-    for k = 1, nparts do out[k] = collate_part(parts[k], k) end
+    for k = 1, nparts do
+      out[k] = collate_part(parts[k], k)
+      if self.pin_memory then
+        check(C.ddp_tensor_pin_memory(box, out[k]))
+        out[k] = wrap(box[0])
+      end
+    end
     return unpack(out, 1, nparts)
   end
 end

@@ -3,7 +3,8 @@
 -- opts.eps (1e-5); opts.momentum (0.1; false = PyTorch's momentum=None: the running stats
 -- are a cumulative average, factor 1 / num_batches_tracked); opts.affine (true: parameters
 -- weight = 1 and bias = 0, (C)); opts.track_running_stats (true: buffers running_mean = 0,
--- running_var = 1 (C) and num_batches_tracked = 0 (i64, 0-d)); opts.dtype ("f32").
+-- running_var = 1 (C) and num_batches_tracked = 0 (i64, 0-d)); opts.dtype ("f32");
+-- opts.device ("cpu"; "cuda", "cuda:k": made on the CPU, then moved).
 -- Training mode normalises with the batch statistics and updates the running ones (when
 -- tracked); eval mode uses the running statistics (or the batch's when not tracked).
 local dl = require "ddplua"
@@ -39,6 +40,7 @@ function BatchNorm:init(num_features, opts)
     self:register_buffer("running_var", nil)
     self:register_buffer("num_batches_tracked", nil)
   end
+  if opts.device ~= nil then self:to(opts.device) end -- made on the CPU, then moved
 end
 
 --- bn:reset_running_stats(): running_mean 0, running_var 1, num_batches_tracked 0.

@@ -3,7 +3,8 @@
 -- H_out = floor((H + 2 padding - dilation (kH - 1) - 1) / stride) + 1.
 -- kernel_size, opts.stride (1), opts.padding (0, or "valid", or "same" for stride 1),
 -- opts.dilation (1): numbers or {h, w} pairs; opts.groups (1; divides both channel counts);
--- opts.bias (true); opts.dtype ("f32"); opts.generator for the initialisation.
+-- opts.bias (true); opts.dtype ("f32"); opts.device ("cpu"; "cuda", "cuda:k": initialised
+-- on the CPU, then moved); opts.generator for the initialisation.
 -- Parameters: weight (C_out, C_in / groups, kH, kW), bias (C_out). Initialisation as
 -- PyTorch: weight kaiming_uniform_(a = sqrt(5)), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 -- with fan_in = C_in / groups * kH * kW.
@@ -71,6 +72,7 @@ function Conv2d:init(in_channels, out_channels, kernel_size, opts)
     self:register_parameter("bias", nil)
   end
   self:reset_parameters(opts.generator)
+  if opts.device ~= nil then self:to(opts.device) end -- initialised on the CPU, then moved
 end
 
 --- conv:reset_parameters([generator]): redraw the initial values (see above).

@@ -3,7 +3,8 @@
 -- or the default generator); ids (any shape, i64, values 0-based in [0, num_embeddings)) ->
 -- (*ids.shape, embedding_dim). opts.padding_idx: a row (0-based data value; negative counts
 -- from the end, stored normalised) set to zero at init and given no gradient.
--- opts.dtype ("f32").
+-- opts.dtype ("f32"); opts.device ("cpu"; "cuda", "cuda:k": initialised on the CPU, then
+-- moved).
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
@@ -29,6 +30,7 @@ function Embedding:init(num_embeddings, embedding_dim, opts)
   self.padding_idx = padding_idx
   self.weight = module.Parameter(dl.empty({ num_embeddings, embedding_dim }, { dtype = opts.dtype or "f32" }))
   self:reset_parameters(opts.generator)
+  if opts.device ~= nil then self:to(opts.device) end -- initialised on the CPU, then moved
 end
 
 --- emb:reset_parameters([generator]): N(0, 1), the padding row zero.

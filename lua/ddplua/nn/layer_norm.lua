@@ -1,7 +1,8 @@
 --- ddplua.nn.layer_norm: nn.LayerNorm(normalized_shape[, opts]), PyTorch's: normalises x
 -- (..., *normalized_shape) over its trailing dims. normalized_shape a number or a table of
 -- sizes; opts.eps (1e-5); opts.elementwise_affine (true: weight = 1 and bias = 0 of
--- normalized_shape); opts.bias (true; false leaves bias out); opts.dtype ("f32").
+-- normalized_shape); opts.bias (true; false leaves bias out); opts.dtype ("f32");
+-- opts.device ("cpu"; "cuda", "cuda:k": made on the CPU, then moved).
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
@@ -32,6 +33,7 @@ function LayerNorm:init(normalized_shape, opts)
     self:register_parameter("weight", nil)
     self:register_parameter("bias", nil)
   end
+  if opts.device ~= nil then self:to(opts.device) end -- made on the CPU, then moved
 end
 
 function LayerNorm:forward(x)

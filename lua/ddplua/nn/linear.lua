@@ -1,7 +1,9 @@
 --- ddplua.nn.linear: nn.Linear(in_features, out_features[, opts]), PyTorch's nn.Linear:
 -- y = x · weightᵀ + bias, x (..., in_features) -> (..., out_features).
 -- Parameters: weight (out_features, in_features), bias (out_features) unless opts.bias is
--- false. opts.dtype ("f32"), opts.generator (default generator) for the initialisation:
+-- false. opts.dtype ("f32"), opts.device ("cpu"; "cuda", "cuda:k": initialised on the CPU,
+-- then moved, so the values equal the CPU's), opts.generator (default generator) for the
+-- initialisation:
 -- weight kaiming_uniform_(a = sqrt(5)) (bound 1 / sqrt(in_features)), bias
 -- U(-1 / sqrt(in_features), 1 / sqrt(in_features)), as PyTorch's reset_parameters.
 local dl = require "ddplua"
@@ -30,6 +32,7 @@ function Linear:init(in_features, out_features, opts)
     self:register_parameter("bias", nil)
   end
   self:reset_parameters(opts.generator)
+  if opts.device ~= nil then self:to(opts.device) end -- initialised on the CPU, then moved
 end
 
 --- linear:reset_parameters([generator]): redraw the initial values (see above).

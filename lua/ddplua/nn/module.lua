@@ -570,21 +570,50 @@ function Module:load_state_dict(sd, opts)
   return report
 end
 
--- ---- dtype conversion ----------------------------------------------------------------
+-- ---- device and dtype conversion ----------------------------------------------------
 
---- m:to(dtype) -> m: convert every floating parameter and buffer to dtype ("f64", ...)
--- in place in the module (integer buffers such as num_batches_tracked stay). A parameter
--- already of that dtype is kept (same object); one of another dtype is replaced by a new
--- Parameter holding the converted values (and gradient): the C tensor cannot change dtype
--- in place, so build optimizers after calling to(), as PyTorch advises. Parameters shared
--- between modules stay shared. m:to("cpu") returns m.
-function Module:to(what)
-  if what == "cpu" then return self end
-  local name = lib.dtype_name(lib.dtype(what))
-  if not ({ f32 = true, f64 = true, f16 = true, bf16 = true })[name] then
-    lib.raise(self:_get_name() .. ":to: expected a floating dtype, got " .. tostring(what))
+--- m:to(...) -> m: move every parameter and buffer to a device and/or convert the floating
+-- ones to a dtype, in place in the module (as PyTorch's Module.to). Forms: m:to("f64"),
+-- m:to("cuda:1") ("cpu", "cuda" = the current device, "cuda:k"), m:to("cuda", "f16"),
+-- m:to{device =, dtype =, non_blocking =}. Integer buffers (num_batches_tracked) move but
+-- keep their dtype; a dtype must be floating.
+--
+-- Note [module to]: every parameter and buffer keeps its identity: the same Lua handle
+-- (and C tensor) takes the moved or converted data (ddp_tensor_set_data, PyTorch's
+-- `param.data = new`), keeping requires_grad and hooks; a gradient is moved or converted
+-- with it. So an optimizer built before to() still updates the right tensors (PyTorch
+-- advises building it after; either works here), and references held elsewhere stay
+-- valid. Do not call to() between a forward and its backward. A tensor shared between
+-- modules is converted once.
+function Module:to(a, b)
+  local device, dtype, non_blocking
+  for _, v in ipairs { a, b } do
+    if type(v) == "table" then
+      device, dtype, non_blocking = v.device or device, v.dtype or dtype, v.non_blocking
+    elseif dl.cuda.is_device(v) then
+      device = v
+    elseif v ~= nil then
+      dtype = v
+    end
   end
-  -- A parameter shared by two modules must map to one new tensor: convert by identity.
+  local dev = device ~= nil and dl.cuda.parse_device(device) or nil
+  local name
+  if dtype ~= nil then
+    name = lib.dtype_name(lib.dtype(dtype))
+    if not ({ f32 = true, f64 = true, f16 = true, bf16 = true })[name] then
+      lib.raise(self:_get_name() .. ":to: expected a floating dtype, got " .. tostring(dtype))
+    end
+  end
+  if dev == nil and name == nil then return self end
+  local opts = { non_blocking = non_blocking }
+  local function convert(t)
+    local dt = (name and t:is_floating_point()) and name or nil
+    return t:to(dev ~= nil and dl.cuda.device_name(dev) or nil, dt, opts)
+  end
+  local function changes(t)
+    if dev ~= nil and lib.C.ddp_tensor_device(t) ~= dev then return true end
+    return name ~= nil and t:is_floating_point() and t:type() ~= name
+  end
   local done = {}
   dl.no_grad(function()
     for _, m in ipairs(self:modules()) do
@@ -592,20 +621,15 @@ function Module:to(what)
         local d = rawget(m, registry)
         for _, n in ipairs(d.names) do
           local t = d.values[n]
-          if t ~= nil and t:is_floating_point() and t:type() ~= name then
+          if t ~= nil then
             local key = tensor_key(t)
-            local new = done[key]
-            if not new then
-              if registry == "_parameters" then
-                new = M.Parameter(t:to(name), t.requires_grad)
-                local g = t.grad
-                if g ~= nil then new.grad = g:to(name) end
-              else
-                new = t:to(name)
-              end
-              done[key] = new
+            if not done[key] and changes(t) then
+              local g = t.grad
+              local new_g = g ~= nil and changes(g) and convert(g) or nil
+              lib.check(lib.C.ddp_tensor_set_data(t, convert(t)))
+              if new_g ~= nil then t.grad = new_g end
             end
-            d.values[n] = new
+            done[key] = true
           end
         end
       end
@@ -613,6 +637,15 @@ function Module:to(what)
   end)
   return self
 end
+
+--- m:cuda([k]) -> m: m:to("cuda:k") (default: the current device). See Note [module to].
+function Module:cuda(k)
+  if k == nil then return self:to("cuda") end
+  return self:to(dl.cuda.device_name(dl.cuda.parse_device(k)))
+end
+
+--- m:cpu() -> m: m:to("cpu"). See Note [module to].
+function Module:cpu() return self:to("cpu") end
 
 function Module:float() return self:to("f32") end
 function Module:double() return self:to("f64") end

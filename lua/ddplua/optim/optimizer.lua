@@ -186,7 +186,7 @@ end
 
 --- opt:load_state_dict(sd): restore options and state from a table made by state_dict()
 -- (ids may be numbers or numeric strings). Floating state tensors are copied and
--- converted to their parameter's dtype and moved to its device, except `step`. Raises when the groups or their
+-- converted to their parameter's dtype, except `step`. Raises when the groups or their
 -- sizes differ from this optimizer's.
 function M:load_state_dict(sd)
   local name = self.name
@@ -214,14 +214,9 @@ function M:load_state_dict(sd)
       local s = {}
       for k, v in pairs(st) do
         if is_tensor(v) and k ~= "step" and v:is_floating_point() then
-          v = v:to(p.dtype)
-          local device = C.ddp_tensor_device(p)
-          if C.ddp_tensor_device(v) ~= device then -- to the param's device, as PyTorch
-            lib.check(C.ddp_tensor_to_device(lib.box, v, device, 0))
-            s[k] = lib.wrap(lib.box[0])
-          else
-            s[k] = v:clone()
-          end
+          -- PyTorch's rule: floating state follows its parameter's device and dtype.
+          local moved = v:to(p.device, p.dtype)
+          s[k] = moved == v and v:clone() or moved
         else
           s[k] = copy_value(v)
         end

@@ -119,13 +119,18 @@ enum { DDP_IO_END = -1 };
  * loader is freed; do not write them meanwhile), `transforms` (nsources entries, or NULL
  * for none), the epoch's sample order `order` (1-d i64 or i32 of 0-based indices in
  * 0..N-1, copied), batch_size >= 1, drop_last 0/1, prefetch >= 0 (batches kept ready by the
- * thread; 0: no thread), g (NULL: the default generator) for the random transforms.
+ * thread; 0: no thread), pin_memory 0/1 (1: each batch is copied into pinned host memory
+ * by whoever makes it, the prefetch thread when there is one (which takes the calling
+ * thread's current CUDA device as its own), so that to(device, non_blocking) copies it
+ * asynchronously; needs CUDA: DDP_ERR_UNAVAILABLE otherwise), g
+ * (NULL: the default generator) for the random transforms.
  * Errors (DDP_ERR_ARG): sizes disagree (naming the sources), an index out of range (naming
  * its position), bad batch_size / prefetch, transforms invalid for a source (as
  * ddp_io_collate); DDP_ERR_MEMORY; thread creation failure (DDP_ERR_STATE). */
 int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
                       const ddp_io_transform *transforms, ddp_tensor *order,
-                      int64_t batch_size, int drop_last, int prefetch, ddp_generator *g);
+                      int64_t batch_size, int drop_last, int prefetch, int pin_memory,
+                      ddp_generator *g);
 
 /* The next batch: outs[k] (nsources entries) receives a new reference to source k's batch
  * (B, ...). Returns DDP_OK, DDP_IO_END (outs set to NULL) once every batch was handed out
