@@ -14,9 +14,10 @@ local root = os.getenv("PWD") or "."
 local sim = root .. "/build/libddplua_cuda_sim.so"
 local cases = { "cross_entropy", "nll_mse", "loss_errors", "batch_norm", "layer_norm", "dropout", "embedding" }
 
-local function run_case(case, mode, plugin)
+local function run_case(case, mode, plugin, device)
   local env = plugin and ("DDPLUA_CUDA_PLUGIN=" .. files.quote(plugin) .. " ") or ""
-  return files.run(env .. "luajit spec/fixtures/loss_norm_device.lua " .. case .. " " .. mode)
+  return files.run(env .. "luajit spec/fixtures/loss_norm_device.lua " .. case .. " " .. mode ..
+    " " .. (device or 0))
 end
 
 describe("losses and norms on the simulated device", function()
@@ -24,7 +25,15 @@ describe("losses and norms on the simulated device", function()
     it(case .. " matches the CPU exactly, results stay on cuda:0", function()
       local status, out = run_case(case, "exact", sim)
       assert.equal(0, status, out)
-      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-sim%)"), out)
+      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-sim, cuda:0%)"), out)
+    end)
+  end
+  -- the second simulated device: outputs, statistics and gradients stay on cuda:1
+  for _, case in ipairs { "cross_entropy", "batch_norm", "layer_norm", "embedding" } do
+    it(case .. " on cuda:1 stays on cuda:1", function()
+      local status, out = run_case(case, "exact", sim, 1)
+      assert.equal(0, status, out)
+      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-sim, cuda:1%)"), out)
     end)
   end
 end)
@@ -45,7 +54,7 @@ describe("loss and norm CUDA kernels against the CPU #cuda", function()
       end
       local run_status, out = run_case(case, "close", nil)
       assert.equal(0, run_status, out)
-      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%)"), out)
+      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda, cuda:0%)"), out)
     end)
   end
 end)
