@@ -148,8 +148,10 @@ typedef struct ddp_kernels {
   void (*bn_finalize_f64)(double *mean_out, double *scale, double *shift, double *invstd,
                           const double *mean, const double *var, const double *w,
                           const double *b, int64_t C, double eps);
-  void (*bn_running_update)(double *running, const double *value, int64_t C, double momentum,
-                            double correction);
+  void (*bn_running_update_f32)(float *running, const double *value, int64_t C, double momentum,
+                                double correction);
+  void (*bn_running_update_f64)(double *running, const double *value, int64_t C,
+                                double momentum, double correction);
   void (*bn_backward_coef_f32)(float *a, float *b, float *d, float *dweight, float *dbias,
                                const double *sum_dy, const double *sum_dy_xmu,
                                const float *invstd, const float *w, int64_t C, double M,

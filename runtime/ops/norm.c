@@ -111,7 +111,8 @@ static int bn_kernels(const ddp_kernels **out, int device, const char *op) {
   DDP_TRY(DDP_KERNEL_CHECK(k, bn_apply_f64, op));
   DDP_TRY(DDP_KERNEL_CHECK(k, bn_finalize_f32, op));
   DDP_TRY(DDP_KERNEL_CHECK(k, bn_finalize_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update_f64, op));
   DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_reduce_f32, op));
   DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_reduce_f64, op));
   DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_elemt_f32, op));
@@ -203,17 +204,28 @@ done:
 }
 
 /* running = (1 - momentum) * running + momentum * value * correction, in double, written in
- * place through a detached alias (running stats carry no graph). value: (C) f64 on
- * running's device. */
+ * place (running stats carry no graph). value: (C) f64 on running's device. A contiguous
+ * f32/f64 running stat is updated by one kernel; another (strided, half) goes through an
+ * f64 copy. */
 static int update_running(const ddp_kernels *k, ddp_tensor *running, const ddp_tensor *value,
                           int64_t C, double momentum, double correction) {
+  int dev = running->device;
+  if (ddp_tensor_is_contiguous(running) &&
+      (running->dtype == DDP_F32 || running->dtype == DDP_F64)) {
+    if (running->dtype == DDP_F32)
+      k->bn_running_update_f32(dptr(running), dptr(value), C, momentum, correction);
+    else
+      k->bn_running_update_f64(dptr(running), dptr(value), C, momentum, correction);
+    ddp_tensor_bump_version(running);
+    return ddp_device_check(dev, "batch_norm");
+  }
   ddp_tensor *cur = NULL, *alias = ddp_tensor_alias(running);
   if (!alias) return ddp_last_status();
-  int status = channel_empty(&cur, C, DDP_F64, running->device);
+  int status = channel_empty(&cur, C, DDP_F64, dev);
   if (!status) status = ddp_copy_(cur, alias);
   if (!status) {
-    k->bn_running_update(dptr(cur), dptr(value), C, momentum, correction);
-    status = ddp_device_check(running->device, "batch_norm");
+    k->bn_running_update_f64(dptr(cur), dptr(value), C, momentum, correction);
+    status = ddp_device_check(dev, "batch_norm");
   }
   if (!status) status = ddp_copy_(alias, cur);
   ddp_tensor_release(cur);

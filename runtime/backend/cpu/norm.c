@@ -313,8 +313,16 @@ typedef struct {
 NORM_KERNELS(float, f32)
 NORM_KERNELS(double, f64)
 
-void ddp_cpu_bn_running_update(double *running, const double *value, int64_t C, double momentum,
-                               double correction) {
+void ddp_cpu_bn_running_update_f32(float *running, const double *value, int64_t C,
+                                   double momentum, double correction) {
+  for (int64_t c = 0; c < C; c++) {
+    double v = value[c] * correction;
+    running[c] = (float)((1 - momentum) * (double)running[c] + momentum * v);
+  }
+}
+
+void ddp_cpu_bn_running_update_f64(double *running, const double *value, int64_t C,
+                                   double momentum, double correction) {
   for (int64_t c = 0; c < C; c++) {
     double v = value[c] * correction;
     running[c] = (1 - momentum) * running[c] + momentum * v;

@@ -55,11 +55,13 @@ void ddp_cpu_bn_finalize_f64(double *mean_out, double *scale, double *shift, dou
                              const double *mean, const double *var, const double *w,
                              const double *b, int64_t C, double eps);
 
-/* Running statistic update of batch norm (PyTorch's momentum form), in double:
- * running[c] = (1 - momentum) * running[c] + momentum * (value[c] * correction);
- * running (C) <- value (C). correction is M / (M - 1) for the variance (unbiased), else 1. */
-void ddp_cpu_bn_running_update(double *running, const double *value, int64_t C, double momentum,
-                               double correction);
+/* Running statistic update of batch norm (PyTorch's momentum form), in double, in place:
+ * running[c] = (1 - momentum) * running[c] + momentum * (value[c] * correction), rounded to
+ * T; running (C) <- value (C). correction is M / (M - 1) for the variance (unbiased), else 1. */
+void ddp_cpu_bn_running_update_f32(float *running, const double *value, int64_t C,
+                                   double momentum, double correction);
+void ddp_cpu_bn_running_update_f64(double *running, const double *value, int64_t C,
+                                   double momentum, double correction);
 
 /* Per-channel coefficients of the batch-norm backward, in double, rounded to T. With
  * k = w invstd / M: a = w invstd, b = -k invstd^2 sum_dy_xmu and d = -k sum_dy when training

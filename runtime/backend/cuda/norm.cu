@@ -162,12 +162,13 @@ __global__ void bn_finalize_kernel(T *mean_out, T *scale, T *shift, T *invstd, c
   }
 }
 
-__global__ void bn_running_update_kernel(double *running, const double *value, int64_t C,
+template <typename T>
+__global__ void bn_running_update_kernel(T *running, const double *value, int64_t C,
                                          double momentum, double correction) {
   for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
        c += (int64_t)gridDim.x * blockDim.x) {
     const double v = value[c] * correction;
-    running[c] = (1 - momentum) * running[c] + momentum * v;
+    running[c] = (T)((1 - momentum) * (double)running[c] + momentum * v);
   }
 }
 
@@ -363,10 +364,11 @@ void bn_finalize(T *mean_out, T *scale, T *shift, T *invstd, const double *mean,
       mean_out, scale, shift, invstd, mean, var, w, b, C, eps);
 }
 
-void bn_running_update(double *running, const double *value, int64_t C, double momentum,
+template <typename T>
+void bn_running_update(T *running, const double *value, int64_t C, double momentum,
                        double correction) {
   if (C <= 0) return;
-  bn_running_update_kernel<<<ddp_cuda_blocks(C), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
+  bn_running_update_kernel<T><<<ddp_cuda_blocks(C), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
       running, value, C, momentum, correction);
 }
 
@@ -455,7 +457,8 @@ extern "C" void ddp_cuda_register_norm(ddp_kernels *k) {
   k->bn_backward_elemt_f64 = bn_backward_elemt<double>;
   k->bn_finalize_f32 = bn_finalize<float>;
   k->bn_finalize_f64 = bn_finalize<double>;
-  k->bn_running_update = bn_running_update;
+  k->bn_running_update_f32 = bn_running_update<float>;
+  k->bn_running_update_f64 = bn_running_update<double>;
   k->bn_backward_coef_f32 = bn_backward_coef<float>;
   k->bn_backward_coef_f64 = bn_backward_coef<double>;
   k->ln_forward_f32 = ln_forward<float>;
