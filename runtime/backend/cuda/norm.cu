@@ -54,27 +54,38 @@ unsigned slice_blocks(int64_t n) {
 
 // ---- batch norm ---------------------------------------------------------------------------
 
-// Element j in [0, N*S) of channel c of x (N, C, S).
-template <typename T>
-__device__ __forceinline__ T channel_elem(const T *x, int64_t j, int64_t c, int64_t C, int64_t S) {
-  const int64_t n = j / S, s = j - n * S;
-  return x[(n * C + c) * S + s];
+// f(offset) for the offset of every element of channel c of an (N, C, S) buffer, the
+// block's threads taking them in turn: along each (n, c) slice when a slice fills the
+// block (contiguous, no division), else over the flattened N*S elements.
+template <typename F>
+__device__ __forceinline__ void for_channel(int64_t N, int64_t C, int64_t S, int64_t c, F f) {
+  if (S >= (int64_t)blockDim.x) {
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t base = (n * C + c) * S;
+      for (int64_t s = threadIdx.x; s < S; s += blockDim.x) f(base + s);
+    }
+  } else {
+    const int64_t NS = N * S;
+    for (int64_t j = threadIdx.x; j < NS; j += blockDim.x) {
+      const int64_t n = j / S, s = j - n * S;
+      f((n * C + c) * S + s);
+    }
+  }
 }
 
 template <typename T>
 __global__ void bn_moments_kernel(double *mean, double *var, const T *x, int64_t N, int64_t C,
                                   int64_t S) {
-  const int64_t NS = N * S;
   const double M = (double)N * (double)S;
   for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
     double acc = 0;
-    for (int64_t j = threadIdx.x; j < NS; j += blockDim.x) acc += (double)channel_elem(x, j, c, C, S);
+    for_channel(N, C, S, c, [&](int64_t o) { acc += (double)x[o]; });
     const double m = block_sum(acc) / M;
     double sq = 0;
-    for (int64_t j = threadIdx.x; j < NS; j += blockDim.x) {
-      const double e = (double)channel_elem(x, j, c, C, S) - m;
+    for_channel(N, C, S, c, [&](int64_t o) {
+      const double e = (double)x[o] - m;
       sq += e * e;
-    }
+    });
     sq = block_sum(sq);
     if (threadIdx.x == 0) {
       mean[c] = m;
@@ -86,14 +97,13 @@ __global__ void bn_moments_kernel(double *mean, double *var, const T *x, int64_t
 template <typename T>
 __global__ void bn_sums_kernel(double *sum, double *sumsq, const T *x, int64_t N, int64_t C,
                                int64_t S) {
-  const int64_t NS = N * S;
   for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
     double a1 = 0, a2 = 0;
-    for (int64_t j = threadIdx.x; j < NS; j += blockDim.x) {
-      const double v = (double)channel_elem(x, j, c, C, S);
+    for_channel(N, C, S, c, [&](int64_t o) {
+      const double v = (double)x[o];
       a1 += v;
       a2 += v * v;
-    }
+    });
     a1 = block_sum(a1);
     a2 = block_sum(a2);
     if (threadIdx.x == 0) {
@@ -118,15 +128,14 @@ template <typename T>
 __global__ void bn_backward_reduce_kernel(double *sum_dy, double *sum_dy_xmu, const T *dy,
                                           const T *x, const T *mean, int64_t N, int64_t C,
                                           int64_t S) {
-  const int64_t NS = N * S;
   for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
     const double m = (double)mean[c];
     double a1 = 0, a2 = 0;
-    for (int64_t j = threadIdx.x; j < NS; j += blockDim.x) {
-      const double g = (double)channel_elem(dy, j, c, C, S);
+    for_channel(N, C, S, c, [&](int64_t o) {
+      const double g = (double)dy[o];
       a1 += g;
-      a2 += g * ((double)channel_elem(x, j, c, C, S) - m);
-    }
+      a2 += g * ((double)x[o] - m);
+    });
     a1 = block_sum(a1);
     a2 = block_sum(a2);
     if (threadIdx.x == 0) {
