@@ -142,6 +142,24 @@ typedef struct ddp_kernels {
   void (*bn_backward_elemt_f64)(double *dx, const double *dy, const double *x, const double *mean,
                                 const double *a, const double *b, const double *d, int64_t N,
                                 int64_t C, int64_t S);
+  void (*bn_finalize_f32)(float *mean_out, float *scale, float *shift, float *invstd,
+                          const double *mean, const double *var, const float *w, const float *b,
+                          int64_t C, double eps);
+  void (*bn_finalize_f64)(double *mean_out, double *scale, double *shift, double *invstd,
+                          const double *mean, const double *var, const double *w,
+                          const double *b, int64_t C, double eps);
+  void (*bn_running_update_f32)(float *running, const double *value, int64_t C, double momentum,
+                                double correction);
+  void (*bn_running_update_f64)(double *running, const double *value, int64_t C,
+                                double momentum, double correction);
+  void (*bn_backward_coef_f32)(float *a, float *b, float *d, float *dweight, float *dbias,
+                               const double *sum_dy, const double *sum_dy_xmu,
+                               const float *invstd, const float *w, int64_t C, double M,
+                               int training);
+  void (*bn_backward_coef_f64)(double *a, double *b, double *d, double *dweight, double *dbias,
+                               const double *sum_dy, const double *sum_dy_xmu,
+                               const double *invstd, const double *w, int64_t C, double M,
+                               int training);
   void (*ln_forward_f32)(float *y, float *mean, float *rstd, const float *x, const float *w,
                          const float *b, int64_t M, int64_t D, double eps);
   void (*ln_forward_f64)(double *y, double *mean, double *rstd, const double *x, const double *w,

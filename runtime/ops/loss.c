@@ -1,13 +1,23 @@
 /* runtime/ops/loss.c: front doors of the loss functions (nll_loss, cross_entropy,
- * mse_loss): argument checks, dtype dispatch to runtime/backend/cpu/loss.c, reduction and
- * autograd. Semantics follow torch.nn.functional (see ddplua/ops_loss.h for the formulas).
+ * mse_loss): argument checks, dtype and device dispatch to the loss kernels of the input's
+ * device (runtime/backend/kernels.h: backend/cpu/loss.c or backend/cuda/loss.cu), reduction
+ * and autograd. Semantics follow torch.nn.functional (see ddplua/ops_loss.h for the
+ * formulas).
+ *
+ * Note [device losses]: every tensor argument must be on one device; the per-sample
+ * losses, the log-sum-exp and the gradients are made there. Two things still pass through
+ * the host, each a synchronisation per call: the forward kernels return the summed loss
+ * as a host double (the kernel-table signature; the reduced 0-d result is then written to
+ * the device), and class-index targets (with the class weights) are copied to the host to
+ * be checked against [0, C) and to give the normaliser of reduction mean, so a bad target
+ * is an error naming its value and position on every device, not a device-side assert.
  *
  * f16/bf16 inputs go through f32: the input is cast with ddp_to_dtype (recorded, so the
  * gradient flows back through the cast), the f32 loss is computed and cast back. */
 #include <stdio.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/loss.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 /* iattr / fattr slots of the loss nodes */
@@ -137,8 +147,8 @@ static const char *position_str(const ddp_tensor *t, int64_t i, char *buf, size_
 
 /* Every target in [0, C) or ignore_index (else an error naming the value, its position
  * and C); *denom = sum of weight[t_i] over the non-ignored targets (their count when
- * weight is NULL): the normaliser of reduction mean. */
-static int check_target_values(const char *op, const ddp_tensor *target, const int64_t *t,
+ * weight is NULL): the normaliser of reduction mean. t and weight are host memory. */
+static int check_target_values_host(const char *op, const ddp_tensor *target, const int64_t *t,
                                const ddp_tensor *weight, int64_t C, int64_t ignore_index,
                                double *denom) {
   const char *w = weight ? (const char *)data(weight) : NULL;
@@ -161,12 +171,59 @@ static int check_target_values(const char *op, const ddp_tensor *target, const i
   return DDP_OK;
 }
 
-/* The reduced result: a 0-d tensor of dtype holding sum (SUM) or sum / denom (MEAN;
- * nan when both are 0, as PyTorch's mean over nothing). */
-static int reduced_result(ddp_tensor **out, double sum, double denom, int reduction, int dtype) {
-  DDP_TRY(ddp_tensor_empty(out, 0, NULL, dtype, DDP_DEVICE_CPU));
-  ddp_store_f64(data(*out), dtype, reduction == DDP_REDUCTION_MEAN ? sum / denom : sum);
-  return DDP_OK;
+/* check_target_values_host for a contiguous i64 target and weight (or NULL) on any device:
+ * device tensors are copied to the host first (Note [device losses]). */
+static int check_target_values(const char *op, const ddp_tensor *shape_of, ddp_tensor *target,
+                               ddp_tensor *weight, int64_t C, int64_t ignore_index,
+                               double *denom) {
+  if (target->device == DDP_DEVICE_CPU)
+    return check_target_values_host(op, shape_of, data(target), weight, C, ignore_index, denom);
+  ddp_tensor *t = NULL, *w = NULL;
+  int status = ddp_tensor_to_device(&t, target, DDP_DEVICE_CPU, 0);
+  if (!status && weight) status = ddp_tensor_to_device(&w, weight, DDP_DEVICE_CPU, 0);
+  if (!status)
+    status = check_target_values_host(op, shape_of, data(t), w, C, ignore_index, denom);
+  ddp_tensor_release(t);
+  ddp_tensor_release(w);
+  return status;
+}
+
+/* The reduced result: a 0-d tensor of dtype on device holding sum (SUM) or sum / denom
+ * (MEAN; nan when both are 0, as PyTorch's mean over nothing). */
+static int reduced_result(ddp_tensor **out, double sum, double denom, int reduction, int dtype,
+                          int device) {
+  DDP_TRY(ddp_tensor_empty(out, 0, NULL, dtype, device));
+  double v = reduction == DDP_REDUCTION_MEAN ? sum / denom : sum;
+  if (device == DDP_DEVICE_CPU) {
+    ddp_store_f64(data(*out), dtype, v);
+    return DDP_OK;
+  }
+  char bytes[8];
+  ddp_store_f64(bytes, dtype, v);
+  int status = ddp_device_memcpy(data(*out), device, bytes, DDP_DEVICE_CPU,
+                                 ddp_dtype_size(dtype), "loss");
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
+}
+
+/* The kernel table of device when it has every loss kernel `op` needs (names listed by
+ * the caller through DDP_KERNEL_CHECK), else the "not implemented" error. */
+#define LOSS_KERNELS(k, device, op, f32, f64)                                              \
+  do {                                                                                     \
+    (k) = ddp_kernels_for(device);                                                         \
+    DDP_TRY(DDP_KERNEL_CHECK((k), f32, (op)));                                             \
+    DDP_TRY(DDP_KERNEL_CHECK((k), f64, (op)));                                             \
+  } while (0)
+
+/* Fail unless input, target and weight (NULL skipped) are on one device. */
+static int check_loss_devices(const char *op, ddp_tensor *input, ddp_tensor *target,
+                              ddp_tensor *weight) {
+  ddp_tensor *ts[3] = {input, target, weight};
+  const char *names[3] = {"input", "target", "weight"};
+  return ddp_check_same_device(op, 3, ts, names);
 }
 
 /* The factor every gradient term of a reduced loss carries. */
@@ -212,27 +269,33 @@ static int cross_entropy_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   ddp_tensor *weight = NULL;
   if (!lse) return ddp_last_status();
   if (n->iattr[A_HAS_WEIGHT] && !(weight = ddp_node_saved(n, S_WEIGHT))) return ddp_last_status();
-  int dtype = input->dtype;
+  int dtype = input->dtype, dev = input->device;
+  const ddp_kernels *k;
+  LOSS_KERNELS(k, dev, "CrossEntropyBackward", cross_entropy_backward_f32,
+               cross_entropy_backward_f64);
   class_layout lay;
   DDP_TRY(class_input_layout("cross_entropy", input, &lay));
   class_operands o;
   DDP_TRY(class_operands_prepare(&o, input, target, weight, prob));
   ddp_tensor *dloss = NULL, *dx = NULL;
   int status = prepare(&dloss, g, dtype);
-  if (!status) status = ddp_tensor_zeros(&dx, input->ndim, input->shape, dtype, DDP_DEVICE_CPU);
+  if (!status) status = ddp_tensor_zeros(&dx, input->ndim, input->shape, dtype, dev);
   if (!status) {
     const int64_t *t = prob ? NULL : data(o.target);
     int per_sample = reduction == DDP_REDUCTION_NONE;
     double factor = reduction_factor(reduction, n->fattr[F_DENOM]);
     double eps = n->fattr[F_SMOOTHING];
     if (dtype == DDP_F64)
-      ddp_cpu_cross_entropy_backward_f64(data(dx), data(dloss), per_sample, factor, data(o.x),
-                                         data(lse), t, prob ? data(o.target) : NULL, data(o.weight),
-                                         lay.N, lay.C, lay.D, n->iattr[A_IGNORE], eps);
+      k->cross_entropy_backward_f64(data(dx), data(dloss), per_sample, factor, data(o.x),
+                                    data(lse), t, prob ? data(o.target) : NULL, data(o.weight),
+                                    lay.N, lay.C, lay.D, n->iattr[A_IGNORE], eps);
     else
-      ddp_cpu_cross_entropy_backward_f32(data(dx), data(dloss), per_sample, factor, data(o.x),
-                                         data(lse), t, prob ? data(o.target) : NULL, data(o.weight),
-                                         lay.N, lay.C, lay.D, n->iattr[A_IGNORE], eps);
+      k->cross_entropy_backward_f32(data(dx), data(dloss), per_sample, factor, data(o.x),
+                                    data(lse), t, prob ? data(o.target) : NULL, data(o.weight),
+                                    lay.N, lay.C, lay.D, n->iattr[A_IGNORE], eps);
+    status = ddp_device_check(dev, "CrossEntropyBackward");
+  }
+  if (!status) {
     gi[0] = dx;
     dx = NULL;
   }
@@ -249,23 +312,28 @@ static int nll_loss_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   ddp_tensor *weight = NULL;
   if (!target) return ddp_last_status();
   if (n->iattr[A_HAS_WEIGHT] && !(weight = ddp_node_saved(n, S_WEIGHT))) return ddp_last_status();
-  int dtype = input->dtype;
+  int dtype = input->dtype, dev = input->device;
+  const ddp_kernels *k;
+  LOSS_KERNELS(k, dev, "NllLossBackward", nll_backward_f32, nll_backward_f64);
   class_layout lay;
   DDP_TRY(class_input_layout("nll_loss", input, &lay));
   ddp_tensor *t = NULL, *w = NULL, *dloss = NULL, *dx = NULL;
   int status = prepare(&t, target, DDP_I64);
   if (!status && weight) status = prepare(&w, weight, dtype);
   if (!status) status = prepare(&dloss, g, dtype);
-  if (!status) status = ddp_tensor_zeros(&dx, input->ndim, input->shape, dtype, DDP_DEVICE_CPU);
+  if (!status) status = ddp_tensor_zeros(&dx, input->ndim, input->shape, dtype, dev);
   if (!status) {
     int per_sample = reduction == DDP_REDUCTION_NONE;
     double factor = reduction_factor(reduction, n->fattr[F_DENOM]);
     if (dtype == DDP_F64)
-      ddp_cpu_nll_backward_f64(data(dx), data(dloss), per_sample, factor, data(t), data(w), lay.N,
-                               lay.C, lay.D, n->iattr[A_IGNORE]);
+      k->nll_backward_f64(data(dx), data(dloss), per_sample, factor, data(t), data(w), lay.N,
+                          lay.C, lay.D, n->iattr[A_IGNORE]);
     else
-      ddp_cpu_nll_backward_f32(data(dx), data(dloss), per_sample, factor, data(t), data(w), lay.N,
-                               lay.C, lay.D, n->iattr[A_IGNORE]);
+      k->nll_backward_f32(data(dx), data(dloss), per_sample, factor, data(t), data(w), lay.N,
+                          lay.C, lay.D, n->iattr[A_IGNORE]);
+    status = ddp_device_check(dev, "NllLossBackward");
+  }
+  if (!status) {
     gi[0] = dx;
     dx = NULL;
   }
@@ -310,6 +378,7 @@ int ddp_nll_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, ddp_te
   DDP_TRY(ddp_check_alive(input, op, "input"));
   DDP_TRY(ddp_check_alive(target, op, "target"));
   DDP_TRY(check_reduction(op, reduction));
+  DDP_TRY(check_loss_devices(op, input, target, weight));
   class_layout lay;
   DDP_TRY(class_input_layout(op, input, &lay));
   DDP_TRY(check_index_target(op, input, target));
@@ -319,26 +388,29 @@ int ddp_nll_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, ddp_te
     int status = ddp_nll_loss(&loss32, x32, target, weight, reduction, ignore_index);
     return from_f32(out, x32, loss32, status, input->dtype);
   }
-  int dtype = input->dtype;
+  int dtype = input->dtype, dev = input->device;
+  const ddp_kernels *k;
+  LOSS_KERNELS(k, dev, op, nll_forward_f32, nll_forward_f64);
   class_operands o;
   DDP_TRY(class_operands_prepare(&o, input, target, NULL, 0));
   int status = prepare_weight(&o.weight, op, weight, input, lay.C, dtype);
   double denom = 0;
   if (!status)
-    status = check_target_values(op, target, data(o.target), o.weight, lay.C, ignore_index, &denom);
+    status = check_target_values(op, target, o.target, o.weight, lay.C, ignore_index, &denom);
   ddp_tensor *loss = NULL;
   if (!status && reduction == DDP_REDUCTION_NONE) {
     int64_t shape[DDP_MAX_DIMS];
-    status = ddp_tensor_empty(&loss, sample_shape(input, shape), shape, dtype, DDP_DEVICE_CPU);
+    status = ddp_tensor_empty(&loss, sample_shape(input, shape), shape, dtype, dev);
   }
   if (!status) {
     const void *w = data(o.weight);
     void *l = data(loss);
-    double sum = dtype == DDP_F64 ? ddp_cpu_nll_forward_f64(l, data(o.x), data(o.target), w, lay.N,
-                                                            lay.C, lay.D, ignore_index)
-                                  : ddp_cpu_nll_forward_f32(l, data(o.x), data(o.target), w, lay.N,
-                                                            lay.C, lay.D, ignore_index);
-    if (!loss) status = reduced_result(&loss, sum, denom, reduction, dtype);
+    double sum = dtype == DDP_F64 ? k->nll_forward_f64(l, data(o.x), data(o.target), w, lay.N,
+                                                       lay.C, lay.D, ignore_index)
+                                  : k->nll_forward_f32(l, data(o.x), data(o.target), w, lay.N,
+                                                       lay.C, lay.D, ignore_index);
+    status = ddp_device_check(dev, op);
+    if (!status && !loss) status = reduced_result(&loss, sum, denom, reduction, dtype, dev);
   }
   class_operands_release(&o);
   if (status) {
@@ -359,6 +431,7 @@ int ddp_cross_entropy(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, d
   DDP_TRY(ddp_check_alive(input, op, "input"));
   DDP_TRY(ddp_check_alive(target, op, "target"));
   DDP_TRY(check_reduction(op, reduction));
+  DDP_TRY(check_loss_devices(op, input, target, weight));
   if (!(label_smoothing >= 0 && label_smoothing <= 1))
     DDP_FAIL(DDP_ERR_ARG, "%s: label_smoothing must be in [0, 1], got %g", op, label_smoothing);
   class_layout lay;
@@ -385,32 +458,34 @@ int ddp_cross_entropy(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, d
         ddp_cross_entropy(&loss32, x32, target, weight, reduction, ignore_index, label_smoothing);
     return from_f32(out, x32, loss32, status, input->dtype);
   }
-  int dtype = input->dtype;
+  int dtype = input->dtype, dev = input->device;
+  const ddp_kernels *k;
+  LOSS_KERNELS(k, dev, op, cross_entropy_forward_f32, cross_entropy_forward_f64);
   class_operands o;
   DDP_TRY(class_operands_prepare(&o, input, target, NULL, prob));
   int status = prepare_weight(&o.weight, op, weight, input, lay.C, dtype);
   double denom = (double)(lay.N * lay.D); /* probability targets: the number of samples */
   if (!status && !prob)
-    status = check_target_values(op, target, data(o.target), o.weight, lay.C, ignore_index, &denom);
+    status = check_target_values(op, target, o.target, o.weight, lay.C, ignore_index, &denom);
   ddp_tensor *loss = NULL, *lse = NULL;
   int64_t nsamples = lay.N * lay.D;
-  if (!status) status = ddp_tensor_empty(&lse, 1, &nsamples, dtype, DDP_DEVICE_CPU);
+  if (!status) status = ddp_tensor_empty(&lse, 1, &nsamples, dtype, dev);
   if (!status && reduction == DDP_REDUCTION_NONE) {
     int64_t shape[DDP_MAX_DIMS];
-    status = ddp_tensor_empty(&loss, sample_shape(input, shape), shape, dtype, DDP_DEVICE_CPU);
+    status = ddp_tensor_empty(&loss, sample_shape(input, shape), shape, dtype, dev);
   }
   if (!status) {
     const int64_t *t = prob ? NULL : data(o.target);
     const void *p = prob ? data(o.target) : NULL;
     const void *w = data(o.weight);
     void *l = data(loss);
-    double sum =
-        dtype == DDP_F64
-            ? ddp_cpu_cross_entropy_forward_f64(l, data(lse), data(o.x), t, p, w, lay.N, lay.C,
-                                                lay.D, ignore_index, label_smoothing)
-            : ddp_cpu_cross_entropy_forward_f32(l, data(lse), data(o.x), t, p, w, lay.N, lay.C,
-                                                lay.D, ignore_index, label_smoothing);
-    if (!loss) status = reduced_result(&loss, sum, denom, reduction, dtype);
+    double sum = dtype == DDP_F64
+                     ? k->cross_entropy_forward_f64(l, data(lse), data(o.x), t, p, w, lay.N, lay.C,
+                                                    lay.D, ignore_index, label_smoothing)
+                     : k->cross_entropy_forward_f32(l, data(lse), data(o.x), t, p, w, lay.N, lay.C,
+                                                    lay.D, ignore_index, label_smoothing);
+    status = ddp_device_check(dev, op);
+    if (!status && !loss) status = reduced_result(&loss, sum, denom, reduction, dtype, dev);
   }
   class_operands_release(&o);
   if (!status) {
@@ -463,24 +538,27 @@ static int mse_loss_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (!target) return ddp_last_status();
   int64_t shape[DDP_MAX_DIMS];
   int ndim = ddp_broadcast_shapes(input->ndim, input->shape, target->ndim, target->shape, shape);
-  int dtype = ddp_promote_types(input->dtype, target->dtype);
+  int dtype = ddp_promote_types(input->dtype, target->dtype), dev = input->device;
+  const ddp_kernels *k;
+  LOSS_KERNELS(k, dev, "MseLossBackward", mse_backward_f32, mse_backward_f64);
   ddp_tensor *x = NULL, *t = NULL, *dloss = NULL, *dx = NULL, *dt = NULL;
   int status = mse_operands(&x, &t, input, target, ndim, shape, dtype);
   if (!status) status = prepare(&dloss, g, dtype);
   if (!status && input_needs_grad(n, 0))
-    status = ddp_tensor_zeros(&dx, ndim, shape, dtype, DDP_DEVICE_CPU);
+    status = ddp_tensor_zeros(&dx, ndim, shape, dtype, dev);
   if (!status && input_needs_grad(n, 1))
-    status = ddp_tensor_zeros(&dt, ndim, shape, dtype, DDP_DEVICE_CPU);
+    status = ddp_tensor_zeros(&dt, ndim, shape, dtype, dev);
   if (!status) {
     int per_element = reduction == DDP_REDUCTION_NONE;
     double factor = reduction_factor(reduction, n->fattr[F_DENOM]);
     if (dtype == DDP_F64)
-      ddp_cpu_mse_backward_f64(data(dx), data(dt), data(dloss), per_element, factor, data(x),
-                               data(t), x->numel);
+      k->mse_backward_f64(data(dx), data(dt), data(dloss), per_element, factor, data(x), data(t),
+                          x->numel);
     else
-      ddp_cpu_mse_backward_f32(data(dx), data(dt), data(dloss), per_element, factor, data(x),
-                               data(t), x->numel);
-    if (dx) status = to_input_grad(&gi[0], dx, &n->inputs[0]);
+      k->mse_backward_f32(data(dx), data(dt), data(dloss), per_element, factor, data(x), data(t),
+                          x->numel);
+    status = ddp_device_check(dev, "MseLossBackward");
+    if (!status && dx) status = to_input_grad(&gi[0], dx, &n->inputs[0]);
     if (!status && dt) status = to_input_grad(&gi[1], dt, &n->inputs[1]);
   }
   ddp_tensor_release(x);
@@ -497,6 +575,7 @@ int ddp_mse_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, int re
   DDP_TRY(ddp_check_alive(input, op, "input"));
   DDP_TRY(ddp_check_alive(target, op, "target"));
   DDP_TRY(check_reduction(op, reduction));
+  DDP_TRY(check_loss_devices(op, input, target, NULL));
   if (!ddp_dtype_is_floating(input->dtype) || !ddp_dtype_is_floating(target->dtype))
     DDP_FAIL(DDP_ERR_ARG, "%s: input (%s %s) and target (%s %s) must be floating", op,
              ddp_dtype_name(input->dtype), DDP_SHAPE(input), ddp_dtype_name(target->dtype),
@@ -515,17 +594,20 @@ int ddp_mse_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, int re
     ddp_tensor_release(t32);
     return from_f32(out, x32, loss32, status, dtype);
   }
+  int dev = input->device;
+  const ddp_kernels *k;
+  LOSS_KERNELS(k, dev, op, mse_forward_f32, mse_forward_f64);
   ddp_tensor *x = NULL, *t = NULL, *loss = NULL;
   DDP_TRY(mse_operands(&x, &t, input, target, ndim, shape, dtype));
   int status = DDP_OK;
-  if (reduction == DDP_REDUCTION_NONE)
-    status = ddp_tensor_empty(&loss, ndim, shape, dtype, DDP_DEVICE_CPU);
+  if (reduction == DDP_REDUCTION_NONE) status = ddp_tensor_empty(&loss, ndim, shape, dtype, dev);
   double denom = (double)x->numel;
   if (!status) {
     void *l = data(loss);
-    double sum = dtype == DDP_F64 ? ddp_cpu_mse_forward_f64(l, data(x), data(t), x->numel)
-                                  : ddp_cpu_mse_forward_f32(l, data(x), data(t), x->numel);
-    if (!loss) status = reduced_result(&loss, sum, denom, reduction, dtype);
+    double sum = dtype == DDP_F64 ? k->mse_forward_f64(l, data(x), data(t), x->numel)
+                                  : k->mse_forward_f32(l, data(x), data(t), x->numel);
+    status = ddp_device_check(dev, op);
+    if (!status && !loss) status = reduced_result(&loss, sum, denom, reduction, dtype, dev);
   }
   ddp_tensor_release(x);
   ddp_tensor_release(t);

@@ -1,6 +1,8 @@
 /* runtime/ops/norm.c: front doors of batch norm, layer norm, dropout and embedding (see
- * ddplua/ops_norm.h for the contracts): argument checks, dtype dispatch to the kernels of
- * backend/cpu/norm.c, autograd recording and the backward functions.
+ * ddplua/ops_norm.h for the contracts): argument checks, dtype and device dispatch to the
+ * norm kernels of the input's device (runtime/backend/kernels.h: backend/cpu/norm.c or
+ * backend/cuda/norm.cu), autograd recording and the backward functions. Every tensor
+ * argument must be on one device; outputs, statistics and scratch are made there.
  *
  * Half types (f16, bf16) run through f32: the front door converts with the differentiable
  * ddp_to_dtype, calls itself in f32 and converts back, so the graph gets ToCopy nodes
@@ -9,7 +11,7 @@
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/norm.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -35,28 +37,6 @@ static int detached_as(ddp_tensor **out, ddp_tensor *t, int dtype) {
   status = ddp_contiguous(out, converted);
   ddp_tensor_release(converted);
   return status;
-}
-
-/* The elements of t (any dtype, any strides) as a malloc'ed array of doubles; for NULL t,
- * `n` copies of `fallback`. */
-static int read_f64(double **out, const ddp_tensor *t, int64_t n, double fallback) {
-  *out = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-  if (!*out) DDP_FAIL(DDP_ERR_MEMORY, "norm: out of memory for %lld values", (long long)n);
-  if (!t) {
-    for (int64_t i = 0; i < n; i++) (*out)[i] = fallback;
-    return DDP_OK;
-  }
-  int status = ddp_tensor_to_f64(t, *out);
-  if (status) {
-    free(*out);
-    *out = NULL;
-  }
-  return status;
-}
-
-/* A new 1-d tensor of n values (doubles) in dtype. */
-static int from_f64(ddp_tensor **out, int64_t n, const double *values, int dtype) {
-  return ddp_tensor_from_data(out, 1, &n, dtype, values, DDP_F64);
 }
 
 /* Release up to 8 tensors (NULLs allowed). */
@@ -115,145 +95,187 @@ static int check_bn_input(const ddp_tensor *input, const char *op, int64_t *N, i
   return DDP_OK;
 }
 
-/* Per-channel mean and biased variance of a contiguous f32/f64 input into mean, var (C). */
-static void bn_moments(double *mean, double *var, const ddp_tensor *x, int64_t N, int64_t C,
-                       int64_t S) {
+/* A new 1-d tensor of C elements of dtype on device (uninitialised). */
+static int channel_empty(ddp_tensor **out, int64_t C, int dtype, int device) {
+  return ddp_tensor_empty(out, 1, &C, dtype, device);
+}
+
+/* The kernel table of device with every batch-norm entry the op uses, or an error naming op. */
+static int bn_kernels(const ddp_kernels **out, int device, const char *op) {
+  const ddp_kernels *k = ddp_kernels_for(device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_moments_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_moments_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_sums_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_sums_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_apply_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_apply_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_finalize_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_finalize_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_reduce_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_reduce_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_elemt_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_elemt_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_coef_f32, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_coef_f64, op));
+  *out = k;
+  return DDP_OK;
+}
+
+/* Per-channel mean and biased variance of a contiguous f32/f64 input x into mean, var:
+ * new (C) f64 tensors on x's device. */
+static int bn_moments(ddp_tensor **mean, ddp_tensor **var, const ddp_kernels *k,
+                      const ddp_tensor *x, int64_t N, int64_t C, int64_t S) {
+  *mean = *var = NULL;
+  int status = channel_empty(mean, C, DDP_F64, x->device);
+  if (!status) status = channel_empty(var, C, DDP_F64, x->device);
+  if (status) {
+    ddp_tensor_release(*mean);
+    *mean = NULL;
+    return status;
+  }
   if (x->dtype == DDP_F32)
-    ddp_cpu_bn_moments_f32(mean, var, (const float *)dptr(x), N, C, S);
+    k->bn_moments_f32(dptr(*mean), dptr(*var), (const float *)dptr(x), N, C, S);
   else
-    ddp_cpu_bn_moments_f64(mean, var, (const double *)dptr(x), N, C, S);
+    k->bn_moments_f64(dptr(*mean), dptr(*var), (const double *)dptr(x), N, C, S);
+  return DDP_OK;
 }
 
 /* Saved slots of BatchNormBackward; iattr[0] training, iattr[1] has weight. */
 enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_SAVED };
 
+/* Every per-channel value (statistics, coefficients) lives in a small tensor on the
+ * input's device and is computed there by the bn_* kernels, so the batch norm of a device
+ * tensor never waits for the device (Note [device batch norm]). */
 static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   ddp_tensor *x0 = ddp_node_saved(n, BN_INPUT);
   ddp_tensor *w0 = n->iattr[1] ? ddp_node_saved(n, BN_WEIGHT) : NULL;
-  ddp_tensor *mean = ddp_node_saved(n, BN_MEAN), *invstd_t = ddp_node_saved(n, BN_INVSTD);
-  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd_t) return ddp_last_status();
-  int dt = n->inputs[0].dtype, training = (int)n->iattr[0];
-  ddp_tensor *tmp[8] = {0}; /* x, g, a, b, d */
-  double *invstd = NULL, *w = NULL, *sum_dy = NULL, *sum_dy_xmu = NULL, *coef = NULL;
+  ddp_tensor *mean = ddp_node_saved(n, BN_MEAN), *invstd = ddp_node_saved(n, BN_INVSTD);
+  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd) return ddp_last_status();
+  int dt = n->inputs[0].dtype, training = (int)n->iattr[0], dev = x0->device;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "BatchNormBackward"));
+  /* x, g, w, sum_dy, sum_dy_xmu, a, b, d */
+  ddp_tensor *tmp[8] = {0};
   int status;
-  if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)))
+  if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)) ||
+      (w0 && (status = detached_as(&tmp[2], w0, dt))))
     goto done;
   ddp_tensor *x = tmp[0], *g = tmp[1];
   int64_t N = x->shape[0], C = x->shape[1], S = 1;
   for (int d = 2; d < x->ndim; d++) S *= x->shape[d];
   double M = (double)N * (double)S;
-  if ((status = read_f64(&invstd, invstd_t, C, 0)) || (status = read_f64(&w, w0, C, 1)))
+  if ((status = channel_empty(&tmp[3], C, DDP_F64, dev)) ||
+      (status = channel_empty(&tmp[4], C, DDP_F64, dev)))
     goto done;
-  sum_dy = calloc((size_t)C + 1, sizeof(double));
-  sum_dy_xmu = calloc((size_t)C + 1, sizeof(double));
-  coef = calloc(3 * (size_t)C + 1, sizeof(double));
-  if (!sum_dy || !sum_dy_xmu || !coef) {
-    status = DDP_ERROR(DDP_ERR_MEMORY, "BatchNormBackward: out of memory for C = %lld", (long long)C);
+  if (wanted(n, 0) && ((status = channel_empty(&tmp[5], C, dt, dev)) ||
+                       (status = channel_empty(&tmp[6], C, dt, dev)) ||
+                       (status = channel_empty(&tmp[7], C, dt, dev)) ||
+                       (status = ddp_tensor_zeros(&gi[0], x->ndim, x->shape, dt, dev))))
     goto done;
+  /* dweight and dbias in dt: check_channel_arg gives weight and bias the input's dtype */
+  if (wanted(n, 1) && (status = channel_empty(&gi[1], C, dt, dev))) goto done;
+  if (wanted(n, 2) && (status = channel_empty(&gi[2], C, dt, dev))) goto done;
+  void *w = tmp[2] ? dptr(tmp[2]) : NULL;
+  void *a = tmp[5] ? dptr(tmp[5]) : NULL, *b = tmp[6] ? dptr(tmp[6]) : NULL;
+  void *d = tmp[7] ? dptr(tmp[7]) : NULL;
+  void *dw = gi[1] ? dptr(gi[1]) : NULL, *db = gi[2] ? dptr(gi[2]) : NULL;
+  /* dx = a dy + b (x - mean) + d, from the closed form of d(BN)/dx (training):
+   * dx = k (M dy - sum dy - xhat sum(dy xhat)), k = w invstd / M, xhat = (x - mean) invstd;
+   * dweight = sum(dy * xhat), dbias = sum(dy) */
+  if (dt == DDP_F32) {
+    k->bn_backward_reduce_f32(dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
+    k->bn_backward_coef_f32(a, b, d, dw, db, dptr(tmp[3]), dptr(tmp[4]), dptr(invstd), w, C, M,
+                            training);
+    if (gi[0])
+      k->bn_backward_elemt_f32(dptr(gi[0]), dptr(g), dptr(x), dptr(mean), a, b, d, N, C, S);
+  } else {
+    k->bn_backward_reduce_f64(dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
+    k->bn_backward_coef_f64(a, b, d, dw, db, dptr(tmp[3]), dptr(tmp[4]), dptr(invstd), w, C, M,
+                            training);
+    if (gi[0])
+      k->bn_backward_elemt_f64(dptr(gi[0]), dptr(g), dptr(x), dptr(mean), a, b, d, N, C, S);
   }
-  if (dt == DDP_F32)
-    ddp_cpu_bn_backward_reduce_f32(sum_dy, sum_dy_xmu, dptr(g), dptr(x), dptr(mean), N, C, S);
-  else
-    ddp_cpu_bn_backward_reduce_f64(sum_dy, sum_dy_xmu, dptr(g), dptr(x), dptr(mean), N, C, S);
-  if (wanted(n, 0)) {
-    /* dx = a dy + b (x - mean) + d, from the closed form of d(BN)/dx (training):
-     * dx = k (M dy - sum dy - xhat sum(dy xhat)), k = w invstd / M, xhat = (x - mean) invstd */
-    double *a = coef, *b = coef + C, *d = coef + 2 * C;
-    for (int64_t c = 0; c < C; c++) {
-      a[c] = w[c] * invstd[c];
-      if (training) {
-        double k = w[c] * invstd[c] / M;
-        b[c] = -k * invstd[c] * invstd[c] * sum_dy_xmu[c];
-        d[c] = -k * sum_dy[c];
-      } else {
-        b[c] = d[c] = 0;
-      }
-    }
-    if ((status = from_f64(&tmp[2], C, a, dt)) || (status = from_f64(&tmp[3], C, b, dt)) ||
-        (status = from_f64(&tmp[4], C, d, dt)) ||
-        (status = ddp_tensor_zeros(&gi[0], x->ndim, x->shape, dt, x->device)))
-      goto done;
-    if (dt == DDP_F32)
-      ddp_cpu_bn_backward_elemt_f32(dptr(gi[0]), dptr(g), dptr(x), dptr(mean),
-                                    dptr(tmp[2]), dptr(tmp[3]), dptr(tmp[4]), N, C, S);
-    else
-      ddp_cpu_bn_backward_elemt_f64(dptr(gi[0]), dptr(g), dptr(x), dptr(mean),
-                                    dptr(tmp[2]), dptr(tmp[3]), dptr(tmp[4]), N, C, S);
-  }
-  if (wanted(n, 1)) { /* dweight = sum(dy * xhat) */
-    for (int64_t c = 0; c < C; c++) coef[c] = sum_dy_xmu[c] * invstd[c];
-    if ((status = from_f64(&gi[1], C, coef, n->inputs[1].dtype))) goto done;
-  }
-  if (wanted(n, 2) && (status = from_f64(&gi[2], C, sum_dy, n->inputs[2].dtype))) goto done;
+  status = ddp_device_check(dev, "BatchNormBackward");
 done:
   release_all(tmp, 8);
-  free(invstd);
-  free(w);
-  free(sum_dy);
-  free(sum_dy_xmu);
-  free(coef);
   return status;
 }
 
-/* running = (1 - momentum) * running + momentum * value, written in place through a
- * detached alias (running stats carry no graph). */
-static int update_running(ddp_tensor *running, const double *value, int64_t C, double momentum) {
-  double *cur;
-  DDP_TRY(read_f64(&cur, running, C, 0));
-  for (int64_t c = 0; c < C; c++) cur[c] = (1 - momentum) * cur[c] + momentum * value[c];
-  ddp_tensor *src = NULL, *alias = NULL;
-  int status = from_f64(&src, C, cur, DDP_F64);
-  free(cur);
-  if (!status && !(alias = ddp_tensor_alias(running))) status = ddp_last_status();
-  if (!status) status = ddp_copy_(alias, src);
-  ddp_tensor_release(src);
+/* running = (1 - momentum) * running + momentum * value * correction, in double, written in
+ * place (running stats carry no graph). value: (C) f64 on running's device. A contiguous
+ * f32/f64 running stat is updated by one kernel; another (strided, half) goes through an
+ * f64 copy. */
+static int update_running(const ddp_kernels *k, ddp_tensor *running, const ddp_tensor *value,
+                          int64_t C, double momentum, double correction) {
+  int dev = running->device;
+  if (ddp_tensor_is_contiguous(running) &&
+      (running->dtype == DDP_F32 || running->dtype == DDP_F64)) {
+    if (running->dtype == DDP_F32)
+      k->bn_running_update_f32(dptr(running), dptr(value), C, momentum, correction);
+    else
+      k->bn_running_update_f64(dptr(running), dptr(value), C, momentum, correction);
+    ddp_tensor_bump_version(running);
+    return ddp_device_check(dev, "batch_norm");
+  }
+  ddp_tensor *cur = NULL, *alias = ddp_tensor_alias(running);
+  if (!alias) return ddp_last_status();
+  int status = channel_empty(&cur, C, DDP_F64, dev);
+  if (!status) status = ddp_copy_(cur, alias);
+  if (!status) {
+    k->bn_running_update_f64(dptr(cur), dptr(value), C, momentum, correction);
+    status = ddp_device_check(dev, "batch_norm");
+  }
+  if (!status) status = ddp_copy_(alias, cur);
+  ddp_tensor_release(cur);
   ddp_tensor_release(alias);
   return status;
 }
 
-/* Batch norm on f32/f64 after the checks. */
+/* Batch norm on f32/f64 after the checks.
+ *
+ * Note [device batch norm]: the statistics (double) and the per-channel coefficients (in
+ * the input's dtype) are small tensors on the input's device, made by the bn_moments,
+ * bn_finalize, bn_running_update and bn_backward_coef kernels; nothing is read back on
+ * the host, so a device batch norm queues its work without a synchronisation. The
+ * arithmetic is the same on every device (double, rounded to the dtype at the end). */
 static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *rm, ddp_tensor *rv,
                               ddp_tensor *weight, ddp_tensor *bias, int training, double momentum,
                               double eps, int64_t N, int64_t C, int64_t S) {
-  int dt = input->dtype;
+  int dt = input->dtype, dev = input->device;
   double M = (double)N * (double)S;
-  ddp_tensor *tmp[8] = {0}; /* x, mean, scale, shift, invstd */
-  double *mean = NULL, *var = NULL, *w = NULL, *b = NULL, *invstd = NULL, *scale = NULL;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "batch_norm"));
+  /* x, mean (f64), var (f64), w, b, mean, scale, shift, invstd (dt) */
+  ddp_tensor *tmp[9] = {0};
   int status;
   if ((status = detached_as(&tmp[0], input, dt))) goto done;
   ddp_tensor *x = tmp[0];
-  if (training) {
-    mean = malloc(sizeof(double) * (size_t)(C + 1));
-    var = malloc(sizeof(double) * (size_t)(C + 1));
-    if (!mean || !var) {
-      status = DDP_ERROR(DDP_ERR_MEMORY, "batch_norm: out of memory for C = %lld", (long long)C);
-      goto done;
-    }
-    bn_moments(mean, var, x, N, C, S);
-  } else if ((status = read_f64(&mean, rm, C, 0)) || (status = read_f64(&var, rv, C, 0))) {
+  if (training)
+    status = bn_moments(&tmp[1], &tmp[2], k, x, N, C, S);
+  else if (!(status = detached_as(&tmp[1], rm, DDP_F64)))
+    status = detached_as(&tmp[2], rv, DDP_F64);
+  if (status || (weight && (status = detached_as(&tmp[3], weight, dt))) ||
+      (bias && (status = detached_as(&tmp[4], bias, dt))))
     goto done;
+  for (int i = 5; i < 9; i++)
+    if ((status = channel_empty(&tmp[i], C, dt, dev))) goto done;
+  if ((status = ddp_tensor_empty(out, input->ndim, input->shape, dt, dev))) goto done;
+  void *w = tmp[3] ? dptr(tmp[3]) : NULL, *b = tmp[4] ? dptr(tmp[4]) : NULL;
+  if (dt == DDP_F32) {
+    k->bn_finalize_f32(dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[1]),
+                       dptr(tmp[2]), w, b, C, eps);
+    k->bn_apply_f32(dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
+  } else {
+    k->bn_finalize_f64(dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[1]),
+                       dptr(tmp[2]), w, b, C, eps);
+    k->bn_apply_f64(dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
   }
-  if ((status = read_f64(&w, weight, C, 1)) || (status = read_f64(&b, bias, C, 0)) ||
-      (status = read_f64(&invstd, NULL, C, 0)) || (status = read_f64(&scale, NULL, C, 0)))
-    goto done;
-  for (int64_t c = 0; c < C; c++) {
-    invstd[c] = 1.0 / sqrt(var[c] + eps);
-    scale[c] = w[c] * invstd[c];
-  }
-  if ((status = from_f64(&tmp[1], C, mean, dt)) || (status = from_f64(&tmp[2], C, scale, dt)) ||
-      (status = from_f64(&tmp[3], C, b, dt)) || (status = from_f64(&tmp[4], C, invstd, dt)) ||
-      (status = ddp_tensor_empty(out, input->ndim, input->shape, dt, input->device)))
-    goto done;
-  if (dt == DDP_F32)
-    ddp_cpu_bn_apply_f32(dptr(*out), dptr(x), dptr(tmp[1]), dptr(tmp[2]),
-                         dptr(tmp[3]), N, C, S);
-  else
-    ddp_cpu_bn_apply_f64(dptr(*out), dptr(x), dptr(tmp[1]), dptr(tmp[2]),
-                         dptr(tmp[3]), N, C, S);
+  if ((status = ddp_device_check(dev, "batch_norm"))) goto done;
   if (training) { /* PyTorch: the running variance takes the unbiased batch variance */
-    if (rm && (status = update_running(rm, mean, C, momentum))) goto done;
-    for (int64_t c = 0; c < C; c++) var[c] *= M / (M - 1);
-    if (rv && (status = update_running(rv, var, C, momentum))) goto done;
+    if (rm && (status = update_running(k, rm, tmp[1], C, momentum, 1.0))) goto done;
+    if (rv && (status = update_running(k, rv, tmp[2], C, momentum, M / (M - 1)))) goto done;
   }
   ddp_tensor *inputs[3] = {input, weight, bias};
   if (ddp_autograd_needed(3, inputs)) {
@@ -267,8 +289,8 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
     ddp_autograd_set_output(*out, n);
     if ((status = ddp_node_save(n, BN_INPUT, input)) ||
         (status = ddp_node_save(n, BN_WEIGHT, weight)) ||
-        (status = ddp_node_save(n, BN_MEAN, tmp[1])) ||
-        (status = ddp_node_save(n, BN_INVSTD, tmp[4])))
+        (status = ddp_node_save(n, BN_MEAN, tmp[5])) ||
+        (status = ddp_node_save(n, BN_INVSTD, tmp[8])))
       goto done;
   }
 done:
@@ -276,13 +298,7 @@ done:
     ddp_tensor_release(*out);
     *out = NULL;
   }
-  release_all(tmp, 8);
-  free(mean);
-  free(var);
-  free(w);
-  free(b);
-  free(invstd);
-  free(scale);
+  release_all(tmp, 9);
   return status;
 }
 
@@ -300,6 +316,11 @@ int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean
   *out = NULL;
   int64_t N = 0, C = 0, S = 1;
   DDP_TRY(check_bn_input(input, "batch_norm", &N, &C, &S));
+  {
+    ddp_tensor *ts[5] = {input, running_mean, running_var, weight, bias};
+    const char *names[5] = {"input", "running_mean", "running_var", "weight", "bias"};
+    DDP_TRY(ddp_check_same_device("batch_norm", 5, ts, names));
+  }
   DDP_TRY(check_channel_arg(running_mean, "running_mean", C, -1, input));
   DDP_TRY(check_channel_arg(running_var, "running_var", C, -1, input));
   DDP_TRY(check_channel_arg(weight, "weight", C, input->dtype, input));
@@ -338,25 +359,29 @@ int ddp_batch_norm_stats(ddp_tensor **out_mean, ddp_tensor **out_invstd, ddp_ten
   if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "batch_norm_stats: eps must be >= 0, got %g", eps);
   if (N * S == 0)
     DDP_FAIL(DDP_ERR_ARG, "batch_norm_stats: no values per channel in input %s", DDP_SHAPE(input));
-  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32;
-  ddp_tensor *x;
-  DDP_TRY(detached_as(&x, input, dt));
-  double *mean = malloc(sizeof(double) * (size_t)C), *var = malloc(sizeof(double) * (size_t)C);
-  int status = DDP_OK;
-  if (!mean || !var) {
-    status = DDP_ERROR(DDP_ERR_MEMORY, "batch_norm_stats: out of memory for C = %lld", (long long)C);
-  } else {
-    bn_moments(mean, var, x, N, C, S);
-    for (int64_t c = 0; c < C; c++) var[c] = 1.0 / sqrt(var[c] + eps);
-    if (!(status = from_f64(out_mean, C, mean, dt))) status = from_f64(out_invstd, C, var, dt);
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = input->device;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "batch_norm_stats"));
+  ddp_tensor *tmp[3] = {0}; /* x, mean, var (f64) */
+  int status = detached_as(&tmp[0], input, dt);
+  if (!status) status = bn_moments(&tmp[1], &tmp[2], k, tmp[0], N, C, S);
+  if (!status) status = channel_empty(out_mean, C, dt, dev);
+  if (!status) status = channel_empty(out_invstd, C, dt, dev);
+  if (!status) {
+    if (dt == DDP_F32)
+      k->bn_finalize_f32(dptr(*out_mean), NULL, NULL, dptr(*out_invstd), dptr(tmp[1]),
+                         dptr(tmp[2]), NULL, NULL, C, eps);
+    else
+      k->bn_finalize_f64(dptr(*out_mean), NULL, NULL, dptr(*out_invstd), dptr(tmp[1]),
+                         dptr(tmp[2]), NULL, NULL, C, eps);
+    status = ddp_device_check(dev, "batch_norm_stats");
   }
   if (status) {
     ddp_tensor_release(*out_mean);
-    *out_mean = NULL;
+    ddp_tensor_release(*out_invstd);
+    *out_mean = *out_invstd = NULL;
   }
-  ddp_tensor_release(x);
-  free(mean);
-  free(var);
+  release_all(tmp, 3);
   return status;
 }
 
@@ -364,19 +389,24 @@ int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor
   *out_sum = *out_sumsq = NULL;
   int64_t N = 0, C = 0, S = 1;
   DDP_TRY(check_bn_input(input, "batch_norm_sums", &N, &C, &S));
-  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32;
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = input->device;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "batch_norm_sums"));
   ddp_tensor *x;
   DDP_TRY(detached_as(&x, input, dt));
-  int status = ddp_tensor_empty(out_sum, 1, &C, DDP_F64, DDP_DEVICE_CPU);
-  if (!status) status = ddp_tensor_empty(out_sumsq, 1, &C, DDP_F64, DDP_DEVICE_CPU);
+  int status = channel_empty(out_sum, C, DDP_F64, dev);
+  if (!status) status = channel_empty(out_sumsq, C, DDP_F64, dev);
   if (!status) {
     if (dt == DDP_F32)
-      ddp_cpu_bn_sums_f32(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
+      k->bn_sums_f32(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
     else
-      ddp_cpu_bn_sums_f64(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
-  } else {
+      k->bn_sums_f64(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
+    status = ddp_device_check(dev, "batch_norm_sums");
+  }
+  if (status) {
     ddp_tensor_release(*out_sum);
-    *out_sum = NULL;
+    ddp_tensor_release(*out_sumsq);
+    *out_sum = *out_sumsq = NULL;
   }
   ddp_tensor_release(x);
   return status;
@@ -394,6 +424,13 @@ static int layer_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   if (!x0 || (n->iattr[0] && !w0) || !mean || !rstd) return ddp_last_status();
   int dt = n->inputs[0].dtype;
   int64_t M = n->iattr[1], D = n->iattr[2];
+  int dev = x0->device;
+  void (*bwd_f32)(float *, float *, float *, const float *, const float *, const float *,
+                  const float *, const float *, int64_t, int64_t);
+  void (*bwd_f64)(double *, double *, double *, const double *, const double *, const double *,
+                  const double *, const double *, int64_t, int64_t);
+  DDP_KERNEL(bwd_f32, dev, ln_backward_f32, "LayerNormBackward");
+  DDP_KERNEL(bwd_f64, dev, ln_backward_f64, "LayerNormBackward");
   ddp_tensor *tmp[3] = {0}; /* x, g, w */
   int status;
   if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)) ||
@@ -402,16 +439,15 @@ static int layer_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   for (int i = 0; i < 3; i++) {
     if (!wanted(n, i)) continue;
     const ddp_input_meta *m = &n->inputs[i];
-    if ((status = ddp_tensor_zeros(&gi[i], m->ndim, m->shape, dt, DDP_DEVICE_CPU))) goto done;
+    if ((status = ddp_tensor_zeros(&gi[i], m->ndim, m->shape, dt, dev))) goto done;
   }
   void *dx = gi[0] ? dptr(gi[0]) : NULL, *dw = gi[1] ? dptr(gi[1]) : NULL;
   void *db = gi[2] ? dptr(gi[2]) : NULL, *w = tmp[2] ? dptr(tmp[2]) : NULL;
   if (dt == DDP_F32)
-    ddp_cpu_ln_backward_f32(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean),
-                            dptr(rstd), w, M, D);
+    bwd_f32(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean), dptr(rstd), w, M, D);
   else
-    ddp_cpu_ln_backward_f64(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean),
-                            dptr(rstd), w, M, D);
+    bwd_f64(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean), dptr(rstd), w, M, D);
+  status = ddp_device_check(dev, "LayerNormBackward");
 done:
   release_all(tmp, 3);
   return status;
@@ -433,23 +469,28 @@ static int check_ln_param(const ddp_tensor *t, const char *arg, int nn, const in
 
 static int layer_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight,
                               ddp_tensor *bias, double eps, int64_t M, int64_t D) {
-  int dt = input->dtype;
+  int dt = input->dtype, dev = input->device;
+  void (*fwd_f32)(float *, float *, float *, const float *, const float *, const float *, int64_t,
+                  int64_t, double);
+  void (*fwd_f64)(double *, double *, double *, const double *, const double *, const double *,
+                  int64_t, int64_t, double);
+  DDP_KERNEL(fwd_f32, dev, ln_forward_f32, "layer_norm");
+  DDP_KERNEL(fwd_f64, dev, ln_forward_f64, "layer_norm");
   ddp_tensor *tmp[5] = {0}; /* x, w, b, mean, rstd */
   int status;
   if ((status = detached_as(&tmp[0], input, dt)) ||
       (weight && (status = detached_as(&tmp[1], weight, dt))) ||
       (bias && (status = detached_as(&tmp[2], bias, dt))) ||
-      (status = ddp_tensor_empty(&tmp[3], 1, &M, dt, DDP_DEVICE_CPU)) ||
-      (status = ddp_tensor_empty(&tmp[4], 1, &M, dt, DDP_DEVICE_CPU)) ||
-      (status = ddp_tensor_empty(out, input->ndim, input->shape, dt, input->device)))
+      (status = ddp_tensor_empty(&tmp[3], 1, &M, dt, dev)) ||
+      (status = ddp_tensor_empty(&tmp[4], 1, &M, dt, dev)) ||
+      (status = ddp_tensor_empty(out, input->ndim, input->shape, dt, dev)))
     goto done;
   void *w = tmp[1] ? dptr(tmp[1]) : NULL, *b = tmp[2] ? dptr(tmp[2]) : NULL;
   if (dt == DDP_F32)
-    ddp_cpu_ln_forward_f32(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]),
-                           w, b, M, D, eps);
+    fwd_f32(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]), w, b, M, D, eps);
   else
-    ddp_cpu_ln_forward_f64(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]),
-                           w, b, M, D, eps);
+    fwd_f64(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]), w, b, M, D, eps);
+  if ((status = ddp_device_check(dev, "layer_norm"))) goto done;
   ddp_tensor *inputs[3] = {input, weight, bias};
   if (ddp_autograd_needed(3, inputs)) {
     ddp_node *n = ddp_node_new("LayerNormBackward", layer_norm_backward, 3, inputs, LN_SAVED);
@@ -490,6 +531,11 @@ int ddp_layer_norm(ddp_tensor **out, ddp_tensor *input, int n_normalized,
     DDP_FAIL(DDP_ERR_ARG, "layer_norm: normalized_shape %s does not match the last %d dims of "
              "input %s", ddp_shape_str(n_normalized, normalized_shape), n_normalized,
              DDP_SHAPE(input));
+  {
+    ddp_tensor *ts[3] = {input, weight, bias};
+    const char *names[3] = {"input", "weight", "bias"};
+    DDP_TRY(ddp_check_same_device("layer_norm", 3, ts, names));
+  }
   DDP_TRY(check_ln_param(weight, "weight", n_normalized, normalized_shape, input));
   DDP_TRY(check_ln_param(bias, "bias", n_normalized, normalized_shape, input));
   if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "layer_norm: eps must be >= 0, got %g", eps);
@@ -511,12 +557,18 @@ int ddp_layer_norm(ddp_tensor **out, ddp_tensor *input, int n_normalized,
 
 /* ---- dropout ----------------------------------------------------------------------------- */
 
-/* out = x * mask * scale for contiguous f32/f64 out, x and a u8 mask. */
-static void masked_scale(ddp_tensor *out, const ddp_tensor *x, const ddp_tensor *mask, double scale) {
-  if (out->dtype == DDP_F32)
-    ddp_cpu_masked_scale_f32(dptr(out), dptr(x), dptr(mask), (float)scale, out->numel);
-  else
-    ddp_cpu_masked_scale_f64(dptr(out), dptr(x), dptr(mask), scale, out->numel);
+/* out = x * mask * scale for contiguous f32/f64 out, x and a u8 mask, all on one device. */
+static int masked_scale(ddp_tensor *out, const ddp_tensor *x, const ddp_tensor *mask, double scale,
+                        const char *op) {
+  const ddp_kernels *k = ddp_kernels_for(out->device);
+  if (out->dtype == DDP_F32) {
+    DDP_TRY(DDP_KERNEL_CHECK(k, masked_scale_f32, op));
+    k->masked_scale_f32(dptr(out), dptr(x), dptr(mask), (float)scale, out->numel);
+  } else {
+    DDP_TRY(DDP_KERNEL_CHECK(k, masked_scale_f64, op));
+    k->masked_scale_f64(dptr(out), dptr(x), dptr(mask), scale, out->numel);
+  }
+  return ddp_device_check(out->device, op);
 }
 
 /* d(dropout)/dx: dy * mask * scale (saved slot 0: the u8 mask, fattr[0]: the scale). */
@@ -526,8 +578,8 @@ static int dropout_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   ddp_tensor *g;
   int dt = n->inputs[0].dtype;
   DDP_TRY(detached_as(&g, grad, dt));
-  int status = ddp_tensor_empty(&gi[0], g->ndim, g->shape, dt, DDP_DEVICE_CPU);
-  if (!status) masked_scale(gi[0], g, mask, n->fattr[0]);
+  int status = ddp_tensor_empty(&gi[0], g->ndim, g->shape, dt, g->device);
+  if (!status) status = masked_scale(gi[0], g, mask, n->fattr[0], "DropoutBackward");
   ddp_tensor_release(g);
   return status;
 }
@@ -552,14 +604,23 @@ int ddp_dropout(ddp_tensor **out, ddp_tensor *input, double p, int training, ddp
     ddp_tensor_release(x32);
     return status ? status : back_to(out, r32, input->dtype);
   }
+  /* The mask is drawn on the CPU from the (Philox) generator and moved to the input's
+   * device: the same seed gives the same mask on every device (one host-to-device copy of
+   * one byte per element). */
   ddp_tensor *mask = NULL, *x = NULL;
   double scale = p == 1 ? 0 : 1 / (1 - p);
   int status = ddp_tensor_empty(&mask, input->ndim, input->shape, DDP_U8, DDP_DEVICE_CPU);
   if (!status) status = p == 1 ? ddp_zero_(mask) : ddp_bernoulli_(mask, 1 - p, g);
+  if (!status && input->device != DDP_DEVICE_CPU) {
+    ddp_tensor *moved = NULL;
+    status = ddp_tensor_to_device(&moved, mask, input->device, 0);
+    ddp_tensor_release(mask);
+    mask = moved;
+  }
   if (!status) status = detached_as(&x, input, input->dtype);
   if (!status) status = ddp_tensor_empty(out, input->ndim, input->shape, input->dtype, input->device);
+  if (!status) status = masked_scale(*out, x, mask, scale, "dropout");
   if (!status) {
-    masked_scale(*out, x, mask, scale);
     if (ddp_autograd_needed(1, &input)) {
       ddp_node *n = ddp_node_new("DropoutBackward", dropout_backward, 1, &input, 1);
       if (!n) {
@@ -588,18 +649,22 @@ static int embedding_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   ddp_tensor *idx0 = ddp_node_saved(n, 0);
   if (!idx0) return ddp_last_status();
   const ddp_input_meta *wm = &n->inputs[0];
-  int acc = wm->dtype == DDP_F64 ? DDP_F64 : DDP_F32;
+  int acc = wm->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = idx0->device;
   int64_t D = wm->shape[1];
+  const ddp_kernels *k = ddp_kernels_for(dev);
+  DDP_TRY(DDP_KERNEL_CHECK(k, embedding_backward_f32, "EmbeddingBackward"));
+  DDP_TRY(DDP_KERNEL_CHECK(k, embedding_backward_f64, "EmbeddingBackward"));
   ddp_tensor *idx = NULL, *g = NULL, *dw = NULL;
   int status;
   if ((status = detached_as(&idx, idx0, DDP_I64)) || (status = detached_as(&g, grad, acc)) ||
-      (status = ddp_tensor_zeros(&dw, 2, wm->shape, acc, DDP_DEVICE_CPU)))
+      (status = ddp_tensor_zeros(&dw, 2, wm->shape, acc, dev)))
     goto done;
   if (acc == DDP_F32)
-    ddp_cpu_embedding_backward_f32(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
+    k->embedding_backward_f32(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
   else
-    ddp_cpu_embedding_backward_f64(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
-  status = ddp_to_dtype(&gi[0], dw, wm->dtype);
+    k->embedding_backward_f64(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
+  if (!(status = ddp_device_check(dev, "EmbeddingBackward")))
+    status = ddp_to_dtype(&gi[0], dw, wm->dtype);
 done:
   ddp_tensor_release(idx);
   ddp_tensor_release(g);
@@ -623,10 +688,24 @@ int ddp_embedding(ddp_tensor **out, ddp_tensor *weight, ddp_tensor *indices, int
   if (padding_idx < -1 || padding_idx >= V)
     DDP_FAIL(DDP_ERR_ARG, "embedding: padding_idx %lld is out of range for weight %s (V = %lld)",
              (long long)padding_idx, DDP_SHAPE(weight), (long long)V);
-  ddp_tensor *idx = NULL, *w = NULL;
+  {
+    ddp_tensor *ts[2] = {weight, indices};
+    const char *names[2] = {"weight", "indices"};
+    DDP_TRY(ddp_check_same_device("embedding", 2, ts, names));
+  }
+  int dev = weight->device;
+  void (*gather)(char *, const char *, const int64_t *, int64_t, int64_t);
+  DDP_KERNEL(gather, dev, embedding_forward, "embedding");
+  /* Indices are checked on the host: device indices are copied back first (a
+   * synchronisation, as PyTorch's device-side assert would not need; the message stays
+   * the CPU's). */
+  ddp_tensor *idx = NULL, *w = NULL, *host_idx = NULL;
   int status = detached_as(&idx, indices, DDP_I64);
   if (status) return status;
-  const int64_t *iv = dptr(idx);
+  if (dev != DDP_DEVICE_CPU &&
+      (status = ddp_tensor_to_device(&host_idx, idx, DDP_DEVICE_CPU, 0)))
+    goto done;
+  const int64_t *iv = dptr(host_idx ? host_idx : idx);
   for (int64_t i = 0; i < idx->numel; i++)
     if (iv[i] < 0 || iv[i] >= V) {
       status = DDP_ERROR(DDP_ERR_ARG, "embedding: index %lld is out of range [0, %lld) for weight "
@@ -640,8 +719,8 @@ int ddp_embedding(ddp_tensor **out, ddp_tensor *weight, ddp_tensor *indices, int
   if ((status = detached_as(&w, weight, weight->dtype)) ||
       (status = ddp_tensor_empty(out, indices->ndim + 1, shape, weight->dtype, weight->device)))
     goto done;
-  ddp_cpu_embedding_forward(dptr(*out), dptr(w), iv, idx->numel,
-                            D * (int64_t)ddp_dtype_size(weight->dtype));
+  gather(dptr(*out), dptr(w), dptr(idx), idx->numel, D * (int64_t)ddp_dtype_size(weight->dtype));
+  if ((status = ddp_device_check(dev, "embedding"))) goto done;
   if (ddp_autograd_needed(1, &weight)) {
     ddp_node *n = ddp_node_new("EmbeddingBackward", embedding_backward, 1, &weight, 1);
     if (!n) {
@@ -658,6 +737,7 @@ done:
     *out = NULL;
   }
   ddp_tensor_release(idx);
+  ddp_tensor_release(host_idx);
   ddp_tensor_release(w);
   return status;
 }

@@ -166,6 +166,32 @@ typedef struct {
     ddp_parallel_for(N, grain_for(C * S), bn_backward_elemt_range_##SFX, &k);                  \
   }                                                                                            \
                                                                                                \
+  void ddp_cpu_bn_finalize_##SFX(T *mean_out, T *scale, T *shift, T *invstd, const double *mean, \
+                                 const double *var, const T *w, const T *b, int64_t C,          \
+                                 double eps) {                                                  \
+    for (int64_t c = 0; c < C; c++) {                                                          \
+      double is = 1.0 / sqrt(var[c] + eps);                                                    \
+      if (mean_out) mean_out[c] = (T)mean[c];                                                  \
+      if (scale) scale[c] = (T)((w ? (double)w[c] : 1.0) * is);                                \
+      if (shift) shift[c] = b ? b[c] : (T)0;                                                   \
+      if (invstd) invstd[c] = (T)is;                                                           \
+    }                                                                                          \
+  }                                                                                            \
+                                                                                               \
+  void ddp_cpu_bn_backward_coef_##SFX(T *a, T *b, T *d, T *dweight, T *dbias,                  \
+                                      const double *sum_dy, const double *sum_dy_xmu,          \
+                                      const T *invstd, const T *w, int64_t C, double M,        \
+                                      int training) {                                          \
+    for (int64_t c = 0; c < C; c++) {                                                          \
+      double is = invstd[c], wc = w ? (double)w[c] : 1.0, k = wc * is / M;                     \
+      if (a) a[c] = (T)(wc * is);                                                              \
+      if (b) b[c] = training ? (T)(-k * is * is * sum_dy_xmu[c]) : (T)0;                       \
+      if (d) d[c] = training ? (T)(-k * sum_dy[c]) : (T)0;                                     \
+      if (dweight) dweight[c] = (T)(sum_dy_xmu[c] * is);                                       \
+      if (dbias) dbias[c] = (T)sum_dy[c];                                                      \
+    }                                                                                          \
+  }                                                                                            \
+                                                                                               \
   /* rows [r0, r1) */                                                                          \
   static void ln_forward_range_##SFX(void *vctx, int64_t r0, int64_t r1) {                   \
     const ln_ctx *k = vctx;                                                                    \
@@ -286,6 +312,22 @@ typedef struct {
 
 NORM_KERNELS(float, f32)
 NORM_KERNELS(double, f64)
+
+void ddp_cpu_bn_running_update_f32(float *running, const double *value, int64_t C,
+                                   double momentum, double correction) {
+  for (int64_t c = 0; c < C; c++) {
+    double v = value[c] * correction;
+    running[c] = (float)((1 - momentum) * (double)running[c] + momentum * v);
+  }
+}
+
+void ddp_cpu_bn_running_update_f64(double *running, const double *value, int64_t C,
+                                   double momentum, double correction) {
+  for (int64_t c = 0; c < C; c++) {
+    double v = value[c] * correction;
+    running[c] = (1 - momentum) * running[c] + momentum * v;
+  }
+}
 
 typedef struct {
   char *out;

@@ -44,6 +44,39 @@ void ddp_cpu_bn_backward_elemt_f64(double *dx, const double *dy, const double *x
                                    const double *a, const double *b, const double *d, int64_t N,
                                    int64_t C, int64_t S);
 
+/* Per-channel coefficients of the batch-norm forward from double statistics:
+ * invstd = 1 / sqrt(var + eps), scale = w * invstd, shift = b, mean_out = mean, computed in
+ * double and rounded to T. mean_out, scale, shift, invstd (C) may each be NULL (not
+ * wanted) <- mean (C), var (C), w (C) or NULL (ones), b (C) or NULL (zeros). */
+void ddp_cpu_bn_finalize_f32(float *mean_out, float *scale, float *shift, float *invstd,
+                             const double *mean, const double *var, const float *w,
+                             const float *b, int64_t C, double eps);
+void ddp_cpu_bn_finalize_f64(double *mean_out, double *scale, double *shift, double *invstd,
+                             const double *mean, const double *var, const double *w,
+                             const double *b, int64_t C, double eps);
+
+/* Running statistic update of batch norm (PyTorch's momentum form), in double, in place:
+ * running[c] = (1 - momentum) * running[c] + momentum * (value[c] * correction), rounded to
+ * T; running (C) <- value (C). correction is M / (M - 1) for the variance (unbiased), else 1. */
+void ddp_cpu_bn_running_update_f32(float *running, const double *value, int64_t C,
+                                   double momentum, double correction);
+void ddp_cpu_bn_running_update_f64(double *running, const double *value, int64_t C,
+                                   double momentum, double correction);
+
+/* Per-channel coefficients of the batch-norm backward, in double, rounded to T. With
+ * k = w invstd / M: a = w invstd, b = -k invstd^2 sum_dy_xmu and d = -k sum_dy when training
+ * (0 in eval mode, where the statistics are constants), dweight = sum_dy_xmu invstd,
+ * dbias = sum_dy. Outputs a, b, d, dweight, dbias (C) may each be NULL (not wanted)
+ * <- sum_dy (C), sum_dy_xmu (C), invstd (C), w (C) or NULL (ones). */
+void ddp_cpu_bn_backward_coef_f32(float *a, float *b, float *d, float *dweight, float *dbias,
+                                  const double *sum_dy, const double *sum_dy_xmu,
+                                  const float *invstd, const float *w, int64_t C, double M,
+                                  int training);
+void ddp_cpu_bn_backward_coef_f64(double *a, double *b, double *d, double *dweight, double *dbias,
+                                  const double *sum_dy, const double *sum_dy_xmu,
+                                  const double *invstd, const double *w, int64_t C, double M,
+                                  int training);
+
 /* Layer norm forward: y (M, D), mean (M), rstd (M) <- x (M, D), w (D) or NULL, b (D) or NULL;
  * rstd = 1 / sqrt(biased var + eps). */
 void ddp_cpu_ln_forward_f32(float *y, float *mean, float *rstd, const float *x, const float *w,

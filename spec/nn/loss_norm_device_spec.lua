@@ -1,0 +1,60 @@
+-- Specs for the losses, batch/layer norm, dropout and embedding on a device: each case of
+-- spec/fixtures/loss_norm_device.lua runs in a child luajit (the CUDA plug-in is probed
+-- once per process).
+--
+-- On the simulated device (build/libddplua_cuda_sim.so: host memory, the CPU kernels) the
+-- device paths of runtime/ops/loss.c and runtime/ops/norm.c must give the CPU's values and
+-- gradients bit for bit, keep every result on cuda:0, and name both devices when the
+-- arguments are on different ones. The `cuda` block runs the same cases on a real GPU
+-- (runtime/backend/cuda/loss.cu and norm.cu against the CPU kernels, within tolerances); it
+-- skips with a message where there is none.
+local files = require "files"
+
+local root = os.getenv("PWD") or "."
+local sim = root .. "/build/libddplua_cuda_sim.so"
+local cases = { "cross_entropy", "nll_mse", "loss_errors", "batch_norm", "layer_norm", "dropout", "embedding" }
+
+local function run_case(case, mode, plugin, device)
+  local env = plugin and ("DDPLUA_CUDA_PLUGIN=" .. files.quote(plugin) .. " ") or ""
+  return files.run(env .. "luajit spec/fixtures/loss_norm_device.lua " .. case .. " " .. mode ..
+    " " .. (device or 0))
+end
+
+describe("losses and norms on the simulated device", function()
+  for _, case in ipairs(cases) do
+    it(case .. " matches the CPU exactly, results stay on cuda:0", function()
+      local status, out = run_case(case, "exact", sim)
+      assert.equal(0, status, out)
+      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-sim, cuda:0%)"), out)
+    end)
+  end
+  -- the second simulated device: outputs, statistics and gradients stay on cuda:1
+  for _, case in ipairs { "cross_entropy", "batch_norm", "layer_norm", "embedding" } do
+    it(case .. " on cuda:1 stays on cuda:1", function()
+      local status, out = run_case(case, "exact", sim, 1)
+      assert.equal(0, status, out)
+      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-sim, cuda:1%)"), out)
+    end)
+  end
+end)
+
+describe("loss and norm CUDA kernels against the CPU #cuda", function()
+  -- Is a real GPU there? Asked in a child, so this process never loads the plug-in.
+  local status, probe = files.run([[luajit -e 'package.path = "lua/?.lua;lua/?/init.lua;build/lua/?.lua;" .. package.path
+    local lib = require "ddplua.lib"
+    local C, ffi = lib.C, lib.ffi
+    if C.ddp_cuda_is_available() == 0 then print("none: " .. ffi.string(C.ddp_cuda_unavailable_reason()))
+    else print("backend: " .. ffi.string(C.ddp_cuda_backend_name())) end']])
+  local gpu = status == 0 and probe:match("backend: cuda\n") ~= nil
+  for _, case in ipairs(cases) do
+    it(case .. " on a GPU", function()
+      if not gpu then
+        print(("\n  skipped %s: no GPU (%s)"):format(case, (probe:gsub("%s+$", ""))))
+        return
+      end
+      local run_status, out = run_case(case, "close", nil)
+      assert.equal(0, run_status, out)
+      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda, cuda:0%)"), out)
+    end)
+  end
+end)
