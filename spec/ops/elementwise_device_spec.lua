@@ -6,6 +6,11 @@
 --    table, outputs on the inputs' device, same-device errors naming both devices,
 --    scalars kept as scalars, gradients reaching device leaves, seeded random fills
 --    equal to the CPU's). Results must equal the CPU's exactly.
+--  - on the emulated kernels (build/libddplua_cuda_emul.so, built where nvcc exists: the
+--    simulated device with the element-wise entries of runtime/backend/cuda/elementwise.cu
+--    compiled for the host, runtime/backend/sim/ew_emulation.cu): that file's geometry,
+--    dispatch, host scalars and element code through every front door, within the
+--    tolerances below (host libm versus the CPU kernels' own f32 exp/erf).
 --  - #cuda, on a real GPU (the default plug-in build/libddplua_cuda.so): the CUDA kernels
 --    of runtime/backend/cuda/elementwise.cu against the CPU, within relative error f32
 --    1e-5, f64 1e-12, f16 1e-2, bf16 1e-1 (of max(1, |expected|)); integer and bool
@@ -57,6 +62,23 @@ describe("element-wise ops on the simulated device", function()
   for _, name in ipairs(CHECKS) do
     it(name, function() expect_ok(run(env), name) end)
   end
+end)
+
+describe("element-wise CUDA kernels compiled for the host (emulated device)", function()
+  local lib = os.getenv("PWD") .. "/build/libddplua_cuda_emul.so"
+  local env = "DDPLUA_EW_TOL=1 DDPLUA_CUDA_PLUGIN=" .. files.quote(lib)
+
+  it("passes every check of the fixture", function()
+    local f = io.open(lib, "rb")
+    if not f then
+      pending("no " .. lib .. " (built only where nvcc exists)")
+      return
+    end
+    f:close()
+    local r = run(env)
+    assert.truthy(r.out:find("backend cuda-emulated with 2 devices", 1, true), r.out)
+    for _, name in ipairs(CHECKS) do expect_ok(r, name) end
+  end)
 end)
 
 describe("element-wise CUDA kernels against the CPU #cuda", function()

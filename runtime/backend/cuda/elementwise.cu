@@ -21,11 +21,10 @@
 //    with wrap-around (unsigned) arithmetic as the CPU does. Contiguous f32 binary and
 //    unary ops load and store float4 when the pointers are 16-byte aligned.
 //  - Mixed dtypes (and u8, bool, integer division) take the general path, as the CPU's
-//    does: each operand is loaded as double and converted to the compute type (f64 when
-//    any operand is f64, or for comparisons, or when no operand is floating; f32 when a
-//    float operand is f32/f16/bf16), and stored with ddp_store_f64's rules (floating to
-//    integer truncates toward zero, NaN gives 0, out-of-range i64 saturates, i32
-//    saturates, u8 wraps modulo 256, bool is v != 0).
+//    does: each operand is loaded as double and converted to the compute type (f32 when
+//    every operand is f32, f16 or bf16; f64 otherwise, and for comparisons), and stored
+//    with ddp_store_f64's rules (floating to integer truncates toward zero, NaN gives 0,
+//    out-of-range i64 saturates, i32 saturates, u8 wraps modulo 256, bool is v != 0).
 //
 // Math: the CUDA math library (expf, erff, tanhf, powf, ...; each within a few ulp), where
 // the CPU uses its own vectorisable exp/erf for f32: results agree to f32 rounding error,
@@ -43,6 +42,11 @@ extern "C" {
 }
 #undef restrict
 
+// Element code is __host__ __device__: the kernels' bodies are plain loops (below) that
+// a host build with DDP_EW_HOST_EMULATION runs on the CPU, so this file's geometry and
+// element semantics can be tested on a machine without a GPU (spec/helpers/ew_emulation.cu).
+#define HD __host__ __device__ __forceinline__
+
 namespace {
 
 // ---- element types --------------------------------------------------------------------
@@ -51,30 +55,30 @@ namespace {
 // back. f16 and bf16 are kept as their bit patterns (uint16) in tensors.
 template <typename T> struct Elem {
   using C = T;
-  static __device__ __forceinline__ C load(const char *p) { return *(const T *)p; }
-  static __device__ __forceinline__ void store(char *p, C v) { *(T *)p = v; }
+  static HD C load(const char *p) { return *(const T *)p; }
+  static HD void store(char *p, C v) { *(T *)p = v; }
 };
 template <> struct Elem<__half> {
   using C = float;
-  static __device__ __forceinline__ float load(const char *p) {
+  static HD float load(const char *p) {
     return __half2float(__ushort_as_half(*(const unsigned short *)p));
   }
-  static __device__ __forceinline__ void store(char *p, float v) {
+  static HD void store(char *p, float v) {
     *(unsigned short *)p = __half_as_ushort(__float2half_rn(v));
   }
 };
 template <> struct Elem<__nv_bfloat16> {
   using C = float;
-  static __device__ __forceinline__ float load(const char *p) {
+  static HD float load(const char *p) {
     return __bfloat162float(__ushort_as_bfloat16(*(const unsigned short *)p));
   }
-  static __device__ __forceinline__ void store(char *p, float v) {
+  static HD void store(char *p, float v) {
     *(unsigned short *)p = __bfloat16_as_ushort(__float2bfloat16_rn(v));
   }
 };
 
 // Any dtype as double, as ddp_load_f64 (bool: non-zero is 1).
-__device__ __forceinline__ double load_dyn(const char *p, int dtype) {
+HD double load_dyn(const char *p, int dtype) {
   switch (dtype) {
   case DDP_F32: return *(const float *)p;
   case DDP_F64: return *(const double *)p;
@@ -89,7 +93,7 @@ __device__ __forceinline__ double load_dyn(const char *p, int dtype) {
 }
 
 // double to i64 as the core's to_i64: toward zero, NaN 0, saturating.
-__device__ __forceinline__ long long to_i64(double v) {
+HD long long to_i64(double v) {
   if (v != v) return 0;
   if (v >= 9.2233720368547758e18) return INT64_MAX;
   if (v <= -9.2233720368547758e18) return INT64_MIN;
@@ -97,7 +101,7 @@ __device__ __forceinline__ long long to_i64(double v) {
 }
 
 // Store double v as `dtype`, as ddp_store_f64 (f16/bf16 round through f32 as it does).
-__device__ __forceinline__ void store_dyn(char *p, int dtype, double v) {
+HD void store_dyn(char *p, int dtype, double v) {
   switch (dtype) {
   case DDP_F32: *(float *)p = (float)v; break;
   case DDP_F64: *(double *)p = v; break;
@@ -118,24 +122,24 @@ __device__ __forceinline__ void store_dyn(char *p, int dtype, double v) {
 
 // ---- math in the compute type ----------------------------------------------------------
 
-__device__ __forceinline__ float m_exp(float x) { return expf(x); }
-__device__ __forceinline__ double m_exp(double x) { return exp(x); }
-__device__ __forceinline__ float m_log(float x) { return logf(x); }
-__device__ __forceinline__ double m_log(double x) { return log(x); }
-__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
-__device__ __forceinline__ double m_abs(double x) { return fabs(x); }
-__device__ __forceinline__ float m_erf(float x) { return erff(x); }
-__device__ __forceinline__ double m_erf(double x) { return erf(x); }
-__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
-__device__ __forceinline__ float m_pow(float a, float b) { return powf(a, b); }
-__device__ __forceinline__ double m_pow(double a, double b) { return pow(a, b); }
+HD float m_exp(float x) { return expf(x); }
+HD double m_exp(double x) { return exp(x); }
+HD float m_log(float x) { return logf(x); }
+HD double m_log(double x) { return log(x); }
+HD float m_sqrt(float x) { return sqrtf(x); }
+HD double m_sqrt(double x) { return sqrt(x); }
+HD float m_abs(float x) { return fabsf(x); }
+HD double m_abs(double x) { return fabs(x); }
+HD float m_erf(float x) { return erff(x); }
+HD double m_erf(double x) { return erf(x); }
+HD float m_tanh(float x) { return tanhf(x); }
+HD double m_tanh(double x) { return tanh(x); }
+HD float m_pow(float a, float b) { return powf(a, b); }
+HD double m_pow(double a, double b) { return pow(a, b); }
 
 // Integer power as the CPU's ipow: wrap-around products; negative exponents give 0 except
 // for bases 1 and -1.
-__device__ __forceinline__ long long ipow(long long base, long long e) {
+HD long long ipow(long long base, long long e) {
   if (e < 0) return base == 1 ? 1 : base == -1 ? (e & 1 ? -1 : 1) : 0;
   unsigned long long r = 1, b = (unsigned long long)base;
   while (e) {
@@ -151,7 +155,7 @@ constexpr double SQRT1_2 = 0.70710678118654752440, SQRT2_PI = 0.7978845608028653
 
 // a op b for the arithmetic ops (ADD .. MIN); floating C.
 template <typename C>
-__device__ __forceinline__ C arith(int op, C a, C b, C alpha) {
+HD C arith(int op, C a, C b, C alpha) {
   if constexpr (std::is_integral<C>::value) {
     using U = typename std::make_unsigned<C>::type;
     switch (op) {
@@ -177,7 +181,7 @@ __device__ __forceinline__ C arith(int op, C a, C b, C alpha) {
   }
 }
 
-template <typename C> __device__ __forceinline__ bool compare(int op, C a, C b) {
+template <typename C> HD bool compare(int op, C a, C b) {
   switch (op) {
   case DDP_EW_EQ: return a == b;
   case DDP_EW_NE: return a != b;
@@ -191,7 +195,7 @@ template <typename C> __device__ __forceinline__ bool compare(int op, C a, C b) 
 
 // d/d(a) (wrt 0) or d/d(b) (wrt 1) of a op b, times g (the CPU's bin_bwd_ref).
 template <typename C>
-__device__ __forceinline__ C binary_grad(int op, int wrt, C g, C a, C b, C alpha) {
+HD C binary_grad(int op, int wrt, C g, C a, C b, C alpha) {
   switch (op) {
   case DDP_EW_ADD: return wrt ? alpha * g : g;
   case DDP_EW_SUB: return wrt ? -alpha * g : g;
@@ -211,7 +215,7 @@ __device__ __forceinline__ C binary_grad(int op, int wrt, C g, C a, C b, C alpha
 }
 
 // f(x) of the unary ops (the CPU's un_ref).
-template <typename C> __device__ __forceinline__ C unary_fn(int op, C x, C p0, C p1) {
+template <typename C> HD C unary_fn(int op, C x, C p0, C p1) {
   switch (op) {
   case DDP_EW_NEG: return -x;
   case DDP_EW_EXP: return m_exp(x);
@@ -237,7 +241,7 @@ template <typename C> __device__ __forceinline__ C unary_fn(int op, C x, C p0, C
 
 // g * f'(.) with s the saved input or output (ddp_ew_unary_uses_output; the CPU's
 // un_bwd_ref).
-template <typename C> __device__ __forceinline__ C unary_grad(int op, C g, C s, C p0, C p1) {
+template <typename C> HD C unary_grad(int op, C g, C s, C p0, C p1) {
   switch (op) {
   case DDP_EW_NEG: return -g;
   case DDP_EW_EXP: return g * s;
@@ -281,8 +285,8 @@ template <typename T> struct BinaryTyped {
   int op;
   C alpha;
   Scalars<3, C> s;
-  __device__ __forceinline__ C fwd(C a, C b) const { return arith<C>(op, a, b, alpha); }
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD C fwd(C a, C b) const { return arith<C>(op, a, b, alpha); }
+  HD void operator()(char *const *p) const {
     C a = s.scalar & 2 ? s.sv[1] : Elem<T>::load(p[1]);
     C b = s.scalar & 4 ? s.sv[2] : Elem<T>::load(p[2]);
     if (op >= DDP_EW_EQ) *(unsigned char *)p[0] = compare<C>(op, a, b);
@@ -294,7 +298,7 @@ template <typename C> struct BinaryDyn {
   int op, dt[3];
   C alpha;
   Scalars<3, C> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     C a = s.scalar & 2 ? s.sv[1] : (C)load_dyn(p[1], dt[1]);
     C b = s.scalar & 4 ? s.sv[2] : (C)load_dyn(p[2], dt[2]);
     double r = op >= DDP_EW_EQ ? (double)compare<C>(op, a, b) : (double)arith<C>(op, a, b, alpha);
@@ -307,7 +311,7 @@ template <typename T> struct BinaryBwdTyped {
   int op, wrt;
   C alpha;
   Scalars<4, C> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     C g = s.scalar & 2 ? s.sv[1] : Elem<T>::load(p[1]);
     C a = s.scalar & 4 ? s.sv[2] : Elem<T>::load(p[2]);
     C b = s.scalar & 8 ? s.sv[3] : Elem<T>::load(p[3]);
@@ -319,7 +323,7 @@ template <typename C> struct BinaryBwdDyn {
   int op, wrt, dt[4];
   C alpha;
   Scalars<4, C> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     C g = s.scalar & 2 ? s.sv[1] : (C)load_dyn(p[1], dt[1]);
     C a = s.scalar & 4 ? s.sv[2] : (C)load_dyn(p[2], dt[2]);
     C b = s.scalar & 8 ? s.sv[3] : (C)load_dyn(p[3], dt[3]);
@@ -332,8 +336,8 @@ template <typename T> struct UnaryTyped {
   int op;
   C p0, p1;
   Scalars<2, C> s;
-  __device__ __forceinline__ C fwd(C x) const { return unary_fn<C>(op, x, p0, p1); }
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD C fwd(C x) const { return unary_fn<C>(op, x, p0, p1); }
+  HD void operator()(char *const *p) const {
     C x = s.scalar & 2 ? s.sv[1] : Elem<T>::load(p[1]);
     Elem<T>::store(p[0], fwd(x));
   }
@@ -343,7 +347,7 @@ template <typename C> struct UnaryDyn {
   int op, dt[2];
   C p0, p1;
   Scalars<2, C> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     C x = s.scalar & 2 ? s.sv[1] : (C)load_dyn(p[1], dt[1]);
     store_dyn(p[0], dt[0], (double)unary_fn<C>(op, x, p0, p1));
   }
@@ -354,7 +358,7 @@ template <typename T> struct UnaryBwdTyped {
   int op;
   C p0, p1;
   Scalars<3, C> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     C g = s.scalar & 2 ? s.sv[1] : Elem<T>::load(p[1]);
     C v = s.scalar & 4 ? s.sv[2] : Elem<T>::load(p[2]);
     Elem<T>::store(p[0], unary_grad<C>(op, g, v, p0, p1));
@@ -365,7 +369,7 @@ template <typename C> struct UnaryBwdDyn {
   int op, dt[3];
   C p0, p1;
   Scalars<3, C> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     C g = s.scalar & 2 ? s.sv[1] : (C)load_dyn(p[1], dt[1]);
     C v = s.scalar & 4 ? s.sv[2] : (C)load_dyn(p[2], dt[2]);
     store_dyn(p[0], dt[0], (double)unary_grad<C>(op, g, v, p0, p1));
@@ -375,7 +379,7 @@ template <typename C> struct UnaryBwdDyn {
 // where with one dtype everywhere: a selection of U-sized bit patterns.
 template <typename U> struct WhereBits {
   Scalars<4, U> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     bool c = s.scalar & 2 ? s.sv[1] != 0 : *(const unsigned char *)p[1] != 0;
     if (c) *(U *)p[0] = s.scalar & 4 ? s.sv[2] : *(const U *)p[2];
     else *(U *)p[0] = s.scalar & 8 ? s.sv[3] : *(const U *)p[3];
@@ -385,7 +389,7 @@ template <typename U> struct WhereBits {
 struct WhereDyn {
   int dt[4];
   Scalars<4, double> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     bool c = s.scalar & 2 ? s.sv[1] != 0 : *(const unsigned char *)p[1] != 0;
     double v = c ? (s.scalar & 4 ? s.sv[2] : load_dyn(p[2], dt[2]))
                  : (s.scalar & 8 ? s.sv[3] : load_dyn(p[3], dt[3]));
@@ -395,7 +399,7 @@ struct WhereDyn {
 
 template <typename U> struct CopyBits {
   Scalars<2, U> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     *(U *)p[0] = s.scalar & 2 ? s.sv[1] : *(const U *)p[1];
   }
 };
@@ -403,14 +407,14 @@ template <typename U> struct CopyBits {
 struct CopyDyn {
   int dt[2];
   Scalars<2, double> s;
-  __device__ __forceinline__ void operator()(char *const *p) const {
+  HD void operator()(char *const *p) const {
     store_dyn(p[0], dt[0], s.scalar & 2 ? s.sv[1] : load_dyn(p[1], dt[1]));
   }
 };
 
 template <typename U> struct FillBits {
   U value;
-  __device__ __forceinline__ void operator()(char *const *p) const { *(U *)p[0] = value; }
+  HD void operator()(char *const *p) const { *(U *)p[0] = value; }
 };
 
 // ---- geometry ----------------------------------------------------------------------------
@@ -433,12 +437,12 @@ template <int N> struct Plan {
   unsigned scalar; // bit k: operand k is a host scalar
 };
 
-// Linear kernel: one dimension; operand k's element i is at base[k] + i * stride[k].
+// Linear loop: one dimension; operand k's element i is at base[k] + i * stride[k].
+// Elements start, start + step, ... below n (a kernel passes its grid-stride position).
 template <int N, typename F>
-__global__ void __launch_bounds__(DDP_CUDA_THREADS)
-    ew_linear(int64_t n, Bases<N> base, Geometry<N> geo, F f) {
-  int64_t step = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+HD void linear_loop(int64_t n, const Bases<N> &base, const Geometry<N> &geo, const F &f,
+                    int64_t start, int64_t step) {
+  for (int64_t i = start; i < n; i += step) {
     char *p[N];
 #pragma unroll
     for (int k = 0; k < N; k++) p[k] = base.p[k] + i * geo.stride[0][k];
@@ -446,13 +450,12 @@ __global__ void __launch_bounds__(DDP_CUDA_THREADS)
   }
 }
 
-// N-d kernel: the linear index is split into coordinates, innermost first (Index is
+// N-d loop: the linear index is split into coordinates, innermost first (Index is
 // uint32_t when numel + the grid fits in 32 bits, which makes the divisions cheap).
 template <int N, typename Index, typename F>
-__global__ void __launch_bounds__(DDP_CUDA_THREADS)
-    ew_strided(Index n, Bases<N> base, Geometry<N> geo, F f) {
-  Index step = (Index)gridDim.x * blockDim.x;
-  for (Index i = (Index)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+HD void strided_loop(Index n, const Bases<N> &base, const Geometry<N> &geo, const F &f,
+                     Index start, Index step) {
+  for (Index i = start; i < n; i += step) {
     char *p[N];
 #pragma unroll
     for (int k = 0; k < N; k++) p[k] = base.p[k];
@@ -472,6 +475,20 @@ __global__ void __launch_bounds__(DDP_CUDA_THREADS)
     for (int k = 0; k < N; k++) p[k] += (int64_t)r * geo.stride[last][k]; // outermost
     f(p);
   }
+}
+
+template <int N, typename F>
+__global__ void __launch_bounds__(DDP_CUDA_THREADS)
+    ew_linear(int64_t n, Bases<N> base, Geometry<N> geo, F f) {
+  linear_loop(n, base, geo, f, (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+              (int64_t)gridDim.x * blockDim.x);
+}
+
+template <int N, typename Index, typename F>
+__global__ void __launch_bounds__(DDP_CUDA_THREADS)
+    ew_strided(Index n, Bases<N> base, Geometry<N> geo, F f) {
+  strided_loop<N, Index>(n, base, geo, f, (Index)blockIdx.x * blockDim.x + threadIdx.x,
+                         (Index)gridDim.x * blockDim.x);
 }
 
 // Is t a host scalar (see the header)? Then its one value is read on the host.
@@ -533,16 +550,23 @@ template <int N> int make_plan(Plan<N> *p, ddp_tensor *const *ops, const char *o
 
 template <int N, typename F> void launch(const Plan<N> &p, const F &f) {
   if (p.numel == 0) return;
-  cudaStream_t stream = ddp_cuda_stream();
   unsigned blocks = ddp_cuda_blocks(p.numel);
+  bool narrow = p.numel + (int64_t)blocks * DDP_CUDA_THREADS <= (int64_t)UINT32_MAX;
+#ifdef DDP_EW_HOST_EMULATION
+  if (p.geo.ndim == 1) linear_loop(p.numel, p.base, p.geo, f, 0, 1);
+  else if (narrow) strided_loop<N, uint32_t>((uint32_t)p.numel, p.base, p.geo, f, 0u, 1u);
+  else strided_loop<N, int64_t>(p.numel, p.base, p.geo, f, 0, 1);
+#else
+  cudaStream_t stream = ddp_cuda_stream();
   if (p.geo.ndim == 1) {
     ew_linear<N, F><<<blocks, DDP_CUDA_THREADS, 0, stream>>>(p.numel, p.base, p.geo, f);
-  } else if (p.numel + (int64_t)blocks * DDP_CUDA_THREADS <= (int64_t)UINT32_MAX) {
+  } else if (narrow) {
     ew_strided<N, uint32_t, F>
         <<<blocks, DDP_CUDA_THREADS, 0, stream>>>((uint32_t)p.numel, p.base, p.geo, f);
   } else {
     ew_strided<N, int64_t, F><<<blocks, DDP_CUDA_THREADS, 0, stream>>>(p.numel, p.base, p.geo, f);
   }
+#endif
 }
 
 // Makes the output's device current for the call and restores the previous one, so a
@@ -550,6 +574,9 @@ template <int N, typename F> void launch(const Plan<N> &p, const F &f) {
 // current device. A failure stays pending for ddp_device_check (cudaGetLastError).
 struct DeviceGuard {
   int prev = -1;
+#ifdef DDP_EW_HOST_EMULATION
+  explicit DeviceGuard(int) {}
+#else
   explicit DeviceGuard(int device) {
     int cur = -1;
     if (cudaGetDevice(&cur) == cudaSuccess && cur != device && cudaSetDevice(device) == cudaSuccess)
@@ -558,6 +585,7 @@ struct DeviceGuard {
   ~DeviceGuard() {
     if (prev >= 0) cudaSetDevice(prev);
   }
+#endif
   DeviceGuard(const DeviceGuard &) = delete;
   DeviceGuard &operator=(const DeviceGuard &) = delete;
 };
@@ -616,30 +644,29 @@ template <int N> bool same_dtype(ddp_tensor *const *ops, int first, int dt, unsi
   return true;
 }
 
-// Compute type of the general path: f64 when any operand (output included, host scalars
-// not) is f64 or none is floating; f32 otherwise.
+// Compute type of the general path: f32 when every operand (output included, host scalars
+// not) is f32, f16 or bf16 (mixed floating types); f64 otherwise, as the CPU's general path,
+// so results with integer or f64 operands agree with it exactly.
 template <int N> bool general_in_f64(ddp_tensor *const *ops, unsigned scalar) {
-  bool any_float = false;
   for (int k = 0; k < N; k++) {
     if (scalar >> k & 1) continue;
     int d = ops[k]->dtype;
-    if (d == DDP_F64) return true;
-    if (ddp_dtype_is_floating(d)) any_float = true;
+    if (d != DDP_F32 && d != DDP_F16 && d != DDP_BF16) return true;
   }
-  return !any_float;
+  return false;
 }
 
 // ---- vectorised contiguous f32 --------------------------------------------------------
 
 // out[i] = f.fwd(a[i], b[i]) for contiguous f32 (an input may be a host scalar, its
-// pointer then unused); four elements per float4, the n % 4 tail by the first threads.
+// pointer then unused); four elements per float4 from `start` by `step`, then the n % 4
+// tail the same way.
 template <typename F>
-__global__ void __launch_bounds__(DDP_CUDA_THREADS)
-    binary_f32_vec4(int64_t n, float *out, const float *a, const float *b, F f) {
-  int64_t n4 = n / 4, step = (int64_t)gridDim.x * blockDim.x;
-  int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+HD void binary_f32_vec4_loop(int64_t n, float *out, const float *a, const float *b, const F &f,
+                             int64_t start, int64_t step) {
+  int64_t n4 = n / 4;
   bool sa = f.s.scalar & 2, sb = f.s.scalar & 4;
-  for (int64_t j = t; j < n4; j += step) {
+  for (int64_t j = start; j < n4; j += step) {
     float4 x = sa ? make_float4(f.s.sv[1], f.s.sv[1], f.s.sv[1], f.s.sv[1])
                   : reinterpret_cast<const float4 *>(a)[j];
     float4 y = sb ? make_float4(f.s.sv[2], f.s.sv[2], f.s.sv[2], f.s.sv[2])
@@ -651,16 +678,15 @@ __global__ void __launch_bounds__(DDP_CUDA_THREADS)
     r.w = f.fwd(x.w, y.w);
     reinterpret_cast<float4 *>(out)[j] = r;
   }
-  int64_t i = n4 * 4 + t;
-  if (i < n) out[i] = f.fwd(sa ? f.s.sv[1] : a[i], sb ? f.s.sv[2] : b[i]);
+  for (int64_t i = n4 * 4 + start; i < n; i += step)
+    out[i] = f.fwd(sa ? f.s.sv[1] : a[i], sb ? f.s.sv[2] : b[i]);
 }
 
 template <typename F>
-__global__ void __launch_bounds__(DDP_CUDA_THREADS)
-    unary_f32_vec4(int64_t n, float *out, const float *x, F f) {
-  int64_t n4 = n / 4, step = (int64_t)gridDim.x * blockDim.x;
-  int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  for (int64_t j = t; j < n4; j += step) {
+HD void unary_f32_vec4_loop(int64_t n, float *out, const float *x, const F &f, int64_t start,
+                            int64_t step) {
+  int64_t n4 = n / 4;
+  for (int64_t j = start; j < n4; j += step) {
     float4 v = reinterpret_cast<const float4 *>(x)[j];
     float4 r;
     r.x = f.fwd(v.x);
@@ -669,8 +695,21 @@ __global__ void __launch_bounds__(DDP_CUDA_THREADS)
     r.w = f.fwd(v.w);
     reinterpret_cast<float4 *>(out)[j] = r;
   }
-  int64_t i = n4 * 4 + t;
-  if (i < n) out[i] = f.fwd(x[i]);
+  for (int64_t i = n4 * 4 + start; i < n; i += step) out[i] = f.fwd(x[i]);
+}
+
+template <typename F>
+__global__ void __launch_bounds__(DDP_CUDA_THREADS)
+    binary_f32_vec4(int64_t n, float *out, const float *a, const float *b, F f) {
+  binary_f32_vec4_loop(n, out, a, b, f, (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                       (int64_t)gridDim.x * blockDim.x);
+}
+
+template <typename F>
+__global__ void __launch_bounds__(DDP_CUDA_THREADS)
+    unary_f32_vec4(int64_t n, float *out, const float *x, F f) {
+  unary_f32_vec4_loop(n, out, x, f, (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                      (int64_t)gridDim.x * blockDim.x);
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -687,6 +726,44 @@ template <int N> bool f32_vec4_ok(const Plan<N> &p) {
 }
 
 unsigned vec4_blocks(int64_t n) { return ddp_cuda_blocks(n / 4 > 0 ? n / 4 : 1); }
+
+template <typename F> void launch_binary_f32_vec4(const Plan<3> &p, const F &f) {
+  float *o = (float *)p.base.p[0];
+  const float *a = (const float *)p.base.p[1], *b = (const float *)p.base.p[2];
+#ifdef DDP_EW_HOST_EMULATION
+  binary_f32_vec4_loop(p.numel, o, a, b, f, 0, 1);
+#else
+  binary_f32_vec4<<<vec4_blocks(p.numel), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(p.numel, o, a,
+                                                                                   b, f);
+#endif
+}
+
+template <typename F> void launch_unary_f32_vec4(const Plan<2> &p, const F &f) {
+  float *o = (float *)p.base.p[0];
+  const float *x = (const float *)p.base.p[1];
+#ifdef DDP_EW_HOST_EMULATION
+  unary_f32_vec4_loop(p.numel, o, x, f, 0, 1);
+#else
+  unary_f32_vec4<<<vec4_blocks(p.numel), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(p.numel, o, x, f);
+#endif
+}
+
+// Contiguous bytes: a copy and a fill on the current stream.
+void copy_bytes(void *dst, const void *src, size_t n) {
+#ifdef DDP_EW_HOST_EMULATION
+  memmove(dst, src, n);
+#else
+  cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ddp_cuda_stream());
+#endif
+}
+
+void set_bytes(void *dst, int byte, size_t n) {
+#ifdef DDP_EW_HOST_EMULATION
+  memset(dst, byte, n);
+#else
+  cudaMemsetAsync(dst, byte, n, ddp_cuda_stream());
+#endif
+}
 
 } // namespace
 
@@ -706,8 +783,7 @@ static void cuda_copy(ddp_tensor *dst, const ddp_tensor *src) {
     size_t es = ddp_dtype_size(dst->dtype);
     if (!p.scalar && p.geo.ndim == 1 && p.geo.stride[0][0] == (int64_t)es &&
         p.geo.stride[0][1] == (int64_t)es) {
-      cudaMemcpyAsync(p.base.p[0], p.base.p[1], (size_t)p.numel * es, cudaMemcpyDeviceToDevice,
-                      ddp_cuda_stream());
+      copy_bytes(p.base.p[0], p.base.p[1], (size_t)p.numel * es);
       return;
     }
     switch (es) {
@@ -733,7 +809,7 @@ static void cuda_fill(ddp_tensor *t, double value) {
   bool uniform = true;
   for (size_t i = 1; i < es; i++) uniform = uniform && bits[i] == bits[0];
   if (uniform && p.geo.ndim == 1 && p.geo.stride[0][0] == (int64_t)es) {
-    cudaMemsetAsync(p.base.p[0], bits[0], (size_t)p.numel * es, ddp_cuda_stream());
+    set_bytes(p.base.p[0], bits[0], (size_t)p.numel * es);
     return;
   }
   switch (es) {
@@ -771,13 +847,8 @@ static void cuda_binary(ddp_tensor *out, ddp_tensor *a, ddp_tensor *b, int op, d
     switch (dt) {
     case DDP_F32: {
       BinaryTyped<float> f{op, (float)alpha, scalars<3, float>(p, ops)};
-      if (!cmp && f32_vec4_ok(p)) {
-        binary_f32_vec4<<<vec4_blocks(p.numel), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
-            p.numel, (float *)p.base.p[0], (const float *)p.base.p[1],
-            (const float *)p.base.p[2], f);
-      } else {
-        launch(p, f);
-      }
+      if (!cmp && f32_vec4_ok(p)) launch_binary_f32_vec4(p, f);
+      else launch(p, f);
       return;
     }
     case DDP_F64: binary_typed<double>(p, ops, op, alpha); return;
@@ -851,11 +922,8 @@ static void cuda_unary(ddp_tensor *out, ddp_tensor *x, int op, double p0, double
     switch (out->dtype) {
     case DDP_F32: {
       UnaryTyped<float> f{op, (float)p0, (float)p1, scalars<2, float>(p, ops)};
-      if (f32_vec4_ok(p))
-        unary_f32_vec4<<<vec4_blocks(p.numel), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
-            p.numel, (float *)p.base.p[0], (const float *)p.base.p[1], f);
-      else
-        launch(p, f);
+      if (f32_vec4_ok(p)) launch_unary_f32_vec4(p, f);
+      else launch(p, f);
       return;
     }
     case DDP_F64: launch(p, UnaryTyped<double>{op, p0, p1, scalars<2, double>(p, ops)}); return;
