@@ -52,7 +52,7 @@ local function expect_ok(r, name)
 end
 
 describe("element-wise ops on the simulated device", function()
-  local env = "DDPLUA_CUDA_PLUGIN=" .. files.quote(os.getenv("PWD") .. "/build/libddplua_cuda_sim.so")
+  local env = "DDPLUA_CUDA_PLUGIN=" .. files.quote("./build/libddplua_cuda_sim.so")
 
   it("runs on the simulated backend", function()
     local r = run(env)
@@ -65,7 +65,7 @@ describe("element-wise ops on the simulated device", function()
 end)
 
 describe("element-wise CUDA kernels compiled for the host (emulated device)", function()
-  local lib = os.getenv("PWD") .. "/build/libddplua_cuda_emul.so"
+  local lib = "./build/libddplua_cuda_emul.so"
   local env = "DDPLUA_EW_TOL=1 DDPLUA_CUDA_PLUGIN=" .. files.quote(lib)
 
   it("passes every check of the fixture", function()
