@@ -84,9 +84,12 @@ CUDA_OBJS    := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 # path of the core on machines without a GPU (runtime/backend/sim/plugin.c).
 SIM_PLUGIN := $(BUILD)/libddplua_cuda_sim.so
 TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua $(SIM_PLUGIN)
+# The simulated device with the CUDA element-wise kernels compiled for the host
+# (runtime/backend/sim/ew_emulation.cu), for spec/ops/elementwise_device_spec.lua.
+EMUL_PLUGIN := $(BUILD)/libddplua_cuda_emul.so
 ifeq ($(HAVE_NVCC),1)
   ifneq ($(CUDA_SRCS),)
-    TARGETS += $(BUILD)/libddplua_cuda.so
+    TARGETS += $(BUILD)/libddplua_cuda.so $(EMUL_PLUGIN)
   endif
 endif
 
@@ -133,6 +136,11 @@ $(BUILD)/libddplua_cuda.so: $(CUDA_OBJS) $(BUILD)/libddplua.so
 
 $(SIM_PLUGIN): runtime/backend/sim/plugin.c $(HEADERS) $(BUILD)/libddplua.so
 	$(CC) $(CFLAGS) -shared -o $@ $< -L$(BUILD) -lddplua -Wl,-rpath,'$$ORIGIN'
+
+$(EMUL_PLUGIN): runtime/backend/sim/ew_emulation.cu runtime/backend/cuda/elementwise.cu $(HEADERS) \
+                $(BUILD)/libddplua.so $(SIM_PLUGIN)
+	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC -Iruntime/include -Iruntime -shared -o $@ $< \
+	  -L$(BUILD) -lddplua -ldl -Xlinker -rpath,'$$ORIGIN'
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox

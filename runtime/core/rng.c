@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "backend/kernels.h"
 #include "core/core.h"
 
 struct ddp_generator {
@@ -167,7 +168,48 @@ static void fill_range(void *vj, int64_t begin, int64_t end) {
   }
 }
 
+static int run_fill_host(ddp_tensor *t, fill_job *j, ddp_generator *g);
+
+/* A fill of a device tensor: the numbers are drawn on the host into a contiguous CPU
+ * tensor of t's shape, with the same generator and element order, then copied over, so a
+ * seeded fill gives the same values on every device and advances the generator the same.
+ * This costs a host-to-device transfer of t: fine for initialisation; per-step draws
+ * (dropout masks) would be faster from a device Philox kernel, which the counter-based
+ * scheme allows without changing the numbers. */
+static int run_fill_device(ddp_tensor *t, fill_job *j, ddp_generator *g, const char *op) {
+  ddp_tensor *host = NULL, *staged = NULL;
+  DDP_TRY(ddp_tensor_empty(&host, t->ndim, t->shape, t->dtype, DDP_DEVICE_CPU));
+  int status = run_fill_host(host, j, g);
+  size_t nbytes = (size_t)t->numel * ddp_dtype_size(t->dtype);
+  if (!status && ddp_tensor_is_contiguous(t)) {
+    status = ddp_device_memcpy(ddp_data(t), t->device, ddp_data(host), DDP_DEVICE_CPU, nbytes, op);
+  } else if (!status) { /* strided: stage contiguously on the device, then scatter there */
+    const ddp_kernels *k = ddp_kernels_for(t->device);
+    status = DDP_KERNEL_CHECK(k, copy, op);
+    if (!status) status = ddp_tensor_empty(&staged, t->ndim, t->shape, t->dtype, t->device);
+    if (!status)
+      status = ddp_device_memcpy(ddp_data(staged), t->device, ddp_data(host), DDP_DEVICE_CPU,
+                                 nbytes, op);
+    if (!status) {
+      k->copy(t, staged);
+      status = ddp_device_check(t->device, op);
+    }
+  }
+  ddp_tensor_release(host);
+  ddp_tensor_release(staged);
+  if (!status) ddp_tensor_bump_version(t);
+  return status;
+}
+
 static int run_fill(ddp_tensor *t, fill_job *j, ddp_generator *g, const char *op) {
+  if (t->device != DDP_DEVICE_CPU) return run_fill_device(t, j, g, op);
+  DDP_TRY(run_fill_host(t, j, g));
+  ddp_tensor_bump_version(t);
+  return DDP_OK;
+}
+
+/* Draw into CPU tensor t (any strides) and advance the generator. */
+static int run_fill_host(ddp_tensor *t, fill_job *j, ddp_generator *g) {
   if (!g) g = &default_generator;
   j->dtype = t->dtype;
   j->seed = g->seed;
@@ -183,8 +225,6 @@ static int run_fill(ddp_tensor *t, fill_job *j, ddp_generator *g, const char *op
   uint64_t blocks = j->kind == KIND_NORMAL ? (uint64_t)t->numel : ((uint64_t)t->numel + 1) / 2;
   g->offset += blocks;
   ddp_parallel_for(t->numel, 16384, fill_range, j);
-  ddp_tensor_bump_version(t);
-  (void)op;
   return DDP_OK;
 }
 

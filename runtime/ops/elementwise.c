@@ -1,5 +1,11 @@
 /* runtime/ops/elementwise.c: front doors of the element-wise ops: checks, broadcasting,
- * type promotion, dispatch to runtime/backend/cpu/elementwise.c, autograd.
+ * type promotion, dispatch to the kernel table of the operands' device (the CPU's
+ * runtime/backend/cpu/elementwise.c or the CUDA plug-in's elementwise.cu), autograd.
+ *
+ * Devices: every tensor argument must be on one device (the error names the op, both
+ * arguments and both devices); outputs and gradients are made on that device, and the
+ * kernels come from ddp_kernels_for(device), followed by ddp_device_check. Nothing here
+ * reads tensor memory on the host.
  *
  * Note [header-only views]: broadcast operands and scalars reach the kernels as tensor
  * headers on the C stack (copies of the operand's header with broadcast strides, or a
@@ -10,6 +16,7 @@
 
 #include "autograd/autograd.h"
 #include "backend/cpu/elementwise.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 static const char *const BIN_NAMES[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
@@ -51,17 +58,22 @@ typedef struct {
   double value[1];
 } scalar_view;
 
-/* s->t = the scalar v as a tensor of `dtype` broadcast to (ndim, shape). */
+/* s->t = the scalar v as a tensor of `dtype` broadcast to (ndim, shape). It lives in host
+ * memory (device DDP_DEVICE_CPU) even when the other operands are on a device: device
+ * kernels take such a stride-0 host view as a scalar and read its value on the host
+ * (runtime/backend/cuda/elementwise.cu), so `t + 2` needs no device tensor for the 2. */
 static ddp_tensor *make_scalar(scalar_view *s, double v, int dtype, int ndim,
                                const int64_t *shape) {
   memset(s, 0, sizeof *s);
   s->storage.data = s->value;
   s->storage.nbytes = sizeof s->value;
   s->storage.refcount = 1;
+  s->storage.device = DDP_DEVICE_CPU;
   ddp_store_f64(s->value, dtype, v);
   s->t.refcount = 1;
   s->t.storage = &s->storage;
   s->t.dtype = dtype;
+  s->t.device = DDP_DEVICE_CPU;
   s->t.ndim = ndim;
   s->t.numel = 1;
   for (int i = 0; i < ndim; i++) {
@@ -69,6 +81,57 @@ static ddp_tensor *make_scalar(scalar_view *s, double v, int dtype, int ndim,
     s->t.numel *= shape[i];
   }
   return &s->t;
+}
+
+/* ---- kernels of the output's device ---------------------------------------------------- */
+
+/* Each runs the kernel of out's device table on operands already on that device (or host
+ * scalars), then collects a pending device error; `name` is the op for messages. */
+static int run_binary(ddp_tensor *out, ddp_tensor *a, ddp_tensor *b, int op, double alpha,
+                      const char *name) {
+  const ddp_kernels *k = ddp_kernels_for(out->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, binary, name));
+  k->binary(out, a, b, op, alpha);
+  return ddp_device_check(out->device, name);
+}
+
+static int run_binary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *a, ddp_tensor *b,
+                               int op, int wrt, double alpha, const char *name) {
+  const ddp_kernels *k = ddp_kernels_for(d->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, binary_backward, name));
+  k->binary_backward(d, g, a, b, op, wrt, alpha);
+  return ddp_device_check(d->device, name);
+}
+
+static int run_unary(ddp_tensor *out, ddp_tensor *x, int op, double p0, double p1,
+                     const char *name) {
+  const ddp_kernels *k = ddp_kernels_for(out->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, unary, name));
+  k->unary(out, x, op, p0, p1);
+  return ddp_device_check(out->device, name);
+}
+
+static int run_unary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *s, int op, double p0,
+                              double p1, const char *name) {
+  const ddp_kernels *k = ddp_kernels_for(d->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, unary_backward, name));
+  k->unary_backward(d, g, s, op, p0, p1);
+  return ddp_device_check(d->device, name);
+}
+
+static int run_where(ddp_tensor *out, ddp_tensor *cond, ddp_tensor *a, ddp_tensor *b,
+                     const char *name) {
+  const ddp_kernels *k = ddp_kernels_for(out->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, where, name));
+  k->where(out, cond, a, b);
+  return ddp_device_check(out->device, name);
+}
+
+/* Release *out and clear it; returns status (for failures after *out was made). */
+static int drop(ddp_tensor **out, int status) {
+  ddp_tensor_release(*out);
+  *out = NULL;
+  return status;
 }
 
 /* ---- dtypes --------------------------------------------------------------------------- */
@@ -162,7 +225,8 @@ static int binary_grad(ddp_tensor **gi, ddp_tensor *g, ddp_tensor *a, ddp_tensor
     ddp_tensor va, vb;
     bcast_view(&va, a, g->ndim, g->shape);
     bcast_view(&vb, b, g->ndim, g->shape);
-    ddp_cpu_binary_backward(d, g, &va, &vb, op, wrt, alpha);
+    int status = run_binary_backward(d, g, &va, &vb, op, wrt, alpha, BIN_NODES[op]);
+    if (status) return drop(&d, status);
   }
   return to_input(gi, d, m);
 }
@@ -198,9 +262,40 @@ static int scalar_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
 
 /* ---- binary front doors --------------------------------------------------------------- */
 
+static const char *const PAIR_NAMES[2] = {"self", "other"};
+
+/* Can t join operands on `device` as a scalar? A 0-d CPU tensor that needs no gradient
+ * may, as PyTorch's wrapped numbers (dl.maximum(t, 2) passes the 2 as one): it reaches
+ * the device kernels as a host scalar (Note at make_scalar). */
+static int host_scalar_ok(const ddp_tensor *t, int device) {
+  return device != DDP_DEVICE_CPU && t->device == DDP_DEVICE_CPU && t->ndim == 0 &&
+         !t->requires_grad;
+}
+
+/* The device n operands compute on: the first one not on the CPU, else the CPU. */
+static int operands_device(int n, ddp_tensor *const *ts) {
+  for (int i = 0; i < n; i++)
+    if (ts[i]->device != DDP_DEVICE_CPU) return ts[i]->device;
+  return DDP_DEVICE_CPU;
+}
+
+/* The n live tensors ts (named names[i]) are on one device, but for host scalars
+ * (host_scalar_ok) among those from index `first_scalar` on. */
+static int check_devices(const char *name, int n, ddp_tensor *const *ts,
+                         const char *const *names, int first_scalar) {
+  ddp_tensor *check[4];
+  int device = operands_device(n, ts);
+  for (int i = 0; i < n; i++)
+    check[i] = i >= first_scalar && host_scalar_ok(ts[i], device) ? NULL : ts[i];
+  return ddp_check_same_device(name, n, check, names);
+}
+
+/* a and b live and on one device (either may be a host scalar). */
 static int check_pair(ddp_tensor *a, ddp_tensor *b, const char *name) {
   DDP_TRY(ddp_check_alive(a, name, "self"));
-  return ddp_check_alive(b, name, "other");
+  DDP_TRY(ddp_check_alive(b, name, "other"));
+  ddp_tensor *ts[2] = {a, b};
+  return check_devices(name, 2, ts, PAIR_NAMES, 0);
 }
 
 static int broadcast_pair(const ddp_tensor *a, const ddp_tensor *b, const char *name,
@@ -221,11 +316,13 @@ static int binary_op(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, int op, dou
   DDP_TRY(broadcast_pair(a, b, name, shape, &nd));
   int dt = binary_result(op, promote_tensors(a, b), name);
   if (dt < 0) return ddp_last_status();
-  DDP_TRY(ddp_tensor_empty(out, nd, shape, dt, a->device));
+  ddp_tensor *pair[2] = {a, b};
+  DDP_TRY(ddp_tensor_empty(out, nd, shape, dt, operands_device(2, pair)));
   ddp_tensor va, vb;
   bcast_view(&va, a, nd, shape);
   bcast_view(&vb, b, nd, shape);
-  ddp_cpu_binary(*out, &va, &vb, op, alpha);
+  int status = run_binary(*out, &va, &vb, op, alpha, name);
+  if (status) return drop(out, status);
   ddp_tensor *inputs[2] = {a, b};
   if (!ddp_autograd_needed(2, inputs) || !ddp_dtype_is_floating(dt)) return DDP_OK;
   ddp_node *n = ddp_node_new(BIN_NODES[op], binary_backward, 2, inputs, 2);
@@ -283,8 +380,14 @@ static void rebase_history(ddp_tensor *self, ddp_node *n) {
 /* self = self op other, or self op s when other is NULL. */
 static int binary_inplace(ddp_tensor *self, ddp_tensor *other, double s, int op, double alpha) {
   const char *name = BIN_INPLACE_NAMES[op];
-  DDP_TRY(ddp_check_alive(self, name, "self"));
-  if (other) DDP_TRY(ddp_check_alive(other, name, "other"));
+  if (other) { /* other may be a host scalar, self not: it is the output */
+    DDP_TRY(ddp_check_alive(self, name, "self"));
+    DDP_TRY(ddp_check_alive(other, name, "other"));
+    ddp_tensor *ts[2] = {self, other};
+    DDP_TRY(check_devices(name, 2, ts, PAIR_NAMES, 1));
+  } else {
+    DDP_TRY(ddp_check_alive(self, name, "self"));
+  }
   int dt;
   if (other) {
     int64_t shape[DDP_MAX_DIMS];
@@ -334,7 +437,11 @@ static int binary_inplace(ddp_tensor *self, ddp_tensor *other, double s, int op,
   scalar_view sv;
   if (other) bcast_view(&vb, other, self->ndim, self->shape);
   ddp_tensor *b = other ? &vb : make_scalar(&sv, s, scalar_dtype(dt), self->ndim, self->shape);
-  ddp_cpu_binary(self, self, b, op, alpha);
+  int status = run_binary(self, self, b, op, alpha, name);
+  if (status) {
+    ddp_node_release(n);
+    return status;
+  }
   ddp_tensor_bump_version(self);
   if (n) rebase_history(self, n);
   return DDP_OK;
@@ -368,7 +475,8 @@ static int scalar_op(ddp_tensor **out, ddp_tensor *a, double s, int op, int rev)
   scalar_view sv;
   /* the scalar in the dtype the tensor computes in, so the same-dtype loops apply */
   ddp_tensor *sc = make_scalar(&sv, s, scalar_dtype(pt), a->ndim, a->shape);
-  ddp_cpu_binary(*out, rev ? sc : a, rev ? a : sc, op, 1);
+  int status = run_binary(*out, rev ? sc : a, rev ? a : sc, op, 1, name);
+  if (status) return drop(out, status);
   if (is_cmp_op(op) || !ddp_autograd_needed(1, &a) || !ddp_dtype_is_floating(dt)) return DDP_OK;
   ddp_node *n = ddp_node_new(BIN_NODES[op], scalar_backward, 1, &a, 1);
   if (!n) goto fail;
@@ -406,14 +514,15 @@ static int compare(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, int op) {
   int64_t shape[DDP_MAX_DIMS];
   int nd;
   DDP_TRY(broadcast_pair(a, b, name, shape, &nd));
-  DDP_TRY(ddp_tensor_empty(out, nd, shape, DDP_BOOL, a->device));
+  ddp_tensor *pair[2] = {a, b};
+  DDP_TRY(ddp_tensor_empty(out, nd, shape, DDP_BOOL, operands_device(2, pair)));
   ddp_tensor va, vb;
   bcast_view(&va, a, nd, shape);
   bcast_view(&vb, b, nd, shape);
   /* compare in the promoted dtype: the general path converts each side through double,
    * which is exact for every dtype but i64 beyond 2^53 */
-  ddp_cpu_binary(*out, &va, &vb, op, 1);
-  return DDP_OK;
+  int status = run_binary(*out, &va, &vb, op, 1, name);
+  return status ? drop(out, status) : DDP_OK;
 }
 
 int ddp_eq(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) { return compare(out, a, b, DDP_EW_EQ); }
@@ -456,8 +565,8 @@ static int unary_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   ddp_tensor *s = g;
   if (ddp_ew_unary_uses_output(op) >= 0 && !(s = ddp_node_saved(n, 0))) return ddp_last_status();
   DDP_TRY(ddp_tensor_empty(&gi[0], g->ndim, g->shape, g->dtype, g->device));
-  ddp_cpu_unary_backward(gi[0], g, s, op, n->fattr[0], n->fattr[1]);
-  return DDP_OK;
+  int status = run_unary_backward(gi[0], g, s, op, n->fattr[0], n->fattr[1], UN_NODES[op]);
+  return status ? drop(&gi[0], status) : DDP_OK;
 }
 
 static ddp_node *unary_node(ddp_tensor *x, int op, double p0, double p1) {
@@ -476,7 +585,8 @@ static int unary_op(ddp_tensor **out, ddp_tensor *x, int op, double p0, double p
   int dt = unary_result(op, x->dtype, p0, p1, name);
   if (dt < 0) return ddp_last_status();
   DDP_TRY(ddp_tensor_empty(out, x->ndim, x->shape, dt, x->device));
-  ddp_cpu_unary(*out, x, op, p0, p1);
+  int status = run_unary(*out, x, op, p0, p1, name);
+  if (status) return drop(out, status);
   if (!ddp_autograd_needed(1, &x) || !ddp_dtype_is_floating(dt)) return DDP_OK;
   ddp_node *n = unary_node(x, op, p0, p1);
   if (!n) goto fail;
@@ -515,7 +625,11 @@ static int unary_inplace(ddp_tensor *self, int op, double p0, double p1) {
       if (status) { ddp_node_release(n); return status; }
     }
   }
-  ddp_cpu_unary(self, self, op, p0, p1);
+  int status = run_unary(self, self, op, p0, p1, name);
+  if (status) {
+    ddp_node_release(n);
+    return status;
+  }
   ddp_tensor_bump_version(self);
   if (n) {
     if (uses == 1 && ddp_node_save(n, 0, self)) { /* the output, saved once written */
@@ -589,7 +703,8 @@ static int where_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
     if (!wants_grad(n, w)) continue;
     ddp_tensor *d;
     DDP_TRY(ddp_tensor_empty(&d, g->ndim, g->shape, g->dtype, g->device));
-    ddp_cpu_where(d, &vc, w == 0 ? g : zero, w == 0 ? zero : g);
+    int status = run_where(d, &vc, w == 0 ? g : zero, w == 0 ? zero : g, "WhereBackward");
+    if (status) return drop(&d, status);
     DDP_TRY(to_input(&gi[w], d, &n->inputs[w]));
   }
   return DDP_OK;
@@ -598,7 +713,11 @@ static int where_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
 int ddp_where(ddp_tensor **out, ddp_tensor *cond, ddp_tensor *a, ddp_tensor *b) {
   *out = NULL;
   DDP_TRY(ddp_check_alive(cond, "where", "condition"));
-  DDP_TRY(check_pair(a, b, "where"));
+  DDP_TRY(ddp_check_alive(a, "where", "self"));
+  DDP_TRY(ddp_check_alive(b, "where", "other"));
+  ddp_tensor *ts[3] = {cond, a, b};
+  static const char *const names[3] = {"condition", "self", "other"};
+  DDP_TRY(check_devices("where", 3, ts, names, 0));
   if (cond->dtype != DDP_BOOL && cond->dtype != DDP_U8)
     DDP_FAIL(DDP_ERR_ARG, "where: the condition must be a bool tensor, got %s of shape %s",
              ddp_dtype_name(cond->dtype), DDP_SHAPE(cond));
@@ -609,12 +728,13 @@ int ddp_where(ddp_tensor **out, ddp_tensor *cond, ddp_tensor *a, ddp_tensor *b) 
     DDP_FAIL(DDP_ERR_ARG, "where: the shapes %s (condition), %s and %s cannot be broadcast "
              "together", DDP_SHAPE(cond), DDP_SHAPE(a), DDP_SHAPE(b));
   int dt = promote_tensors(a, b);
-  DDP_TRY(ddp_tensor_empty(out, nd, shape, dt, a->device));
+  DDP_TRY(ddp_tensor_empty(out, nd, shape, dt, operands_device(3, ts)));
   ddp_tensor vc, va, vb;
   bcast_view(&vc, cond, nd, shape);
   bcast_view(&va, a, nd, shape);
   bcast_view(&vb, b, nd, shape);
-  ddp_cpu_where(*out, &vc, &va, &vb);
+  int status = run_where(*out, &vc, &va, &vb, "where");
+  if (status) return drop(out, status);
   ddp_tensor *inputs[2] = {a, b};
   if (!ddp_autograd_needed(2, inputs) || !ddp_dtype_is_floating(dt)) return DDP_OK;
   ddp_node *n = ddp_node_new("WhereBackward", where_backward, 2, inputs, 1);

@@ -6,7 +6,13 @@
  * contiguous operands give one long run; that run has tight loops the compiler vectorises
  * when every operand has the same dtype (f32, f64, i64, i32), and a general path through
  * double for mixed dtypes, f16, bf16, u8 and bool (f16/bf16 thus compute in higher
- * precision and round once when stored). Big tensors are split over the thread pool. */
+ * precision and round once when stored). Big tensors are split over the thread pool.
+ *
+ * Device tables (runtime/backend/kernels.h) take the same arguments with device memory;
+ * there an input may also be a host scalar: a stride-0 one-element view of host memory
+ * with device DDP_DEVICE_CPU (the ops layer's number operands and 0-d CPU tensors), whose
+ * value the device kernel reads on the host (runtime/backend/cuda/elementwise.cu). The
+ * CPU kernels need no such distinction. */
 #ifndef DDP_CPU_ELEMENTWISE_H
 #define DDP_CPU_ELEMENTWISE_H
 
