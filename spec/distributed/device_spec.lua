@@ -109,6 +109,21 @@ out("mixed", show(cpu_out))
 local rs = to_dev(dl.zeros({1}), dev)
 dist.reduce_scatter(rs, to_dev(dl.tensor({1, 2}), dev))
 out("reduce_scatter", show(rs))
+local red = to_dev(dl.tensor({RANK + 1}), dev)
+dist.reduce(red, 1)
+out("reduce", show(red))
+local g = RANK == 0 and to_dev(dl.zeros({WORLD, 1}), dev) or nil
+dist.gather(to_dev(dl.tensor({RANK + 3}), dev), g, 0)
+if g then out("gather", show(g)) end
+local sc = to_dev(dl.zeros({1}), dev)
+dist.scatter(sc, RANK == 0 and to_dev(dl.tensor({{4}, {6}}), dev) or nil, 0)
+out("scatter", show(sc))
+local a2a = to_dev(dl.zeros({2}), dev)
+dist.all_to_all(a2a, to_dev(dl.tensor({10 * RANK, 10 * RANK + 1}), dev))
+out("all_to_all", show(a2a))
+local p2p = to_dev(dl.tensor({RANK == 0 and 42 or 0}), dev)
+if RANK == 0 then dist.send(p2p, 1) else dist.recv(p2p, 0) end
+out("p2p", show(p2p))
 dist.barrier()
 dist.destroy_process_group()
 ]]
@@ -125,6 +140,11 @@ dist.destroy_process_group()
       assert.are.equal("2,4,6,8", line(o, "view"), o)
       assert.are.equal("0,0.5,1,1.5", line(o, "mixed"), o)
       assert.are.equal(tostring(2 * rank), line(o, "reduce_scatter"), o)
+      assert.are.equal(rank == 2 and "3" or "1", line(o, "reduce"), o)
+      if rank == 1 then assert.are.equal("3,4", line(o, "gather"), o) end
+      assert.are.equal(rank == 1 and "4" or "6", line(o, "scatter"), o)
+      assert.are.equal(rank == 1 and "0,10" or "1,11", line(o, "all_to_all"), o)
+      assert.are.equal("42", line(o, "p2p"), o)
     end
   end)
 
