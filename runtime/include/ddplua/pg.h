@@ -15,10 +15,10 @@
  * shape and dtype.
  *
  * Work: every collective takes `ddp_work **work` first. NULL: blocking (the call returns
- * when the collective finished on this rank). Non-NULL: asynchronous: the call returns at
- * once with a handle in *work (free it with ddp_work_free); the tensors must not be touched
- * until ddp_work_wait returned. Asynchronous work runs on the group's one communication
- * thread, in submission order.
+ * when the collective finished on this rank; nccl: Note [nccl work]). Non-NULL:
+ * asynchronous: the call returns at once with a handle in *work (free it with
+ * ddp_work_free); the tensors must not be touched until ddp_work_wait returned. gloo:
+ * asynchronous work runs on the group's one communication thread, in submission order.
  *
  * Note [collective order]: each process group has exactly one communication thread and a
  * FIFO queue; blocking calls go through the same queue. So collectives run on every rank
@@ -45,7 +45,7 @@
  * watchdog thread: a peer that dies while only stream waits are pending is seen by the next
  * ddp_work_synchronize, barrier or ddp_work_is_completed. Collectives run in call order on
  * every rank (one stream per group). Send/recv tags are ignored (NCCL matches in order).
- * Free or wait for every work handle before ddp_pg_free.
+ * Wait for work handles before ddp_pg_free (freeing a handle afterwards is fine).
  *
  * Errors: misuse (shape, dtype, root out of range, a freed group) fails at the call with
  * DDP_ERR_ARG. Failures of the transport come back from the blocking call or from
