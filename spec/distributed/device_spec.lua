@@ -174,6 +174,64 @@ dist.destroy_process_group()
   end)
 end)
 
+-- The simulated device's one-rank NCCL (DDPLUA_SIM_NCCL=1): the nccl paths of the process
+-- group and the front end (checks, work handles, subgroups, DDP on the group's device).
+describe("the nccl backend on the simulated one-rank NCCL #dist", function()
+  it("runs collectives on the group's device and refuses other tensors", function()
+    local r = run([[
+dist.init_process_group{backend = "nccl", device_id = "cuda:1", timeout = 10}
+out("backend", dist.get_backend())
+out("available", dist.is_nccl_available())
+local cur = ffi.new("int[1]")
+lib.check(C.ddp_cuda_current_device(cur))
+out("current", cur[0])
+local t = to_dev(dl.tensor({1, 2}), 1)
+dist.all_reduce(t, {op = "avg"})
+out("all_reduce", show(t))
+try("cpu", function() dist.all_reduce(dl.ones({2})) end)
+try("other_device", function() dist.all_reduce(to_dev(dl.ones({2}), 0)) end)
+try("noncontig", function() dist.all_reduce(to_dev(dl.ones({2, 3}), 1):t()) end)
+local list = {to_dev(dl.zeros({2}), 1)}
+local w = dist.all_gather(list, to_dev(dl.tensor({3, 4}), 1), {async_op = true})
+w:wait()
+out("list", show(list[1]) .. " " .. dev_of(list[1]))
+local gl = {to_dev(dl.zeros({2}), 1)}
+dist.gather(to_dev(dl.tensor({5, 6}), 1), gl, 0)
+out("gather", show(gl[1]))
+local w2 = dist.broadcast(t, 0, {async_op = true})
+w2:synchronize()
+out("completed", w2:is_completed())
+local g = dist.new_group({0})
+dist.all_reduce(t, {group = g})
+out("sub", dist.get_backend(g))
+dist.barrier()
+local m = module_to(nn.Linear(3, 2), 1)
+local ddp = DDP(m, {device_ids = {1}})
+ddp(dl.ones({4, 3})):sum():backward()
+out("grad", dev_of(m.weight.grad) .. " " .. show(m.weight.grad))
+try("ddp_other_device", function() DDP(module_to(nn.Linear(3, 2), 0)) end)
+dist.destroy_process_group()
+]], { nprocs = 1, env = { DDPLUA_SIM_NCCL = "1" } })
+    assert.is_true(r.ok, mp.describe(r))
+    local o = r[1].output
+    assert.are.equal("nccl", line(o, "backend"), o)
+    assert.are.equal("true", line(o, "available"), o)
+    assert.are.equal("1", line(o, "current"), o)
+    assert.are.equal("1,2", line(o, "all_reduce"), o)
+    assert.matches("all_reduce: tensor is on cpu but the nccl backend of this rank takes CUDA tensors on cuda:1",
+                   err_line(o, "cpu"), 1, true)
+    assert.matches("tensor is on cuda:0 but the nccl backend", err_line(o, "other_device"), 1, true)
+    assert.matches("must be contiguous for the nccl backend", err_line(o, "noncontig"), 1, true)
+    assert.are.equal("3,4 cuda:1", line(o, "list"), o)
+    assert.are.equal("5,6", line(o, "gather"), o)
+    assert.are.equal("true", line(o, "completed"), o)
+    assert.are.equal("nccl", line(o, "sub"), o)
+    assert.are.equal("cuda:1 4,4,4,4,4,4", line(o, "grad"), o)
+    assert.matches("parameter 0 is on cuda:0 but the nccl process group of this rank works on cuda:1",
+                   err_line(o, "ddp_other_device"), 1, true)
+  end)
+end)
+
 -- k = 3 SGD steps on 2 ranks with device parameters, each rank with its half of the batch,
 -- must equal 3 steps of one process on the CPU with the whole batch (the loss is a mean and
 -- DDP averages the gradients).

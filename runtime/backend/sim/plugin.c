@@ -9,7 +9,10 @@
  * cuda. It cannot say whether a CUDA kernel is right; the cuda-tagged specs on a real GPU
  * do that.
  *
- * DDPLUA_SIM_DEVICES sets how many devices it reports (default 2). */
+ * DDPLUA_SIM_DEVICES sets how many devices it reports (default 2). DDPLUA_SIM_NCCL=1 adds a
+ * one-rank NCCL table (runtime/dist/pg_nccl.h): communicators of world size 1 whose
+ * collectives are local copies, so the nccl process-group paths (checks, work handles,
+ * record_stream, the front end) run without a GPU; larger communicators are refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,7 @@
 #include "backend/cuda/plugin.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "dist/pg_nccl.h"
 
 enum { MAX_DEVICES = 16, HEADER = 64 };
 
@@ -201,6 +205,135 @@ static int check(const char *op) { return DDP_OK; }
 static void set_allow_tf32(int on) { allow_tf32 = on != 0; }
 static int get_allow_tf32(void) { return allow_tf32; }
 
+/* ---- one-rank NCCL (DDPLUA_SIM_NCCL=1) --------------------------------------------- */
+
+struct ddp_nccl_comm {
+  int device, broken;
+};
+
+static int sim_nccl_id(unsigned char *id) {
+  static int counter;
+  memset(id, 0, DDP_NCCL_ID_BYTES);
+  snprintf((char *)id, DDP_NCCL_ID_BYTES, "sim-nccl-%d", ++counter);
+  return DDP_OK;
+}
+
+static int sim_nccl_init(ddp_nccl_comm **out, const unsigned char *id, int rank, int size,
+                         int device, double timeout_s) {
+  *out = NULL;
+  DDP_TRY(check_device(device, "init_process_group(nccl)"));
+  if (size != 1)
+    DDP_FAIL(DDP_ERR_UNAVAILABLE, "init_process_group(nccl): the simulated NCCL has one rank "
+             "per communicator, asked for %d", size);
+  ddp_nccl_comm *c = calloc(1, sizeof *c);
+  if (!c) DDP_FAIL(DDP_ERR_MEMORY, "init_process_group(nccl): out of memory");
+  c->device = device;
+  *out = c;
+  return DDP_OK;
+}
+
+static void sim_nccl_destroy(ddp_nccl_comm *c) { free(c); }
+static void sim_nccl_abort(ddp_nccl_comm *c) { if (c) c->broken = 1; }
+static void sim_nccl_set_timeout(ddp_nccl_comm *c, double t) {}
+static void *sim_nccl_stream(ddp_nccl_comm *c) { return NULL; }
+static int sim_nccl_device(ddp_nccl_comm *c) { return c ? c->device : -1; }
+static const char *sim_nccl_error(ddp_nccl_comm *c) {
+  return c && c->broken ? "the communicator was aborted" : "";
+}
+
+/* Every collective of one rank: check, copy what moves, hand out an event token. */
+static int sim_done(ddp_nccl_comm *c, const char *op, void **event) {
+  if (c->broken) DDP_FAIL(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", op);
+  *event = malloc(sizeof(sim_event));
+  if (!*event) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+  return DDP_OK;
+}
+
+static void sim_copy(void *out, const void *in, size_t count, int dtype) {
+  if (out != in && count) memmove(out, in, count * ddp_dtype_size(dtype));
+}
+
+static int sim_all_reduce(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int op, void **e) {
+  return sim_done(c, "all_reduce", e); /* op over one rank: the values themselves */
+}
+static int sim_broadcast(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int root, void **e) {
+  return sim_done(c, "broadcast", e);
+}
+static int sim_all_gather(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype,
+                          void **e) {
+  sim_copy(out, in, n, dtype);
+  return sim_done(c, "all_gather", e);
+}
+static int sim_reduce_scatter(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype,
+                              int op, void **e) {
+  sim_copy(out, in, n, dtype);
+  return sim_done(c, "reduce_scatter", e);
+}
+static int sim_reduce(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int op, int root,
+                      void **e) {
+  return sim_done(c, "reduce", e);
+}
+static int sim_gather(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype, int root,
+                      void **e) {
+  sim_copy(out, in, n, dtype);
+  return sim_done(c, "gather", e);
+}
+static int sim_scatter(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype, int root,
+                       void **e) {
+  sim_copy(out, in, n, dtype);
+  return sim_done(c, "scatter", e);
+}
+static int sim_all_to_all(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype,
+                          void **e) {
+  sim_copy(out, in, n, dtype);
+  return sim_done(c, "all_to_all", e);
+}
+static int sim_send(ddp_nccl_comm *c, const void *buf, size_t n, int dtype, int peer, void **e) {
+  DDP_FAIL(DDP_ERR_ARG, "send: a one-rank communicator has no peer");
+}
+static int sim_recv(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int peer, void **e) {
+  DDP_FAIL(DDP_ERR_ARG, "recv: a one-rank communicator has no peer");
+}
+static int sim_barrier(ddp_nccl_comm *c, void **e) { return sim_done(c, "barrier", e); }
+static int sim_wait_stream(ddp_nccl_comm *c, void *e) {
+  if (c->broken) DDP_FAIL(DDP_ERR_STATE, "wait: the NCCL communicator was aborted");
+  return DDP_OK;
+}
+static int sim_wait_host(ddp_nccl_comm *c, void *e, double t) { return sim_wait_stream(c, e); }
+static int sim_query(ddp_nccl_comm *c, void *e, int *done) {
+  *done = 1;
+  return sim_wait_stream(c, e);
+}
+static void sim_event_free(void *e) { free(e); }
+
+static const struct ddp_nccl_api sim_nccl = {
+    .abi = DDP_NCCL_API_ABI,
+    .version = 0,
+    .get_unique_id = sim_nccl_id,
+    .comm_init = sim_nccl_init,
+    .comm_destroy = sim_nccl_destroy,
+    .comm_abort = sim_nccl_abort,
+    .set_timeout = sim_nccl_set_timeout,
+    .comm_stream = sim_nccl_stream,
+    .comm_device = sim_nccl_device,
+    .comm_error = sim_nccl_error,
+    .all_reduce = sim_all_reduce,
+    .broadcast = sim_broadcast,
+    .all_gather = sim_all_gather,
+    .reduce_scatter = sim_reduce_scatter,
+    .reduce = sim_reduce,
+    .gather = sim_gather,
+    .scatter = sim_scatter,
+    .all_to_all = sim_all_to_all,
+    .send = sim_send,
+    .recv = sim_recv,
+    .barrier = sim_barrier,
+    .wait_stream = sim_wait_stream,
+    .wait_host = sim_wait_host,
+    .query = sim_query,
+    .event_free = sim_event_free,
+};
+
 static ddp_kernels kernels;
 
 const ddp_cuda_api *ddp_cuda_plugin_api(void) {
@@ -244,5 +377,7 @@ const ddp_cuda_api *ddp_cuda_plugin_api(void) {
   /* The CPU kernels, under the device's name (for "not implemented" messages). */
   kernels = ddp_cpu_kernels;
   kernels.name = "cuda";
+  const char *nccl = getenv("DDPLUA_SIM_NCCL");
+  if (nccl && atoi(nccl) == 1) api.nccl = &sim_nccl;
   return &api;
 }
