@@ -283,6 +283,36 @@ out("max_rel", string.format("%.3g", worst))
 dist.destroy_process_group()
 ]]
 
+describe("DistributedDataParallel on the simulated NCCL (2 ranks) #dist", function()
+  for _, as_view in ipairs { false, true } do
+    it("matches a single CPU process over 3 steps (gradient_as_bucket_view and find_unused_parameters = " ..
+       tostring(as_view) .. ")", function()
+      local code = TRAIN:gsub('dist.init_process_group{backend = "gloo", timeout = 30}',
+        'dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 30}')
+      code = code:gsub("dist.destroy_process_group%(%)%s*$", "")
+      local r = run("AS_VIEW = " .. tostring(as_view) .. "\n" .. code .. [[
+local t = to_dev(dl.tensor({RANK + 1, 2}), RANK)
+dist.all_reduce(t, {op = "max"})
+out("max", show(t))
+local rs = to_dev(dl.zeros({1}), RANK)
+dist.reduce_scatter(rs, to_dev(dl.tensor({1, 2}), RANK), {op = "avg"})
+out("reduce_scatter", show(rs))
+out("backend", dist.get_backend())
+dist.destroy_process_group()
+]], { env = { DDPLUA_SIM_NCCL = "1" } })
+      assert.is_true(r.ok, mp.describe(r))
+      for rank = 1, 2 do
+        local o = r[rank].output
+        assert.are.equal("cuda:" .. (rank - 1), line(o, "grad_device3"), o)
+        assert.is_true(tonumber(line(o, "max_rel")) < 1e-5, o)
+        assert.are.equal("2,2", line(o, "max"), o)
+        assert.are.equal(tostring(rank), line(o, "reduce_scatter"), o)
+        assert.are.equal("nccl", line(o, "backend"), o)
+      end
+    end)
+  end
+end)
+
 describe("DistributedDataParallel on device parameters (simulated device, gloo) #dist", function()
   for _, as_view in ipairs { false, true } do
     it("matches a single CPU process over 3 steps (gradient_as_bucket_view and find_unused_parameters = " ..
