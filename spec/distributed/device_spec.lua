@@ -313,6 +313,26 @@ dist.destroy_process_group()
   end
 end)
 
+describe("the nccl backend when a peer is gone (simulated NCCL) #dist", function()
+  it("times out naming the collective and the rank, and the group stays failed", function()
+    local r = run([[
+dist.init_process_group{backend = "nccl", timeout = 2}
+if RANK == 1 then os.exit(0) end
+local t = to_dev(dl.ones({2}), 0)
+try("first", function() dist.all_reduce(t) end)
+try("second", function() dist.all_reduce(t) end)
+out("error", C.ddp_pg_error(dist.get_default_group().handle) ~= nil and
+    ffi.string(C.ddp_pg_error(dist.get_default_group().handle)) ~= "")
+]], { env = { DDPLUA_SIM_NCCL = "1" } })
+    assert.is_true(r.ok, mp.describe(r))
+    local o = r[1].output
+    assert.matches("all_reduce on rank 0 (nccl backend): all_reduce: the simulated NCCL timed out after 2 s",
+                   err_line(o, "first"), 1, true)
+    assert.matches("the NCCL communicator was aborted", err_line(o, "second"), 1, true)
+    assert.are.equal("true", line(o, "error"), o)
+  end)
+end)
+
 describe("DistributedDataParallel on device parameters (simulated device, gloo) #dist", function()
   for _, as_view in ipairs { false, true } do
     it("matches a single CPU process over 3 steps (gradient_as_bucket_view and find_unused_parameters = " ..
