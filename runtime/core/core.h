@@ -139,6 +139,12 @@ int ddp_device_memset(void *dst, int device, int byte, size_t nbytes, const char
 int ddp_device_memcpy(void *dst, int dst_device, const void *src, int src_device,
                       size_t nbytes, const char *op);
 
+/* The NCCL table of the loaded CUDA plug-in (runtime/dist/pg_nccl.h; for the process
+ * groups). NULL when CUDA is not available (*why: "CUDA is not available: <reason>") or the
+ * plug-in has no NCCL (*why says so; the simulated device has none). */
+struct ddp_nccl_api;
+const struct ddp_nccl_api *ddp_device_nccl(const char **why);
+
 /* ---- dtypes ------------------------------------------------------------------------- */
 
 float ddp_f16_to_f32(uint16_t h);

@@ -420,3 +420,20 @@ int ddp_cuda_event_elapsed_ms(ddp_event *start, ddp_event *end, float *ms) {
   NEED_EVENT(end, "Event.elapsed_time");
   return api->event_elapsed_ms(start, end, ms);
 }
+
+const struct ddp_nccl_api *ddp_device_nccl(const char **why) {
+  static __thread char reason[600];
+  if (!cuda()) {
+    snprintf(reason, sizeof reason, "CUDA is not available: %s", cuda_reason);
+    *why = reason;
+    return NULL;
+  }
+  if (!api->nccl) {
+    snprintf(reason, sizeof reason, "NCCL is not available: the %s plug-in was built without it",
+             api->name);
+    *why = reason;
+    return NULL;
+  }
+  *why = "";
+  return api->nccl;
+}

@@ -2,7 +2,17 @@
  * communication thread of each group, tensor staging (contiguous copies, f16/bf16 through
  * f32, AVG as SUM then divide), and error messages naming ranks. The transport is the Gloo
  * shim (gloo_shim.h, pg_gloo.cc); all-reduce of f32/f64 goes through shared memory instead
- * when every rank is on this host (pg_shm.h; $DDPLUA_SHM=0 turns that off). */
+ * when every rank is on this host (pg_shm.h; $DDPLUA_SHM=0 turns that off).
+ *
+ * Backend "nccl" (ddp_pg_new_nccl): no thread and no Gloo; each collective is enqueued from
+ * the calling thread on the communicator's stream through the plug-in's NCCL table
+ * (pg_nccl.h) and its work handle is the event recorded after it (Note [nccl work]).
+ *
+ * Note [gloo staging]: the gloo backend given CUDA tensors runs the collective on host
+ * copies, as PyTorch's ProcessGroupGloo does for CUDA tensors: inputs are copied to the host
+ * at submission (synchronously, on the caller's current stream, so the copy sees the
+ * kernels that produced them), outputs are copied back to their device by the communication
+ * thread once the collective succeeded, before the work completes. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -13,6 +23,7 @@
 
 #include "core/core.h"
 #include "dist/gloo_shim.h"
+#include "dist/pg_nccl.h"
 #include "dist/pg_shm.h"
 
 enum { MSG_CAP = 2048 };
@@ -42,6 +53,14 @@ struct ddp_work {
   double timeout_s;         /* default wait of ddp_work_wait */
   ddp_tensor *staged;       /* send/recv: the contiguous buffer in flight, owned */
   ddp_gloo_p2p *p2p;        /* send/recv: the posted message */
+  /* Note [gloo staging]: the device tensors t, out and outs stand for (owned; NULL where
+   * the tensor is on the CPU), written back from the host copies after the collective. */
+  ddp_tensor *dev_t, *dev_out, **dev_outs;
+  /* Note [nccl work]: the event after the collective on the communication stream, and the
+   * table that frees it (the plug-in's, static: valid after the group is gone). */
+  int nccl;
+  void *event;
+  const struct ddp_nccl_api *napi;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int done, status;
@@ -49,7 +68,10 @@ struct ddp_work {
 };
 
 struct ddp_pg {
-  ddp_gloo *gloo;
+  ddp_gloo *gloo;           /* NULL for the nccl backend */
+  const struct ddp_nccl_api *nccl; /* backend nccl: the plug-in's table, else NULL */
+  ddp_nccl_comm *comm;      /* backend nccl: this group's communicator */
+  int device;               /* backend nccl: the CUDA device of the communicator, else -1 */
   ddp_shm *shm;             /* NULL: all-reduce goes through Gloo too */
   int rank, size;
   int *global;              /* (size) group rank -> global rank */
@@ -108,6 +130,11 @@ static void work_unref(ddp_work *w) {
   ddp_tensor_release(w->out);
   for (int i = 0; i < w->nouts; i++) ddp_tensor_release(w->outs[i]);
   free(w->outs);
+  ddp_tensor_release(w->dev_t);
+  ddp_tensor_release(w->dev_out);
+  for (int i = 0; w->dev_outs && i < w->nouts; i++) ddp_tensor_release(w->dev_outs[i]);
+  free(w->dev_outs);
+  if (w->event && w->napi) w->napi->event_free(w->event);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   free(w);
@@ -143,6 +170,18 @@ static int unstage(ddp_tensor *t, ddp_tensor *buf, int ok) {
   else if (ok) ddp_tensor_bump_version(t);
   ddp_tensor_release(buf);
   return status;
+}
+
+/* Note [gloo staging]: after a successful collective, the host results go back to the
+ * device tensors they stand for. */
+static int write_back(ddp_work *w) {
+  int writes_t = w->kind == OP_ALLREDUCE || w->kind == OP_BROADCAST || w->kind == OP_REDUCE ||
+                 w->kind == OP_RECV;
+  if (w->dev_t && writes_t) DDP_TRY(ddp_copy_(w->dev_t, w->t));
+  if (w->dev_out && w->out) DDP_TRY(ddp_copy_(w->dev_out, w->out));
+  for (int i = 0; w->dev_outs && i < w->nouts; i++)
+    if (w->dev_outs[i]) DDP_TRY(ddp_copy_(w->dev_outs[i], w->outs[i]));
+  return DDP_OK;
 }
 
 static int reduce_dtype(int dtype) {
@@ -419,6 +458,11 @@ static int run_work(ddp_pg *pg, ddp_work *w) {
     pthread_mutex_unlock(&pg->lock);
     return 1;
   }
+  if (status == DDP_OK && write_back(w)) {
+    snprintf(err, sizeof err, "%s", ddp_last_error());
+    status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
+    peer = -2;
+  }
   if (status == DDP_OK) work_finish(w, DDP_OK, NULL);
   else fail_work(pg, w, status, err, peer);
   return 0;
@@ -453,6 +497,11 @@ static void *p2p_thread(void *arg) {
       peer = -2;
     } else if (!(w->kind == OP_RECV && status == DDP_OK)) {
       ddp_tensor_release(buf);
+    }
+    if (status == DDP_OK && write_back(w)) {
+      snprintf(err, sizeof err, "%s", ddp_last_error());
+      status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
+      peer = -2;
     }
     if (status == DDP_OK) work_finish(w, DDP_OK, NULL);
     else fail_work(pg, w, status, err, peer);
@@ -566,6 +615,7 @@ static void pick_address(char *host, size_t cap, const char **iface) {
 
 static void pg_destroy(ddp_pg *pg) {
   if (!pg) return;
+  if (pg->comm) pg->nccl->comm_destroy(pg->comm);
   ddp_shm_free(pg->shm);
   ddp_gloo_free(pg->gloo);
   free(pg->global);
@@ -593,6 +643,7 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
   pg->global = global;
   pg->store = store;
   pg->prefix = pfx;
+  pg->device = DDP_DEVICE_CPU;
   pg->timeout_s = pg->applied_timeout_s = timeout_s;
   pthread_mutex_init(&pg->lock, NULL);
   pthread_cond_init(&pg->cv, NULL);
@@ -661,6 +712,90 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
   return DDP_OK;
 }
 
+/* Build an nccl group: the unique id goes from group rank 0 to the others through the store
+ * (key "<prefix>/nccl_id"), then every rank joins the communicator on `device`. `global` is
+ * taken over. */
+static int pg_create_nccl(ddp_pg **out, struct ddp_store *store, int rank, int size,
+                          const char *prefix, double timeout_s, int *global, int device,
+                          const struct ddp_nccl_api *nccl) {
+  ddp_pg *pg = calloc(1, sizeof *pg);
+  char *pfx = strdup(prefix);
+  if (!pg || !pfx) {
+    free(pg);
+    free(pfx);
+    free(global);
+    DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: out of memory");
+  }
+  pg->rank = rank;
+  pg->size = size;
+  pg->global = global;
+  pg->store = store;
+  pg->prefix = pfx;
+  pg->nccl = nccl;
+  pg->device = device;
+  pg->timeout_s = pg->applied_timeout_s = timeout_s;
+  pthread_mutex_init(&pg->lock, NULL);
+  pthread_cond_init(&pg->cv, NULL);
+  pthread_cond_init(&pg->p2p_cv, NULL);
+  int me = global[rank];
+  int status = check_world_size(store, prefix, rank, size, me);
+  if (status) {
+    pg_destroy(pg);
+    return status;
+  }
+  unsigned char id[DDP_NCCL_ID_BYTES];
+  char key[600];
+  snprintf(key, sizeof key, "%s/nccl_id", prefix);
+  if (rank == 0) {
+    status = nccl->get_unique_id(id);
+    if (!status) status = ddp_store_set(store, key, id, sizeof id);
+  } else {
+    void *v = NULL;
+    size_t n = 0;
+    status = ddp_store_get(store, key, &v, &n);
+    if (!status && n != sizeof id)
+      status = DDP_ERROR(DDP_ERR_STATE, "store key '%s' holds %zu bytes, not an NCCL unique id "
+                         "(%d bytes)", key, n, DDP_NCCL_ID_BYTES);
+    if (!status) memcpy(id, v, sizeof id);
+    ddp_store_free_value(v);
+  }
+  if (!status) status = nccl->comm_init(&pg->comm, id, rank, size, device, timeout_s);
+  if (status) {
+    pg_destroy(pg);
+    ddp_error_prefix("init_process_group: rank %d of %d (nccl backend, %s, group '%s')", me, size,
+                     ddp_device_str(device), prefix);
+    return status;
+  }
+  *out = pg;
+  return DDP_OK;
+}
+
+int ddp_pg_new_nccl(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
+                    const char *prefix, double timeout_s, int device) {
+  *out = NULL;
+  const char *why = NULL;
+  const struct ddp_nccl_api *nccl = ddp_device_nccl(&why);
+  if (!nccl) DDP_FAIL(DDP_ERR_UNAVAILABLE, "nccl backend: %s", why);
+  if (nccl->abi != DDP_NCCL_API_ABI)
+    DDP_FAIL(DDP_ERR_UNAVAILABLE, "nccl backend: the CUDA plug-in's NCCL table has interface %d, "
+             "want %d (rebuild the plug-in)", nccl->abi, DDP_NCCL_API_ABI);
+  if (device < 0)
+    DDP_FAIL(DDP_ERR_ARG, "nccl backend: needs a CUDA device, got %s", ddp_device_str(device));
+  DDP_TRY(ddp_check_device(device, "nccl backend"));
+  if (!store) DDP_FAIL(DDP_ERR_ARG, "init_process_group: no store (the rendezvous) given");
+  if (world_size < 1)
+    DDP_FAIL(DDP_ERR_ARG, "init_process_group: world_size must be >= 1, got %d", world_size);
+  if (rank < 0 || rank >= world_size)
+    DDP_FAIL(DDP_ERR_ARG, "init_process_group: rank %d is out of range for world size %d "
+             "(ranks count from 0)", rank, world_size);
+  if (timeout_s <= 0) timeout_s = DEFAULT_TIMEOUT_S;
+  int *global = malloc(sizeof(int) * (size_t)world_size);
+  if (!global) DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: out of memory");
+  for (int i = 0; i < world_size; i++) global[i] = i;
+  return pg_create_nccl(out, store, rank, world_size, prefix && *prefix ? prefix : "pg",
+                        timeout_s, global, device, nccl);
+}
+
 int ddp_pg_new_gloo(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
                     const char *prefix, double timeout_s) {
   *out = NULL;
@@ -701,7 +836,9 @@ int ddp_pg_new_group(ddp_pg **out, ddp_pg *parent, const int *ranks, int n) {
     int *global = malloc(sizeof(int) * (size_t)n);
     if (!global) DDP_FAIL(DDP_ERR_MEMORY, "new_group: out of memory");
     for (int i = 0; i < n; i++) global[i] = parent->global[ranks[i]];
-    status = pg_create(out, parent->store, me, n, prefix, parent->timeout_s, global);
+    status = parent->nccl ? pg_create_nccl(out, parent->store, me, n, prefix, parent->timeout_s,
+                                           global, parent->device, parent->nccl)
+                          : pg_create(out, parent->store, me, n, prefix, parent->timeout_s, global);
     if (status) {
       ddp_error_prefix("new_group");
       return status;
@@ -733,12 +870,31 @@ int ddp_pg_set_timeout(ddp_pg *pg, double timeout_s) {
   pthread_mutex_lock(&pg->lock);
   pg->timeout_s = timeout_s;
   pthread_mutex_unlock(&pg->lock);
+  if (pg->comm) pg->nccl->set_timeout(pg->comm, timeout_s);
   return DDP_OK;
 }
 
 double ddp_pg_get_timeout(const ddp_pg *pg) { return pg ? pg->timeout_s : 0; }
 
-const char *ddp_pg_error(const ddp_pg *pg) { return pg && pg->failed ? pg->failure : ""; }
+const char *ddp_pg_error(const ddp_pg *pg) {
+  if (pg && pg->comm) return pg->nccl->comm_error(pg->comm);
+  return pg && pg->failed ? pg->failure : "";
+}
+
+int ddp_pg_nccl_available(char *reason, size_t len) {
+  const char *why = NULL;
+  const struct ddp_nccl_api *nccl = ddp_device_nccl(&why);
+  if (nccl && nccl->abi != DDP_NCCL_API_ABI) {
+    nccl = NULL;
+    why = "the CUDA plug-in's NCCL table has another interface version";
+  }
+  if (reason && len) snprintf(reason, len, "%s", nccl ? "" : why);
+  return nccl != NULL;
+}
+
+const char *ddp_pg_backend(const ddp_pg *pg) { return !pg ? "" : pg->nccl ? "nccl" : "gloo"; }
+
+int ddp_pg_device(const ddp_pg *pg) { return pg && pg->nccl ? pg->device : DDP_DEVICE_CPU; }
 
 /* ---- submission ----------------------------------------------------------------------- */
 
@@ -747,11 +903,18 @@ static int check_group(ddp_pg *pg, const char *op) {
   return DDP_OK;
 }
 
-static int check_tensor(const ddp_tensor *t, const char *op, const char *arg, int reducing) {
+/* gloo takes tensors on any device (Note [gloo staging]); nccl takes contiguous tensors on
+ * the communicator's device (as PyTorch's ProcessGroupNCCL). */
+static int check_tensor(const ddp_pg *pg, const ddp_tensor *t, const char *op, const char *arg,
+                        int reducing) {
   DDP_TRY(ddp_check_alive(t, op, arg));
-  if (t->device != DDP_DEVICE_CPU)
-    DDP_FAIL(DDP_ERR_ARG, "%s: %s is on cuda:%d; the gloo backend takes CPU tensors", op, arg,
-             t->device);
+  if (pg->nccl && t->device != pg->device)
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s is on %s but the nccl backend of this rank takes CUDA tensors "
+             "on %s (use the gloo backend for CPU tensors)", op, arg, ddp_device_str(t->device),
+             ddp_device_str(pg->device));
+  if (pg->nccl && !ddp_tensor_is_contiguous(t))
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s must be contiguous for the nccl backend (call contiguous() "
+             "first)", op, arg);
   if (reducing && t->dtype == DDP_BOOL)
     DDP_FAIL(DDP_ERR_ARG, "%s: %s has dtype bool, which cannot be reduced", op, arg);
   return DDP_OK;
@@ -847,6 +1010,150 @@ static int submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   return status;
 }
 
+/* Note [gloo staging]: x (a device tensor, owned by the work) becomes a host tensor of the
+ * same shape and dtype (the values copied when `values`); the device tensor moves to *dev. */
+static int to_host(ddp_tensor **x, ddp_tensor **dev, int values) {
+  ddp_tensor *t = *x, *h = NULL;
+  if (!t || t->device == DDP_DEVICE_CPU) return DDP_OK;
+  DDP_TRY(ddp_tensor_empty(&h, t->ndim, t->shape, t->dtype, DDP_DEVICE_CPU));
+  if (values) {
+    ddp_tensor *alias = ddp_tensor_alias(t); /* detached: the copy records no graph */
+    int status = alias ? ddp_copy_(h, alias) : ddp_last_status();
+    ddp_tensor_release(alias);
+    if (status) {
+      ddp_tensor_release(h);
+      return status;
+    }
+  }
+  *dev = t;
+  *x = h;
+  return DDP_OK;
+}
+
+static int stage_to_host(ddp_work *w) {
+  const char *op = op_names[w->kind];
+  int status = to_host(&w->t, &w->dev_t, w->kind != OP_RECV);
+  if (!status) status = to_host(&w->out, &w->dev_out, 0);
+  for (int i = 0; !status && i < w->nouts; i++) {
+    if (w->outs[i]->device == DDP_DEVICE_CPU) continue;
+    if (!w->dev_outs && !(w->dev_outs = calloc((size_t)w->nouts, sizeof *w->dev_outs)))
+      status = DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory", op);
+    if (!status) status = to_host(&w->outs[i], &w->dev_outs[i], 0);
+  }
+  if (status) ddp_error_prefix("%s (gloo backend, staging CUDA tensors through the host)", op);
+  return status;
+}
+
+/* Note [nccl work]: the collective is enqueued at once from this thread (pg_nccl.h: the
+ * communication stream waits for the current stream first); every device tensor it uses is
+ * recorded on the communication stream so the caching allocator keeps its memory until the
+ * collective is done, even if the tensor is freed before. ddp_work_wait then makes the
+ * current stream wait for the work's event (torch's work.wait(): the host goes on); a
+ * blocking call does that before it returns, except barrier, which blocks the host (as
+ * PyTorch's). ddp_work_synchronize blocks the host, polling the communicator for errors. */
+static int nccl_enqueue(ddp_pg *pg, ddp_work *w) {
+  const struct ddp_nccl_api *N = pg->nccl;
+  ddp_nccl_comm *c = pg->comm;
+  ddp_tensor *t = w->t, *o = w->out;
+  void **ev = &w->event;
+  switch (w->kind) {
+    case OP_ALLREDUCE:
+      return N->all_reduce(c, ddp_data(t), (size_t)t->numel, t->dtype, w->op, ev);
+    case OP_BROADCAST:
+      return N->broadcast(c, ddp_data(t), (size_t)t->numel, t->dtype, w->root, ev);
+    case OP_ALLGATHER:
+      return N->all_gather(c, ddp_data(o), ddp_data(t), (size_t)t->numel, t->dtype, ev);
+    case OP_ALLGATHER_LIST: {
+      /* Into one (world, ...) buffer, then the rows into the list on the current stream. */
+      int64_t shape[DDP_MAX_DIMS + 1];
+      shape[0] = pg->size;
+      memcpy(shape + 1, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+      ddp_tensor *all = NULL;
+      DDP_TRY(ddp_tensor_empty(&all, t->ndim + 1, shape, t->dtype, pg->device));
+      int status = N->all_gather(c, ddp_data(all), ddp_data(t), (size_t)t->numel, t->dtype, ev);
+      if (!status) status = ddp_cuda_record_stream(all, (ddp_stream *)N->comm_stream(c));
+      if (!status) status = N->wait_stream(c, w->event);
+      for (int i = 0; i < pg->size && !status; i++) {
+        ddp_tensor *row = NULL;
+        status = chunk_view(&row, all, i, t->ndim, t->shape);
+        if (!status) status = ddp_copy_(w->outs[i], row);
+        ddp_tensor_release(row);
+      }
+      ddp_tensor_release(all);
+      if (status) return status;
+      /* The handle now stands for the copies too: an event on the current stream. */
+      ddp_stream *cur = NULL;
+      ddp_event *e = NULL;
+      status = ddp_cuda_current_stream(&cur, pg->device);
+      if (!status) status = ddp_cuda_event_new(&e, pg->device, 0);
+      if (!status) status = ddp_cuda_event_record(e, cur);
+      if (status) {
+        ddp_cuda_event_free(e);
+        return status;
+      }
+      N->event_free(w->event);
+      w->event = e;
+      return DDP_OK;
+    }
+    case OP_REDUCE_SCATTER:
+      return N->reduce_scatter(c, ddp_data(o), ddp_data(t), (size_t)o->numel, t->dtype, w->op,
+                               ev);
+    case OP_REDUCE:
+      return N->reduce(c, ddp_data(t), (size_t)t->numel, t->dtype, w->op, w->root, ev);
+    case OP_GATHER:
+      return N->gather(c, o ? ddp_data(o) : NULL, ddp_data(t), (size_t)t->numel, t->dtype,
+                       w->root, ev);
+    case OP_SCATTER:
+      return N->scatter(c, ddp_data(o), t ? ddp_data(t) : NULL, (size_t)o->numel, o->dtype,
+                        w->root, ev);
+    case OP_ALLTOALL:
+      return N->all_to_all(c, ddp_data(o), ddp_data(t), (size_t)(t->numel / pg->size), t->dtype,
+                           ev);
+    case OP_SEND:
+      return N->send(c, ddp_data(t), (size_t)t->numel, t->dtype, w->peer, ev);
+    case OP_RECV:
+      return N->recv(c, ddp_data(t), (size_t)t->numel, t->dtype, w->peer, ev);
+    case OP_BARRIER:
+      return N->barrier(c, ev);
+  }
+  DDP_FAIL(DDP_ERR_STATE, "nccl: unknown work kind %d", (int)w->kind);
+}
+
+static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
+  w->refs = 1; /* no queue: the caller's reference only */
+  w->nccl = 1;
+  w->napi = pg->nccl;
+  w->timeout_s = pg->timeout_s;
+  int status = nccl_enqueue(pg, w);
+  ddp_stream *comm_stream = (ddp_stream *)pg->nccl->comm_stream(pg->comm);
+  if (!status && w->t) status = ddp_cuda_record_stream(w->t, comm_stream);
+  if (!status && w->out) status = ddp_cuda_record_stream(w->out, comm_stream);
+  if (status) {
+    ddp_error_prefix("%s on rank %d (nccl backend)", op_names[w->kind], pg->global[pg->rank]);
+    work_unref(w);
+    return status;
+  }
+  if (handle) {
+    *handle = w;
+    return DDP_OK;
+  }
+  status = w->kind == OP_BARRIER ? ddp_work_synchronize(w, 0) : ddp_work_wait(w, 0);
+  work_unref(w);
+  return status;
+}
+
+/* Hand w (which holds its references) to the group's backend. */
+static int dispatch(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
+  if (pg->nccl) return nccl_submit(handle, pg, w);
+  int status = stage_to_host(w);
+  if (status) {
+    w->refs = 1;
+    work_unref(w);
+    return status;
+  }
+  return submit(handle, pg, w);
+}
+
 #define NEW_WORK(w, pg, kind)                                                              \
   ddp_work *w = work_new((pg), (kind));                                                    \
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op_names[kind])
@@ -854,47 +1161,47 @@ static int submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
 int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "all_reduce"));
-  DDP_TRY(check_tensor(t, "all_reduce", "tensor", 1));
+  DDP_TRY(check_tensor(pg, t, "all_reduce", "tensor", 1));
   DDP_TRY(check_op(op, t, "all_reduce"));
   NEW_WORK(w, pg, OP_ALLREDUCE);
   w->t = keep(t);
   w->op = op;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_broadcast(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "broadcast"));
-  DDP_TRY(check_tensor(t, "broadcast", "tensor", 0));
+  DDP_TRY(check_tensor(pg, t, "broadcast", "tensor", 0));
   DDP_TRY(check_root(pg, root, "broadcast", "src"));
   NEW_WORK(w, pg, OP_BROADCAST);
   w->t = keep(t);
   w->root = root;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_allgather(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *t) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "all_gather"));
-  DDP_TRY(check_tensor(t, "all_gather", "tensor", 0));
-  DDP_TRY(check_tensor(out, "all_gather", "output", 0));
+  DDP_TRY(check_tensor(pg, t, "all_gather", "tensor", 0));
+  DDP_TRY(check_tensor(pg, out, "all_gather", "output", 0));
   DDP_TRY(check_stacked(pg, out, t, "all_gather", "output", "tensor"));
   NEW_WORK(w, pg, OP_ALLGATHER);
   w->t = keep(t);
   w->out = keep(out);
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_allgather_list(ddp_work **work, ddp_pg *pg, ddp_tensor **outs, int n,
                           ddp_tensor *t) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "all_gather"));
-  DDP_TRY(check_tensor(t, "all_gather", "tensor", 0));
+  DDP_TRY(check_tensor(pg, t, "all_gather", "tensor", 0));
   if (n != pg->size)
     DDP_FAIL(DDP_ERR_ARG, "all_gather: the output list has %d tensors but the group has %d "
              "ranks", n, pg->size);
   for (int i = 0; i < n; i++) {
-    DDP_TRY(check_tensor(outs[i], "all_gather", "output list entry", 0));
+    DDP_TRY(check_tensor(pg, outs[i], "all_gather", "output list entry", 0));
     if (outs[i]->dtype != t->dtype || !same_shape(outs[i]->ndim, outs[i]->shape, t->ndim, t->shape))
       DDP_FAIL(DDP_ERR_ARG, "all_gather: output %d is %s %s but tensor is %s %s", i + 1,
                ddp_dtype_name(outs[i]->dtype), DDP_SHAPE(outs[i]), ddp_dtype_name(t->dtype),
@@ -910,14 +1217,14 @@ int ddp_pg_allgather_list(ddp_work **work, ddp_pg *pg, ddp_tensor **outs, int n,
   w->nouts = n;
   for (int i = 0; i < n; i++) w->outs[i] = keep(outs[i]);
   w->t = keep(t);
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_reduce_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in, int op) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "reduce_scatter"));
-  DDP_TRY(check_tensor(in, "reduce_scatter", "input", 1));
-  DDP_TRY(check_tensor(out, "reduce_scatter", "output", 1));
+  DDP_TRY(check_tensor(pg, in, "reduce_scatter", "input", 1));
+  DDP_TRY(check_tensor(pg, out, "reduce_scatter", "output", 1));
   DDP_TRY(check_op(op, in, "reduce_scatter"));
   if (out->dtype != in->dtype)
     DDP_FAIL(DDP_ERR_ARG, "reduce_scatter: output has dtype %s but input has %s",
@@ -930,30 +1237,30 @@ int ddp_pg_reduce_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tens
   w->t = keep(in);
   w->out = keep(out);
   w->op = op;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_reduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root, int op) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "reduce"));
-  DDP_TRY(check_tensor(t, "reduce", "tensor", 1));
+  DDP_TRY(check_tensor(pg, t, "reduce", "tensor", 1));
   DDP_TRY(check_root(pg, root, "reduce", "dst"));
   DDP_TRY(check_op(op, t, "reduce"));
   NEW_WORK(w, pg, OP_REDUCE);
   w->t = keep(t);
   w->root = root;
   w->op = op;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_gather(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *t, int root) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "gather"));
-  DDP_TRY(check_tensor(t, "gather", "tensor", 0));
+  DDP_TRY(check_tensor(pg, t, "gather", "tensor", 0));
   DDP_TRY(check_root(pg, root, "gather", "dst"));
   if (pg->rank == root) {
     if (!out) DDP_FAIL(DDP_ERR_ARG, "gather: the destination rank %d needs an output tensor", root);
-    DDP_TRY(check_tensor(out, "gather", "output", 0));
+    DDP_TRY(check_tensor(pg, out, "gather", "output", 0));
     DDP_TRY(check_stacked(pg, out, t, "gather", "output", "tensor"));
   } else if (out) {
     DDP_FAIL(DDP_ERR_ARG, "gather: only the destination rank %d takes an output tensor (this is "
@@ -963,17 +1270,17 @@ int ddp_pg_gather(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *t, i
   w->t = keep(t);
   w->out = out ? keep(out) : NULL;
   w->root = root;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in, int root) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "scatter"));
-  DDP_TRY(check_tensor(out, "scatter", "output", 0));
+  DDP_TRY(check_tensor(pg, out, "scatter", "output", 0));
   DDP_TRY(check_root(pg, root, "scatter", "src"));
   if (pg->rank == root) {
     if (!in) DDP_FAIL(DDP_ERR_ARG, "scatter: the source rank %d needs an input tensor", root);
-    DDP_TRY(check_tensor(in, "scatter", "input", 0));
+    DDP_TRY(check_tensor(pg, in, "scatter", "input", 0));
     DDP_TRY(check_stacked(pg, in, out, "scatter", "input", "output"));
   } else if (in) {
     DDP_FAIL(DDP_ERR_ARG, "scatter: only the source rank %d takes an input tensor (this is rank %d)",
@@ -983,14 +1290,14 @@ int ddp_pg_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
   w->t = in ? keep(in) : NULL;
   w->out = keep(out);
   w->root = root;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_alltoall(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "all_to_all"));
-  DDP_TRY(check_tensor(in, "all_to_all", "input", 0));
-  DDP_TRY(check_tensor(out, "all_to_all", "output", 0));
+  DDP_TRY(check_tensor(pg, in, "all_to_all", "input", 0));
+  DDP_TRY(check_tensor(pg, out, "all_to_all", "output", 0));
   if (out->dtype != in->dtype || !same_shape(out->ndim, out->shape, in->ndim, in->shape))
     DDP_FAIL(DDP_ERR_ARG, "all_to_all: output (%s %s) must match input (%s %s)",
              ddp_dtype_name(out->dtype), DDP_SHAPE(out), ddp_dtype_name(in->dtype), DDP_SHAPE(in));
@@ -1000,7 +1307,7 @@ int ddp_pg_alltoall(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in
   NEW_WORK(w, pg, OP_ALLTOALL);
   w->t = keep(in);
   w->out = keep(out);
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 static int check_p2p(const ddp_pg *pg, int other, int tag, const char *op, const char *what) {
@@ -1015,38 +1322,58 @@ static int check_p2p(const ddp_pg *pg, int other, int tag, const char *op, const
 int ddp_pg_send(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int dst, int tag) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "send"));
-  DDP_TRY(check_tensor(t, "send", "tensor", 0));
+  DDP_TRY(check_tensor(pg, t, "send", "tensor", 0));
   DDP_TRY(check_p2p(pg, dst, tag, "send", "dst"));
   NEW_WORK(w, pg, OP_SEND);
   w->t = keep(t);
   w->peer = dst;
   w->tag = tag;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_recv(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int src, int tag) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "recv"));
-  DDP_TRY(check_tensor(t, "recv", "tensor", 0));
+  DDP_TRY(check_tensor(pg, t, "recv", "tensor", 0));
   DDP_TRY(check_p2p(pg, src, tag, "recv", "src"));
   NEW_WORK(w, pg, OP_RECV);
   w->t = keep(t);
   w->peer = src;
   w->tag = tag;
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 int ddp_pg_barrier(ddp_work **work, ddp_pg *pg) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "barrier"));
   NEW_WORK(w, pg, OP_BARRIER);
-  return submit(work, pg, w);
+  return dispatch(work, pg, w);
 }
 
 /* ---- waiting -------------------------------------------------------------------------- */
 
+/* The nccl group of work w, or a "destroyed" error. */
+static int nccl_prefix(ddp_work *w, int status) {
+  if (status)
+    ddp_error_prefix("%s on rank %d (nccl backend)", op_names[w->kind], w->pg->global[w->pg->rank]);
+  return status;
+}
+
+int ddp_work_synchronize(ddp_work *w, double timeout_s) {
+  if (!w) DDP_FAIL(DDP_ERR_ARG, "synchronize: no work handle");
+  if (!w->nccl) return ddp_work_wait(w, timeout_s);
+  if (timeout_s <= 0) timeout_s = w->timeout_s;
+  return nccl_prefix(w, w->napi->wait_host(w->pg->comm, w->event, timeout_s));
+}
+
 int ddp_work_wait(ddp_work *w, double timeout_s) {
   if (!w) DDP_FAIL(DDP_ERR_ARG, "wait: no work handle");
+  if (w->nccl) { /* Note [nccl work]: a known communicator failure first, then the stream */
+    int done = 0;
+    int status = w->napi->query(w->pg->comm, w->event, &done);
+    if (!status && !done) status = w->napi->wait_stream(w->pg->comm, w->event);
+    return nccl_prefix(w, status);
+  }
   if (timeout_s <= 0) timeout_s = w->timeout_s;
   struct timespec until = deadline_after(timeout_s);
   pthread_mutex_lock(&w->mu);
@@ -1065,6 +1392,11 @@ int ddp_work_wait(ddp_work *w, double timeout_s) {
 
 int ddp_work_is_completed(ddp_work *w) {
   if (!w) return 1;
+  if (w->nccl) {
+    int done = 0;
+    if (w->napi->query(w->pg->comm, w->event, &done)) return 1; /* failed: finished */
+    return done;
+  }
   pthread_mutex_lock(&w->mu);
   int done = w->done;
   pthread_mutex_unlock(&w->mu);
@@ -1077,6 +1409,10 @@ void ddp_work_free(ddp_work *w) {
 
 void ddp_pg_free(ddp_pg *pg) {
   if (!pg) return;
+  if (pg->nccl) { /* no threads: the communicator flushes its queued work */
+    pg_destroy(pg);
+    return;
+  }
   pthread_mutex_lock(&pg->lock);
   pg->stop = 1;
   pthread_cond_signal(&pg->cv);

@@ -1,7 +1,7 @@
 /* runtime/dist/reducer.c: the DDP gradient reducer (ddplua/reducer.h), after PyTorch's c10d
  * Reducer: Bucket, mark_variable_ready, finalize_backward. The invariants are the notes in
  * ddplua/reducer.h: [bucket order], [bucket assignment], [gradient averaging],
- * [bucket rebuild], [unused parameters]. */
+ * [bucket rebuild], [unused parameters], [device buckets]. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -33,6 +33,8 @@ typedef struct {
 struct ddp_reducer {
   ddp_pg *pg;                /* NULL: world size 1, nothing to communicate */
   int rank, world;
+  int device;                /* the parameters' device: buckets live there */
+  int comm_device;           /* the process group's device (nccl), DDP_DEVICE_CPU for gloo */
   int n;
   ddp_tensor **params;       /* owned references, registration order */
   hook_ctx *hook_ctx;        /* per parameter */
@@ -55,6 +57,7 @@ struct ddp_reducer {
   uint8_t *ready;            /* per parameter: marked ready this iteration */
   ddp_tensor *local_used;    /* (n,) i32: 1 where this rank's hook fired (find_unused) */
   ddp_work *used_work;
+  ddp_tensor *used_dev;      /* nccl: local_used copied to comm_device for its all-reduce */
   int failed;                /* a hook failed: finalize reports it */
   char *failure;
   int failure_status;
@@ -143,7 +146,7 @@ static int buckets_build(ddp_reducer *r, const int *order, bucket **out, int *n_
   for (int k = 0; k < nb && !status; k++) {
     bucket *b = &bs[k];
     int64_t shape[1] = {b->numel};
-    status = ddp_tensor_zeros(&b->buffer, 1, shape, b->dtype, DDP_DEVICE_CPU);
+    status = ddp_tensor_zeros(&b->buffer, 1, shape, b->dtype, r->device);
     for (int s = 0; s < b->n_vars && !status; s++) {
       ddp_tensor *p = r->params[b->vars[s]];
       int64_t strides[DDP_MAX_DIMS];
@@ -224,6 +227,12 @@ static int launch_ready_buckets(ddp_reducer *r) {
 /* dst (contiguous slot) = src * scale (Note [gradient averaging]); src NULL: zeros. */
 static int copy_scaled(ddp_tensor *dst, const ddp_tensor *src, double scale) {
   if (!src) return ddp_zero_(dst);
+  if (dst->device != DDP_DEVICE_CPU) {
+    /* Note [device buckets]: a device copy and a scale on the device, both on the current
+     * stream (never a host pointer into device memory). */
+    if (src != dst) DDP_TRY(ddp_copy_(dst, src));
+    return scale == 1.0 ? DDP_OK : ddp_mul_scalar_(dst, scale);
+  }
   int64_t n = dst->numel;
   if (src != dst && src->dtype == dst->dtype && ddp_tensor_is_contiguous(src)) {
     if (dst->dtype == DDP_F32) {
@@ -306,6 +315,8 @@ static void reset_iteration(ddp_reducer *r) {
   }
   if (r->used_work) ddp_work_free(r->used_work);
   r->used_work = NULL;
+  ddp_tensor_release(r->used_dev);
+  r->used_dev = NULL;
   memset(r->ready, 0, (size_t)r->n);
   if (r->local_used) memset(ddp_data(r->local_used), 0, sizeof(int32_t) * (size_t)r->n);
   r->next_bucket = 0;
@@ -373,8 +384,14 @@ static int finalize_backward(ddp_reducer *r) {
   for (int i = 0; i < r->n; i++)
     if (!r->ready[i]) DDP_TRY(mark_variable_ready(r, i, 0));
   if (r->find_unused && r->pg && r->world > 1) {
-    /* After every bucket, so in the same collective order on every rank. */
-    int status = ddp_pg_allreduce(&r->used_work, r->pg, r->local_used, DDP_REDUCE_SUM);
+    /* After every bucket, so in the same collective order on every rank. nccl reduces
+     * device memory only: the flags go through a device copy. */
+    ddp_tensor *flags = r->local_used;
+    if (r->comm_device != DDP_DEVICE_CPU) {
+      DDP_TRY(ddp_tensor_to_device(&r->used_dev, r->local_used, r->comm_device, 0));
+      flags = r->used_dev;
+    }
+    int status = ddp_pg_allreduce(&r->used_work, r->pg, flags, DDP_REDUCE_SUM);
     if (status) {
       r->used_work = NULL;
       return status;
@@ -387,10 +404,13 @@ static int finalize_backward(ddp_reducer *r) {
   clock_gettime(CLOCK_MONOTONIC, &t1);
   r->last_wait_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   if (wait_status) return wait_status;
-  if (r->used_work && ddp_work_wait(r->used_work, r->timeout_s))
+  /* The host reads the flags: with nccl, wait on the host for them and copy them back. */
+  if (r->used_work && (r->used_dev ? ddp_work_synchronize(r->used_work, r->timeout_s)
+                                   : ddp_work_wait(r->used_work, r->timeout_s)))
     DDP_FAIL(ddp_last_status(), "DistributedDataParallel: the all-reduce of the used-parameter "
              "flags failed on rank %d: %s", r->rank,
              ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error());
+  if (r->used_dev) DDP_TRY(ddp_copy_(r->local_used, r->used_dev));
   DDP_TRY(copy_back(r));
   if (r->recording) {
     r->recording = 0;
@@ -432,7 +452,7 @@ static int on_backward_end(void *vctx, int status) {
 
 /* ---- public ------------------------------------------------------------------------------ */
 
-static int check_params(ddp_tensor **params, int n) {
+static int check_params(ddp_tensor **params, int n, const ddp_pg *pg) {
   for (int i = 0; i < n; i++) {
     ddp_tensor *p = params[i];
     if (!p) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d is NULL", i);
@@ -443,9 +463,15 @@ static int check_params(ddp_tensor **params, int n) {
     if (!ddp_dtype_is_floating(p->dtype))
       DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d has dtype %s (floating dtypes "
                "only)", i, ddp_dtype_name(p->dtype));
-    if (p->device != DDP_DEVICE_CPU)
-      DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d is not on the CPU (the gloo "
-               "reducer reduces CPU tensors)", i);
+    if (p->device != params[0]->device)
+      DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d is on %s but parameter 0 is on "
+               "%s: parameters on several devices are not supported (one device per process, "
+               "as PyTorch's DDP)", i, ddp_device_str(p->device),
+               ddp_device_str(params[0]->device));
+    if (pg && ddp_pg_device(pg) != DDP_DEVICE_CPU && p->device != ddp_pg_device(pg))
+      DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameter %d is on %s but the %s process "
+               "group of this rank works on %s (move the module there first)", i,
+               ddp_device_str(p->device), ddp_pg_backend(pg), ddp_device_str(ddp_pg_device(pg)));
     for (int j = 0; j < i; j++)
       if (params[j] == p)
         DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: parameters %d and %d are the same tensor", j, i);
@@ -462,13 +488,15 @@ int ddp_reducer_new(ddp_reducer **out, struct ddp_pg *pg, ddp_tensor **params, i
   if (bucket_cap_bytes <= 0 || first_bucket_cap_bytes <= 0)
     DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: bucket caps must be > 0 bytes, got %lld and "
              "%lld", (long long)bucket_cap_bytes, (long long)first_bucket_cap_bytes);
-  DDP_TRY(check_params(params, n));
+  DDP_TRY(check_params(params, n, pg));
   ddp_reducer *r = calloc(1, sizeof *r);
   if (!r) DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory");
   size_t m = (size_t)(n ? n : 1);
   r->pg = pg;
   r->rank = pg ? ddp_pg_rank(pg) : 0;
   r->world = pg ? ddp_pg_size(pg) : 1;
+  r->device = n ? params[0]->device : DDP_DEVICE_CPU;
+  r->comm_device = pg ? ddp_pg_device(pg) : DDP_DEVICE_CPU;
   r->n = n;
   r->cap = bucket_cap_bytes;
   r->first_cap = first_bucket_cap_bytes;
@@ -538,6 +566,7 @@ void ddp_reducer_free(ddp_reducer *r) {
   ddp_clear_error();
   buckets_free(r->buckets, r->n_buckets);
   if (r->used_work) ddp_work_free(r->used_work);
+  ddp_tensor_release(r->used_dev);
   ddp_tensor_release(r->local_used);
   free(r->params);
   free(r->hook_ctx);
@@ -561,7 +590,20 @@ static int rebuild_buckets(ddp_reducer *r) {
   int64_t *o = (int64_t *)ddp_data(order_t);
   for (int i = 0; i < n; i++) o[i] = r->order[i];
   int status = DDP_OK;
-  if (r->pg && r->world > 1) {
+  if (r->pg && r->world > 1 && r->comm_device != DDP_DEVICE_CPU) {
+    /* nccl: through the group's device, waited for on the host (the host reads it). */
+    ddp_tensor *dev = NULL;
+    ddp_work *w = NULL;
+    status = ddp_tensor_to_device(&dev, order_t, r->comm_device, 0);
+    if (!status) status = ddp_pg_broadcast(&w, r->pg, dev, 0);
+    if (!status) status = ddp_work_synchronize(w, r->timeout_s);
+    if (!status) status = ddp_copy_(order_t, dev);
+    ddp_work_free(w);
+    ddp_tensor_release(dev);
+    if (status)
+      status = DDP_ERROR(status, "DistributedDataParallel: rank %d could not receive rank 0's "
+                         "gradient order to rebuild the buckets: %s", r->rank, ddp_last_error());
+  } else if (r->pg && r->world > 1) {
     status = ddp_pg_broadcast(NULL, r->pg, order_t, 0);
     if (status)
       status = DDP_ERROR(status, "DistributedDataParallel: rank %d could not receive rank 0's "

@@ -68,11 +68,12 @@ uint64_t ddp_bytes_digest(const void *data, size_t n) {
 int ddp_tensor_digest(uint64_t *out, const ddp_tensor *t) {
   *out = 0;
   DDP_TRY(ddp_check_alive(t, "tensor_digest", "self"));
-  if (t->device != DDP_DEVICE_CPU)
-    DDP_FAIL(DDP_ERR_ARG, "tensor_digest: the tensor must be on the CPU");
   ddp_tensor *c;
   int prev = ddp_set_grad_enabled(0); /* a digest is no part of any graph */
-  int status = ddp_contiguous(&c, (ddp_tensor *)t);
+  /* A device tensor is digested from a contiguous host copy (never through host pointers). */
+  int status = t->device != DDP_DEVICE_CPU
+                   ? ddp_tensor_to_device(&c, (ddp_tensor *)t, DDP_DEVICE_CPU, 0)
+                   : ddp_contiguous(&c, (ddp_tensor *)t);
   ddp_set_grad_enabled(prev);
   if (status) return status;
   uint64_t h = fnv1a(FNV_OFFSET, (const unsigned char *)ddp_data(c),

@@ -27,6 +27,14 @@ DDP.FIRST_BUCKET_BYTES = 1 * MB
 DDP.DEFAULT_BUCKET_CAP_MB = 25
 
 local reducer_box = ffi.new("ddp_reducer*[1]")
+local work_box = ffi.new("ddp_work*[1]")
+local tbox = ffi.new("ddp_tensor*[1]")
+
+-- t on CUDA device `dev` (t itself when it is there); differentiable.
+local function to_device(t, dev)
+  check(C.ddp_tensor_to_device(tbox, t, dev, 0))
+  return lib.wrap(tbox[0])
+end
 local digest_box = ffi.new("uint64_t[1]")
 
 -- ---- process group --------------------------------------------------------------------
@@ -59,7 +67,21 @@ local function allgather_i64(self, values, op)
   local n = #values
   local t = i64_tensor(values)
   local out = dl.zeros({ world, math.max(n, 0) }, { dtype = "i64" })
-  if n > 0 then check(C.ddp_pg_allgather(nil, self.process_group:ptr(op), out, t)) end
+  if n > 0 then
+    local h = self.process_group:ptr(op)
+    local dev = C.ddp_pg_device(h)
+    if dev >= 0 then
+      -- nccl reduces device memory: through the rank's device, the host waiting for the
+      -- result it reads (synchronize polls the communicator: a dead peer raises).
+      local od = to_device(out, dev)
+      check(C.ddp_pg_allgather(work_box, h, od, to_device(t, dev)))
+      local w = ffi.gc(work_box[0], C.ddp_work_free)
+      check(C.ddp_work_synchronize(w, 0))
+      check(C.ddp_copy_(out, od))
+    else
+      check(C.ddp_pg_allgather(nil, h, out, t))
+    end
+  end
   local p = ffi.cast("int64_t*", C.ddp_tensor_data(out))
   local rows = {}
   for r = 1, world do
@@ -152,7 +174,14 @@ end
 --   forward fail naming them), broadcast_buffers = true (rank 0's buffers copied to every
 --   rank before each forward), gradient_as_bucket_view = false (param.grad views into the
 --   buckets: no copy back), timeout (seconds for each bucket's all-reduce; default: the
---   group's). Raises when the ranks' parameters differ (naming the first one and the ranks).
+--   group's), device_ids (as PyTorch for a single-device module: nil, or a list of ONE
+--   device, "cuda:k" or k, where the module's parameters already are: one device per
+--   process; positional tensor inputs of forward are then moved there; output_device is
+--   accepted and must be that device too).
+-- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
+-- on that device (ddplua/reducer.h, Note [device buckets]). With the nccl backend the group's
+-- device must be the module's; with gloo, device gradients are staged through the host.
+-- Raises when the ranks' parameters differ (naming the first one and the ranks).
 function DDP.new(module, opts)
   opts = opts or {}
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
@@ -182,6 +211,8 @@ function DDP.new(module, opts)
       self.param_names[#self.params] = name
     end
   end
+  self.device = #self.params > 0 and C.ddp_tensor_device(self.params[1]) or -1
+  self.device_ids = DDP.check_device_ids(opts.device_ids, opts.output_device, self.device)
   self.buffers, self.buffer_names = {}, {}
   for name, b in module:named_buffers() do
     self.buffers[#self.buffers + 1] = b
@@ -205,6 +236,38 @@ function DDP.new(module, opts)
                           self.gradient_as_bucket_view and 1 or 0, timeout))
   self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
   return self
+end
+
+local function device_of(d, what)
+  if type(d) == "number" and d >= 0 and d == math.floor(d) then return d end
+  local k = type(d) == "string" and d:match("^cuda:(%d+)$")
+  if k then return tonumber(k) end
+  raise(("DistributedDataParallel: %s must name a CUDA device ('cuda:0' or 0), got %s"):format(what, tostring(d)))
+end
+
+local function device_name(d) return d < 0 and "cpu" or ("cuda:" .. d) end
+
+--- DDP.check_device_ids(device_ids, output_device, params_device) -> the device ordinal of
+-- device_ids (nil when none given). PyTorch's rules for one device per process.
+function DDP.check_device_ids(device_ids, output_device, params_device)
+  if device_ids == nil then return nil end
+  if type(device_ids) ~= "table" then
+    raise("DistributedDataParallel: device_ids must be a list with one device, got " .. type(device_ids))
+  end
+  if #device_ids ~= 1 then
+    raise(("DistributedDataParallel: device_ids must list exactly one device (one device per process), got %d")
+          :format(#device_ids))
+  end
+  local d = device_of(device_ids[1], "device_ids[1]")
+  if params_device ~= d then
+    raise(("DistributedDataParallel: device_ids is {%s} but the module's parameters are on %s (move the module there first)")
+          :format(device_name(d), device_name(params_device)))
+  end
+  if output_device ~= nil and device_of(output_device, "output_device") ~= d then
+    raise(("DistributedDataParallel: output_device %s differs from device_ids {%s}"):format(
+      tostring(output_device), device_name(d)))
+  end
+  return d
 end
 
 setmetatable(DDP, { __call = function(_, module, opts) return DDP.new(module, opts) end })
@@ -262,7 +325,23 @@ function DDP:forward(...)
   if grad and self.require_backward_grad_sync then
     check(C.ddp_reducer_prepare_for_backward(r))
   end
+  if self.device_ids then return self.module(self:_inputs_to_device(...)) end
   return self.module(...)
+end
+
+local tensor_mod = require "ddplua.tensor"
+
+-- With device_ids: positional tensor inputs moved to the module's device (as PyTorch's
+-- DDP forward scatters its inputs to device_ids[0]); other values pass through.
+function DDP:_inputs_to_device(...)
+  local args, n = { ... }, select("#", ...)
+  for i = 1, n do
+    local a = args[i]
+    if tensor_mod.is_tensor(a) and C.ddp_tensor_device(a) ~= self.device_ids then
+      args[i] = to_device(a, self.device_ids)
+    end
+  end
+  return unpack(args, 1, n)
 end
 
 DDP.__call = function(self, ...) return self:forward(...) end

@@ -18,7 +18,7 @@ function Group.new(handle, ranks, opts)
     index = {},
     parent = opts.parent,
     store = opts.store,
-    backend = opts.backend or "gloo",
+    backend = handle ~= nil and ffi.string(C.ddp_pg_backend(handle)) or opts.backend or "gloo",
     children = {},
   }, Group)
   for i, r in ipairs(ranks) do self.index[r] = i - 1 end

@@ -7,8 +7,11 @@
 --   dist.destroy_process_group()
 --
 -- Ranks are data: they count from 0, as in the environment and in PyTorch. `src`/`dst`
--- arguments are global ranks, also with a subgroup (as PyTorch). Tensors: CPU, dtypes f32,
--- f64, f16, bf16, i64, i32, u8. Every collective has a timeout (the group's, default 300 s);
+-- arguments are global ranks, also with a subgroup (as PyTorch). Tensors: dtypes f32, f64,
+-- f16, bf16, i64, i32, u8. Backends: "gloo" takes tensors on any device (CUDA tensors are
+-- staged through host memory, as PyTorch's gloo); "nccl" takes contiguous CUDA tensors on the
+-- rank's device only, and its work:wait() makes the current stream wait (the host goes on;
+-- work:synchronize() blocks the host), as PyTorch. Every collective has a timeout (the group's, default 300 s);
 -- a dead peer or a timeout raises an error naming the collective, this rank and, when it can
 -- be known, the peer's rank, and the group is unusable afterwards.
 local lib = require "ddplua.lib"
@@ -42,6 +45,17 @@ local function op_arg(opts, name)
     raise(("%s: unknown op '%s' (sum, avg, min, max, product)"):format(name, tostring(op)))
   end
   return v
+end
+
+local tbox = ffi.new("ddp_tensor*[1]")
+-- An uninitialised tensor of `shape` and dtype on the device of tensor `like` (scratch
+-- outputs of the list forms: nccl needs them on the rank's device).
+local function empty_like_device(shape, dtype, like)
+  local dev = C.ddp_tensor_device(like)
+  if dev < 0 then return require("ddplua").empty(shape, { dtype = dtype }) end
+  local dims, nd = lib.shape(shape)
+  check(C.ddp_tensor_empty(tbox, nd, dims, lib.dtype(dtype), dev))
+  return lib.wrap(tbox[0])
 end
 
 local function tensor_arg(t, name, what)
@@ -124,8 +138,36 @@ end
 
 -- ---- the default group --------------------------------------------------------------------
 
+-- The CUDA device an nccl group of this rank works on: opts.device_id ("cuda:1", 1), else
+-- LOCAL_RANK modulo the device count (one device per process, torchrun's convention).
+local function nccl_device(opts, local_rank)
+  local d = opts.device_id
+  if type(d) == "string" then
+    local k = d:match("^cuda:(%d+)$")
+    if not k then
+      raise(("init_process_group: device_id must be a CUDA device such as 'cuda:0' or 0, got '%s'"):format(d))
+    end
+    return tonumber(k)
+  elseif type(d) == "number" then
+    if d < 0 or d ~= math.floor(d) then raise("init_process_group: device_id must be a CUDA ordinal >= 0, got " .. d) end
+    return d
+  elseif d ~= nil then
+    raise("init_process_group: device_id must be a CUDA device ('cuda:0' or 0), got " .. type(d))
+  end
+  local count = C.ddp_cuda_device_count()
+  if count < 1 then return 0 end -- ddp_pg_new_nccl then says why CUDA is not available
+  return local_rank % count
+end
+
 --- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
--- timeout = 300, store =}: join the job's default process group.
+-- timeout = 300, store =, device_id =}: join the job's default process group.
+-- backend: "gloo" (any tensors; CUDA tensors staged through the host) or "nccl" (CUDA
+-- tensors; NCCL through the CUDA plug-in; the unique id travels through the store). When
+-- backend is omitted (or "default"), it is "nccl" if device_id names a CUDA device and
+-- "gloo" otherwise (a CPU job keeps gloo). device_id (nccl): the CUDA device of this rank,
+-- "cuda:k" or k; default LOCAL_RANK modulo the device count; it becomes the current device
+-- (as torch.cuda.set_device). Without CUDA or NCCL, "nccl" raises "nccl backend: CUDA is not
+-- available: <reason>" (or "NCCL is not available: ...").
 -- rank / world_size: the arguments, else the launcher's environment (see env_info);
 -- init_method: "env://" (MASTER_ADDR, MASTER_PORT; rank 0 hosts the TCP store, the others
 -- connect), "tcp://host:port" (the same with that address), "file:///path" (a file store on
@@ -136,9 +178,10 @@ end
 function M.init_process_group(opts)
   opts = opts or {}
   if state.group then raise("init_process_group: the default process group is already initialised") end
-  local backend = (opts.backend or "gloo"):lower()
-  if backend ~= "gloo" then
-    raise(("init_process_group: backend '%s' is not available (this build has gloo for CPU tensors)"):format(backend))
+  local backend = opts.backend and tostring(opts.backend):lower() or "default"
+  if backend == "default" then backend = opts.device_id ~= nil and opts.device_id ~= "cpu" and "nccl" or "gloo" end
+  if backend ~= "gloo" and backend ~= "nccl" then
+    raise(("init_process_group: unknown backend '%s' (gloo, nccl)"):format(backend))
   end
   local env = M.env_info()
   local rank = opts.rank or env.rank
@@ -156,8 +199,22 @@ function M.init_process_group(opts)
   if type(timeout) ~= "number" or not (timeout > 0) then
     raise("init_process_group: timeout must be a number of seconds > 0, got " .. tostring(timeout))
   end
+  local device
+  if backend == "nccl" then
+    device = nccl_device(opts, env.local_rank or rank)
+    -- Fail before the rendezvous when NCCL cannot work here (the error the C side gives).
+    local why = ffi.new("char[512]")
+    if C.ddp_pg_nccl_available(why, 512) == 0 then
+      raise("nccl backend: " .. ffi.string(why))
+    end
+  end
   local store = opts.store or make_store(opts.init_method or "env://", rank, world_size, timeout)
-  check(C.ddp_pg_new_gloo(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout))
+  if backend == "nccl" then
+    check(C.ddp_pg_new_nccl(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout, device))
+    check(C.ddp_cuda_set_device(device))
+  else
+    check(C.ddp_pg_new_gloo(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout))
+  end
   local ranks = {}
   for i = 1, world_size do ranks[i] = i - 1 end
   state.group = Group.new(pg_box[0], ranks, { store = store, backend = backend })
@@ -172,7 +229,9 @@ function M.is_initialized() return state.group ~= nil end
 --- True: this build has the gloo backend.
 function M.is_available() return true end
 function M.is_gloo_available() return true end
-function M.is_nccl_available() return false end
+--- True when the nccl backend can work here: the CUDA plug-in loaded, a device exists and
+-- the plug-in has NCCL (the simulated device has not).
+function M.is_nccl_available() return C.ddp_pg_nccl_available(nil, 0) ~= 0 end
 
 local function default_group(op)
   local g = state.group
@@ -207,7 +266,7 @@ function M.get_local_rank()
   return state.local_rank
 end
 
---- dist.get_backend(group) -> "gloo".
+--- dist.get_backend(group) -> "gloo" or "nccl".
 function M.get_backend(group)
   return (group or default_group("get_backend")).backend
 end
@@ -375,7 +434,7 @@ function M.gather(t, gather_list, dst, opts)
       end
       local shape = t:size()
       table.insert(shape, 1, g:size())
-      out = require("ddplua").empty(shape, { dtype = t:type() })
+      out = empty_like_device(shape, t:type(), t)
       after = function()
         for i = 1, #gather_list do gather_list[i]:copy_(out:select(1, i)) end
       end
@@ -425,7 +484,7 @@ function M.all_to_all(out, input, opts)
     if type(out) ~= "table" or #out ~= g:size() then
       raise(("all_to_all: output must be a tensor or a list of %d tensors"):format(g:size()))
     end
-    out_t = dl.empty(in_t:size(), { dtype = in_t:type() })
+    out_t = empty_like_device(in_t:size(), in_t:type(), in_t)
     after = function()
       for i = 1, #out do out[i]:copy_(out_t:select(1, i)) end
     end

@@ -17,8 +17,24 @@ end
 -- (default: the group's timeout). Raises the collective's failure (a dead peer, a timeout:
 -- the message names the collective and the ranks), or a timeout error when the wait ran out
 -- first (the work goes on; wait may be called again).
+-- nccl backend (as PyTorch): the current CUDA stream waits for the collective and wait
+-- returns at once; work done on that stream afterwards sees the result. Use
+-- work:synchronize() to block the host.
 function Work:wait(timeout)
   lib.check(C.ddp_work_wait(self.handle, timeout or 0))
+  if self.after then
+    local after = self.after
+    self.after = nil
+    after()
+  end
+  return true
+end
+
+--- work:synchronize(timeout) -> true once the collective finished, the host blocking (nccl:
+-- polls the communicator, so a dead peer or the timeout raises instead of hanging; gloo: the
+-- same as wait).
+function Work:synchronize(timeout)
+  lib.check(C.ddp_work_synchronize(self.handle, timeout or 0))
   if self.after then
     local after = self.after
     self.after = nil

@@ -9,15 +9,22 @@
  * cuda. It cannot say whether a CUDA kernel is right; the cuda-tagged specs on a real GPU
  * do that.
  *
- * DDPLUA_SIM_DEVICES sets how many devices it reports (default 2). */
+ * DDPLUA_SIM_DEVICES sets how many devices it reports (default 2). DDPLUA_SIM_NCCL=1 adds a
+ * simulated NCCL table (runtime/dist/pg_nccl.h) whose ranks are processes of this host
+ * meeting in shared memory, so the nccl paths of the process groups, the DDP reducer and
+ * the front end run without a GPU (no point-to-point messages). */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/cuda/plugin.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "dist/pg_nccl.h"
 
 enum { MAX_DEVICES = 16, HEADER = 64 };
 
@@ -201,6 +208,274 @@ static int check(const char *op) { return DDP_OK; }
 static void set_allow_tf32(int on) { allow_tf32 = on != 0; }
 static int get_allow_tf32(void) { return allow_tf32; }
 
+/* ---- simulated NCCL (DDPLUA_SIM_NCCL=1) ---------------------------------------------
+ * The ranks of a communicator are processes on this host; they meet in a POSIX
+ * shared-memory segment named after the unique id (which pg.c hands round through the
+ * store). Every collective is: each rank writes what it contributes into its slot, a
+ * barrier, each rank computes its result from the slots, a barrier. Reductions go through
+ * double (ddp_load_f64), in rank order, so every rank gets the same bits. Waits are bounded
+ * by the communicator's timeout. It checks the process-group and DDP bookkeeping of the
+ * nccl backend, not NCCL. */
+
+enum { SIM_SLOT_BYTES = 8 << 20 }; /* per rank and collective */
+
+typedef struct {
+  int ready;            /* set by rank 0 once the header is initialised */
+  int arrived;          /* ranks that attached (rank 0 unlinks the name after all did) */
+  int count, sense;     /* the barrier */
+} sim_shm_header;
+
+struct ddp_nccl_comm {
+  int device, rank, size, broken, local_sense;
+  double timeout_s;
+  char name[64];
+  sim_shm_header *h;
+  char *slots;          /* size * SIM_SLOT_BYTES */
+  size_t map_bytes;
+};
+
+static double sim_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sim_nap(void) {
+  struct timespec ts = {0, 20000};
+  nanosleep(&ts, NULL);
+}
+
+static int sim_nccl_id(unsigned char *id) {
+  static int counter;
+  memset(id, 0, DDP_NCCL_ID_BYTES);
+  snprintf((char *)id, DDP_NCCL_ID_BYTES, "/ddplua-simnccl-%d-%d", (int)getpid(), ++counter);
+  return DDP_OK;
+}
+
+/* Sense-reversing barrier over the shared header. */
+static int sim_barrier_wait(ddp_nccl_comm *c, const char *op) {
+  if (c->size == 1) return DDP_OK;
+  c->local_sense = !c->local_sense;
+  if (__atomic_add_fetch(&c->h->count, 1, __ATOMIC_ACQ_REL) == c->size) {
+    __atomic_store_n(&c->h->count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->h->sense, c->local_sense, __ATOMIC_RELEASE);
+    return DDP_OK;
+  }
+  double until = sim_now() + c->timeout_s;
+  while (__atomic_load_n(&c->h->sense, __ATOMIC_ACQUIRE) != c->local_sense) {
+    if (sim_now() > until) {
+      c->broken = 1;
+      DDP_FAIL(DDP_ERR_TIMEOUT, "%s: the simulated NCCL timed out after %g s on rank %d (a peer "
+               "is dead or stuck)", op, c->timeout_s, c->rank);
+    }
+    sim_nap();
+  }
+  return DDP_OK;
+}
+
+static void sim_nccl_destroy(ddp_nccl_comm *c) {
+  if (!c) return;
+  if (c->h) munmap(c->h, c->map_bytes);
+  free(c);
+}
+
+static int sim_nccl_init(ddp_nccl_comm **out, const unsigned char *id, int rank, int size,
+                         int device, double timeout_s) {
+  const char *op = "init_process_group(nccl)";
+  *out = NULL;
+  DDP_TRY(check_device(device, op));
+  ddp_nccl_comm *c = calloc(1, sizeof *c);
+  if (!c) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+  c->device = device;
+  c->rank = rank;
+  c->size = size;
+  c->timeout_s = timeout_s > 0 ? timeout_s : 300;
+  snprintf(c->name, sizeof c->name, "%s", (const char *)id);
+  c->map_bytes = 4096 + (size_t)size * SIM_SLOT_BYTES;
+  double until = sim_now() + c->timeout_s;
+  int fd = -1;
+  if (rank == 0) {
+    fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && ftruncate(fd, (off_t)c->map_bytes) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  } else {
+    while ((fd = shm_open(c->name, O_RDWR, 0600)) < 0 && sim_now() < until) sim_nap();
+  }
+  if (fd < 0) {
+    free(c);
+    DDP_FAIL(DDP_ERR_TIMEOUT, "%s: rank %d could not open the simulated NCCL segment %s", op, rank,
+             id);
+  }
+  void *p = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    free(c);
+    DDP_FAIL(DDP_ERR_MEMORY, "%s: mmap of the simulated NCCL segment failed", op);
+  }
+  c->h = p;
+  c->slots = (char *)p + 4096;
+  if (rank == 0) __atomic_store_n(&c->h->ready, 1, __ATOMIC_RELEASE);
+  while (!__atomic_load_n(&c->h->ready, __ATOMIC_ACQUIRE) && sim_now() < until) sim_nap();
+  /* The last rank to attach removes the name (the mappings stay). */
+  if (__atomic_add_fetch(&c->h->arrived, 1, __ATOMIC_ACQ_REL) == size) shm_unlink(c->name);
+  if (sim_barrier_wait(c, op)) {
+    sim_nccl_destroy(c);
+    return ddp_last_status();
+  }
+  *out = c;
+  return DDP_OK;
+}
+
+static void sim_nccl_abort(ddp_nccl_comm *c) { if (c) c->broken = 1; }
+static void sim_nccl_set_timeout(ddp_nccl_comm *c, double t) { if (c && t > 0) c->timeout_s = t; }
+static void *sim_nccl_stream(ddp_nccl_comm *c) { return NULL; }
+static int sim_nccl_device(ddp_nccl_comm *c) { return c ? c->device : -1; }
+static const char *sim_nccl_error(ddp_nccl_comm *c) {
+  return c && c->broken ? "the communicator was aborted" : "";
+}
+
+static char *slot(ddp_nccl_comm *c, int r) { return c->slots + (size_t)r * SIM_SLOT_BYTES; }
+
+/* out[i] = op over ranks of the element i of each slot, from byte offset `at`. */
+static void sim_reduce_into(ddp_nccl_comm *c, void *out, size_t at, size_t n, int dtype, int op) {
+  size_t es = ddp_dtype_size(dtype);
+  for (size_t i = 0; i < n; i++) {
+    double acc = ddp_load_f64(slot(c, 0) + at + i * es, dtype);
+    for (int r = 1; r < c->size; r++) {
+      double v = ddp_load_f64(slot(c, r) + at + i * es, dtype);
+      if (op == DDP_REDUCE_MIN) acc = v < acc ? v : acc;
+      else if (op == DDP_REDUCE_MAX) acc = v > acc ? v : acc;
+      else if (op == DDP_REDUCE_PRODUCT) acc *= v;
+      else acc += v;
+    }
+    if (op == DDP_REDUCE_AVG) acc /= c->size;
+    ddp_store_f64((char *)out + i * es, dtype, acc);
+  }
+}
+
+/* Start a collective: checks, then this rank's contribution (bytes at src) into its slot. */
+static int sim_begin(ddp_nccl_comm *c, const char *op, const void *src, size_t bytes) {
+  if (c->broken) DDP_FAIL(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", op);
+  if (bytes > SIM_SLOT_BYTES)
+    DDP_FAIL(DDP_ERR_ARG, "%s: the simulated NCCL moves at most %d bytes per rank, got %zu", op,
+             (int)SIM_SLOT_BYTES, bytes);
+  if (src && bytes) memcpy(slot(c, c->rank), src, bytes);
+  return sim_barrier_wait(c, op);
+}
+
+/* Finish: everybody read the slots; hand out an event token. */
+static int sim_end(ddp_nccl_comm *c, const char *op, void **event) {
+  DDP_TRY(sim_barrier_wait(c, op));
+  *event = malloc(sizeof(sim_event));
+  if (!*event) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+  return DDP_OK;
+}
+
+static int sim_all_reduce(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int op, void **e) {
+  DDP_TRY(sim_begin(c, "all_reduce", buf, n * ddp_dtype_size(dtype)));
+  sim_reduce_into(c, buf, 0, n, dtype, op);
+  return sim_end(c, "all_reduce", e);
+}
+static int sim_broadcast(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int root, void **e) {
+  size_t bytes = n * ddp_dtype_size(dtype);
+  DDP_TRY(sim_begin(c, "broadcast", c->rank == root ? buf : NULL, bytes));
+  if (c->rank != root && bytes) memcpy(buf, slot(c, root), bytes);
+  return sim_end(c, "broadcast", e);
+}
+static int sim_all_gather(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype,
+                          void **e) {
+  size_t bytes = n * ddp_dtype_size(dtype);
+  DDP_TRY(sim_begin(c, "all_gather", in, bytes));
+  for (int r = 0; r < c->size && bytes; r++) memcpy((char *)out + r * bytes, slot(c, r), bytes);
+  return sim_end(c, "all_gather", e);
+}
+static int sim_reduce_scatter(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype,
+                              int op, void **e) {
+  size_t bytes = n * ddp_dtype_size(dtype);
+  DDP_TRY(sim_begin(c, "reduce_scatter", in, bytes * (size_t)c->size));
+  sim_reduce_into(c, out, (size_t)c->rank * bytes, n, dtype, op);
+  return sim_end(c, "reduce_scatter", e);
+}
+static int sim_reduce(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int op, int root,
+                      void **e) {
+  DDP_TRY(sim_begin(c, "reduce", buf, n * ddp_dtype_size(dtype)));
+  if (c->rank == root) sim_reduce_into(c, buf, 0, n, dtype, op);
+  return sim_end(c, "reduce", e);
+}
+static int sim_gather(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype, int root,
+                      void **e) {
+  size_t bytes = n * ddp_dtype_size(dtype);
+  DDP_TRY(sim_begin(c, "gather", in, bytes));
+  for (int r = 0; c->rank == root && r < c->size && bytes; r++)
+    memcpy((char *)out + r * bytes, slot(c, r), bytes);
+  return sim_end(c, "gather", e);
+}
+static int sim_scatter(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype, int root,
+                       void **e) {
+  size_t bytes = n * ddp_dtype_size(dtype);
+  DDP_TRY(sim_begin(c, "scatter", c->rank == root ? in : NULL, bytes * (size_t)c->size));
+  if (bytes) memcpy(out, slot(c, root) + (size_t)c->rank * bytes, bytes);
+  return sim_end(c, "scatter", e);
+}
+static int sim_all_to_all(ddp_nccl_comm *c, void *out, const void *in, size_t n, int dtype,
+                          void **e) {
+  size_t bytes = n * ddp_dtype_size(dtype);
+  DDP_TRY(sim_begin(c, "all_to_all", in, bytes * (size_t)c->size));
+  for (int r = 0; r < c->size && bytes; r++)
+    memcpy((char *)out + r * bytes, slot(c, r) + (size_t)c->rank * bytes, bytes);
+  return sim_end(c, "all_to_all", e);
+}
+static int sim_send(ddp_nccl_comm *c, const void *buf, size_t n, int dtype, int peer, void **e) {
+  DDP_FAIL(DDP_ERR_UNAVAILABLE, "send: the simulated NCCL has no point-to-point messages");
+}
+static int sim_recv(ddp_nccl_comm *c, void *buf, size_t n, int dtype, int peer, void **e) {
+  DDP_FAIL(DDP_ERR_UNAVAILABLE, "recv: the simulated NCCL has no point-to-point messages");
+}
+static int sim_barrier(ddp_nccl_comm *c, void **e) {
+  DDP_TRY(sim_begin(c, "barrier", NULL, 0));
+  return sim_end(c, "barrier", e);
+}
+static int sim_wait_stream(ddp_nccl_comm *c, void *e) {
+  if (c->broken) DDP_FAIL(DDP_ERR_STATE, "wait: the NCCL communicator was aborted");
+  return DDP_OK;
+}
+static int sim_wait_host(ddp_nccl_comm *c, void *e, double t) { return sim_wait_stream(c, e); }
+static int sim_query(ddp_nccl_comm *c, void *e, int *done) {
+  *done = 1;
+  return sim_wait_stream(c, e);
+}
+static void sim_event_free(void *e) { free(e); }
+
+static const struct ddp_nccl_api sim_nccl = {
+    .abi = DDP_NCCL_API_ABI,
+    .version = 0,
+    .get_unique_id = sim_nccl_id,
+    .comm_init = sim_nccl_init,
+    .comm_destroy = sim_nccl_destroy,
+    .comm_abort = sim_nccl_abort,
+    .set_timeout = sim_nccl_set_timeout,
+    .comm_stream = sim_nccl_stream,
+    .comm_device = sim_nccl_device,
+    .comm_error = sim_nccl_error,
+    .all_reduce = sim_all_reduce,
+    .broadcast = sim_broadcast,
+    .all_gather = sim_all_gather,
+    .reduce_scatter = sim_reduce_scatter,
+    .reduce = sim_reduce,
+    .gather = sim_gather,
+    .scatter = sim_scatter,
+    .all_to_all = sim_all_to_all,
+    .send = sim_send,
+    .recv = sim_recv,
+    .barrier = sim_barrier,
+    .wait_stream = sim_wait_stream,
+    .wait_host = sim_wait_host,
+    .query = sim_query,
+    .event_free = sim_event_free,
+};
+
 static ddp_kernels kernels;
 
 const ddp_cuda_api *ddp_cuda_plugin_api(void) {
@@ -244,5 +519,7 @@ const ddp_cuda_api *ddp_cuda_plugin_api(void) {
   /* The CPU kernels, under the device's name (for "not implemented" messages). */
   kernels = ddp_cpu_kernels;
   kernels.name = "cuda";
+  const char *nccl = getenv("DDPLUA_SIM_NCCL");
+  if (nccl && atoi(nccl) == 1) api.nccl = &sim_nccl;
   return &api;
 }

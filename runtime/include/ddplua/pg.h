@@ -1,18 +1,24 @@
 /* ddplua/pg.h: part of the public API, included by ddplua.h only.
  *
- * Process groups (runtime/dist/pg.c, Gloo shim runtime/dist/pg_gloo.cc): collectives over
- * CPU tensors between the ranks of a job, as torch.distributed's ProcessGroupGloo.
+ * Process groups (runtime/dist/pg.c, Gloo shim runtime/dist/pg_gloo.cc, NCCL through the CUDA
+ * plug-in runtime/backend/cuda/nccl.cu): collectives between the ranks of a job, as
+ * torch.distributed's ProcessGroupGloo and ProcessGroupNCCL.
  *
- * Tensors: CPU, dtypes f32, f64, f16, bf16, i64, i32, u8 (f16 and bf16 are reduced in f32,
+ * Tensors (gloo): dtypes f32, f64, f16, bf16, i64, i32, u8 (f16 and bf16 are reduced in f32,
  * then rounded back). A non-contiguous tensor is copied into a contiguous buffer and the
- * result copied back into it. Every rank must call the same collectives in the same order
- * with tensors of the same shape and dtype.
+ * result copied back into it. CUDA tensors are staged through host memory, as PyTorch's gloo
+ * does (copied to the host at the call, on the current stream, and back to the device once
+ * the collective finished). Tensors of one call may sit on different devices.
+ * Tensors (nccl): contiguous CUDA tensors on the group's device only (DDP_ERR_ARG otherwise,
+ * as PyTorch); f16 and bf16 are reduced natively by NCCL; AVG is NCCL's ncclAvg.
+ * Every rank must call the same collectives in the same order with tensors of the same
+ * shape and dtype.
  *
  * Work: every collective takes `ddp_work **work` first. NULL: blocking (the call returns
- * when the collective finished on this rank). Non-NULL: asynchronous: the call returns at
- * once with a handle in *work (free it with ddp_work_free); the tensors must not be touched
- * until ddp_work_wait returned. Asynchronous work runs on the group's one communication
- * thread, in submission order.
+ * when the collective finished on this rank; nccl: Note [nccl work]). Non-NULL:
+ * asynchronous: the call returns at once with a handle in *work (free it with
+ * ddp_work_free); the tensors must not be touched until ddp_work_wait returned. gloo:
+ * asynchronous work runs on the group's one communication thread, in submission order.
  *
  * Note [collective order]: each process group has exactly one communication thread and a
  * FIFO queue; blocking calls go through the same queue. So collectives run on every rank
@@ -25,6 +31,21 @@
  * (runtime/dist/pg_shm.c), on the same communication thread and in the same FIFO order,
  * each element reduced once, in rank order 0..world-1, so every rank holds identical bits.
  * DDPLUA_SHM=0 turns it off (every rank then votes for Gloo).
+ *
+ * Note [nccl work]: with the nccl backend there is no communication thread: a collective is
+ * enqueued on the communicator's CUDA stream at the call, after the caller's current stream
+ * (so it sees the kernels that produced its inputs), and its tensors are recorded on that
+ * stream (ddp_cuda_record_stream) so their memory outlives them until the collective ran.
+ * The work handle is the event after it. ddp_work_wait makes the CURRENT STREAM wait for
+ * the collective and returns at once (torch's work.wait() for NCCL); a blocking call
+ * (work == NULL) does the same before it returns, except barrier, which blocks the host.
+ * ddp_work_synchronize blocks the host until the collective finished, polling the
+ * communicator: a dead peer gives DDP_ERR_PEER, running past the timeout DDP_ERR_TIMEOUT,
+ * and the communicator is then aborted (ncclCommAbort) so nothing hangs. There is no
+ * watchdog thread: a peer that dies while only stream waits are pending is seen by the next
+ * ddp_work_synchronize, barrier or ddp_work_is_completed. Collectives run in call order on
+ * every rank (one stream per group). Send/recv tags are ignored (NCCL matches in order).
+ * Wait for work handles before ddp_pg_free (freeing a handle afterwards is fine).
  *
  * Errors: misuse (shape, dtype, root out of range, a freed group) fails at the call with
  * DDP_ERR_ARG. Failures of the transport come back from the blocking call or from
@@ -63,6 +84,29 @@ enum ddp_reduce_op {
  * never arrived; names the missing key), DDP_ERR_IO / DDP_ERR_PEER (transport). */
 int ddp_pg_new_gloo(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
                     const char *prefix, double timeout_s);
+
+/* An nccl process group of `world_size` ranks on CUDA device `device` (one device per
+ * process, as PyTorch's DDP), meeting through `store` under `prefix` (NULL: "pg"): rank 0
+ * makes an NCCL unique id and publishes it under "<prefix>/nccl_id", every rank joins the
+ * communicator (non-blocking init, bounded by timeout_s; <= 0: 300 s, also the timeout of
+ * ddp_work_synchronize and barrier). Subgroups (ddp_pg_new_group) get their own communicator
+ * on the same device. Errors: DDP_ERR_UNAVAILABLE "nccl backend: CUDA is not available:
+ * <reason>" (no plug-in, driver or device) or "nccl backend: NCCL is not available: ..."
+ * (a plug-in without NCCL, such as the simulated device); DDP_ERR_ARG (a bad device, rank or
+ * world size); DDP_ERR_TIMEOUT (a rank never joined); the store's errors. */
+int ddp_pg_new_nccl(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
+                    const char *prefix, double timeout_s, int device);
+
+/* 1 when the nccl backend can be used here: the CUDA plug-in loaded, found a device and was
+ * built with NCCL; else 0 with the reason (as ddp_pg_new_nccl's error, without its prefix)
+ * written into reason (len bytes; may be NULL). */
+int ddp_pg_nccl_available(char *reason, size_t len);
+
+/* "gloo" or "nccl" ("" for NULL). */
+const char *ddp_pg_backend(const ddp_pg *pg);
+
+/* The CUDA device of an nccl group; DDP_DEVICE_CPU (-1) for gloo. */
+int ddp_pg_device(const ddp_pg *pg);
 
 /* A subgroup of `parent` made of the `n` parent ranks in `ranks` (distinct, in range, in
  * any order: rank i of the subgroup is ranks[i]). Every rank of the parent must call it,
@@ -137,14 +181,21 @@ int ddp_pg_recv(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int src, int tag);
  * group finished on this rank). */
 int ddp_pg_barrier(ddp_work **work, ddp_pg *pg);
 
-/* Wait for the work to finish, at most timeout_s seconds (<= 0: the group's timeout). Its
+/* gloo: wait for the work to finish, at most timeout_s seconds (<= 0: the group's timeout). Its
  * status: DDP_OK, the collective's failure (DDP_ERR_PEER, DDP_ERR_TIMEOUT, ...), or
  * DDP_ERR_TIMEOUT when the wait ran out first (the work goes on). May be called again. */
 int ddp_work_wait(ddp_work *w, double timeout_s);
 
+/* Block the host until the work finished, at most timeout_s (<= 0: the group's timeout).
+ * gloo: the same as ddp_work_wait. nccl: polls the event and the communicator (Note [nccl
+ * work]); DDP_ERR_PEER / DDP_ERR_TIMEOUT abort the communicator. */
+int ddp_work_synchronize(ddp_work *w, double timeout_s);
+
 /* 1 when the work finished (successfully or not), else 0. Never blocks. */
 int ddp_work_is_completed(ddp_work *w);
 
+/* nccl: the current stream waits for the work (the host does not; Note [nccl work]); fails
+ * at once when the communicator already failed. */
 /* Release the handle. Unfinished work still runs to its end (its tensors stay referenced
  * until then). NULL is ignored. */
 void ddp_work_free(ddp_work *w);

@@ -51,15 +51,28 @@
  * hang); the iteration is marked unfinished and the next prepare_for_forward fails with
  * PyTorch's message naming the parameter indices (ddp_reducer_unready_params lists them).
  *
+ * Note [device buckets]: parameters on a CUDA device (all on the same one: one device per
+ * process, as PyTorch's DDP) get their buckets on that device. Gradients are copied into
+ * their slots and scaled by 1 / world_size with device kernels on the current stream (never
+ * through host pointers), and copied back the same way. With the nccl backend a bucket's
+ * all-reduce is enqueued on the group's communication stream as soon as the bucket is
+ * launchable (the stream first waits for the current stream), the bucket buffer is recorded
+ * on that stream for the caching allocator, and at the end of backward the current stream
+ * waits for every bucket's event before the gradients are copied back: the host never
+ * blocks on the communication (pg.h, Note [nccl work]). The used-parameter flags and the
+ * bucket-rebuild order, which the host reads, go through a device copy and a host wait.
+ * With the gloo backend device buckets are staged through the host (pg.h).
+ *
  * Threads: the hooks and the finalisation run on the thread running ddp_backward; the
- * all-reduces on the process group's communication thread. Use one reducer from one thread.
+ * all-reduces on the process group's communication thread (gloo) or stream (nccl). Use one
+ * reducer from one thread.
  */
 
 typedef struct ddp_reducer ddp_reducer;
 struct ddp_pg; /* ddplua/pg.h */
 
-/* A reducer over the `n` parameters in `params` (leaf tensors that require grad, CPU,
- * floating dtypes, each listed once; registration order: index i below is params[i]),
+/* A reducer over the `n` parameters in `params` (leaf tensors that require grad, all on one
+ * device: the CPU or a CUDA device, Note [device buckets]; floating dtypes, each listed once; registration order: index i below is params[i]),
  * averaging over the ranks of `pg`. pg may be NULL: a reducer of world size 1 that
  * communicates nothing (for tests and single-process runs). The reducer keeps a reference to
  * every parameter and registers a post-accumulate hook on each and one backward-end callback;
@@ -71,7 +84,8 @@ struct ddp_pg; /* ddplua/pg.h */
  * re-created as the view when the parameter is next marked ready.
  * timeout_s: the longest wait for one bucket's all-reduce (<= 0: 300 s).
  * Errors: DDP_ERR_ARG (n < 0, NULL or dead parameter, a parameter listed twice, not a leaf
- * requiring grad, not floating, not on the CPU, caps <= 0), DDP_ERR_MEMORY. */
+ * requiring grad, not floating, parameters on different devices, a device other than an nccl
+ * group's, caps <= 0), DDP_ERR_MEMORY. */
 int ddp_reducer_new(ddp_reducer **out, struct ddp_pg *pg, ddp_tensor **params, int n,
                     int64_t bucket_cap_bytes, int64_t first_bucket_cap_bytes,
                     int find_unused_parameters, int gradient_as_bucket_view, double timeout_s);
@@ -136,7 +150,8 @@ int ddp_compute_bucket_assignment(int *bucket_of, int n, const int *order, const
 /* 64-bit FNV-1a digest (Fowler, Noll, Vo; offset basis 14695981039346656037, prime
  * 1099511628211) of t's elements in row-major order, their raw bytes (so -0.0 and 0.0, or two
  * NaNs with different payloads, differ), followed by its dtype and shape; a non-contiguous
- * view digests like its contiguous copy. For DistributedDataParallel.verify_sync. */
+ * view digests like its contiguous copy; a device tensor
+ * is copied to the host first. For DistributedDataParallel.verify_sync. */
 int ddp_tensor_digest(uint64_t *out, const ddp_tensor *t);
 
 /* The same digest over `n` raw bytes (names, shapes). */
