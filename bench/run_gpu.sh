@@ -59,6 +59,13 @@ fail_note() { echo "$*" >> "$out/failures.txt"; log "FAILED: $*"; }
 # with, so the bundle's older libz or libexpat never reach PyTorch.
 ddp_ld="${LD_LIBRARY_PATH:-}"
 ddp() { LD_LIBRARY_PATH="$ddp_ld" "$@"; }
+# every command runs under `timeout` so one hang cannot eat the device call (600 s at most):
+# RUN_TIMEOUT per benchmark process (default 150 s), SPEC_TIMEOUT per busted run (300 s),
+# and the GEMM and training loops stop starting runs after GEMM_BUDGET / TRAIN_BUDGET
+# seconds (default 330 / 480), noting what was left out.
+run_timeout=${RUN_TIMEOUT:-150}
+spec_timeout=${SPEC_TIMEOUT:-300}
+tmo() { local t="$1"; shift; timeout --kill-after=10 "$t" env LD_LIBRARY_PATH="$ddp_ld" "$@"; }
 bundle="$root/bench/gpu_bundle/ddplua-gpu.tar.xz"
 if [ -f "$bundle" ]; then
   b=/tmp/ddplua-gpu
@@ -131,31 +138,36 @@ cat "$out/env.txt" >&2
 if want parity; then
   log "parity spec"
   if [ "$dry" = 1 ]; then
-    DDPLUA_PARITY_SIM=1 ddp busted -o spec/helpers/ci_output.lua spec/cuda/parity_spec.lua > "$out/parity.log" 2>&1
+    DDPLUA_PARITY_SIM=1 tmo "$spec_timeout" busted -o spec/helpers/ci_output.lua spec/cuda/parity_spec.lua > "$out/parity.log" 2>&1
   else
-    ddp busted -o spec/helpers/ci_output.lua spec/cuda/parity_spec.lua > "$out/parity.log" 2>&1
+    tmo "$spec_timeout" busted -o spec/helpers/ci_output.lua spec/cuda/parity_spec.lua > "$out/parity.log" 2>&1
   fi
   rc=$?
   [ $rc -ne 0 ] && fail_note "parity spec: busted exit $rc (parity.log)"
 fi
 if want specs; then
   log "every #cuda spec"
-  ddp busted -o spec/helpers/ci_output.lua --tags=cuda spec > "$out/specs.log" 2>&1
+  tmo "$spec_timeout" busted -o spec/helpers/ci_output.lua --tags=cuda spec > "$out/specs.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && fail_note "#cuda specs: busted exit $rc (specs.log)"
 fi
 
 # ---- GEMM ------------------------------------------------------------------------------
-# one command, its key=value lines appended to $2, failures noted
+# one command under RUN_TIMEOUT, its key=value lines appended to $2, failures noted
 run_into() {
   local what="$1" dst="$2"; shift 2
-  local tmp
+  local tmp rc
   tmp=$(mktemp)
-  if "$@" > "$tmp" 2> "$tmp.err"; then
-    cat "$tmp" >> "$dst"
+  if [ "$1" = "$PY" ]; then  # Python with the environment it came with
+    timeout --kill-after=10 "$run_timeout" "$@" > "$tmp" 2> "$tmp.err"
   else
-    cat "$tmp" >> "$dst"
-    fail_note "$what: $(tail -n 3 "$tmp.err" | tr '\n' ' ')"
+    tmo "$run_timeout" "$@" > "$tmp" 2> "$tmp.err"
+  fi
+  rc=$?
+  cat "$tmp" >> "$dst"
+  if [ $rc -ne 0 ]; then
+    [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "(killed after ${run_timeout} s)" >> "$tmp.err"
+    fail_note "$what: exit $rc: $(tail -n 3 "$tmp.err" | tr '\n' ' ')"
   fi
   cat "$tmp.err" >> "$out/run.log"
   rm -f "$tmp" "$tmp.err"
@@ -164,9 +176,14 @@ dryflag=()
 [ "$dry" = 1 ] && dryflag=(--dry)
 if want gemm; then
   : > "$out/gemm.txt"
+  start=$SECONDS
   for r in $(seq "$rounds"); do
+    if [ $((SECONDS - start)) -gt "${GEMM_BUDGET:-330}" ]; then
+      fail_note "gemm: rounds $r..$rounds left out (GEMM_BUDGET ${GEMM_BUDGET:-330} s spent)"
+      break
+    fi
     log "gemm round $r/$rounds"
-    run_into "ddplua gemm round $r" "$out/gemm.txt" ddp build/ddplua bench/gpu_gemm.lua "${dryflag[@]}"
+    run_into "ddplua gemm round $r" "$out/gemm.txt" build/ddplua bench/gpu_gemm.lua "${dryflag[@]}"
     run_into "torch gemm round $r" "$out/gemm.txt" $PY bench/gpu_gemm_torch.py "${dryflag[@]}"
   done
 fi
@@ -174,16 +191,21 @@ fi
 # ---- training ------------------------------------------------------------------------------
 if want train; then
   : > "$out/train.txt"
+  start=$SECONDS
   for r in $(seq "$runs"); do
+    if [ $((SECONDS - start)) -gt "${TRAIN_BUDGET:-480}" ]; then
+      fail_note "train: runs $r..$runs left out (TRAIN_BUDGET ${TRAIN_BUDGET:-480} s spent)"
+      break
+    fi
     for model in cnn resnet20; do
       for tf in ${TF32_MODES:-0 1}; do
         tfflag=()
         [ "$tf" = 1 ] && tfflag=(--tf32)
         log "train run $r/$runs $model tf32=$tf"
         run_into "ddplua train $model tf32=$tf run $r" "$out/train.txt" \
-          ddp build/ddplua bench/gpu_train.lua --model "$model" "${tfflag[@]}" "${dryflag[@]}"
+          build/ddplua bench/gpu_train.lua --model "$model" --max-seconds 20 "${tfflag[@]}" "${dryflag[@]}"
         run_into "torch train $model tf32=$tf run $r" "$out/train.txt" \
-          $PY bench/gpu_train_torch.py --model "$model" "${tfflag[@]}" "${dryflag[@]}"
+          $PY bench/gpu_train_torch.py --model "$model" --max-seconds 20 "${tfflag[@]}" "${dryflag[@]}"
       done
     done
   done
