@@ -85,6 +85,8 @@ def main():
     print(f"Written by bench/run_gpu.sh (`{e.get('command', '?')}`). Commit {e.get('commit', '?')}, "
           f"{e.get('date', '?')}.")
     print()
+    if "bundle" in e:
+        print(f"- Runtime from bench/gpu_bundle.sh's bundle: {e['bundle']}")
     print(f"- GPU: {gpu}; driver {e.get('driver', '?')}; {e.get('gpu_memory', '?')}")
     print(f"- ddplua: CUDA available {e.get('cuda_available', '?')}, plug-in {e.get('cuda_backend', '?')}, "
           f"{e.get('cuda_versions', 'versions ?')}; Lua device API: {e.get('lua_device_api', '?')}"

@@ -74,7 +74,13 @@ if [ -f "$bundle" ]; then
     python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$bundle" "$b" \
       || { log "cannot unpack $bundle"; exit 1; }
   fi
-  mkdir -p build && cp -a "$b/build/." build/
+  # the bundle's build goes to build/ only where there is none (the device's fresh copy) or
+  # where an earlier call put it there: a local build is never overwritten
+  if [ ! -e build/libddplua.so ] || [ -e build/.from_bundle ]; then
+    mkdir -p build && cp -a "$b/build/." build/ && touch build/.from_bundle
+  else
+    log "keeping the local build/ (the bundle's libraries, luajit and busted are used)"
+  fi
   export PATH="$b/bin:$PATH"
   ddp_ld="$b/lib${ddp_ld:+:$ddp_ld}"
   export LUA_PATH="$b/share/lua/5.1/?.lua;$b/share/lua/5.1/?/init.lua;;"
@@ -118,7 +124,8 @@ if [ "$dry" = 1 ]; then export DDPLUA_CUDA_PLUGIN="$root/build/libddplua_cuda_si
 # ---- env ---------------------------------------------------------------------------------
 {
   echo "command=$cmdline"
-  echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (no .git here)')"
+  [ -n "${b:-}" ] && echo "bundle=$(cat "$b/BUNDLE" 2>/dev/null || echo '?')"
   echo "date=$(date -u '+%F %H:%M UTC')"
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
