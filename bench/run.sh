@@ -30,6 +30,7 @@ for part in train allreduce ddp; do
   if [ "${REUSE:-0}" = 1 ] && [ -s "bench/out/$part.md" ]; then continue; fi
   "bench/${part}_compare.sh" > "bench/out/$part.md"
 done
+gpu_section=$(sed -n '/^## GPU/,$p' bench/RESULTS.md 2>/dev/null)
 {
   echo "# Benchmark results"
   echo
@@ -88,5 +89,9 @@ NOTES
     cat "bench/out/ops_t$threads.md"
     echo
   done
-} > bench/RESULTS.md
+  # The GPU section comes from bench/run_gpu.sh on a lent GPU machine, not from this run:
+  # keep it as it stands.
+  printf '%s\n' "$gpu_section"
+} > bench/RESULTS.md.tmp
+mv bench/RESULTS.md.tmp bench/RESULTS.md
 echo "wrote bench/RESULTS.md"
