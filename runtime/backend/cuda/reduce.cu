@@ -9,9 +9,10 @@
 //    with warp shuffles and, for a block, shared memory. A few very long rows (the sum or
 //    argmax of a whole tensor: A = 1) are split in parts reduced by separate blocks into a
 //    scratch buffer of partial results, which a second launch reduces per row.
-//  - B > 1 (columns): a (32, 8) block per tile of 32 consecutive columns of one slice a:
-//    threadIdx.x walks the columns (coalesced loads), threadIdx.y strides over R, and the
-//    8 partial results per column meet in shared memory.
+//  - B > 1 (columns): a (32, 8) block per tile of 32 consecutive columns of one slice a
+//    (narrower and taller when B < 32): threadIdx.x walks the columns (coalesced loads),
+//    threadIdx.y strides over R, and the partial results per column meet in a shared-memory
+//    tree. Few tiles over long columns ((N, 3) summed over N) split R in parts the same way.
 // The reductions are written once (reduce_rows / reduce_cols) over small functor types
 // giving the accumulator, its identity, the fold of one element and the merge of two
 // partial results, and a "post" functor that writes one output.
@@ -49,6 +50,7 @@ constexpr int64_t ROW_LONG = 2048;    // rows at least this long get a whole blo
 constexpr int64_t SPLIT_MIN = 1 << 16;  // rows at least this long may be split in parts
 constexpr int64_t SPLIT_PART = 1 << 14; // at least this many elements per part
 constexpr int64_t SPLIT_UNITS = 1024;   // about this many blocks for the parts of a split
+constexpr int64_t COL_PART = 1024;      // at least this many rows per part of a column split
 constexpr int64_t EMPTY = INT64_MAX;    // index of an empty max/min partial result
 
 // Blocks for `units` units of work of `per_block` each, capped (grid-stride loops do the rest).
@@ -253,28 +255,35 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
-// Columns: (A, R, B) reduced over R, output o = a * B + b. Block (COL_X, COL_Y).
+// Columns: (A, R, B) reduced over R, R cut in `parts` parts of plen rows. Block (bx, by),
+// bx * by = THREADS, both powers of two: a tile is bx consecutive columns b of one part p
+// of one slice a; threadIdx.x walks the columns (with B < 32, bx = B rounded up to a power
+// of two and a warp reads 32 / bx consecutive rows: still one contiguous segment),
+// threadIdx.y strides over the part's rows, then a shared-memory tree merges the by partial
+// results of each column and post((a parts + p) B + b, result) writes it.
 template <typename T, typename ACC, typename Op, typename Post>
 __global__ void __launch_bounds__(THREADS)
-    reduce_cols_kernel(const T *__restrict__ in, int64_t A, int64_t R, int64_t B, Op op,
-                       Post post) {
-  __shared__ ACC smem[COL_Y][COL_X];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t chunks = (B + COL_X - 1) / COL_X;
-  for (int64_t tile = blockIdx.x; tile < A * chunks; tile += gridDim.x) {
-    const int64_t a = tile / chunks, b = (tile % chunks) * COL_X + tx, o = a * B + b;
+    reduce_cols_kernel(const T *__restrict__ in, int64_t A, int64_t R, int64_t B, int64_t parts,
+                       int64_t plen, Op op, Post post) {
+  __shared__ ACC smem[THREADS];
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t chunks = (B + bx - 1) / bx;
+  for (int64_t tile = blockIdx.x; tile < A * parts * chunks; tile += gridDim.x) {
+    const int64_t ap = tile / chunks, a = ap / parts, p = ap % parts;
+    const int64_t b = (tile % chunks) * bx + tx;
+    const int64_t begin = p * plen, end = begin + plen < R ? begin + plen : R;
     ACC acc = op.identity();
     if (b < B) {
       const T *x = in + a * R * B + b;
-      for (int64_t r = ty; r < R; r += COL_Y) acc = op.fold(acc, x[r * B], o, r);
+      for (int64_t r = begin + ty; r < end; r += by) acc = op.fold(acc, x[r * B], a * B + b, r);
     }
-    smem[ty][tx] = acc;
+    smem[ty * bx + tx] = acc;
     __syncthreads();
-    if (ty == 0 && b < B) {
-#pragma unroll
-      for (int y = 1; y < COL_Y; y++) acc = op(acc, smem[y][tx]);
-      post(o, acc);
+    for (int h = by / 2; h > 0; h >>= 1) {
+      if (ty < h) smem[ty * bx + tx] = op(smem[ty * bx + tx], smem[(ty + h) * bx + tx]);
+      __syncthreads();
     }
+    if (ty == 0 && b < B) post(ap * B + b, smem[tx]);
     __syncthreads(); // smem is rewritten by the next tile
   }
 }
@@ -291,14 +300,43 @@ void launch_rows(const TIn *in, int64_t units, int64_t parts, int64_t len, int64
         in, units, parts, len, plen, op, post);
 }
 
+template <typename TIn, typename ACC, typename Op, typename Post>
+void launch_cols(const TIn *in, int64_t A, int64_t R, int64_t B, int64_t parts, int64_t plen,
+                 const Op &op, const Post &post) {
+  int bx = COL_X;
+  if (B < COL_X) { // the smallest power of two >= B
+    bx = 1;
+    while (bx < B) bx *= 2;
+  }
+  const int64_t tiles = A * parts * ((B + bx - 1) / bx);
+  reduce_cols_kernel<TIn, ACC><<<grid_for(tiles, 1), dim3(bx, THREADS / bx), 0,
+                                 ddp_cuda_stream()>>>(in, A, R, B, parts, plen, op, post);
+}
+
 // Reduce (A, R, B) over R: post(o, result) for every output o < A B.
 template <typename T, typename Op, typename Post>
 void reduce(const T *x, int64_t A, int64_t R, int64_t B, const Op &op, const Post &post) {
   using ACC = decltype(op.identity());
   if (A == 0 || B == 0) return;
   if (B > 1) {
-    reduce_cols_kernel<T, ACC><<<grid_for(A * ((B + COL_X - 1) / COL_X), 1), dim3(COL_X, COL_Y), 0,
-                                 ddp_cuda_stream()>>>(x, A, R, B, op, post);
+    // Few tiles over long columns: parts of at least COL_PART rows, about SPLIT_UNITS
+    // tiles in all, then the parts' partial results ((A, parts, B)) reduced the same way.
+    const int64_t tiles = A * ((B + COL_X - 1) / COL_X);
+    if (R >= 2 * COL_PART && tiles < SPLIT_UNITS / 2) {
+      int64_t parts = R / COL_PART < SPLIT_UNITS / tiles ? R / COL_PART : SPLIT_UNITS / tiles;
+      int64_t plen = (R + parts - 1) / parts;
+      parts = (R + plen - 1) / plen;
+      void *scratch = NULL;
+      if (parts >= 2 && ddp_cuda_caching_malloc(&scratch, ddp_cuda_device(),
+                                                (size_t)(A * parts * B) * sizeof(ACC)) == DDP_OK) {
+        ACC *partial = (ACC *)scratch;
+        launch_cols<T, ACC>(x, A, R, B, parts, plen, op, PartialPost<ACC>{partial});
+        launch_cols<ACC, ACC>(partial, A, parts, B, 1, parts, PartialsOp<Op, ACC>{op}, post);
+        ddp_cuda_caching_free(scratch); // stream-ordered, as below
+        return;
+      }
+    }
+    launch_cols<T, ACC>(x, A, R, B, 1, R, op, post);
     return;
   }
   // Few long rows: parts of at least SPLIT_PART elements, about SPLIT_UNITS in all.
