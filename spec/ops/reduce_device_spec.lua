@@ -7,8 +7,10 @@
 -- The first block runs them on the simulated device (runtime/backend/sim/plugin.c) in a
 -- child luajit, since the plug-in is probed once per process: it exercises the ops layer's
 -- device paths (kernel table dispatch, outputs and scratch on the device, the front-door
--- forms of the backward passes). The second block (tag cuda) runs them on a real GPU in
--- this process, with large shapes too; it is skipped with a message elsewhere.
+-- forms of the backward passes). The second block runs the CUDA kernels themselves on the
+-- host under an emulation of CUDA blocks (spec/fixtures/reduce_emulation.cc) against the
+-- CPU kernels. The third (tag cuda) runs the checks on a real GPU in this process, with
+-- large shapes too; it is skipped with a message elsewhere.
 local files = require "files"
 local lib = require "ddplua.lib"
 local ffi, C = lib.ffi, lib.C
@@ -72,6 +74,28 @@ describe("ops.reduce on the simulated device", function()
       assert.are.equal("", table.concat(bad, "\n"))
     end)
   end
+end)
+
+describe("CUDA reduce kernels under host emulation", function()
+  -- runtime/backend/cuda/reduce.cu compiled for the host with every CUDA thread a host
+  -- thread (spec/fixtures/cuda_block_emulation.h), against the CPU kernels: launch forms,
+  -- splits, shared-memory trees and shuffles, tie and NaN rules (not GPU timing or math)
+  it("give the CPU kernels' results for every launch form", function()
+    local dir = files.tmpdir("reduce-emul")
+    finally(function() files.remove(dir) end)
+    local exe = dir .. "/reduce_emulation"
+    local cc = os.getenv("CXX") or "c++"
+    local pwd = io.popen("pwd")
+    local root = pwd:read("*l")
+    pwd:close()
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -Iruntime/include -Iruntime "
+      .. "-Ispec/fixtures spec/fixtures/reduce_emulation.cc -o %s -Lbuild -lddplua "
+      .. "-Wl,-rpath,%s"):format(cc, files.quote(exe), files.quote(root .. "/build")))
+    assert.are.equal(0, status, out)
+    status, out = files.run(files.quote(exe))
+    assert.are.equal(0, status, out)
+    assert.matches("%d+ checks, 0 failed", out)
+  end)
 end)
 
 describe("ops.reduce on a GPU #cuda", function()
