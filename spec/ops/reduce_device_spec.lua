@@ -7,10 +7,12 @@
 -- The first block runs them on the simulated device (runtime/backend/sim/plugin.c) in a
 -- child luajit, since the plug-in is probed once per process: it exercises the ops layer's
 -- device paths (kernel table dispatch, outputs and scratch on the device, the front-door
--- forms of the backward passes). The second block runs the CUDA kernels themselves on the
--- host under an emulation of CUDA blocks (spec/fixtures/reduce_emulation.cc) against the
--- CPU kernels. The third (tag cuda) runs the checks on a real GPU in this process, with
--- large shapes too; it is skipped with a message elsewhere.
+-- forms of the backward passes). The second runs the CUDA kernels of
+-- runtime/backend/cuda/reduce.cu on the host under an emulation of CUDA blocks
+-- (spec/fixtures/reduce_emulation.cc) against the CPU kernels, for every launch form; the
+-- third runs a quick subset of the checks through the front doors with those emulated
+-- kernels in the simulated device's table. The last (tag cuda) runs the checks on a real
+-- GPU in this process, with large shapes too; it is skipped with a message elsewhere.
 local files = require "files"
 local lib = require "ddplua.lib"
 local ffi, C = lib.ffi, lib.C
@@ -43,6 +45,7 @@ describe("ops.reduce on the simulated device", function()
     local o = run_child()
     assert.are.equal(0, o.status, o.text)
     assert.are.equal("DONE", o.lines[#o.lines], o.text)
+    assert.are.equal("BACKEND cuda-sim", o.lines[1], o.text)
     local passed = 0
     for _, l in ipairs(o.lines) do
       if l:match("^PASS ") then passed = passed + 1 end
@@ -95,6 +98,37 @@ describe("CUDA reduce kernels under host emulation", function()
     status, out = files.run(files.quote(exe))
     assert.are.equal(0, status, out)
     assert.matches("%d+ checks, 0 failed", out)
+  end)
+end)
+
+describe("ops.reduce through the emulated CUDA kernels", function()
+  -- the simulated device with its reduce kernels replaced by runtime/backend/cuda/reduce.cu
+  -- under the block emulation (spec/fixtures/reduce_emulation.cc built as a plug-in): the
+  -- front doors, their backward passes and the CUDA kernels together (a quick subset:
+  -- every emulated launch runs 256 host threads)
+  it("gives the CPU's results and gradients", function()
+    local dir = files.tmpdir("reduce-emul-plugin")
+    finally(function() files.remove(dir) end)
+    local pwd = io.popen("pwd")
+    local root = pwd:read("*l")
+    pwd:close()
+    local so = dir .. "/reduce_emulation.so"
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -fPIC -shared "
+      .. "-DREDUCE_EMULATION_PLUGIN -Iruntime/include -Iruntime -Ispec/fixtures "
+      .. "spec/fixtures/reduce_emulation.cc -o %s -Lbuild -lddplua -ldl -Wl,-rpath,%s")
+      :format(os.getenv("CXX") or "c++", files.quote(so), files.quote(root .. "/build")))
+    assert.are.equal(0, status, out)
+    status, out = files.run(("DDPLUA_SIM_PLUGIN=%s DDPLUA_CUDA_PLUGIN=%s LUA_PATH=%s luajit "
+      .. "spec/fixtures/reduce_device_checks.lua quick")
+      :format(files.quote(root .. "/build/libddplua_cuda_sim.so"), files.quote(so),
+        files.quote(LUA_PATH)))
+    assert.are.equal(0, status, out)
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.are.equal("DONE", lines[#lines], out)
+    assert.are.equal("", failures(lines))
+    assert.matches("BACKEND cuda%-emulated", out)
+    assert.matches("PASS gradient of log_softmax f32", out)
   end)
 end)
 
