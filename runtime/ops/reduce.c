@@ -8,11 +8,20 @@
  *
  * Gradients: backward functions run with grad mode off and use core helpers, this file's
  * front doors and the private element loops below. Reduced shapes are stored in the node
- * as a bit mask of reduced dims (iattr[0]) and keepdim (iattr[1]). */
+ * as a bit mask of reduced dims (iattr[0]) and keepdim (iattr[1]).
+ *
+ * Devices (Note [reduce on devices]): every kernel is called through the table of the
+ * input's device (ddp_kernels_for), outputs and scratch live on that device, and a pending
+ * device error is turned into a DDP error naming the op (ddp_device_check). The private
+ * element loops read memory on the host, so they serve CPU tensors only; for tensors on a
+ * device the same formulas run through the element-wise front doors and the kernel table
+ * (the *_device functions below), with the tensors' dtypes instead of double. */
 #include <math.h>
 
 #include "autograd/autograd.h"
+#include "backend/cpu/elementwise.h"
 #include "backend/cpu/reduce.h"
+#include "backend/kernels.h"
 #include "core/core.h"
 
 /* Evaluate a status expression with grad mode off (internal conversions must not record nodes). */
@@ -201,6 +210,9 @@ enum grad_kind {
 
 typedef struct { int kind; double p; int dt[4]; } grad_ctx;
 
+/* What small_apply computes on reduced-shape tensors a, b (see small_loop). */
+enum { S_DIV_SAFE, S_DIV, S_DIV_POW_SAFE, S_MUL };
+
 static inline int same(double a, double b) { return a == b || (a != a && b != b); }
 
 static void grad_loop(void *vctx, char **ptr, const int64_t *s, int64_t n) {
@@ -225,10 +237,121 @@ static void grad_loop(void *vctx, char **ptr, const int64_t *s, int64_t n) {
   }
 }
 
+/* ---- the same formulas for tensors on a device (Note [reduce on devices]) ---------------- */
+
+/* Release an array of n tensors (NULL entries skipped). */
+static void release_n(ddp_tensor **ts, int n) {
+  for (int i = 0; i < n; i++) ddp_tensor_release(ts[i]);
+}
+
+/* *out = g * sign(x) (0 where x is 0: the gradient of abs), by the unary_backward kernel of
+ * x's device. g: a view of x's shape; *out: new, x's dtype. */
+static int sign_times_device(ddp_tensor **out, ddp_tensor *g, ddp_tensor *x) {
+  const char *op = "reduce backward";
+  const ddp_kernels *k = ddp_kernels_for(x->device);
+  *out = NULL;
+  DDP_TRY(DDP_KERNEL_CHECK(k, unary_backward, op));
+  DDP_TRY(ddp_tensor_empty(out, x->ndim, x->shape, x->dtype, x->device));
+  k->unary_backward(*out, g, x, DDP_EW_ABS, 0, 0);
+  int status = ddp_device_check(x->device, op);
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
+}
+
+/* *out = cond ? a : 0 (a 0-d zero of a's dtype on a's device, broadcast). */
+static int where_or_zero(ddp_tensor **out, ddp_tensor *cond, ddp_tensor *a) {
+  ddp_tensor *z;
+  DDP_TRY(ddp_tensor_zeros(&z, 0, NULL, a->dtype, a->device));
+  int status = ddp_where(out, cond, a, z);
+  ddp_tensor_release(z);
+  return status;
+}
+
+/* grad_loop's non-counting kinds through the element-wise front doors (grad mode is off in
+ * backward functions): out (x's shape) = q * f(x, s), q and s expanded along mask. */
+static int grad_apply_device(ddp_tensor *out, int kind, double p, ddp_tensor *x, ddp_tensor *q,
+                             ddp_tensor *s, uint32_t mask, int keepdim) {
+  ddp_tensor *tmp[6] = {NULL, NULL, NULL, NULL, NULL, NULL}; /* qv, sv, scratch..., result */
+  ddp_tensor **qv = &tmp[0], **sv = &tmp[1], **res = &tmp[5];
+  int status = expand_view(qv, q, x->ndim, x->shape, mask, keepdim);
+  if (!status) status = expand_view(sv, s, x->ndim, x->shape, mask, keepdim);
+  if (!status) {
+    switch (kind) {
+    case G_DEV: /* q (x - s) */
+      status = ddp_sub(&tmp[2], x, *sv);
+      if (!status) status = ddp_mul(res, *qv, tmp[2]);
+      break;
+    case G_SCALE: /* q x */
+      status = ddp_mul(res, *qv, x);
+      break;
+    case G_SIGN: /* q sign(x) */
+      status = sign_times_device(res, *qv, x);
+      break;
+    case G_POW: /* q sign(x) |x|^(p - 1) */
+      status = ddp_abs(&tmp[2], x);
+      if (!status) status = ddp_pow_scalar(&tmp[3], tmp[2], p - 1);
+      if (!status) status = ddp_mul(&tmp[4], *qv, tmp[3]);
+      if (!status) status = sign_times_device(res, tmp[4], x);
+      break;
+    case G_ABS_EQ: /* |x| == s ? q sign(x) : 0 (a NaN norm sends no gradient here) */
+      status = ddp_abs(&tmp[2], x);
+      if (!status) status = ddp_eq(&tmp[3], tmp[2], *sv);
+      if (!status) status = where_or_zero(&tmp[4], tmp[3], *qv);
+      if (!status) status = sign_times_device(res, tmp[4], x);
+      break;
+    case G_EQ: /* x == s ? q : 0 */
+      status = ddp_eq(&tmp[2], x, *sv);
+      if (!status) status = where_or_zero(res, tmp[2], *qv);
+      break;
+    default:
+      status = DDP_ERROR(DDP_ERR_STATE, "reduce backward: gradient kind %d has no device form",
+                         kind);
+      break;
+    }
+  }
+  if (!status) status = ddp_copy_(out, *res);
+  release_n(tmp, 6);
+  return status;
+}
+
+/* small_loop through the front doors: a new tensor of a's shape and dtype. */
+static int small_apply_device(ddp_tensor **out, int mode, double k, double p, ddp_tensor *a,
+                              ddp_tensor *b) {
+  ddp_tensor *tmp[4] = {NULL, NULL, NULL, NULL};
+  int status;
+  *out = NULL;
+  switch (mode) {
+  case S_MUL:
+    return ddp_mul_scalar(out, a, k);
+  case S_DIV:
+    status = ddp_div(&tmp[0], a, b);
+    if (!status) status = ddp_mul_scalar(out, tmp[0], k);
+    break;
+  default: /* S_DIV_SAFE, S_DIV_POW_SAFE: 0 where b == 0 */
+    if (mode == S_DIV_POW_SAFE) status = ddp_pow_scalar(&tmp[0], b, p);
+    else {
+      ddp_tensor_retain(b);
+      tmp[0] = b;
+      status = DDP_OK;
+    }
+    if (!status) status = ddp_div(&tmp[1], a, tmp[0]);
+    if (!status) status = ddp_mul_scalar(&tmp[2], tmp[1], k);
+    if (!status) status = ddp_ne_scalar(&tmp[3], b, 0);
+    if (!status) status = where_or_zero(out, tmp[3], tmp[2]);
+    break;
+  }
+  release_n(tmp, 4);
+  return status;
+}
+
 /* out (t's shape) = loop kind over x, q and s, where q and s are reduced tensors expanded
- * along mask. Count kinds write into a reduced-shape out (serially, many-to-one). */
+ * along mask. Count kinds write into a reduced-shape out (serially, many-to-one; CPU only). */
 static int grad_apply(ddp_tensor *out, int kind, double p, ddp_tensor *x, ddp_tensor *q,
                       ddp_tensor *s, uint32_t mask, int keepdim) {
+  if (x->device != DDP_DEVICE_CPU) return grad_apply_device(out, kind, p, x, q, s, mask, keepdim);
   ddp_tensor *qv = NULL, *sv = NULL, *ov = NULL;
   int status = expand_view(&qv, q, x->ndim, x->shape, mask, keepdim);
   if (!status) status = expand_view(&sv, s, x->ndim, x->shape, mask, keepdim);
@@ -253,7 +376,6 @@ static int grad_apply(ddp_tensor *out, int kind, double p, ddp_tensor *x, ddp_te
 /* Element-wise on reduced-shape tensors: out = a / b (b == 0 -> 0 when zero_safe), or
  * out = a * k. */
 typedef struct { double k, p; int mode; int dt[3]; } small_ctx;
-enum { S_DIV_SAFE, S_DIV, S_DIV_POW_SAFE, S_MUL };
 
 static void small_loop(void *vctx, char **ptr, const int64_t *s, int64_t n) {
   const small_ctx *c = vctx;
@@ -269,9 +391,11 @@ static void small_loop(void *vctx, char **ptr, const int64_t *s, int64_t n) {
   }
 }
 
-/* A new f64 tensor of a's shape = small_loop(mode) over a and b (same shape). */
+/* A new f64 tensor of a's shape = small_loop(mode) over a and b (same shape); on a device,
+ * a tensor of a's dtype by small_apply_device. */
 static int small_apply(ddp_tensor **out, int mode, double k, double p, ddp_tensor *a,
                        ddp_tensor *b) {
+  if (a->device != DDP_DEVICE_CPU) return small_apply_device(out, mode, k, p, a, b);
   DDP_TRY(ddp_tensor_empty(out, a->ndim, a->shape, DDP_F64, a->device));
   small_ctx c = {k, p, mode, {DDP_F64, a->dtype, b->dtype}};
   ddp_tensor *ops[3] = {*out, a, b};
@@ -281,11 +405,21 @@ static int small_apply(ddp_tensor **out, int mode, double k, double p, ddp_tenso
 
 /* ---- sum and mean ----------------------------------------------------------------------- */
 
-static void sum_kernel(void *o, const void *x, int dtype, int64_t A, int64_t R, int64_t B,
-                       int mode, double scale) {
-  if (dtype == DDP_F32) ddp_cpu_sum_f32(o, x, A, R, B, mode, scale);
-  else if (dtype == DDP_F64) ddp_cpu_sum_f64(o, x, A, R, B, mode, scale);
-  else ddp_cpu_sum_i64(o, x, A, R, B);
+/* The sum kernel of `device` for dtype (f32, f64, i64), then the device's error check. */
+static int sum_kernel(int device, void *o, const void *x, int dtype, int64_t A, int64_t R,
+                      int64_t B, int mode, double scale, const char *op) {
+  const ddp_kernels *k = ddp_kernels_for(device);
+  if (dtype == DDP_F32) {
+    DDP_TRY(DDP_KERNEL_CHECK(k, sum_f32, op));
+    k->sum_f32(o, x, A, R, B, mode, scale);
+  } else if (dtype == DDP_F64) {
+    DDP_TRY(DDP_KERNEL_CHECK(k, sum_f64, op));
+    k->sum_f64(o, x, A, R, B, mode, scale);
+  } else {
+    DDP_TRY(DDP_KERNEL_CHECK(k, sum_i64, op));
+    k->sum_i64(o, x, A, R, B);
+  }
+  return ddp_device_check(device, op);
 }
 
 /* The start and end [*lo, *hi] of the last run of reduced dims of x (size-1 dims skipped)
@@ -313,7 +447,7 @@ static int last_run(const ddp_tensor *x, uint32_t mask, int *lo, int *hi) {
  * convolution: (N, C, H, W) over N, H, W) are summed run by run from the last, each stage
  * a fast (A, R, B) pass, instead of copying x into a permuted layout. */
 static int run_sum(ddp_tensor **out, ddp_tensor *x, uint32_t mask, int nd, const int64_t *shape,
-                   int mode, double scale) {
+                   int mode, double scale, const char *op) {
   int lo, hi;
   if (mode != DDP_SUM_SQRT && ddp_tensor_is_contiguous(x) && last_run(x, mask, &lo, &hi)) {
     int64_t pshape[DDP_MAX_DIMS], A = 1, R = 1, B = 1;
@@ -329,8 +463,9 @@ static int run_sum(ddp_tensor **out, ddp_tensor *x, uint32_t mask, int nd, const
     }
     ddp_tensor *part;
     DDP_TRY(ddp_tensor_empty(&part, pn, pshape, x->dtype, x->device));
-    sum_kernel(ddp_data(part), ddp_data(x), x->dtype, A, R, B, mode, 1.0);
-    int status = run_sum(out, part, pmask, nd, shape, DDP_SUM_PLAIN, scale);
+    int status = sum_kernel(x->device, ddp_data(part), ddp_data(x), x->dtype, A, R, B, mode, 1.0,
+                            op);
+    if (!status) status = run_sum(out, part, pmask, nd, shape, DDP_SUM_PLAIN, scale, op);
     ddp_tensor_release(part);
     return status;
   }
@@ -338,21 +473,27 @@ static int run_sum(ddp_tensor **out, ddp_tensor *x, uint32_t mask, int nd, const
   int64_t A, R, B;
   DDP_TRY(reduce_layout(&src, x, mask, &A, &R, &B));
   int status = ddp_tensor_empty(out, nd, shape, x->dtype, x->device);
-  if (!status) sum_kernel(ddp_data(*out), ddp_data(src), x->dtype, A, R, B, mode, scale);
+  if (!status)
+    status = sum_kernel(x->device, ddp_data(*out), ddp_data(src), x->dtype, A, R, B, mode, scale,
+                        op);
   ddp_tensor_release(src);
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
   return status;
 }
 
 /* sum / mean / 1-norm / 2-norm of t into result dtype odt. */
 static int sum_like(ddp_tensor **out, ddp_tensor *t, uint32_t mask, int keepdim, int odt,
-                    int mode, double scale) {
+                    int mode, double scale, const char *op) {
   int64_t shape[DDP_MAX_DIMS];
   int nd = reduced_shape(t, mask, keepdim, shape);
   int cdt = ddp_dtype_is_floating(odt) ? float_compute_dtype(odt) : DDP_I64;
   ddp_tensor *x = NULL, *r = NULL;
   int status;
   NO_GRAD(status, as_dtype(&x, t, cdt));
-  if (!status) status = run_sum(&r, x, mask, nd, shape, mode, scale);
+  if (!status) status = run_sum(&r, x, mask, nd, shape, mode, scale, op);
   ddp_tensor_release(x);
   if (!status && cdt != odt) {
     ddp_tensor *c;
@@ -369,7 +510,9 @@ static int expand_grad(ddp_tensor **gi, ddp_tensor *g, const ddp_input_meta *m, 
                        int keepdim, double scale) {
   ddp_tensor *view, *gs = g;
   *gi = NULL;
-  if (scale != 1.0) {
+  if (scale != 1.0 && g->device != DDP_DEVICE_CPU) { /* g's dtype, through the front door */
+    DDP_TRY(ddp_mul_scalar(&gs, g, scale));
+  } else if (scale != 1.0) {
     DDP_TRY(ddp_tensor_empty(&gs, g->ndim, g->shape, DDP_F64, g->device));
     small_ctx c = {scale, 0, S_MUL, {DDP_F64, g->dtype, g->dtype}};
     ddp_tensor *ops[3] = {gs, g, g};
@@ -436,7 +579,7 @@ int ddp_sum(ddp_tensor **out, ddp_tensor *t, const int *dims, int ndims, int kee
   DDP_TRY(check_dtype_arg("sum", dtype));
   DDP_TRY(parse_dims("sum", t, dims, ndims, &mask));
   int odt = dtype >= 0 ? dtype : ddp_dtype_is_floating(t->dtype) ? t->dtype : DDP_I64;
-  DDP_TRY(sum_like(out, t, mask, keepdim, odt, DDP_SUM_PLAIN, 1.0));
+  DDP_TRY(sum_like(out, t, mask, keepdim, odt, DDP_SUM_PLAIN, 1.0, "sum"));
   ddp_node *n;
   return record_reduce(out, t, "SumBackward", sum_backward, mask, keepdim, 1.0, 0, &n);
 }
@@ -453,24 +596,42 @@ int ddp_mean(ddp_tensor **out, ddp_tensor *t, const int *dims, int ndims, int ke
              "and mean needs a floating dtype (convert with :float() or pass dtype)",
              DDP_SHAPE(t), ddp_dtype_name(odt));
   double scale = 1.0 / (double)reduced_count(t, mask); /* 1/0 = inf: 0 * inf = nan */
-  DDP_TRY(sum_like(out, t, mask, keepdim, odt, DDP_SUM_PLAIN, scale));
+  DDP_TRY(sum_like(out, t, mask, keepdim, odt, DDP_SUM_PLAIN, scale, "mean"));
   ddp_node *n;
   return record_reduce(out, t, "MeanBackward", sum_backward, mask, keepdim, scale, 0, &n);
 }
 
 /* ---- max / min / argmax / argmin ----------------------------------------------------------- */
 
-/* values (x's dtype) and indices of the extreme along the (A, R, B) layout of contiguous x. */
-static void run_argext(void *values, int64_t *indices, ddp_tensor *x, int64_t A, int64_t R,
-                       int64_t B, int is_max) {
+/* values (x's dtype) and indices of the extreme along the (A, R, B) layout of contiguous x,
+ * by the kernel of x's device. */
+static int run_argext(void *values, int64_t *indices, ddp_tensor *x, int64_t A, int64_t R,
+                      int64_t B, int is_max, const char *op) {
+  const ddp_kernels *k = ddp_kernels_for(x->device);
   const void *s = ddp_data(x);
   switch (x->dtype) {
-  case DDP_F32: ddp_cpu_argext_f32(values, indices, s, A, R, B, is_max); break;
-  case DDP_F64: ddp_cpu_argext_f64(values, indices, s, A, R, B, is_max); break;
-  case DDP_I64: ddp_cpu_argext_i64(values, indices, s, A, R, B, is_max); break;
-  case DDP_I32: ddp_cpu_argext_i32(values, indices, s, A, R, B, is_max); break;
-  default: ddp_cpu_argext_u8(values, indices, s, A, R, B, is_max); break; /* u8, bool */
+  case DDP_F32:
+    DDP_TRY(DDP_KERNEL_CHECK(k, argext_f32, op));
+    k->argext_f32(values, indices, s, A, R, B, is_max);
+    break;
+  case DDP_F64:
+    DDP_TRY(DDP_KERNEL_CHECK(k, argext_f64, op));
+    k->argext_f64(values, indices, s, A, R, B, is_max);
+    break;
+  case DDP_I64:
+    DDP_TRY(DDP_KERNEL_CHECK(k, argext_i64, op));
+    k->argext_i64(values, indices, s, A, R, B, is_max);
+    break;
+  case DDP_I32:
+    DDP_TRY(DDP_KERNEL_CHECK(k, argext_i32, op));
+    k->argext_i32(values, indices, s, A, R, B, is_max);
+    break;
+  default: /* u8, bool */
+    DDP_TRY(DDP_KERNEL_CHECK(k, argext_u8, op));
+    k->argext_u8(values, indices, s, A, R, B, is_max);
+    break;
   }
+  return ddp_device_check(x->device, op);
 }
 
 /* The core of every max/min/argmax/argmin: dim < 0 means the whole tensor flattened.
@@ -500,7 +661,7 @@ static int argext(ddp_tensor **values, ddp_tensor **indices, ddp_tensor *t, int 
   if (dim >= 0) dim_layout(x, dim, &A, &R, &B);
   status = ddp_tensor_empty(&v, nd, shape, x->dtype, t->device);
   if (!status) status = ddp_tensor_empty(&ix, nd, shape, DDP_I64, t->device);
-  if (!status) run_argext(dptr(v), dptr(ix), x, A, R, B, is_max);
+  if (!status) status = run_argext(dptr(v), dptr(ix), x, A, R, B, is_max, op);
   if (!status && half && values) {
     ddp_tensor *c;
     NO_GRAD(status, as_dtype(&c, v, t->dtype));
@@ -522,16 +683,49 @@ static int argext(ddp_tensor **values, ddp_tensor **indices, ddp_tensor *t, int 
 /* d(max along dim)/dx: g lands at the saved index of each slice. */
 typedef struct { int64_t R, B; int gdt, odt; } scatter_ctx;
 
+/* maxdim_backward on a device: gi (zeros, the input's shape, contiguous) receives gc
+ * (contiguous, the output's elements) at the saved indices ix, by the scatter_add kernel
+ * (the indices come from the forward kernel: no bounds check needed). */
+static int maxdim_backward_device(ddp_tensor *gi, ddp_tensor *gc, ddp_tensor *ix, int dim) {
+  const char *op = "max backward";
+  if (gi->ndim == 0) return ddp_copy_(gi, gc); /* one element: the gradient itself */
+  const ddp_kernels *k = ddp_kernels_for(gi->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, scatter_add, op));
+  ddp_tensor *src;
+  DDP_TRY(ddp_to_dtype(&src, gc, gi->dtype));
+  int64_t shape[DDP_MAX_DIMS], strides[DDP_MAX_DIMS];
+  for (int d = 0; d < gi->ndim; d++) shape[d] = d == dim ? 1 : gi->shape[d];
+  ddp_contiguous_strides(gi->ndim, shape, strides); /* gc and ix: (A, 1, B) row-major */
+  k->scatter_add(ddp_data(gi), gi->strides, ddp_data(src), strides, (const int64_t *)ddp_data(ix),
+                 gi->ndim, shape, dim, gi->dtype);
+  ddp_tensor_release(src);
+  int status = ddp_device_check(gi->device, op);
+  if (!status) ddp_tensor_bump_version(gi);
+  return status;
+}
+
 static int maxdim_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   ddp_tensor *ix = ddp_node_saved(n, 0);
   if (!ix) return ddp_last_status();
   const ddp_input_meta *m = &n->inputs[0];
   int dim = (int)n->iattr[0];
   ddp_tensor *gc;
+  ddp_tensor *both[2] = {g, ix};
+  const char *names[2] = {"grad", "indices"};
+  DDP_TRY(ddp_check_same_device("max backward", 2, both, names));
   DDP_TRY(ddp_contiguous(&gc, g));
   int status = ddp_tensor_zeros(&gi[0], m->ndim, m->shape, m->dtype, g->device);
   if (status) {
     ddp_tensor_release(gc);
+    return status;
+  }
+  if (g->device != DDP_DEVICE_CPU) {
+    status = maxdim_backward_device(gi[0], gc, ix, dim);
+    ddp_tensor_release(gc);
+    if (status) {
+      ddp_tensor_release(gi[0]);
+      gi[0] = NULL;
+    }
     return status;
   }
   int64_t A = 1, R = 1, B = 1;
@@ -586,6 +780,39 @@ int ddp_min_dim(ddp_tensor **values, ddp_tensor **indices, ddp_tensor *t, int di
   return ext_dim(values, indices, t, dim, keepdim, 0, "min");
 }
 
+/* Dims list of a mask (for calling ddp_mean and ddp_sum from backward). */
+static int mask_dims(uint32_t mask, int ndim, int *dims) {
+  int k = 0;
+  for (int d = 0; d < ndim; d++)
+    if (mask & (1u << d)) dims[k++] = d;
+  return k;
+}
+
+/* ties_backward on a device: count = sum(x == r) over mask (|x| for the inf-norm), then
+ * gi = (x == r) ? g / count : 0 (times sign(x) for the inf-norm). Ties compare with ==, so
+ * a NaN extreme sends no gradient (the CPU loop counts NaN == NaN). */
+static int ties_backward_device(ddp_tensor **gi, ddp_tensor *g, ddp_tensor *x, ddp_tensor *r,
+                                uint32_t mask, int keepdim, int abs_kind) {
+  ddp_tensor *tmp[5] = {NULL, NULL, NULL, NULL, NULL}; /* rv, |x|, eq, count, q */
+  int dims[DDP_MAX_DIMS];
+  int nd = mask_dims(mask, x->ndim, dims);
+  int status = expand_view(&tmp[0], r, x->ndim, x->shape, mask, keepdim);
+  if (!status) {
+    if (abs_kind) status = ddp_abs(&tmp[1], x);
+    else {
+      ddp_tensor_retain(x);
+      tmp[1] = x;
+    }
+  }
+  if (!status) status = ddp_eq(&tmp[2], tmp[1], tmp[0]);
+  if (!status) status = ddp_sum(&tmp[3], tmp[2], dims, nd, keepdim, g->dtype);
+  if (!status) status = ddp_div(&tmp[4], g, tmp[3]);
+  if (!status) status = ddp_tensor_empty(&gi[0], x->ndim, x->shape, x->dtype, x->device);
+  if (!status) status = grad_apply(gi[0], abs_kind ? G_ABS_EQ : G_EQ, 0, x, tmp[4], r, mask, keepdim);
+  release_n(tmp, 5);
+  return status;
+}
+
 /* Gradient split evenly among the elements equal to the extreme (amax/amin rule, and the
  * inf-norm with |x|): count the ties per output element, then g / count where equal. */
 static int ties_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi, int abs_kind) {
@@ -593,6 +820,10 @@ static int ties_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi, int abs_ki
   if (!x || !r) return ddp_last_status();
   uint32_t mask = (uint32_t)n->iattr[0];
   int keepdim = (int)n->iattr[1];
+  ddp_tensor *both[2] = {g, x};
+  const char *names[2] = {"grad", "input"};
+  DDP_TRY(ddp_check_same_device(abs_kind ? "norm backward" : "max backward", 2, both, names));
+  if (x->device != DDP_DEVICE_CPU) return ties_backward_device(gi, g, x, r, mask, keepdim, abs_kind);
   ddp_tensor *count = NULL, *q = NULL;
   int status = ddp_tensor_zeros(&count, r->ndim, r->shape, DDP_F64, r->device);
   if (!status) status = grad_apply(count, abs_kind ? G_COUNT_ABS_EQ : G_COUNT_EQ, 0, x, count, r,
@@ -659,13 +890,6 @@ static int require_floating(const char *op, const ddp_tensor *t) {
   return DDP_OK;
 }
 
-/* Dims list of a mask (for calling ddp_mean from backward). */
-static int mask_dims(uint32_t mask, int ndim, int *dims) {
-  int k = 0;
-  for (int d = 0; d < ndim; d++)
-    if (mask & (1u << d)) dims[k++] = d;
-  return k;
-}
 
 /* var: g * 2 (x - mean) / (n - c); std: g (x - mean) / ((n - c) std). */
 static int var_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
@@ -676,6 +900,9 @@ static int var_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (is_std && !(r = ddp_node_saved(n, 1))) return ddp_last_status();
   uint32_t mask = (uint32_t)n->iattr[0];
   int keepdim = (int)n->iattr[1];
+  ddp_tensor *both[2] = {g, x};
+  const char *names[2] = {"grad", "input"};
+  DDP_TRY(ddp_check_same_device(is_std ? "std backward" : "var backward", 2, both, names));
   double denom = (double)reduced_count(x, mask) - n->fattr[0];
   int dims[DDP_MAX_DIMS];
   int nd = mask_dims(mask, x->ndim, dims);
@@ -689,7 +916,14 @@ static int var_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   /* mean has keepdim shape; q has the output's */
   ddp_tensor *mv = NULL;
   if (!status) status = expand_view(&mv, mean, x->ndim, x->shape, mask, 1);
-  if (!status) {
+  if (!status && x->device != DDP_DEVICE_CPU) { /* (x - mean) q by the front doors */
+    ddp_tensor *tmp[3] = {NULL, NULL, NULL};
+    status = expand_view(&tmp[0], q, x->ndim, x->shape, mask, keepdim);
+    if (!status) status = ddp_sub(&tmp[1], x, mv);
+    if (!status) status = ddp_mul(&tmp[2], tmp[1], tmp[0]);
+    if (!status) status = ddp_copy_(gi[0], tmp[2]);
+    release_n(tmp, 3);
+  } else if (!status) {
     ddp_tensor *qv;
     status = expand_view(&qv, q, x->ndim, x->shape, mask, keepdim);
     if (!status) {
@@ -721,8 +955,15 @@ static int var_like(ddp_tensor **out, ddp_tensor *t, const int *dims, int ndims,
   if (!status) status = reduce_layout(&src, x, mask, &A, &R, &B);
   if (!status) status = ddp_tensor_empty(&r, nd, shape, cdt, t->device);
   if (!status) {
-    if (cdt == DDP_F32) ddp_cpu_var_f32(dptr(r), dptr(src), A, R, B, correction, is_std);
-    else ddp_cpu_var_f64(dptr(r), dptr(src), A, R, B, correction, is_std);
+    const ddp_kernels *k = ddp_kernels_for(t->device);
+    if (cdt == DDP_F32) {
+      status = DDP_KERNEL_CHECK(k, var_f32, op);
+      if (!status) k->var_f32(dptr(r), dptr(src), A, R, B, correction, is_std);
+    } else {
+      status = DDP_KERNEL_CHECK(k, var_f64, op);
+      if (!status) k->var_f64(dptr(r), dptr(src), A, R, B, correction, is_std);
+    }
+    if (!status) status = ddp_device_check(t->device, op);
   }
   release_all(x, src, NULL);
   if (!status && cdt != t->dtype) {
@@ -769,6 +1010,39 @@ static void norm_generic(double *out, const double *x, int64_t A, int64_t R, int
     }
 }
 
+/* norm_generic on a device: r (f64, A B elements) from the contiguous f64 (A, R, B) src:
+ * the inf-norm is the max of |x| by the argext kernel (NaN wins as in the CPU loop; 0 when
+ * R is 0), the p-norm (sum |x|^p)^(1/p) by the front doors and the sum kernel. */
+static int norm_generic_device(ddp_tensor *r, ddp_tensor *src, int64_t A, int64_t R, int64_t B,
+                               double p) {
+  const char *op = "norm";
+  if (R == 0) return ddp_zero_(r);
+  ddp_tensor *tmp[4] = {NULL, NULL, NULL, NULL}; /* |x|, |x|^p, indices, sums */
+  int status = ddp_abs(&tmp[0], src);
+  if (!status && isinf(p)) {
+    int64_t ab = A * B;
+    status = ddp_tensor_empty(&tmp[2], 1, &ab, DDP_I64, src->device);
+    if (!status) status = run_argext(dptr(r), dptr(tmp[2]), tmp[0], A, R, B, 1, op);
+  } else if (!status) {
+    int64_t ab = A * B;
+    status = ddp_pow_scalar(&tmp[1], tmp[0], p);
+    if (!status) status = ddp_tensor_empty(&tmp[3], 1, &ab, DDP_F64, src->device);
+    if (!status)
+      status = sum_kernel(src->device, dptr(tmp[3]), dptr(tmp[1]), DDP_F64, A, R, B, DDP_SUM_PLAIN,
+                          1.0, op);
+    if (!status) {
+      ddp_tensor *root = NULL, *rv = NULL;
+      status = ddp_pow_scalar(&root, tmp[3], 1.0 / p);
+      if (!status) status = ddp_view(&rv, r, 1, &ab);
+      if (!status) status = ddp_copy_(rv, root);
+      ddp_tensor_release(root);
+      ddp_tensor_release(rv);
+    }
+  }
+  release_n(tmp, 4);
+  return status;
+}
+
 static int norm_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   double p = n->fattr[0];
   if (isinf(p)) return ties_backward(n, g, gi, 1);
@@ -777,6 +1051,9 @@ static int norm_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   uint32_t mask = (uint32_t)n->iattr[0];
   int keepdim = (int)n->iattr[1];
   ddp_tensor *q = NULL;
+  ddp_tensor *both[2] = {g, x};
+  const char *names[2] = {"grad", "input"};
+  DDP_TRY(ddp_check_same_device("norm backward", 2, both, names));
   int kind = p == 1 ? G_SIGN : p == 2 ? G_SCALE : G_POW;
   int status = p == 1 ? small_apply(&q, S_MUL, 1.0, 0, g, g)
              : p == 2 ? small_apply(&q, S_DIV_SAFE, 1.0, 0, g, r)
@@ -796,7 +1073,8 @@ int ddp_norm(ddp_tensor **out, ddp_tensor *t, double p, const int *dims, int ndi
   DDP_TRY(parse_dims("norm", t, dims, ndims, &mask));
   int status;
   if (p == 1 || p == 2) {
-    DDP_TRY(sum_like(out, t, mask, keepdim, t->dtype, p == 1 ? DDP_SUM_ABS : DDP_SUM_SQRT, 1.0));
+    DDP_TRY(sum_like(out, t, mask, keepdim, t->dtype, p == 1 ? DDP_SUM_ABS : DDP_SUM_SQRT, 1.0,
+                     "norm"));
   } else {
     int64_t shape[DDP_MAX_DIMS];
     int nd = reduced_shape(t, mask, keepdim, shape);
@@ -805,7 +1083,8 @@ int ddp_norm(ddp_tensor **out, ddp_tensor *t, double p, const int *dims, int ndi
     NO_GRAD(status, as_dtype(&x, t, DDP_F64));
     if (!status) status = reduce_layout(&src, x, mask, &A, &R, &B);
     if (!status) status = ddp_tensor_empty(&r, nd, shape, DDP_F64, t->device);
-    if (!status) norm_generic(dptr(r), dptr(src), A, R, B, p);
+    if (!status && t->device != DDP_DEVICE_CPU) status = norm_generic_device(r, src, A, R, B, p);
+    else if (!status) norm_generic(dptr(r), dptr(src), A, R, B, p);
     release_all(x, src, NULL);
     if (!status) {
       NO_GRAD(status, as_dtype(out, r, t->dtype));
@@ -824,6 +1103,10 @@ static int softmax_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   ddp_tensor *y = ddp_node_saved(n, 0);
   if (!y) return ddp_last_status();
   int dim = (int)n->iattr[0], is_log = (int)n->iattr[1];
+  ddp_tensor *both[2] = {g, y};
+  const char *names[2] = {"grad", "output"};
+  DDP_TRY(ddp_check_same_device(is_log ? "log_softmax backward" : "softmax backward", 2, both,
+                                names));
   int cdt = float_compute_dtype(y->dtype);
   ddp_tensor *yc = NULL, *gc = NULL, *dx = NULL;
   int status = as_dtype(&yc, y, cdt); /* contiguous: made by the forward */
@@ -839,10 +1122,16 @@ static int softmax_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (!status) {
     int64_t A, R, B;
     dim_layout(y, dim, &A, &R, &B);
-    if (cdt == DDP_F32)
-      ddp_cpu_softmax_backward_f32(dptr(dx), dptr(yc), dptr(gc), A, R, B, is_log);
-    else
-      ddp_cpu_softmax_backward_f64(dptr(dx), dptr(yc), dptr(gc), A, R, B, is_log);
+    const char *op = is_log ? "log_softmax backward" : "softmax backward";
+    const ddp_kernels *k = ddp_kernels_for(y->device);
+    if (cdt == DDP_F32) {
+      status = DDP_KERNEL_CHECK(k, softmax_backward_f32, op);
+      if (!status) k->softmax_backward_f32(dptr(dx), dptr(yc), dptr(gc), A, R, B, is_log);
+    } else {
+      status = DDP_KERNEL_CHECK(k, softmax_backward_f64, op);
+      if (!status) k->softmax_backward_f64(dptr(dx), dptr(yc), dptr(gc), A, R, B, is_log);
+    }
+    if (!status) status = ddp_device_check(y->device, op);
   }
   if (!status && cdt != y->dtype) {
     status = as_dtype(&gi[0], dx, y->dtype);
@@ -879,8 +1168,15 @@ static int softmax_like(ddp_tensor **out, ddp_tensor *t, int dim, int is_log, co
   if (!status) {
     int64_t A, R, B;
     dim_layout(x, t->ndim ? d : 0, &A, &R, &B);
-    if (cdt == DDP_F32) ddp_cpu_softmax_f32(dptr(y), dptr(x), A, R, B, is_log);
-    else ddp_cpu_softmax_f64(dptr(y), dptr(x), A, R, B, is_log);
+    const ddp_kernels *k = ddp_kernels_for(t->device);
+    if (cdt == DDP_F32) {
+      status = DDP_KERNEL_CHECK(k, softmax_f32, op);
+      if (!status) k->softmax_f32(dptr(y), dptr(x), A, R, B, is_log);
+    } else {
+      status = DDP_KERNEL_CHECK(k, softmax_f64, op);
+      if (!status) k->softmax_f64(dptr(y), dptr(x), A, R, B, is_log);
+    }
+    if (!status) status = ddp_device_check(t->device, op);
   }
   if (x != t) ddp_tensor_release(x);
   if (!status && cdt != t->dtype) {

@@ -19,6 +19,11 @@
  * thread count: work splits by output slices, or a long row by fixed 65536-element parts.
  * f32 softmax uses a vectorisable exp (Cephes' polynomial, within 1.5 ulp on [-87, 88],
  * 0 below -87 where the true value is denormal).
+ * On CUDA tensors (runtime/backend/cuda/reduce.cu) f32 and f64 sums accumulate every
+ * element in double (a tree across threads), var/std use Welford's update with Chan's
+ * pairwise merge in double, softmax uses the device's expf/exp: results agree with the
+ * CPU's to rounding, not bit for bit, and do not depend on the launch configuration's
+ * timing (fixed reduction order per shape).
  *
  * Layout: reductions over a block of adjacent dimensions of a contiguous tensor (the last
  * dims: row sums; the leading dims: column sums, vectorised across the kept columns; or a
