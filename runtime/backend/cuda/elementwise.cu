@@ -15,7 +15,10 @@
 //    more run an N-d offset calculator (shape and byte strides per operand, innermost
 //    first) with 32-bit index arithmetic when the element count allows, 64-bit otherwise.
 //    Every kernel is a grid-stride loop over int64 element counts, launched on
-//    ddp_cuda_stream() of the output's device (made current for the call, then restored).
+//    ddp_cuda_stream(). The entries do not touch the current device: every caller reaches
+//    them through ddp_kernels_for(device), which has made the tensors' device current
+//    (Note [current device], runtime/core/device.c), so the current stream is that
+//    device's. That saves a cudaGetDevice (and a cudaSetDevice pair) per op.
 //  - Same-dtype operands take typed paths: f32 and f64 compute in their own type, f16 and
 //    bf16 load to f32, compute there and round once when stored; i64/i32 compute natively
 //    with wrap-around (unsigned) arithmetic as the CPU does. Contiguous f32 binary and
@@ -491,6 +494,20 @@ __global__ void __launch_bounds__(DDP_CUDA_THREADS)
                          (Index)gridDim.x * blockDim.x);
 }
 
+// A failure found on the host by an entry (they return void): deferred for the ops
+// layer's ddp_device_check, which reports it as "<op>: <message>" (Note [deferred errors],
+// cuda_internal.h); a DDP_FAIL here would be lost, the op returning success over an
+// unwritten output. The host emulation, which has no plug-in, records it directly.
+#ifdef DDP_EW_HOST_EMULATION
+#define EW_FAIL(status, ...) DDP_FAIL(status, __VA_ARGS__)
+#else
+#define EW_FAIL(status, ...)                                                               \
+  do {                                                                                     \
+    ddp_cuda_defer_error((status), __VA_ARGS__);                                           \
+    return (status);                                                                       \
+  } while (0)
+#endif
+
 // Is t a host scalar (see the header)? Then its one value is read on the host.
 bool host_scalar(const ddp_tensor *t) { return t->device == DDP_DEVICE_CPU; }
 
@@ -505,8 +522,8 @@ template <int N> int make_plan(Plan<N> *p, ddp_tensor *const *ops, const char *o
     if (k > 0 && host_scalar(ops[k])) {
       for (int d = 0; d < ops[k]->ndim; d++)
         if (ops[k]->strides[d] != 0 && ops[k]->shape[d] > 1)
-          DDP_FAIL(DDP_ERR_ARG, "%s: operand %d is in host memory but the output is on %s "
-                   "(only one-element scalars may be)", op, k, ddp_device_str(out->device));
+          EW_FAIL(DDP_ERR_ARG, "%s kernel: operand %d is in host memory but the output is on "
+                  "%s (only one-element scalars may be)", op, k, ddp_device_str(out->device));
       p->scalar |= 1u << k;
       p->base.p[k] = nullptr;
     } else {
@@ -568,27 +585,6 @@ template <int N, typename F> void launch(const Plan<N> &p, const F &f) {
   }
 #endif
 }
-
-// Makes the output's device current for the call and restores the previous one, so a
-// tensor on cuda:1 is worked on by cuda:1 (on its current stream) whatever the thread's
-// current device. A failure stays pending for ddp_device_check (cudaGetLastError).
-struct DeviceGuard {
-  int prev = -1;
-#ifdef DDP_EW_HOST_EMULATION
-  explicit DeviceGuard(int) {}
-#else
-  explicit DeviceGuard(int device) {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != device && cudaSetDevice(device) == cudaSuccess)
-      prev = cur;
-  }
-  ~DeviceGuard() {
-    if (prev >= 0) cudaSetDevice(prev);
-  }
-#endif
-  DeviceGuard(const DeviceGuard &) = delete;
-  DeviceGuard &operator=(const DeviceGuard &) = delete;
-};
 
 // ---- host-side values of scalars and parameters --------------------------------------
 
@@ -748,7 +744,9 @@ template <typename F> void launch_unary_f32_vec4(const Plan<2> &p, const F &f) {
 #endif
 }
 
-// Contiguous bytes: a copy and a fill on the current stream.
+// Contiguous bytes: a copy and a fill on the current stream. A failure of either call
+// stays pending in the runtime (cudaGetLastError) for the ops layer's ddp_device_check,
+// like a failed launch.
 void copy_bytes(void *dst, const void *src, size_t n) {
 #ifdef DDP_EW_HOST_EMULATION
   memmove(dst, src, n);
@@ -778,12 +776,13 @@ static void cuda_copy(ddp_tensor *dst, const ddp_tensor *src) {
   ddp_tensor *ops[2] = {dst, (ddp_tensor *)src};
   Plan<2> p;
   if (make_plan(&p, ops, "copy") || p.numel == 0) return;
-  DeviceGuard guard(dst->device);
   if (src->dtype == dst->dtype) {
     size_t es = ddp_dtype_size(dst->dtype);
     if (!p.scalar && p.geo.ndim == 1 && p.geo.stride[0][0] == (int64_t)es &&
         p.geo.stride[0][1] == (int64_t)es) {
-      copy_bytes(p.base.p[0], p.base.p[1], (size_t)p.numel * es);
+      // A copy onto itself (two headers over the same memory: the ops layer compares
+      // tensors, not addresses) is a no-op; cudaMemcpy's areas must not overlap.
+      if (p.base.p[0] != p.base.p[1]) copy_bytes(p.base.p[0], p.base.p[1], (size_t)p.numel * es);
       return;
     }
     switch (es) {
@@ -802,7 +801,6 @@ static void cuda_copy(ddp_tensor *dst, const ddp_tensor *src) {
 static void cuda_fill(ddp_tensor *t, double value) {
   Plan<1> p;
   if (make_plan(&p, &t, "fill") || p.numel == 0) return;
-  DeviceGuard guard(t->device);
   size_t es = ddp_dtype_size(t->dtype);
   unsigned char bits[8] = {0};
   ddp_store_f64(bits, t->dtype, value);
@@ -838,7 +836,6 @@ static void cuda_binary(ddp_tensor *out, ddp_tensor *a, ddp_tensor *b, int op, d
   ddp_tensor *ops[3] = {out, a, b};
   Plan<3> p;
   if (make_plan(&p, ops, "binary") || p.numel == 0) return;
-  DeviceGuard guard(out->device);
   bool cmp = op >= DDP_EW_EQ;
   int dt = p.scalar & 2 ? b->dtype : a->dtype;
   bool same = same_dtype<3>(ops, 1, dt, p.scalar) && (cmp ? out->dtype == DDP_BOOL : out->dtype == dt);
@@ -888,7 +885,6 @@ static void cuda_binary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *a, dd
   ddp_tensor *ops[4] = {d, g, a, b};
   Plan<4> p;
   if (make_plan(&p, ops, "binary_backward") || p.numel == 0) return;
-  DeviceGuard guard(d->device);
   int dt = d->dtype;
   if (ddp_dtype_is_floating(dt) && same_dtype<4>(ops, 1, dt, p.scalar)) {
     switch (dt) {
@@ -917,7 +913,6 @@ static void cuda_unary(ddp_tensor *out, ddp_tensor *x, int op, double p0, double
   ddp_tensor *ops[2] = {out, x};
   Plan<2> p;
   if (make_plan(&p, ops, "unary") || p.numel == 0) return;
-  DeviceGuard guard(out->device);
   if (out->dtype == x->dtype && !p.scalar) {
     switch (out->dtype) {
     case DDP_F32: {
@@ -947,7 +942,6 @@ static void cuda_unary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *s, int
   ddp_tensor *ops[3] = {d, g, s};
   Plan<3> p;
   if (make_plan(&p, ops, "unary_backward") || p.numel == 0) return;
-  DeviceGuard guard(d->device);
   int dt = d->dtype;
   if (ddp_dtype_is_floating(dt) && same_dtype<3>(ops, 1, dt, p.scalar)) {
     switch (dt) {
@@ -974,7 +968,6 @@ static void cuda_where(ddp_tensor *out, ddp_tensor *cond, ddp_tensor *a, ddp_ten
   ddp_tensor *ops[4] = {out, cond, a, b};
   Plan<4> p;
   if (make_plan(&p, ops, "where") || p.numel == 0) return;
-  DeviceGuard guard(out->device);
   if (a->dtype == out->dtype && b->dtype == out->dtype) {
     switch (ddp_dtype_size(out->dtype)) {
     case 8: launch(p, WhereBits<uint64_t>{scalar_bits<4, uint64_t>(p, ops)}); return;
