@@ -138,6 +138,12 @@ const ddp_kernels *ddp_kernels_for(int device) {
 }
 
 int ddp_kernel_missing(const ddp_kernels *k, const char *kernel, const char *op) {
+  if (!k && api && ddp_last_status()) {
+    /* The plug-in is loaded: ddp_kernels_for failed to make the device current (a lost or
+     * busy GPU), and recorded why; say that, not "not implemented". */
+    ddp_error_prefix("%s", op);
+    return ddp_last_status();
+  }
   return DDP_ERROR(DDP_ERR_UNAVAILABLE, "%s: not implemented for %s tensors yet (no %s kernel)",
                    op, k ? k->name : "cuda", kernel);
 }
