@@ -47,7 +47,8 @@ extern "C" {
 
 // Element code is __host__ __device__: the kernels' bodies are plain loops (below) that
 // a host build with DDP_EW_HOST_EMULATION runs on the CPU, so this file's geometry and
-// element semantics can be tested on a machine without a GPU (spec/helpers/ew_emulation.cu).
+// element semantics can be tested on a machine without a GPU
+// (runtime/backend/sim/ew_emulation.cu, driven by spec/ops/elementwise_device_spec.lua).
 #define HD __host__ __device__ __forceinline__
 
 namespace {
