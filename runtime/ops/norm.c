@@ -139,7 +139,13 @@ static int bn_moments(ddp_tensor **mean, ddp_tensor **var, const ddp_kernels *k,
     k->bn_moments_f32(dptr(*mean), dptr(*var), (const float *)dptr(x), N, C, S);
   else
     k->bn_moments_f64(dptr(*mean), dptr(*var), (const double *)dptr(x), N, C, S);
-  return DDP_OK;
+  status = ddp_device_check(x->device, "batch_norm");
+  if (status) {
+    ddp_tensor_release(*mean);
+    ddp_tensor_release(*var);
+    *mean = *var = NULL;
+  }
+  return status;
 }
 
 /* Saved slots of BatchNormBackward; iattr[0] training, iattr[1] has weight. */
