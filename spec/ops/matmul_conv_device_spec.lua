@@ -5,7 +5,9 @@
 --    outputs and gradients live on the inputs' device, equal the CPU's, and mixing devices
 --    raises naming the op, the arguments and both devices. The sim cannot say whether a
 --    CUDA kernel is right.
--- 2. Tagged #cuda, on a real GPU only (skipped with a message otherwise): the cuBLAS GEMM
+-- 2. The CUDA pooling kernels (runtime/backend/cuda/pool.cu) on the host under an emulation
+--    of CUDA blocks, against the CPU kernels (spec/fixtures/pool_emulation.cc).
+-- 3. Tagged #cuda, on a real GPU only (skipped with a message otherwise): the cuBLAS GEMM
 --    (every transpose, f32 / f64 / f16 / bf16, TF32 on and off), cuDNN conv2d forward and
 --    backward and the pooling kernels against the CPU.
 local files = require "files"
@@ -194,6 +196,36 @@ case("mixed devices", function()
 end)
 ]]
     assert_all_pass(status, out, 1)
+  end)
+end)
+
+-- ---- the pooling kernels under host emulation --------------------------------------------
+
+describe("CUDA pooling kernels under host emulation", function()
+  -- runtime/backend/cuda/pool.cu compiled for the host with every CUDA thread a host thread
+  -- (spec/fixtures/cuda_block_emulation.h, atomicAdd a host atomic) and compared with the
+  -- CPU kernels (spec/fixtures/pool_emulation.cc): max / avg / adaptive avg pooling,
+  -- forward and backward, f32 and f64, random geometries (padding, stride, dilation,
+  -- ceil_mode, count_include_pad, adaptive up- and down-sampling), ties and NaN for max,
+  -- grids of the real size and capped ones (grid-stride loops). Index arithmetic and
+  -- results only: not a GPU's timing, memory model or math library.
+  it("give the CPU kernels' results on random geometries", function()
+    local dir = files.tmpdir("pool-emul")
+    finally(function() files.remove(dir) end)
+    local exe = dir .. "/pool_emulation"
+    local pwd = io.popen("pwd")
+    local here = pwd:read("*l")
+    pwd:close()
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -Iruntime/include -Iruntime "
+      .. "-Ispec/fixtures spec/fixtures/pool_emulation.cc -o %s -Lbuild -lddplua "
+      .. "-Wl,-rpath,%s"):format(os.getenv("CXX") or "c++", files.quote(exe),
+        files.quote(here .. "/build")))
+    assert.are.equal(0, status, out)
+    status, out = files.run(files.quote(exe))
+    assert.are.equal(0, status, out)
+    local n = tonumber(out:match("(%d+) checks, 0 failed"))
+    assert.is_truthy(n, out)
+    assert.is_true(n > 2000, out)
   end)
 end)
 
