@@ -5,7 +5,9 @@
 --    outputs and gradients live on the inputs' device, equal the CPU's, and mixing devices
 --    raises naming the op, the arguments and both devices. The sim cannot say whether a
 --    CUDA kernel is right.
--- 2. Tagged #cuda, on a real GPU only (skipped with a message otherwise): the cuBLAS GEMM
+-- 2. The CUDA pooling kernels (runtime/backend/cuda/pool.cu) on the host under an emulation
+--    of CUDA blocks, against the CPU kernels (spec/fixtures/pool_emulation.cc).
+-- 3. Tagged #cuda, on a real GPU only (skipped with a message otherwise): the cuBLAS GEMM
 --    (every transpose, f32 / f64 / f16 / bf16, TF32 on and off), cuDNN conv2d forward and
 --    backward and the pooling kernels against the CPU.
 local files = require "files"
@@ -68,9 +70,39 @@ local function assert_all_pass(status, out, n)
     ("child exited %s, %d passed of %d:\n%s"):format(tostring(status), passed, n, out))
 end
 
+-- The pooling case, run on the simulated device and with the emulated CUDA pooling kernels.
+local pool_case = [[
+case("pooling forward and backward", function()
+  local x = randn({ 2, 3, 7, 6 })
+  local dx = to(x, 0)
+  x:requires_grad_(true); dx:requires_grad_(true)
+  local ops = {
+    function(t) return dl.max_pool2d(t, 2) end,
+    function(t) return dl.max_pool2d(t, 3, { stride = 1, padding = 1, dilation = 1 }) end,
+    function(t) return dl.max_pool2d(t, { 2, 3 }, { stride = { 1, 2 }, dilation = 2 }) end,
+    function(t) return dl.avg_pool2d(t, 3, { stride = 2, padding = 1, ceil_mode = true }) end,
+    function(t) return dl.avg_pool2d(t, 2, { stride = 1, count_include_pad = false, padding = 1 }) end,
+    function(t) return dl.adaptive_avg_pool2d(t, { 3, 4 }) end,
+    function(t) return dl.adaptive_avg_pool2d(t, { 9, 8 }) end,
+  }
+  for _, op in ipairs(ops) do
+    x.grad, dx.grad = nil, nil
+    local y, dy = op(x), op(dx)
+    same(dy, y, 1e-12)
+    local gy = randn(y:size())
+    y:backward(gy)
+    dy:backward(to(gy, 0))
+    same(dx.grad, x.grad, 1e-12)
+  end
+  local out, idx = dl.max_pool2d(dx, 2, { return_indices = true })
+  assert(idx.device == "cuda:0" and out.device == "cuda:0")
+  same(dl.max_pool2d(to(x:detach():half(), 0), 2), dl.max_pool2d(x:detach():half(), 2), 0)
+end)
+]]
+
 describe("matmul, conv2d and pooling on the simulated device", function()
   it("multiply on the operands' device and match the CPU, gradients included", function()
-    local status, out = run_sim [[
+    local status, out = run_sim([[
 case("matmul, every transpose", function()
   local a, b = randn({ 4, 5 }), randn({ 5, 3 })
   local at, bt = randn({ 5, 4 }), randn({ 3, 5 })
@@ -144,33 +176,7 @@ case("conv2d forward and backward: stride, padding, dilation, groups, bias", fun
   local x, w = randn({ 1, 2, 5, 5 }, "f32"), randn({ 3, 2, 3, 3 }, "f32")
   same(dl.conv2d(to(x, 0):half(), to(w, 0):half()), dl.conv2d(x:half(), w:half()), 1e-2)
 end)
-case("pooling forward and backward", function()
-  local x = randn({ 2, 3, 7, 6 })
-  local dx = to(x, 0)
-  x:requires_grad_(true); dx:requires_grad_(true)
-  local ops = {
-    function(t) return dl.max_pool2d(t, 2) end,
-    function(t) return dl.max_pool2d(t, 3, { stride = 1, padding = 1, dilation = 1 }) end,
-    function(t) return dl.max_pool2d(t, { 2, 3 }, { stride = { 1, 2 }, dilation = 2 }) end,
-    function(t) return dl.avg_pool2d(t, 3, { stride = 2, padding = 1, ceil_mode = true }) end,
-    function(t) return dl.avg_pool2d(t, 2, { stride = 1, count_include_pad = false, padding = 1 }) end,
-    function(t) return dl.adaptive_avg_pool2d(t, { 3, 4 }) end,
-    function(t) return dl.adaptive_avg_pool2d(t, { 9, 8 }) end,
-  }
-  for _, op in ipairs(ops) do
-    x.grad, dx.grad = nil, nil
-    local y, dy = op(x), op(dx)
-    same(dy, y, 1e-12)
-    local gy = randn(y:size())
-    y:backward(gy)
-    dy:backward(to(gy, 0))
-    same(dx.grad, x.grad, 1e-12)
-  end
-  local out, idx = dl.max_pool2d(dx, 2, { return_indices = true })
-  assert(idx.device == "cuda:0" and out.device == "cuda:0")
-  same(dl.max_pool2d(to(x:detach():half(), 0), 2), dl.max_pool2d(x:detach():half(), 2), 0)
-end)
-]]
+]] .. pool_case)
     assert_all_pass(status, out, 7)
   end)
 
@@ -193,6 +199,62 @@ case("mixed devices", function()
          function() dl.conv2d(to(x, 0), to(w, 0), randn({ 3 })) end)
 end)
 ]]
+    assert_all_pass(status, out, 1)
+  end)
+end)
+
+-- ---- the pooling kernels under host emulation --------------------------------------------
+
+describe("CUDA pooling kernels under host emulation", function()
+  -- runtime/backend/cuda/pool.cu compiled for the host with every CUDA thread a host thread
+  -- (spec/fixtures/cuda_block_emulation.h, atomicAdd a host atomic) and compared with the
+  -- CPU kernels (spec/fixtures/pool_emulation.cc): max / avg / adaptive avg pooling,
+  -- forward and backward, f32 and f64, random geometries (padding, stride, dilation,
+  -- ceil_mode, count_include_pad, adaptive up- and down-sampling), ties and NaN for max,
+  -- grids of the real size and capped ones (grid-stride loops). Index arithmetic and
+  -- results only: not a GPU's timing, memory model or math library.
+  it("give the CPU kernels' results on random geometries", function()
+    local dir = files.tmpdir("pool-emul")
+    finally(function() files.remove(dir) end)
+    local exe = dir .. "/pool_emulation"
+    local pwd = io.popen("pwd")
+    local here = pwd:read("*l")
+    pwd:close()
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -Iruntime/include -Iruntime "
+      .. "-Ispec/fixtures spec/fixtures/pool_emulation.cc -o %s -Lbuild -lddplua "
+      .. "-Wl,-rpath,%s"):format(os.getenv("CXX") or "c++", files.quote(exe),
+        files.quote(here .. "/build")))
+    assert.are.equal(0, status, out)
+    status, out = files.run(files.quote(exe))
+    assert.are.equal(0, status, out)
+    local n = tonumber(out:match("(%d+) checks, 0 failed"))
+    assert.is_truthy(n, out)
+    assert.is_true(n > 2000, out)
+  end)
+
+  -- the simulated device with its pooling entries replaced by the emulated kernels
+  -- (pool_emulation.cc built as a plug-in): front doors, backward passes and the CUDA
+  -- kernels together
+  it("give the CPU's results and gradients through the front doors", function()
+    local dir = files.tmpdir("pool-emul-plugin")
+    finally(function() files.remove(dir) end)
+    local pwd = io.popen("pwd")
+    local here = pwd:read("*l")
+    pwd:close()
+    local so = dir .. "/pool_emulation.so"
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -fPIC -shared "
+      .. "-DPOOL_EMULATION_PLUGIN -Iruntime/include -Iruntime -Ispec/fixtures "
+      .. "spec/fixtures/pool_emulation.cc -o %s -Lbuild -lddplua -ldl -Wl,-rpath,%s")
+      :format(os.getenv("CXX") or "c++", files.quote(so), files.quote(here .. "/build")))
+    assert.are.equal(0, status, out)
+    local path = dir .. "/child.lua"
+    local f = assert(io.open(path, "w"))
+    f:write(prelude, "print('BACKEND ' .. lib.ffi.string(C.ddp_cuda_backend_name()))\n", pool_case)
+    f:close()
+    status, out = files.run(("DDPLUA_SIM_PLUGIN=%s DDPLUA_CUDA_PLUGIN=%s DDPLUA_SIM_DEVICES=2 "
+      .. "luajit %s"):format(files.quote(here .. "/build/libddplua_cuda_sim.so"),
+        files.quote(so), files.quote(path)))
+    assert.matches("BACKEND cuda%-emulated", out)
     assert_all_pass(status, out, 1)
   end)
 end)

@@ -6,6 +6,9 @@
 // device buffers; one thread per output element (forward) or per input element (average
 // backward), grid-stride loops, int64 indexing, on the current stream.
 //
+// Launches go through DDP_POOL_LAUNCH: spec/fixtures/pool_emulation.cc runs the kernels on
+// the host against the CPU's (spec/ops/matmul_conv_device_spec.lua).
+//
 // Backward kernels accumulate into d_in, as the CPU's do:
 //  - max: one thread per output cell adds its gradient at the saved index with atomicAdd.
 //    Indices repeat whenever windows overlap (stride below the dilated kernel), and the
@@ -203,12 +206,22 @@ int64_t inputs(const ddp_pool2d_geom *g) { return g->planes * g->h * g->w; }
 
 } // namespace
 
+// A kernel launch: DDP_POOL_LAUNCH((kernel<T>), grid, block, stream, args...). A macro so
+// that spec/fixtures/pool_emulation.cc can run these kernels on the host (each CUDA thread a
+// host thread, spec/fixtures/cuda_block_emulation.h) in place of the <<<>>> syntax.
+#ifndef DDP_POOL_LAUNCH
+#define DDP_POOL_UNPAREN(...) __VA_ARGS__
+#define DDP_POOL_LAUNCH(kernel, grid, block, stream, ...) \
+  DDP_POOL_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+
 // Launch kernel<T> over n elements on the current stream.
-#define POOL_LAUNCH(kernel, T, n, ...)                                                      \
-  do {                                                                                      \
-    int64_t n_ = (n);                                                                       \
-    if (n_ > 0)                                                                             \
-      kernel<T><<<ddp_cuda_blocks(n_), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(__VA_ARGS__); \
+#define POOL_LAUNCH(kernel, T, n, ...)                                                     \
+  do {                                                                                     \
+    int64_t n_ = (n);                                                                      \
+    if (n_ > 0)                                                                            \
+      DDP_POOL_LAUNCH((kernel<T>), ddp_cuda_blocks(n_), DDP_CUDA_THREADS, ddp_cuda_stream(), \
+                      __VA_ARGS__);                                                        \
   } while (0)
 
 // Each entry: as ddp_cpu_<name> (runtime/backend/cpu/pool.h); device pointers, dtype
