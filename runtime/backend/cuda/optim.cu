@@ -18,8 +18,16 @@
 // the error is recorded as a DDP error and NaN is returned; callers on devices clear the
 // error before the call and look at ddp_last_status() when they see NaN.
 //
-// Every host entry first makes the device that owns the first pointer current (the table's
-// signatures carry pointers, not devices), then launches on that device's current stream.
+// The per-element work is the CPU's, but nvcc contracts a * b + c into fused multiply-adds
+// (its default, as in PyTorch's kernels), so a GPU's results may differ from the CPU's by
+// a rounding.
+//
+// Every host entry launches on the current stream of the current device, which is the
+// buffers' device: the ops layer gets these entries through ddp_kernels_for(device), which
+// makes that device current (Note [current device], runtime/core/device.c).
+//
+// Launches go through DDP_OPTIM_LAUNCH so that spec/fixtures/optimshape_emulation.cc can run
+// this file's kernels on the host (spec/fixtures/cuda_block_emulation.h) against the CPU's.
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -27,17 +35,14 @@
 extern "C" int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes);
 extern "C" void ddp_cuda_caching_free(void *p);
 
-namespace {
+// A kernel launch on `stream`: DDP_OPTIM_LAUNCH((kernel<...>), grid, block, stream, args...).
+#ifndef DDP_OPTIM_LAUNCH
+#define DDP_OPTIM_UNPAREN(...) __VA_ARGS__
+#define DDP_OPTIM_LAUNCH(kernel, grid, block, stream, ...) \
+  DDP_OPTIM_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
 
-// Make the device holding `p` current (pointers of the kernel table carry no device).
-int use_device_of(const void *p, const char *op) {
-  cudaPointerAttributes a;
-  cudaError_t err = cudaPointerGetAttributes(&a, p);
-  if (err != cudaSuccess) return ddp_cuda_fail(err, op, "cudaPointerGetAttributes", __FILE__, __LINE__);
-  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)
-    return ddp_cuda_use_device(a.device, op);
-  return DDP_OK; // host memory (pinned or not): keep the current device
-}
+namespace {
 
 // After a launch: turn a launch error into a DDP error (a later ddp_device_check would also
 // see it; reporting it here names the kernel).
@@ -78,7 +83,7 @@ __global__ void sgd_kernel(T *__restrict__ param, T *__restrict__ buf, const T *
 
 template <typename T>
 void sgd(T *param, T *buf, const T *grad, int64_t n, const ddp_sgd_hparams *h) {
-  if (n <= 0 || use_device_of(param, "sgd_step_")) return;
+  if (n <= 0) return;
   SgdArgs<T> a;
   a.lr = (T)h->lr;
   a.mu = (T)h->momentum;
@@ -89,8 +94,8 @@ void sgd(T *param, T *buf, const T *grad, int64_t n, const ddp_sgd_hparams *h) {
   a.use_mom = h->momentum != 0 && buf;
   a.first = h->first_step;
   a.nesterov = h->nesterov;
-  sgd_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(param, buf, grad,
-                                                                                n, a);
+  DDP_OPTIM_LAUNCH((sgd_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(), param,
+                   buf, grad, n, a);
   launched("sgd_step_");
 }
 
@@ -127,7 +132,7 @@ __global__ void adam_kernel(T *__restrict__ param, T *__restrict__ m, T *__restr
 
 template <typename T>
 void adam(T *param, T *m, T *v, T *vmax, const T *grad, int64_t n, const ddp_adam_hparams *h) {
-  if (n <= 0 || use_device_of(param, "adam_step_")) return;
+  if (n <= 0) return;
   AdamArgs<T> a;
   a.b1 = (T)h->beta1;
   a.b2 = (T)h->beta2;
@@ -142,8 +147,8 @@ void adam(T *param, T *m, T *v, T *vmax, const T *grad, int64_t n, const ddp_ada
   a.l2 = !h->decoupled && h->weight_decay != 0;
   a.decoupled = h->decoupled && h->weight_decay != 0;
   a.ams = h->amsgrad && vmax;
-  adam_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(param, m, v,
-                                                                                 vmax, grad, n, a);
+  DDP_OPTIM_LAUNCH((adam_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(),
+                   param, m, v, vmax, grad, n, a);
   launched("adam_step_");
 }
 
@@ -170,7 +175,7 @@ __global__ void adadelta_kernel(T *__restrict__ param, T *__restrict__ sq, T *__
 
 template <typename T>
 void adadelta(T *param, T *sq, T *acc, const T *grad, int64_t n, const ddp_adadelta_hparams *h) {
-  if (n <= 0 || use_device_of(param, "adadelta_step_")) return;
+  if (n <= 0) return;
   AdadeltaArgs<T> a;
   a.lr = (T)h->lr;
   a.rho = (T)h->rho;
@@ -179,14 +184,19 @@ void adadelta(T *param, T *sq, T *acc, const T *grad, int64_t n, const ddp_adade
   a.wd = (T)h->weight_decay;
   a.sign = h->maximize ? (T)-1 : (T)1;
   a.use_wd = h->weight_decay != 0;
-  adadelta_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
-      param, sq, acc, grad, n, a);
+  DDP_OPTIM_LAUNCH((adadelta_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(),
+                   param, sq, acc, grad, n, a);
   launched("adadelta_step_");
 }
 
 // ---- reductions for clipping ----------------------------------------------------------------
 
-enum { RED_THREADS = 256, RED_MAX_BLOCKS = 1024 };
+// Threads per block of the reductions, and their most blocks (partials); a macro so that
+// the host emulation can lower it to reach the cap with small inputs.
+#ifndef DDP_OPTIM_RED_MAX_BLOCKS
+#define DDP_OPTIM_RED_MAX_BLOCKS 1024
+#endif
+enum { RED_THREADS = 256, RED_MAX_BLOCKS = DDP_OPTIM_RED_MAX_BLOCKS };
 enum { MODE_P2, MODE_P1, MODE_POW, MODE_MAX };
 
 // max that keeps NaN (torch.norm(inf) of a tensor holding NaN is NaN).
@@ -239,30 +249,32 @@ __global__ void combine_kernel(double *__restrict__ out, const double *__restric
   if (threadIdx.x == 0) *out = total;
 }
 
+// x lives on the current device (the ops layer made it current); its scratch too.
 template <typename T> double abs_reduce(const T *x, int64_t n, int mode, double p, const char *op) {
   if (n <= 0) return 0;
-  int device = 0;
-  if (use_device_of(x, op)) return NAN;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    ddp_cuda_fail(cudaGetLastError(), op, "cudaGetDevice", __FILE__, __LINE__);
-    return NAN;
-  }
   int64_t b = ((int64_t)n + RED_THREADS - 1) / RED_THREADS;
   int blocks = b > RED_MAX_BLOCKS ? RED_MAX_BLOCKS : (int)b;
   double *scratch = NULL; // partial[blocks], then the total
-  if (ddp_cuda_caching_malloc((void **)&scratch, device, sizeof(double) * (size_t)(blocks + 1)))
+  if (ddp_cuda_caching_malloc((void **)&scratch, ddp_cuda_device(),
+                              sizeof(double) * (size_t)(blocks + 1)))
     return NAN;
   cudaStream_t s = ddp_cuda_stream();
   double result = NAN;
-  abs_reduce_kernel<T><<<blocks, RED_THREADS, 0, s>>>(scratch, x, n, mode, p);
-  combine_kernel<<<1, RED_THREADS, 0, s>>>(scratch + blocks, scratch, blocks, mode);
-  cudaError_t err = cudaMemcpyAsync(&result, scratch + blocks, sizeof result,
-                                    cudaMemcpyDeviceToHost, s);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  DDP_OPTIM_LAUNCH((abs_reduce_kernel<T>), blocks, RED_THREADS, s, scratch, x, n, mode, p);
+  DDP_OPTIM_LAUNCH((combine_kernel), 1, RED_THREADS, s, scratch + blocks, scratch, blocks, mode);
+  // A launch that failed to start leaves the scratch unwritten and is not reported by the
+  // copy: look at it first (and clear it, as the failure is reported here).
+  const char *what = "kernel launch";
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    what = "reduction";
+    err = cudaMemcpyAsync(&result, scratch + blocks, sizeof result, cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err != cudaSuccess) cudaGetLastError();
+  }
   ddp_cuda_caching_free(scratch); // stream-ordered: a later owner runs after the copy
   if (err != cudaSuccess) {
-    cudaGetLastError();
-    ddp_cuda_fail(err, op, "reduction", __FILE__, __LINE__);
+    ddp_cuda_fail(err, op, what, __FILE__, __LINE__);
     return NAN;
   }
   return result;
@@ -294,15 +306,16 @@ template <typename T> __global__ void clamp_kernel(T *__restrict__ x, int64_t n,
 }
 
 template <typename T> void scale(T *x, int64_t n, double s) {
-  if (n <= 0 || use_device_of(x, "scale")) return;
-  scale_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(x, n, (T)s);
+  if (n <= 0) return;
+  DDP_OPTIM_LAUNCH((scale_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(), x,
+                   n, (T)s);
   launched("clip_grad_norm_");
 }
 
 template <typename T> void clamp(T *x, int64_t n, double lo, double hi) {
-  if (n <= 0 || use_device_of(x, "clamp")) return;
-  clamp_kernel<T><<<ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(x, n, (T)lo,
-                                                                                  (T)hi);
+  if (n <= 0) return;
+  DDP_OPTIM_LAUNCH((clamp_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(), x,
+                   n, (T)lo, (T)hi);
   launched("clip_grad_value_");
 }
 

@@ -16,23 +16,26 @@
 //   they are copied into a struct passed to the kernel by value.
 // - Index values are not checked here: the ops layer (runtime/ops/shape.c) checks them on
 //   the host before calling, as it does for the CPU.
-// Every host entry makes the device owning the output pointer current, then launches on its
-// current stream (asynchronous; nothing here synchronises).
+// Every host entry launches on the current stream of the current device, which is the
+// tensors' device: the ops layer gets these entries through ddp_kernels_for(device), which
+// makes that device current (Note [current device], runtime/core/device.c). Asynchronous;
+// nothing here synchronises.
+//
+// Launches go through DDP_SHAPE_LAUNCH so that spec/fixtures/optimshape_emulation.cc can run
+// this file's kernels on the host (spec/fixtures/cuda_block_emulation.h) against the CPU's.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_internal.h"
 
-namespace {
+// A kernel launch on `stream`: DDP_SHAPE_LAUNCH((kernel<...>), grid, block, stream, args...).
+#ifndef DDP_SHAPE_LAUNCH
+#define DDP_SHAPE_UNPAREN(...) __VA_ARGS__
+#define DDP_SHAPE_LAUNCH(kernel, grid, block, stream, ...) \
+  DDP_SHAPE_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
 
-int use_device_of(const void *p, const char *op) {
-  cudaPointerAttributes a;
-  cudaError_t err = cudaPointerGetAttributes(&a, p);
-  if (err != cudaSuccess) return ddp_cuda_fail(err, op, "cudaPointerGetAttributes", __FILE__, __LINE__);
-  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)
-    return ddp_cuda_use_device(a.device, op);
-  return DDP_OK;
-}
+namespace {
 
 void launched(const char *op) {
   cudaError_t err = cudaPeekAtLastError();
@@ -68,14 +71,14 @@ template <typename U>
 void copy_rows_as(char *dst, const char *src, int64_t outer, int64_t dst_row, int64_t dst_col,
                   int64_t src_row) {
   const int64_t u = (int64_t)sizeof(U);
-  copy_rows_kernel<U><<<ddp_cuda_blocks(outer * (src_row / u)), DDP_CUDA_THREADS, 0,
-                        ddp_cuda_stream()>>>((U *)dst, (const U *)src, outer, dst_row / u,
-                                             dst_col / u, src_row / u);
+  DDP_SHAPE_LAUNCH((copy_rows_kernel<U>), ddp_cuda_blocks(outer * (src_row / u)), DDP_CUDA_THREADS,
+                   ddp_cuda_stream(), (U *)dst, (const U *)src, outer, dst_row / u, dst_col / u,
+                   src_row / u);
 }
 
 void copy_rows(char *dst, const char *src, int64_t outer, int64_t dst_row, int64_t dst_col,
                int64_t src_row) {
-  if (outer <= 0 || src_row <= 0 || use_device_of(dst, "cat")) return;
+  if (outer <= 0 || src_row <= 0) return;
   // the widest unit dividing both addresses and every length
   uint64_t bits = (uint64_t)(uintptr_t)dst | (uint64_t)(uintptr_t)src | (uint64_t)dst_row |
                   (uint64_t)dst_col | (uint64_t)src_row;
@@ -103,12 +106,13 @@ __global__ void index_select_kernel(U *__restrict__ out, const U *__restrict__ i
 
 void index_select(char *out, const char *in, const int64_t *index, int64_t outer, int64_t size,
                   int64_t inner, int64_t n_index, size_t esize) {
-  if (outer <= 0 || n_index <= 0 || inner <= 0 || use_device_of(out, "index_select")) return;
+  if (outer <= 0 || n_index <= 0 || inner <= 0) return;
   unsigned blocks = ddp_cuda_blocks(outer * n_index * inner);
   cudaStream_t s = ddp_cuda_stream();
 #define LAUNCH(B)                                                                           \
-  index_select_kernel<Unit<B>::type><<<blocks, DDP_CUDA_THREADS, 0, s>>>(                   \
-      (Unit<B>::type *)out, (const Unit<B>::type *)in, index, outer, size, inner, n_index)
+  DDP_SHAPE_LAUNCH((index_select_kernel<Unit<B>::type>), blocks, DDP_CUDA_THREADS, s,          \
+                   (Unit<B>::type *)out, (const Unit<B>::type *)in, index, outer, size, inner,  \
+                   n_index)
   switch (esize) {
   case 8: LAUNCH(8); break;
   case 4: LAUNCH(4); break;
@@ -129,7 +133,10 @@ __device__ __forceinline__ void add_to(int64_t *p, int64_t v) {
 }
 __device__ __forceinline__ void add_to(__half *p, __half v) { atomicAdd(p, v); }
 __device__ __forceinline__ void add_to(__nv_bfloat16 *p, __nv_bfloat16 v) { atomicAdd(p, v); }
-// u8: add into the byte's lane of its aligned 32-bit word, wrapping modulo 256.
+// u8: add into the byte's lane of its aligned 32-bit word, wrapping modulo 256. The word may
+// reach up to 3 bytes past the tensor's last byte: still inside its allocation (device
+// allocations are 512-byte granular, runtime/backend/cuda/allocator.cu), and the CAS writes
+// the other bytes back unchanged (a concurrent store to them makes it retry).
 __device__ __forceinline__ void add_to(uint8_t *p, uint8_t v) {
   unsigned int *word = (unsigned int *)((uintptr_t)p & ~(uintptr_t)3);
   unsigned int shift = (unsigned int)((uintptr_t)p & 3) * 8;
@@ -178,14 +185,14 @@ __global__ void index_add_kernel(T *__restrict__ dst, const T *__restrict__ src,
 template <typename T>
 void index_add_as(char *dst, const char *src, const int64_t *index, int64_t outer, int64_t size,
                   int64_t inner, int64_t n_index) {
-  index_add_kernel<T><<<ddp_cuda_blocks(outer * n_index * inner), DDP_CUDA_THREADS, 0,
-                        ddp_cuda_stream()>>>((T *)dst, (const T *)src, index, outer, size, inner,
-                                             n_index);
+  DDP_SHAPE_LAUNCH((index_add_kernel<T>), ddp_cuda_blocks(outer * n_index * inner),
+                   DDP_CUDA_THREADS, ddp_cuda_stream(), (T *)dst, (const T *)src, index, outer,
+                   size, inner, n_index);
 }
 
 void index_add(char *dst, const char *src, const int64_t *index, int64_t outer, int64_t size,
                int64_t inner, int64_t n_index, int dtype) {
-  if (outer <= 0 || n_index <= 0 || inner <= 0 || use_device_of(dst, "index_add")) return;
+  if (outer <= 0 || n_index <= 0 || inner <= 0) return;
   DISPATCH_ADD(dtype, index_add_as, dst, src, index, outer, size, inner, n_index)
   launched("index_add");
 }
@@ -242,13 +249,13 @@ void gather(char *out, const int64_t *out_strides, const char *in, const int64_t
             const int64_t *index, int ndim, const int64_t *shape, int dim, size_t esize) {
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
-  if (numel <= 0 || ndim > DDP_MAX_DIMS || use_device_of(out, "gather")) return;
+  if (numel <= 0 || ndim > DDP_MAX_DIMS) return;
   Walk w = make_walk(ndim, shape, dim, in_strides, out_strides);
   unsigned blocks = ddp_cuda_blocks(numel);
   cudaStream_t s = ddp_cuda_stream();
 #define LAUNCH(B)                                                                           \
-  gather_kernel<Unit<B>::type><<<blocks, DDP_CUDA_THREADS, 0, s>>>(                         \
-      (Unit<B>::type *)out, (const Unit<B>::type *)in, index, numel, w)
+  DDP_SHAPE_LAUNCH((gather_kernel<Unit<B>::type>), blocks, DDP_CUDA_THREADS, s,                \
+                   (Unit<B>::type *)out, (const Unit<B>::type *)in, index, numel, w)
   switch (esize) {
   case 8: LAUNCH(8); break;
   case 4: LAUNCH(4); break;
@@ -272,8 +279,8 @@ __global__ void scatter_add_kernel(T *__restrict__ self, const T *__restrict__ s
 template <typename T>
 void scatter_add_as(char *self, const char *src, const int64_t *index, int64_t numel,
                     const Walk &w) {
-  scatter_add_kernel<T><<<ddp_cuda_blocks(numel), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
-      (T *)self, (const T *)src, index, numel, w);
+  DDP_SHAPE_LAUNCH((scatter_add_kernel<T>), ddp_cuda_blocks(numel), DDP_CUDA_THREADS,
+                   ddp_cuda_stream(), (T *)self, (const T *)src, index, numel, w);
 }
 
 void scatter_add(char *self, const int64_t *self_strides, const char *src,
@@ -281,7 +288,7 @@ void scatter_add(char *self, const int64_t *self_strides, const char *src,
                  int dim, int dtype) {
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
-  if (numel <= 0 || ndim > DDP_MAX_DIMS || use_device_of(self, "scatter_add")) return;
+  if (numel <= 0 || ndim > DDP_MAX_DIMS) return;
   Walk w = make_walk(ndim, shape, dim, self_strides, src_strides);
   DISPATCH_ADD(dtype, scatter_add_as, self, src, index, numel, w)
   launched("scatter_add");
