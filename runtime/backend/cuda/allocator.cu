@@ -62,9 +62,12 @@ void collect_waiting() {
   for (size_t i = 0; i < waiting.size();) {
     Block *b = waiting[i];
     bool done = true;
+    // ddp_cuda_query_event clears "not ready" without dropping an error that was pending
+    // before (a blanket cudaGetLastError here swallowed e.g. a failed kernel launch that
+    // the op's ddp_device_check had yet to report); a query that fails otherwise counts as
+    // done (the block is not held forever) and its error goes to the next check
     for (cudaEvent_t e : b->pending)
-      if (cudaEventQuery(e) == cudaErrorNotReady) done = false;
-    cudaGetLastError(); // a failed query is reported by the op that waits, not here
+      if (ddp_cuda_query_event(e) == cudaErrorNotReady) done = false;
     if (!done) {
       i++;
       continue;
