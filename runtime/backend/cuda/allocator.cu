@@ -12,13 +12,8 @@
 //  - record_stream(p, s) says block p is also used on stream s. When such a block is freed
 //    an event is recorded on each of those streams, and the block is cached only once the
 //    events have completed (polled at the next request).
-//  - When cudaMalloc fails for lack of memory, the device is synchronised (so blocks
-//    waiting for their events become free), every cached block of the device is freed and
-//    it is tried once more; then the error says how much was asked for, allocated and
-//    reserved. Other cudaMalloc errors are reported as they are.
-//
-// Checked on the host against a fake CUDA runtime (spec/fixtures/allocator_emulation.cc,
-// spec/cuda/allocator_emulation_spec.lua).
+//  - When cudaMalloc fails, every cached block of the device is freed and it is tried once
+//    more; then the error says how much was asked for, allocated and reserved.
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -67,15 +62,12 @@ void collect_waiting() {
   for (size_t i = 0; i < waiting.size();) {
     Block *b = waiting[i];
     bool done = true;
-    for (cudaEvent_t e : b->pending) {
-      cudaError_t q = cudaEventQuery(e);
-      if (q == cudaSuccess) continue;
-      if (q == cudaErrorNotReady) done = false;
-      // NotReady (which may be recorded as the last error) or a failed query (reported by
-      // the op that waits, not here): clear it. Only then, so that an error pending from
-      // the caller's own kernel launch is not swallowed by a poll that found nothing.
-      cudaGetLastError();
-    }
+    // ddp_cuda_query_event clears "not ready" without dropping an error that was pending
+    // before (a blanket cudaGetLastError here swallowed e.g. a failed kernel launch that
+    // the op's ddp_device_check had yet to report); a query that fails otherwise counts as
+    // done (the block is not held forever) and its error goes to the next check
+    for (cudaEvent_t e : b->pending)
+      if (ddp_cuda_query_event(e) == cudaErrorNotReady) done = false;
     if (!done) {
       i++;
       continue;
@@ -135,26 +127,19 @@ extern "C" int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes) {
   cudaError_t err = cudaMalloc(&p, size);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    // Wait for the device, so that blocks freed with record_stream events pending can be
-    // cached (their events have completed), then free every cached block of the device.
     cudaDeviceSynchronize();
-    if (!waiting.empty()) collect_waiting();
     DDP_TRY(release_cached(device));
     DDP_TRY(ddp_cuda_use_device(device, "cuda malloc"));
     err = cudaMalloc(&p, size);
   }
-  if (err == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    const ddp_cuda_memory_stats &s = stats[device];
-    DDP_FAIL(DDP_ERR_MEMORY,
-             "CUDA out of memory: tried to allocate %.2f MiB (%zu bytes) on cuda:%d (%.2f MiB "
-             "allocated by tensors, %.2f MiB reserved): %s",
-             size / 1048576.0, size, device, s.allocated / 1048576.0, s.reserved / 1048576.0,
-             cudaGetErrorName(err));
-  }
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return ddp_cuda_fail(err, "cuda malloc", "cudaMalloc", __FILE__, __LINE__);
+    const ddp_cuda_memory_stats &s = stats[device];
+    DDP_FAIL(err == cudaErrorMemoryAllocation ? DDP_ERR_MEMORY : DDP_ERR_STATE,
+             "CUDA out of memory: tried to allocate %.2f MiB on cuda:%d (%.2f MiB allocated by "
+             "tensors, %.2f MiB reserved): %s",
+             size / 1048576.0, device, s.allocated / 1048576.0, s.reserved / 1048576.0,
+             cudaGetErrorName(err));
   }
   Block *b = new Block{p, size, device, stream, {}, {}};
   live[p] = b;
@@ -184,16 +169,12 @@ extern "C" void ddp_cuda_caching_free(void *p) {
   for (cudaStream_t s : b->uses) {
     cudaEvent_t e;
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
-      if (cudaEventRecord(e, s) == cudaSuccess) {
-        b->pending.push_back(e);
-        continue;
-      }
-      // Not recordable (a stream of another device than the block's): an event never
-      // recorded counts as complete, which would cache the block while s may still use it.
-      cudaEventDestroy(e);
+      cudaEventRecord(e, s);
+      b->pending.push_back(e);
+    } else {
+      cudaGetLastError();
+      cudaStreamSynchronize(s); // no event to poll: wait here instead
     }
-    cudaGetLastError();
-    cudaStreamSynchronize(s); // no event to poll: wait here instead
   }
   cudaSetDevice(previous);
   waiting.push_back(b);

@@ -10,9 +10,16 @@
 // Plans: the descriptors of one geometry (input, output, filter, bias, convolution with
 // groups and math type) and the algorithm of each direction are built once and cached
 // under (device, dtype, geometry, TF32 setting); the algorithm is the first of cuDNN's
-// heuristic ranking (cudnnGet*Algorithm_v7) that supports the geometry with the requested
-// math type. Math type: CUDNN_TENSOR_OP_MATH for f32 when ddp_cuda_allow_tf32 is set (TF32
-// tensor cores), CUDNN_FMA_MATH for f32 otherwise (no TF32), CUDNN_DEFAULT_MATH for f64.
+// heuristic ranking (cudnnGet*Algorithm_v7) that supports the geometry, and its math type
+// is set on the direction's descriptor (cuDNN needs algorithm and math type to agree), as
+// PyTorch's Conv_v7.cpp does. Math type asked for, as PyTorch: CUDNN_FMA_MATH for f32
+// without TF32 (only algorithms reporting CUDNN_FMA_MATH are taken), CUDNN_DEFAULT_MATH for
+// f32 with ddp_cuda_allow_tf32 (the mode cuDNN documents as permitting TF32 on Ampere and
+// later) and for f64.
+//
+// The legacy convolution API is marked deprecated in cuDNN 9 (CUDNN_DEPRECATED, silent
+// unless CUDNN_WARN_DEPRECATED is defined) but still shipped in libcudnn_cnn; a move to the
+// graph API is the way off it.
 // Workspace comes from the caching allocator (ddp_cuda_caching_malloc) and is freed right
 // after the call is queued: the block is reused only by later work on the same stream.
 //
@@ -37,8 +44,11 @@ enum { MAX_DEVICES = 64 };
 
 int dnn_fail(cudnnStatus_t s, const char *op, const char *what, int line) {
   int status = s == CUDNN_STATUS_ALLOC_FAILED ? DDP_ERR_MEMORY : DDP_ERR_STATE;
-  return ddp_fail_at(__FILE__, line, status, "%s: %s failed: %s", op, what,
-                     cudnnGetErrorString(s));
+  // cuDNN 9 keeps a more precise message per thread (which descriptor field, which limit)
+  char detail[256] = "";
+  cudnnGetLastErrorString(detail, sizeof detail);
+  return ddp_fail_at(__FILE__, line, status, "%s: %s failed: %s%s%s%s", op, what,
+                     cudnnGetErrorString(s), detail[0] ? " (" : "", detail, detail[0] ? ")" : "");
 }
 
 // Evaluate a cuDNN call; on failure record "<op>: <call> failed: <reason>" and return.
@@ -119,10 +129,11 @@ int fits_int(const ddp_conv2d_geom *g) {
   return 1;
 }
 
-int build_plan(Plan *p, int dtype, const ddp_conv2d_geom *g, const char *op) {
+// tf32: the setting in the plan's key (read once, so key and descriptors agree even if
+// another thread flips it meanwhile).
+int build_plan(Plan *p, int dtype, int tf32, const ddp_conv2d_geom *g, const char *op) {
   p->type = dtype == DDP_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-  p->math = dtype == DDP_F64 ? CUDNN_DEFAULT_MATH
-                             : (ddp_cuda_allow_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH);
+  p->math = dtype == DDP_F64 || tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   DNN_TRY(cudnnCreateTensorDescriptor(&p->x), op);
   DNN_TRY(cudnnCreateTensorDescriptor(&p->y), op);
   DNN_TRY(cudnnCreateTensorDescriptor(&p->b), op);
@@ -156,7 +167,8 @@ int plan_for(Plan **out, int device, int dtype, const ddp_conv2d_geom *g, const 
   if (!fits_int(g))
     DDP_FAIL(DDP_ERR_ARG, "%s: input (%lld, %lld, %lld, %lld) or weight exceeds cuDNN's int "
              "sizes", op, (long long)g->n, (long long)g->c, (long long)g->h, (long long)g->w);
-  Key key = {device, dtype, ddp_cuda_allow_tf32, g->n, g->c, g->h, g->w, g->o, g->kh, g->kw,
+  const int tf32 = dtype == DDP_F32 && ddp_cuda_allow_tf32;
+  Key key = {device, dtype, tf32, g->n, g->c, g->h, g->w, g->o, g->kh, g->kw,
              g->oh, g->ow, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->groups};
   std::lock_guard<std::mutex> guard(plan_lock);
   auto it = plans->find(key);
@@ -165,7 +177,7 @@ int plan_for(Plan **out, int device, int dtype, const ddp_conv2d_geom *g, const 
     return DDP_OK;
   }
   Plan *p = new Plan;
-  int status = build_plan(p, dtype, g, op);
+  int status = build_plan(p, dtype, tf32, g, op);
   if (status) { // descriptors of a failed plan are dropped (cuDNN accepts NULL)
     cudnnDestroyTensorDescriptor(p->x), cudnnDestroyTensorDescriptor(p->y);
     cudnnDestroyTensorDescriptor(p->b), cudnnDestroyFilterDescriptor(p->w);
@@ -178,24 +190,26 @@ int plan_for(Plan **out, int device, int dtype, const ddp_conv2d_geom *g, const 
   return DDP_OK;
 }
 
-// The first ranked result that succeeded with the plan's math type; else, for f64 or f32
-// with TF32 allowed, the first that succeeded at all, whose math type is then set on the
-// direction's descriptor `conv` (as PyTorch does). f32 without TF32 takes CUDNN_FMA_MATH
-// algorithms only (CUDNN_DEFAULT_MATH may use TF32 on Ampere and later). -1 with an error
-// naming the direction when none fits.
+// The first result of the heuristic ranking that succeeded (for f32 without TF32: the
+// first whose math type is CUDNN_FMA_MATH, since CUDNN_DEFAULT_MATH may use TF32 on Ampere
+// and later); its math type is then set on the direction's descriptor `conv`, as PyTorch
+// does (cuDNN picks tensor-core kernels from algorithm and math type together). Taking the
+// ranking's first rather than the first that matches the requested math type keeps
+// cuDNN's order: a tensor-op entry ranked first is not passed over for a slower one.
+// -1 with an error naming the direction when none fits.
 template <typename Perf>
 int pick(const Perf *perf, int count, const Plan *p, cudnnConvolutionDescriptor_t conv,
          const char *op, const char *what) {
-  int any = -1;
-  for (int i = 0; i < count; i++) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    if (perf[i].mathType == p->math) return i;
-    if (any < 0) any = i;
-  }
   bool strict = p->type == CUDNN_DATA_FLOAT && p->math == CUDNN_FMA_MATH;
-  if (any >= 0 && !strict) {
-    cudnnStatus_t s = cudnnSetConvolutionMathType(conv, perf[any].mathType);
-    if (s == CUDNN_STATUS_SUCCESS) return any;
+  int found = -1;
+  for (int i = 0; i < count && found < 0; i++) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (strict && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    found = i;
+  }
+  if (found >= 0) {
+    cudnnStatus_t s = cudnnSetConvolutionMathType(conv, perf[found].mathType);
+    if (s == CUDNN_STATUS_SUCCESS) return found;
     dnn_fail(s, op, "cudnnSetConvolutionMathType", __LINE__);
     return -1;
   }
@@ -357,6 +371,12 @@ static int cuda_conv2d_forward(int dtype, void *out, const void *in, const void 
 // (N, C, H, W), d_w (O, C/groups, kH, kW) and d_b (O), each NULL when not wanted, from
 // grad_out (N, O, OH, OW), in and w, as ddp_cpu_conv2d_backward. Device pointers, dtype
 // DDP_F32 or DDP_F64, on the current stream. Returns a status as the forward does.
+// Accumulation: cuDNN documents alpha/beta blending (y = alpha * result + beta * y) for
+// cudnnConvolutionBackwardData/Filter and cudnnConvolutionBackwardBias, so beta = 1 adds
+// into the existing gradient without a scratch buffer. First GPU run: compare against the
+// CPU kernel with non-zero d_in/d_w/d_b on entry, for several geometries (groups > 1,
+// dilation, stride > 1) and each algorithm the heuristics choose, as some algorithms
+// (FFT, Winograd) have had beta bugs in older cuDNN releases.
 static int cuda_conv2d_backward(int dtype, void *d_in, void *d_w, void *d_b, const void *grad_out,
                                 const void *in, const void *w, const ddp_conv2d_geom *g) {
   const char *op = "conv2d backward";

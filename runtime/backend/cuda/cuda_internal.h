@@ -25,8 +25,19 @@ int ddp_cuda_device(void);
 // Make `device` current for this thread (cudaSetDevice), recording a DDP error on failure.
 int ddp_cuda_use_device(int device, const char *op);
 
-// Record a failed CUDA call as a DDP error: "<op>: <what> failed: <message> (<name>)".
+// Record a failed CUDA call as a DDP error: "<op>: <what> failed: <message> (<name>)". It
+// also clears the runtime's last-error state (cudaGetLastError), so a failure that has been
+// reported here is not reported a second time, under another op's name, by the next
+// ddp_device_check (sticky errors stay: CUDA keeps returning them).
 int ddp_cuda_fail(cudaError_t err, const char *op, const char *what, const char *file, int line);
+
+// cudaEventQuery for polling: cudaSuccess when done, cudaErrorNotReady while pending, else
+// the error. The runtime records cudaErrorNotReady as the thread's last error, which the
+// next ddp_device_check (cudaGetLastError) would report as a failure ("device not ready"):
+// it is cleared here, and a different error that was pending before the query is kept as
+// a deferred error (Note [deferred errors]) rather than lost. Every event poll in the
+// plug-in goes through this (PyTorch clears it the same way, pytorch#18584, #61554).
+cudaError_t ddp_cuda_query_event(cudaEvent_t e);
 
 // Note [deferred errors]: a table entry that returns void (gemm, the pooling kernels) can
 // fail outside a kernel launch, in a library call (cuBLAS). It records the failure here

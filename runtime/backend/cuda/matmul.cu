@@ -76,11 +76,18 @@ cublasHandle_t blas_handle() {
       s = cublasSetMathMode(h, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
       if (s != CUBLAS_STATUS_SUCCESS) {
+        // not kept: a later call would otherwise find the handle and skip the math mode
+        cublasDestroy(h);
+        h = NULL;
         defer_blas(s, "cublasSetMathMode");
         return NULL;
       }
     }
   }
+  // cublasSetStream also puts the handle back on cuBLAS's default workspace pool
+  // (cublasSetWorkspace is never called here), which is what a handle used on several
+  // streams in turn needs. First GPU run: check with compute-sanitizer (racecheck) that
+  // GEMMs alternating between two streams of one thread do not share workspace.
   cublasStatus_t s = cublasSetStream(h, ddp_cuda_stream());
   if (s != CUBLAS_STATUS_SUCCESS) {
     defer_blas(s, "cublasSetStream");
@@ -146,6 +153,11 @@ void launch_matmul_int(void *c, const void *a, int64_t sa0, int64_t sa1, const v
 //    column-major (c, r) one with the same ld, so c^T = op(b)^T op(a)^T is one column-major
 //    GEMM with the operands swapped: gemm(op_b, op_a, n, m, k, b, ldb, a, lda, c, ldc), each
 //    operand's transpose flag kept as given.
+//  - alpha and beta are host pointers (the default CUBLAS_POINTER_MODE_HOST) of the type the
+//    compute type wants: float for CUBLAS_COMPUTE_32F and 32F_FAST_TF32 (f32, f16, bf16),
+//    double for CUBLAS_COMPUTE_64F. With beta = 0 cuBLAS does not read c.
+//  - k >= 1 as ddp_cpu_gemm requires (runtime/ops/matmul.c answers k = 0 with zeros and
+//    never calls here); m or n = 0 returns at once.
 //  - Errors (sizes beyond int, a cuBLAS failure) are deferred to the next device check.
 static void cuda_gemm(int dtype, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,

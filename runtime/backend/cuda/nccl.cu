@@ -190,6 +190,8 @@ static int comm_init(ddp_nccl_comm **out, const unsigned char *id, int rank, int
   cudaError_t err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming);
   if (err == cudaSuccess) err = cudaMalloc((void **)&c->scratch, sizeof(float));
+  // the barrier sums it: start from 0 rather than whatever the allocation held
+  if (err == cudaSuccess) err = cudaMemsetAsync(c->scratch, 0, sizeof(float), c->stream);
   if (err != cudaSuccess) {
     comm_free_resources(c);
     return ddp_cuda_fail(err, op, "creating the communication stream", __FILE__, __LINE__);
@@ -217,15 +219,24 @@ static int comm_init(ddp_nccl_comm **out, const unsigned char *id, int rank, int
 
 static void comm_destroy(ddp_nccl_comm *c) {
   if (!c) return;
+  // NCCL switches to the communicator's device itself; the streams and the event below
+  // belong to it, so make it current for their destruction too.
+  (void)cudaSetDevice(c->device);
   if (c->comm && !c->broken) {
     // Flush the queued work first (bounded); abort when that fails.
     int saved = ddp_last_status();
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", ddp_last_error());
     ncclResult_t r = ncclCommFinalize(c->comm);
-    int status = r == ncclInProgress ? settle(c, "destroy_process_group", "ncclCommFinalize",
-                                              c->timeout_s, __LINE__)
-                                     : (r == ncclSuccess ? DDP_OK : DDP_ERR_STATE);
+    // nccl.h: ncclCommFinalize marks the communicator ncclInProgress until it is globally
+    // quiescent, whatever it returned: poll ncclCommGetAsyncError until ncclSuccess before
+    // ncclCommDestroy (which would otherwise block, unbounded). ncclCommDestroy and
+    // ncclCommAbort are blocking even on a non-blocking communicator (NCCL forces a
+    // destroying communicator's group to blocking), so they need no polling.
+    int status = r == ncclInProgress || r == ncclSuccess
+                     ? settle(c, "destroy_process_group", "ncclCommFinalize", c->timeout_s,
+                              __LINE__)
+                     : DDP_ERR_STATE;
     if (status == DDP_OK && c->comm) {
       ncclCommDestroy(c->comm);
       c->comm = NULL;
@@ -416,7 +427,7 @@ static int wait_stream(ddp_nccl_comm *c, void *event) {
 
 // One poll: *done from the event; a communicator error fails (and aborts).
 static int poll_once(ddp_nccl_comm *c, cudaEvent_t e, int *done, const char *op) {
-  cudaError_t err = cudaEventQuery(e);
+  cudaError_t err = ddp_cuda_query_event(e);
   if (err == cudaSuccess) {
     *done = 1;
     return DDP_OK;

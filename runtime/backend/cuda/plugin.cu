@@ -11,6 +11,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include <mutex>
+#include <unordered_map>
+
 #include "backend/cuda/cuda_internal.h"
 
 enum { MAX_DEVICES = 64 };
@@ -20,6 +23,7 @@ int ddp_cuda_allow_tf32 = 0;
 int ddp_cuda_fail(cudaError_t err, const char *op, const char *what, const char *file,
                   int line) {
   int status = err == cudaErrorMemoryAllocation ? DDP_ERR_MEMORY : DDP_ERR_STATE;
+  (void)cudaGetLastError(); // reported now: not again by the next check
   return ddp_fail_at(file, line, status, "%s: %s failed: %s (%s)", op, what,
                      cudaGetErrorString(err), cudaGetErrorName(err));
 }
@@ -131,21 +135,55 @@ static int stream_wait_event(void *s, void *e) {
 
 // ---- events --------------------------------------------------------------------------
 
+// The device of each event made by event_create: event_record on the NULL stream needs it
+// (below). Guarded by event_lock.
+static std::mutex event_lock;
+static std::unordered_map<cudaEvent_t, int> *event_devices = new std::unordered_map<cudaEvent_t, int>;
+
 static int event_create(void **out, int device, int timing) {
   DDP_TRY(ddp_cuda_use_device(device, "Event"));
   cudaEvent_t e;
   DDP_CUDA_TRY(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
                "Event");
+  {
+    std::lock_guard<std::mutex> g(event_lock);
+    (*event_devices)[e] = device;
+  }
   *out = e;
   return DDP_OK;
 }
 
 static int event_destroy(void *e) {
-  if (e) DDP_CUDA_TRY(cudaEventDestroy((cudaEvent_t)e), "Event.free");
+  if (!e) return DDP_OK;
+  {
+    std::lock_guard<std::mutex> g(event_lock);
+    event_devices->erase((cudaEvent_t)e);
+  }
+  DDP_CUDA_TRY(cudaEventDestroy((cudaEvent_t)e), "Event.free");
   return DDP_OK;
 }
 
+// A NULL stream is the legacy default stream of the CURRENT device, and cudaEventRecord
+// refuses an event and a stream of different devices (cudaErrorInvalidResourceHandle).
+// The current device need not be the event's: the user's device (set_device) and CUDA's
+// current one part after an op on another device (Note [current device]). So for the NULL
+// stream the event's device (from event_create) is made current first: "the default
+// stream of the event's device", which is what the callers mean (Event:record,
+// runtime/dist/pg.c). A non-NULL stream carries its device. (stream_wait_event and
+// stream_synchronize with the NULL stream still mean the current device's default
+// stream: the API does not say which device the caller had in mind.)
+// First GPU run: with two GPUs, run an op on cuda:1, then record an event of cuda:0 on its
+// default stream and wait on it.
 static int event_record(void *e, void *s) {
+  if (!s) {
+    int device = -1;
+    {
+      std::lock_guard<std::mutex> g(event_lock);
+      auto it = event_devices->find((cudaEvent_t)e);
+      if (it != event_devices->end()) device = it->second;
+    }
+    if (device >= 0) DDP_TRY(ddp_cuda_use_device(device, "Event.record"));
+  }
   DDP_CUDA_TRY(cudaEventRecord((cudaEvent_t)e, (cudaStream_t)s), "Event.record");
   return DDP_OK;
 }
@@ -156,7 +194,7 @@ static int event_synchronize(void *e) {
 }
 
 static int event_query(void *e, int *done) {
-  cudaError_t err = cudaEventQuery((cudaEvent_t)e);
+  cudaError_t err = ddp_cuda_query_event((cudaEvent_t)e);
   if (err == cudaErrorNotReady) {
     *done = 0;
     return DDP_OK;
@@ -174,6 +212,39 @@ static int event_elapsed_ms(void *start, void *end, float *ms) {
 
 // ---- copies --------------------------------------------------------------------------
 
+// Between two devices: cudaMemcpyPeerAsync on the destination's current stream `s`, ordered
+// both ways with the source device's current stream by events (no host wait): the copy
+// starts after the work queued there (the source's producer), and later work there (a
+// kernel overwriting the source, or the caching allocator handing a freed source block to
+// a new tensor of that stream) waits for the copy. As PyTorch's copy_ between devices.
+// cudaMemcpyPeerAsync works without peer access enabled (the driver stages through the
+// host then); cudaDeviceEnablePeerAccess is never called here. Leaves the destination
+// device current.
+static int peer_copy(void *dst, int dst_device, const void *src, int src_device, size_t nbytes,
+                     cudaStream_t s) {
+  const char *op = "copy";
+  cudaEvent_t src_done = NULL, copy_done = NULL;
+  cudaError_t err = cudaSuccess;
+  DDP_TRY(ddp_cuda_use_device(src_device, op));
+  err = cudaEventCreateWithFlags(&src_done, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(src_done, current[src_device]);
+  if (err == cudaSuccess) err = cudaSetDevice(dst_device);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(s, src_done, 0);
+  if (err == cudaSuccess) err = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, s);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&copy_done, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventRecord(copy_done, s);
+  if (err == cudaSuccess) err = cudaSetDevice(src_device);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(current[src_device], copy_done, 0);
+  if (err == cudaSuccess) err = cudaSetDevice(dst_device);
+  // destroying a recorded event is fine: its resources go once the stream reaches it
+  if (src_done) cudaEventDestroy(src_done);
+  if (copy_done) cudaEventDestroy(copy_done);
+  if (err != cudaSuccess)
+    return ddp_cuda_fail(err, op, "copy between devices (events, cudaMemcpyPeerAsync)", __FILE__,
+                         __LINE__);
+  return DDP_OK;
+}
+
 static int copy(void *dst, int dst_device, const void *src, int src_device, size_t nbytes,
                 int async) {
   if (nbytes == 0) return DDP_OK;
@@ -185,12 +256,11 @@ static int copy(void *dst, int dst_device, const void *src, int src_device, size
   if (device >= 0) DDP_TRY(ddp_cuda_use_device(device, "copy"));
   cudaStream_t s = device >= 0 ? current[device] : 0;
   if (dst_device >= 0 && src_device >= 0 && dst_device != src_device) {
-    // Between devices: order after the source device's current stream too.
-    DDP_TRY(ddp_cuda_use_device(src_device, "copy"));
-    DDP_CUDA_TRY(cudaStreamSynchronize(current[src_device]), "copy");
-    DDP_TRY(ddp_cuda_use_device(dst_device, "copy"));
-    DDP_CUDA_TRY(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, s), "copy");
+    DDP_TRY(peer_copy(dst, dst_device, src, src_device, nbytes, s));
   } else {
+    // Host side pageable (not from host_alloc): still correct with async 1, as CUDA stages
+    // such copies (host to device returns once the source is staged; device to host
+    // returns once the copy is done), only not overlapped.
     DDP_CUDA_TRY(cudaMemcpyAsync(dst, src, nbytes, kind, s), "copy");
   }
   if (!async) DDP_CUDA_TRY(cudaStreamSynchronize(s), "copy");
@@ -219,6 +289,18 @@ static void host_free(void *p) {
 // Note [deferred errors] in cuda_internal.h.
 static thread_local int deferred_status;
 static thread_local char deferred_message[512];
+
+cudaError_t ddp_cuda_query_event(cudaEvent_t e) {
+  cudaError_t pending = cudaPeekAtLastError();
+  cudaError_t err = cudaEventQuery(e);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError(); // "not ready" is no failure
+    if (pending != cudaSuccess && pending != cudaErrorNotReady)
+      ddp_cuda_defer_error(DDP_ERR_STATE, "CUDA error: %s (%s)", cudaGetErrorString(pending),
+                           cudaGetErrorName(pending));
+  }
+  return err;
+}
 
 void ddp_cuda_defer_error(int status, const char *fmt, ...) {
   if (deferred_status) return; // the first failure is the one to report
