@@ -12,8 +12,13 @@
 //  - record_stream(p, s) says block p is also used on stream s. When such a block is freed
 //    an event is recorded on each of those streams, and the block is cached only once the
 //    events have completed (polled at the next request).
-//  - When cudaMalloc fails, every cached block of the device is freed and it is tried once
-//    more; then the error says how much was asked for, allocated and reserved.
+//  - When cudaMalloc fails for lack of memory, the device is synchronised (so blocks
+//    waiting for their events become free), every cached block of the device is freed and
+//    it is tried once more; then the error says how much was asked for, allocated and
+//    reserved. Other cudaMalloc errors are reported as they are.
+//
+// Checked on the host against a fake CUDA runtime (spec/fixtures/allocator_emulation.cc,
+// spec/cuda/allocator_emulation_spec.lua).
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -127,19 +132,26 @@ extern "C" int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes) {
   cudaError_t err = cudaMalloc(&p, size);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
+    // Wait for the device, so that blocks freed with record_stream events pending can be
+    // cached (their events have completed), then free every cached block of the device.
     cudaDeviceSynchronize();
+    if (!waiting.empty()) collect_waiting();
     DDP_TRY(release_cached(device));
     DDP_TRY(ddp_cuda_use_device(device, "cuda malloc"));
     err = cudaMalloc(&p, size);
   }
-  if (err != cudaSuccess) {
+  if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     const ddp_cuda_memory_stats &s = stats[device];
-    DDP_FAIL(err == cudaErrorMemoryAllocation ? DDP_ERR_MEMORY : DDP_ERR_STATE,
-             "CUDA out of memory: tried to allocate %.2f MiB on cuda:%d (%.2f MiB allocated by "
-             "tensors, %.2f MiB reserved): %s",
-             size / 1048576.0, device, s.allocated / 1048576.0, s.reserved / 1048576.0,
+    DDP_FAIL(DDP_ERR_MEMORY,
+             "CUDA out of memory: tried to allocate %.2f MiB (%zu bytes) on cuda:%d (%.2f MiB "
+             "allocated by tensors, %.2f MiB reserved): %s",
+             size / 1048576.0, size, device, s.allocated / 1048576.0, s.reserved / 1048576.0,
              cudaGetErrorName(err));
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return ddp_cuda_fail(err, "cuda malloc", "cudaMalloc", __FILE__, __LINE__);
   }
   Block *b = new Block{p, size, device, stream, {}, {}};
   live[p] = b;
@@ -169,12 +181,16 @@ extern "C" void ddp_cuda_caching_free(void *p) {
   for (cudaStream_t s : b->uses) {
     cudaEvent_t e;
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
-      cudaEventRecord(e, s);
-      b->pending.push_back(e);
-    } else {
-      cudaGetLastError();
-      cudaStreamSynchronize(s); // no event to poll: wait here instead
+      if (cudaEventRecord(e, s) == cudaSuccess) {
+        b->pending.push_back(e);
+        continue;
+      }
+      // Not recordable (a stream of another device than the block's): an event never
+      // recorded counts as complete, which would cache the block while s may still use it.
+      cudaEventDestroy(e);
     }
+    cudaGetLastError();
+    cudaStreamSynchronize(s); // no event to poll: wait here instead
   }
   cudaSetDevice(previous);
   waiting.push_back(b);
