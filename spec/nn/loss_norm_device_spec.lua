@@ -5,7 +5,9 @@
 -- On the simulated device (build/libddplua_cuda_sim.so: host memory, the CPU kernels) the
 -- device paths of runtime/ops/loss.c and runtime/ops/norm.c must give the CPU's values and
 -- gradients bit for bit, keep every result on cuda:0, and name both devices when the
--- arguments are on different ones. The `cuda` block runs the same cases on a real GPU
+-- arguments are on different ones. The second block runs the CUDA kernels of loss.cu and
+-- norm.cu on the host under an emulation of CUDA blocks against the CPU kernels
+-- (spec/fixtures/lossnorm_emulation.cc). The `cuda` block runs the same cases on a real GPU
 -- (runtime/backend/cuda/loss.cu and norm.cu against the CPU kernels, within tolerances); it
 -- skips with a message where there is none.
 local files = require "files"
@@ -36,6 +38,27 @@ describe("losses and norms on the simulated device", function()
       assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-sim, cuda:1%)"), out)
     end)
   end
+end)
+
+describe("loss and norm CUDA kernels under host emulation", function()
+  -- runtime/backend/cuda/loss.cu and norm.cu compiled for the host with every CUDA thread a
+  -- host thread (spec/fixtures/cuda_block_emulation.h), against the CPU kernels on random
+  -- inputs (spec/fixtures/lossnorm_emulation.cc): every kernel, every launch form (warp and
+  -- thread per sample, capped forward grids, channel and row blocks, 2D tiles, atomics),
+  -- index arithmetic and tree reductions (not GPU timing, memory model or math library)
+  it("give the CPU kernels' results for every launch form", function()
+    local dir = files.tmpdir("lossnorm-emul")
+    finally(function() files.remove(dir) end)
+    local exe = dir .. "/lossnorm_emulation"
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -Iruntime/include -Iruntime "
+      .. "-Ispec/fixtures spec/fixtures/lossnorm_emulation.cc -o %s -Lbuild -lddplua "
+      .. "-Wl,-rpath,%s"):format(os.getenv("CXX") or "c++", files.quote(exe),
+        files.quote(root .. "/build")))
+    assert.are.equal(0, status, out)
+    status, out = files.run(files.quote(exe))
+    assert.are.equal(0, status, out)
+    assert.matches("%d+ checks, 0 failed", out)
+  end)
 end)
 
 describe("loss and norm CUDA kernels against the CPU #cuda", function()
