@@ -5,9 +5,12 @@
 -- On the simulated device (build/libddplua_cuda_sim.so: host memory, the CPU kernels) the
 -- device paths of runtime/ops/loss.c and runtime/ops/norm.c must give the CPU's values and
 -- gradients bit for bit, keep every result on cuda:0, and name both devices when the
--- arguments are on different ones. The `cuda` block runs the same cases on a real GPU
--- (runtime/backend/cuda/loss.cu and norm.cu against the CPU kernels, within tolerances); it
--- skips with a message where there is none.
+-- arguments are on different ones. The second block runs the CUDA kernels of loss.cu and
+-- norm.cu on the host under an emulation of CUDA blocks against the CPU kernels
+-- (spec/fixtures/lossnorm_emulation.cc), the third the cases below through the front doors
+-- with those emulated kernels in the simulated device's table. The `cuda` block runs the
+-- same cases on a real GPU (runtime/backend/cuda/loss.cu and norm.cu against the CPU
+-- kernels, within tolerances); it skips with a message where there is none.
 local files = require "files"
 
 local root = os.getenv("PWD") or "."
@@ -36,6 +39,50 @@ describe("losses and norms on the simulated device", function()
       assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-sim, cuda:1%)"), out)
     end)
   end
+end)
+
+describe("loss and norm CUDA kernels under host emulation", function()
+  -- runtime/backend/cuda/loss.cu and norm.cu compiled for the host with every CUDA thread a
+  -- host thread (spec/fixtures/cuda_block_emulation.h), against the CPU kernels on random
+  -- inputs (spec/fixtures/lossnorm_emulation.cc): every kernel, every launch form (warp and
+  -- thread per sample, capped forward grids, channel and row blocks, 2D tiles, atomics),
+  -- index arithmetic and tree reductions (not GPU timing, memory model or math library)
+  it("give the CPU kernels' results for every launch form", function()
+    local dir = files.tmpdir("lossnorm-emul")
+    finally(function() files.remove(dir) end)
+    local exe = dir .. "/lossnorm_emulation"
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -Iruntime/include -Iruntime "
+      .. "-Ispec/fixtures spec/fixtures/lossnorm_emulation.cc -o %s -Lbuild -lddplua "
+      .. "-Wl,-rpath,%s"):format(os.getenv("CXX") or "c++", files.quote(exe),
+        files.quote(root .. "/build")))
+    assert.are.equal(0, status, out)
+    status, out = files.run(files.quote(exe))
+    assert.are.equal(0, status, out)
+    assert.matches("%d+ checks, 0 failed", out)
+  end)
+end)
+
+describe("losses and norms through the emulated CUDA kernels", function()
+  -- the simulated device with its loss and norm kernels replaced by loss.cu and norm.cu
+  -- under the block emulation (spec/fixtures/lossnorm_emulation.cc built as a plug-in): the
+  -- front doors, their backward passes and the CUDA kernels together, within tolerances
+  it("give the CPU's values and gradients in every case", function()
+    local dir = files.tmpdir("lossnorm-emul-plugin")
+    finally(function() files.remove(dir) end)
+    local so = dir .. "/lossnorm_emulation.so"
+    local status, out = files.run(("%s -std=c++20 -O1 -pthread -fPIC -shared "
+      .. "-DLOSSNORM_EMULATION_PLUGIN -Iruntime/include -Iruntime -Ispec/fixtures "
+      .. "spec/fixtures/lossnorm_emulation.cc -o %s -Lbuild -lddplua -ldl -Wl,-rpath,%s")
+      :format(os.getenv("CXX") or "c++", files.quote(so), files.quote(root .. "/build")))
+    assert.are.equal(0, status, out)
+    for _, case in ipairs(cases) do
+      status, out = files.run(("DDPLUA_SIM_PLUGIN=%s DDPLUA_CUDA_PLUGIN=%s luajit "
+        .. "spec/fixtures/loss_norm_device.lua %s close 0"):format(files.quote(sim), files.quote(so),
+          case))
+      assert.equal(0, status, out)
+      assert.truthy(out:find("ok " .. case .. " %(%d+ checks, cuda%-emulated, cuda:0%)"), out)
+    end
+  end)
 end)
 
 describe("loss and norm CUDA kernels against the CPU #cuda", function()
