@@ -110,6 +110,87 @@ function M.run_sim(path)
   return res
 end
 
+--- Define the three describe blocks of a device spec from a cases file (inside busted):
+--   opts.cases  path of the cases file
+--   opts.title  what the cases are about ("optimizers", ...)
+--   opts.emul   {title =, part =} the host emulation of the CUDA file
+--               (spec/fixtures/optimshape_emulation.cc run with `part`), or nil
+-- 1. the cases on the simulated device (a child luajit), results identical to the CPU's;
+-- 2. the CUDA kernels compiled for the host, against the CPU kernels;
+-- 3. #cuda: the cases in this process on a real GPU (pending otherwise).
+function M.describe_all(opts)
+  -- busted's functions live in the calling spec file's environment, not in _G
+  local env = getfenv(2)
+  local describe, it, setup, pending, assert =
+    env.describe, env.it, env.setup, env.pending, env.assert
+  local cases = opts.cases
+  describe(opts.title .. " on the simulated device", function()
+    local results
+    setup(function() results = M.run_sim(cases) end)
+    for _, name in ipairs(M.names(cases)) do
+      it(name, function()
+        local r = results[name]
+        if not r then error("the child did not run this case; its output:\n" .. results[1][2]) end
+        if not r[1] then error(r[2]) end
+      end)
+    end
+  end)
+
+  if opts.emul then
+    describe(opts.emul.title .. " under host emulation", function()
+      -- compiled for the host with every CUDA thread a host thread or, for kernels whose
+      -- threads do not cooperate, run in turn (spec/fixtures/cuda_block_emulation.h),
+      -- against the CPU kernels (spec/fixtures/optimshape_emulation.cc): index arithmetic,
+      -- launch geometry, grid-stride tails, branches and atomics (not GPU timing or math)
+      it("give the CPU kernels' results for every branch and launch form", function()
+        local files = require "files"
+        local dir = files.tmpdir("optimshape-emul")
+        local exe = dir .. "/optimshape_emulation"
+        local pwd = io.popen("pwd")
+        local root = pwd:read("*l")
+        pwd:close()
+        local cuda_include = (os.getenv("CUDA_HOME") or "/usr/local/cuda") .. "/include"
+        local probe = io.open(cuda_include .. "/cuda_fp16.h")
+        if not probe then
+          files.remove(dir)
+          pending("skipped: no CUDA toolkit headers in " .. cuda_include .. " (set CUDA_HOME)")
+          return
+        end
+        probe:close()
+        local status, out = files.run(("%s -std=c++20 -O1 -pthread -I%s -Iruntime/include "
+          .. "-Iruntime -Ispec/fixtures spec/fixtures/optimshape_emulation.cc -o %s -Lbuild "
+          .. "-lddplua -Wl,-rpath,%s"):format(os.getenv("CXX") or "c++",
+          files.quote(cuda_include), files.quote(exe), files.quote(root .. "/build")))
+        local run_status, run_out
+        if status == 0 then run_status, run_out = files.run(files.quote(exe) .. " " .. opts.emul.part) end
+        files.remove(dir)
+        assert.are.equal(0, status, out)
+        assert.are.equal(0, run_status, run_out)
+        assert.matches("%d+ checks, 0 failed", run_out)
+      end)
+    end)
+  end
+
+  describe(opts.title .. " on a real GPU #cuda", function()
+    local lib = require "ddplua.lib"
+    local available = lib.C.ddp_cuda_is_available() ~= 0
+    local backend = lib.ffi.string(lib.C.ddp_cuda_backend_name())
+    if not available or backend ~= "cuda" then
+      pending("no CUDA GPU here (" .. (available and "backend " .. backend
+              or lib.ffi.string(lib.C.ddp_cuda_unavailable_reason())) .. "): skipped")
+      return
+    end
+    local results
+    setup(function() results = M.run_here(cases, false) end)
+    for _, name in ipairs(M.names(cases)) do
+      it(name, function()
+        local r = results[name]
+        if not r[1] then error(r[2]) end
+      end)
+    end
+  end)
+end
+
 -- As a script in the child: run the cases of arg[1] on the simulated device and print one
 -- record per case (\1 ends a message, which may span lines).
 if arg and arg[0] and arg[0]:match("sim_cases%.lua$") and arg[1] then
