@@ -628,26 +628,36 @@ static void pg_destroy(ddp_pg *pg) {
 
 /* Build a group: rendezvous, connect, sanity check, start the thread. `global` (size
  * entries) is taken over. */
-static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
-                     const char *prefix, double timeout_s, int *global) {
+/* A group's header before any backend is attached, or NULL with the error set (`global`
+ * is taken over either way). */
+static ddp_pg *pg_header_new(struct ddp_store *store, int rank, int size, const char *prefix,
+                             double timeout_s, int *global, int device) {
   ddp_pg *pg = calloc(1, sizeof *pg);
   char *pfx = strdup(prefix);
   if (!pg || !pfx) {
     free(pg);
     free(pfx);
     free(global);
-    DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: out of memory");
+    DDP_ERROR(DDP_ERR_MEMORY, "init_process_group: out of memory");
+    return NULL;
   }
   pg->rank = rank;
   pg->size = size;
   pg->global = global;
   pg->store = store;
   pg->prefix = pfx;
-  pg->device = DDP_DEVICE_CPU;
+  pg->device = device;
   pg->timeout_s = pg->applied_timeout_s = timeout_s;
   pthread_mutex_init(&pg->lock, NULL);
   pthread_cond_init(&pg->cv, NULL);
   pthread_cond_init(&pg->p2p_cv, NULL);
+  return pg;
+}
+
+static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
+                     const char *prefix, double timeout_s, int *global) {
+  ddp_pg *pg = pg_header_new(store, rank, size, prefix, timeout_s, global, DDP_DEVICE_CPU);
+  if (!pg) return ddp_last_status();
 
   pg->store_ops.ctx = store;
   pg->store_ops.set = store_set_cb;
@@ -718,25 +728,9 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
 static int pg_create_nccl(ddp_pg **out, struct ddp_store *store, int rank, int size,
                           const char *prefix, double timeout_s, int *global, int device,
                           const struct ddp_nccl_api *nccl) {
-  ddp_pg *pg = calloc(1, sizeof *pg);
-  char *pfx = strdup(prefix);
-  if (!pg || !pfx) {
-    free(pg);
-    free(pfx);
-    free(global);
-    DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: out of memory");
-  }
-  pg->rank = rank;
-  pg->size = size;
-  pg->global = global;
-  pg->store = store;
-  pg->prefix = pfx;
+  ddp_pg *pg = pg_header_new(store, rank, size, prefix, timeout_s, global, device);
+  if (!pg) return ddp_last_status();
   pg->nccl = nccl;
-  pg->device = device;
-  pg->timeout_s = pg->applied_timeout_s = timeout_s;
-  pthread_mutex_init(&pg->lock, NULL);
-  pthread_cond_init(&pg->cv, NULL);
-  pthread_cond_init(&pg->p2p_cv, NULL);
   int me = global[rank];
   int status = check_world_size(store, prefix, rank, size, me);
   if (status) {
