@@ -96,7 +96,7 @@ describe("loss and norm CUDA kernels against the CPU #cuda", function()
   for _, case in ipairs(cases) do
     it(case .. " on a GPU", function()
       if not gpu then
-        print(("\n  skipped %s: no GPU (%s)"):format(case, (probe:gsub("%s+$", ""))))
+        pending(("skipped %s: no GPU (%s)"):format(case, (probe:gsub("%s+$", ""))))
         return
       end
       local run_status, out = run_case(case, "close", nil)
