@@ -261,6 +261,18 @@ static int sign_times_device(ddp_tensor **out, ddp_tensor *g, ddp_tensor *x) {
   return status;
 }
 
+/* out = same(a, b) element-wise on a device, as the CPU loops' same(): equal, or both NaN
+ * (so a NaN extreme sends its gradient as on the CPU). Bool result. */
+static int same_device(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
+  ddp_tensor *tmp[3] = {NULL, NULL, NULL}; /* a == b, a is NaN, b is NaN */
+  int status = ddp_eq(&tmp[0], a, b);
+  if (!status) status = ddp_ne(&tmp[1], a, a);
+  if (!status) status = ddp_ne(&tmp[2], b, b);
+  if (!status) status = ddp_where(out, tmp[1], tmp[2], tmp[0]); /* a NaN: tie iff b NaN */
+  for (int i = 0; i < 3; i++) ddp_tensor_release(tmp[i]);
+  return status;
+}
+
 /* *out = cond ? a : 0 (a 0-d zero of a's dtype on a's device, broadcast). */
 static int where_or_zero(ddp_tensor **out, ddp_tensor *cond, ddp_tensor *a) {
   ddp_tensor *z;
@@ -296,14 +308,14 @@ static int grad_apply_device(ddp_tensor *out, int kind, double p, ddp_tensor *x,
       if (!status) status = ddp_mul(&tmp[4], *qv, tmp[3]);
       if (!status) status = sign_times_device(res, tmp[4], x);
       break;
-    case G_ABS_EQ: /* |x| == s ? q sign(x) : 0 (a NaN norm sends no gradient here) */
+    case G_ABS_EQ: /* same(|x|, s) ? q sign(x) : 0 */
       status = ddp_abs(&tmp[2], x);
-      if (!status) status = ddp_eq(&tmp[3], tmp[2], *sv);
+      if (!status) status = same_device(&tmp[3], tmp[2], *sv);
       if (!status) status = where_or_zero(&tmp[4], tmp[3], *qv);
       if (!status) status = sign_times_device(res, tmp[4], x);
       break;
-    case G_EQ: /* x == s ? q : 0 */
-      status = ddp_eq(&tmp[2], x, *sv);
+    case G_EQ: /* same(x, s) ? q : 0 */
+      status = same_device(&tmp[2], x, *sv);
       if (!status) status = where_or_zero(res, tmp[2], *qv);
       break;
     default:
@@ -788,9 +800,9 @@ static int mask_dims(uint32_t mask, int ndim, int *dims) {
   return k;
 }
 
-/* ties_backward on a device: count = sum(x == r) over mask (|x| for the inf-norm), then
- * gi = (x == r) ? g / count : 0 (times sign(x) for the inf-norm). Ties compare with ==, so
- * a NaN extreme sends no gradient (the CPU loop counts NaN == NaN). */
+/* ties_backward on a device: count = sum(same(x, r)) over mask (|x| for the inf-norm),
+ * then gi = same(x, r) ? g / count : 0 (times sign(x) for the inf-norm); NaN ties NaN, as
+ * on the CPU. */
 static int ties_backward_device(ddp_tensor **gi, ddp_tensor *g, ddp_tensor *x, ddp_tensor *r,
                                 uint32_t mask, int keepdim, int abs_kind) {
   ddp_tensor *tmp[5] = {NULL, NULL, NULL, NULL, NULL}; /* rv, |x|, eq, count, q */
@@ -804,7 +816,7 @@ static int ties_backward_device(ddp_tensor **gi, ddp_tensor *g, ddp_tensor *x, d
       tmp[1] = x;
     }
   }
-  if (!status) status = ddp_eq(&tmp[2], tmp[1], tmp[0]);
+  if (!status) status = same_device(&tmp[2], tmp[1], tmp[0]);
   if (!status) status = ddp_sum(&tmp[3], tmp[2], dims, nd, keepdim, g->dtype);
   if (!status) status = ddp_div(&tmp[4], g, tmp[3]);
   if (!status) status = ddp_tensor_empty(&gi[0], x->ndim, x->shape, x->dtype, x->device);
