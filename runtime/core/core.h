@@ -127,6 +127,12 @@ const char *ddp_device_str(int device);
 int ddp_check_same_device(const char *op, int n, ddp_tensor *const *ts,
                           const char *const *names);
 
+/* The common checks of a layer's (input, weight, bias) arguments, PyTorch's for linear and
+ * conv2d: all alive, on one device, input floating, weight and bias (NULL: none) of the
+ * input's dtype. Errors name `op` and the argument. */
+int ddp_check_affine_args(const char *op, ddp_tensor *input, ddp_tensor *weight,
+                          ddp_tensor *bias);
+
 /* ---- device memory (runtime/core/device.c) --------------------------------------------
  * Thin wrappers over the plug-in's table that record a DDP error on failure. Host memory
  * (DDP_DEVICE_CPU) is handled too, so callers need no branch. */

@@ -406,3 +406,20 @@ int ddp_tensor_to_f64(const ddp_tensor *t, double *dst) {
   ddp_foreach(1, ops, t->ndim, t->shape, to_f64_loop, &c, 0); /* serial: writes in order */
   return DDP_OK;
 }
+
+int ddp_check_affine_args(const char *op, ddp_tensor *input, ddp_tensor *weight,
+                          ddp_tensor *bias) {
+  DDP_TRY(ddp_check_alive(input, op, "input"));
+  DDP_TRY(ddp_check_alive(weight, op, "weight"));
+  if (bias) DDP_TRY(ddp_check_alive(bias, op, "bias"));
+  ddp_tensor *ts[3] = {input, weight, bias};
+  const char *names[3] = {"input", "weight", "bias"};
+  DDP_TRY(ddp_check_same_device(op, 3, ts, names));
+  if (!ddp_dtype_is_floating(input->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "%s: expected a floating input, got %s", op, ddp_dtype_name(input->dtype));
+  if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "%s: expected input, weight and bias of one dtype, got %s, %s and %s",
+             op, ddp_dtype_name(input->dtype), ddp_dtype_name(weight->dtype),
+             bias ? ddp_dtype_name(bias->dtype) : "none");
+  return DDP_OK;
+}

@@ -71,18 +71,7 @@ static int conv_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
 
 /* PyTorch's conv2d argument checks; fills *g. */
 static int conv_check(ddp_conv2d_geom *g, ddp_tensor *input, ddp_tensor *weight, ddp_tensor *bias) {
-  DDP_TRY(ddp_check_alive(input, "conv2d", "input"));
-  DDP_TRY(ddp_check_alive(weight, "conv2d", "weight"));
-  if (bias) DDP_TRY(ddp_check_alive(bias, "conv2d", "bias"));
-  ddp_tensor *ts[3] = {input, weight, bias};
-  const char *names[3] = {"input", "weight", "bias"};
-  DDP_TRY(ddp_check_same_device("conv2d", 3, ts, names));
-  if (!ddp_dtype_is_floating(input->dtype))
-    DDP_FAIL(DDP_ERR_ARG, "conv2d: expected a floating input, got %s", ddp_dtype_name(input->dtype));
-  if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
-    DDP_FAIL(DDP_ERR_ARG, "conv2d: expected input, weight and bias of one dtype, got %s, %s and %s",
-             ddp_dtype_name(input->dtype), ddp_dtype_name(weight->dtype),
-             bias ? ddp_dtype_name(bias->dtype) : "none");
+  DDP_TRY(ddp_check_affine_args("conv2d", input, weight, bias));
   if (input->ndim != 3 && input->ndim != 4)
     DDP_FAIL(DDP_ERR_ARG, "conv2d: expected input (N, C, H, W) or (C, H, W), got %s", DDP_SHAPE(input));
   if (weight->ndim != 4)

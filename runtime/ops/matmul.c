@@ -441,18 +441,7 @@ static int linear_backward(ddp_node *node, ddp_tensor *g, ddp_tensor **gi) {
 
 int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tensor *bias) {
   *out = NULL;
-  DDP_TRY(ddp_check_alive(input, "linear", "input"));
-  DDP_TRY(ddp_check_alive(weight, "linear", "weight"));
-  if (bias) DDP_TRY(ddp_check_alive(bias, "linear", "bias"));
-  ddp_tensor *ts[3] = {input, weight, bias};
-  const char *names[3] = {"input", "weight", "bias"};
-  DDP_TRY(ddp_check_same_device("linear", 3, ts, names));
-  if (!ddp_dtype_is_floating(input->dtype))
-    DDP_FAIL(DDP_ERR_ARG, "linear: expected a floating input, got %s", ddp_dtype_name(input->dtype));
-  if (weight->dtype != input->dtype || (bias && bias->dtype != input->dtype))
-    DDP_FAIL(DDP_ERR_ARG, "linear: expected input, weight and bias of one dtype, got %s, %s and %s",
-             ddp_dtype_name(input->dtype), ddp_dtype_name(weight->dtype),
-             bias ? ddp_dtype_name(bias->dtype) : "none");
+  DDP_TRY(ddp_check_affine_args("linear", input, weight, bias));
   if (weight->ndim != 2)
     DDP_FAIL(DDP_ERR_ARG, "linear: weight must be 2-d (out_features, in_features), got %s",
              DDP_SHAPE(weight));
