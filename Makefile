@@ -58,8 +58,8 @@ LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lz -lm -ldl -pthread
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
-                 runtime/autograd/*.c runtime/io/*.c runtime/dist/*.c))
-LIB_CC_SRCS := $(sort $(wildcard runtime/dist/*.cc))
+                 runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
+LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
 CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))
 CLI_OBJS    := $(CLI_SRCS:%.c=$(BUILD)/obj/%.o)

@@ -145,7 +145,7 @@ int ddp_device_memset(void *dst, int device, int byte, size_t nbytes, const char
 int ddp_device_memcpy(void *dst, int dst_device, const void *src, int src_device,
                       size_t nbytes, const char *op);
 
-/* The NCCL table of the loaded CUDA plug-in (runtime/dist/pg_nccl.h; for the process
+/* The NCCL table of the loaded CUDA plug-in (runtime/distributed/pg_nccl.h; for the process
  * groups). NULL when CUDA is not available (*why: "CUDA is not available: <reason>") or the
  * plug-in has no NCCL (*why says so; the simulated device has none). */
 struct ddp_nccl_api;

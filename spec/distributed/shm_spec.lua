@@ -1,4 +1,4 @@
--- Specs for the shared-memory all-reduce (runtime/dist/pg_shm.c): ranks on this host reduce
+-- Specs for the shared-memory all-reduce (runtime/distributed/pg_shm.c): ranks on this host reduce
 -- f32/f64 through a shared segment instead of Gloo's loopback TCP. Real ranks started by
 -- spec/helpers/multiproc.lua. The segment reduces each element once, on one rank, over the
 -- ranks in order 0 .. world-1; the references below compute exactly that order (f32 rounded

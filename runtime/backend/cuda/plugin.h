@@ -98,7 +98,7 @@ typedef struct ddp_cuda_api {
   int (*get_allow_tf32)(void);
   const struct ddp_kernels *kernels;
 
-  /* ---- collectives (runtime/dist/pg_nccl.h); NULL when built without NCCL ---- */
+  /* ---- collectives (runtime/distributed/pg_nccl.h); NULL when built without NCCL ---- */
   const struct ddp_nccl_api *nccl;
 } ddp_cuda_api;
 

@@ -1,6 +1,6 @@
 /* ddplua/pg.h: part of the public API, included by ddplua.h only.
  *
- * Process groups (runtime/dist/pg.c, Gloo shim runtime/dist/pg_gloo.cc, NCCL through the CUDA
+ * Process groups (runtime/distributed/pg.c, Gloo shim runtime/distributed/pg_gloo.cc, NCCL through the CUDA
  * plug-in runtime/backend/cuda/nccl.cu): collectives between the ranks of a job, as
  * torch.distributed's ProcessGroupGloo and ProcessGroupNCCL.
  *
@@ -28,7 +28,7 @@
  *
  * Transport: Gloo over TCP, except all-reduce of f32/f64 (and f16/bf16, staged as f32)
  * between ranks that all run on this host: it goes through a shared-memory segment
- * (runtime/dist/pg_shm.c), on the same communication thread and in the same FIFO order,
+ * (runtime/distributed/pg_shm.c), on the same communication thread and in the same FIFO order,
  * each element reduced once, in rank order 0..world-1, so every rank holds identical bits.
  * DDPLUA_SHM=0 turns it off (every rank then votes for Gloo).
  *

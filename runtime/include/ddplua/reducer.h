@@ -1,6 +1,6 @@
 /* ddplua/reducer.h: part of the public API, included by ddplua.h only.
  *
- * The DDP gradient reducer (runtime/dist/reducer.c), as PyTorch's c10d Reducer: gradients of
+ * The DDP gradient reducer (runtime/distributed/reducer.c), as PyTorch's c10d Reducer: gradients of
  * a model's parameters are averaged over the ranks of a process group during backward, in
  * buckets whose all-reduces overlap the rest of the backward pass.
  *

@@ -1,4 +1,4 @@
-/* runtime/dist/store_file.c: the file store (file:// init), PyTorch's FileStore in spirit.
+/* runtime/distributed/store_file.c: the file store (file:// init), PyTorch's FileStore in spirit.
  *
  * Note [file store log]
  * The file is an append-only log of records
@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dist/store_wire.h"
+#include "distributed/store_wire.h"
 
 /* Internal key (not counted by num_keys): number of stores open on the file. */
 #define FILE_REFS_KEY "\001ddplua/file_store_refs"

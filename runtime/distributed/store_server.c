@@ -1,4 +1,4 @@
-/* runtime/dist/store_server.c: the TCP store server, one poll() loop on a background thread
+/* runtime/distributed/store_server.c: the TCP store server, one poll() loop on a background thread
  * serving many clients. Protocol: Note [store wire protocol]; waits never block the loop:
  * Note [parked waits] (store_wire.h).
  *
@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "dist/store_wire.h"
+#include "distributed/store_wire.h"
 
 typedef struct conn {
   int fd;

@@ -1,4 +1,4 @@
-/* runtime/dist/store.c: the store's front doors (ddplua/store.h), the TCP client, and the
+/* runtime/distributed/store.c: the store's front doors (ddplua/store.h), the TCP client, and the
  * helpers the server (store_server.c) and the file store (store_file.c) share.
  * Wire protocol and the wait/cancel dance: Note [store wire protocol], Note [parked waits]
  * in store_wire.h. */
@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/store_wire.h"
+#include "distributed/store_wire.h"
 
 /* How long a client waits for the server to acknowledge a CANCEL after its own timeout, and
  * for the rest of a reply whose first byte arrived. */

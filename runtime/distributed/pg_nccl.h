@@ -1,6 +1,6 @@
-/* runtime/dist/pg_nccl.h: the NCCL half of the process groups, as a C table the CUDA plug-in
+/* runtime/distributed/pg_nccl.h: the NCCL half of the process groups, as a C table the CUDA plug-in
  * exports (runtime/backend/cuda/nccl.cu: ddp_cuda_nccl_table, stored in ddp_cuda_api.nccl)
- * and the core's process groups call (runtime/dist/pg.c, backend "nccl"). C-compatible: it
+ * and the core's process groups call (runtime/distributed/pg.c, backend "nccl"). C-compatible: it
  * is included by C (pg.c) and by C++ (nccl.cu).
  *
  * Conventions for every entry:

@@ -1,5 +1,5 @@
-/* runtime/dist/pg_shm.h: the shared-memory all-reduce of a process group whose ranks all run
- * on this host (runtime/dist/pg_shm.c), used by runtime/dist/pg.c only.
+/* runtime/distributed/pg_shm.h: the shared-memory all-reduce of a process group whose ranks all run
+ * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg.c only.
  *
  * pg.c creates it after the Gloo group is connected and calls it from the group's one
  * communication thread, in the FIFO order of Note [collective order] (ddplua/pg.h), in place

@@ -1,4 +1,4 @@
-/* runtime/dist/pg_shm.c: all-reduce through a POSIX shared-memory segment for a process
+/* runtime/distributed/pg_shm.c: all-reduce through a POSIX shared-memory segment for a process
  * group whose ranks all run on this host (see pg_shm.h). Loopback TCP costs two kernel
  * copies per byte and a round of wake-ups per message; here each byte is copied in once,
  * read once by the rank that reduces it, and copied out once.
@@ -39,8 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/gloo_shim.h"
-#include "dist/pg_shm.h"
+#include "distributed/gloo_shim.h"
+#include "distributed/pg_shm.h"
 
 enum {
   SLOT_BYTES = 4 << 20,

@@ -1,4 +1,4 @@
-/* runtime/dist/sampler.c: DistributedSampler indices (Note [sampler rules], ddplua/sampler.h). */
+/* runtime/distributed/sampler.c: DistributedSampler indices (Note [sampler rules], ddplua/sampler.h). */
 #include <stdlib.h>
 
 #include "core/core.h"

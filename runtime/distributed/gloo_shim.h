@@ -1,5 +1,5 @@
-/* runtime/dist/gloo_shim.h: the C face of the Gloo shim (runtime/dist/pg_gloo.cc), used by
- * runtime/dist/pg.c only. The shim works on raw contiguous buffers; pg.c owns tensors,
+/* runtime/distributed/gloo_shim.h: the C face of the Gloo shim (runtime/distributed/pg_gloo.cc), used by
+ * runtime/distributed/pg.c only. The shim works on raw contiguous buffers; pg.c owns tensors,
  * dtype conversion, the queue and the communication thread.
  *
  * Every entry point catches every C++ exception and returns a status (enum ddp_status) with

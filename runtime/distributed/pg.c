@@ -1,4 +1,4 @@
-/* runtime/dist/pg.c: process groups (see ddplua/pg.h): argument checks, the work queue and
+/* runtime/distributed/pg.c: process groups (see ddplua/pg.h): argument checks, the work queue and
  * communication thread of each group, tensor staging (contiguous copies, f16/bf16 through
  * f32, AVG as SUM then divide), and error messages naming ranks. The transport is the Gloo
  * shim (gloo_shim.h, pg_gloo.cc); all-reduce of f32/f64 goes through shared memory instead
@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "dist/gloo_shim.h"
-#include "dist/pg_nccl.h"
-#include "dist/pg_shm.h"
+#include "distributed/gloo_shim.h"
+#include "distributed/pg_nccl.h"
+#include "distributed/pg_shm.h"
 
 enum { MSG_CAP = 2048 };
 enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */

@@ -1,4 +1,4 @@
-/* runtime/dist/reducer_buckets.c: which parameters share a bucket (Note [bucket assignment]
+/* runtime/distributed/reducer_buckets.c: which parameters share a bucket (Note [bucket assignment]
  * in ddplua/reducer.h) and the tensor digests of DistributedDataParallel.verify_sync. */
 #include <stdlib.h>
 

@@ -1,4 +1,4 @@
-/* runtime/dist/reducer.c: the DDP gradient reducer (ddplua/reducer.h), after PyTorch's c10d
+/* runtime/distributed/reducer.c: the DDP gradient reducer (ddplua/reducer.h), after PyTorch's c10d
  * Reducer: Bucket, mark_variable_ready, finalize_backward. The invariants are the notes in
  * ddplua/reducer.h: [bucket order], [bucket assignment], [gradient averaging],
  * [bucket rebuild], [unused parameters], [device buckets]. */
