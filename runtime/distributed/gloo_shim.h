@@ -1,12 +1,12 @@
-/* runtime/distributed/gloo_shim.h: the C face of the Gloo shim (runtime/distributed/pg_gloo.cc), used by
- * runtime/distributed/pg.c only. The shim works on raw contiguous buffers; pg.c owns tensors,
+/* runtime/distributed/gloo_shim.h: the C face of the Gloo shim (runtime/distributed/gloo_shim.cc), used by
+ * runtime/distributed/pg_gloo.c only. The shim works on raw contiguous buffers; pg_gloo.c owns tensors,
  * dtype conversion, the queue and the communication thread.
  *
  * Every entry point catches every C++ exception and returns a status (enum ddp_status) with
  * the message written into `err` (capacity DDP_GLOO_ERR_CAP) and, for transport failures,
  * the group rank of the peer at fault in *peer (-1 when unknown). Nothing is thrown across
  * the C boundary. A context that failed once must not be used again (Gloo's contexts are
- * unusable after an exception); pg.c enforces that. */
+ * unusable after an exception); pg_gloo.c enforces that. */
 #ifndef DDP_GLOO_SHIM_H
 #define DDP_GLOO_SHIM_H
 
@@ -19,7 +19,7 @@ extern "C" {
 
 enum { DDP_GLOO_ERR_CAP = 1024 };
 
-/* The rendezvous store as callbacks (pg.c adapts ddp_store to it). Each returns a status;
+/* The rendezvous store as callbacks (pg_store.c adapts ddp_store to it). Each returns a status;
  * on failure it writes the reason into err. get waits (up to the store's timeout) and
  * returns a malloc'd value the shim frees with free(). */
 typedef struct ddp_gloo_store {
@@ -42,7 +42,7 @@ void ddp_gloo_set_timeout(ddp_gloo *g, double timeout_s);
 
 /* Collectives on contiguous buffers. `dtype` (enum ddp_dtype) is one of f32, f64, i64, i32,
  * u8 where a reduction happens; data movement takes any dtype and `esize` bytes per element.
- * `op`: enum ddp_reduce_op without AVG (pg.c turns AVG into SUM + divide). */
+ * `op`: enum ddp_reduce_op without AVG (pg_gloo.c turns AVG into SUM + divide). */
 int ddp_gloo_allreduce(ddp_gloo *g, void *buf, size_t n, int dtype, int op, char *err,
                        int *peer);
 int ddp_gloo_reduce(ddp_gloo *g, void *buf, size_t n, int dtype, int op, int root, char *err,

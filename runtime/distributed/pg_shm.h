@@ -1,7 +1,7 @@
 /* runtime/distributed/pg_shm.h: the shared-memory all-reduce of a process group whose ranks all run
- * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg.c only.
+ * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c only.
  *
- * pg.c creates it after the Gloo group is connected and calls it from the group's one
+ * pg_gloo.c creates it after the Gloo group is connected and calls it from the group's one
  * communication thread, in the FIFO order of Note [collective order] (ddplua/pg.h), in place
  * of ddp_gloo_allreduce for the dtypes ddp_shm_supports accepts. Everything else keeps going
  * through Gloo. Results are bitwise identical on every rank: each element is reduced by one
@@ -9,7 +9,7 @@
  *
  * Errors follow gloo_shim.h: a status, the reason in `err` (DDP_GLOO_ERR_CAP bytes) and the
  * group rank at fault in *peer (-1 when unknown). After a failure the segment's counters no
- * longer agree between ranks: pg.c breaks the group, as after a Gloo failure. */
+ * longer agree between ranks: pg_gloo.c breaks the group, as after a Gloo failure. */
 #ifndef DDP_PG_SHM_H
 #define DDP_PG_SHM_H
 

@@ -1,4 +1,4 @@
--- Specs for process groups and collectives (ddplua.distributed over runtime/distributed/pg.c and
+-- Specs for process groups and collectives (ddplua.distributed over runtime/distributed/pg*.c and
 -- the Gloo shim): real ranks started by spec/helpers/multiproc.lua on 127.0.0.1. Each rank
 -- fills tensors with values(rank, i) and prints its results; the references are computed
 -- here, in the spec, from the same rule.

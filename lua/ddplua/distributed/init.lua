@@ -35,14 +35,24 @@ local state = { group = nil, store = nil, local_rank = 0, backend = nil }
 local pg_box = ffi.new("ddp_pg*[1]")
 local work_box = ffi.new("ddp_work*[1]")
 
-local ops = { sum = 0, avg = 1, min = 2, max = 3, product = 4 }
-M.ReduceOp = { SUM = "sum", AVG = "avg", MIN = "min", MAX = "max", PRODUCT = "product" }
+-- Reduce op name -> enum ddp_reduce_op, from the C table (pinned to the enum there).
+local ops, op_list = {}, {}
+for v = 0, C.DDP_REDUCE_OP_COUNT - 1 do
+  local name = ffi.string(C.ddp_reduce_op_name(v))
+  ops[name] = v
+  op_list[#op_list + 1] = name
+end
+op_list = table.concat(op_list, ", ")
+
+--- dist.ReduceOp: PyTorch's constants (dist.ReduceOp.SUM == "sum", ...).
+M.ReduceOp = {}
+for name in pairs(ops) do M.ReduceOp[name:upper()] = name end
 
 local function op_arg(opts, name)
   local op = opts and opts.op or "sum"
   local v = ops[type(op) == "string" and op:lower() or op]
   if not v then
-    raise(("%s: unknown op '%s' (sum, avg, min, max, product)"):format(name, tostring(op)))
+    raise(("%s: unknown op '%s' (%s)"):format(name, tostring(op), op_list))
   end
   return v
 end

@@ -210,7 +210,7 @@ static int get_allow_tf32(void) { return allow_tf32; }
 
 /* ---- simulated NCCL (DDPLUA_SIM_NCCL=1) ---------------------------------------------
  * The ranks of a communicator are processes on this host; they meet in a POSIX
- * shared-memory segment named after the unique id (which pg.c hands round through the
+ * shared-memory segment named after the unique id (which pg_nccl.c hands round through the
  * store). Every collective is: each rank writes what it contributes into its slot, a
  * barrier, each rank computes its result from the slots, a barrier. Reductions go through
  * double (ddp_load_f64), in rank order, so every rank gets the same bits. Waits are bounded

@@ -1,7 +1,9 @@
 /* ddplua/pg.h: part of the public API, included by ddplua.h only.
  *
- * Process groups (runtime/distributed/pg.c, Gloo shim runtime/distributed/pg_gloo.cc, NCCL through the CUDA
- * plug-in runtime/backend/cuda/nccl.cu): collectives between the ranks of a job, as
+ * Process groups (runtime/distributed/: the front doors in pg.c, the ordered communication
+ * thread in pg_queue.c, one file per backend: pg_gloo.c over the Gloo shim gloo_shim.cc and
+ * the shared-memory all-reduce pg_shm.c, pg_nccl.c over the CUDA plug-in's NCCL table
+ * runtime/backend/cuda/nccl.cu): collectives between the ranks of a job, as
  * torch.distributed's ProcessGroupGloo and ProcessGroupNCCL.
  *
  * Tensors (gloo): dtypes f32, f64, f16, bf16, i64, i32, u8 (f16 and bf16 are reduced in f32,
@@ -66,8 +68,13 @@ enum ddp_reduce_op {
   DDP_REDUCE_AVG = 1,
   DDP_REDUCE_MIN = 2,
   DDP_REDUCE_MAX = 3,
-  DDP_REDUCE_PRODUCT = 4
+  DDP_REDUCE_PRODUCT = 4,
+  DDP_REDUCE_OP_COUNT = 5 /* how many there are (not an operator) */
 };
+
+/* The name of reduce op `op` as ddplua.distributed takes it ("sum", "avg", "min", "max",
+ * "product"; PyTorch's ReduceOp in lower case), NULL when op is not one. */
+const char *ddp_reduce_op_name(int op);
 
 /* A Gloo process group of `world_size` ranks (this one is `rank`, 0 <= rank < world_size),
  * meeting through `store` (the rendezvous; it must outlive the group) under the key prefix

@@ -1,0 +1,507 @@
+/* runtime/distributed/pg_gloo.c: backend "gloo" of the process groups (Note [pg backend] in
+ * pg_internal.h): collectives on host memory, run in order on the group's communication
+ * thread (pg_queue.c), through the Gloo shim (gloo_shim.h, gloo_shim.cc), and all-reduce of
+ * f32/f64 through shared memory instead when every rank is on this host (pg_shm.h;
+ * $DDPLUA_SHM=0 turns that off). This file owns the tensor staging (contiguous copies,
+ * f16/bf16 through f32, AVG as SUM then divide) and the error messages naming ranks.
+ *
+ * Note [gloo staging]: the gloo backend given CUDA tensors runs the collective on host
+ * copies, as PyTorch's ProcessGroupGloo does for CUDA tensors: inputs are copied to the host
+ * at submission (synchronously, on the caller's current stream, so the copy sees the
+ * kernels that produced them), outputs are copied back to their device by the communication
+ * thread once the collective succeeded, before the work completes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distributed/gloo_shim.h"
+#include "distributed/pg_internal.h"
+#include "distributed/pg_shm.h"
+
+enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */
+
+/* The state of a gloo group (ddp_pg.impl). */
+typedef struct gloo_state {
+  ddp_gloo *gloo;
+  ddp_shm *shm;             /* NULL: all-reduce goes through Gloo too */
+  ddp_gloo_store store_ops;
+  double applied_timeout_s; /* the Gloo context's, touched by the communication thread only */
+} gloo_state;
+
+static gloo_state *state(const ddp_pg *pg) { return (gloo_state *)pg->impl; }
+
+/* ---- staging -------------------------------------------------------------------------- */
+
+/* A contiguous buffer for t in dtype `dtype`: t itself (new reference) when it already is
+ * one, else a copy (`copy_in` = 0 skips copying the values: outputs). */
+static int stage(ddp_tensor **buf, ddp_tensor *t, int dtype, int copy_in) {
+  if (t->dtype == dtype && ddp_tensor_is_contiguous(t)) {
+    ddp_tensor_retain(t);
+    *buf = t;
+    return DDP_OK;
+  }
+  if (copy_in) return dtype == t->dtype ? ddp_clone(buf, t) : ddp_to_dtype(buf, t, dtype);
+  return ddp_tensor_empty(buf, t->ndim, t->shape, dtype, DDP_DEVICE_CPU);
+}
+
+/* Write the staged buffer back into t (a no-op when it is t) and release it. */
+static int unstage(ddp_tensor *t, ddp_tensor *buf, int ok) {
+  int status = DDP_OK;
+  if (buf != t && ok) status = ddp_copy_(t, buf);
+  else if (ok) ddp_tensor_bump_version(t);
+  ddp_tensor_release(buf);
+  return status;
+}
+
+/* Note [gloo staging]: after a successful collective, the host results go back to the
+ * device tensors they stand for. */
+static int write_back(ddp_work *w) {
+  int writes_t = w->kind == PG_ALLREDUCE || w->kind == PG_BROADCAST || w->kind == PG_REDUCE ||
+                 w->kind == PG_RECV;
+  if (w->dev_t && writes_t) DDP_TRY(ddp_copy_(w->dev_t, w->t));
+  if (w->dev_out && w->out) DDP_TRY(ddp_copy_(w->dev_out, w->out));
+  for (int i = 0; w->dev_outs && i < w->nouts; i++)
+    if (w->dev_outs[i]) DDP_TRY(ddp_copy_(w->dev_outs[i], w->outs[i]));
+  return DDP_OK;
+}
+
+static int reduce_dtype(int dtype) {
+  return dtype == DDP_F16 || dtype == DDP_BF16 ? DDP_F32 : dtype;
+}
+
+/* buf /= n in place (AVG after SUM); buf is contiguous f32 or f64. */
+static void divide(ddp_tensor *buf, int n) {
+  if (buf->dtype == DDP_F32) {
+    float *p = (float *)ddp_data(buf);
+    for (int64_t i = 0; i < buf->numel; i++) p[i] /= (float)n;
+  } else {
+    double *p = (double *)ddp_data(buf);
+    for (int64_t i = 0; i < buf->numel; i++) p[i] /= (double)n;
+  }
+}
+
+static size_t nbytes_of(const ddp_tensor *t) {
+  return (size_t)t->numel * ddp_dtype_size(t->dtype);
+}
+
+/* ---- running one work item (communication thread) ----------------------------------- */
+
+/* Turn a shim failure into the message of the work: names op, this rank and the peer. */
+static void describe_failure(ddp_pg *pg, ddp_work *w, int status, const char *gloo_msg,
+                             int peer, char *msg) {
+  const char *op = pg_op_names[w->kind];
+  int me = pg->global[pg->rank];
+  char who[96] = "";
+  if (peer >= 0 && peer < pg->size)
+    snprintf(who, sizeof who, "peer rank %d", pg->global[peer]);
+  if (status == DDP_ERR_PEER)
+    snprintf(msg, PG_MSG_CAP, "%s failed on rank %d: %s disconnected (its process died or closed "
+             "the group) (Gloo: %s)", op, me, who[0] ? who : "a peer", gloo_msg);
+  else if (status == DDP_ERR_TIMEOUT)
+    snprintf(msg, PG_MSG_CAP, "%s timed out on rank %d after %g s%s%s (Gloo: %s)", op, me,
+             state(pg)->applied_timeout_s, who[0] ? " waiting for " : "", who, gloo_msg);
+  else
+    snprintf(msg, PG_MSG_CAP, "%s failed on rank %d: %s", op, me, gloo_msg);
+}
+
+/* The transport part of a work item on staged buffers. */
+static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
+  ddp_gloo *g = state(pg)->gloo;
+  ddp_tensor *t = w->t, *buf = NULL, *obuf = NULL;
+  int status = DDP_OK, ok;
+  char *core_err = NULL; /* a staging failure: the core's message */
+  int n = pg->size;
+  *peer = -1;
+
+#define STAGE(dst, src, dtype, copy_in)                                                    \
+  do {                                                                                     \
+    if ((status = stage(&(dst), (src), (dtype), (copy_in)))) goto staging_failed;         \
+  } while (0)
+
+  switch (w->kind) {
+    case PG_ALLREDUCE: {
+      int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
+      STAGE(buf, t, reduce_dtype(t->dtype), 1);
+      if (state(pg)->shm && ddp_shm_supports(buf->dtype))
+        status = ddp_shm_allreduce(state(pg)->shm, ddp_data(buf), (size_t)buf->numel, buf->dtype, op,
+                                   state(pg)->applied_timeout_s, err, peer);
+      else
+        status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err,
+                                    peer);
+      if (!status && w->op == DDP_REDUCE_AVG) divide(buf, n);
+      ok = status == DDP_OK;
+      if (unstage(t, buf, ok) && ok) goto core_failed;
+      return status;
+    }
+    case PG_REDUCE: {
+      /* A scratch copy: Gloo leaves partial sums in non-root buffers. */
+      int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
+      if ((status = ddp_to_dtype(&buf, t, reduce_dtype(t->dtype)))) goto staging_failed;
+      if (buf == t) {
+        ddp_tensor_release(buf);
+        if ((status = ddp_clone(&buf, t))) goto staging_failed;
+      }
+      status = ddp_gloo_reduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, w->root,
+                               err, peer);
+      if (!status && w->op == DDP_REDUCE_AVG && pg->rank == w->root) divide(buf, n);
+      ok = status == DDP_OK && pg->rank == w->root;
+      if (ok && ddp_copy_(t, buf)) {
+        ddp_tensor_release(buf);
+        goto core_failed;
+      }
+      ddp_tensor_release(buf);
+      return status;
+    }
+    case PG_REDUCE_SCATTER: {
+      int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
+      /* All-reduce a private copy of the whole input, keep this rank's chunk. */
+      if ((status = ddp_to_dtype(&buf, t, reduce_dtype(t->dtype)))) goto staging_failed;
+      if (buf == t) {
+        ddp_tensor_release(buf);
+        if ((status = ddp_clone(&buf, t))) goto staging_failed;
+      }
+      status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err, peer);
+      if (!status) {
+        if (w->op == DDP_REDUCE_AVG) divide(buf, n);
+        ddp_tensor *chunk = NULL;
+        int s2 = pg_chunk_view(&chunk, buf, pg->rank, w->out->ndim, w->out->shape);
+        if (!s2) s2 = ddp_copy_(w->out, chunk);
+        ddp_tensor_release(chunk);
+        ddp_tensor_release(buf);
+        if (s2) goto core_failed;
+        return DDP_OK;
+      }
+      ddp_tensor_release(buf);
+      return status;
+    }
+    case PG_BROADCAST:
+      STAGE(buf, t, t->dtype, 1);
+      status = ddp_gloo_broadcast(g, ddp_data(buf), nbytes_of(buf), w->root, err, peer);
+      ok = status == DDP_OK && pg->rank != w->root;
+      if (unstage(t, buf, ok) && ok) goto core_failed;
+      return status;
+    case PG_ALLGATHER:
+      STAGE(buf, t, t->dtype, 1);
+      if ((status = stage(&obuf, w->out, w->out->dtype, 0))) {
+        ddp_tensor_release(buf);
+        goto staging_failed;
+      }
+      status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
+      ddp_tensor_release(buf);
+      ok = status == DDP_OK;
+      if (unstage(w->out, obuf, ok) && ok) goto core_failed;
+      return status;
+    case PG_ALLGATHER_LIST: {
+      int64_t shape[DDP_MAX_DIMS + 1];
+      shape[0] = n;
+      memcpy(shape + 1, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+      if ((status = ddp_tensor_empty(&obuf, t->ndim + 1, shape, t->dtype, DDP_DEVICE_CPU)))
+        goto staging_failed;
+      STAGE(buf, t, t->dtype, 1);
+      status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
+      ddp_tensor_release(buf);
+      for (int i = 0; i < n && status == DDP_OK; i++) {
+        ddp_tensor *row = NULL;
+        int s2 = pg_chunk_view(&row, obuf, i, t->ndim, t->shape);
+        if (!s2) s2 = ddp_copy_(w->outs[i], row);
+        ddp_tensor_release(row);
+        if (s2) {
+          ddp_tensor_release(obuf);
+          goto core_failed;
+        }
+      }
+      ddp_tensor_release(obuf);
+      return status;
+    }
+    case PG_GATHER:
+      STAGE(buf, t, t->dtype, 1);
+      if (w->out && (status = stage(&obuf, w->out, w->out->dtype, 0))) {
+        ddp_tensor_release(buf);
+        goto staging_failed;
+      }
+      status = ddp_gloo_gather(g, obuf ? ddp_data(obuf) : NULL, ddp_data(buf), nbytes_of(buf),
+                               w->root, err, peer);
+      ddp_tensor_release(buf);
+      if (obuf) {
+        ok = status == DDP_OK;
+        if (unstage(w->out, obuf, ok) && ok) goto core_failed;
+      }
+      return status;
+    case PG_SCATTER: /* t: the input on the root (or NULL), out: every rank's output */
+      if (t) STAGE(buf, t, t->dtype, 1);
+      if ((status = stage(&obuf, w->out, w->out->dtype, 0))) {
+        ddp_tensor_release(buf);
+        goto staging_failed;
+      }
+      status = ddp_gloo_scatter(g, ddp_data(obuf), buf ? ddp_data(buf) : NULL, nbytes_of(obuf),
+                                w->root, err, peer);
+      ddp_tensor_release(buf);
+      ok = status == DDP_OK;
+      if (unstage(w->out, obuf, ok) && ok) goto core_failed;
+      return status;
+    case PG_ALLTOALL:
+      STAGE(buf, t, t->dtype, 1);
+      if ((status = stage(&obuf, w->out, w->out->dtype, 0))) {
+        ddp_tensor_release(buf);
+        goto staging_failed;
+      }
+      status = ddp_gloo_alltoall(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf) / (size_t)n,
+                                 err, peer);
+      ddp_tensor_release(buf);
+      ok = status == DDP_OK;
+      if (unstage(w->out, obuf, ok) && ok) goto core_failed;
+      return status;
+    case PG_SEND:
+    case PG_RECV:
+      STAGE(buf, t, t->dtype, w->kind == PG_SEND);
+      status = w->kind == PG_SEND
+                   ? ddp_gloo_post_send(g, ddp_data(buf), nbytes_of(buf), w->peer, w->tag, &w->p2p,
+                                        err, peer)
+                   : ddp_gloo_post_recv(g, ddp_data(buf), nbytes_of(buf), w->peer, w->tag, &w->p2p,
+                                        err, peer);
+      if (status) {
+        ddp_tensor_release(buf);
+        return status;
+      }
+      w->staged = buf;
+      return POSTED;
+    case PG_BARRIER:
+      return ddp_gloo_barrier(g, err, peer);
+    case PG_OP_COUNT:
+      break;
+  }
+#undef STAGE
+  snprintf(err, DDP_GLOO_ERR_CAP, "unknown work kind %d", (int)w->kind);
+  return DDP_ERR_STATE;
+
+staging_failed:
+core_failed:
+  core_err = (char *)ddp_last_error();
+  snprintf(err, DDP_GLOO_ERR_CAP, "%s", core_err);
+  *peer = -2; /* a local failure: the group stays usable */
+  return ddp_last_status() ? ddp_last_status() : DDP_ERR_MEMORY;
+}
+
+/* Record the failure of w (status, the shim's message, the peer at fault) and finish it. */
+static void fail_work(ddp_pg *pg, ddp_work *w, int status, const char *err, int peer) {
+  char msg[PG_MSG_CAP];
+  if (peer == -2) { /* staging (memory) failure on this rank */
+    snprintf(msg, sizeof msg, "%s on rank %d: %s", pg_op_names[w->kind], pg->global[pg->rank], err);
+  } else {
+    /* In a pair the peer at fault can only be the other rank. */
+    if (peer < 0 && pg->size == 2) peer = 1 - pg->rank;
+    describe_failure(pg, w, status, err, peer, msg);
+    /* Gloo's context is unusable after an exception: the group is broken for good. */
+    pg_break(pg, status, msg);
+  }
+  pg_work_finish(w, status, msg);
+}
+
+
+/* pg_queue.c's `run`: one item on the communication thread; 1 when it was posted (the
+ * point-to-point thread finishes it). */
+static int gloo_run(ddp_pg *pg, ddp_work *w) {
+  pthread_mutex_lock(&pg->lock);
+  double timeout_s = pg->timeout_s;
+  pthread_mutex_unlock(&pg->lock);
+  gloo_state *s = state(pg);
+  if (timeout_s != s->applied_timeout_s) { /* ddp_pg_set_timeout since the last item */
+    ddp_gloo_set_timeout(s->gloo, timeout_s);
+    s->applied_timeout_s = timeout_s;
+  }
+  char err[DDP_GLOO_ERR_CAP];
+  int peer = -1;
+  int status = run_transport(pg, w, err, &peer);
+  if (status == POSTED) {
+    pg_queue_post(pg, w);
+    return 1;
+  }
+  if (status == DDP_OK && write_back(w)) {
+    snprintf(err, sizeof err, "%s", ddp_last_error());
+    status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
+    peer = -2;
+  }
+  if (status == DDP_OK) pg_work_finish(w, DDP_OK, NULL);
+  else fail_work(pg, w, status, err, peer);
+  return 0;
+}
+
+/* pg_queue.c's `complete`: wait for a posted message (in posting order), finish its item. */
+static void gloo_complete(ddp_pg *pg, ddp_work *w) {
+  char err[DDP_GLOO_ERR_CAP];
+  int peer = -1;
+  int status = ddp_gloo_p2p_wait(w->p2p, err, &peer);
+  ddp_gloo_p2p_free(w->p2p);
+  w->p2p = NULL;
+  ddp_tensor *buf = w->staged;
+  w->staged = NULL;
+  if (w->kind == PG_RECV && status == DDP_OK && unstage(w->t, buf, 1)) {
+    snprintf(err, sizeof err, "%s", ddp_last_error());
+    status = ddp_last_status() ? ddp_last_status() : DDP_ERR_MEMORY;
+    peer = -2;
+  } else if (!(w->kind == PG_RECV && status == DDP_OK)) {
+    ddp_tensor_release(buf);
+  }
+  if (status == DDP_OK && write_back(w)) {
+    snprintf(err, sizeof err, "%s", ddp_last_error());
+    status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
+    peer = -2;
+  }
+  if (status == DDP_OK) pg_work_finish(w, DDP_OK, NULL);
+  else fail_work(pg, w, status, err, peer);
+}
+
+/* ---- submission ----------------------------------------------------------------------- */
+
+/* Note [gloo staging]: x (a device tensor, owned by the work) becomes a host tensor of the
+ * same shape and dtype (the values copied when `values`); the device tensor moves to *dev. */
+static int to_host(ddp_tensor **x, ddp_tensor **dev, int values) {
+  ddp_tensor *t = *x, *h = NULL;
+  if (!t || t->device == DDP_DEVICE_CPU) return DDP_OK;
+  DDP_TRY(ddp_tensor_empty(&h, t->ndim, t->shape, t->dtype, DDP_DEVICE_CPU));
+  if (values) {
+    ddp_tensor *alias = ddp_tensor_alias(t); /* detached: the copy records no graph */
+    int status = alias ? ddp_copy_(h, alias) : ddp_last_status();
+    ddp_tensor_release(alias);
+    if (status) {
+      ddp_tensor_release(h);
+      return status;
+    }
+  }
+  *dev = t;
+  *x = h;
+  return DDP_OK;
+}
+
+static int stage_to_host(ddp_work *w) {
+  const char *op = pg_op_names[w->kind];
+  int status = to_host(&w->t, &w->dev_t, w->kind != PG_RECV);
+  if (!status) status = to_host(&w->out, &w->dev_out, 0);
+  for (int i = 0; !status && i < w->nouts; i++) {
+    if (w->outs[i]->device == DDP_DEVICE_CPU) continue;
+    if (!w->dev_outs && !(w->dev_outs = calloc((size_t)w->nouts, sizeof *w->dev_outs)))
+      status = DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory", op);
+    if (!status) status = to_host(&w->outs[i], &w->dev_outs[i], 0);
+  }
+  if (status) ddp_error_prefix("%s (gloo backend, staging CUDA tensors through the host)", op);
+  return status;
+}
+
+static int gloo_enqueue(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
+  int status = stage_to_host(w);
+  if (status) {
+    w->refs = 1;
+    pg_work_unref(w);
+    return status;
+  }
+  return pg_queue_submit(handle, pg, w);
+}
+
+static void gloo_work_free(ddp_work *w) {
+  ddp_tensor_release(w->dev_t);
+  ddp_tensor_release(w->dev_out);
+  for (int i = 0; w->dev_outs && i < w->nouts; i++) ddp_tensor_release(w->dev_outs[i]);
+  free(w->dev_outs);
+}
+
+/* ---- groups --------------------------------------------------------------------------- */
+
+static void gloo_state_free(gloo_state *s) {
+  if (!s) return;
+  ddp_shm_free(s->shm);
+  ddp_gloo_free(s->gloo);
+  free(s);
+}
+
+/* Build a group: rendezvous, connect, sanity check, start the threads. `global` (size
+ * entries) is taken over. */
+static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
+                     const char *prefix, double timeout_s, int *global) {
+  ddp_pg *pg = pg_header_new(&pg_gloo_backend, store, rank, size, prefix, timeout_s, global,
+                             DDP_DEVICE_CPU);
+  if (!pg) return ddp_last_status();
+  gloo_state *s = calloc(1, sizeof *s);
+  if (!s) {
+    pg_header_free(pg);
+    DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: out of memory");
+  }
+  pg->impl = s;
+  s->applied_timeout_s = timeout_s;
+  pg_store_callbacks(&s->store_ops, store);
+
+  int status = pg_check_world_size(store, prefix, rank, size, global[rank]);
+  if (status) goto failed;
+
+  char host[256], err[DDP_GLOO_ERR_CAP];
+  const char *iface;
+  pg_pick_address(host, sizeof host, &iface);
+  status = ddp_gloo_new(&s->gloo, &s->store_ops, prefix, rank, size, iface ? NULL : host,
+                        iface, timeout_s, err);
+  if (status) {
+    int me = global[rank];
+    gloo_state_free(s);
+    pg_header_free(pg);
+    DDP_FAIL(status, "init_process_group: rank %d of %d could not connect the Gloo group '%s' "
+             "(%s %s): %s%s", me, size, prefix, iface ? "interface" : "address", iface ? iface : host, err,
+             status == DDP_ERR_TIMEOUT ? " [each rank sets the key '<group>/<its rank>' when "
+             "it reaches the rendezvous: the key named is the rank that never arrived]" : "");
+  }
+
+  /* Sanity all-reduce: every rank adds 1; the sum must be the world size. */
+  int64_t one = 1;
+  int peer = -1;
+  status = ddp_gloo_allreduce(s->gloo, &one, 1, DDP_I64, DDP_REDUCE_SUM, err, &peer);
+  if (status || one != size) {
+    int me = global[rank];
+    gloo_state_free(s);
+    pg_header_free(pg);
+    if (status)
+      DDP_FAIL(status, "init_process_group: the sanity all-reduce failed on rank %d: %s", me, err);
+    DDP_FAIL(DDP_ERR_STATE, "init_process_group: rank %d counts %lld ranks in the sanity "
+             "all-reduce but has world size %d: the ranks disagree on the world size", me,
+             (long long)one, size);
+  }
+
+  /* After the sanity all-reduce: every rank is connected, so the vote cannot split. */
+  status = ddp_shm_new(&s->shm, store, prefix, rank, size, global);
+  if (!status) status = pg_queue_start(pg, gloo_run, gloo_complete);
+  if (status) goto failed;
+  *out = pg;
+  return DDP_OK;
+
+failed:
+  gloo_state_free(s);
+  pg_header_free(pg);
+  return status;
+}
+
+int ddp_pg_new_gloo(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
+                    const char *prefix, double timeout_s) {
+  *out = NULL;
+  int *global = NULL;
+  DDP_TRY(pg_check_new(store, rank, world_size, &timeout_s, &global));
+  return pg_create(out, store, rank, world_size, prefix && *prefix ? prefix : "pg", timeout_s,
+                   global);
+}
+
+static int gloo_new_group(ddp_pg **out, ddp_pg *parent, int rank, int size, const char *prefix,
+                          int *global) {
+  return pg_create(out, parent->store, rank, size, prefix, parent->timeout_s, global);
+}
+
+static void gloo_free(ddp_pg *pg) {
+  pg_queue_stop(pg);
+  gloo_state_free(state(pg));
+  pg->impl = NULL;
+}
+
+const pg_backend pg_gloo_backend = {
+  .kind = PG_BACKEND_GLOO,
+  .enqueue = gloo_enqueue,
+  .wait = pg_queue_wait,
+  .synchronize = pg_queue_wait,
+  .is_completed = pg_queue_is_completed,
+  .work_free = gloo_work_free,
+  .new_group = gloo_new_group,
+  .free = gloo_free,
+};

@@ -1,0 +1,185 @@
+/* runtime/distributed/pg_internal.h: what the process-group files share (internal).
+ *
+ *   pg.c          the collective front doors: argument checks, work handles, group
+ *                 creation common to every backend, new_group, the getters; each call ends
+ *                 in its group's backend (pg_backend below)
+ *   pg_queue.c    the ordered communication thread and its FIFO queue (Note [collective
+ *                 order] in ddplua/pg.h) plus the thread that finishes posted
+ *                 point-to-point messages; used by backends that run collectives on the host
+ *   pg_gloo.c     backend "gloo": staging, the transport switch over the Gloo shim
+ *                 (gloo_shim.h, gloo_shim.cc) and the shared-memory all-reduce (pg_shm.h)
+ *   pg_nccl.c     backend "nccl": the host side of the plug-in's NCCL table (pg_nccl.h)
+ *   pg_store.c    the rendezvous: our store behind the shim's callbacks, the world-size check
+ *   pg_address.c  which address a rank binds and publishes
+ *
+ * Note [pg backend]: a backend is one static pg_backend table. The front doors check
+ * arguments, make the work item (holding its tensors), and hand it to `enqueue`; waiting,
+ * polling and freeing a work item go through the table the work item points at (static:
+ * valid after its group is gone). A new backend adds its file, its table, a PG_BACKEND_*
+ * entry (and name) and a constructor ddp_pg_new_<name> in ddplua/pg.h. */
+#ifndef DDP_PG_INTERNAL_H
+#define DDP_PG_INTERNAL_H
+
+#include <pthread.h>
+
+#include "core/core.h"
+
+enum { PG_MSG_CAP = 2048 };
+extern const double PG_DEFAULT_TIMEOUT_S;
+
+/* The collectives, as work items know them. */
+typedef enum {
+  PG_ALLREDUCE, PG_BROADCAST, PG_ALLGATHER, PG_ALLGATHER_LIST, PG_REDUCE_SCATTER, PG_REDUCE,
+  PG_GATHER, PG_SCATTER, PG_ALLTOALL, PG_SEND, PG_RECV, PG_BARRIER,
+  PG_OP_COUNT
+} pg_op;
+
+/* PyTorch's name of each collective (pg.c), used in every message. */
+extern const char *const pg_op_names[PG_OP_COUNT];
+
+typedef enum { PG_BACKEND_GLOO, PG_BACKEND_NCCL, PG_BACKEND_COUNT } pg_backend_kind;
+
+/* "gloo", "nccl" (pg.c): what ddp_pg_backend returns. */
+extern const char *const pg_backend_names[PG_BACKEND_COUNT];
+
+typedef struct pg_backend pg_backend;
+
+struct ddp_work {
+  int refs;                 /* the user's handle + the queue's; guarded by mu */
+  ddp_work *next;           /* queue link, guarded by the group's lock */
+  ddp_pg *pg;               /* valid while queued (ddp_pg_free drains the queue first) */
+  const pg_backend *backend;/* static: valid after the group is gone */
+  pg_op kind;
+  int op, root, peer, tag;
+  ddp_tensor *t;            /* the main tensor (in place / input), owned reference */
+  ddp_tensor *out;          /* output tensor where the op has one, owned */
+  ddp_tensor **outs;        /* all_gather list outputs, owned references */
+  int nouts;
+  double timeout_s;         /* default wait of ddp_work_wait */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done, status;         /* guarded by mu (host-side backends) */
+  char msg[PG_MSG_CAP];
+  /* backend gloo (pg_gloo.c) */
+  ddp_tensor *staged;       /* send/recv: the contiguous buffer in flight, owned */
+  struct ddp_gloo_p2p *p2p; /* send/recv: the posted message */
+  /* Note [gloo staging]: the device tensors t, out and outs stand for (owned; NULL where
+   * the tensor is on the CPU), written back from the host copies after the collective. */
+  ddp_tensor *dev_t, *dev_out, **dev_outs;
+  /* backend nccl (pg_nccl.c), Note [nccl work]: the event after the collective on the
+   * communication stream, and the table that frees it (the plug-in's, static). */
+  void *event;
+  const struct ddp_nccl_api *napi;
+};
+
+struct ddp_pg {
+  const pg_backend *backend;
+  void *impl;               /* the backend's own state */
+  int rank, size;
+  int *global;              /* (size) group rank -> global rank */
+  ddp_store *store;         /* not owned: the rendezvous of this group and its subgroups */
+  char *prefix;
+  int n_subgroups;          /* new_group calls made on this group: names their prefixes */
+  int device;               /* the device of the group's tensors (nccl), DDP_DEVICE_CPU */
+  double timeout_s;         /* guarded by lock */
+  pthread_mutex_t lock;     /* queue, stop, failure, timeout */
+  /* pg_queue.c: the communication thread and its queue */
+  int (*run)(ddp_pg *pg, ddp_work *w);       /* 1: posted, finished later by `complete` */
+  void (*complete)(ddp_pg *pg, ddp_work *w); /* on the point-to-point thread */
+  pthread_t thread;
+  pthread_cond_t cv;        /* with lock */
+  ddp_work *head, *tail;
+  int stop;
+  /* Point-to-point messages posted by the communication thread, waited for on a second
+   * thread so the queue never blocks on a peer that has not posted its side (irecv then
+   * send). */
+  pthread_t p2p_thread;
+  pthread_cond_t p2p_cv;    /* with lock */
+  ddp_work *p2p_head, *p2p_tail;
+  int p2p_stop;
+  int failed;               /* status of the first failure, 0 while healthy */
+  char failure[PG_MSG_CAP];
+};
+
+/* Note [pg backend]. Entries marked optional may be NULL. */
+struct pg_backend {
+  pg_backend_kind kind;
+  /* Take over w (which holds its references and one reference for the caller). handle
+   * non-NULL: start it and store it in *handle; NULL: finish it (as a blocking call) and
+   * drop the reference. On failure w is released and the error set. */
+  int (*enqueue)(ddp_work **handle, ddp_pg *pg, ddp_work *w);
+  /* ddp_work_wait, ddp_work_synchronize, ddp_work_is_completed of its work items. */
+  int (*wait)(ddp_work *w, double timeout_s);
+  int (*synchronize)(ddp_work *w, double timeout_s);
+  int (*is_completed)(ddp_work *w);
+  /* Optional: release what the backend added to w (its last reference is going). */
+  void (*work_free)(ddp_work *w);
+  /* Optional: the backend's own rules for a tensor argument (device, layout). */
+  int (*check_tensor)(const ddp_pg *pg, const ddp_tensor *t, const char *op, const char *arg);
+  /* A group of this backend over `global` (size entries, taken over either way) of which
+   * this rank is `rank`, meeting under `prefix` (new_group's subgroups). */
+  int (*new_group)(ddp_pg **out, ddp_pg *parent, int rank, int size, const char *prefix,
+                   int *global);
+  /* Optional: pg->timeout_s just changed. */
+  void (*set_timeout)(ddp_pg *pg, double timeout_s);
+  /* Optional: the first failure's message ("" while healthy); default: pg->failure. */
+  const char *(*error)(const ddp_pg *pg);
+  /* Stop and release the backend's state (impl); pg_header_free follows. */
+  void (*free)(ddp_pg *pg);
+};
+
+extern const pg_backend pg_gloo_backend;
+extern const pg_backend pg_nccl_backend;
+
+/* ---- pg.c: shared by the backends ---- */
+
+/* Check the arguments of a new top-level group (store, world size, rank), default the
+ * timeout, and make the identity map of global ranks. */
+int pg_check_new(struct ddp_store *store, int rank, int world_size, double *timeout_s,
+                 int **global);
+/* A group's header before any backend state is attached, or NULL with the error set
+ * (`global` is taken over either way). */
+ddp_pg *pg_header_new(const pg_backend *backend, struct ddp_store *store, int rank, int size,
+                      const char *prefix, double timeout_s, int *global, int device);
+void pg_header_free(ddp_pg *pg);
+/* Finish w with status (and msg when it failed), waking its waiters. */
+void pg_work_finish(ddp_work *w, int status, const char *msg);
+/* Drop one reference of w; the last one releases its tensors (and the backend's parts). */
+void pg_work_unref(ddp_work *w);
+/* Record the group's first failure (the group is broken for good afterwards). */
+void pg_break(ddp_pg *pg, int status, const char *msg);
+/* A contiguous row view (row `index` of rows shaped `shape`) of the contiguous buffer buf. */
+int pg_chunk_view(ddp_tensor **out, ddp_tensor *buf, int64_t index, int ndim,
+                  const int64_t *shape);
+
+/* ---- pg_queue.c ---- */
+
+/* Start the communication thread (running each item with `run`) and the point-to-point
+ * thread (finishing posted items with `complete`). */
+int pg_queue_start(ddp_pg *pg, int (*run)(ddp_pg *, ddp_work *),
+                   void (*complete)(ddp_pg *, ddp_work *));
+/* Queue w (Note [collective order]) and, for a blocking call (handle NULL), wait for it. */
+int pg_queue_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w);
+/* Hand w (its queue reference with it) to the point-to-point thread. */
+void pg_queue_post(ddp_pg *pg, ddp_work *w);
+/* Wait for / poll an item of the queue. */
+int pg_queue_wait(ddp_work *w, double timeout_s);
+int pg_queue_is_completed(ddp_work *w);
+/* Let the queue drain, then stop both threads. */
+void pg_queue_stop(ddp_pg *pg);
+
+/* ---- pg_store.c ---- */
+
+struct ddp_gloo_store;
+/* Our store behind the Gloo shim's callbacks (gloo_shim.h). */
+void pg_store_callbacks(struct ddp_gloo_store *ops, ddp_store *store);
+/* Every rank publishes its world size; ranks other than 0 compare theirs with rank 0's. */
+int pg_check_world_size(ddp_store *store, const char *prefix, int rank, int size, int me);
+
+/* ---- pg_address.c ---- */
+
+/* The address to bind and publish (ddplua/pg.h: ddp_pg_new_gloo): *iface non-NULL names an
+ * interface, else host (cap bytes) holds a host name or address. */
+void pg_pick_address(char *host, size_t cap, const char **iface);
+
+#endif /* DDP_PG_INTERNAL_H */

@@ -1,0 +1,280 @@
+/* runtime/distributed/pg_nccl.c: backend "nccl" of the process groups (Note [pg backend] in
+ * pg_internal.h), the host side of the CUDA plug-in's NCCL table (pg_nccl.h): no thread and
+ * no Gloo; each collective is enqueued from the calling thread on the communicator's
+ * stream and its work handle is the event recorded after it (Note [nccl work] in
+ * ddplua/pg.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distributed/pg_internal.h"
+#include "distributed/pg_nccl.h"
+
+/* The state of an nccl group (ddp_pg.impl). */
+typedef struct nccl_state {
+  const struct ddp_nccl_api *api; /* the plug-in's table (static) */
+  ddp_nccl_comm *comm;            /* this group's communicator */
+} nccl_state;
+
+static nccl_state *state(const ddp_pg *pg) { return (nccl_state *)pg->impl; }
+
+/* Note [nccl work]: the collective is enqueued at once from this thread (pg_nccl.h: the
+ * communication stream waits for the current stream first); every device tensor it uses is
+ * recorded on the communication stream so the caching allocator keeps its memory until the
+ * collective is done, even if the tensor is freed before. ddp_work_wait then makes the
+ * current stream wait for the work's event (torch's work.wait(): the host goes on); a
+ * blocking call does that before it returns, except barrier, which blocks the host (as
+ * PyTorch's). ddp_work_synchronize blocks the host, polling the communicator for errors. */
+static int nccl_enqueue(ddp_pg *pg, ddp_work *w) {
+  const struct ddp_nccl_api *N = state(pg)->api;
+  ddp_nccl_comm *c = state(pg)->comm;
+  ddp_tensor *t = w->t, *o = w->out;
+  void **ev = &w->event;
+  switch (w->kind) {
+    case PG_ALLREDUCE:
+      return N->all_reduce(c, ddp_data(t), (size_t)t->numel, t->dtype, w->op, ev);
+    case PG_BROADCAST:
+      return N->broadcast(c, ddp_data(t), (size_t)t->numel, t->dtype, w->root, ev);
+    case PG_ALLGATHER:
+      return N->all_gather(c, ddp_data(o), ddp_data(t), (size_t)t->numel, t->dtype, ev);
+    case PG_ALLGATHER_LIST: {
+      /* Into one (world, ...) buffer, then the rows into the list on the current stream. */
+      int64_t shape[DDP_MAX_DIMS + 1];
+      shape[0] = pg->size;
+      memcpy(shape + 1, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+      ddp_tensor *all = NULL;
+      DDP_TRY(ddp_tensor_empty(&all, t->ndim + 1, shape, t->dtype, pg->device));
+      int status = N->all_gather(c, ddp_data(all), ddp_data(t), (size_t)t->numel, t->dtype, ev);
+      if (!status) status = ddp_cuda_record_stream(all, (ddp_stream *)N->comm_stream(c));
+      if (!status) status = N->wait_stream(c, w->event);
+      for (int i = 0; i < pg->size && !status; i++) {
+        ddp_tensor *row = NULL;
+        status = pg_chunk_view(&row, all, i, t->ndim, t->shape);
+        if (!status) status = ddp_copy_(w->outs[i], row);
+        ddp_tensor_release(row);
+      }
+      ddp_tensor_release(all);
+      if (status) return status;
+      /* The handle now stands for the copies too: an event on the current stream. */
+      ddp_stream *cur = NULL;
+      ddp_event *e = NULL;
+      status = ddp_cuda_current_stream(&cur, pg->device);
+      if (!status) status = ddp_cuda_event_new(&e, pg->device, 0);
+      if (!status) status = ddp_cuda_event_record(e, cur);
+      if (status) {
+        ddp_cuda_event_free(e);
+        return status;
+      }
+      N->event_free(w->event);
+      w->event = e;
+      return DDP_OK;
+    }
+    case PG_REDUCE_SCATTER:
+      return N->reduce_scatter(c, ddp_data(o), ddp_data(t), (size_t)o->numel, t->dtype, w->op,
+                               ev);
+    case PG_REDUCE:
+      return N->reduce(c, ddp_data(t), (size_t)t->numel, t->dtype, w->op, w->root, ev);
+    case PG_GATHER:
+      return N->gather(c, o ? ddp_data(o) : NULL, ddp_data(t), (size_t)t->numel, t->dtype,
+                       w->root, ev);
+    case PG_SCATTER:
+      return N->scatter(c, ddp_data(o), t ? ddp_data(t) : NULL, (size_t)o->numel, o->dtype,
+                        w->root, ev);
+    case PG_ALLTOALL:
+      return N->all_to_all(c, ddp_data(o), ddp_data(t), (size_t)(t->numel / pg->size), t->dtype,
+                           ev);
+    case PG_SEND:
+      return N->send(c, ddp_data(t), (size_t)t->numel, t->dtype, w->peer, ev);
+    case PG_RECV:
+      return N->recv(c, ddp_data(t), (size_t)t->numel, t->dtype, w->peer, ev);
+    case PG_BARRIER:
+      return N->barrier(c, ev);
+    case PG_OP_COUNT:
+      break;
+  }
+  DDP_FAIL(DDP_ERR_STATE, "nccl: unknown work kind %d", (int)w->kind);
+}
+
+/* The backend's `enqueue`: no queue, the collective goes on the stream now. */
+static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
+  w->refs = 1; /* no queue: the caller's reference only */
+  w->napi = state(pg)->api;
+  w->timeout_s = pg->timeout_s;
+  int status = nccl_enqueue(pg, w);
+  ddp_stream *comm_stream = (ddp_stream *)state(pg)->api->comm_stream(state(pg)->comm);
+  if (!status && w->t) status = ddp_cuda_record_stream(w->t, comm_stream);
+  if (!status && w->out) status = ddp_cuda_record_stream(w->out, comm_stream);
+  if (status) {
+    ddp_error_prefix("%s on rank %d (nccl backend)", pg_op_names[w->kind], pg->global[pg->rank]);
+    pg_work_unref(w);
+    return status;
+  }
+  if (handle) {
+    *handle = w;
+    return DDP_OK;
+  }
+  status = w->kind == PG_BARRIER ? ddp_work_synchronize(w, 0) : ddp_work_wait(w, 0);
+  pg_work_unref(w);
+  return status;
+}
+
+
+/* ---- work handles ------------------------------------------------------------------------ */
+
+/* Name the collective, the rank and the backend in a failure's message. */
+static int nccl_prefix(ddp_work *w, int status) {
+  if (status)
+    ddp_error_prefix("%s on rank %d (nccl backend)", pg_op_names[w->kind], w->pg->global[w->pg->rank]);
+  return status;
+}
+
+static int nccl_synchronize(ddp_work *w, double timeout_s) {
+  if (timeout_s <= 0) timeout_s = w->timeout_s;
+  return nccl_prefix(w, w->napi->wait_host(state(w->pg)->comm, w->event, timeout_s));
+}
+
+/* Note [nccl work]: a known communicator failure first, then the stream. */
+static int nccl_wait(ddp_work *w, double timeout_s) {
+  int done = 0;
+  int status = w->napi->query(state(w->pg)->comm, w->event, &done);
+  if (!status && !done) status = w->napi->wait_stream(state(w->pg)->comm, w->event);
+  return nccl_prefix(w, status);
+}
+
+static int nccl_is_completed(ddp_work *w) {
+  int done = 0;
+  if (w->napi->query(state(w->pg)->comm, w->event, &done)) return 1; /* failed: finished */
+  return done;
+}
+
+static void nccl_work_free(ddp_work *w) {
+  if (w->event && w->napi) w->napi->event_free(w->event);
+}
+
+/* Contiguous tensors on the communicator's device (as PyTorch's ProcessGroupNCCL). */
+static int nccl_check_tensor(const ddp_pg *pg, const ddp_tensor *t, const char *op,
+                             const char *arg) {
+  if (t->device != pg->device)
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s is on %s but the nccl backend of this rank takes CUDA tensors "
+             "on %s (use the gloo backend for CPU tensors)", op, arg, ddp_device_str(t->device),
+             ddp_device_str(pg->device));
+  if (!ddp_tensor_is_contiguous(t))
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s must be contiguous for the nccl backend (call contiguous() "
+             "first)", op, arg);
+  return DDP_OK;
+}
+
+/* ---- groups ------------------------------------------------------------------------------ */
+
+static void nccl_free(ddp_pg *pg) { /* no threads: the communicator flushes its queued work */
+  nccl_state *s = state(pg);
+  if (s && s->comm) s->api->comm_destroy(s->comm);
+  free(s);
+  pg->impl = NULL;
+}
+
+/* Build an nccl group: the unique id goes from group rank 0 to the others through the store
+ * (key "<prefix>/nccl_id"), then every rank joins the communicator on `device`. `global` is
+ * taken over. */
+static int pg_create_nccl(ddp_pg **out, struct ddp_store *store, int rank, int size,
+                          const char *prefix, double timeout_s, int *global, int device,
+                          const struct ddp_nccl_api *nccl) {
+  ddp_pg *pg = pg_header_new(&pg_nccl_backend, store, rank, size, prefix, timeout_s, global,
+                             device);
+  if (!pg) return ddp_last_status();
+  nccl_state *s = calloc(1, sizeof *s);
+  if (!s) {
+    pg_header_free(pg);
+    DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: out of memory");
+  }
+  pg->impl = s;
+  s->api = nccl;
+  int me = global[rank];
+  int status = pg_check_world_size(store, prefix, rank, size, me);
+  if (status) {
+    ddp_pg_free(pg);
+    return status;
+  }
+  unsigned char id[DDP_NCCL_ID_BYTES];
+  char key[600];
+  snprintf(key, sizeof key, "%s/nccl_id", prefix);
+  if (rank == 0) {
+    status = nccl->get_unique_id(id);
+    if (!status) status = ddp_store_set(store, key, id, sizeof id);
+  } else {
+    void *v = NULL;
+    size_t n = 0;
+    status = ddp_store_get(store, key, &v, &n);
+    if (!status && n != sizeof id)
+      status = DDP_ERROR(DDP_ERR_STATE, "store key '%s' holds %zu bytes, not an NCCL unique id "
+                         "(%d bytes)", key, n, DDP_NCCL_ID_BYTES);
+    if (!status) memcpy(id, v, sizeof id);
+    ddp_store_free_value(v);
+  }
+  if (!status) status = nccl->comm_init(&s->comm, id, rank, size, device, timeout_s);
+  if (status) {
+    ddp_pg_free(pg);
+    ddp_error_prefix("init_process_group: rank %d of %d (nccl backend, %s, group '%s')", me, size,
+                     ddp_device_str(device), prefix);
+    return status;
+  }
+  *out = pg;
+  return DDP_OK;
+}
+
+int ddp_pg_new_nccl(ddp_pg **out, struct ddp_store *store, int rank, int world_size,
+                    const char *prefix, double timeout_s, int device) {
+  *out = NULL;
+  const char *why = NULL;
+  const struct ddp_nccl_api *nccl = ddp_device_nccl(&why);
+  if (!nccl) DDP_FAIL(DDP_ERR_UNAVAILABLE, "nccl backend: %s", why);
+  if (nccl->abi != DDP_NCCL_API_ABI)
+    DDP_FAIL(DDP_ERR_UNAVAILABLE, "nccl backend: the CUDA plug-in's NCCL table has interface %d, "
+             "want %d (rebuild the plug-in)", nccl->abi, DDP_NCCL_API_ABI);
+  if (device < 0)
+    DDP_FAIL(DDP_ERR_ARG, "nccl backend: needs a CUDA device, got %s", ddp_device_str(device));
+  DDP_TRY(ddp_check_device(device, "nccl backend"));
+  int *global = NULL;
+  DDP_TRY(pg_check_new(store, rank, world_size, &timeout_s, &global));
+  return pg_create_nccl(out, store, rank, world_size, prefix && *prefix ? prefix : "pg",
+                        timeout_s, global, device, nccl);
+}
+
+static int nccl_new_group(ddp_pg **out, ddp_pg *parent, int rank, int size, const char *prefix,
+                          int *global) {
+  return pg_create_nccl(out, parent->store, rank, size, prefix, parent->timeout_s, global,
+                        parent->device, state(parent)->api);
+}
+
+static void nccl_set_timeout(ddp_pg *pg, double timeout_s) {
+  if (state(pg)->comm) state(pg)->api->set_timeout(state(pg)->comm, timeout_s);
+}
+
+static const char *nccl_error(const ddp_pg *pg) {
+  return state(pg)->comm ? state(pg)->api->comm_error(state(pg)->comm) : "";
+}
+
+int ddp_pg_nccl_available(char *reason, size_t len) {
+  const char *why = NULL;
+  const struct ddp_nccl_api *nccl = ddp_device_nccl(&why);
+  if (nccl && nccl->abi != DDP_NCCL_API_ABI) {
+    nccl = NULL;
+    why = "the CUDA plug-in's NCCL table has another interface version";
+  }
+  if (reason && len) snprintf(reason, len, "%s", nccl ? "" : why);
+  return nccl != NULL;
+}
+
+const pg_backend pg_nccl_backend = {
+  .kind = PG_BACKEND_NCCL,
+  .enqueue = nccl_submit,
+  .wait = nccl_wait,
+  .synchronize = nccl_synchronize,
+  .is_completed = nccl_is_completed,
+  .work_free = nccl_work_free,
+  .check_tensor = nccl_check_tensor,
+  .new_group = nccl_new_group,
+  .set_timeout = nccl_set_timeout,
+  .error = nccl_error,
+  .free = nccl_free,
+};
