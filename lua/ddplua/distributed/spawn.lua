@@ -102,7 +102,7 @@ function Context:_release()
   if not procs then return end
   self.procs = nil
   C.ddp_procs_stop(procs)
-  C.ddp_procs_free(ffi.gc(procs, nil))
+  C.ddp_procs_free(procs)
 end
 
 --- ctx:join(timeout): wait up to `timeout` seconds (nil: until the end) for the children.
@@ -167,7 +167,9 @@ local function spawn(fn, nprocs, opts)
   })
   local box = ffi.new("ddp_procs*[1]")
   if C.ddp_procs_new(box, cfg) ~= 0 then error(last_error(), 2) end
-  local procs = ffi.gc(box[0], C.ddp_procs_free)
+  -- No ffi.gc: a context dropped without join leaves its children running, as before; the
+  -- group is freed by join.
+  local procs = box[0]
   local ctx = setmetatable({ procs = procs, pids = {} }, Context)
   for k, v in pairs(opts.env or {}) do
     if C.ddp_procs_add_env(procs, tostring(k), tostring(v)) ~= 0 then error(last_error(), 2) end
