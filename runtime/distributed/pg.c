@@ -13,26 +13,23 @@
 
 const double PG_DEFAULT_TIMEOUT_S = 300.0;
 
-const char *const pg_op_names[PG_OP_COUNT] = {
-  [PG_ALLREDUCE] = "all_reduce", [PG_BROADCAST] = "broadcast", [PG_ALLGATHER] = "all_gather",
-  [PG_ALLGATHER_LIST] = "all_gather", [PG_REDUCE_SCATTER] = "reduce_scatter",
-  [PG_REDUCE] = "reduce", [PG_GATHER] = "gather", [PG_SCATTER] = "scatter",
-  [PG_ALLTOALL] = "all_to_all", [PG_SEND] = "send", [PG_RECV] = "recv",
-  [PG_BARRIER] = "barrier"};
+/* Note [pinned names]: each name table lists its names in enum order, without designators,
+ * and is sized by its initializer, so the _Static_assert on the count fails to compile
+ * when an enum value is added or removed without its name. */
+const char *const pg_op_names[] = {
+  "all_reduce", "broadcast", "all_gather", "all_gather" /* list form */, "reduce_scatter",
+  "reduce", "gather", "scatter", "all_to_all", "send", "recv", "barrier"};
 _Static_assert(sizeof pg_op_names / sizeof pg_op_names[0] == PG_OP_COUNT,
-               "pg_op_names: one name per pg_op");
+               "pg_op_names: one name per pg_op, in enum order");
 
-const char *const pg_backend_names[PG_BACKEND_COUNT] = {[PG_BACKEND_GLOO] = "gloo",
-                                                        [PG_BACKEND_NCCL] = "nccl"};
+const char *const pg_backend_names[] = {"gloo", "nccl"};
 _Static_assert(sizeof pg_backend_names / sizeof pg_backend_names[0] == PG_BACKEND_COUNT,
-               "pg_backend_names: one name per pg_backend_kind");
+               "pg_backend_names: one name per pg_backend_kind, in enum order");
 
 /* The names ddplua.distributed takes (op = "sum", ...), as torch.distributed.ReduceOp. */
-static const char *const reduce_op_names[DDP_REDUCE_OP_COUNT] = {
-  [DDP_REDUCE_SUM] = "sum", [DDP_REDUCE_AVG] = "avg", [DDP_REDUCE_MIN] = "min",
-  [DDP_REDUCE_MAX] = "max", [DDP_REDUCE_PRODUCT] = "product"};
+static const char *const reduce_op_names[] = {"sum", "avg", "min", "max", "product"};
 _Static_assert(sizeof reduce_op_names / sizeof reduce_op_names[0] == DDP_REDUCE_OP_COUNT,
-               "reduce_op_names: one name per enum ddp_reduce_op");
+               "reduce_op_names: one name per enum ddp_reduce_op, in enum order");
 
 const char *ddp_reduce_op_name(int op) {
   return op >= 0 && op < DDP_REDUCE_OP_COUNT ? reduce_op_names[op] : NULL;

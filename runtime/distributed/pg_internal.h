@@ -34,13 +34,13 @@ typedef enum {
   PG_OP_COUNT
 } pg_op;
 
-/* PyTorch's name of each collective (pg.c), used in every message. */
-extern const char *const pg_op_names[PG_OP_COUNT];
+/* PyTorch's name of each collective (pg.c, Note [pinned names]), used in every message. */
+extern const char *const pg_op_names[];
 
 typedef enum { PG_BACKEND_GLOO, PG_BACKEND_NCCL, PG_BACKEND_COUNT } pg_backend_kind;
 
-/* "gloo", "nccl" (pg.c): what ddp_pg_backend returns. */
-extern const char *const pg_backend_names[PG_BACKEND_COUNT];
+/* "gloo", "nccl" (pg.c, Note [pinned names]): what ddp_pg_backend returns. */
+extern const char *const pg_backend_names[];
 
 typedef struct pg_backend pg_backend;
 
