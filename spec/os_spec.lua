@@ -1,5 +1,6 @@
 -- Specs for ddplua.os (runtime/core/os.c through the FFI): the monotonic clock, isatty,
--- mkdir -p and its errors, resource usage, byte comparison.
+-- mkdir -p and its errors, resource usage, byte comparison; and that Lua code keeps no libc
+-- declarations of its own (everything from the OS comes through ddplua.h).
 local os_ = require "ddplua.os"
 local clock = require "ddplua.clock"
 local lib = require "ddplua.lib"
@@ -59,5 +60,27 @@ describe("ddplua.os", function()
     assert.is_false(os_.bytes_equal(a, b, 4))
     assert.is_true(os_.bytes_equal(a, b, 2))
     assert.is_true(os_.bytes_equal(a, b, 0))
+  end)
+end)
+
+describe("Lua code and libc", function()
+  -- The generated cdef of ddplua.h is the one ffi.cdef of the front end. bench/ops.lua
+  -- declares OpenBLAS's sgemm (the reference it measures against, not libc).
+  -- lua/ddplua/distributed/spawn.lua still declares process calls until the process
+  -- supervision API lands (issue 9, part 5).
+  local allowed = { ["lua/ddplua/lib.lua"] = true, ["bench/ops.lua"] = true,
+    ["lua/ddplua/distributed/spawn.lua"] = true }
+
+  it("declares no libc functions outside ddplua.h", function()
+    local p = io.popen("find lua bench examples train.lua -name '*.lua' 2>/dev/null")
+    local offenders = {}
+    for path in p:lines() do
+      if not allowed[path] then
+        local s = files.read(path)
+        if s:find("ffi%.cdef") or s:find("ffi%.C%.") then offenders[#offenders + 1] = path end
+      end
+    end
+    p:close()
+    assert.are.same({}, offenders)
   end)
 end)
