@@ -11,7 +11,6 @@ local dl = require "ddplua"
 local data = require "ddplua.data"
 local optim = require "ddplua.optim"
 local clock = require "ddplua.clock"
-local ffi = require "ffi"
 
 local model_name, threads, steps, warmup = "cnn", 1, 200, 20
 for i = 1, #arg do
@@ -51,14 +50,9 @@ end
 local seconds = clock.now() - t0
 loader:close()
 
-pcall(ffi.cdef, [[
-  struct bench_rusage { long utime[2]; long stime[2]; long maxrss; long rest[13]; };
-  int getrusage(int who, struct bench_rusage *usage);
-]])
-local ru = ffi.new("struct bench_rusage")
-ffi.C.getrusage(0, ru)
+local peak_rss = require("ddplua.os").resource_usage().peak_rss_bytes
 if not dist or dist.get_rank() == 0 then
   print(("model=%s threads=%d samples_per_s=%.1f peak_rss_mb=%.1f"):format(model_name, threads,
-    world * steps * 64 / seconds, tonumber(ru.maxrss) / 1024))
+    world * steps * 64 / seconds, peak_rss / 2^20))
 end
 if dist then dist.destroy_process_group() end

@@ -1,17 +1,11 @@
 --- ddplua.clock: a monotonic clock (seconds) and a median-of-runs timer (benchmarks, logs).
-local ffi = require "ffi"
-pcall(ffi.cdef, [[ /* ddplua.clock */
-  typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
-  int clock_gettime(int clk, bench_timespec *ts);
-]])
-local ts = ffi.new("bench_timespec")
+local C = require("ddplua.lib").C
 
 local M = {}
 
---- Seconds from a monotonic clock (CLOCK_MONOTONIC).
+--- Seconds from a monotonic clock (CLOCK_MONOTONIC, through ddp_os_monotonic_seconds).
 function M.now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+  return C.ddp_os_monotonic_seconds()
 end
 
 --- Median time in seconds of one call of fn, over `runs` runs of `reps` calls each (after

@@ -370,6 +370,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/reducer.h"
 #include "ddplua/process.h"
 #include "ddplua/cuda.h"
+#include "ddplua/os.h"
 
 #ifdef __cplusplus
 }

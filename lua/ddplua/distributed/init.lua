@@ -549,6 +549,23 @@ function M.reduce_tensor(t, opts)
   return r
 end
 
+--- dist.sum_over_ranks(values, opts) -> a new list: element i is the sum of values[i] over
+-- the ranks of opts.group (default: the world). values: a Lua list of numbers (metric sums:
+-- loss, correct, count), reduced in f64, so counts below 2^53 stay exact. opts.device: where
+-- the reduction runs ("cpu", "cuda:k"); default the current CUDA device on an nccl group
+-- (nccl takes device tensors only), else "cpu". Raises as all_reduce.
+function M.sum_over_ranks(values, opts)
+  local g = group_of(opts, "sum_over_ranks")
+  local device = opts and opts.device
+  if device == nil then
+    local dl = require "ddplua"
+    device = g.backend == "nccl" and ("cuda:" .. dl.cuda.current_device()) or "cpu"
+  end
+  local t = require("ddplua").tensor(values, { dtype = "f64", device = device })
+  M.all_reduce(t, { group = opts and opts.group })
+  return t:tolist()
+end
+
 --- dist.generator_for_rank(seed) -> a dl.Generator seeded seed + rank (rank 0 when not
 -- initialised): independent random streams per rank (dropout, augmentation).
 function M.generator_for_rank(seed)

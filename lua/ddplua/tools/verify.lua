@@ -19,8 +19,6 @@ local ffi, C = lib.ffi, lib.C
 
 local M = {}
 
-pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
-
 local USAGE = "usage: ddplua verify A.safetensors B.safetensors ... [--atol X] [--quiet]"
 
 local function usage_error(msg)
@@ -43,7 +41,7 @@ local function bitwise_equal(a, b)
   a, b = a:contiguous(), b:contiguous()
   local nbytes = C.ddp_tensor_numel(a) * C.ddp_dtype_size(C.ddp_tensor_dtype(a))
   if nbytes == 0 then return true end
-  return ffi.C.memcmp(C.ddp_tensor_data(a), C.ddp_tensor_data(b), nbytes) == 0
+  return C.ddp_os_bytes_equal(C.ddp_tensor_data(a), C.ddp_tensor_data(b), nbytes) == 1
 end
 
 --- M.max_abs_diff(a, b) -> d, nan_mismatch: the largest |a - b| over elements of two tensors

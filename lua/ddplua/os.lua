@@ -1,0 +1,47 @@
+--- ddplua.os: the operating-system services Lua code needs (a monotonic clock, terminals,
+-- folders, resource usage), through the runtime's C API (runtime/include/ddplua/os.h)
+-- rather than libc declarations of its own.
+--
+--   local os_ = require "ddplua.os"
+--   local t0 = os_.monotonic()                 -- seconds
+--   if os_.isatty(1) then ... end              -- stdout is a terminal
+--   os_.mkdir_p("runs/x/checkpoints")          -- raises naming the component and the reason
+--   print(os_.resource_usage().peak_rss_bytes)
+local lib = require "ddplua.lib"
+local ffi, C = lib.ffi, lib.C
+
+local M = {}
+
+--- Seconds from a monotonic clock (CLOCK_MONOTONIC), as a number; for intervals only.
+function M.monotonic()
+  return C.ddp_os_monotonic_seconds()
+end
+
+--- true when file descriptor fd (0 stdin, 1 stdout, 2 stderr; default 1) is a terminal.
+function M.isatty(fd)
+  return C.ddp_os_isatty(fd or 1) == 1
+end
+
+--- Create folder `path` and its missing parents (`mkdir -p`); an existing folder is fine.
+-- Raises at the caller's line "mkdir -p '<path>': cannot create '<part>': <reason>".
+function M.mkdir_p(path)
+  if type(path) ~= "string" then lib.raise("mkdir_p: path must be a string, got " .. type(path)) end
+  lib.check(C.ddp_os_mkdir_p(path))
+end
+
+local ru = ffi.new("ddp_os_rusage")
+
+--- The process's resource usage so far: a table {peak_rss_bytes = bytes (number),
+-- user_seconds = s, system_seconds = s} (CPU seconds summed over threads).
+function M.resource_usage()
+  lib.check(C.ddp_os_resource_usage(ru))
+  return { peak_rss_bytes = tonumber(ru.peak_rss_bytes), user_seconds = ru.user_seconds,
+    system_seconds = ru.system_seconds }
+end
+
+--- true when the n bytes at pointers a and b are equal (memcmp); n = 0 gives true.
+function M.bytes_equal(a, b, n)
+  return C.ddp_os_bytes_equal(a, b, n) == 1
+end
+
+return M

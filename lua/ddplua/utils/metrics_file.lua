@@ -1,0 +1,68 @@
+--- ddplua.utils.metrics_file: a CSV file of metrics, one row per call (per epoch, say),
+-- kept whole on disk at every moment: each row rewrites the file through a temporary file
+-- renamed over it, so a reader (a plot, a crashed run's post-mortem) never sees half a row.
+--
+--   local MetricsFile = require "ddplua.utils.metrics_file"
+--   local m = MetricsFile.open("runs/x/metrics.csv",
+--     { { "epoch", "%d" }, { "lr", "%.6g" }, { "train_loss", "%.6f" } }, { append = resumed })
+--   m:write { epoch = 1, lr = 0.05, train_loss = 0.61 }
+--   m:close()
+local MetricsFile = {}
+MetricsFile.__index = MetricsFile
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+--- MetricsFile.open(path, columns, {append = bool}) -> a metrics file. columns: a list of
+-- {name, format} pairs (string.format formats, e.g. "%d", "%.6f"). A new file (append
+-- false, or no file or an empty one yet) starts with the header line of the names;
+-- append = true keeps the rows already there (a resumed run). Raises when the file
+-- cannot be written, naming it and the reason.
+function MetricsFile.open(path, columns, opts)
+  local self = setmetatable({ path = path, columns = columns }, MetricsFile)
+  local old = opts and opts.append and read(path)
+  if old and old ~= "" then
+    self.text = old
+  else
+    local names = {}
+    for i, c in ipairs(columns) do names[i] = c[1] end
+    self.text = table.concat(names, ",") .. "\n"
+  end
+  self:flush()
+  return self
+end
+
+--- m:write(row): append one row; row maps each column name to its value (a missing value
+-- raises naming the column). The file on disk is replaced atomically (rename).
+function MetricsFile:write(row)
+  local cells = {}
+  for i, c in ipairs(self.columns) do
+    local v = row[c[1]]
+    if v == nil then error(("metrics_file: no value for column '%s'"):format(c[1]), 2) end
+    cells[i] = c[2]:format(v)
+  end
+  self.text = self.text .. table.concat(cells, ",") .. "\n"
+  self:flush()
+end
+
+--- m:flush(): write the whole text to <path>.tmp and rename it over path.
+function MetricsFile:flush()
+  local tmp = self.path .. ".tmp"
+  local f, err = io.open(tmp, "wb")
+  if not f then error("metrics_file: cannot write " .. tostring(err), 0) end
+  f:write(self.text)
+  f:close()
+  local ok, rerr = os.rename(tmp, self.path)
+  if not ok then error("metrics_file: cannot rename " .. tmp .. " to " .. self.path .. ": " .. tostring(rerr), 0) end
+end
+
+--- m:close(): nothing is left to write (every row is on disk); present so a metrics file
+-- reads like any other file.
+function MetricsFile:close() end
+
+return MetricsFile

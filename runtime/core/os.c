@@ -1,0 +1,65 @@
+/* runtime/core/os.c: the OS services of ddplua/os.h (clock, terminals, folders, resource
+ * usage, byte comparison). Core is the bottom layer: this file includes libc/POSIX headers
+ * and core/core.h only. */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/core.h"
+
+double ddp_os_monotonic_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int ddp_os_isatty(int fd) { return isatty(fd) == 1; }
+
+// Make one folder; an existing folder counts as made (another process may race us to it).
+static int make_one(const char *dir) {
+  if (mkdir(dir, 0777) == 0) return 0;
+  int err = errno;
+  struct stat st;
+  if (err == EEXIST && stat(dir, &st) == 0) return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+  return err;
+}
+
+int ddp_os_mkdir_p(const char *path) {
+  if (!path || !path[0]) DDP_FAIL(DDP_ERR_ARG, "mkdir -p: the path is empty");
+  size_t n = strlen(path);
+  char *buf = malloc(n + 1);
+  if (!buf) DDP_FAIL(DDP_ERR_MEMORY, "mkdir -p '%s': out of memory", path);
+  memcpy(buf, path, n + 1);
+  // Each parent in turn: cut the path at every '/' after the first character.
+  for (size_t i = 1; i <= n; i++) {
+    if (i < n && buf[i] != '/') continue;
+    if (buf[i - 1] == '/') continue; // "a//b": the empty component is the same folder
+    char saved = buf[i];
+    buf[i] = 0;
+    int err = make_one(buf);
+    if (err) {
+      int status = ddp_fail_at(__FILE__, __LINE__, DDP_ERR_IO, "mkdir -p '%s': cannot create '%s': %s",
+                               path, buf, strerror(err));
+      free(buf);
+      return status;
+    }
+    buf[i] = saved;
+  }
+  free(buf);
+  return DDP_OK;
+}
+
+int ddp_os_resource_usage(ddp_os_rusage *out) {
+  if (!out) DDP_FAIL(DDP_ERR_ARG, "resource_usage: out is NULL");
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) DDP_FAIL(DDP_ERR_IO, "resource_usage: getrusage failed: %s", strerror(errno));
+  out->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024; // Linux reports kilobytes
+  out->user_seconds = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6;
+  out->system_seconds = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+  return DDP_OK;
+}
+
+int ddp_os_bytes_equal(const void *a, const void *b, size_t n) { return n == 0 || memcmp(a, b, n) == 0; }
