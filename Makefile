@@ -57,7 +57,7 @@ CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
 LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lz -lm -ldl -pthread
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
-LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
+LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
                  runtime/autograd/*.c runtime/io/*.c runtime/dist/*.c))
 LIB_CC_SRCS := $(sort $(wildcard runtime/dist/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)

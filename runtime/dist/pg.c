@@ -6,7 +6,7 @@
  *
  * Backend "nccl" (ddp_pg_new_nccl): no thread and no Gloo; each collective is enqueued from
  * the calling thread on the communicator's stream through the plug-in's NCCL table
- * (pg_nccl.h) and its work handle is the event recorded after it (Note [nccl work]).
+ * (backend/cuda/nccl_api.h) and its work handle is the event recorded after it (Note [nccl work]).
  *
  * Note [gloo staging]: the gloo backend given CUDA tensors runs the collective on host
  * copies, as PyTorch's ProcessGroupGloo does for CUDA tensors: inputs are copied to the host
@@ -23,7 +23,7 @@
 
 #include "core/core.h"
 #include "dist/gloo_shim.h"
-#include "dist/pg_nccl.h"
+#include "backend/cuda/nccl_api.h"
 #include "dist/pg_shm.h"
 
 enum { MSG_CAP = 2048 };
@@ -1038,7 +1038,7 @@ static int stage_to_host(ddp_work *w) {
   return status;
 }
 
-/* Note [nccl work]: the collective is enqueued at once from this thread (pg_nccl.h: the
+/* Note [nccl work]: the collective is enqueued at once from this thread (backend/cuda/nccl_api.h: the
  * communication stream waits for the current stream first); every device tensor it uses is
  * recorded on the communication stream so the caching allocator keeps its memory until the
  * collective is done, even if the tensor is freed before. ddp_work_wait then makes the
