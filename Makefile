@@ -6,7 +6,10 @@
 #   make deps       install the Debian packages the build and the specs need (apt-get; sudo
 #                   when not root); does nothing when they are all present
 #   make config     print what was found, one ✓ or ✗ line each
-#   make test       deps + build + every spec under busted/LuaJIT (ends with "N passed, N failed")
+#   make test       deps + build + the layer check + every spec under busted/LuaJIT (ends with
+#                   "N passed, N failed")
+#   make layers     the layer check alone: the #include lines of runtime/ against the layer
+#                   rules (Note [layers] in tools/check_layers.lua); no compiling
 #   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
 #                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md
@@ -57,7 +60,7 @@ CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
 LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lz -lm -ldl -pthread
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
-LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
+LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
                  runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
 LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
@@ -93,7 +96,7 @@ ifeq ($(HAVE_NVCC),1)
   endif
 endif
 
-.PHONY: all lib deps config test train bench clean
+.PHONY: all lib deps config layers test train bench clean
 all: $(TARGETS)
 
 # The runtime library and its cdef only (what the specs load).
@@ -181,8 +184,12 @@ ifneq ($(SANITIZE),)
                 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 endif
 
+layers:
+	luajit tools/check_layers.lua
+
 test: deps
 	@$(MAKE) --no-print-directory all
+	luajit tools/check_layers.lua
 	$(BUSTED_ENV) busted -o spec/helpers/ci_output.lua spec
 
 train: deps

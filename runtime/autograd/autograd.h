@@ -1,4 +1,7 @@
-/* runtime/autograd/autograd.h: the tape as ops see it.
+/* runtime/autograd/autograd.h: the tape as ops see it. This header and node.c are the tape
+ * layer, below the ops (which record nodes) and above the core and backend; the backward
+ * engine (engine.c) sits above the ops, whose front doors it calls to sum gradients. The
+ * tape includes only the core (tools/check_layers.lua checks it).
  *
  * How an op records itself (the pattern every front door in runtime/ops follows):
  *
@@ -100,9 +103,6 @@ int ddp_autograd_record_unary(ddp_tensor **out, ddp_tensor *input, const char *n
 void ddp_node_retain(ddp_node *node);
 void ddp_node_release(ddp_node *node);
 
-/* Called when tensor t is cleared: drop a retain_grad link from fn to t. */
-void ddp_autograd_forget_tensor(ddp_tensor *t, ddp_node *fn);
-
 /* Run t's post-accumulate hooks. */
 void ddp_hooks_run(ddp_tensor *t);
 
@@ -111,9 +111,5 @@ void ddp_node_release_saved(ddp_node *n);
 
 /* Free a hook list (NULL ok). */
 void ddp_hooks_free(ddp_tensor_hooks *hooks);
-
-/* Reduce grad (broadcast shape) by summing to (ndim, shape): the backward of broadcasting.
- * Returns a new tensor (or grad itself with a new reference when the shapes match). */
-int ddp_sum_to_shape(ddp_tensor **out, ddp_tensor *grad, int ndim, const int64_t *shape);
 
 #endif /* DDP_AUTOGRAD_H */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
+#include "ops/copy.h"
 
 typedef struct {
   ddp_node **items;

@@ -1,5 +1,6 @@
 /* runtime/autograd/node.c: nodes of the tape, saved tensors, grad mode, tensor-level
- * autograd accessors and post-accumulate hooks. */
+ * autograd accessors (set_data's leaf rules included) and post-accumulate hooks. The tape
+ * layer: it uses the core only (see tools/check_layers.lua). */
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
@@ -154,8 +155,17 @@ void ddp_node_release(ddp_node *node) {
   free(stack);
 }
 
-void ddp_autograd_forget_tensor(ddp_tensor *t, ddp_node *fn) {
+/* What a cleared tensor held of autograd's (Note [autograd release hook] in core.h): the
+ * retain_grad link from its node, its node reference and its hook list. */
+static void release_tensor_autograd(ddp_tensor *t, ddp_node *fn, ddp_tensor_hooks *hooks) {
   if (fn && fn->retain_target == t) fn->retain_target = NULL;
+  ddp_hooks_free(hooks);
+  ddp_node_release(fn);
+}
+
+/* At load: before any node or hook exists, so no tensor can hold one the core cannot free. */
+__attribute__((constructor)) static void register_release_hook(void) {
+  ddp_autograd_release_hook_set(release_tensor_autograd);
 }
 
 /* ---- tensor-level accessors --------------------------------------------------------- */
@@ -212,6 +222,19 @@ int ddp_tensor_retain_grad(ddp_tensor *t) {
     t->retains_grad = 1;
     t->grad_fn->retain_target = t;
   }
+  return DDP_OK;
+}
+
+int ddp_tensor_set_data(ddp_tensor *t, const ddp_tensor *src) {
+  DDP_TRY(ddp_check_alive(t, "set_data", "self"));
+  DDP_TRY(ddp_check_alive(src, "set_data", "src"));
+  if (t->grad_fn)
+    DDP_FAIL(DDP_ERR_ARG, "set_data: self is not a leaf (it was computed by %s); only leaves "
+             "(parameters, buffers) can take other data", t->grad_fn->name);
+  if (t->requires_grad && !ddp_dtype_is_floating(src->dtype))
+    DDP_FAIL(DDP_ERR_ARG, "set_data: self requires grad and src has dtype %s; only floating "
+             "tensors can require gradients", ddp_dtype_name(src->dtype));
+  ddp_tensor_set_data_raw(t, src);
   return DDP_OK;
 }
 

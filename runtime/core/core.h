@@ -11,8 +11,8 @@
 
 #include "ddplua.h"
 
-typedef struct ddp_node ddp_node;           /* autograd node, runtime/autograd/autograd.h */
-typedef struct ddp_tensor_hooks ddp_tensor_hooks;
+typedef struct ddp_node ddp_node;           /* autograd node: opaque to the core */
+typedef struct ddp_tensor_hooks ddp_tensor_hooks; /* autograd's hook list: opaque too */
 
 /* ---- errors ------------------------------------------------------------------------- */
 
@@ -134,22 +134,72 @@ int ddp_check_affine_args(const char *op, ddp_tensor *input, ddp_tensor *weight,
                           ddp_tensor *bias);
 
 /* ---- device memory (runtime/core/device.c) --------------------------------------------
- * Thin wrappers over the plug-in's table that record a DDP error on failure. Host memory
+ * Note [device interface]: the core knows devices only through this table, which the
+ * backend fills in when the library loads (runtime/backend/registry.c registers it from a
+ * constructor; the CUDA plug-in itself is opened lazily, on the first call that needs a
+ * device). The core never includes a backend header: a device is memory that can be
+ * allocated, freed, set and copied, and a count. With no table registered there is no
+ * device ("no device backend is registered"). */
+struct ddp_nccl_api;
+typedef struct ddp_device_interface {
+  /* Usable devices (loading the plug-in on the first call); 0 with *reason saying why
+   * when there are none. Never records an error. */
+  int (*count)(const char **reason);
+  /* Each entry records a DDP error on failure; `device` is a CUDA ordinal. */
+  int (*alloc)(void **out, int device, size_t nbytes);
+  void (*free)(void *p);
+  int (*host_alloc)(void **out, size_t nbytes); /* page-locked host memory */
+  void (*host_free)(void *p);
+  int (*memset)(void *dst, int device, int byte, size_t nbytes);
+  /* A device of DDP_DEVICE_CPU means host memory; async as ddp_device_memcpy_async. */
+  int (*memcpy)(void *dst, int dst_device, const void *src, int src_device, size_t nbytes,
+                int async);
+  /* The plug-in's NCCL table, or NULL with *why saying why (see ddp_device_nccl). */
+  const struct ddp_nccl_api *(*nccl)(const char **why);
+} ddp_device_interface;
+
+/* Register the device table (NULL: none). Called once at load by the backend. */
+void ddp_device_interface_set(const ddp_device_interface *iface);
+
+/* Wrappers over the table that record a DDP error on failure. Host memory
  * (DDP_DEVICE_CPU) is handled too, so callers need no branch. */
 int ddp_device_alloc(void **out, int device, size_t nbytes);
 void ddp_device_free(void *p);
+int ddp_pinned_alloc(void **out, size_t nbytes, const char *op);
 void ddp_pinned_free(void *p);
 int ddp_device_memset(void *dst, int device, int byte, size_t nbytes, const char *op);
 /* Copy nbytes between devices (DDP_DEVICE_CPU for host memory) and wait for the copy;
  * errors name `op`. Host to host is a memcpy. */
 int ddp_device_memcpy(void *dst, int dst_device, const void *src, int src_device,
                       size_t nbytes, const char *op);
+/* As ddp_device_memcpy, but with async 1 the call may return before the copy finished
+ * (the host side must be pinned and stay alive until the device's stream reaches it). */
+int ddp_device_memcpy_async(void *dst, int dst_device, const void *src, int src_device,
+                            size_t nbytes, int async, const char *op);
 
-/* The NCCL table of the loaded CUDA plug-in (runtime/distributed/pg_nccl.h; for the process
- * groups). NULL when CUDA is not available (*why: "CUDA is not available: <reason>") or the
- * plug-in has no NCCL (*why says so; the simulated device has none). */
-struct ddp_nccl_api;
+/* The NCCL table of the loaded CUDA plug-in (runtime/backend/cuda/nccl_api.h; for the
+ * process groups). NULL when CUDA is not available (*why: "CUDA is not available:
+ * <reason>") or the plug-in has no NCCL (*why says so; the simulated device has none). */
 const struct ddp_nccl_api *ddp_device_nccl(const char **why);
+
+/* A contiguous CPU tensor in page-locked memory from the device table (pin_memory's
+ * storage); uninitialised. DDP_ERR_UNAVAILABLE naming `op` without a device. */
+int ddp_tensor_empty_pinned(ddp_tensor **out, int ndim, const int64_t *shape, int dtype,
+                            const char *op);
+
+/* A tensor sharing src's storage and geometry, written into t (t's old storage is
+ * released; its grad is dropped when it no longer fits). No autograd checks: those are
+ * ddp_tensor_set_data's (runtime/autograd/node.c). */
+void ddp_tensor_set_data_raw(ddp_tensor *t, const ddp_tensor *src);
+
+/* ---- autograd metadata -----------------------------------------------------------------
+ * Note [autograd release hook]: a tensor's grad_fn and hooks are autograd's objects, which
+ * the core cannot free (it includes nothing above it). Autograd registers one function at
+ * load (runtime/autograd/node.c) that the core calls when a tensor is cleared, with the
+ * metadata it held; it is only ever non-NULL metadata that autograd itself attached. */
+typedef void (*ddp_autograd_release_fn)(ddp_tensor *t, ddp_node *grad_fn,
+                                        ddp_tensor_hooks *hooks);
+void ddp_autograd_release_hook_set(ddp_autograd_release_fn fn);
 
 /* ---- dtypes ------------------------------------------------------------------------- */
 
@@ -195,9 +245,12 @@ int ddp_broadcast_shapes(int na, const int64_t *a, int nb, const int64_t *b, int
 int ddp_broadcast_view(ddp_tensor **out, const ddp_tensor *t, int ndim, const int64_t *shape,
                        const char *op);
 
-/* dst += src (src broadcasts to dst's shape; dtypes may differ: converted). In place on
- * dst, no autograd: the engine's gradient accumulation and reductions' building block. */
-int ddp_accumulate_(ddp_tensor *dst, const ddp_tensor *src);
+/* ---- random numbers (runtime/core/rng.c) --------------------------------------------- */
+
+/* Take `blocks` consecutive Philox blocks of generator g (NULL: the default): *seed and
+ * *base get the state a draw uses, and g's offset advances past them (the fills of
+ * runtime/ops/random.c). */
+void ddp_generator_take(ddp_generator *g, uint64_t blocks, uint64_t *seed, uint64_t *base);
 
 /* ---- threads ------------------------------------------------------------------------ */
 

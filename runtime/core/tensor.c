@@ -1,7 +1,6 @@
 /* runtime/core/tensor.c: tensor and storage lifetime, metadata accessors, element access. */
 #include <stdlib.h>
 
-#include "autograd/autograd.h"
 #include "core/core.h"
 
 /* ---- storage ------------------------------------------------------------------------ */
@@ -139,6 +138,31 @@ int ddp_tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype
   return DDP_OK;
 }
 
+int ddp_tensor_empty_pinned(ddp_tensor **out, int ndim, const int64_t *shape, int dtype,
+                            const char *op) {
+  *out = NULL;
+  DDP_TRY(check_geometry(op, ndim, shape, dtype, DDP_DEVICE_CPU));
+  ddp_storage *s = calloc(1, sizeof *s);
+  if (!s) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+  int64_t strides[DDP_MAX_DIMS];
+  size_t nbytes = (size_t)ddp_contiguous_strides(ndim, shape, strides) * ddp_dtype_size(dtype);
+  int status = ddp_pinned_alloc(&s->data, nbytes, op);
+  if (status) {
+    free(s);
+    return status;
+  }
+  s->refcount = 1;
+  s->nbytes = nbytes;
+  s->device = DDP_DEVICE_CPU;
+  s->kind = DDP_STORAGE_PINNED;
+  *out = header_new(s, dtype, ndim, shape, strides, 0);
+  if (!*out) {
+    storage_release(s);
+    DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+  }
+  return DDP_OK;
+}
+
 int ddp_tensor_zeros(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
   DDP_TRY(ddp_tensor_empty(out, ndim, shape, dtype, device));
   int status = ddp_device_memset((*out)->storage->data, device, 0, (*out)->storage->nbytes,
@@ -226,19 +250,24 @@ void ddp_tensor_retain(ddp_tensor *t) {
   if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
 }
 
+/* Note [autograd release hook] (core.h): set once at load by autograd. */
+static ddp_autograd_release_fn autograd_release;
+
+void ddp_autograd_release_hook_set(ddp_autograd_release_fn fn) { autograd_release = fn; }
+
 /* Drop everything t holds but the header itself. */
 static void tensor_clear(ddp_tensor *t) {
   ddp_storage *s = t->storage;
   ddp_tensor *g = t->grad;
   ddp_node *fn = t->grad_fn;
+  ddp_tensor_hooks *hooks = t->hooks;
   t->storage = NULL;
   t->grad = NULL;
   t->grad_fn = NULL;
-  ddp_autograd_forget_tensor(t, fn);
-  ddp_hooks_free(t->hooks);
   t->hooks = NULL;
+  /* only autograd attaches a node or hooks, so the hook is set whenever one is here */
+  if ((fn || hooks) && autograd_release) autograd_release(t, fn, hooks);
   ddp_tensor_release(g);
-  ddp_node_release(fn);
   storage_release(s);
 }
 
@@ -255,16 +284,8 @@ void ddp_tensor_free(ddp_tensor *t) {
   }
 }
 
-int ddp_tensor_set_data(ddp_tensor *t, const ddp_tensor *src) {
-  DDP_TRY(ddp_check_alive(t, "set_data", "self"));
-  DDP_TRY(ddp_check_alive(src, "set_data", "src"));
-  if (t->grad_fn)
-    DDP_FAIL(DDP_ERR_ARG, "set_data: self is not a leaf (it was computed by %s); only leaves "
-             "(parameters, buffers) can take other data", t->grad_fn->name);
-  if (t->requires_grad && !ddp_dtype_is_floating(src->dtype))
-    DDP_FAIL(DDP_ERR_ARG, "set_data: self requires grad and src has dtype %s; only floating "
-             "tensors can require gradients", ddp_dtype_name(src->dtype));
-  if (t == src) return DDP_OK;
+void ddp_tensor_set_data_raw(ddp_tensor *t, const ddp_tensor *src) {
+  if (t == src) return;
   ddp_storage *old = t->storage;
   __atomic_add_fetch(&src->storage->refcount, 1, __ATOMIC_RELAXED);
   t->storage = src->storage;
@@ -282,7 +303,6 @@ int ddp_tensor_set_data(ddp_tensor *t, const ddp_tensor *src) {
     t->grad = NULL; /* it no longer fits: the caller sets a converted one */
     ddp_tensor_release(g);
   }
-  return DDP_OK;
 }
 
 int ddp_tensor_is_alive(const ddp_tensor *t) { return t && t->storage; }
@@ -392,15 +412,35 @@ static void to_f64_loop(void *vctx, char **ptrs, const int64_t *strides, int64_t
   for (int64_t i = 0; i < n; i++) *c->dst++ = ddp_load_f64(ptrs[0] + i * strides[0], c->dtype);
 }
 
+/* to_f64 of a device tensor: the bytes its elements span are copied to the host as they
+ * are (strides kept: no kernel needed), then read in row-major order. Strides are never
+ * negative, so the span is [offset, offset + sum((shape[d] - 1) * strides[d])]. */
+static int device_to_f64(const ddp_tensor *t, double *dst) {
+  if (t->numel == 0) return DDP_OK;
+  int64_t span = 1;
+  for (int d = 0; d < t->ndim; d++) span += (t->shape[d] - 1) * t->strides[d];
+  size_t es = ddp_dtype_size(t->dtype);
+  char *host = malloc((size_t)span * es);
+  if (!host) DDP_FAIL(DDP_ERR_MEMORY, "to_f64: out of memory for %lld elements", (long long)span);
+  int status = ddp_device_memcpy(host, DDP_DEVICE_CPU, ddp_data(t), t->device, (size_t)span * es,
+                                 "to_f64");
+  int64_t idx[DDP_MAX_DIMS] = {0}, off = 0;
+  for (int64_t i = 0; !status && i < t->numel; i++) {
+    dst[i] = ddp_load_f64(host + off * (int64_t)es, t->dtype);
+    for (int d = t->ndim - 1; d >= 0; d--) { /* next index, row-major */
+      off += t->strides[d];
+      if (++idx[d] < t->shape[d]) break;
+      off -= idx[d] * t->strides[d];
+      idx[d] = 0;
+    }
+  }
+  free(host);
+  return status;
+}
+
 int ddp_tensor_to_f64(const ddp_tensor *t, double *dst) {
   DDP_TRY(ddp_check_alive(t, "to_f64", "self"));
-  if (t->device != DDP_DEVICE_CPU) { /* through a host copy */
-    ddp_tensor *host;
-    DDP_TRY(ddp_tensor_to_device(&host, (ddp_tensor *)t, DDP_DEVICE_CPU, 0));
-    int status = ddp_tensor_to_f64(host, dst);
-    ddp_tensor_release(host);
-    return status;
-  }
+  if (t->device != DDP_DEVICE_CPU) return device_to_f64(t, dst);
   struct to_f64_ctx c = {dst, t->dtype};
   ddp_tensor *ops[1] = {(ddp_tensor *)t};
   ddp_foreach(1, ops, t->ndim, t->shape, to_f64_loop, &c, 0); /* serial: writes in order */
@@ -422,4 +462,8 @@ int ddp_check_affine_args(const char *op, ddp_tensor *input, ddp_tensor *weight,
              op, ddp_dtype_name(input->dtype), ddp_dtype_name(weight->dtype),
              bias ? ddp_dtype_name(bias->dtype) : "none");
   return DDP_OK;
+}
+
+int ddp_tensor_is_pinned(const ddp_tensor *t) {
+  return t && t->storage && t->storage->kind == DDP_STORAGE_PINNED;
 }

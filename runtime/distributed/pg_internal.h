@@ -8,7 +8,7 @@
  *                 point-to-point messages; used by backends that run collectives on the host
  *   pg_gloo.c     backend "gloo": staging, the transport switch over the Gloo shim
  *                 (gloo_shim.h, gloo_shim.cc) and the shared-memory all-reduce (pg_shm.h)
- *   pg_nccl.c     backend "nccl": the host side of the plug-in's NCCL table (pg_nccl.h)
+ *   pg_nccl.c     backend "nccl": the host side of the plug-in's NCCL table (backend/cuda/nccl_api.h)
  *   pg_store.c    the rendezvous: our store behind the shim's callbacks, the world-size check
  *   pg_address.c  which address a rank binds and publishes
  *

@@ -1,5 +1,5 @@
 /* runtime/distributed/pg_nccl.c: backend "nccl" of the process groups (Note [pg backend] in
- * pg_internal.h), the host side of the CUDA plug-in's NCCL table (pg_nccl.h): no thread and
+ * pg_internal.h), the host side of the CUDA plug-in's NCCL table (backend/cuda/nccl_api.h): no thread and
  * no Gloo; each collective is enqueued from the calling thread on the communicator's
  * stream and its work handle is the event recorded after it (Note [nccl work] in
  * ddplua/pg.h). */
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "distributed/pg_internal.h"
-#include "distributed/pg_nccl.h"
+#include "backend/cuda/nccl_api.h"
 
 /* The state of an nccl group (ddp_pg.impl). */
 typedef struct nccl_state {
@@ -18,7 +18,7 @@ typedef struct nccl_state {
 
 static nccl_state *state(const ddp_pg *pg) { return (nccl_state *)pg->impl; }
 
-/* Note [nccl work]: the collective is enqueued at once from this thread (pg_nccl.h: the
+/* Note [nccl work]: the collective is enqueued at once from this thread (backend/cuda/nccl_api.h: the
  * communication stream waits for the current stream first); every device tensor it uses is
  * recorded on the communication stream so the caching allocator keeps its memory until the
  * collective is done, even if the tensor is freed before. ddp_work_wait then makes the

@@ -316,7 +316,7 @@ int ddp_autograd_add_backward_end(ddp_backward_end_fn fn, void *ctx, int64_t *ha
 int ddp_autograd_remove_backward_end(int64_t handle);
 
 /* ---------------------------------------------------------------------------------------
- * Copy and conversion (runtime/core/copy.c)
+ * Copy and conversion (runtime/ops/copy.c, runtime/ops/accumulate.c)
  * ------------------------------------------------------------------------------------- */
 
 /* Copy src into dst element by element, converting dtype; src broadcasts to dst's shape
@@ -339,6 +339,13 @@ int ddp_clone(ddp_tensor **out, ddp_tensor *t);
 /* t converted to dtype: t itself (new reference) when the dtype already matches, else a
  * contiguous copy. Differentiable between floating dtypes. */
 int ddp_to_dtype(ddp_tensor **out, ddp_tensor *t, int dtype);
+
+/* grad summed down to (ndim, shape), which must broadcast to grad's shape (PyTorch's
+ * sum_to_size): the leading dimensions grad has in excess and those where shape has 1 are
+ * summed. The backward of broadcasting. *out is a new tensor of grad's dtype and device,
+ * or grad itself (one more reference) when the shapes already match. Not differentiable
+ * (backward functions run it with grad mode off). */
+int ddp_sum_to_shape(ddp_tensor **out, ddp_tensor *grad, int ndim, const int64_t *shape);
 
 /* ---------------------------------------------------------------------------------------
  * Factories (runtime/core/factory.c)

@@ -16,6 +16,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "ops/copy.h"
 
 /* ---- layout of one operand ------------------------------------------------------------ */
 

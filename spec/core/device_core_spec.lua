@@ -1,4 +1,5 @@
--- The core's device layer through the C API (runtime/core/device.c): loading the plug-in,
+-- The device layer through the C API (runtime/core/device.c, runtime/backend/registry.c,
+-- runtime/ops/device_copy.c): loading the plug-in,
 -- device tensors, moves between devices, autograd across them, pinned memory, the memory
 -- counters. Device paths run in a child luajit on the simulated device
 -- (build/libddplua_cuda_sim.so: host memory, CPU kernels), because the plug-in is probed

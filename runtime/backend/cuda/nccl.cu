@@ -1,5 +1,5 @@
 // runtime/backend/cuda/nccl.cu: the NCCL table of the plug-in (struct ddp_nccl_api, declared
-// and documented in runtime/distributed/pg_nccl.h): communicators, collectives on a communication
+// and documented in runtime/backend/cuda/nccl_api.h): communicators, collectives on a communication
 // stream per communicator, and the work handles (events) the process groups wait on.
 //
 // Ordering, as PyTorch's ProcessGroupNCCL: before each collective the communicator's stream
@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "distributed/pg_nccl.h"
+#include "backend/cuda/nccl_api.h"
 
 struct ddp_nccl_comm {
   ncclComm_t comm;      // NULL once aborted

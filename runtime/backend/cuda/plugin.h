@@ -1,6 +1,6 @@
-/* runtime/backend/cuda/plugin.h: the C interface between the core and a device plug-in.
+/* runtime/backend/cuda/plugin.h: the C interface between the runtime and a device plug-in.
  *
- * The core (runtime/core/device.c) opens build/libddplua_cuda.so with dlopen, looks up
+ * The device registry (runtime/backend/registry.c) opens build/libddplua_cuda.so with dlopen, looks up
  * ddp_cuda_plugin_api() and from then on reaches the device only through the table it
  * returns. The plug-in links against libddplua.so (for ddp_fail_at and the tensor struct),
  * never the other way round, so the core has no link-time CUDA dependency.
@@ -98,7 +98,7 @@ typedef struct ddp_cuda_api {
   int (*get_allow_tf32)(void);
   const struct ddp_kernels *kernels;
 
-  /* ---- collectives (runtime/distributed/pg_nccl.h); NULL when built without NCCL ---- */
+  /* ---- collectives (runtime/backend/cuda/nccl_api.h); NULL when built without NCCL ---- */
   const struct ddp_nccl_api *nccl;
 } ddp_cuda_api;
 

@@ -10,7 +10,7 @@
  * do that.
  *
  * DDPLUA_SIM_DEVICES sets how many devices it reports (default 2). DDPLUA_SIM_NCCL=1 adds a
- * simulated NCCL table (runtime/distributed/pg_nccl.h) whose ranks are processes of this host
+ * simulated NCCL table (runtime/backend/cuda/nccl_api.h) whose ranks are processes of this host
  * meeting in shared memory, so the nccl paths of the process groups, the DDP reducer and
  * the front end run without a GPU (no point-to-point messages). */
 #include <fcntl.h>
@@ -24,7 +24,7 @@
 #include "backend/cuda/plugin.h"
 #include "backend/kernels.h"
 #include "core/core.h"
-#include "distributed/pg_nccl.h"
+#include "backend/cuda/nccl_api.h"
 
 enum { MAX_DEVICES = 16, HEADER = 64 };
 

@@ -1,5 +1,6 @@
 /* ---------------------------------------------------------------------------------------
- * CUDA devices: moving tensors, memory, streams and events (runtime/core/device.c)
+ * CUDA devices: moving tensors, memory, streams and events (runtime/ops/device_copy.c,
+ * runtime/backend/registry.c, runtime/backend/cuda_api.c)
  *
  * Devices are numbered as in ddp_tensor_device: DDP_DEVICE_CPU (-1) or a CUDA ordinal.
  * Everything here goes through the CUDA plug-in (build/libddplua_cuda.so, opened on first

@@ -1,16 +1,10 @@
-/* runtime/core/copy.c: copies across dtypes and strides, fills, contiguous, clone, casts,
- * and the in-place accumulation the autograd engine sums gradients with. */
+/* runtime/ops/copy.c: the copy ops: copy_ across dtypes, strides and devices, fill_,
+ * zero_, contiguous, clone and the dtype cast (to). Kernels through the device's table
+ * (ddp_kernels_for); bytes between devices through the core's device memory calls. */
 #include "autograd/autograd.h"
-#include "backend/cpu/copy.h"
-#include "backend/cpu/elementwise.h"
 #include "backend/kernels.h"
 #include "core/core.h"
-
-enum { COPY_GRAIN = 1 << 16 }; /* elements per thread chunk: below this, one thread */
-
-typedef struct { int dst_dtype, src_dtype; } convert_ctx;
-
-static int copy_raw(ddp_tensor *dst, const ddp_tensor *src, const char *op);
+#include "ops/copy.h"
 
 /* dst = src where the two live on different devices: src is made contiguous on its own
  * device, moved as bytes, then converted and scattered on dst's device. A contiguous dst
@@ -23,7 +17,7 @@ static int copy_across_devices(ddp_tensor *dst, const ddp_tensor *src, const cha
     if (!packed) return ddp_last_status();
   } else {
     status = ddp_tensor_empty(&packed, src->ndim, src->shape, src->dtype, src->device);
-    if (!status) status = copy_raw(packed, src, op);
+    if (!status) status = ddp_copy_raw(packed, src, op);
   }
   size_t nbytes = (size_t)src->numel * ddp_dtype_size(src->dtype);
   int direct = dst->dtype == src->dtype && ddp_tensor_is_contiguous(dst) &&
@@ -38,28 +32,22 @@ static int copy_across_devices(ddp_tensor *dst, const ddp_tensor *src, const cha
     if (!status)
       status = ddp_device_memcpy(ddp_data(staged), dst->device, ddp_data(packed), src->device,
                                  nbytes, op);
-    if (!status) status = copy_raw(dst, staged, op);
+    if (!status) status = ddp_copy_raw(dst, staged, op);
   }
   ddp_tensor_release(packed);
   ddp_tensor_release(staged);
   return status;
 }
 
-/* Copy without autograd or checks beyond broadcasting. */
-static int copy_raw(ddp_tensor *dst, const ddp_tensor *src, const char *op) {
+int ddp_copy_raw(ddp_tensor *dst, const ddp_tensor *src, const char *op) {
   if (dst->device != src->device) return copy_across_devices(dst, src, op);
   ddp_tensor *view;
   DDP_TRY(ddp_broadcast_view(&view, src, dst->ndim, dst->shape, op));
-  int status = DDP_OK;
-  if (dst->device == DDP_DEVICE_CPU) {
-    ddp_cpu_copy(dst, view);
-  } else {
-    const ddp_kernels *k = ddp_kernels_for(dst->device);
-    status = DDP_KERNEL_CHECK(k, copy, op);
-    if (!status) {
-      k->copy(dst, view);
-      status = ddp_device_check(dst->device, op);
-    }
+  const ddp_kernels *k = ddp_kernels_for(dst->device);
+  int status = DDP_KERNEL_CHECK(k, copy, op);
+  if (!status) {
+    k->copy(dst, view);
+    status = ddp_device_check(dst->device, op);
   }
   ddp_tensor_release(view);
   if (!status) ddp_tensor_bump_version(dst);
@@ -77,7 +65,7 @@ static int copy_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   }
   /* back to the source's dtype and device (a copy_ from another device) */
   int status = ddp_tensor_empty(&gi[0], in->ndim, in->shape, in->dtype, in->device);
-  if (!status) status = copy_raw(gi[0], summed, "copy_ backward");
+  if (!status) status = ddp_copy_raw(gi[0], summed, "copy_ backward");
   ddp_tensor_release(summed);
   if (status) {
     ddp_tensor_release(gi[0]);
@@ -94,7 +82,7 @@ int ddp_copy_(ddp_tensor *dst, const ddp_tensor *src) {
   if (record && dst->requires_grad && !dst->grad_fn)
     DDP_FAIL(DDP_ERR_ARG, "copy_: a leaf tensor that requires grad is being used in an in-place "
              "operation (wrap it in no_grad)");
-  DDP_TRY(copy_raw(dst, src, "copy_"));
+  DDP_TRY(ddp_copy_raw(dst, src, "copy_"));
   if (record) {
     ddp_node *n = ddp_node_new("CopyBackward", copy_backward, 1, &inputs[1], 0);
     if (!n) return ddp_last_status();
@@ -109,14 +97,10 @@ int ddp_fill_(ddp_tensor *t, double value) {
   if (t->requires_grad && !t->grad_fn && ddp_grad_enabled())
     DDP_FAIL(DDP_ERR_ARG, "fill_: a leaf tensor that requires grad is being used in an in-place "
              "operation (wrap it in no_grad)");
-  if (t->device == DDP_DEVICE_CPU) {
-    ddp_cpu_fill(t, value);
-  } else {
-    const ddp_kernels *k = ddp_kernels_for(t->device);
-    DDP_TRY(DDP_KERNEL_CHECK(k, fill, "fill_"));
-    k->fill(t, value);
-    DDP_TRY(ddp_device_check(t->device, "fill_"));
-  }
+  const ddp_kernels *k = ddp_kernels_for(t->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, fill, "fill_"));
+  k->fill(t, value);
+  DDP_TRY(ddp_device_check(t->device, "fill_"));
   ddp_tensor_bump_version(t);
   if (t->grad_fn) { /* the values no longer depend on the history */
     ddp_node_release(t->grad_fn);
@@ -149,7 +133,7 @@ static int copy_out(ddp_tensor **out, ddp_tensor *t, int dtype, const char *op,
                     const char *node_name) {
   *out = NULL;
   DDP_TRY(ddp_tensor_empty(out, t->ndim, t->shape, dtype, t->device));
-  int status = copy_raw(*out, t, op);
+  int status = ddp_copy_raw(*out, t, op);
   (*out)->storage->version = 0;
   if (status) {
     ddp_tensor_release(*out);
@@ -193,106 +177,3 @@ int ddp_to_dtype(ddp_tensor **out, ddp_tensor *t, int dtype) {
   return copy_out(out, t, dtype, "to", "ToCopyBackward");
 }
 
-/* ---- accumulation ------------------------------------------------------------------- */
-
-static void acc_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
-  const convert_ctx *c = vctx;
-  char *d = p[0], *src = p[1];
-  if (c->dst_dtype == DDP_F32 && c->src_dtype == DDP_F32) {
-    if (s[0] == 4 && s[1] == 4) {
-      float *restrict df = (float *)d;
-      const float *restrict sf = (const float *)src;
-      for (int64_t i = 0; i < n; i++) df[i] += sf[i];
-    } else {
-      for (int64_t i = 0; i < n; i++) *(float *)(d + i * s[0]) += *(const float *)(src + i * s[1]);
-    }
-    return;
-  }
-  if (c->dst_dtype == DDP_F64 && c->src_dtype == DDP_F64) {
-    for (int64_t i = 0; i < n; i++) *(double *)(d + i * s[0]) += *(const double *)(src + i * s[1]);
-    return;
-  }
-  for (int64_t i = 0; i < n; i++)
-    ddp_store_f64(d + i * s[0], c->dst_dtype,
-                  ddp_load_f64(d + i * s[0], c->dst_dtype) + ddp_load_f64(src + i * s[1], c->src_dtype));
-}
-
-int ddp_accumulate_(ddp_tensor *dst, const ddp_tensor *src) {
-  if (dst->device != src->device)
-    DDP_FAIL(DDP_ERR_ARG, "accumulate: the gradient is on %s but the tensor it accumulates "
-             "into is on %s", ddp_device_str(src->device), ddp_device_str(dst->device));
-  ddp_tensor *view;
-  DDP_TRY(ddp_broadcast_view(&view, src, dst->ndim, dst->shape, "accumulate"));
-  int status = DDP_OK;
-  if (dst->device == DDP_DEVICE_CPU) {
-    convert_ctx c = {dst->dtype, src->dtype};
-    ddp_tensor *ops[2] = {dst, view};
-    ddp_foreach(2, ops, dst->ndim, dst->shape, acc_loop, &c, COPY_GRAIN);
-  } else { /* dst = dst + 1 * src, element-wise (the kernel converts dtypes) */
-    const ddp_kernels *k = ddp_kernels_for(dst->device);
-    status = DDP_KERNEL_CHECK(k, binary, "accumulate");
-    if (!status) {
-      k->binary(dst, dst, view, DDP_EW_ADD, 1.0);
-      status = ddp_device_check(dst->device, "accumulate");
-    }
-  }
-  ddp_tensor_release(view);
-  if (!status) ddp_tensor_bump_version(dst);
-  return status;
-}
-
-/* sum_to_shape through the reduction ops (the device path): sum the leading dimensions
- * grad has in excess, then, keeping dims, those where shape has 1 and grad does not. */
-static int sum_to_shape_reduce(ddp_tensor **out, ddp_tensor *grad, int ndim,
-                               const int64_t *shape) {
-  int lead = grad->ndim - ndim, dims[DDP_MAX_DIMS], nd = 0;
-  if (lead < 0) DDP_FAIL(DDP_ERR_ARG, "sum_to_shape: %s does not reduce to %s", DDP_SHAPE(grad),
-                         ddp_shape_str(ndim, shape));
-  for (int i = 0; i < lead; i++) dims[nd++] = i;
-  ddp_tensor *summed = grad;
-  ddp_tensor_retain(grad);
-  if (nd) {
-    ddp_tensor *r;
-    int status = ddp_sum(&r, summed, dims, nd, 0, -1);
-    ddp_tensor_release(summed);
-    DDP_TRY(status);
-    summed = r;
-  }
-  nd = 0;
-  for (int i = 0; i < ndim; i++)
-    if (shape[i] == 1 && summed->shape[i] != 1) dims[nd++] = i;
-  if (nd) {
-    ddp_tensor *r;
-    int status = ddp_sum(&r, summed, dims, nd, 1, -1);
-    ddp_tensor_release(summed);
-    DDP_TRY(status);
-    summed = r;
-  }
-  *out = summed;
-  return DDP_OK;
-}
-
-int ddp_sum_to_shape(ddp_tensor **out, ddp_tensor *grad, int ndim, const int64_t *shape) {
-  *out = NULL;
-  if (grad->ndim == ndim && !memcmp(grad->shape, shape, sizeof(int64_t) * ndim)) {
-    ddp_tensor_retain(grad);
-    *out = grad;
-    return DDP_OK;
-  }
-  if (grad->device != DDP_DEVICE_CPU) return sum_to_shape_reduce(out, grad, ndim, shape);
-  ddp_tensor *acc, *view;
-  DDP_TRY(ddp_tensor_zeros(&acc, ndim, shape, grad->dtype, grad->device));
-  /* acc viewed at grad's shape (stride 0 over summed dims) += grad, serially: many grad
-   * elements land on one acc element */
-  int status = ddp_broadcast_view(&view, acc, grad->ndim, grad->shape, "sum_to_shape");
-  if (status) {
-    ddp_tensor_release(acc);
-    return status;
-  }
-  convert_ctx c = {acc->dtype, grad->dtype};
-  ddp_tensor *ops[2] = {view, grad};
-  ddp_foreach(2, ops, grad->ndim, grad->shape, acc_loop, &c, 0);
-  ddp_tensor_release(view);
-  *out = acc;
-  return DDP_OK;
-}

@@ -1,0 +1,112 @@
+-- Specs for tools/check_layers.lua, the layer check `make test` runs before the specs
+-- (Note [layers] there): it passes on the real tree, and fails, naming the file, the line
+-- and the include, on copies of runtime/ broken the ways it must catch: a core file that
+-- includes an ops header, an include from a lower layer to a higher one elsewhere, a Lua
+-- header in the library, an include cycle, and a file no layer claims.
+local files = require "files"
+
+local tmpdir
+setup(function() tmpdir = files.tmpdir("layers") end)
+teardown(function() files.remove(tmpdir) end)
+
+-- Run the check on the repository at root; returns (exit status, output).
+local function check(root)
+  return files.run("luajit tools/check_layers.lua " .. files.quote(root))
+end
+
+-- A fresh copy of runtime/ under a new folder of tmpdir; returns that folder (the root).
+local copies = 0
+local function copy_tree()
+  copies = copies + 1
+  local root = tmpdir .. "/tree" .. copies
+  local status, out = files.run("mkdir -p " .. files.quote(root) .. " && cp -R runtime " ..
+    files.quote(root .. "/runtime"))
+  assert(status == 0, out)
+  return root
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- Append text to file rel (relative to root); returns the number of its new last line.
+local function append(root, rel, text)
+  local path = root .. "/" .. rel
+  local old = files.read(path)
+  local f = assert(io.open(path, "ab"))
+  f:write(text)
+  f:close()
+  local _, n = (old .. text):gsub("\n", "")
+  return n
+end
+
+describe("tools/check_layers.lua", function()
+  it("passes on the real tree", function()
+    local status, out = check(".")
+    assert.are.equal(0, status, out)
+    assert.matches("check_layers: ok", out)
+    assert.matches("core < backend < tape < ops < autograd < io < distributed < cli", out, 1, true)
+  end)
+
+  it("fails when a core file includes an ops header, naming the file, line and include", function()
+    local root = copy_tree()
+    local line = append(root, "runtime/core/tensor.c", '#include "ops/copy.h"\n')
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("runtime/core/tensor.c:" .. line .. ': includes "ops/copy.h" (layer ops) from ' ..
+      "layer core: core may include only api, core", out, 1, true)
+    assert.matches("1 violation of the layer rules", out, 1, true)
+  end)
+
+  it("fails on an include from a lower layer to a higher one outside core", function()
+    local root = copy_tree()
+    local line = append(root, "runtime/backend/cpu/copy.c", '#include "autograd/autograd.h"\n')
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("runtime/backend/cpu/copy.c:" .. line .. ': includes "autograd/autograd.h" ' ..
+      "(layer tape) from layer backend", out, 1, true)
+    -- the engine is above the ops; the tape is not
+    root = copy_tree()
+    line = append(root, "runtime/autograd/node.c", '#include "ops/copy.h"\n')
+    status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("runtime/autograd/node.c:" .. line .. ': includes "ops/copy.h" (layer ops) ' ..
+      "from layer tape", out, 1, true)
+  end)
+
+  it("fails on a Lua header in the runtime library, but not in cli/", function()
+    local root = copy_tree()
+    local line = append(root, "runtime/io/idx.c", "#include <lua.h>\n")
+    append(root, "runtime/cli/args.c", "#include <lauxlib.h>\n")
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("runtime/io/idx.c:" .. line .. ": includes the Lua header lua.h", out, 1, true)
+    assert.is_nil(out:find("runtime/cli/args.c", 1, true))
+  end)
+
+  it("fails on an include cycle, even within one layer", function()
+    local root = copy_tree()
+    local a = root .. "/runtime/ops/cycle_a.h"
+    local b = root .. "/runtime/ops/cycle_b.h"
+    write(a, '#include "ops/cycle_b.h"\n')
+    write(b, '/* #include "ops/ignored.h" in a comment is no include */\n#include "cycle_a.h"\n')
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("include cycle: runtime/ops/cycle_a.h -> runtime/ops/cycle_b.h -> " ..
+      "runtime/ops/cycle_a.h", out, 1, true)
+    assert.is_nil(out:find("ignored.h", 1, true))
+  end)
+
+  it("fails on a file no layer claims and on an include that is not there", function()
+    local root = copy_tree()
+    files.run("mkdir -p " .. files.quote(root .. "/runtime/misc"))
+    write(root .. "/runtime/misc/x.c", '#include "core/nowhere.h"\n')
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("runtime/misc/x.c:1: belongs to no layer", out, 1, true)
+    assert.matches('runtime/misc/x.c:1: includes "core/nowhere.h", which is not a file under ' ..
+      "runtime/", out, 1, true)
+  end)
+end)
