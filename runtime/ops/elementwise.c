@@ -15,7 +15,6 @@
 #include <math.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/elementwise.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 

@@ -3,7 +3,6 @@
  * pool2d_shape_check). Kernels come from the input's device's table (backend/cpu/pool.c,
  * backend/cuda/pool.cu). */
 #include "autograd/autograd.h"
-#include "backend/cpu/pool.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 
