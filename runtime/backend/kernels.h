@@ -45,6 +45,12 @@ enum ddp_ew_binary {
   DDP_EW_BINARY_COUNT
 };
 
+/* The differentiable binary ops are ADD .. MIN; those with an in-place form ADD .. POW. */
+enum {
+  DDP_EW_DIFFERENTIABLE_COUNT = DDP_EW_MIN + 1,
+  DDP_EW_INPLACE_COUNT = DDP_EW_POW + 1,
+};
+
 /* Unary element-wise ops; p0, p1 are the op's parameters. Names: UN_NAMES in
  * runtime/ops/elementwise.c, pinned to DDP_EW_UNARY_COUNT. */
 enum ddp_ew_unary {
