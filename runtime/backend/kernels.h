@@ -202,7 +202,7 @@ typedef struct ddp_kernels {
   double (*mse_forward)(int dtype, void *loss, const void *x, const void *t, int64_t n);
   void (*mse_backward)(int dtype, void *dx, void *dt, const void *dloss, int dloss_per_element,
                        double factor, const void *x, const void *t, int64_t n);
-  /* ---- norm (runtime/backend/cpu/norm.h): dtype FLOAT (the data's; statistics in double) ---- */
+  /* ---- norm (runtime/backend/cpu/norm.h): dtype FLOAT; statistics in double ---- */
   void (*bn_moments)(int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
                      int64_t S);
   void (*bn_sums)(int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,

@@ -595,8 +595,8 @@ extern "C" void ddp_cuda_register_reduce(ddp_kernels *k) {
       sum_float<float>((float *)out, (const float *)x, A, R, B, mode, scale);
     else if (dtype == DDP_F64)
       sum_float<double>((double *)out, (const double *)x, A, R, B, mode, scale);
-    else
-      sum_i64((int64_t *)out, (const int64_t *)x, A, R, B);  // i64: a plain sum (mode and scale unused)
+    else // i64: a plain sum (mode and scale unused)
+      sum_i64((int64_t *)out, (const int64_t *)x, A, R, B);
   };
   k->var = [](int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B,
               double correction, int take_sqrt) {
