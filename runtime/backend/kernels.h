@@ -1,33 +1,141 @@
-/* runtime/backend/kernels.h: the kernel table, one per device type. The ops layer finds
- * its kernels through ddp_kernels_for(device) instead of calling the CPU backend directly,
- * so the same front doors (shape checks, dtype promotion, autograd) drive the CPU kernels
- * and the CUDA plug-in's.
+/* runtime/backend/kernels.h: the kernel table, one per device type, and what its entries
+ * take: the op enums, the geometry structs and the hyper-parameter structs shared by the ops
+ * layer and every backend. Every op of runtime/ops/, on every device (the CPU included),
+ * reaches its kernels through ddp_kernels_for(device): one driver per op, however many
+ * backends (Note [one dispatch path]).
  *
- * Every entry has the signature of the CPU kernel of the same name (ddp_cpu_<name> in
- * runtime/backend/cpu/<area>.h, where each is documented): pointers are device pointers
- * for a CUDA table, and a CUDA kernel runs on the current stream of the current device
- * (asynchronously, unless its result is returned to the host, as the loss totals are).
+ * Note [one dispatch path]: an entry takes the compute dtype first and untyped pointers
+ * (outputs first, then inputs, then sizes); the typed loops live inside each backend, which
+ * switches on the dtype once per call (never per element): runtime/backend/cpu/<area>.c
+ * (ddp_cpu_<name>, documented in runtime/backend/cpu/<area>.h next to its typed loops
+ * ddp_cpu_<name>_f32 / _f64 ...), the entry wrappers of runtime/backend/cuda/<area>.cu,
+ * and the simulated device (runtime/backend/sim/plugin.c), which uses the CPU table under
+ * the device's name. Pointers are device pointers for a CUDA table, and a CUDA kernel runs
+ * on the current stream of the current device (asynchronously, unless its result is
+ * returned to the host, as the loss totals are). The ops layer checks the dtype before it
+ * calls (each entry lists the dtypes it takes); an entry never sees another one. This is
+ * also the one point where autocast will cast inputs.
  *
  * An entry may be NULL in a device table: that op has no kernel there yet, and the ops
  * layer fails with "<op>: not implemented for cuda tensors" (DDP_KERNEL below).
  *
  * A kernel cannot fail on the CPU. On a GPU a launch can: after calling into a device
  * table the ops layer calls ddp_device_check(device, op), which turns a pending CUDA error
- * into a DDP error naming the op. */
+ * into a DDP error naming the op.
+ *
+ * Bump DDP_CUDA_PLUGIN_ABI (runtime/backend/cuda/plugin.h) whenever ddp_kernels changes. */
 #ifndef DDP_BACKEND_KERNELS_H
 #define DDP_BACKEND_KERNELS_H
 
-#include "backend/cpu/conv.h"
-#include "backend/cpu/optim.h"
-#include "backend/cpu/pool.h"
 #include "core/core.h"
 
+/* ---- op enums ---------------------------------------------------------------------------- */
+
+/* Binary element-wise ops (and comparisons, whose outputs are bool). Names: BIN_NAMES in
+ * runtime/ops/elementwise.c, pinned to DDP_EW_BINARY_COUNT. */
+enum ddp_ew_binary {
+  DDP_EW_ADD, /* a + alpha * b */
+  DDP_EW_SUB, /* a - alpha * b */
+  DDP_EW_MUL,
+  DDP_EW_DIV, /* true division */
+  DDP_EW_POW, /* a ^ b */
+  DDP_EW_MAX, /* maximum, NaN propagating */
+  DDP_EW_MIN, /* minimum, NaN propagating */
+  DDP_EW_EQ, DDP_EW_NE, DDP_EW_LT, DDP_EW_LE, DDP_EW_GT, DDP_EW_GE,
+  DDP_EW_BINARY_COUNT
+};
+
+/* The differentiable binary ops are ADD .. MIN; those with an in-place form ADD .. POW. */
+enum {
+  DDP_EW_DIFFERENTIABLE_COUNT = DDP_EW_MIN + 1,
+  DDP_EW_INPLACE_COUNT = DDP_EW_POW + 1,
+};
+
+/* Unary element-wise ops; p0, p1 are the op's parameters. Names: UN_NAMES in
+ * runtime/ops/elementwise.c, pinned to DDP_EW_UNARY_COUNT. */
+enum ddp_ew_unary {
+  DDP_EW_NEG, DDP_EW_EXP, DDP_EW_LOG, DDP_EW_SQRT, DDP_EW_RSQRT, DDP_EW_ABS,
+  DDP_EW_CLAMP,     /* p0 = min (-inf: none), p1 = max (+inf: none) */
+  DDP_EW_RELU,
+  DDP_EW_LEAKY_RELU, /* p0 = negative slope */
+  DDP_EW_GELU,      /* exact: x * Phi(x) (Hendrycks & Gimpel, arXiv:1606.08415) */
+  DDP_EW_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), same paper */
+  DDP_EW_TANH, DDP_EW_SIGMOID,
+  DDP_EW_SILU,      /* x * sigmoid(x) */
+  DDP_EW_UNARY_COUNT
+};
+
+/* 1 when unary op's backward reads the output (exp, sqrt, rsqrt, relu, tanh, sigmoid), 0
+ * when it reads the input, -1 when it reads neither (neg): what the ops layer saves. */
+static inline int ddp_ew_unary_uses_output(int op) {
+  switch (op) {
+  case DDP_EW_NEG: return -1;
+  case DDP_EW_EXP: case DDP_EW_SQRT: case DDP_EW_RSQRT: case DDP_EW_RELU: case DDP_EW_TANH:
+  case DDP_EW_SIGMOID:
+    return 1;
+  default: return 0;
+  }
+}
+
+/* What a sum kernel adds up, and what it writes. */
+enum ddp_sum_mode {
+  DDP_SUM_PLAIN = 0, /* out = scale * sum x */
+  DDP_SUM_ABS = 1,   /* out = scale * sum |x| */
+  DDP_SUM_SQRT = 2,  /* out = sqrt(sum x^2) (the 2-norm) */
+  DDP_SUM_MODE_COUNT
+};
+
+/* ---- geometry ------------------------------------------------------------------------------ */
+
+/* Sizes and options of one conv2d call. */
+typedef struct {
+  int64_t n, c, h, w;  /* input (N, C, H, W) */
+  int64_t o, kh, kw;   /* weight (O, C / groups, kH, kW) */
+  int64_t oh, ow;      /* output (N, O, OH, OW) */
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+} ddp_conv2d_geom;
+
+/* Sizes and options of one pooling call; planes = N * C. */
+typedef struct {
+  int64_t planes, h, w, oh, ow;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int count_include_pad;
+} ddp_pool2d_geom;
+
+/* ---- optimizer hyper-parameters (formulas: ddplua/optim.h) ---------------------------------- */
+
+/* Hyper-parameters of one SGD update (see ddp_sgd_step_). */
+typedef struct {
+  double lr, momentum, dampening, weight_decay;
+  int nesterov, maximize;
+  int first_step; /* 1: the momentum buffer is created now (b <- g) */
+} ddp_sgd_hparams;
+
+/* Hyper-parameters of one Adam / AdamW update, with the bias corrections of step t
+ * precomputed: step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+  double step_size, bc2_sqrt;
+  int decoupled; /* 1: AdamW, p *= 1 - lr * weight_decay; 0: Adam, g += weight_decay * p */
+  int amsgrad, maximize;
+} ddp_adam_hparams;
+
+/* Hyper-parameters of one Adadelta update. */
+typedef struct {
+  double lr, rho, eps, weight_decay;
+  int maximize;
+} ddp_adadelta_hparams;
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+/* Dtypes an entry takes, as its comment says them: FLOAT = DDP_F32 or DDP_F64. Shapes are
+ * those of the CPU kernel of the same name (runtime/backend/cpu/<area>.h). */
 typedef struct ddp_kernels {
   const char *name; /* "cpu" or "cuda": for messages */
-  /* ---- copies and fills (runtime/backend/cpu/copy.h) ---- */
+  /* ---- copies and fills (runtime/backend/cpu/copy.h): tensors carry their dtypes ---- */
   void (*copy)(ddp_tensor *dst, const ddp_tensor *src);
   void (*fill)(ddp_tensor *t, double value);
-  /* ---- elementwise (runtime/backend/cpu/elementwise.h) ---- */
+  /* ---- elementwise (runtime/backend/cpu/elementwise.h): tensors carry their dtypes ---- */
   void (*binary)(ddp_tensor *out, ddp_tensor *a, ddp_tensor *b, int op, double alpha);
   void (*binary_backward)(ddp_tensor *d, ddp_tensor *g, ddp_tensor *a, ddp_tensor *b, int op,
                           int wrt, double alpha);
@@ -35,37 +143,29 @@ typedef struct ddp_kernels {
   void (*unary_backward)(ddp_tensor *d, ddp_tensor *g, ddp_tensor *s, int op, double p0, double p1);
   void (*where)(ddp_tensor *out, ddp_tensor *cond, ddp_tensor *a, ddp_tensor *b);
   /* ---- reduce (runtime/backend/cpu/reduce.h) ---- */
-  void (*sum_f32)(float *out, const float *x, int64_t A, int64_t R, int64_t B, int mode,
-                  double scale);
-  void (*sum_f64)(double *out, const double *x, int64_t A, int64_t R, int64_t B, int mode,
-                  double scale);
-  void (*sum_i64)(int64_t *out, const int64_t *x, int64_t A, int64_t R, int64_t B);
-  void (*var_f32)(float *out, const float *x, int64_t A, int64_t R, int64_t B, double correction,
-                  int take_sqrt);
-  void (*var_f64)(double *out, const double *x, int64_t A, int64_t R, int64_t B, double correction,
-                  int take_sqrt);
-  void (*argext_f32)(float *values, int64_t *indices, const float *x, int64_t A, int64_t R,
-                     int64_t B, int is_max);
-  void (*argext_f64)(double *values, int64_t *indices, const double *x, int64_t A, int64_t R,
-                     int64_t B, int is_max);
-  void (*argext_i64)(int64_t *values, int64_t *indices, const int64_t *x, int64_t A, int64_t R,
-                     int64_t B, int is_max);
-  void (*argext_i32)(int32_t *values, int64_t *indices, const int32_t *x, int64_t A, int64_t R,
-                     int64_t B, int is_max);
-  void (*argext_u8)(uint8_t *values, int64_t *indices, const uint8_t *x, int64_t A, int64_t R,
-                    int64_t B, int is_max);
-  void (*softmax_f32)(float *y, const float *x, int64_t A, int64_t R, int64_t B, int log);
-  void (*softmax_f64)(double *y, const double *x, int64_t A, int64_t R, int64_t B, int log);
-  void (*softmax_backward_f32)(float *dx, const float *y, const float *dy, int64_t A, int64_t R,
-                               int64_t B, int log);
-  void (*softmax_backward_f64)(double *dx, const double *y, const double *dy, int64_t A, int64_t R,
-                               int64_t B, int log);
+  /* FLOAT with any mode, or DDP_I64 with DDP_SUM_PLAIN and scale 1. */
+  void (*sum)(int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B, int mode,
+              double scale);
+  void (*var)(int dtype /* FLOAT */, void *out, const void *x, int64_t A, int64_t R, int64_t B,
+              double correction, int take_sqrt);
+  /* FLOAT, DDP_I64, DDP_I32 or DDP_U8 (bool too: its bytes are u8). */
+  void (*argext)(int dtype, void *values, int64_t *indices, const void *x, int64_t A, int64_t R,
+                 int64_t B, int is_max);
+  void (*softmax)(int dtype /* FLOAT */, void *y, const void *x, int64_t A, int64_t R, int64_t B,
+                  int log);
+  void (*softmax_backward)(int dtype /* FLOAT */, void *dx, const void *y, const void *dy,
+                           int64_t A, int64_t R, int64_t B, int log);
   /* ---- matmul (runtime/backend/cpu/matmul.h) ---- */
   void (*gemm)(int dtype, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
                int64_t ldc);
   void (*matmul_int)(int dtype, void *c, const void *a, int64_t sa0, int64_t sa1, const void *b,
                      int64_t sb0, int64_t sb1, int64_t m, int64_t n, int64_t k);
+  /* Around several GEMMs run side by side on the CPU's own pool: hold the BLAS library at one
+   * thread (returns the previous setting), then restore it. NULL where the GEMM library has
+   * no thread pool of its own (devices). */
+  int (*gemm_threads_hold)(void);
+  void (*gemm_threads_restore)(int previous);
   /* ---- conv (runtime/backend/cpu/conv.h) ---- */
   int (*conv2d_forward)(int dtype, void *out, const void *in, const void *w, const void *bias,
                         const ddp_conv2d_geom *g);
@@ -83,124 +183,70 @@ typedef struct ddp_kernels {
                                       const ddp_pool2d_geom *g);
   void (*adaptive_avg_pool2d_backward)(int dtype, void *d_in, const void *grad_out,
                                        const ddp_pool2d_geom *g);
-  /* ---- loss (runtime/backend/cpu/loss.h) ---- */
-  double (*cross_entropy_forward_f32)(float *loss, float *lse, const float *x,
-                                      const int64_t *target, const float *prob, const float *weight,
-                                      int64_t N, int64_t C, int64_t D, int64_t ignore_index,
-                                      double smoothing);
-  double (*cross_entropy_forward_f64)(double *loss, double *lse, const double *x,
-                                      const int64_t *target, const double *prob,
-                                      const double *weight, int64_t N, int64_t C, int64_t D,
-                                      int64_t ignore_index, double smoothing);
-  void (*cross_entropy_backward_f32)(float *dx, const float *dloss, int dloss_per_sample,
-                                     double factor, const float *x, const float *lse,
-                                     const int64_t *target, const float *prob, const float *weight,
-                                     int64_t N, int64_t C, int64_t D, int64_t ignore_index,
-                                     double smoothing);
-  void (*cross_entropy_backward_f64)(double *dx, const double *dloss, int dloss_per_sample,
-                                     double factor, const double *x, const double *lse,
-                                     const int64_t *target, const double *prob,
-                                     const double *weight, int64_t N, int64_t C, int64_t D,
-                                     int64_t ignore_index, double smoothing);
-  double (*nll_forward_f32)(float *loss, const float *x, const int64_t *target, const float *weight,
-                            int64_t N, int64_t C, int64_t D, int64_t ignore_index);
-  double (*nll_forward_f64)(double *loss, const double *x, const int64_t *target,
-                            const double *weight, int64_t N, int64_t C, int64_t D,
-                            int64_t ignore_index);
-  void (*nll_backward_f32)(float *dx, const float *dloss, int dloss_per_sample, double factor,
-                           const int64_t *target, const float *weight, int64_t N, int64_t C,
-                           int64_t D, int64_t ignore_index);
-  void (*nll_backward_f64)(double *dx, const double *dloss, int dloss_per_sample, double factor,
-                           const int64_t *target, const double *weight, int64_t N, int64_t C,
-                           int64_t D, int64_t ignore_index);
-  double (*mse_forward_f32)(float *loss, const float *x, const float *t, int64_t n);
-  double (*mse_forward_f64)(double *loss, const double *x, const double *t, int64_t n);
-  void (*mse_backward_f32)(float *dx, float *dt, const float *dloss, int dloss_per_element,
-                           double factor, const float *x, const float *t, int64_t n);
-  void (*mse_backward_f64)(double *dx, double *dt, const double *dloss, int dloss_per_element,
-                           double factor, const double *x, const double *t, int64_t n);
-  /* ---- norm (runtime/backend/cpu/norm.h) ---- */
-  void (*bn_moments_f32)(double *mean, double *var, const float *x, int64_t N, int64_t C,
-                         int64_t S);
-  void (*bn_moments_f64)(double *mean, double *var, const double *x, int64_t N, int64_t C,
-                         int64_t S);
-  void (*bn_sums_f32)(double *sum, double *sumsq, const float *x, int64_t N, int64_t C, int64_t S);
-  void (*bn_sums_f64)(double *sum, double *sumsq, const double *x, int64_t N, int64_t C, int64_t S);
-  void (*bn_apply_f32)(float *y, const float *x, const float *mean, const float *scale,
-                       const float *shift, int64_t N, int64_t C, int64_t S);
-  void (*bn_apply_f64)(double *y, const double *x, const double *mean, const double *scale,
-                       const double *shift, int64_t N, int64_t C, int64_t S);
-  void (*bn_backward_reduce_f32)(double *sum_dy, double *sum_dy_xmu, const float *dy,
-                                 const float *x, const float *mean, int64_t N, int64_t C,
-                                 int64_t S);
-  void (*bn_backward_reduce_f64)(double *sum_dy, double *sum_dy_xmu, const double *dy,
-                                 const double *x, const double *mean, int64_t N, int64_t C,
-                                 int64_t S);
-  void (*bn_backward_elemt_f32)(float *dx, const float *dy, const float *x, const float *mean,
-                                const float *a, const float *b, const float *d, int64_t N,
-                                int64_t C, int64_t S);
-  void (*bn_backward_elemt_f64)(double *dx, const double *dy, const double *x, const double *mean,
-                                const double *a, const double *b, const double *d, int64_t N,
-                                int64_t C, int64_t S);
-  void (*bn_finalize_f32)(float *mean_out, float *scale, float *shift, float *invstd,
-                          const double *mean, const double *var, const float *w, const float *b,
-                          int64_t C, double eps);
-  void (*bn_finalize_f64)(double *mean_out, double *scale, double *shift, double *invstd,
-                          const double *mean, const double *var, const double *w,
-                          const double *b, int64_t C, double eps);
-  void (*bn_running_update_f32)(float *running, const double *value, int64_t C, double momentum,
-                                double correction);
-  void (*bn_running_update_f64)(double *running, const double *value, int64_t C,
-                                double momentum, double correction);
-  void (*bn_backward_coef_f32)(float *a, float *b, float *d, float *dweight, float *dbias,
-                               const double *sum_dy, const double *sum_dy_xmu,
-                               const float *invstd, const float *w, int64_t C, double M,
-                               int training);
-  void (*bn_backward_coef_f64)(double *a, double *b, double *d, double *dweight, double *dbias,
-                               const double *sum_dy, const double *sum_dy_xmu,
-                               const double *invstd, const double *w, int64_t C, double M,
-                               int training);
-  void (*ln_forward_f32)(float *y, float *mean, float *rstd, const float *x, const float *w,
-                         const float *b, int64_t M, int64_t D, double eps);
-  void (*ln_forward_f64)(double *y, double *mean, double *rstd, const double *x, const double *w,
-                         const double *b, int64_t M, int64_t D, double eps);
-  void (*ln_backward_f32)(float *dx, float *dw, float *db, const float *dy, const float *x,
-                          const float *mean, const float *rstd, const float *w, int64_t M,
-                          int64_t D);
-  void (*ln_backward_f64)(double *dx, double *dw, double *db, const double *dy, const double *x,
-                          const double *mean, const double *rstd, const double *w, int64_t M,
-                          int64_t D);
-  void (*masked_scale_f32)(float *y, const float *x, const uint8_t *mask, float scale, int64_t n);
-  void (*masked_scale_f64)(double *y, const double *x, const uint8_t *mask, double scale,
-                           int64_t n);
+  /* ---- loss (runtime/backend/cpu/loss.h): dtype FLOAT; forwards return the total ---- */
+  double (*cross_entropy_forward)(int dtype, void *loss, void *lse, const void *x,
+                                  const int64_t *target, const void *prob, const void *weight,
+                                  int64_t N, int64_t C, int64_t D, int64_t ignore_index,
+                                  double smoothing);
+  void (*cross_entropy_backward)(int dtype, void *dx, const void *dloss, int dloss_per_sample,
+                                 double factor, const void *x, const void *lse,
+                                 const int64_t *target, const void *prob, const void *weight,
+                                 int64_t N, int64_t C, int64_t D, int64_t ignore_index,
+                                 double smoothing);
+  double (*nll_forward)(int dtype, void *loss, const void *x, const int64_t *target,
+                        const void *weight, int64_t N, int64_t C, int64_t D,
+                        int64_t ignore_index);
+  void (*nll_backward)(int dtype, void *dx, const void *dloss, int dloss_per_sample,
+                       double factor, const int64_t *target, const void *weight, int64_t N,
+                       int64_t C, int64_t D, int64_t ignore_index);
+  double (*mse_forward)(int dtype, void *loss, const void *x, const void *t, int64_t n);
+  void (*mse_backward)(int dtype, void *dx, void *dt, const void *dloss, int dloss_per_element,
+                       double factor, const void *x, const void *t, int64_t n);
+  /* ---- norm (runtime/backend/cpu/norm.h): dtype FLOAT; statistics in double ---- */
+  void (*bn_moments)(int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
+                     int64_t S);
+  void (*bn_sums)(int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,
+                  int64_t S);
+  void (*bn_apply)(int dtype, void *y, const void *x, const void *mean, const void *scale,
+                   const void *shift, int64_t N, int64_t C, int64_t S);
+  void (*bn_backward_reduce)(int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
+                             const void *x, const void *mean, int64_t N, int64_t C, int64_t S);
+  void (*bn_backward_elemt)(int dtype, void *dx, const void *dy, const void *x, const void *mean,
+                            const void *a, const void *b, const void *d, int64_t N, int64_t C,
+                            int64_t S);
+  void (*bn_finalize)(int dtype, void *mean_out, void *scale, void *shift, void *invstd,
+                      const double *mean, const double *var, const void *w, const void *b,
+                      int64_t C, double eps);
+  void (*bn_running_update)(int dtype, void *running, const double *value, int64_t C,
+                            double momentum, double correction);
+  void (*bn_backward_coef)(int dtype, void *a, void *b, void *d, void *dweight, void *dbias,
+                           const double *sum_dy, const double *sum_dy_xmu, const void *invstd,
+                           const void *w, int64_t C, double M, int training);
+  void (*ln_forward)(int dtype, void *y, void *mean, void *rstd, const void *x, const void *w,
+                     const void *b, int64_t M, int64_t D, double eps);
+  void (*ln_backward)(int dtype, void *dx, void *dw, void *db, const void *dy, const void *x,
+                      const void *mean, const void *rstd, const void *w, int64_t M, int64_t D);
+  /* scale is rounded to the dtype first (f32: (float)scale). */
+  void (*masked_scale)(int dtype, void *y, const void *x, const uint8_t *mask, double scale,
+                       int64_t n);
+  /* Any dtype: rows are copied as bytes. */
   void (*embedding_forward)(char *out, const char *weight, const int64_t *idx, int64_t n,
                             int64_t row_bytes);
-  void (*embedding_backward_f32)(float *dweight, const float *dy, const int64_t *idx, int64_t n,
-                                 int64_t D, int64_t padding_idx);
-  void (*embedding_backward_f64)(double *dweight, const double *dy, const int64_t *idx, int64_t n,
-                                 int64_t D, int64_t padding_idx);
-  /* ---- optim (runtime/backend/cpu/optim.h) ---- */
-  void (*sgd_f32)(float *param, float *momentum_buffer, const float *grad, int64_t n,
-                  const ddp_sgd_hparams *h);
-  void (*sgd_f64)(double *param, double *momentum_buffer, const double *grad, int64_t n,
-                  const ddp_sgd_hparams *h);
-  void (*adam_f32)(float *param, float *exp_avg, float *exp_avg_sq, float *max_exp_avg_sq,
-                   const float *grad, int64_t n, const ddp_adam_hparams *h);
-  void (*adam_f64)(double *param, double *exp_avg, double *exp_avg_sq, double *max_exp_avg_sq,
-                   const double *grad, int64_t n, const ddp_adam_hparams *h);
-  void (*adadelta_f32)(float *param, float *square_avg, float *acc_delta, const float *grad,
-                       int64_t n, const ddp_adadelta_hparams *h);
-  void (*adadelta_f64)(double *param, double *square_avg, double *acc_delta, const double *grad,
-                       int64_t n, const ddp_adadelta_hparams *h);
-  double (*abs_pow_sum_f32)(const float *x, int64_t n, double p);
-  double (*abs_pow_sum_f64)(const double *x, int64_t n, double p);
-  double (*abs_max_f32)(const float *x, int64_t n);
-  double (*abs_max_f64)(const double *x, int64_t n);
-  void (*scale_f32)(float *x, int64_t n, double s);
-  void (*scale_f64)(double *x, int64_t n, double s);
-  void (*clamp_f32)(float *x, int64_t n, double lo, double hi);
-  void (*clamp_f64)(double *x, int64_t n, double lo, double hi);
-  /* ---- shape (runtime/backend/cpu/shape.h) ---- */
+  void (*embedding_backward)(int dtype, void *dweight, const void *dy, const int64_t *idx,
+                             int64_t n, int64_t D, int64_t padding_idx);
+  /* ---- optim (runtime/backend/cpu/optim.h): dtype FLOAT, contiguous buffers of n ---- */
+  void (*sgd)(int dtype, void *param, void *momentum_buffer, const void *grad, int64_t n,
+              const ddp_sgd_hparams *h);
+  void (*adam)(int dtype, void *param, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
+               const void *grad, int64_t n, const ddp_adam_hparams *h);
+  void (*adadelta)(int dtype, void *param, void *square_avg, void *acc_delta, const void *grad,
+                   int64_t n, const ddp_adadelta_hparams *h);
+  /* Sum of |x|^p, resp. max |x| (NaN propagating), returned to the host. */
+  double (*abs_pow_sum)(int dtype, const void *x, int64_t n, double p);
+  double (*abs_max)(int dtype, const void *x, int64_t n);
+  void (*scale)(int dtype, void *x, int64_t n, double s);
+  void (*clamp)(int dtype, void *x, int64_t n, double lo, double hi);
+  /* ---- shape (runtime/backend/cpu/shape.h): element sizes or dtypes as each says ---- */
   void (*copy_rows)(char *dst, const char *src, int64_t outer, int64_t dst_row, int64_t dst_col,
                     int64_t src_row);
   void (*index_select)(char *out, const char *in, const int64_t *index, int64_t outer, int64_t size,

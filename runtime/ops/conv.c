@@ -4,7 +4,6 @@
 #include <limits.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/conv.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 

@@ -15,7 +15,6 @@
 #include <math.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/elementwise.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 
@@ -36,6 +35,19 @@ static const char *const UN_NODES[] = {"NegBackward", "ExpBackward", "LogBackwar
                                        "ClampBackward", "ReluBackward", "LeakyReluBackward",
                                        "GeluBackward", "GeluBackward", "TanhBackward",
                                        "SigmoidBackward", "SiluBackward"};
+/* Each name table covers its enum (runtime/backend/kernels.h), in enum order. */
+_Static_assert(sizeof BIN_NAMES / sizeof BIN_NAMES[0] == DDP_EW_BINARY_COUNT,
+               "BIN_NAMES must name every enum ddp_ew_binary op");
+_Static_assert(sizeof BIN_NODES / sizeof BIN_NODES[0] == DDP_EW_DIFFERENTIABLE_COUNT,
+               "BIN_NODES must name the backward of every differentiable binary op");
+_Static_assert(sizeof BIN_INPLACE_NAMES / sizeof BIN_INPLACE_NAMES[0] == DDP_EW_INPLACE_COUNT,
+               "BIN_INPLACE_NAMES must name every in-place binary op");
+_Static_assert(sizeof UN_NAMES / sizeof UN_NAMES[0] == DDP_EW_UNARY_COUNT,
+               "UN_NAMES must name every enum ddp_ew_unary op");
+_Static_assert(sizeof UN_INPLACE_NAMES / sizeof UN_INPLACE_NAMES[0] == DDP_EW_UNARY_COUNT,
+               "UN_INPLACE_NAMES must name every enum ddp_ew_unary op");
+_Static_assert(sizeof UN_NODES / sizeof UN_NODES[0] == DDP_EW_UNARY_COUNT,
+               "UN_NODES must name the backward of every enum ddp_ew_unary op");
 
 /* ---- header-only views (Note [header-only views]) ------------------------------------ */
 

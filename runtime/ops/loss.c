@@ -209,13 +209,12 @@ static int reduced_result(ddp_tensor **out, double sum, double denom, int reduct
   return status;
 }
 
-/* The kernel table of device when it has every loss kernel `op` needs (names listed by
- * the caller through DDP_KERNEL_CHECK), else the "not implemented" error. */
-#define LOSS_KERNELS(k, device, op, f32, f64)                                              \
+/* The kernel table of device when it has the loss kernel `name` that `op` needs, else the
+ * "not implemented" error. */
+#define LOSS_KERNELS(k, device, op, name)                                                  \
   do {                                                                                     \
     (k) = ddp_kernels_for(device);                                                         \
-    DDP_TRY(DDP_KERNEL_CHECK((k), f32, (op)));                                             \
-    DDP_TRY(DDP_KERNEL_CHECK((k), f64, (op)));                                             \
+    DDP_TRY(DDP_KERNEL_CHECK((k), name, (op)));                                            \
   } while (0)
 
 /* Fail unless input, target and weight (NULL skipped) are on one device. */
@@ -271,8 +270,7 @@ static int cross_entropy_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (n->iattr[A_HAS_WEIGHT] && !(weight = ddp_node_saved(n, S_WEIGHT))) return ddp_last_status();
   int dtype = input->dtype, dev = input->device;
   const ddp_kernels *k;
-  LOSS_KERNELS(k, dev, "CrossEntropyBackward", cross_entropy_backward_f32,
-               cross_entropy_backward_f64);
+  LOSS_KERNELS(k, dev, "CrossEntropyBackward", cross_entropy_backward);
   class_layout lay;
   DDP_TRY(class_input_layout("cross_entropy", input, &lay));
   class_operands o;
@@ -285,14 +283,9 @@ static int cross_entropy_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
     int per_sample = reduction == DDP_REDUCTION_NONE;
     double factor = reduction_factor(reduction, n->fattr[F_DENOM]);
     double eps = n->fattr[F_SMOOTHING];
-    if (dtype == DDP_F64)
-      k->cross_entropy_backward_f64(data(dx), data(dloss), per_sample, factor, data(o.x),
-                                    data(lse), t, prob ? data(o.target) : NULL, data(o.weight),
-                                    lay.N, lay.C, lay.D, n->iattr[A_IGNORE], eps);
-    else
-      k->cross_entropy_backward_f32(data(dx), data(dloss), per_sample, factor, data(o.x),
-                                    data(lse), t, prob ? data(o.target) : NULL, data(o.weight),
-                                    lay.N, lay.C, lay.D, n->iattr[A_IGNORE], eps);
+    k->cross_entropy_backward(dtype, data(dx), data(dloss), per_sample, factor, data(o.x),
+                              data(lse), t, prob ? data(o.target) : NULL, data(o.weight), lay.N,
+                              lay.C, lay.D, n->iattr[A_IGNORE], eps);
     status = ddp_device_check(dev, "CrossEntropyBackward");
   }
   if (!status) {
@@ -314,7 +307,7 @@ static int nll_loss_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (n->iattr[A_HAS_WEIGHT] && !(weight = ddp_node_saved(n, S_WEIGHT))) return ddp_last_status();
   int dtype = input->dtype, dev = input->device;
   const ddp_kernels *k;
-  LOSS_KERNELS(k, dev, "NllLossBackward", nll_backward_f32, nll_backward_f64);
+  LOSS_KERNELS(k, dev, "NllLossBackward", nll_backward);
   class_layout lay;
   DDP_TRY(class_input_layout("nll_loss", input, &lay));
   ddp_tensor *t = NULL, *w = NULL, *dloss = NULL, *dx = NULL;
@@ -325,12 +318,8 @@ static int nll_loss_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (!status) {
     int per_sample = reduction == DDP_REDUCTION_NONE;
     double factor = reduction_factor(reduction, n->fattr[F_DENOM]);
-    if (dtype == DDP_F64)
-      k->nll_backward_f64(data(dx), data(dloss), per_sample, factor, data(t), data(w), lay.N,
-                          lay.C, lay.D, n->iattr[A_IGNORE]);
-    else
-      k->nll_backward_f32(data(dx), data(dloss), per_sample, factor, data(t), data(w), lay.N,
-                          lay.C, lay.D, n->iattr[A_IGNORE]);
+    k->nll_backward(dtype, data(dx), data(dloss), per_sample, factor, data(t), data(w), lay.N,
+                    lay.C, lay.D, n->iattr[A_IGNORE]);
     status = ddp_device_check(dev, "NllLossBackward");
   }
   if (!status) {
@@ -390,7 +379,7 @@ int ddp_nll_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, ddp_te
   }
   int dtype = input->dtype, dev = input->device;
   const ddp_kernels *k;
-  LOSS_KERNELS(k, dev, op, nll_forward_f32, nll_forward_f64);
+  LOSS_KERNELS(k, dev, op, nll_forward);
   class_operands o;
   DDP_TRY(class_operands_prepare(&o, input, target, NULL, 0));
   int status = prepare_weight(&o.weight, op, weight, input, lay.C, dtype);
@@ -405,10 +394,8 @@ int ddp_nll_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, ddp_te
   if (!status) {
     const void *w = data(o.weight);
     void *l = data(loss);
-    double sum = dtype == DDP_F64 ? k->nll_forward_f64(l, data(o.x), data(o.target), w, lay.N,
-                                                       lay.C, lay.D, ignore_index)
-                                  : k->nll_forward_f32(l, data(o.x), data(o.target), w, lay.N,
-                                                       lay.C, lay.D, ignore_index);
+    double sum = k->nll_forward(dtype, l, data(o.x), data(o.target), w, lay.N, lay.C, lay.D,
+                                ignore_index);
     status = ddp_device_check(dev, op);
     if (!status && !loss) status = reduced_result(&loss, sum, denom, reduction, dtype, dev);
   }
@@ -460,7 +447,7 @@ int ddp_cross_entropy(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, d
   }
   int dtype = input->dtype, dev = input->device;
   const ddp_kernels *k;
-  LOSS_KERNELS(k, dev, op, cross_entropy_forward_f32, cross_entropy_forward_f64);
+  LOSS_KERNELS(k, dev, op, cross_entropy_forward);
   class_operands o;
   DDP_TRY(class_operands_prepare(&o, input, target, NULL, prob));
   int status = prepare_weight(&o.weight, op, weight, input, lay.C, dtype);
@@ -479,11 +466,8 @@ int ddp_cross_entropy(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, d
     const void *p = prob ? data(o.target) : NULL;
     const void *w = data(o.weight);
     void *l = data(loss);
-    double sum = dtype == DDP_F64
-                     ? k->cross_entropy_forward_f64(l, data(lse), data(o.x), t, p, w, lay.N, lay.C,
-                                                    lay.D, ignore_index, label_smoothing)
-                     : k->cross_entropy_forward_f32(l, data(lse), data(o.x), t, p, w, lay.N, lay.C,
-                                                    lay.D, ignore_index, label_smoothing);
+    double sum = k->cross_entropy_forward(dtype, l, data(lse), data(o.x), t, p, w, lay.N, lay.C,
+                                          lay.D, ignore_index, label_smoothing);
     status = ddp_device_check(dev, op);
     if (!status && !loss) status = reduced_result(&loss, sum, denom, reduction, dtype, dev);
   }
@@ -540,7 +524,7 @@ static int mse_loss_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   int ndim = ddp_broadcast_shapes(input->ndim, input->shape, target->ndim, target->shape, shape);
   int dtype = ddp_promote_types(input->dtype, target->dtype), dev = input->device;
   const ddp_kernels *k;
-  LOSS_KERNELS(k, dev, "MseLossBackward", mse_backward_f32, mse_backward_f64);
+  LOSS_KERNELS(k, dev, "MseLossBackward", mse_backward);
   ddp_tensor *x = NULL, *t = NULL, *dloss = NULL, *dx = NULL, *dt = NULL;
   int status = mse_operands(&x, &t, input, target, ndim, shape, dtype);
   if (!status) status = prepare(&dloss, g, dtype);
@@ -551,12 +535,8 @@ static int mse_loss_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   if (!status) {
     int per_element = reduction == DDP_REDUCTION_NONE;
     double factor = reduction_factor(reduction, n->fattr[F_DENOM]);
-    if (dtype == DDP_F64)
-      k->mse_backward_f64(data(dx), data(dt), data(dloss), per_element, factor, data(x), data(t),
-                          x->numel);
-    else
-      k->mse_backward_f32(data(dx), data(dt), data(dloss), per_element, factor, data(x), data(t),
-                          x->numel);
+    k->mse_backward(dtype, data(dx), data(dt), data(dloss), per_element, factor, data(x), data(t),
+                    x->numel);
     status = ddp_device_check(dev, "MseLossBackward");
     if (!status && dx) status = to_input_grad(&gi[0], dx, &n->inputs[0]);
     if (!status && dt) status = to_input_grad(&gi[1], dt, &n->inputs[1]);
@@ -596,7 +576,7 @@ int ddp_mse_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, int re
   }
   int dev = input->device;
   const ddp_kernels *k;
-  LOSS_KERNELS(k, dev, op, mse_forward_f32, mse_forward_f64);
+  LOSS_KERNELS(k, dev, op, mse_forward);
   ddp_tensor *x = NULL, *t = NULL, *loss = NULL;
   DDP_TRY(mse_operands(&x, &t, input, target, ndim, shape, dtype));
   int status = DDP_OK;
@@ -604,8 +584,7 @@ int ddp_mse_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, int re
   double denom = (double)x->numel;
   if (!status) {
     void *l = data(loss);
-    double sum = dtype == DDP_F64 ? k->mse_forward_f64(l, data(x), data(t), x->numel)
-                                  : k->mse_forward_f32(l, data(x), data(t), x->numel);
+    double sum = k->mse_forward(dtype, l, data(x), data(t), x->numel);
     status = ddp_device_check(dev, op);
     if (!status && !loss) status = reduced_result(&loss, sum, denom, reduction, dtype, dev);
   }

@@ -13,7 +13,6 @@
 #include <limits.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/matmul.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/copy.h"
@@ -182,11 +181,11 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
    * each threaded by OpenBLAS. */
   double mnk = (double)j.n * (double)j.m * (double)j.k;
   int64_t grain = (int64_t)(65536.0 / (mnk + 1.0)) + 1;
-  if (a->device == DDP_DEVICE_CPU && batches >= 2 * grain && mnk <= 262144.0 &&
-      ddp_get_num_threads() > 1) {
-    int blas_threads = ddp_cpu_blas_hold_single();
+  if (a->device == DDP_DEVICE_CPU && j.kern->gemm_threads_hold && batches >= 2 * grain &&
+      mnk <= 262144.0 && ddp_get_num_threads() > 1) {
+    int blas_threads = j.kern->gemm_threads_hold();
     ddp_parallel_for(batches, grain, mm_range, &j);
-    ddp_cpu_blas_restore(blas_threads);
+    j.kern->gemm_threads_restore(blas_threads);
   } else {
     /* on a device: this thread, whose current stream and library handles are the ones */
     mm_range(&j, 0, batches);

@@ -103,22 +103,14 @@ static int channel_empty(ddp_tensor **out, int64_t C, int dtype, int device) {
 /* The kernel table of device with every batch-norm entry the op uses, or an error naming op. */
 static int bn_kernels(const ddp_kernels **out, int device, const char *op) {
   const ddp_kernels *k = ddp_kernels_for(device);
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_moments_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_moments_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_sums_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_sums_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_apply_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_apply_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_finalize_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_finalize_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_reduce_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_reduce_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_elemt_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_elemt_f64, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_coef_f32, op));
-  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_coef_f64, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_moments, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_sums, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_apply, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_finalize, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_running_update, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_reduce, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_elemt, op));
+  DDP_TRY(DDP_KERNEL_CHECK(k, bn_backward_coef, op));
   *out = k;
   return DDP_OK;
 }
@@ -135,10 +127,7 @@ static int bn_moments(ddp_tensor **mean, ddp_tensor **var, const ddp_kernels *k,
     *mean = NULL;
     return status;
   }
-  if (x->dtype == DDP_F32)
-    k->bn_moments_f32(dptr(*mean), dptr(*var), (const float *)dptr(x), N, C, S);
-  else
-    k->bn_moments_f64(dptr(*mean), dptr(*var), (const double *)dptr(x), N, C, S);
+  k->bn_moments(x->dtype, dptr(*mean), dptr(*var), dptr(x), N, C, S);
   status = ddp_device_check(x->device, "batch_norm");
   if (status) {
     ddp_tensor_release(*mean);
@@ -190,19 +179,11 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   /* dx = a dy + b (x - mean) + d, from the closed form of d(BN)/dx (training):
    * dx = k (M dy - sum dy - xhat sum(dy xhat)), k = w invstd / M, xhat = (x - mean) invstd;
    * dweight = sum(dy * xhat), dbias = sum(dy) */
-  if (dt == DDP_F32) {
-    k->bn_backward_reduce_f32(dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
-    k->bn_backward_coef_f32(a, b, d, dw, db, dptr(tmp[3]), dptr(tmp[4]), dptr(invstd), w, C, M,
-                            training);
-    if (gi[0])
-      k->bn_backward_elemt_f32(dptr(gi[0]), dptr(g), dptr(x), dptr(mean), a, b, d, N, C, S);
-  } else {
-    k->bn_backward_reduce_f64(dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
-    k->bn_backward_coef_f64(a, b, d, dw, db, dptr(tmp[3]), dptr(tmp[4]), dptr(invstd), w, C, M,
-                            training);
-    if (gi[0])
-      k->bn_backward_elemt_f64(dptr(gi[0]), dptr(g), dptr(x), dptr(mean), a, b, d, N, C, S);
-  }
+  k->bn_backward_reduce(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
+  k->bn_backward_coef(dt, a, b, d, dw, db, dptr(tmp[3]), dptr(tmp[4]), dptr(invstd), w, C, M,
+                      training);
+  if (gi[0])
+    k->bn_backward_elemt(dt, dptr(gi[0]), dptr(g), dptr(x), dptr(mean), a, b, d, N, C, S);
   status = ddp_device_check(dev, "BatchNormBackward");
 done:
   release_all(tmp, 8);
@@ -218,10 +199,7 @@ static int update_running(const ddp_kernels *k, ddp_tensor *running, const ddp_t
   int dev = running->device;
   if (ddp_tensor_is_contiguous(running) &&
       (running->dtype == DDP_F32 || running->dtype == DDP_F64)) {
-    if (running->dtype == DDP_F32)
-      k->bn_running_update_f32(dptr(running), dptr(value), C, momentum, correction);
-    else
-      k->bn_running_update_f64(dptr(running), dptr(value), C, momentum, correction);
+    k->bn_running_update(running->dtype, dptr(running), dptr(value), C, momentum, correction);
     ddp_tensor_bump_version(running);
     return ddp_device_check(dev, "batch_norm");
   }
@@ -230,7 +208,7 @@ static int update_running(const ddp_kernels *k, ddp_tensor *running, const ddp_t
   int status = channel_empty(&cur, C, DDP_F64, dev);
   if (!status) status = ddp_copy_(cur, alias);
   if (!status) {
-    k->bn_running_update_f64(dptr(cur), dptr(value), C, momentum, correction);
+    k->bn_running_update(DDP_F64, dptr(cur), dptr(value), C, momentum, correction);
     status = ddp_device_check(dev, "batch_norm");
   }
   if (!status) status = ddp_copy_(alias, cur);
@@ -269,15 +247,9 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
     if ((status = channel_empty(&tmp[i], C, dt, dev))) goto done;
   if ((status = ddp_tensor_empty(out, input->ndim, input->shape, dt, dev))) goto done;
   void *w = tmp[3] ? dptr(tmp[3]) : NULL, *b = tmp[4] ? dptr(tmp[4]) : NULL;
-  if (dt == DDP_F32) {
-    k->bn_finalize_f32(dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[1]),
-                       dptr(tmp[2]), w, b, C, eps);
-    k->bn_apply_f32(dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
-  } else {
-    k->bn_finalize_f64(dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[1]),
-                       dptr(tmp[2]), w, b, C, eps);
-    k->bn_apply_f64(dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
-  }
+  k->bn_finalize(dt, dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[1]),
+                 dptr(tmp[2]), w, b, C, eps);
+  k->bn_apply(dt, dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
   if ((status = ddp_device_check(dev, "batch_norm"))) goto done;
   if (training) { /* PyTorch: the running variance takes the unbiased batch variance */
     if (rm && (status = update_running(k, rm, tmp[1], C, momentum, 1.0))) goto done;
@@ -374,12 +346,8 @@ int ddp_batch_norm_stats(ddp_tensor **out_mean, ddp_tensor **out_invstd, ddp_ten
   if (!status) status = channel_empty(out_mean, C, dt, dev);
   if (!status) status = channel_empty(out_invstd, C, dt, dev);
   if (!status) {
-    if (dt == DDP_F32)
-      k->bn_finalize_f32(dptr(*out_mean), NULL, NULL, dptr(*out_invstd), dptr(tmp[1]),
-                         dptr(tmp[2]), NULL, NULL, C, eps);
-    else
-      k->bn_finalize_f64(dptr(*out_mean), NULL, NULL, dptr(*out_invstd), dptr(tmp[1]),
-                         dptr(tmp[2]), NULL, NULL, C, eps);
+    k->bn_finalize(dt, dptr(*out_mean), NULL, NULL, dptr(*out_invstd), dptr(tmp[1]),
+                   dptr(tmp[2]), NULL, NULL, C, eps);
     status = ddp_device_check(dev, "batch_norm_stats");
   }
   if (status) {
@@ -403,10 +371,7 @@ int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor
   int status = channel_empty(out_sum, C, DDP_F64, dev);
   if (!status) status = channel_empty(out_sumsq, C, DDP_F64, dev);
   if (!status) {
-    if (dt == DDP_F32)
-      k->bn_sums_f32(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
-    else
-      k->bn_sums_f64(dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
+    k->bn_sums(dt, dptr(*out_sum), dptr(*out_sumsq), dptr(x), N, C, S);
     status = ddp_device_check(dev, "batch_norm_sums");
   }
   if (status) {
@@ -431,12 +396,8 @@ static int layer_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   int dt = n->inputs[0].dtype;
   int64_t M = n->iattr[1], D = n->iattr[2];
   int dev = x0->device;
-  void (*bwd_f32)(float *, float *, float *, const float *, const float *, const float *,
-                  const float *, const float *, int64_t, int64_t);
-  void (*bwd_f64)(double *, double *, double *, const double *, const double *, const double *,
-                  const double *, const double *, int64_t, int64_t);
-  DDP_KERNEL(bwd_f32, dev, ln_backward_f32, "LayerNormBackward");
-  DDP_KERNEL(bwd_f64, dev, ln_backward_f64, "LayerNormBackward");
+  const ddp_kernels *k = ddp_kernels_for(dev);
+  DDP_TRY(DDP_KERNEL_CHECK(k, ln_backward, "LayerNormBackward"));
   ddp_tensor *tmp[3] = {0}; /* x, g, w */
   int status;
   if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)) ||
@@ -449,10 +410,7 @@ static int layer_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   }
   void *dx = gi[0] ? dptr(gi[0]) : NULL, *dw = gi[1] ? dptr(gi[1]) : NULL;
   void *db = gi[2] ? dptr(gi[2]) : NULL, *w = tmp[2] ? dptr(tmp[2]) : NULL;
-  if (dt == DDP_F32)
-    bwd_f32(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean), dptr(rstd), w, M, D);
-  else
-    bwd_f64(dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean), dptr(rstd), w, M, D);
+  k->ln_backward(dt, dx, dw, db, dptr(tmp[1]), dptr(tmp[0]), dptr(mean), dptr(rstd), w, M, D);
   status = ddp_device_check(dev, "LayerNormBackward");
 done:
   release_all(tmp, 3);
@@ -476,12 +434,8 @@ static int check_ln_param(const ddp_tensor *t, const char *arg, int nn, const in
 static int layer_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight,
                               ddp_tensor *bias, double eps, int64_t M, int64_t D) {
   int dt = input->dtype, dev = input->device;
-  void (*fwd_f32)(float *, float *, float *, const float *, const float *, const float *, int64_t,
-                  int64_t, double);
-  void (*fwd_f64)(double *, double *, double *, const double *, const double *, const double *,
-                  int64_t, int64_t, double);
-  DDP_KERNEL(fwd_f32, dev, ln_forward_f32, "layer_norm");
-  DDP_KERNEL(fwd_f64, dev, ln_forward_f64, "layer_norm");
+  const ddp_kernels *k = ddp_kernels_for(dev);
+  DDP_TRY(DDP_KERNEL_CHECK(k, ln_forward, "layer_norm"));
   ddp_tensor *tmp[5] = {0}; /* x, w, b, mean, rstd */
   int status;
   if ((status = detached_as(&tmp[0], input, dt)) ||
@@ -492,10 +446,7 @@ static int layer_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *w
       (status = ddp_tensor_empty(out, input->ndim, input->shape, dt, dev)))
     goto done;
   void *w = tmp[1] ? dptr(tmp[1]) : NULL, *b = tmp[2] ? dptr(tmp[2]) : NULL;
-  if (dt == DDP_F32)
-    fwd_f32(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]), w, b, M, D, eps);
-  else
-    fwd_f64(dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]), w, b, M, D, eps);
+  k->ln_forward(dt, dptr(*out), dptr(tmp[3]), dptr(tmp[4]), dptr(tmp[0]), w, b, M, D, eps);
   if ((status = ddp_device_check(dev, "layer_norm"))) goto done;
   ddp_tensor *inputs[3] = {input, weight, bias};
   if (ddp_autograd_needed(3, inputs)) {
@@ -567,13 +518,8 @@ int ddp_layer_norm(ddp_tensor **out, ddp_tensor *input, int n_normalized,
 static int masked_scale(ddp_tensor *out, const ddp_tensor *x, const ddp_tensor *mask, double scale,
                         const char *op) {
   const ddp_kernels *k = ddp_kernels_for(out->device);
-  if (out->dtype == DDP_F32) {
-    DDP_TRY(DDP_KERNEL_CHECK(k, masked_scale_f32, op));
-    k->masked_scale_f32(dptr(out), dptr(x), dptr(mask), (float)scale, out->numel);
-  } else {
-    DDP_TRY(DDP_KERNEL_CHECK(k, masked_scale_f64, op));
-    k->masked_scale_f64(dptr(out), dptr(x), dptr(mask), scale, out->numel);
-  }
+  DDP_TRY(DDP_KERNEL_CHECK(k, masked_scale, op));
+  k->masked_scale(out->dtype, dptr(out), dptr(x), dptr(mask), scale, out->numel);
   return ddp_device_check(out->device, op);
 }
 
@@ -658,17 +604,13 @@ static int embedding_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   int acc = wm->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = idx0->device;
   int64_t D = wm->shape[1];
   const ddp_kernels *k = ddp_kernels_for(dev);
-  DDP_TRY(DDP_KERNEL_CHECK(k, embedding_backward_f32, "EmbeddingBackward"));
-  DDP_TRY(DDP_KERNEL_CHECK(k, embedding_backward_f64, "EmbeddingBackward"));
+  DDP_TRY(DDP_KERNEL_CHECK(k, embedding_backward, "EmbeddingBackward"));
   ddp_tensor *idx = NULL, *g = NULL, *dw = NULL;
   int status;
   if ((status = detached_as(&idx, idx0, DDP_I64)) || (status = detached_as(&g, grad, acc)) ||
       (status = ddp_tensor_zeros(&dw, 2, wm->shape, acc, dev)))
     goto done;
-  if (acc == DDP_F32)
-    k->embedding_backward_f32(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
-  else
-    k->embedding_backward_f64(dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
+  k->embedding_backward(acc, dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
   if (!(status = ddp_device_check(dev, "EmbeddingBackward")))
     status = ddp_to_dtype(&gi[0], dw, wm->dtype);
 done:

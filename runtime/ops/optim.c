@@ -1,7 +1,7 @@
 /* runtime/ops/optim.c: front doors of the fused optimizer updates and of gradient clipping
  * (contracts in ddplua/optim.h): argument checks, operands made contiguous in the compute
- * dtype, the kernels run (on the CPU: backend/cpu/optim.c over the thread pool; on a device:
- * that device's kernel table, one call over the whole buffer), results written back.
+ * dtype, the kernel run (one call of the device's kernel table over the whole buffers; the
+ * CPU's splits the work over the thread pool itself), results written back.
  *
  * Note [optimizer devices]: a parameter, its gradient and its state live on one device
  * (checked; the error names both devices); the state is created by the front end on the
@@ -20,15 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend/cpu/optim.h"
 #include "backend/kernels.h"
 #include "core/core.h"
-
-enum {
-  SGD_GRAIN = 1 << 15,   /* cheap element-wise work: ~32K elements per thread chunk */
-  ADAM_GRAIN = 1 << 14,  /* a sqrt and a division per element */
-  CLIP_BLOCK = 1 << 14,  /* elements per partial sum of the clipping norm */
-};
 
 /* ---- operands (Note [optimizer operands]) -------------------------------------------- */
 
@@ -125,100 +118,36 @@ typedef struct {
 
 enum { KIND_SGD, KIND_ADAM, KIND_ADADELTA };
 
-/* Buffer k of ctx advanced to element `begin`. */
-static void *at(const update_ctx *c, int k, int64_t begin) {
-  if (!c->base[k]) return NULL;
-  return c->base[k] + (size_t)begin * ddp_dtype_size(c->dtype);
-}
-
-static void update_range(void *vctx, int64_t begin, int64_t end) {
-  const update_ctx *c = vctx;
-  int64_t n = end - begin;
-  int f64 = c->dtype == DDP_F64;
-  switch (c->kind) {
-  case KIND_SGD:
-    if (f64) ddp_cpu_sgd_f64(at(c, 0, begin), at(c, 2, begin), at(c, 1, begin), n, c->h);
-    else ddp_cpu_sgd_f32(at(c, 0, begin), at(c, 2, begin), at(c, 1, begin), n, c->h);
-    break;
-  case KIND_ADAM:
-    if (f64) ddp_cpu_adam_f64(at(c, 0, begin), at(c, 2, begin), at(c, 3, begin), at(c, 4, begin),
-                              at(c, 1, begin), n, c->h);
-    else ddp_cpu_adam_f32(at(c, 0, begin), at(c, 2, begin), at(c, 3, begin), at(c, 4, begin),
-                          at(c, 1, begin), n, c->h);
-    break;
-  case KIND_ADADELTA:
-    if (f64) ddp_cpu_adadelta_f64(at(c, 0, begin), at(c, 2, begin), at(c, 3, begin),
-                                  at(c, 1, begin), n, c->h);
-    else ddp_cpu_adadelta_f32(at(c, 0, begin), at(c, 2, begin), at(c, 3, begin), at(c, 1, begin),
-                              n, c->h);
-    break;
-  }
-}
-
-/* The update of ctx on a device: one call of the device table's kernel over the whole
- * buffers, then the device's pending error, if any (Note [optimizer devices]). */
-static int update_device(const update_ctx *c, int device, int64_t n, const char *op) {
-  const ddp_kernels *k = ddp_kernels_for(device);
-  int f64 = c->dtype == DDP_F64;
+/* The update of ctx: one call of the device table's kernel over the whole buffers, then the
+ * device's pending error, if any (Note [optimizer devices]). */
+static int update_run(const update_ctx *c, const ddp_kernels *k, int device, int64_t n,
+                      const char *op) {
   char *const *b = c->base;
   switch (c->kind) {
-  case KIND_SGD:
-    if (f64) {
-      DDP_TRY(DDP_KERNEL_CHECK(k, sgd_f64, op));
-      k->sgd_f64((double *)b[0], (double *)b[2], (const double *)b[1], n, c->h);
-    } else {
-      DDP_TRY(DDP_KERNEL_CHECK(k, sgd_f32, op));
-      k->sgd_f32((float *)b[0], (float *)b[2], (const float *)b[1], n, c->h);
-    }
-    break;
-  case KIND_ADAM:
-    if (f64) {
-      DDP_TRY(DDP_KERNEL_CHECK(k, adam_f64, op));
-      k->adam_f64((double *)b[0], (double *)b[2], (double *)b[3], (double *)b[4],
-                  (const double *)b[1], n, c->h);
-    } else {
-      DDP_TRY(DDP_KERNEL_CHECK(k, adam_f32, op));
-      k->adam_f32((float *)b[0], (float *)b[2], (float *)b[3], (float *)b[4], (const float *)b[1],
-                  n, c->h);
-    }
-    break;
-  case KIND_ADADELTA:
-    if (f64) {
-      DDP_TRY(DDP_KERNEL_CHECK(k, adadelta_f64, op));
-      k->adadelta_f64((double *)b[0], (double *)b[2], (double *)b[3], (const double *)b[1], n,
-                      c->h);
-    } else {
-      DDP_TRY(DDP_KERNEL_CHECK(k, adadelta_f32, op));
-      k->adadelta_f32((float *)b[0], (float *)b[2], (float *)b[3], (const float *)b[1], n, c->h);
-    }
-    break;
+  case KIND_SGD: k->sgd(c->dtype, b[0], b[2], b[1], n, c->h); break;
+  case KIND_ADAM: k->adam(c->dtype, b[0], b[2], b[3], b[4], b[1], n, c->h); break;
+  case KIND_ADADELTA: k->adadelta(c->dtype, b[0], b[2], b[3], b[1], n, c->h); break;
   }
   return ddp_device_check(device, op);
 }
 
 /* Run kernel `kind` over tensors[0] = param, tensors[1] = grad, tensors[2..n-1] = state
  * (already checked, all on param's device), all but the gradient written back. */
-static int run_update(int kind, const void *h, int n, ddp_tensor **tensors, int64_t grain,
-                      const char *op) {
+static int run_update(int kind, const void *h, int n, ddp_tensor **tensors, const char *op) {
   ddp_tensor *param = tensors[0];
   update_ctx c = {.kind = kind, .dtype = compute_dtype(param->dtype), .h = h};
   operand ops[MAX_OPERANDS] = {{0}};
   int prev = ddp_set_grad_enabled(0);
-  int status = DDP_OK;
-  if (param->device != DDP_DEVICE_CPU) { /* no kernel there: fail before any work copy */
-    const ddp_kernels *k = ddp_kernels_for(param->device);
-    status = kind == KIND_SGD ? DDP_KERNEL_CHECK(k, sgd_f32, op)
-             : kind == KIND_ADAM ? DDP_KERNEL_CHECK(k, adam_f32, op)
-                                 : DDP_KERNEL_CHECK(k, adadelta_f32, op);
-  }
+  /* no kernel there: fail before any work copy */
+  const ddp_kernels *k = ddp_kernels_for(param->device);
+  int status = kind == KIND_SGD ? DDP_KERNEL_CHECK(k, sgd, op)
+               : kind == KIND_ADAM ? DDP_KERNEL_CHECK(k, adam, op)
+                                   : DDP_KERNEL_CHECK(k, adadelta, op);
   for (int k = 0; k < n && !status; k++) {
     status = operand_open(&ops[k], tensors[k], c.dtype);
     c.base[k] = wptr(&ops[k]);
   }
-  if (!status) {
-    if (param->device == DDP_DEVICE_CPU) ddp_parallel_for(param->numel, grain, update_range, &c);
-    else status = update_device(&c, param->device, param->numel, op);
-  }
+  if (!status) status = update_run(&c, k, param->device, param->numel, op);
   for (int k = 0; k < n; k++) {
     int s = operand_close(&ops[k], !status && k != 1);
     if (!status) status = s;
@@ -246,7 +175,7 @@ int ddp_sgd_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *momentum_buff
   ddp_sgd_hparams h = {lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0,
                        first_step != 0};
   ddp_tensor *tensors[3] = {param, grad, momentum != 0 ? momentum_buffer : NULL};
-  return run_update(KIND_SGD, &h, 3, tensors, SGD_GRAIN, op);
+  return run_update(KIND_SGD, &h, 3, tensors, op);
 }
 
 /* ---- Adam and AdamW -------------------------------------------------------------------------- */
@@ -277,7 +206,7 @@ static int adam_common(const char *op, int decoupled, ddp_tensor *param, ddp_ten
       .step_size = lr / bc1, .bc2_sqrt = sqrt(bc2), .decoupled = decoupled,
       .amsgrad = amsgrad != 0, .maximize = maximize != 0};
   ddp_tensor *tensors[5] = {param, grad, exp_avg, exp_avg_sq, amsgrad ? max_exp_avg_sq : NULL};
-  return run_update(KIND_ADAM, &h, 5, tensors, ADAM_GRAIN, op);
+  return run_update(KIND_ADAM, &h, 5, tensors, op);
 }
 
 int ddp_adam_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *exp_avg,
@@ -313,7 +242,7 @@ int ddp_adadelta_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *square_a
     DDP_FAIL(DDP_ERR_ARG, "%s: invalid rho %g (must be in [0, 1])", op, rho);
   ddp_adadelta_hparams h = {lr, rho, eps, weight_decay, maximize != 0};
   ddp_tensor *tensors[4] = {param, grad, square_avg, acc_delta};
-  return run_update(KIND_ADADELTA, &h, 4, tensors, ADAM_GRAIN, op);
+  return run_update(KIND_ADADELTA, &h, 4, tensors, op);
 }
 
 /* ---- clipping -------------------------------------------------------------------------------- */
@@ -333,96 +262,36 @@ static int check_grads(ddp_tensor **grads, int n, const char *op) {
   return DDP_OK;
 }
 
-typedef struct {
-  const char *data;
-  int dtype;
-  int64_t n;
-  double p;     /* norm order; INFINITY: max |x| */
-  double *partial; /* one per block */
-} norm_ctx;
-
-static void norm_blocks(void *vctx, int64_t begin, int64_t end) {
-  const norm_ctx *c = vctx;
-  size_t es = ddp_dtype_size(c->dtype);
-  for (int64_t b = begin; b < end; b++) {
-    int64_t lo = b * CLIP_BLOCK, len = c->n - lo < CLIP_BLOCK ? c->n - lo : CLIP_BLOCK;
-    const void *x = c->data + (size_t)lo * es;
-    if (isinf(c->p))
-      c->partial[b] = c->dtype == DDP_F64 ? ddp_cpu_abs_max_f64(x, len) : ddp_cpu_abs_max_f32(x, len);
-    else
-      c->partial[b] = c->dtype == DDP_F64 ? ddp_cpu_abs_pow_sum_f64(x, len, c->p)
-                                          : ddp_cpu_abs_pow_sum_f32(x, len, c->p);
-  }
-}
-
-/* norm_reduce on a device: one call of the device's reduction, which returns the host
- * double (synchronously). Such a kernel cannot return a status: on a failure it records the
- * error and returns NaN, so the error is cleared first and looked at when NaN comes back. */
-static int norm_reduce_device(double *out, const ddp_tensor *t, double p) {
+/* Sum of |x|^p (or max |x| for p = inf) over a contiguous tensor, by one call of its device's
+ * table, which returns the host double (synchronously; the CPU's adds fixed-size blocks so
+ * the result does not depend on the thread count). Such a kernel cannot return a status: on
+ * a failure it records the error and returns NaN, so the error is cleared first and looked
+ * at when NaN comes back. */
+static int norm_reduce(double *out, const ddp_tensor *t, double p) {
   const char *op = "clip_grad_norm_";
   const ddp_kernels *k = ddp_kernels_for(t->device);
-  int f64 = t->dtype == DDP_F64, inf = isinf(p);
-  if (inf) DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, abs_max_f64, op) : DDP_KERNEL_CHECK(k, abs_max_f32, op));
-  else DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, abs_pow_sum_f64, op)
-                   : DDP_KERNEL_CHECK(k, abs_pow_sum_f32, op));
+  int inf = isinf(p);
+  DDP_TRY(inf ? DDP_KERNEL_CHECK(k, abs_max, op) : DDP_KERNEL_CHECK(k, abs_pow_sum, op));
   ddp_clear_error();
   const void *x = ddp_data(t);
-  double r = inf ? (f64 ? k->abs_max_f64(x, t->numel) : k->abs_max_f32(x, t->numel))
-                 : (f64 ? k->abs_pow_sum_f64(x, t->numel, p) : k->abs_pow_sum_f32(x, t->numel, p));
+  double r = inf ? k->abs_max(t->dtype, x, t->numel) : k->abs_pow_sum(t->dtype, x, t->numel, p);
   DDP_TRY(ddp_device_check(t->device, op));
   if (r != r && ddp_last_status() != DDP_OK) return ddp_last_status();
   *out = r;
   return DDP_OK;
 }
 
-/* Sum of |x|^p (or max |x| for p = inf) over a contiguous buffer, from fixed-size blocks so
- * the result does not depend on the thread count. */
-static int norm_reduce(double *out, const ddp_tensor *t, double p) {
-  if (t->device != DDP_DEVICE_CPU) return norm_reduce_device(out, t, p);
-  int64_t nblocks = (t->numel + CLIP_BLOCK - 1) / CLIP_BLOCK;
-  double *partial = malloc(sizeof(double) * (size_t)(nblocks > 0 ? nblocks : 1));
-  if (!partial) DDP_FAIL(DDP_ERR_MEMORY, "clip_grad_norm_: out of memory");
-  norm_ctx c = {ddp_data(t), t->dtype, t->numel, p, partial};
-  ddp_parallel_for(nblocks, 2, norm_blocks, &c);
-  double acc = 0;
-  for (int64_t b = 0; b < nblocks; b++) {
-    if (isinf(p)) acc = (partial[b] > acc || partial[b] != partial[b]) ? partial[b] : acc;
-    else acc += partial[b];
-  }
-  free(partial);
-  *out = acc;
-  return DDP_OK;
-}
-
-typedef struct { char *data; int dtype; double s, lo, hi; int clamp; } elemt_ctx;
-
-static void elemt_range(void *vctx, int64_t begin, int64_t end) {
-  const elemt_ctx *c = vctx;
-  void *x = c->data + (size_t)begin * ddp_dtype_size(c->dtype);
-  int64_t n = end - begin;
-  if (c->clamp) {
-    if (c->dtype == DDP_F64) ddp_cpu_clamp_f64(x, n, c->lo, c->hi);
-    else ddp_cpu_clamp_f32(x, n, c->lo, c->hi);
-  } else {
-    if (c->dtype == DDP_F64) ddp_cpu_scale_f64(x, n, c->s);
-    else ddp_cpu_scale_f32(x, n, c->s);
-  }
-}
-
-/* elemt_range on a device tensor x (contiguous, f32 or f64): one call of its table. */
-static int elemt_device(ddp_tensor *x, int clamp, double s, double lo, double hi) {
+/* Scale (clamp == 0) or clamp contiguous x (f32 or f64) in place: one call of its table. */
+static int elemt_run(ddp_tensor *x, int clamp, double s, double lo, double hi) {
   const char *op = clamp ? "clip_grad_value_" : "clip_grad_norm_";
   const ddp_kernels *k = ddp_kernels_for(x->device);
-  int f64 = x->dtype == DDP_F64;
   void *d = ddp_data(x);
   if (clamp) {
-    DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, clamp_f64, op) : DDP_KERNEL_CHECK(k, clamp_f32, op));
-    if (f64) k->clamp_f64(d, x->numel, lo, hi);
-    else k->clamp_f32(d, x->numel, lo, hi);
+    DDP_TRY(DDP_KERNEL_CHECK(k, clamp, op));
+    k->clamp(x->dtype, d, x->numel, lo, hi);
   } else {
-    DDP_TRY(f64 ? DDP_KERNEL_CHECK(k, scale_f64, op) : DDP_KERNEL_CHECK(k, scale_f32, op));
-    if (f64) k->scale_f64(d, x->numel, s);
-    else k->scale_f32(d, x->numel, s);
+    DDP_TRY(DDP_KERNEL_CHECK(k, scale, op));
+    k->scale(x->dtype, d, x->numel, s);
   }
   return ddp_device_check(x->device, op);
 }
@@ -434,12 +303,7 @@ static int elemt_all(ddp_tensor **grads, int n, int clamp, double s, double lo, 
   for (int i = 0; i < n && !status; i++) {
     operand o;
     status = operand_open(&o, grads[i], compute_dtype(grads[i]->dtype));
-    if (!status && o.work->device != DDP_DEVICE_CPU)
-      status = elemt_device(o.work, clamp, s, lo, hi);
-    else if (!status) {
-      elemt_ctx c = {ddp_data(o.work), o.work->dtype, s, lo, hi, clamp};
-      ddp_parallel_for(o.work->numel, SGD_GRAIN, elemt_range, &c);
-    }
+    if (!status) status = elemt_run(o.work, clamp, s, lo, hi);
     int s2 = operand_close(&o, !status);
     if (!status) status = s2;
   }

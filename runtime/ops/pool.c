@@ -3,7 +3,6 @@
  * pool2d_shape_check). Kernels come from the input's device's table (backend/cpu/pool.c,
  * backend/cuda/pool.cu). */
 #include "autograd/autograd.h"
-#include "backend/cpu/pool.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 
@@ -80,12 +79,13 @@ static int pooled_empty(ddp_tensor **out, const ddp_tensor *input, const ddp_poo
   return ddp_tensor_empty(out, input->ndim, shape, dtype, input->device);
 }
 
-enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE };
+enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE, POOL_KIND_COUNT };
 
 /* Forward through the compute dtype: *out (input's dtype) from the kernel `kind`. */
 static int pool_forward(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *input,
                         const ddp_pool2d_geom *g, int kind) {
   static const char *const ops[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+  _Static_assert(sizeof ops / sizeof ops[0] == POOL_KIND_COUNT, "one name per pooling kind");
   const ddp_kernels *k = ddp_kernels_for(input->device);
   if (kind == POOL_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, max_pool2d_forward, ops[kind]));
   else if (kind == POOL_AVG) DDP_TRY(DDP_KERNEL_CHECK(k, avg_pool2d_forward, ops[kind]));
@@ -114,6 +114,7 @@ static int pool_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
   int kind = (int)node->iattr[7], dtype = im->dtype, cd = compute_dtype(dtype);
   static const char *const ops[] = {"max_pool2d backward", "avg_pool2d backward",
                                     "adaptive_avg_pool2d backward"};
+  _Static_assert(sizeof ops / sizeof ops[0] == POOL_KIND_COUNT, "one name per pooling kind");
   const ddp_kernels *k = ddp_kernels_for(grad->device);
   if (kind == POOL_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, max_pool2d_backward, ops[kind]));
   else if (kind == POOL_AVG) DDP_TRY(DDP_KERNEL_CHECK(k, avg_pool2d_backward, ops[kind]));

@@ -19,8 +19,6 @@
 #include <math.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/elementwise.h"
-#include "backend/cpu/reduce.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 
@@ -421,16 +419,9 @@ static int small_apply(ddp_tensor **out, int mode, double k, double p, ddp_tenso
 static int sum_kernel(int device, void *o, const void *x, int dtype, int64_t A, int64_t R,
                       int64_t B, int mode, double scale, const char *op) {
   const ddp_kernels *k = ddp_kernels_for(device);
-  if (dtype == DDP_F32) {
-    DDP_TRY(DDP_KERNEL_CHECK(k, sum_f32, op));
-    k->sum_f32(o, x, A, R, B, mode, scale);
-  } else if (dtype == DDP_F64) {
-    DDP_TRY(DDP_KERNEL_CHECK(k, sum_f64, op));
-    k->sum_f64(o, x, A, R, B, mode, scale);
-  } else {
-    DDP_TRY(DDP_KERNEL_CHECK(k, sum_i64, op));
-    k->sum_i64(o, x, A, R, B);
-  }
+  DDP_TRY(DDP_KERNEL_CHECK(k, sum, op));
+  if (dtype != DDP_F32 && dtype != DDP_F64) mode = DDP_SUM_PLAIN, scale = 1.0; /* i64 */
+  k->sum(dtype, o, x, A, R, B, mode, scale);
   return ddp_device_check(device, op);
 }
 
@@ -621,28 +612,8 @@ static int run_argext(void *values, int64_t *indices, ddp_tensor *x, int64_t A, 
                       int64_t B, int is_max, const char *op) {
   const ddp_kernels *k = ddp_kernels_for(x->device);
   const void *s = ddp_data(x);
-  switch (x->dtype) {
-  case DDP_F32:
-    DDP_TRY(DDP_KERNEL_CHECK(k, argext_f32, op));
-    k->argext_f32(values, indices, s, A, R, B, is_max);
-    break;
-  case DDP_F64:
-    DDP_TRY(DDP_KERNEL_CHECK(k, argext_f64, op));
-    k->argext_f64(values, indices, s, A, R, B, is_max);
-    break;
-  case DDP_I64:
-    DDP_TRY(DDP_KERNEL_CHECK(k, argext_i64, op));
-    k->argext_i64(values, indices, s, A, R, B, is_max);
-    break;
-  case DDP_I32:
-    DDP_TRY(DDP_KERNEL_CHECK(k, argext_i32, op));
-    k->argext_i32(values, indices, s, A, R, B, is_max);
-    break;
-  default: /* u8, bool */
-    DDP_TRY(DDP_KERNEL_CHECK(k, argext_u8, op));
-    k->argext_u8(values, indices, s, A, R, B, is_max);
-    break;
-  }
+  DDP_TRY(DDP_KERNEL_CHECK(k, argext, op));
+  k->argext(x->dtype, values, indices, s, A, R, B, is_max); /* u8 and bool alike */
   return ddp_device_check(x->device, op);
 }
 
@@ -968,13 +939,8 @@ static int var_like(ddp_tensor **out, ddp_tensor *t, const int *dims, int ndims,
   if (!status) status = ddp_tensor_empty(&r, nd, shape, cdt, t->device);
   if (!status) {
     const ddp_kernels *k = ddp_kernels_for(t->device);
-    if (cdt == DDP_F32) {
-      status = DDP_KERNEL_CHECK(k, var_f32, op);
-      if (!status) k->var_f32(dptr(r), dptr(src), A, R, B, correction, is_std);
-    } else {
-      status = DDP_KERNEL_CHECK(k, var_f64, op);
-      if (!status) k->var_f64(dptr(r), dptr(src), A, R, B, correction, is_std);
-    }
+    status = DDP_KERNEL_CHECK(k, var, op);
+    if (!status) k->var(cdt, dptr(r), dptr(src), A, R, B, correction, is_std);
     if (!status) status = ddp_device_check(t->device, op);
   }
   release_all(x, src, NULL);
@@ -1136,13 +1102,8 @@ static int softmax_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
     dim_layout(y, dim, &A, &R, &B);
     const char *op = is_log ? "log_softmax backward" : "softmax backward";
     const ddp_kernels *k = ddp_kernels_for(y->device);
-    if (cdt == DDP_F32) {
-      status = DDP_KERNEL_CHECK(k, softmax_backward_f32, op);
-      if (!status) k->softmax_backward_f32(dptr(dx), dptr(yc), dptr(gc), A, R, B, is_log);
-    } else {
-      status = DDP_KERNEL_CHECK(k, softmax_backward_f64, op);
-      if (!status) k->softmax_backward_f64(dptr(dx), dptr(yc), dptr(gc), A, R, B, is_log);
-    }
+    status = DDP_KERNEL_CHECK(k, softmax_backward, op);
+    if (!status) k->softmax_backward(cdt, dptr(dx), dptr(yc), dptr(gc), A, R, B, is_log);
     if (!status) status = ddp_device_check(y->device, op);
   }
   if (!status && cdt != y->dtype) {
@@ -1181,13 +1142,8 @@ static int softmax_like(ddp_tensor **out, ddp_tensor *t, int dim, int is_log, co
     int64_t A, R, B;
     dim_layout(x, t->ndim ? d : 0, &A, &R, &B);
     const ddp_kernels *k = ddp_kernels_for(t->device);
-    if (cdt == DDP_F32) {
-      status = DDP_KERNEL_CHECK(k, softmax_f32, op);
-      if (!status) k->softmax_f32(dptr(y), dptr(x), A, R, B, is_log);
-    } else {
-      status = DDP_KERNEL_CHECK(k, softmax_f64, op);
-      if (!status) k->softmax_f64(dptr(y), dptr(x), A, R, B, is_log);
-    }
+    status = DDP_KERNEL_CHECK(k, softmax, op);
+    if (!status) k->softmax(cdt, dptr(y), dptr(x), A, R, B, is_log);
     if (!status) status = ddp_device_check(t->device, op);
   }
   if (x != t) ddp_tensor_release(x);

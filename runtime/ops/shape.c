@@ -17,7 +17,6 @@
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
-#include "backend/cpu/shape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 

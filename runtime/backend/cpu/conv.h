@@ -2,16 +2,9 @@
 #ifndef DDP_CPU_CONV_H
 #define DDP_CPU_CONV_H
 
-#include <stdint.h>
+#include "backend/kernels.h"
 
-/* Sizes and options of one conv2d call. */
-typedef struct {
-  int64_t n, c, h, w;  /* input (N, C, H, W) */
-  int64_t o, kh, kw;   /* weight (O, C / groups, kH, kW) */
-  int64_t oh, ow;      /* output (N, O, OH, OW) */
-  int64_t sh, sw, ph, pw, dh, dw, groups;
-} ddp_conv2d_geom;
-
+/* Geometry: ddp_conv2d_geom (runtime/backend/kernels.h). */
 /* out = conv2d(in, w) + bias. Contiguous buffers of dtype DDP_F32 or DDP_F64; bias may be
  * NULL. Samples are spread over the runtime's threads. Returns a status (scratch memory). */
 int ddp_cpu_conv2d_forward(int dtype, void *out /* (N, O, OH, OW) */,

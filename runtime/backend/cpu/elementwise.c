@@ -435,16 +435,6 @@ void ddp_cpu_unary(ddp_tensor *out, ddp_tensor *x, int op, double p0, double p1)
 
 /* ---- unary backward ------------------------------------------------------------------ */
 
-int ddp_ew_unary_uses_output(int op) {
-  switch (op) {
-  case DDP_EW_NEG: return -1;
-  case DDP_EW_EXP: case DDP_EW_SQRT: case DDP_EW_RSQRT: case DDP_EW_RELU: case DDP_EW_TANH:
-  case DDP_EW_SIGMOID:
-    return 1;
-  default: return 0;
-  }
-}
-
 /* d = g * f' with s the saved tensor; the ops of every training step (relu, tanh, sigmoid)
  * get vectorisable loops, the others the per-element formula. */
 #define DEF_UN_BWD(T, SUF, EXP, ERF)                                                              \

@@ -16,33 +16,9 @@
 #ifndef DDP_CPU_ELEMENTWISE_H
 #define DDP_CPU_ELEMENTWISE_H
 
-#include "core/core.h"
+#include "backend/kernels.h"
 
-/* Binary ops (and comparisons, whose outputs are bool). */
-enum ddp_ew_binary {
-  DDP_EW_ADD, /* a + alpha * b */
-  DDP_EW_SUB, /* a - alpha * b */
-  DDP_EW_MUL,
-  DDP_EW_DIV, /* true division */
-  DDP_EW_POW, /* a ^ b */
-  DDP_EW_MAX, /* maximum, NaN propagating */
-  DDP_EW_MIN, /* minimum, NaN propagating */
-  DDP_EW_EQ, DDP_EW_NE, DDP_EW_LT, DDP_EW_LE, DDP_EW_GT, DDP_EW_GE,
-  DDP_EW_BINARY_COUNT
-};
-
-/* Unary ops; p0, p1 are the op's parameters. */
-enum ddp_ew_unary {
-  DDP_EW_NEG, DDP_EW_EXP, DDP_EW_LOG, DDP_EW_SQRT, DDP_EW_RSQRT, DDP_EW_ABS,
-  DDP_EW_CLAMP,     /* p0 = min (-inf: none), p1 = max (+inf: none) */
-  DDP_EW_RELU,
-  DDP_EW_LEAKY_RELU, /* p0 = negative slope */
-  DDP_EW_GELU,      /* exact: x * Phi(x) (Hendrycks & Gimpel, arXiv:1606.08415) */
-  DDP_EW_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), same paper */
-  DDP_EW_TANH, DDP_EW_SIGMOID,
-  DDP_EW_SILU,      /* x * sigmoid(x) */
-  DDP_EW_UNARY_COUNT
-};
+/* Op codes: enum ddp_ew_binary and enum ddp_ew_unary (runtime/backend/kernels.h). */
 
 /* out = a op b. out: (*) of any dtype (bool for comparisons); a, b: views of out's shape
  * (*), any dtypes. out may be a itself (in-place). */
@@ -62,10 +38,6 @@ void ddp_cpu_unary(ddp_tensor *out, ddp_tensor *x, int op, double p0, double p1)
  * d: (*) fresh, written; g, s: (*). */
 void ddp_cpu_unary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *s, int op, double p0,
                             double p1);
-
-/* 1 when op's backward reads the output (exp, sqrt, rsqrt, relu, tanh, sigmoid), 0 when it
- * reads the input, -1 when it reads neither (neg). */
-int ddp_ew_unary_uses_output(int op);
 
 /* out = cond ? a : b. out: (*); cond: (*) bool/u8 view; a, b: (*) views, any dtypes. */
 void ddp_cpu_where(ddp_tensor *out, ddp_tensor *cond, ddp_tensor *a, ddp_tensor *b);

@@ -363,3 +363,59 @@ enum { LANES = 8 };
 
 DEFINE_LOSS_KERNELS(float, f32)
 DEFINE_LOSS_KERNELS(double, f64)
+
+/* ---- table entries: one dtype switch per call (Note [one dispatch path]) ---------------- */
+
+double ddp_cpu_cross_entropy_forward(int dtype, void *loss, void *lse, const void *x,
+                                     const int64_t *target, const void *prob, const void *weight,
+                                     int64_t N, int64_t C, int64_t D, int64_t ignore_index,
+                                     double smoothing) {
+  if (dtype == DDP_F64)
+    return ddp_cpu_cross_entropy_forward_f64(loss, lse, x, target, prob, weight, N, C, D,
+                                             ignore_index, smoothing);
+  return ddp_cpu_cross_entropy_forward_f32(loss, lse, x, target, prob, weight, N, C, D,
+                                           ignore_index, smoothing);
+}
+
+void ddp_cpu_cross_entropy_backward(int dtype, void *dx, const void *dloss, int dloss_per_sample,
+                                    double factor, const void *x, const void *lse,
+                                    const int64_t *target, const void *prob, const void *weight,
+                                    int64_t N, int64_t C, int64_t D, int64_t ignore_index,
+                                    double smoothing) {
+  if (dtype == DDP_F64)
+    ddp_cpu_cross_entropy_backward_f64(dx, dloss, dloss_per_sample, factor, x, lse, target, prob,
+                                       weight, N, C, D, ignore_index, smoothing);
+  else
+    ddp_cpu_cross_entropy_backward_f32(dx, dloss, dloss_per_sample, factor, x, lse, target, prob,
+                                       weight, N, C, D, ignore_index, smoothing);
+}
+
+double ddp_cpu_nll_forward(int dtype, void *loss, const void *x, const int64_t *target,
+                           const void *weight, int64_t N, int64_t C, int64_t D,
+                           int64_t ignore_index) {
+  if (dtype == DDP_F64)
+    return ddp_cpu_nll_forward_f64(loss, x, target, weight, N, C, D, ignore_index);
+  return ddp_cpu_nll_forward_f32(loss, x, target, weight, N, C, D, ignore_index);
+}
+
+void ddp_cpu_nll_backward(int dtype, void *dx, const void *dloss, int dloss_per_sample,
+                          double factor, const int64_t *target, const void *weight, int64_t N,
+                          int64_t C, int64_t D, int64_t ignore_index) {
+  if (dtype == DDP_F64)
+    ddp_cpu_nll_backward_f64(dx, dloss, dloss_per_sample, factor, target, weight, N, C, D,
+                             ignore_index);
+  else
+    ddp_cpu_nll_backward_f32(dx, dloss, dloss_per_sample, factor, target, weight, N, C, D,
+                             ignore_index);
+}
+
+double ddp_cpu_mse_forward(int dtype, void *loss, const void *x, const void *t, int64_t n) {
+  if (dtype == DDP_F64) return ddp_cpu_mse_forward_f64(loss, x, t, n);
+  return ddp_cpu_mse_forward_f32(loss, x, t, n);
+}
+
+void ddp_cpu_mse_backward(int dtype, void *dx, void *dt, const void *dloss, int dloss_per_element,
+                          double factor, const void *x, const void *t, int64_t n) {
+  if (dtype == DDP_F64) ddp_cpu_mse_backward_f64(dx, dt, dloss, dloss_per_element, factor, x, t, n);
+  else ddp_cpu_mse_backward_f32(dx, dt, dloss, dloss_per_element, factor, x, t, n);
+}

@@ -91,4 +91,25 @@ void ddp_cpu_mse_backward_f32(float *dx,           // (n) or NULL
 void ddp_cpu_mse_backward_f64(double *dx, double *dt, const double *dloss, int dloss_per_element,
                               double factor, const double *x, const double *t, int64_t n);
 
+/* The table entries (runtime/backend/kernels.h): the kernels above chosen by dtype
+ * (DDP_F32 or DDP_F64). */
+double ddp_cpu_cross_entropy_forward(int dtype, void *loss, void *lse, const void *x,
+                                     const int64_t *target, const void *prob, const void *weight,
+                                     int64_t N, int64_t C, int64_t D, int64_t ignore_index,
+                                     double smoothing);
+void ddp_cpu_cross_entropy_backward(int dtype, void *dx, const void *dloss, int dloss_per_sample,
+                                    double factor, const void *x, const void *lse,
+                                    const int64_t *target, const void *prob, const void *weight,
+                                    int64_t N, int64_t C, int64_t D, int64_t ignore_index,
+                                    double smoothing);
+double ddp_cpu_nll_forward(int dtype, void *loss, const void *x, const int64_t *target,
+                           const void *weight, int64_t N, int64_t C, int64_t D,
+                           int64_t ignore_index);
+void ddp_cpu_nll_backward(int dtype, void *dx, const void *dloss, int dloss_per_sample,
+                          double factor, const int64_t *target, const void *weight, int64_t N,
+                          int64_t C, int64_t D, int64_t ignore_index);
+double ddp_cpu_mse_forward(int dtype, void *loss, const void *x, const void *t, int64_t n);
+void ddp_cpu_mse_backward(int dtype, void *dx, void *dt, const void *dloss, int dloss_per_element,
+                          double factor, const void *x, const void *t, int64_t n);
+
 #endif /* DDP_CPU_LOSS_H */

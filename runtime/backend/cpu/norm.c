@@ -347,3 +347,84 @@ void ddp_cpu_embedding_forward(char *out, const char *weight, const int64_t *idx
   gather_ctx k = {out, weight, idx, row_bytes};
   ddp_parallel_for(n, grain_for(row_bytes / 4 + 1), embedding_forward_range, &k);
 }
+
+/* ---- table entries: one dtype switch per call (Note [one dispatch path]) ---------------- */
+
+void ddp_cpu_bn_moments(int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
+                        int64_t S) {
+  if (dtype == DDP_F64) ddp_cpu_bn_moments_f64(mean, var, x, N, C, S);
+  else ddp_cpu_bn_moments_f32(mean, var, x, N, C, S);
+}
+
+void ddp_cpu_bn_sums(int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,
+                     int64_t S) {
+  if (dtype == DDP_F64) ddp_cpu_bn_sums_f64(sum, sumsq, x, N, C, S);
+  else ddp_cpu_bn_sums_f32(sum, sumsq, x, N, C, S);
+}
+
+void ddp_cpu_bn_apply(int dtype, void *y, const void *x, const void *mean, const void *scale,
+                      const void *shift, int64_t N, int64_t C, int64_t S) {
+  if (dtype == DDP_F64) ddp_cpu_bn_apply_f64(y, x, mean, scale, shift, N, C, S);
+  else ddp_cpu_bn_apply_f32(y, x, mean, scale, shift, N, C, S);
+}
+
+void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
+                                const void *x, const void *mean, int64_t N, int64_t C, int64_t S) {
+  if (dtype == DDP_F64) ddp_cpu_bn_backward_reduce_f64(sum_dy, sum_dy_xmu, dy, x, mean, N, C, S);
+  else ddp_cpu_bn_backward_reduce_f32(sum_dy, sum_dy_xmu, dy, x, mean, N, C, S);
+}
+
+void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *x,
+                               const void *mean, const void *a, const void *b, const void *d,
+                               int64_t N, int64_t C, int64_t S) {
+  if (dtype == DDP_F64) ddp_cpu_bn_backward_elemt_f64(dx, dy, x, mean, a, b, d, N, C, S);
+  else ddp_cpu_bn_backward_elemt_f32(dx, dy, x, mean, a, b, d, N, C, S);
+}
+
+void ddp_cpu_bn_finalize(int dtype, void *mean_out, void *scale, void *shift, void *invstd,
+                         const double *mean, const double *var, const void *w, const void *b,
+                         int64_t C, double eps) {
+  if (dtype == DDP_F64) ddp_cpu_bn_finalize_f64(mean_out, scale, shift, invstd, mean, var, w, b, C, eps);
+  else ddp_cpu_bn_finalize_f32(mean_out, scale, shift, invstd, mean, var, w, b, C, eps);
+}
+
+void ddp_cpu_bn_running_update(int dtype, void *running, const double *value, int64_t C,
+                               double momentum, double correction) {
+  if (dtype == DDP_F64) ddp_cpu_bn_running_update_f64(running, value, C, momentum, correction);
+  else ddp_cpu_bn_running_update_f32(running, value, C, momentum, correction);
+}
+
+void ddp_cpu_bn_backward_coef(int dtype, void *a, void *b, void *d, void *dweight, void *dbias,
+                              const double *sum_dy, const double *sum_dy_xmu, const void *invstd,
+                              const void *w, int64_t C, double M, int training) {
+  if (dtype == DDP_F64)
+    ddp_cpu_bn_backward_coef_f64(a, b, d, dweight, dbias, sum_dy, sum_dy_xmu, invstd, w, C, M,
+                                 training);
+  else
+    ddp_cpu_bn_backward_coef_f32(a, b, d, dweight, dbias, sum_dy, sum_dy_xmu, invstd, w, C, M,
+                                 training);
+}
+
+void ddp_cpu_ln_forward(int dtype, void *y, void *mean, void *rstd, const void *x, const void *w,
+                        const void *b, int64_t M, int64_t D, double eps) {
+  if (dtype == DDP_F64) ddp_cpu_ln_forward_f64(y, mean, rstd, x, w, b, M, D, eps);
+  else ddp_cpu_ln_forward_f32(y, mean, rstd, x, w, b, M, D, eps);
+}
+
+void ddp_cpu_ln_backward(int dtype, void *dx, void *dw, void *db, const void *dy, const void *x,
+                         const void *mean, const void *rstd, const void *w, int64_t M, int64_t D) {
+  if (dtype == DDP_F64) ddp_cpu_ln_backward_f64(dx, dw, db, dy, x, mean, rstd, w, M, D);
+  else ddp_cpu_ln_backward_f32(dx, dw, db, dy, x, mean, rstd, w, M, D);
+}
+
+void ddp_cpu_masked_scale(int dtype, void *y, const void *x, const uint8_t *mask, double scale,
+                          int64_t n) {
+  if (dtype == DDP_F64) ddp_cpu_masked_scale_f64(y, x, mask, scale, n);
+  else ddp_cpu_masked_scale_f32(y, x, mask, (float)scale, n);
+}
+
+void ddp_cpu_embedding_backward(int dtype, void *dweight, const void *dy, const int64_t *idx,
+                                int64_t n, int64_t D, int64_t padding_idx) {
+  if (dtype == DDP_F64) ddp_cpu_embedding_backward_f64(dweight, dy, idx, n, D, padding_idx);
+  else ddp_cpu_embedding_backward_f32(dweight, dy, idx, n, D, padding_idx);
+}

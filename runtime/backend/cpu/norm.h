@@ -110,4 +110,34 @@ void ddp_cpu_embedding_backward_f32(float *dweight, const float *dy, const int64
 void ddp_cpu_embedding_backward_f64(double *dweight, const double *dy, const int64_t *idx, int64_t n,
                                     int64_t D, int64_t padding_idx);
 
+/* The table entries (runtime/backend/kernels.h): the kernels above chosen by dtype
+ * (DDP_F32 or DDP_F64; masked_scale rounds scale to the dtype). */
+void ddp_cpu_bn_moments(int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
+                        int64_t S);
+void ddp_cpu_bn_sums(int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,
+                     int64_t S);
+void ddp_cpu_bn_apply(int dtype, void *y, const void *x, const void *mean, const void *scale,
+                      const void *shift, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
+                                const void *x, const void *mean, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *x,
+                               const void *mean, const void *a, const void *b, const void *d,
+                               int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_finalize(int dtype, void *mean_out, void *scale, void *shift, void *invstd,
+                         const double *mean, const double *var, const void *w, const void *b,
+                         int64_t C, double eps);
+void ddp_cpu_bn_running_update(int dtype, void *running, const double *value, int64_t C,
+                               double momentum, double correction);
+void ddp_cpu_bn_backward_coef(int dtype, void *a, void *b, void *d, void *dweight, void *dbias,
+                              const double *sum_dy, const double *sum_dy_xmu, const void *invstd,
+                              const void *w, int64_t C, double M, int training);
+void ddp_cpu_ln_forward(int dtype, void *y, void *mean, void *rstd, const void *x, const void *w,
+                        const void *b, int64_t M, int64_t D, double eps);
+void ddp_cpu_ln_backward(int dtype, void *dx, void *dw, void *db, const void *dy, const void *x,
+                         const void *mean, const void *rstd, const void *w, int64_t M, int64_t D);
+void ddp_cpu_masked_scale(int dtype, void *y, const void *x, const uint8_t *mask, double scale,
+                          int64_t n);
+void ddp_cpu_embedding_backward(int dtype, void *dweight, const void *dy, const int64_t *idx,
+                                int64_t n, int64_t D, int64_t padding_idx);
+
 #endif /* DDP_CPU_NORM_H */

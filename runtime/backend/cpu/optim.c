@@ -6,6 +6,9 @@
 #include "backend/cpu/optim.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "core/core.h"
 
 /* Note [optimizer update order]: every kernel follows the algorithm box of PyTorch's page
  * for the optimizer line by line (ddplua/optim.h quotes them): maximize negates the
@@ -128,3 +131,133 @@ DEFINE_ADADELTA(f64, double, sqrt)
 
 DEFINE_CLIP(f32, float)
 DEFINE_CLIP(f64, double)
+
+/* ---- table entries: a dtype switch per thread chunk, never per element ------------------- */
+
+enum {
+  SGD_GRAIN = 1 << 15,   /* cheap element-wise work: ~32K elements per thread chunk */
+  ADAM_GRAIN = 1 << 14,  /* a sqrt and a division per element */
+  CLIP_BLOCK = 1 << 14,  /* elements per partial result of the clipping norm */
+};
+
+enum { KIND_SGD, KIND_ADAM, KIND_ADADELTA, KIND_SCALE, KIND_CLAMP };
+
+typedef struct {
+  int kind, dtype;
+  const void *h;         /* hyper-parameters (updates) */
+  char *base[5];         /* buffers in entry argument order (NULL: absent) */
+  double s, lo, hi;      /* scale, clamp */
+} range_ctx;
+
+/* Buffer k of c advanced to element `begin`. */
+static void *at(const range_ctx *c, int k, int64_t begin) {
+  if (!c->base[k]) return NULL;
+  return c->base[k] + (size_t)begin * ddp_dtype_size(c->dtype);
+}
+
+static void run_range(void *vctx, int64_t begin, int64_t end) {
+  const range_ctx *c = vctx;
+  int64_t n = end - begin;
+  int f64 = c->dtype == DDP_F64;
+  void *b0 = at(c, 0, begin), *b1 = at(c, 1, begin), *b2 = at(c, 2, begin), *b3 = at(c, 3, begin),
+       *b4 = at(c, 4, begin);
+  switch (c->kind) {
+  case KIND_SGD:
+    if (f64) ddp_cpu_sgd_f64(b0, b1, b2, n, c->h);
+    else ddp_cpu_sgd_f32(b0, b1, b2, n, c->h);
+    break;
+  case KIND_ADAM:
+    if (f64) ddp_cpu_adam_f64(b0, b1, b2, b3, b4, n, c->h);
+    else ddp_cpu_adam_f32(b0, b1, b2, b3, b4, n, c->h);
+    break;
+  case KIND_ADADELTA:
+    if (f64) ddp_cpu_adadelta_f64(b0, b1, b2, b3, n, c->h);
+    else ddp_cpu_adadelta_f32(b0, b1, b2, b3, n, c->h);
+    break;
+  case KIND_SCALE:
+    if (f64) ddp_cpu_scale_f64(b0, n, c->s);
+    else ddp_cpu_scale_f32(b0, n, c->s);
+    break;
+  case KIND_CLAMP:
+    if (f64) ddp_cpu_clamp_f64(b0, n, c->lo, c->hi);
+    else ddp_cpu_clamp_f32(b0, n, c->lo, c->hi);
+    break;
+  }
+}
+
+void ddp_cpu_sgd(int dtype, void *param, void *momentum_buffer, const void *grad, int64_t n,
+                 const ddp_sgd_hparams *h) {
+  range_ctx c = {KIND_SGD, dtype, h, {param, momentum_buffer, (char *)grad}};
+  ddp_parallel_for(n, SGD_GRAIN, run_range, &c);
+}
+
+void ddp_cpu_adam(int dtype, void *param, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
+                  const void *grad, int64_t n, const ddp_adam_hparams *h) {
+  range_ctx c = {KIND_ADAM, dtype, h, {param, exp_avg, exp_avg_sq, max_exp_avg_sq, (char *)grad}};
+  ddp_parallel_for(n, ADAM_GRAIN, run_range, &c);
+}
+
+void ddp_cpu_adadelta(int dtype, void *param, void *square_avg, void *acc_delta, const void *grad,
+                      int64_t n, const ddp_adadelta_hparams *h) {
+  range_ctx c = {KIND_ADADELTA, dtype, h, {param, square_avg, acc_delta, (char *)grad}};
+  ddp_parallel_for(n, ADAM_GRAIN, run_range, &c);
+}
+
+void ddp_cpu_scale(int dtype, void *x, int64_t n, double s) {
+  range_ctx c = {KIND_SCALE, dtype, NULL, {x}, .s = s};
+  ddp_parallel_for(n, SGD_GRAIN, run_range, &c);
+}
+
+void ddp_cpu_clamp(int dtype, void *x, int64_t n, double lo, double hi) {
+  range_ctx c = {KIND_CLAMP, dtype, NULL, {x}, .lo = lo, .hi = hi};
+  ddp_parallel_for(n, SGD_GRAIN, run_range, &c);
+}
+
+typedef struct {
+  const char *data;
+  int dtype;
+  int64_t n;
+  double p;        /* norm order; INFINITY: max |x| */
+  double *partial; /* one per block */
+} norm_ctx;
+
+static void norm_blocks(void *vctx, int64_t begin, int64_t end) {
+  const norm_ctx *c = vctx;
+  size_t es = ddp_dtype_size(c->dtype);
+  for (int64_t b = begin; b < end; b++) {
+    int64_t lo = b * CLIP_BLOCK, len = c->n - lo < CLIP_BLOCK ? c->n - lo : CLIP_BLOCK;
+    const void *x = c->data + (size_t)lo * es;
+    if (isinf(c->p))
+      c->partial[b] = c->dtype == DDP_F64 ? ddp_cpu_abs_max_f64(x, len) : ddp_cpu_abs_max_f32(x, len);
+    else
+      c->partial[b] = c->dtype == DDP_F64 ? ddp_cpu_abs_pow_sum_f64(x, len, c->p)
+                                          : ddp_cpu_abs_pow_sum_f32(x, len, c->p);
+  }
+}
+
+/* Sum of |x|^p (or max |x| for p = inf) from fixed-size blocks, combined in block order. */
+static double norm_reduce(int dtype, const void *x, int64_t n, double p) {
+  int64_t nblocks = (n + CLIP_BLOCK - 1) / CLIP_BLOCK;
+  double *partial = malloc(sizeof(double) * (size_t)(nblocks > 0 ? nblocks : 1));
+  if (!partial) {
+    DDP_ERROR(DDP_ERR_MEMORY, "clip_grad_norm_: out of memory");
+    return NAN;
+  }
+  norm_ctx c = {x, dtype, n, p, partial};
+  ddp_parallel_for(nblocks, 2, norm_blocks, &c);
+  double acc = 0;
+  for (int64_t b = 0; b < nblocks; b++) {
+    if (isinf(p)) acc = (partial[b] > acc || partial[b] != partial[b]) ? partial[b] : acc;
+    else acc += partial[b];
+  }
+  free(partial);
+  return acc;
+}
+
+double ddp_cpu_abs_pow_sum(int dtype, const void *x, int64_t n, double p) {
+  return norm_reduce(dtype, x, n, p);
+}
+
+double ddp_cpu_abs_max(int dtype, const void *x, int64_t n) {
+  return norm_reduce(dtype, x, n, INFINITY);
+}

@@ -1,38 +1,18 @@
 /* runtime/backend/cpu/optim.h: CPU kernels of the fused optimizer updates and of gradient
- * clipping (internal; the front doors in runtime/ops/optim.c check the tensors, make the
- * operands contiguous and split the work over the thread pool).
+ * clipping (internal; the front doors in runtime/ops/optim.c check the tensors and make the
+ * operands contiguous; the table entries at the end split the work over the thread pool).
  *
- * Every buffer is contiguous and holds n elements; kernels update a range in place, so a
- * caller may hand disjoint sub-ranges to different threads. Kernels come in f32 and f64
+ * Every buffer is contiguous and holds n elements; the typed kernels update a range in place,
+ * so the entries hand disjoint sub-ranges to different threads. Kernels come in f32 and f64
  * (suffix) and compute in their own precision, as PyTorch's do. Formulas: see
  * ddplua/optim.h (PyTorch's torch.optim documentation). */
 #ifndef DDP_CPU_OPTIM_H
 #define DDP_CPU_OPTIM_H
 
-#include <stdint.h>
+#include "backend/kernels.h"
 
-/* Hyper-parameters of one SGD update (see ddp_sgd_step_). */
-typedef struct {
-  double lr, momentum, dampening, weight_decay;
-  int nesterov, maximize;
-  int first_step; /* 1: the momentum buffer is created now (b <- g) */
-} ddp_sgd_hparams;
-
-/* Hyper-parameters of one Adam / AdamW update, with the bias corrections of step t
- * precomputed: step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). */
-typedef struct {
-  double lr, beta1, beta2, eps, weight_decay;
-  double step_size, bc2_sqrt;
-  int decoupled; /* 1: AdamW, p *= 1 - lr * weight_decay; 0: Adam, g += weight_decay * p */
-  int amsgrad, maximize;
-} ddp_adam_hparams;
-
-/* Hyper-parameters of one Adadelta update. */
-typedef struct {
-  double lr, rho, eps, weight_decay;
-  int maximize;
-} ddp_adadelta_hparams;
-
+/* Hyper-parameters: ddp_sgd_hparams, ddp_adam_hparams, ddp_adadelta_hparams
+ * (runtime/backend/kernels.h). */
 /* param (n), momentum_buffer (n; NULL when momentum == 0) <- grad (n). */
 void ddp_cpu_sgd_f32(float *restrict param, float *restrict momentum_buffer, const float *restrict grad, int64_t n,
                      const ddp_sgd_hparams *h);
@@ -68,5 +48,21 @@ void ddp_cpu_scale_f64(double *x, int64_t n, double s);
 /* x (n) <- min(max(x, lo), hi) (NaN kept). */
 void ddp_cpu_clamp_f32(float *x, int64_t n, double lo, double hi);
 void ddp_cpu_clamp_f64(double *x, int64_t n, double lo, double hi);
+
+/* The table entries (runtime/backend/kernels.h): dtype DDP_F32 or DDP_F64, whole contiguous
+ * buffers of n elements. Each splits its work over the thread pool (the updates, scale and
+ * clamp by element ranges; the norms by fixed blocks of CLIP_BLOCK elements whose partial
+ * results are combined in block order, so they do not depend on the thread count).
+ * abs_pow_sum and abs_max record an error and return NaN when out of memory. */
+void ddp_cpu_sgd(int dtype, void *param, void *momentum_buffer, const void *grad, int64_t n,
+                 const ddp_sgd_hparams *h);
+void ddp_cpu_adam(int dtype, void *param, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
+                  const void *grad, int64_t n, const ddp_adam_hparams *h);
+void ddp_cpu_adadelta(int dtype, void *param, void *square_avg, void *acc_delta, const void *grad,
+                      int64_t n, const ddp_adadelta_hparams *h);
+double ddp_cpu_abs_pow_sum(int dtype, const void *x, int64_t n, double p);
+double ddp_cpu_abs_max(int dtype, const void *x, int64_t n);
+void ddp_cpu_scale(int dtype, void *x, int64_t n, double s);
+void ddp_cpu_clamp(int dtype, void *x, int64_t n, double lo, double hi);
 
 #endif /* DDP_CPU_OPTIM_H */

@@ -2,15 +2,9 @@
 #ifndef DDP_CPU_POOL_H
 #define DDP_CPU_POOL_H
 
-#include <stdint.h>
+#include "backend/kernels.h"
 
-/* Sizes and options of one pooling call; planes = N * C. */
-typedef struct {
-  int64_t planes, h, w, oh, ow;
-  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
-  int count_include_pad;
-} ddp_pool2d_geom;
-
+/* Geometry: ddp_pool2d_geom (runtime/backend/kernels.h). */
 /* Contiguous buffers of dtype DDP_F32 or DDP_F64 (indices: int64_t); planes spread over the
  * runtime's threads. Backward kernels accumulate into d_in. */
 void ddp_cpu_max_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,

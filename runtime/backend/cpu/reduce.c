@@ -574,3 +574,40 @@ DEFINE_ROW_MAX(f64, double)
 
 DEFINE_SOFTMAX(f32, float, exp_f32)
 DEFINE_SOFTMAX(f64, double, exp)
+
+/* ---- table entries: one dtype switch per call (Note [one dispatch path]) ---------------- */
+
+void ddp_cpu_sum(int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B, int mode,
+                 double scale) {
+  if (dtype == DDP_F32) ddp_cpu_sum_f32(out, x, A, R, B, mode, scale);
+  else if (dtype == DDP_F64) ddp_cpu_sum_f64(out, x, A, R, B, mode, scale);
+  else ddp_cpu_sum_i64(out, x, A, R, B);
+}
+
+void ddp_cpu_var(int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B,
+                 double correction, int take_sqrt) {
+  if (dtype == DDP_F64) ddp_cpu_var_f64(out, x, A, R, B, correction, take_sqrt);
+  else ddp_cpu_var_f32(out, x, A, R, B, correction, take_sqrt);
+}
+
+void ddp_cpu_argext(int dtype, void *values, int64_t *indices, const void *x, int64_t A,
+                    int64_t R, int64_t B, int is_max) {
+  switch (dtype) {
+  case DDP_F32: ddp_cpu_argext_f32(values, indices, x, A, R, B, is_max); break;
+  case DDP_F64: ddp_cpu_argext_f64(values, indices, x, A, R, B, is_max); break;
+  case DDP_I64: ddp_cpu_argext_i64(values, indices, x, A, R, B, is_max); break;
+  case DDP_I32: ddp_cpu_argext_i32(values, indices, x, A, R, B, is_max); break;
+  default: ddp_cpu_argext_u8(values, indices, x, A, R, B, is_max); break; /* u8, bool */
+  }
+}
+
+void ddp_cpu_softmax(int dtype, void *y, const void *x, int64_t A, int64_t R, int64_t B, int log) {
+  if (dtype == DDP_F64) ddp_cpu_softmax_f64(y, x, A, R, B, log);
+  else ddp_cpu_softmax_f32(y, x, A, R, B, log);
+}
+
+void ddp_cpu_softmax_backward(int dtype, void *dx, const void *y, const void *dy, int64_t A,
+                              int64_t R, int64_t B, int log) {
+  if (dtype == DDP_F64) ddp_cpu_softmax_backward_f64(dx, y, dy, A, R, B, log);
+  else ddp_cpu_softmax_backward_f32(dx, y, dy, A, R, B, log);
+}

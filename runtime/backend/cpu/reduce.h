@@ -10,15 +10,9 @@
 #ifndef DDP_CPU_REDUCE_H
 #define DDP_CPU_REDUCE_H
 
-#include <stdint.h>
+#include "backend/kernels.h"
 
-/* What a sum kernel adds up, and what it writes. */
-enum ddp_sum_mode {
-  DDP_SUM_PLAIN = 0, /* out = scale * sum x */
-  DDP_SUM_ABS = 1,   /* out = scale * sum |x| */
-  DDP_SUM_SQRT = 2   /* out = sqrt(sum x^2) (the 2-norm) */
-};
-
+/* Sum modes: enum ddp_sum_mode (runtime/backend/kernels.h). */
 void ddp_cpu_sum_f32(float *out,          // (A, B)
                      const float *x,      // (A, R, B)
                      int64_t A, int64_t R, int64_t B, int mode, double scale);
@@ -73,5 +67,16 @@ void ddp_cpu_softmax_backward_f64(double *dx,       // (A, R, B)
                                   const double *y,  // (A, R, B)
                                   const double *dy, // (A, R, B)
                                   int64_t A, int64_t R, int64_t B, int log);
+
+/* The table entries (runtime/backend/kernels.h): the kernels above chosen by dtype. */
+void ddp_cpu_sum(int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B, int mode,
+                 double scale);
+void ddp_cpu_var(int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B,
+                 double correction, int take_sqrt);
+void ddp_cpu_argext(int dtype, void *values, int64_t *indices, const void *x, int64_t A,
+                    int64_t R, int64_t B, int is_max);
+void ddp_cpu_softmax(int dtype, void *y, const void *x, int64_t A, int64_t R, int64_t B, int log);
+void ddp_cpu_softmax_backward(int dtype, void *dx, const void *y, const void *dy, int64_t A,
+                              int64_t R, int64_t B, int log);
 
 #endif /* DDP_CPU_REDUCE_H */

@@ -39,12 +39,6 @@
 
 #include <type_traits>
 
-#define restrict __restrict__
-extern "C" {
-#include "backend/cpu/elementwise.h"
-}
-#undef restrict
-
 // Element code is __host__ __device__: the kernels' bodies are plain loops (below) that
 // a host build with DDP_EW_HOST_EMULATION runs on the CPU, so this file's geometry and
 // element semantics can be tested on a machine without a GPU

@@ -406,20 +406,66 @@ void mse_backward(T *dx, T *dt, const T *dloss, int dloss_per_element, double fa
 
 } // namespace
 
-// Fill the loss entries of the CUDA kernel table (runtime/backend/kernels.h): f32 and f64
-// of cross_entropy_forward/backward, nll_forward/backward, mse_forward/backward. Pointers
+// Fill the loss entries of the CUDA kernel table (runtime/backend/kernels.h), for f32 and f64:
+// cross_entropy_forward/backward, nll_forward/backward, mse_forward/backward. Pointers
 // are device pointers on the current device; the forwards return their total to the host.
 extern "C" void ddp_cuda_register_loss(ddp_kernels *k) {
-  k->cross_entropy_forward_f32 = ce_forward<float>;
-  k->cross_entropy_forward_f64 = ce_forward<double>;
-  k->cross_entropy_backward_f32 = ce_backward<float>;
-  k->cross_entropy_backward_f64 = ce_backward<double>;
-  k->nll_forward_f32 = nll_forward<float>;
-  k->nll_forward_f64 = nll_forward<double>;
-  k->nll_backward_f32 = nll_backward<float>;
-  k->nll_backward_f64 = nll_backward<double>;
-  k->mse_forward_f32 = mse_forward<float>;
-  k->mse_forward_f64 = mse_forward<double>;
-  k->mse_backward_f32 = mse_backward<float>;
-  k->mse_backward_f64 = mse_backward<double>;
+  // Each entry picks the typed function from the dtype (Note [one dispatch path] in
+  // runtime/backend/kernels.h); the ops layer has checked the dtype.
+  k->cross_entropy_forward = [](int dtype, void *loss, void *lse, const void *x,
+                                const int64_t *target, const void *prob, const void *weight,
+                                int64_t N, int64_t C, int64_t D, int64_t ignore_index,
+                                double smoothing) {
+    return dtype == DDP_F64
+               ? ce_forward<double>((double *)loss, (double *)lse, (const double *)x, target,
+                                    (const double *)prob, (const double *)weight, N, C, D,
+                                    ignore_index, smoothing)
+               : ce_forward<float>((float *)loss, (float *)lse, (const float *)x, target,
+                                   (const float *)prob, (const float *)weight, N, C, D,
+                                   ignore_index, smoothing);
+  };
+  k->cross_entropy_backward =
+      [](int dtype, void *dx, const void *dloss, int dloss_per_sample, double factor, const void *x,
+         const void *lse, const int64_t *target, const void *prob, const void *weight, int64_t N,
+         int64_t C, int64_t D, int64_t ignore_index, double smoothing) {
+        if (dtype == DDP_F64)
+          ce_backward<double>((double *)dx, (const double *)dloss, dloss_per_sample, factor,
+                              (const double *)x, (const double *)lse, target, (const double *)prob,
+                              (const double *)weight, N, C, D, ignore_index, smoothing);
+        else
+          ce_backward<float>((float *)dx, (const float *)dloss, dloss_per_sample, factor,
+                             (const float *)x, (const float *)lse, target, (const float *)prob,
+                             (const float *)weight, N, C, D, ignore_index, smoothing);
+      };
+  k->nll_forward = [](int dtype, void *loss, const void *x, const int64_t *target,
+                      const void *weight, int64_t N, int64_t C, int64_t D, int64_t ignore_index) {
+    return dtype == DDP_F64 ? nll_forward<double>((double *)loss, (const double *)x, target,
+                                                  (const double *)weight, N, C, D, ignore_index)
+                            : nll_forward<float>((float *)loss, (const float *)x, target,
+                                                 (const float *)weight, N, C, D, ignore_index);
+  };
+  k->nll_backward = [](int dtype, void *dx, const void *dloss, int dloss_per_sample, double factor,
+                       const int64_t *target, const void *weight, int64_t N, int64_t C, int64_t D,
+                       int64_t ignore_index) {
+    if (dtype == DDP_F64)
+      nll_backward<double>((double *)dx, (const double *)dloss, dloss_per_sample, factor, target,
+                           (const double *)weight, N, C, D, ignore_index);
+    else
+      nll_backward<float>((float *)dx, (const float *)dloss, dloss_per_sample, factor, target,
+                          (const float *)weight, N, C, D, ignore_index);
+  };
+  k->mse_forward = [](int dtype, void *loss, const void *x, const void *t, int64_t n) {
+    return dtype == DDP_F64
+               ? mse_forward<double>((double *)loss, (const double *)x, (const double *)t, n)
+               : mse_forward<float>((float *)loss, (const float *)x, (const float *)t, n);
+  };
+  k->mse_backward = [](int dtype, void *dx, void *dt, const void *dloss, int dloss_per_element,
+                       double factor, const void *x, const void *t, int64_t n) {
+    if (dtype == DDP_F64)
+      mse_backward<double>((double *)dx, (double *)dt, (const double *)dloss, dloss_per_element,
+                           factor, (const double *)x, (const double *)t, n);
+    else
+      mse_backward<float>((float *)dx, (float *)dt, (const float *)dloss, dloss_per_element, factor,
+                          (const float *)x, (const float *)t, n);
+  };
 }

@@ -465,29 +465,113 @@ void embedding_backward(T *dweight, const T *dy, const int64_t *idx, int64_t n, 
 // masked_scale and embedding_forward/backward, in f32 and f64. Pointers are device pointers
 // on the current device (the double statistics too).
 extern "C" void ddp_cuda_register_norm(ddp_kernels *k) {
-  k->bn_moments_f32 = bn_moments<float>;
-  k->bn_moments_f64 = bn_moments<double>;
-  k->bn_sums_f32 = bn_sums<float>;
-  k->bn_sums_f64 = bn_sums<double>;
-  k->bn_apply_f32 = bn_apply<float>;
-  k->bn_apply_f64 = bn_apply<double>;
-  k->bn_backward_reduce_f32 = bn_backward_reduce<float>;
-  k->bn_backward_reduce_f64 = bn_backward_reduce<double>;
-  k->bn_backward_elemt_f32 = bn_backward_elemt<float>;
-  k->bn_backward_elemt_f64 = bn_backward_elemt<double>;
-  k->bn_finalize_f32 = bn_finalize<float>;
-  k->bn_finalize_f64 = bn_finalize<double>;
-  k->bn_running_update_f32 = bn_running_update<float>;
-  k->bn_running_update_f64 = bn_running_update<double>;
-  k->bn_backward_coef_f32 = bn_backward_coef<float>;
-  k->bn_backward_coef_f64 = bn_backward_coef<double>;
-  k->ln_forward_f32 = ln_forward<float>;
-  k->ln_forward_f64 = ln_forward<double>;
-  k->ln_backward_f32 = ln_backward<float>;
-  k->ln_backward_f64 = ln_backward<double>;
-  k->masked_scale_f32 = masked_scale<float>;
-  k->masked_scale_f64 = masked_scale<double>;
+  // Each entry picks the typed function from the dtype (Note [one dispatch path] in
+  // runtime/backend/kernels.h); the ops layer has checked the dtype.
+  k->bn_moments = [](int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
+                     int64_t S) {
+    if (dtype == DDP_F64)
+      bn_moments<double>(mean, var, (const double *)x, N, C, S);
+    else
+      bn_moments<float>(mean, var, (const float *)x, N, C, S);
+  };
+  k->bn_sums = [](int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,
+                  int64_t S) {
+    if (dtype == DDP_F64)
+      bn_sums<double>(sum, sumsq, (const double *)x, N, C, S);
+    else
+      bn_sums<float>(sum, sumsq, (const float *)x, N, C, S);
+  };
+  k->bn_apply = [](int dtype, void *y, const void *x, const void *mean, const void *scale,
+                   const void *shift, int64_t N, int64_t C, int64_t S) {
+    if (dtype == DDP_F64)
+      bn_apply<double>((double *)y, (const double *)x, (const double *)mean, (const double *)scale,
+                       (const double *)shift, N, C, S);
+    else
+      bn_apply<float>((float *)y, (const float *)x, (const float *)mean, (const float *)scale,
+                      (const float *)shift, N, C, S);
+  };
+  k->bn_backward_reduce = [](int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
+                             const void *x, const void *mean, int64_t N, int64_t C, int64_t S) {
+    if (dtype == DDP_F64)
+      bn_backward_reduce<double>(sum_dy, sum_dy_xmu, (const double *)dy, (const double *)x,
+                                 (const double *)mean, N, C, S);
+    else
+      bn_backward_reduce<float>(sum_dy, sum_dy_xmu, (const float *)dy, (const float *)x,
+                                (const float *)mean, N, C, S);
+  };
+  k->bn_backward_elemt = [](int dtype, void *dx, const void *dy, const void *x, const void *mean,
+                            const void *a, const void *b, const void *d, int64_t N, int64_t C,
+                            int64_t S) {
+    if (dtype == DDP_F64)
+      bn_backward_elemt<double>((double *)dx, (const double *)dy, (const double *)x,
+                                (const double *)mean, (const double *)a, (const double *)b,
+                                (const double *)d, N, C, S);
+    else
+      bn_backward_elemt<float>((float *)dx, (const float *)dy, (const float *)x,
+                               (const float *)mean, (const float *)a, (const float *)b,
+                               (const float *)d, N, C, S);
+  };
+  k->bn_finalize = [](int dtype, void *mean_out, void *scale, void *shift, void *invstd,
+                      const double *mean, const double *var, const void *w, const void *b,
+                      int64_t C, double eps) {
+    if (dtype == DDP_F64)
+      bn_finalize<double>((double *)mean_out, (double *)scale, (double *)shift, (double *)invstd,
+                          mean, var, (const double *)w, (const double *)b, C, eps);
+    else
+      bn_finalize<float>((float *)mean_out, (float *)scale, (float *)shift, (float *)invstd, mean,
+                         var, (const float *)w, (const float *)b, C, eps);
+  };
+  k->bn_running_update = [](int dtype, void *running, const double *value, int64_t C,
+                            double momentum, double correction) {
+    if (dtype == DDP_F64)
+      bn_running_update<double>((double *)running, value, C, momentum, correction);
+    else
+      bn_running_update<float>((float *)running, value, C, momentum, correction);
+  };
+  k->bn_backward_coef = [](int dtype, void *a, void *b, void *d, void *dweight, void *dbias,
+                           const double *sum_dy, const double *sum_dy_xmu, const void *invstd,
+                           const void *w, int64_t C, double M, int training) {
+    if (dtype == DDP_F64)
+      bn_backward_coef<double>((double *)a, (double *)b, (double *)d, (double *)dweight,
+                               (double *)dbias, sum_dy, sum_dy_xmu, (const double *)invstd,
+                               (const double *)w, C, M, training);
+    else
+      bn_backward_coef<float>((float *)a, (float *)b, (float *)d, (float *)dweight, (float *)dbias,
+                              sum_dy, sum_dy_xmu, (const float *)invstd, (const float *)w, C, M,
+                              training);
+  };
+  k->ln_forward = [](int dtype, void *y, void *mean, void *rstd, const void *x, const void *w,
+                     const void *b, int64_t M, int64_t D, double eps) {
+    if (dtype == DDP_F64)
+      ln_forward<double>((double *)y, (double *)mean, (double *)rstd, (const double *)x,
+                         (const double *)w, (const double *)b, M, D, eps);
+    else
+      ln_forward<float>((float *)y, (float *)mean, (float *)rstd, (const float *)x,
+                        (const float *)w, (const float *)b, M, D, eps);
+  };
+  k->ln_backward = [](int dtype, void *dx, void *dw, void *db, const void *dy, const void *x,
+                      const void *mean, const void *rstd, const void *w, int64_t M, int64_t D) {
+    if (dtype == DDP_F64)
+      ln_backward<double>((double *)dx, (double *)dw, (double *)db, (const double *)dy,
+                          (const double *)x, (const double *)mean, (const double *)rstd,
+                          (const double *)w, M, D);
+    else
+      ln_backward<float>((float *)dx, (float *)dw, (float *)db, (const float *)dy, (const float *)x,
+                         (const float *)mean, (const float *)rstd, (const float *)w, M, D);
+  };
+  k->masked_scale = [](int dtype, void *y, const void *x, const uint8_t *mask, double scale,
+                       int64_t n) {
+    if (dtype == DDP_F64)
+      masked_scale<double>((double *)y, (const double *)x, mask, (double)scale, n);
+    else
+      masked_scale<float>((float *)y, (const float *)x, mask, (float)scale, n);
+  };
   k->embedding_forward = embedding_forward;
-  k->embedding_backward_f32 = embedding_backward<float>;
-  k->embedding_backward_f64 = embedding_backward<double>;
+  k->embedding_backward = [](int dtype, void *dweight, const void *dy, const int64_t *idx,
+                             int64_t n, int64_t D, int64_t padding_idx) {
+    if (dtype == DDP_F64)
+      embedding_backward<double>((double *)dweight, (const double *)dy, idx, n, D, padding_idx);
+    else
+      embedding_backward<float>((float *)dweight, (const float *)dy, idx, n, D, padding_idx);
+  };
 }

@@ -328,18 +328,51 @@ template <typename T> void clamp(T *x, int64_t n, double lo, double hi) {
 /* Table entries of the optimizer area: signatures and contracts of runtime/backend/cpu/optim.h
  * (buffers are device pointers of one device, contiguous, n elements). */
 extern "C" void ddp_cuda_register_optim(ddp_kernels *k) {
-  k->sgd_f32 = sgd<float>;
-  k->sgd_f64 = sgd<double>;
-  k->adam_f32 = adam<float>;
-  k->adam_f64 = adam<double>;
-  k->adadelta_f32 = adadelta<float>;
-  k->adadelta_f64 = adadelta<double>;
-  k->abs_pow_sum_f32 = abs_pow_sum<float>;
-  k->abs_pow_sum_f64 = abs_pow_sum<double>;
-  k->abs_max_f32 = abs_max<float>;
-  k->abs_max_f64 = abs_max<double>;
-  k->scale_f32 = scale<float>;
-  k->scale_f64 = scale<double>;
-  k->clamp_f32 = clamp<float>;
-  k->clamp_f64 = clamp<double>;
+  // Each entry picks the typed function from the dtype (Note [one dispatch path] in
+  // runtime/backend/kernels.h); the ops layer has checked the dtype.
+  k->sgd = [](int dtype, void *param, void *momentum_buffer, const void *grad, int64_t n,
+              const ddp_sgd_hparams *h) {
+    if (dtype == DDP_F64)
+      sgd<double>((double *)param, (double *)momentum_buffer, (const double *)grad, n, h);
+    else
+      sgd<float>((float *)param, (float *)momentum_buffer, (const float *)grad, n, h);
+  };
+  k->adam = [](int dtype, void *param, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
+               const void *grad, int64_t n, const ddp_adam_hparams *h) {
+    if (dtype == DDP_F64)
+      adam<double>((double *)param, (double *)exp_avg, (double *)exp_avg_sq,
+                   (double *)max_exp_avg_sq, (const double *)grad, n, h);
+    else
+      adam<float>((float *)param, (float *)exp_avg, (float *)exp_avg_sq, (float *)max_exp_avg_sq,
+                  (const float *)grad, n, h);
+  };
+  k->adadelta = [](int dtype, void *param, void *square_avg, void *acc_delta, const void *grad,
+                   int64_t n, const ddp_adadelta_hparams *h) {
+    if (dtype == DDP_F64)
+      adadelta<double>((double *)param, (double *)square_avg, (double *)acc_delta,
+                       (const double *)grad, n, h);
+    else
+      adadelta<float>((float *)param, (float *)square_avg, (float *)acc_delta, (const float *)grad,
+                      n, h);
+  };
+  k->abs_pow_sum = [](int dtype, const void *x, int64_t n, double p) {
+    return dtype == DDP_F64 ? abs_pow_sum<double>((const double *)x, n, p)
+                            : abs_pow_sum<float>((const float *)x, n, p);
+  };
+  k->abs_max = [](int dtype, const void *x, int64_t n) {
+    return dtype == DDP_F64 ? abs_max<double>((const double *)x, n)
+                            : abs_max<float>((const float *)x, n);
+  };
+  k->scale = [](int dtype, void *x, int64_t n, double s) {
+    if (dtype == DDP_F64)
+      scale<double>((double *)x, n, s);
+    else
+      scale<float>((float *)x, n, s);
+  };
+  k->clamp = [](int dtype, void *x, int64_t n, double lo, double hi) {
+    if (dtype == DDP_F64)
+      clamp<double>((double *)x, n, lo, hi);
+    else
+      clamp<float>((float *)x, n, lo, hi);
+  };
 }

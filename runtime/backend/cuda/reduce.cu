@@ -36,7 +36,6 @@
 #include <type_traits>
 
 extern "C" {
-#include "backend/cpu/reduce.h"
 int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes);
 void ddp_cuda_caching_free(void *p);
 }
@@ -588,18 +587,55 @@ void softmax_backward(T *dx, const T *y, const T *dy, int64_t A, int64_t R, int6
 
 // Fill the reduce entries of the CUDA kernel table (called by kernels.cu).
 extern "C" void ddp_cuda_register_reduce(ddp_kernels *k) {
-  k->sum_f32 = sum_float<float>;
-  k->sum_f64 = sum_float<double>;
-  k->sum_i64 = sum_i64;
-  k->var_f32 = var_float<float>;
-  k->var_f64 = var_float<double>;
-  k->argext_f32 = argext<float>;
-  k->argext_f64 = argext<double>;
-  k->argext_i64 = argext<int64_t>;
-  k->argext_i32 = argext<int32_t>;
-  k->argext_u8 = argext<uint8_t>;
-  k->softmax_f32 = softmax<float>;
-  k->softmax_f64 = softmax<double>;
-  k->softmax_backward_f32 = softmax_backward<float>;
-  k->softmax_backward_f64 = softmax_backward<double>;
+  // Each entry picks the typed function from the dtype (Note [one dispatch path] in
+  // runtime/backend/kernels.h); the ops layer has checked the dtype.
+  k->sum = [](int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B, int mode,
+              double scale) {
+    if (dtype == DDP_F32)
+      sum_float<float>((float *)out, (const float *)x, A, R, B, mode, scale);
+    else if (dtype == DDP_F64)
+      sum_float<double>((double *)out, (const double *)x, A, R, B, mode, scale);
+    else // i64: a plain sum (mode and scale unused)
+      sum_i64((int64_t *)out, (const int64_t *)x, A, R, B);
+  };
+  k->var = [](int dtype, void *out, const void *x, int64_t A, int64_t R, int64_t B,
+              double correction, int take_sqrt) {
+    if (dtype == DDP_F64)
+      var_float<double>((double *)out, (const double *)x, A, R, B, correction, take_sqrt);
+    else
+      var_float<float>((float *)out, (const float *)x, A, R, B, correction, take_sqrt);
+  };
+  k->argext = [](int dtype, void *values, int64_t *indices, const void *x, int64_t A, int64_t R,
+                 int64_t B, int is_max) {
+    switch (dtype) {
+    case DDP_F32:
+      argext<float>((float *)values, indices, (const float *)x, A, R, B, is_max);
+      break;
+    case DDP_F64:
+      argext<double>((double *)values, indices, (const double *)x, A, R, B, is_max);
+      break;
+    case DDP_I64:
+      argext<int64_t>((int64_t *)values, indices, (const int64_t *)x, A, R, B, is_max);
+      break;
+    case DDP_I32:
+      argext<int32_t>((int32_t *)values, indices, (const int32_t *)x, A, R, B, is_max);
+      break;
+    default: // u8, bool
+      argext<uint8_t>((uint8_t *)values, indices, (const uint8_t *)x, A, R, B, is_max);
+      break;
+    }
+  };
+  k->softmax = [](int dtype, void *y, const void *x, int64_t A, int64_t R, int64_t B, int log) {
+    if (dtype == DDP_F64)
+      softmax<double>((double *)y, (const double *)x, A, R, B, log);
+    else
+      softmax<float>((float *)y, (const float *)x, A, R, B, log);
+  };
+  k->softmax_backward = [](int dtype, void *dx, const void *y, const void *dy, int64_t A, int64_t R,
+                           int64_t B, int log) {
+    if (dtype == DDP_F64)
+      softmax_backward<double>((double *)dx, (const double *)y, (const double *)dy, A, R, B, log);
+    else
+      softmax_backward<float>((float *)dx, (const float *)y, (const float *)dy, A, R, B, log);
+  };
 }

@@ -516,9 +516,13 @@ const ddp_cuda_api *ddp_cuda_plugin_api(void) {
       .kernels = &kernels,
       .nccl = NULL,
   };
-  /* The CPU kernels, under the device's name (for "not implemented" messages). */
+  /* The CPU kernels, under the device's name (for "not implemented" messages): each entry
+   * does its own dtype dispatch (Note [one dispatch path] in runtime/backend/kernels.h). A
+   * device has no BLAS thread pool to hold. */
   kernels = ddp_cpu_kernels;
   kernels.name = "cuda";
+  kernels.gemm_threads_hold = NULL;
+  kernels.gemm_threads_restore = NULL;
   const char *nccl = getenv("DDPLUA_SIM_NCCL");
   if (nccl && atoi(nccl) == 1) api.nccl = &sim_nccl;
   return &api;
