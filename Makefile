@@ -87,17 +87,32 @@ CUDA_OBJS    := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 # path of the core on machines without a GPU (runtime/backend/sim/plugin.c).
 SIM_PLUGIN := $(BUILD)/libddplua_cuda_sim.so
 TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua $(SIM_PLUGIN)
-# The simulated device with the CUDA element-wise kernels compiled for the host
-# (runtime/backend/sim/ew_emulation.cu), for spec/ops/elementwise_device_spec.lua.
+# The emulated CUDA device (`make emulation`): the simulated device with the kernel areas
+# that need no vendor library (runtime/backend/cuda/<area>.cu, unchanged) compiled by the
+# host compiler under runtime/backend/sim/cuda_emulation.h, which runs each CUDA thread as
+# a coroutine (Note [block emulation]); glue in runtime/backend/sim/emul_plugin.cc. It needs
+# CUDA's headers (not its libraries): built wherever nvcc is found.
 EMUL_PLUGIN := $(BUILD)/libddplua_cuda_emul.so
+EMUL_AREAS  := elementwise reduce pool loss norm optim shape
+EMUL_OBJS   := $(EMUL_AREAS:%=$(BUILD)/emul/%.o) $(BUILD)/emul/emul_plugin.o
+CUDA_HOME   ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+EMUL_FLAGS  := -std=gnu++20 -O1 -g -fPIC -pthread -U_FORTIFY_SOURCE -Wall -Wno-unknown-pragmas \
+               -Wno-unused-function -Wno-unused-variable -I$(CUDA_HOME)/include \
+               -Iruntime/include -Iruntime -include runtime/backend/sim/cuda_emulation.h
+# Test programs built by make and run by the specs (spec/fixtures/allocator_emulation.cc:
+# the caching allocator against a fake CUDA runtime).
+TEST_PROGRAMS := $(BUILD)/tests/allocator_emulation
+TARGETS += $(TEST_PROGRAMS)
 ifeq ($(HAVE_NVCC),1)
   ifneq ($(CUDA_SRCS),)
     TARGETS += $(BUILD)/libddplua_cuda.so $(EMUL_PLUGIN)
   endif
 endif
 
-.PHONY: all lib deps config layers test train bench clean
+.PHONY: all lib deps config layers test train bench clean emulation
 all: $(TARGETS)
+
+emulation: $(EMUL_PLUGIN)
 
 # The runtime library and its cdef only (what the specs load).
 lib: $(BUILD)/libddplua.so $(BUILD)/lua/ddplua/cdef.lua $(SIM_PLUGIN)
@@ -140,10 +155,24 @@ $(BUILD)/libddplua_cuda.so: $(CUDA_OBJS) $(BUILD)/libddplua.so
 $(SIM_PLUGIN): runtime/backend/sim/plugin.c $(HEADERS) $(BUILD)/libddplua.so
 	$(CC) $(CFLAGS) -shared -o $@ $< -L$(BUILD) -lddplua -Wl,-rpath,'$$ORIGIN'
 
-$(EMUL_PLUGIN): runtime/backend/sim/ew_emulation.cu runtime/backend/cuda/elementwise.cu $(HEADERS) \
-                $(BUILD)/libddplua.so $(SIM_PLUGIN)
-	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC -Iruntime/include -Iruntime -shared -o $@ $< \
-	  -L$(BUILD) -lddplua -ldl -Xlinker -rpath,'$$ORIGIN'
+$(BUILD)/emul/%.o: runtime/backend/cuda/%.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMUL_FLAGS) -x c++ -c $< -o $@
+
+$(BUILD)/emul/emul_plugin.o: runtime/backend/sim/emul_plugin.cc $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMUL_FLAGS) -c $< -o $@
+
+$(EMUL_PLUGIN): $(EMUL_OBJS) $(BUILD)/libddplua.so $(SIM_PLUGIN)
+	$(CXX) -shared -pthread -o $@ $(EMUL_OBJS) -L$(BUILD) -lddplua -ldl -Wl,-z,defs \
+	  -Wl,-rpath,'$$ORIGIN'
+
+$(BUILD)/tests/allocator_emulation: spec/fixtures/allocator_emulation.cc \
+                                    spec/fixtures/fake_cuda_runtime.h \
+                                    runtime/backend/cuda/allocator.cu $(HEADERS) $(BUILD)/libddplua.so
+	@mkdir -p $(dir $@)
+	$(CXX) -std=gnu++20 -O1 -g -pthread -Werror -Iruntime/include -Iruntime -Ispec/fixtures $< -o $@ \
+	  -L$(BUILD) -lddplua -Wl,-rpath,'$$ORIGIN/..'
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox

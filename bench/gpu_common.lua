@@ -1,5 +1,5 @@
---- bench/gpu_common.lua: what the GPU benchmarks (bench/gpu_*.lua) and the CUDA parity spec
--- (spec/cuda/parity_spec.lua) share: device strings, moving tensors and modules to a
+--- bench/gpu_common.lua: what the GPU benchmarks (bench/gpu_*.lua) and the backend-ops harness
+-- (spec/helpers/backend_ops.lua) share: device strings, moving tensors and modules to a
 -- device, synchronising, TF32, device memory, and the checks that say whether a real GPU
 -- is there.
 --

@@ -93,7 +93,7 @@ def main():
           + (f"; not available: {e['cuda_reason']}" if 'cuda_reason' in e else ""))
     print(f"- PyTorch: {e.get('torch', '?')}")
     print()
-    for name, title in (("parity", "CUDA parity (spec/cuda/parity_spec.lua)"),
+    for name, title in (("parity", "Backend ops against the CPU (spec/backend_ops_spec.lua)"),
                         ("specs", "All #cuda specs (busted --tags=cuda spec)")):
         path = os.path.join(d, name + ".log")
         if not os.path.exists(path):

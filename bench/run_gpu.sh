@@ -5,15 +5,15 @@
 #
 #   bench/run_gpu.sh [--out DIR] [--runs N] [--rounds N] [--dry] [PART ...]
 #
-# PART: env (always done), parity (spec/cuda/parity_spec.lua), specs (every #cuda spec:
-# busted --tags=cuda spec, the parity spec included), gemm (bench/gpu_gemm.lua against
+# PART: env (always done), parity (spec/backend_ops_spec.lua: every op on the GPU against the
+# CPU), specs (every #cuda spec: busted --tags=cuda spec, the harness included), gemm (bench/gpu_gemm.lua against
 # bench/gpu_gemm_torch.py), train (bench/gpu_train.lua against bench/gpu_train_torch.py).
 # Default: parity gemm train. DIR: --out, else $OUT (the device tool's folder), else
 # bench/out/gpu. --runs: training runs per (model, TF32) and framework (default 5);
 # --rounds: GEMM rounds per framework (default 3); ddplua and PyTorch alternate run by run,
 # the tables give medians. TF32_MODES (default "0 1") picks the training TF32 settings.
-# --dry: everything tiny on the CPU (parity against the simulated device with
-# DDPLUA_PARITY_SIM=1): checks the scripts on a machine without a GPU; no timings.
+# --dry: everything tiny on the CPU (the harness then runs on the simulated and emulated
+# devices only): checks the scripts on a machine without a GPU; no timings.
 #
 # On the lent GPU machine (see /work/.library/device/README.md): that machine has nvcc,
 # PyTorch and CUDA, but no LuaJIT, OpenBLAS, Gloo or busted. Build here and pack what the
@@ -144,11 +144,7 @@ cat "$out/env.txt" >&2
 # ---- specs ---------------------------------------------------------------------------------
 if want parity; then
   log "parity spec"
-  if [ "$dry" = 1 ]; then
-    DDPLUA_PARITY_SIM=1 tmo "$spec_timeout" busted -o spec/helpers/ci_output.lua spec/cuda/parity_spec.lua > "$out/parity.log" 2>&1
-  else
-    tmo "$spec_timeout" busted -o spec/helpers/ci_output.lua spec/cuda/parity_spec.lua > "$out/parity.log" 2>&1
-  fi
+  tmo "$spec_timeout" busted -o spec/helpers/ci_output.lua spec/backend_ops_spec.lua > "$out/parity.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && fail_note "parity spec: busted exit $rc (parity.log)"
 fi

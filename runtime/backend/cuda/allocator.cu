@@ -17,8 +17,8 @@
 //    it is tried once more; then the error says how much was asked for, allocated and
 //    reserved. Other cudaMalloc errors are reported as they are.
 //
-// Checked on the host against a fake CUDA runtime (spec/fixtures/allocator_emulation.cc,
-// spec/cuda/allocator_emulation_spec.lua).
+// Checked on the host against a fake CUDA runtime (spec/fixtures/allocator_emulation.cc, a
+// test program built by make, run by spec/cuda/allocator_emulation_spec.lua).
 #include <map>
 #include <mutex>
 #include <tuple>

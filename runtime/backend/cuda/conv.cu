@@ -323,12 +323,12 @@ void no_channels(void *out, const void *bias, void *d_b, const void *grad_out,
   int64_t L = g->oh * g->ow;
   if (out) {
     int64_t total = g->n * g->o * L;
-    bias_only<T><<<ddp_cuda_blocks(total), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(
-        (T *)out, (const T *)bias, g->o, L, total);
+    DDP_CUDA_LAUNCH((bias_only<T>), ddp_cuda_blocks(total), DDP_CUDA_THREADS, 0,
+                    ddp_cuda_stream(), (T *)out, (const T *)bias, g->o, L, total);
   } else {
     unsigned blocks = (unsigned)(g->o < 65535 ? g->o : 65535);
-    bias_grad<T><<<blocks, DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>((T *)d_b, (const T *)grad_out,
-                                                                     g->n, g->o, L);
+    DDP_CUDA_LAUNCH((bias_grad<T>), blocks, DDP_CUDA_THREADS, 0, ddp_cuda_stream(), (T *)d_b,
+                    (const T *)grad_out, g->n, g->o, L);
   }
 }
 

@@ -54,6 +54,17 @@ void ddp_cuda_defer_error(int status, const char *fmt, ...) __attribute__((forma
       return ddp_cuda_fail(ddp_cuda_err_, (op), #call, __FILE__, __LINE__);                \
   } while (0)
 
+// Note [one launch form]: every kernel launch of runtime/backend/cuda/*.cu is
+//   DDP_CUDA_LAUNCH((kernel<...>), grid, block, shared_bytes, stream, args...);
+// (the kernel in parentheses, so template commas pass through). Here it is CUDA's <<<>>>;
+// the emulated device (runtime/backend/sim/cuda_emulation.h, given to the host compiler with
+// -include before this header) defines it first, to run the same files on the host.
+#define DDP_CUDA_UNPAREN(...) __VA_ARGS__
+#ifndef DDP_CUDA_LAUNCH
+#define DDP_CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                              \
+  DDP_CUDA_UNPAREN kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#endif
+
 // Threads per block for element-wise kernels, and the grid for n elements (grid-stride
 // loops cover the rest: the grid is capped so huge tensors do not overflow gridDim.x).
 enum { DDP_CUDA_THREADS = 256 };

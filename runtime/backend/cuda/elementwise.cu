@@ -39,10 +39,9 @@
 
 #include <type_traits>
 
-// Element code is __host__ __device__: the kernels' bodies are plain loops (below) that
-// a host build with DDP_EW_HOST_EMULATION runs on the CPU, so this file's geometry and
-// element semantics can be tested on a machine without a GPU
-// (runtime/backend/sim/ew_emulation.cu, driven by spec/ops/elementwise_device_spec.lua).
+// Element code is __host__ __device__: the kernels' bodies are plain loops (below). Launches
+// go through DDP_CUDA_LAUNCH (cuda_internal.h), so the file also runs unchanged on the host
+// in the emulated device (runtime/backend/sim/cuda_emulation.h).
 #define HD __host__ __device__ __forceinline__
 
 namespace {
@@ -492,16 +491,12 @@ __global__ void __launch_bounds__(DDP_CUDA_THREADS)
 // A failure found on the host by an entry (they return void): deferred for the ops
 // layer's ddp_device_check, which reports it as "<op>: <message>" (Note [deferred errors],
 // cuda_internal.h); a DDP_FAIL here would be lost, the op returning success over an
-// unwritten output. The host emulation, which has no plug-in, records it directly.
-#ifdef DDP_EW_HOST_EMULATION
-#define EW_FAIL(status, ...) DDP_FAIL(status, __VA_ARGS__)
-#else
+// unwritten output.
 #define EW_FAIL(status, ...)                                                               \
   do {                                                                                     \
     ddp_cuda_defer_error((status), __VA_ARGS__);                                           \
     return (status);                                                                       \
   } while (0)
-#endif
 
 // Is t a host scalar (see the header)? Then its one value is read on the host.
 bool host_scalar(const ddp_tensor *t) { return t->device == DDP_DEVICE_CPU; }
@@ -564,21 +559,17 @@ template <int N, typename F> void launch(const Plan<N> &p, const F &f) {
   if (p.numel == 0) return;
   unsigned blocks = ddp_cuda_blocks(p.numel);
   bool narrow = p.numel + (int64_t)blocks * DDP_CUDA_THREADS <= (int64_t)UINT32_MAX;
-#ifdef DDP_EW_HOST_EMULATION
-  if (p.geo.ndim == 1) linear_loop(p.numel, p.base, p.geo, f, 0, 1);
-  else if (narrow) strided_loop<N, uint32_t>((uint32_t)p.numel, p.base, p.geo, f, 0u, 1u);
-  else strided_loop<N, int64_t>(p.numel, p.base, p.geo, f, 0, 1);
-#else
   cudaStream_t stream = ddp_cuda_stream();
   if (p.geo.ndim == 1) {
-    ew_linear<N, F><<<blocks, DDP_CUDA_THREADS, 0, stream>>>(p.numel, p.base, p.geo, f);
+    DDP_CUDA_LAUNCH((ew_linear<N, F>), blocks, DDP_CUDA_THREADS, 0, stream, p.numel, p.base,
+                    p.geo, f);
   } else if (narrow) {
-    ew_strided<N, uint32_t, F>
-        <<<blocks, DDP_CUDA_THREADS, 0, stream>>>((uint32_t)p.numel, p.base, p.geo, f);
+    DDP_CUDA_LAUNCH((ew_strided<N, uint32_t, F>), blocks, DDP_CUDA_THREADS, 0, stream,
+                    (uint32_t)p.numel, p.base, p.geo, f);
   } else {
-    ew_strided<N, int64_t, F><<<blocks, DDP_CUDA_THREADS, 0, stream>>>(p.numel, p.base, p.geo, f);
+    DDP_CUDA_LAUNCH((ew_strided<N, int64_t, F>), blocks, DDP_CUDA_THREADS, 0, stream, p.numel,
+                    p.base, p.geo, f);
   }
-#endif
 }
 
 // ---- host-side values of scalars and parameters --------------------------------------
@@ -721,41 +712,26 @@ unsigned vec4_blocks(int64_t n) { return ddp_cuda_blocks(n / 4 > 0 ? n / 4 : 1);
 template <typename F> void launch_binary_f32_vec4(const Plan<3> &p, const F &f) {
   float *o = (float *)p.base.p[0];
   const float *a = (const float *)p.base.p[1], *b = (const float *)p.base.p[2];
-#ifdef DDP_EW_HOST_EMULATION
-  binary_f32_vec4_loop(p.numel, o, a, b, f, 0, 1);
-#else
-  binary_f32_vec4<<<vec4_blocks(p.numel), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(p.numel, o, a,
-                                                                                   b, f);
-#endif
+  DDP_CUDA_LAUNCH((binary_f32_vec4<F>), vec4_blocks(p.numel), DDP_CUDA_THREADS, 0,
+                  ddp_cuda_stream(), p.numel, o, a, b, f);
 }
 
 template <typename F> void launch_unary_f32_vec4(const Plan<2> &p, const F &f) {
   float *o = (float *)p.base.p[0];
   const float *x = (const float *)p.base.p[1];
-#ifdef DDP_EW_HOST_EMULATION
-  unary_f32_vec4_loop(p.numel, o, x, f, 0, 1);
-#else
-  unary_f32_vec4<<<vec4_blocks(p.numel), DDP_CUDA_THREADS, 0, ddp_cuda_stream()>>>(p.numel, o, x, f);
-#endif
+  DDP_CUDA_LAUNCH((unary_f32_vec4<F>), vec4_blocks(p.numel), DDP_CUDA_THREADS, 0,
+                  ddp_cuda_stream(), p.numel, o, x, f);
 }
 
 // Contiguous bytes: a copy and a fill on the current stream. A failure of either call
 // stays pending in the runtime (cudaGetLastError) for the ops layer's ddp_device_check,
 // like a failed launch.
 void copy_bytes(void *dst, const void *src, size_t n) {
-#ifdef DDP_EW_HOST_EMULATION
-  memmove(dst, src, n);
-#else
   cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ddp_cuda_stream());
-#endif
 }
 
 void set_bytes(void *dst, int byte, size_t n) {
-#ifdef DDP_EW_HOST_EMULATION
-  memset(dst, byte, n);
-#else
   cudaMemsetAsync(dst, byte, n, ddp_cuda_stream());
-#endif
 }
 
 } // namespace

@@ -26,23 +26,10 @@
 
 #include "backend/cuda/cuda_internal.h"
 
-// A kernel launch on `stream`: DDP_LOSS_LAUNCH((kernel<...>), grid, block, stream, args...).
-// A macro so that spec/fixtures/lossnorm_emulation.cc can run this file's kernels on the
-// host (spec/fixtures/cuda_block_emulation.h: each CUDA thread a host thread).
-#ifndef DDP_LOSS_LAUNCH
-#define DDP_LOSS_UNPAREN(...) __VA_ARGS__
-#define DDP_LOSS_LAUNCH(kernel, grid, block, stream, ...) \
-  DDP_LOSS_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
-
 namespace {
 
-// MAX_PARTIALS: the most blocks of a forward (and block sums to add). The host emulation
-// sets a small one, to reach the capped grids (grid-stride loops) with small inputs.
-#ifndef DDP_LOSS_MAX_PARTIALS
-#define DDP_LOSS_MAX_PARTIALS 1024
-#endif
-enum { LOSS_THREADS = 256, MAX_PARTIALS = DDP_LOSS_MAX_PARTIALS };
+// MAX_PARTIALS: the most blocks of a forward (and block sums to add).
+enum { LOSS_THREADS = 256, MAX_PARTIALS = 1024 };
 static_assert(MAX_PARTIALS >= 1 && MAX_PARTIALS <= 1024, "the partials are added by one block");
 
 __device__ double loss_partials[MAX_PARTIALS]; // block sums of the last forward (per device)
@@ -113,7 +100,7 @@ double finish_total(unsigned nparts) {
   cudaStream_t stream = ddp_cuda_stream();
   // a warp per 32 partials (a function of nparts only, so the sum stays deterministic)
   const unsigned threads = (nparts + 31) / 32 * 32;
-  DDP_LOSS_LAUNCH((sum_partials_kernel), 1, threads, stream, (int)nparts);
+  DDP_CUDA_LAUNCH((sum_partials_kernel), 1, threads, 0, stream, (int)nparts);
   // a failed launch (of the forward or of the sum) leaves loss_total stale: NaN, not the
   // previous forward's total (the error stays pending: peek does not clear it)
   if (cudaPeekAtLastError() != cudaSuccess) return NAN;
@@ -270,12 +257,12 @@ unsigned launch_per_sample(const CeArgs<T> &k, bool forward) {
 
 template <typename T, int G> struct CeForwardLaunch {
   static void run(unsigned blocks, cudaStream_t s, const CeArgs<T> &k) {
-    DDP_LOSS_LAUNCH((ce_forward_kernel<T, G>), blocks, LOSS_THREADS, s, k);
+    DDP_CUDA_LAUNCH((ce_forward_kernel<T, G>), blocks, LOSS_THREADS, 0, s, k);
   }
 };
 template <typename T, int G> struct CeBackwardLaunch {
   static void run(unsigned blocks, cudaStream_t s, const CeArgs<T> &k) {
-    DDP_LOSS_LAUNCH((ce_backward_kernel<T, G>), blocks, LOSS_THREADS, s, k);
+    DDP_CUDA_LAUNCH((ce_backward_kernel<T, G>), blocks, LOSS_THREADS, 0, s, k);
   }
 };
 
@@ -345,7 +332,7 @@ double nll_forward(T *loss, const T *x, const int64_t *target, const T *weight, 
   if (N * D <= 0) return 0.0;
   std::lock_guard<std::mutex> guard(loss_total_lock);
   unsigned blocks = forward_blocks(N * D, LOSS_THREADS);
-  DDP_LOSS_LAUNCH((nll_forward_kernel<T>), blocks, LOSS_THREADS, ddp_cuda_stream(), loss, x, target,
+  DDP_CUDA_LAUNCH((nll_forward_kernel<T>), blocks, LOSS_THREADS, 0, ddp_cuda_stream(), loss, x, target,
                   weight, N, C, D, ignore_index);
   return finish_total(blocks);
 }
@@ -355,7 +342,7 @@ void nll_backward(T *dx, const T *dloss, int dloss_per_sample, double factor,
                   const int64_t *target, const T *weight, int64_t N, int64_t C, int64_t D,
                   int64_t ignore_index) {
   if (N * D <= 0) return;
-  DDP_LOSS_LAUNCH((nll_backward_kernel<T>), ddp_cuda_blocks(N * D), DDP_CUDA_THREADS,
+  DDP_CUDA_LAUNCH((nll_backward_kernel<T>), ddp_cuda_blocks(N * D), DDP_CUDA_THREADS, 0,
                   ddp_cuda_stream(), dx, dloss, dloss_per_sample, factor, target, weight, N, C, D,
                   ignore_index);
 }
@@ -392,7 +379,7 @@ template <typename T> double mse_forward(T *loss, const T *x, const T *t, int64_
   std::lock_guard<std::mutex> guard(loss_total_lock);
   // 4 elements per thread at least before another block is added
   unsigned blocks = forward_blocks(n, LOSS_THREADS * 4);
-  DDP_LOSS_LAUNCH((mse_forward_kernel<T>), blocks, LOSS_THREADS, ddp_cuda_stream(), loss, x, t, n);
+  DDP_CUDA_LAUNCH((mse_forward_kernel<T>), blocks, LOSS_THREADS, 0, ddp_cuda_stream(), loss, x, t, n);
   return finish_total(blocks);
 }
 
@@ -400,7 +387,7 @@ template <typename T>
 void mse_backward(T *dx, T *dt, const T *dloss, int dloss_per_element, double factor, const T *x,
                   const T *t, int64_t n) {
   if (n <= 0 || (!dx && !dt)) return;
-  DDP_LOSS_LAUNCH((mse_backward_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(),
+  DDP_CUDA_LAUNCH((mse_backward_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream(),
                   dx, dt, dloss, dloss_per_element, factor, x, t, n);
 }
 

@@ -136,8 +136,8 @@ void launch_matmul_int(void *c, const void *a, int64_t sa0, int64_t sa1, const v
   dim3 block(TILE, TILE);
   dim3 grid((unsigned)(tiles_n < 65535 ? tiles_n : 65535),
             (unsigned)(tiles_m < 65535 ? tiles_m : 65535));
-  matmul_int_kernel<T><<<grid, block, 0, ddp_cuda_stream()>>>(
-      (T *)c, (const T *)a, sa0, sa1, (const T *)b, sb0, sb1, m, n, k);
+  DDP_CUDA_LAUNCH((matmul_int_kernel<T>), grid, block, 0, ddp_cuda_stream(), (T *)c,
+                  (const T *)a, sa0, sa1, (const T *)b, sb0, sb1, m, n, k);
 }
 
 } // namespace

@@ -22,15 +22,6 @@
 
 #include "backend/cuda/cuda_internal.h"
 
-// A kernel launch on `stream`: DDP_NORM_LAUNCH((kernel<...>), grid, block, stream, args...).
-// A macro so that spec/fixtures/lossnorm_emulation.cc can run this file's kernels on the
-// host (spec/fixtures/cuda_block_emulation.h: each CUDA thread a host thread).
-#ifndef DDP_NORM_LAUNCH
-#define DDP_NORM_UNPAREN(...) __VA_ARGS__
-#define DDP_NORM_LAUNCH(kernel, grid, block, stream, ...) \
-  DDP_NORM_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
-
 namespace {
 
 enum { RED_THREADS = 256, TILE_COLS = 32, TILE_ROWS = 8, ROW_CHUNK = 256 };
@@ -337,14 +328,14 @@ __global__ void embedding_backward_kernel(T *dweight, const T *dy, const int64_t
 template <typename T>
 void bn_moments(double *mean, double *var, const T *x, int64_t N, int64_t C, int64_t S) {
   if (C <= 0) return;
-  DDP_NORM_LAUNCH((bn_moments_kernel<T>), slice_blocks(C), RED_THREADS, ddp_cuda_stream(), mean,
+  DDP_CUDA_LAUNCH((bn_moments_kernel<T>), slice_blocks(C), RED_THREADS, 0, ddp_cuda_stream(), mean,
                   var, x, N, C, S);
 }
 
 template <typename T>
 void bn_sums(double *sum, double *sumsq, const T *x, int64_t N, int64_t C, int64_t S) {
   if (C <= 0) return;
-  DDP_NORM_LAUNCH((bn_sums_kernel<T>), slice_blocks(C), RED_THREADS, ddp_cuda_stream(), sum, sumsq,
+  DDP_CUDA_LAUNCH((bn_sums_kernel<T>), slice_blocks(C), RED_THREADS, 0, ddp_cuda_stream(), sum, sumsq,
                   x, N, C, S);
 }
 
@@ -353,7 +344,7 @@ void bn_apply(T *y, const T *x, const T *mean, const T *scale, const T *shift, i
               int64_t S) {
   const int64_t total = N * C * S;
   if (total <= 0) return;
-  DDP_NORM_LAUNCH((bn_apply_kernel<T>), ddp_cuda_blocks(total), DDP_CUDA_THREADS, ddp_cuda_stream(),
+  DDP_CUDA_LAUNCH((bn_apply_kernel<T>), ddp_cuda_blocks(total), DDP_CUDA_THREADS, 0, ddp_cuda_stream(),
                   y, x, mean, scale, shift, N, C, S);
 }
 
@@ -361,7 +352,7 @@ template <typename T>
 void bn_backward_reduce(double *sum_dy, double *sum_dy_xmu, const T *dy, const T *x, const T *mean,
                         int64_t N, int64_t C, int64_t S) {
   if (C <= 0) return;
-  DDP_NORM_LAUNCH((bn_backward_reduce_kernel<T>), slice_blocks(C), RED_THREADS, ddp_cuda_stream(),
+  DDP_CUDA_LAUNCH((bn_backward_reduce_kernel<T>), slice_blocks(C), RED_THREADS, 0, ddp_cuda_stream(),
                   sum_dy, sum_dy_xmu, dy, x, mean, N, C, S);
 }
 
@@ -370,7 +361,7 @@ void bn_backward_elemt(T *dx, const T *dy, const T *x, const T *mean, const T *a
                        const T *d, int64_t N, int64_t C, int64_t S) {
   const int64_t total = N * C * S;
   if (total <= 0) return;
-  DDP_NORM_LAUNCH((bn_backward_elemt_kernel<T>), ddp_cuda_blocks(total), DDP_CUDA_THREADS,
+  DDP_CUDA_LAUNCH((bn_backward_elemt_kernel<T>), ddp_cuda_blocks(total), DDP_CUDA_THREADS, 0,
                   ddp_cuda_stream(), dx, dy, x, mean, a, b, d, N, C, S);
 }
 
@@ -378,7 +369,7 @@ template <typename T>
 void bn_finalize(T *mean_out, T *scale, T *shift, T *invstd, const double *mean, const double *var,
                  const T *w, const T *b, int64_t C, double eps) {
   if (C <= 0) return;
-  DDP_NORM_LAUNCH((bn_finalize_kernel<T>), ddp_cuda_blocks(C), DDP_CUDA_THREADS, ddp_cuda_stream(),
+  DDP_CUDA_LAUNCH((bn_finalize_kernel<T>), ddp_cuda_blocks(C), DDP_CUDA_THREADS, 0, ddp_cuda_stream(),
                   mean_out, scale, shift, invstd, mean, var, w, b, C, eps);
 }
 
@@ -386,7 +377,7 @@ template <typename T>
 void bn_running_update(T *running, const double *value, int64_t C, double momentum,
                        double correction) {
   if (C <= 0) return;
-  DDP_NORM_LAUNCH((bn_running_update_kernel<T>), ddp_cuda_blocks(C), DDP_CUDA_THREADS,
+  DDP_CUDA_LAUNCH((bn_running_update_kernel<T>), ddp_cuda_blocks(C), DDP_CUDA_THREADS, 0,
                   ddp_cuda_stream(), running, value, C, momentum, correction);
 }
 
@@ -395,7 +386,7 @@ void bn_backward_coef(T *a, T *b, T *d, T *dweight, T *dbias, const double *sum_
                       const double *sum_dy_xmu, const T *invstd, const T *w, int64_t C, double M,
                       int training) {
   if (C <= 0) return;
-  DDP_NORM_LAUNCH((bn_backward_coef_kernel<T>), ddp_cuda_blocks(C), DDP_CUDA_THREADS,
+  DDP_CUDA_LAUNCH((bn_backward_coef_kernel<T>), ddp_cuda_blocks(C), DDP_CUDA_THREADS, 0,
                   ddp_cuda_stream(), a, b, d, dweight, dbias, sum_dy, sum_dy_xmu, invstd, w, C, M,
                   training);
 }
@@ -404,7 +395,7 @@ template <typename T>
 void ln_forward(T *y, T *mean, T *rstd, const T *x, const T *w, const T *b, int64_t M, int64_t D,
                 double eps) {
   if (M <= 0) return;
-  DDP_NORM_LAUNCH((ln_forward_kernel<T>), slice_blocks(M), RED_THREADS, ddp_cuda_stream(), y, mean,
+  DDP_CUDA_LAUNCH((ln_forward_kernel<T>), slice_blocks(M), RED_THREADS, 0, ddp_cuda_stream(), y, mean,
                   rstd, x, w, b, M, D, eps);
 }
 
@@ -414,13 +405,13 @@ void ln_backward(T *dx, T *dw, T *db, const T *dy, const T *x, const T *mean, co
   if (M <= 0 || D <= 0) return;
   cudaStream_t stream = ddp_cuda_stream();
   if (dx)
-    DDP_NORM_LAUNCH((ln_backward_dx_kernel<T>), slice_blocks(M), RED_THREADS, stream, dx, dy, x,
+    DDP_CUDA_LAUNCH((ln_backward_dx_kernel<T>), slice_blocks(M), RED_THREADS, 0, stream, dx, dy, x,
                     mean, rstd, w, M, D);
   if (dw || db) {
     int64_t tiles = (D + TILE_COLS - 1) / TILE_COLS, chunks = (M + ROW_CHUNK - 1) / ROW_CHUNK;
     dim3 grid((unsigned)(tiles < 65535 * 8 ? tiles : 65535 * 8),
               (unsigned)(chunks < 65535 ? chunks : 65535));
-    DDP_NORM_LAUNCH((ln_backward_dwdb_kernel<T>), grid, dim3(TILE_COLS, TILE_ROWS), stream, dw, db,
+    DDP_CUDA_LAUNCH((ln_backward_dwdb_kernel<T>), grid, dim3(TILE_COLS, TILE_ROWS), 0, stream, dw, db,
                     dy, x, mean, rstd, M, D);
   }
 }
@@ -428,7 +419,7 @@ void ln_backward(T *dx, T *dw, T *db, const T *dy, const T *x, const T *mean, co
 template <typename T>
 void masked_scale(T *y, const T *x, const uint8_t *mask, T scale, int64_t n) {
   if (n <= 0) return;
-  DDP_NORM_LAUNCH((masked_scale_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(),
+  DDP_CUDA_LAUNCH((masked_scale_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream(),
                   y, x, mask, scale, n);
 }
 
@@ -439,12 +430,12 @@ void embedding_forward(char *out, const char *weight, const int64_t *idx, int64_
   // 4-byte words when every row start is 4-byte aligned (a view may start anywhere)
   if (row_bytes % 4 == 0 && ((uintptr_t)out | (uintptr_t)weight) % 4 == 0) {
     const int64_t words = row_bytes / 4;
-    DDP_NORM_LAUNCH((embedding_forward_kernel<uint32_t>), ddp_cuda_blocks(n * words),
-                    DDP_CUDA_THREADS, stream, (uint32_t *)out, (const uint32_t *)weight, idx, n,
+    DDP_CUDA_LAUNCH((embedding_forward_kernel<uint32_t>), ddp_cuda_blocks(n * words),
+                    DDP_CUDA_THREADS, 0, stream, (uint32_t *)out, (const uint32_t *)weight, idx, n,
                     words);
   } else {
-    DDP_NORM_LAUNCH((embedding_forward_kernel<uint8_t>), ddp_cuda_blocks(n * row_bytes),
-                    DDP_CUDA_THREADS, stream, (uint8_t *)out, (const uint8_t *)weight, idx, n,
+    DDP_CUDA_LAUNCH((embedding_forward_kernel<uint8_t>), ddp_cuda_blocks(n * row_bytes),
+                    DDP_CUDA_THREADS, 0, stream, (uint8_t *)out, (const uint8_t *)weight, idx, n,
                     row_bytes);
   }
 }
@@ -453,7 +444,7 @@ template <typename T>
 void embedding_backward(T *dweight, const T *dy, const int64_t *idx, int64_t n, int64_t D,
                         int64_t padding_idx) {
   if (n <= 0 || D <= 0) return;
-  DDP_NORM_LAUNCH((embedding_backward_kernel<T>), ddp_cuda_blocks(n * D), DDP_CUDA_THREADS,
+  DDP_CUDA_LAUNCH((embedding_backward_kernel<T>), ddp_cuda_blocks(n * D), DDP_CUDA_THREADS, 0,
                   ddp_cuda_stream(), dweight, dy, idx, n, D, padding_idx);
 }
 

@@ -26,21 +26,14 @@
 // buffers' device: the ops layer gets these entries through ddp_kernels_for(device), which
 // makes that device current (Note [current device], runtime/core/device.c).
 //
-// Launches go through DDP_OPTIM_LAUNCH so that spec/fixtures/optimshape_emulation.cc can run
-// this file's kernels on the host (spec/fixtures/cuda_block_emulation.h) against the CPU's.
+// Launches go through DDP_CUDA_LAUNCH (cuda_internal.h), so the file also
+// runs unchanged on the host in the emulated device (runtime/backend/sim/cuda_emulation.h).
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
 
 extern "C" int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes);
 extern "C" void ddp_cuda_caching_free(void *p);
-
-// A kernel launch on `stream`: DDP_OPTIM_LAUNCH((kernel<...>), grid, block, stream, args...).
-#ifndef DDP_OPTIM_LAUNCH
-#define DDP_OPTIM_UNPAREN(...) __VA_ARGS__
-#define DDP_OPTIM_LAUNCH(kernel, grid, block, stream, ...) \
-  DDP_OPTIM_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
 
 namespace {
 
@@ -94,7 +87,7 @@ void sgd(T *param, T *buf, const T *grad, int64_t n, const ddp_sgd_hparams *h) {
   a.use_mom = h->momentum != 0 && buf;
   a.first = h->first_step;
   a.nesterov = h->nesterov;
-  DDP_OPTIM_LAUNCH((sgd_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(), param,
+  DDP_CUDA_LAUNCH((sgd_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream(), param,
                    buf, grad, n, a);
   launched("sgd_step_");
 }
@@ -147,7 +140,7 @@ void adam(T *param, T *m, T *v, T *vmax, const T *grad, int64_t n, const ddp_ada
   a.l2 = !h->decoupled && h->weight_decay != 0;
   a.decoupled = h->decoupled && h->weight_decay != 0;
   a.ams = h->amsgrad && vmax;
-  DDP_OPTIM_LAUNCH((adam_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(),
+  DDP_CUDA_LAUNCH((adam_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream(),
                    param, m, v, vmax, grad, n, a);
   launched("adam_step_");
 }
@@ -184,19 +177,15 @@ void adadelta(T *param, T *sq, T *acc, const T *grad, int64_t n, const ddp_adade
   a.wd = (T)h->weight_decay;
   a.sign = h->maximize ? (T)-1 : (T)1;
   a.use_wd = h->weight_decay != 0;
-  DDP_OPTIM_LAUNCH((adadelta_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(),
+  DDP_CUDA_LAUNCH((adadelta_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream(),
                    param, sq, acc, grad, n, a);
   launched("adadelta_step_");
 }
 
 // ---- reductions for clipping ----------------------------------------------------------------
 
-// Threads per block of the reductions, and their most blocks (partials); a macro so that
-// the host emulation can lower it to reach the cap with small inputs.
-#ifndef DDP_OPTIM_RED_MAX_BLOCKS
-#define DDP_OPTIM_RED_MAX_BLOCKS 1024
-#endif
-enum { RED_THREADS = 256, RED_MAX_BLOCKS = DDP_OPTIM_RED_MAX_BLOCKS };
+// Threads per block of the reductions, and their most blocks (partials).
+enum { RED_THREADS = 256, RED_MAX_BLOCKS = 1024 };
 enum { MODE_P2, MODE_P1, MODE_POW, MODE_MAX };
 
 // max that keeps NaN (torch.norm(inf) of a tensor holding NaN is NaN).
@@ -260,8 +249,8 @@ template <typename T> double abs_reduce(const T *x, int64_t n, int mode, double 
     return NAN;
   cudaStream_t s = ddp_cuda_stream();
   double result = NAN;
-  DDP_OPTIM_LAUNCH((abs_reduce_kernel<T>), blocks, RED_THREADS, s, scratch, x, n, mode, p);
-  DDP_OPTIM_LAUNCH((combine_kernel), 1, RED_THREADS, s, scratch + blocks, scratch, blocks, mode);
+  DDP_CUDA_LAUNCH((abs_reduce_kernel<T>), blocks, RED_THREADS, 0, s, scratch, x, n, mode, p);
+  DDP_CUDA_LAUNCH((combine_kernel), 1, RED_THREADS, 0, s, scratch + blocks, scratch, blocks, mode);
   // A launch that failed to start leaves the scratch unwritten and is not reported by the
   // copy: look at it first (and clear it, as the failure is reported here).
   const char *what = "kernel launch";
@@ -307,14 +296,14 @@ template <typename T> __global__ void clamp_kernel(T *__restrict__ x, int64_t n,
 
 template <typename T> void scale(T *x, int64_t n, double s) {
   if (n <= 0) return;
-  DDP_OPTIM_LAUNCH((scale_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(), x,
+  DDP_CUDA_LAUNCH((scale_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream(), x,
                    n, (T)s);
   launched("clip_grad_norm_");
 }
 
 template <typename T> void clamp(T *x, int64_t n, double lo, double hi) {
   if (n <= 0) return;
-  DDP_OPTIM_LAUNCH((clamp_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, ddp_cuda_stream(), x,
+  DDP_CUDA_LAUNCH((clamp_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, ddp_cuda_stream(), x,
                    n, (T)lo, (T)hi);
   launched("clip_grad_value_");
 }

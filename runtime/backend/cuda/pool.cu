@@ -6,8 +6,8 @@
 // device buffers; one thread per output element (forward) or per input element (average
 // backward), grid-stride loops, int64 indexing, on the current stream.
 //
-// Launches go through DDP_POOL_LAUNCH: spec/fixtures/pool_emulation.cc runs the kernels on
-// the host against the CPU's (spec/ops/matmul_conv_device_spec.lua).
+// Launches go through DDP_CUDA_LAUNCH (cuda_internal.h), so the file also
+// runs unchanged on the host in the emulated device (runtime/backend/sim/cuda_emulation.h).
 //
 // Backward kernels accumulate into d_in, as the CPU's do:
 //  - max: one thread per output cell adds its gradient at the saved index with atomicAdd.
@@ -206,21 +206,12 @@ int64_t inputs(const ddp_pool2d_geom *g) { return g->planes * g->h * g->w; }
 
 } // namespace
 
-// A kernel launch: DDP_POOL_LAUNCH((kernel<T>), grid, block, stream, args...). A macro so
-// that spec/fixtures/pool_emulation.cc can run these kernels on the host (each CUDA thread a
-// host thread, spec/fixtures/cuda_block_emulation.h) in place of the <<<>>> syntax.
-#ifndef DDP_POOL_LAUNCH
-#define DDP_POOL_UNPAREN(...) __VA_ARGS__
-#define DDP_POOL_LAUNCH(kernel, grid, block, stream, ...) \
-  DDP_POOL_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
-
 // Launch kernel<T> over n elements on the current stream.
-#define POOL_LAUNCH(kernel, T, n, ...)                                                     \
+#define POOL_KERNEL(kernel, T, n, ...)                                                     \
   do {                                                                                     \
     int64_t n_ = (n);                                                                      \
     if (n_ > 0)                                                                            \
-      DDP_POOL_LAUNCH((kernel<T>), ddp_cuda_blocks(n_), DDP_CUDA_THREADS, ddp_cuda_stream(), \
+      DDP_CUDA_LAUNCH((kernel<T>), ddp_cuda_blocks(n_), DDP_CUDA_THREADS, 0, ddp_cuda_stream(), \
                       __VA_ARGS__);                                                        \
   } while (0)
 
@@ -230,47 +221,47 @@ int64_t inputs(const ddp_pool2d_geom *g) { return g->planes * g->h * g->w; }
 static void cuda_max_pool2d_forward(int dtype, void *out, int64_t *indices, const void *in,
                                     const ddp_pool2d_geom *g) {
   if (dtype == DDP_F32)
-    POOL_LAUNCH(max_fwd, float, outputs(g), (float *)out, indices, (const float *)in, *g);
+    POOL_KERNEL(max_fwd, float, outputs(g), (float *)out, indices, (const float *)in, *g);
   else
-    POOL_LAUNCH(max_fwd, double, outputs(g), (double *)out, indices, (const double *)in, *g);
+    POOL_KERNEL(max_fwd, double, outputs(g), (double *)out, indices, (const double *)in, *g);
 }
 
 static void cuda_max_pool2d_backward(int dtype, void *d_in, const void *grad_out,
                                      const int64_t *indices, const ddp_pool2d_geom *g) {
   if (dtype == DDP_F32)
-    POOL_LAUNCH(max_bwd, float, outputs(g), (float *)d_in, (const float *)grad_out, indices, *g);
+    POOL_KERNEL(max_bwd, float, outputs(g), (float *)d_in, (const float *)grad_out, indices, *g);
   else
-    POOL_LAUNCH(max_bwd, double, outputs(g), (double *)d_in, (const double *)grad_out, indices, *g);
+    POOL_KERNEL(max_bwd, double, outputs(g), (double *)d_in, (const double *)grad_out, indices, *g);
 }
 
 static void cuda_avg_pool2d_forward(int dtype, void *out, const void *in,
                                     const ddp_pool2d_geom *g) {
-  if (dtype == DDP_F32) POOL_LAUNCH(avg_fwd, float, outputs(g), (float *)out, (const float *)in, *g);
-  else POOL_LAUNCH(avg_fwd, double, outputs(g), (double *)out, (const double *)in, *g);
+  if (dtype == DDP_F32) POOL_KERNEL(avg_fwd, float, outputs(g), (float *)out, (const float *)in, *g);
+  else POOL_KERNEL(avg_fwd, double, outputs(g), (double *)out, (const double *)in, *g);
 }
 
 static void cuda_avg_pool2d_backward(int dtype, void *d_in, const void *grad_out,
                                      const ddp_pool2d_geom *g) {
   if (dtype == DDP_F32)
-    POOL_LAUNCH(avg_bwd, float, inputs(g), (float *)d_in, (const float *)grad_out, *g);
+    POOL_KERNEL(avg_bwd, float, inputs(g), (float *)d_in, (const float *)grad_out, *g);
   else
-    POOL_LAUNCH(avg_bwd, double, inputs(g), (double *)d_in, (const double *)grad_out, *g);
+    POOL_KERNEL(avg_bwd, double, inputs(g), (double *)d_in, (const double *)grad_out, *g);
 }
 
 static void cuda_adaptive_avg_pool2d_forward(int dtype, void *out, const void *in,
                                              const ddp_pool2d_geom *g) {
   if (dtype == DDP_F32)
-    POOL_LAUNCH(adaptive_fwd, float, outputs(g), (float *)out, (const float *)in, *g);
+    POOL_KERNEL(adaptive_fwd, float, outputs(g), (float *)out, (const float *)in, *g);
   else
-    POOL_LAUNCH(adaptive_fwd, double, outputs(g), (double *)out, (const double *)in, *g);
+    POOL_KERNEL(adaptive_fwd, double, outputs(g), (double *)out, (const double *)in, *g);
 }
 
 static void cuda_adaptive_avg_pool2d_backward(int dtype, void *d_in, const void *grad_out,
                                               const ddp_pool2d_geom *g) {
   if (dtype == DDP_F32)
-    POOL_LAUNCH(adaptive_bwd, float, inputs(g), (float *)d_in, (const float *)grad_out, *g);
+    POOL_KERNEL(adaptive_bwd, float, inputs(g), (float *)d_in, (const float *)grad_out, *g);
   else
-    POOL_LAUNCH(adaptive_bwd, double, inputs(g), (double *)d_in, (const double *)grad_out, *g);
+    POOL_KERNEL(adaptive_bwd, double, inputs(g), (double *)d_in, (const double *)grad_out, *g);
 }
 
 extern "C" void ddp_cuda_register_pool(ddp_kernels *k) {

@@ -27,8 +27,8 @@
 // order of additions differs), not bit for bit.
 //
 // Every kernel runs on ddp_cuda_stream() and returns without synchronising. Launches go
-// through DDP_REDUCE_LAUNCH so that spec/fixtures/reduce_emulation.cc can run this file's
-// kernels on the host (each CUDA thread a host thread) against the CPU kernels.
+// through DDP_CUDA_LAUNCH (cuda_internal.h), so the file also
+// runs unchanged on the host in the emulated device (runtime/backend/sim/cuda_emulation.h).
 #include "backend/cuda/cuda_internal.h"
 
 #include <math.h>
@@ -39,15 +39,6 @@ extern "C" {
 int ddp_cuda_caching_malloc(void **out, int device, size_t nbytes);
 void ddp_cuda_caching_free(void *p);
 }
-
-// A kernel launch on `stream`: LAUNCH((kernel<...>), grid, block, stream, args...). A macro
-// so that the host emulation of these kernels (spec/fixtures/cuda_block_emulation.h, which
-// runs each block's threads as host threads) can replace the <<<>>> syntax.
-#ifndef DDP_REDUCE_LAUNCH
-#define DDP_REDUCE_UNPAREN(...) __VA_ARGS__
-#define DDP_REDUCE_LAUNCH(kernel, grid, block, stream, ...) \
-  DDP_REDUCE_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
 
 namespace {
 
@@ -303,10 +294,10 @@ void launch_rows(const TIn *in, int64_t units, int64_t parts, int64_t len, int64
                  const Op &op, const Post &post) {
   cudaStream_t s = ddp_cuda_stream();
   if (plen < ROW_LONG)
-    DDP_REDUCE_LAUNCH((reduce_rows_kernel<WARP, TIn, ACC>), grid_for(units, THREADS / WARP),
-                      THREADS, s, in, units, parts, len, plen, op, post);
+    DDP_CUDA_LAUNCH((reduce_rows_kernel<WARP, TIn, ACC>), grid_for(units, THREADS / WARP),
+                      THREADS, 0, s, in, units, parts, len, plen, op, post);
   else
-    DDP_REDUCE_LAUNCH((reduce_rows_kernel<THREADS, TIn, ACC>), grid_for(units, 1), THREADS, s, in,
+    DDP_CUDA_LAUNCH((reduce_rows_kernel<THREADS, TIn, ACC>), grid_for(units, 1), THREADS, 0, s, in,
                       units, parts, len, plen, op, post);
 }
 
@@ -319,7 +310,7 @@ void launch_cols(const TIn *in, int64_t A, int64_t R, int64_t B, int64_t parts, 
     while (bx < B) bx *= 2;
   }
   const int64_t tiles = A * parts * ((B + bx - 1) / bx);
-  DDP_REDUCE_LAUNCH((reduce_cols_kernel<TIn, ACC>), grid_for(tiles, 1), dim3(bx, THREADS / bx),
+  DDP_CUDA_LAUNCH((reduce_cols_kernel<TIn, ACC>), grid_for(tiles, 1), dim3(bx, THREADS / bx), 0,
                     ddp_cuda_stream(), in, A, R, B, parts, plen, op, post);
 }
 
@@ -557,12 +548,12 @@ void softmax(T *y, const T *x, int64_t A, int64_t R, int64_t B, int log) {
   cudaStream_t s = ddp_cuda_stream();
   const unsigned tiles = grid_for(A * ((B + COL_X - 1) / COL_X), 1);
   if (B > 1)
-    DDP_REDUCE_LAUNCH((softmax_cols_kernel<T>), tiles, dim3(COL_X, COL_Y), s, y, x, A, R, B, log);
+    DDP_CUDA_LAUNCH((softmax_cols_kernel<T>), tiles, dim3(COL_X, COL_Y), 0, s, y, x, A, R, B, log);
   else if (R < ROW_LONG)
-    DDP_REDUCE_LAUNCH((softmax_rows_kernel<WARP, T>), grid_for(A, THREADS / WARP), THREADS, s, y,
+    DDP_CUDA_LAUNCH((softmax_rows_kernel<WARP, T>), grid_for(A, THREADS / WARP), THREADS, 0, s, y,
                       x, A, R, log);
   else
-    DDP_REDUCE_LAUNCH((softmax_rows_kernel<THREADS, T>), grid_for(A, 1), THREADS, s, y, x, A, R,
+    DDP_CUDA_LAUNCH((softmax_rows_kernel<THREADS, T>), grid_for(A, 1), THREADS, 0, s, y, x, A, R,
                       log);
 }
 
@@ -573,13 +564,13 @@ void softmax_backward(T *dx, const T *y, const T *dy, int64_t A, int64_t R, int6
   cudaStream_t s = ddp_cuda_stream();
   const unsigned tiles = grid_for(A * ((B + COL_X - 1) / COL_X), 1);
   if (B > 1)
-    DDP_REDUCE_LAUNCH((softmax_backward_cols_kernel<T>), tiles, dim3(COL_X, COL_Y), s, dx, y, dy,
+    DDP_CUDA_LAUNCH((softmax_backward_cols_kernel<T>), tiles, dim3(COL_X, COL_Y), 0, s, dx, y, dy,
                       A, R, B, log);
   else if (R < ROW_LONG)
-    DDP_REDUCE_LAUNCH((softmax_backward_rows_kernel<WARP, T>), grid_for(A, THREADS / WARP),
-                      THREADS, s, dx, y, dy, A, R, log);
+    DDP_CUDA_LAUNCH((softmax_backward_rows_kernel<WARP, T>), grid_for(A, THREADS / WARP),
+                      THREADS, 0, s, dx, y, dy, A, R, log);
   else
-    DDP_REDUCE_LAUNCH((softmax_backward_rows_kernel<THREADS, T>), grid_for(A, 1), THREADS, s, dx,
+    DDP_CUDA_LAUNCH((softmax_backward_rows_kernel<THREADS, T>), grid_for(A, 1), THREADS, 0, s, dx,
                       y, dy, A, R, log);
 }
 

@@ -21,19 +21,12 @@
 // makes that device current (Note [current device], runtime/core/device.c). Asynchronous;
 // nothing here synchronises.
 //
-// Launches go through DDP_SHAPE_LAUNCH so that spec/fixtures/optimshape_emulation.cc can run
-// this file's kernels on the host (spec/fixtures/cuda_block_emulation.h) against the CPU's.
+// Launches go through DDP_CUDA_LAUNCH (cuda_internal.h), so the file also
+// runs unchanged on the host in the emulated device (runtime/backend/sim/cuda_emulation.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_internal.h"
-
-// A kernel launch on `stream`: DDP_SHAPE_LAUNCH((kernel<...>), grid, block, stream, args...).
-#ifndef DDP_SHAPE_LAUNCH
-#define DDP_SHAPE_UNPAREN(...) __VA_ARGS__
-#define DDP_SHAPE_LAUNCH(kernel, grid, block, stream, ...) \
-  DDP_SHAPE_UNPAREN kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
-#endif
 
 namespace {
 
@@ -71,7 +64,7 @@ template <typename U>
 void copy_rows_as(char *dst, const char *src, int64_t outer, int64_t dst_row, int64_t dst_col,
                   int64_t src_row) {
   const int64_t u = (int64_t)sizeof(U);
-  DDP_SHAPE_LAUNCH((copy_rows_kernel<U>), ddp_cuda_blocks(outer * (src_row / u)), DDP_CUDA_THREADS,
+  DDP_CUDA_LAUNCH((copy_rows_kernel<U>), ddp_cuda_blocks(outer * (src_row / u)), DDP_CUDA_THREADS, 0,
                    ddp_cuda_stream(), (U *)dst, (const U *)src, outer, dst_row / u, dst_col / u,
                    src_row / u);
 }
@@ -110,7 +103,7 @@ void index_select(char *out, const char *in, const int64_t *index, int64_t outer
   unsigned blocks = ddp_cuda_blocks(outer * n_index * inner);
   cudaStream_t s = ddp_cuda_stream();
 #define LAUNCH(B)                                                                           \
-  DDP_SHAPE_LAUNCH((index_select_kernel<Unit<B>::type>), blocks, DDP_CUDA_THREADS, s,          \
+  DDP_CUDA_LAUNCH((index_select_kernel<Unit<B>::type>), blocks, DDP_CUDA_THREADS, 0, s,          \
                    (Unit<B>::type *)out, (const Unit<B>::type *)in, index, outer, size, inner,  \
                    n_index)
   switch (esize) {
@@ -185,8 +178,8 @@ __global__ void index_add_kernel(T *__restrict__ dst, const T *__restrict__ src,
 template <typename T>
 void index_add_as(char *dst, const char *src, const int64_t *index, int64_t outer, int64_t size,
                   int64_t inner, int64_t n_index) {
-  DDP_SHAPE_LAUNCH((index_add_kernel<T>), ddp_cuda_blocks(outer * n_index * inner),
-                   DDP_CUDA_THREADS, ddp_cuda_stream(), (T *)dst, (const T *)src, index, outer,
+  DDP_CUDA_LAUNCH((index_add_kernel<T>), ddp_cuda_blocks(outer * n_index * inner),
+                   DDP_CUDA_THREADS, 0, ddp_cuda_stream(), (T *)dst, (const T *)src, index, outer,
                    size, inner, n_index);
 }
 
@@ -254,7 +247,7 @@ void gather(char *out, const int64_t *out_strides, const char *in, const int64_t
   unsigned blocks = ddp_cuda_blocks(numel);
   cudaStream_t s = ddp_cuda_stream();
 #define LAUNCH(B)                                                                           \
-  DDP_SHAPE_LAUNCH((gather_kernel<Unit<B>::type>), blocks, DDP_CUDA_THREADS, s,                \
+  DDP_CUDA_LAUNCH((gather_kernel<Unit<B>::type>), blocks, DDP_CUDA_THREADS, 0, s,                \
                    (Unit<B>::type *)out, (const Unit<B>::type *)in, index, numel, w)
   switch (esize) {
   case 8: LAUNCH(8); break;
@@ -279,7 +272,7 @@ __global__ void scatter_add_kernel(T *__restrict__ self, const T *__restrict__ s
 template <typename T>
 void scatter_add_as(char *self, const char *src, const int64_t *index, int64_t numel,
                     const Walk &w) {
-  DDP_SHAPE_LAUNCH((scatter_add_kernel<T>), ddp_cuda_blocks(numel), DDP_CUDA_THREADS,
+  DDP_CUDA_LAUNCH((scatter_add_kernel<T>), ddp_cuda_blocks(numel), DDP_CUDA_THREADS, 0,
                    ddp_cuda_stream(), (T *)self, (const T *)src, index, numel, w);
 }
 
