@@ -24,7 +24,7 @@
 --   autograd     the rest of runtime/autograd/: the backward engine, which calls ops to sum
 --                gradients (ops/copy.h), so it sits above them
 --   io           runtime/io/: datasets, loaders, checkpoints
---   distributed  runtime/distributed/ (runtime/dist/ before the rename): store, process
+--   distributed  runtime/distributed/: store, process
 --                groups, reducer, sampler
 --   cli          runtime/cli/: the ddplua executable, the only place Lua headers may appear
 --
@@ -49,7 +49,7 @@ local LAYERS = {
   { name = "ops", "^ops/" },
   { name = "autograd", "^autograd/" },
   { name = "io", "^io/" },
-  { name = "distributed", "^distributed/", "^dist/" },
+  { name = "distributed", "^distributed/" },
   { name = "cli", "^cli/" },
 }
 

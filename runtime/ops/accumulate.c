@@ -3,7 +3,6 @@
  * backward of broadcasting (on devices the sum op; on the CPU one serial pass of the core's
  * element iterator adding into a stride-0 view of the result, which keeps the summation
  * order of every CPU gradient as it was). */
-#include "backend/cpu/elementwise.h" /* DDP_EW_ADD */
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/copy.h"
