@@ -66,10 +66,7 @@ end)
 describe("Lua code and libc", function()
   -- The generated cdef of ddplua.h is the one ffi.cdef of the front end. bench/ops.lua
   -- declares OpenBLAS's sgemm (the reference it measures against, not libc).
-  -- lua/ddplua/distributed/spawn.lua still declares process calls until the process
-  -- supervision API lands (issue 9, part 5).
-  local allowed = { ["lua/ddplua/lib.lua"] = true, ["bench/ops.lua"] = true,
-    ["lua/ddplua/distributed/spawn.lua"] = true }
+  local allowed = { ["lua/ddplua/lib.lua"] = true, ["bench/ops.lua"] = true }
 
   it("declares no libc functions outside ddplua.h", function()
     local p = io.popen("find lua bench examples train.lua -name '*.lua' 2>/dev/null")
