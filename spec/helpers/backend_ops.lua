@@ -18,7 +18,7 @@
 --
 -- Parent side: M.start(backend) starts the child (children run side by side),
 -- M.collect(handle) waits for it and returns {results = {{name, verdict, message}},
--- unavailable = reason or nil, output = text}. As a script (`luajit backend_ops.lua
+-- unavailable = reason or nil, devices = count, ended = true when it finished, output = text}. As a script (`luajit backend_ops.lua
 -- <backend>`, in the child) it prints "CASE\t<name>\t<ok|fail|skip>\t<message>\1" per case,
 -- then "END"; "UNAVAILABLE\t<reason>" when the backend did not load.
 --
@@ -77,6 +77,7 @@ function M.collect(h)
   h.pipe:close()
   local r = { output = out, results = {}, ended = out:find("\nEND\n", 1, true) ~= nil }
   r.unavailable = out:match("UNAVAILABLE\t([^\n]*)")
+  r.devices = tonumber(out:match("DEVICES\t(%d+)"))
   for name, verdict, msg in out:gmatch("CASE\t([^\t]*)\t(%a+)\t([^\1]-)\1\n") do
     r.results[#r.results + 1] = { name, verdict, msg }
   end
@@ -108,6 +109,7 @@ local function child(backend_name)
     return
   end
 
+  io.write("DEVICES\t", C.ddp_cuda_device_count(), "\n")
   local EXACT, EMULATED = B.exact, B.name == "emulated"
   local DEV, DEV_INDEX = "cuda:0", 0
   local TOL = EXACT and { f64 = 0, f32 = 0, f16 = 0, bf16 = 0 }
