@@ -2,7 +2,10 @@
 #
 # Targets
 #   make            build build/libddplua.so (the runtime, no Lua inside), build/ddplua (the
-#                   LuaJIT host) and, where nvcc exists, build/libddplua_cuda.so (the plug-in)
+#                   LuaJIT host), the test programs (build/tests/) and, where nvcc exists,
+#                   build/libddplua_cuda.so (the plug-in) and the emulated device
+#   make emulation  build/libddplua_cuda_emul.so: the simulated device running the CUDA kernel
+#                   areas without vendor libraries compiled for the host (needs CUDA's headers)
 #   make deps       install the Debian packages the build and the specs need (apt-get; sudo
 #                   when not root); does nothing when they are all present
 #   make config     print what was found, one ✓ or ✗ line each
@@ -67,7 +70,8 @@ LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/ob
 CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))
 CLI_OBJS    := $(CLI_SRCS:%.c=$(BUILD)/obj/%.o)
 CUDA_SRCS   := $(sort $(wildcard runtime/backend/cuda/*.cu))
-HEADERS     := $(shell find runtime -name '*.h')
+# (the emulation's -include header is no dependency of the runtime or the real plug-in)
+HEADERS     := $(filter-out runtime/backend/sim/cuda_emulation.h,$(shell find runtime -name '*.h'))
 
 ifeq ($(CUDA),auto)
   HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1 || echo 0)
@@ -155,11 +159,12 @@ $(BUILD)/libddplua_cuda.so: $(CUDA_OBJS) $(BUILD)/libddplua.so
 $(SIM_PLUGIN): runtime/backend/sim/plugin.c $(HEADERS) $(BUILD)/libddplua.so
 	$(CC) $(CFLAGS) -shared -o $@ $< -L$(BUILD) -lddplua -Wl,-rpath,'$$ORIGIN'
 
-$(BUILD)/emul/%.o: runtime/backend/cuda/%.cu $(HEADERS)
+$(BUILD)/emul/%.o: runtime/backend/cuda/%.cu runtime/backend/sim/cuda_emulation.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMUL_FLAGS) -x c++ -c $< -o $@
 
-$(BUILD)/emul/emul_plugin.o: runtime/backend/sim/emul_plugin.cc $(HEADERS)
+$(BUILD)/emul/emul_plugin.o: runtime/backend/sim/emul_plugin.cc runtime/backend/sim/cuda_emulation.h \
+                             $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMUL_FLAGS) -c $< -o $@
 

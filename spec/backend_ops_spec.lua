@@ -46,6 +46,8 @@ for i, b in ipairs(harness.BACKENDS) do
       assert.is_nil(r.unavailable, r.output)
       assert.is_true(r.ended, "the child stopped early:\n" .. r.output:sub(-4000))
       assert.is_true(#r.results > 500, "only " .. #r.results .. " cases ran:\n" .. r.output:sub(-4000))
+      -- the simulated devices: DDPLUA_SIM_DEVICES=2, so the cases on cuda:1 run too
+      if b.name ~= "cuda" then assert.are.equal(2, r.devices, r.output:sub(1, 2000)) end
     end)
     for _, res in ipairs(r.results) do
       local name, verdict, msg = res[1], res[2], res[3]

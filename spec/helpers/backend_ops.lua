@@ -7,7 +7,9 @@
 -- Backends (M.BACKENDS), one child luajit each, since the CUDA plug-in is chosen once per
 -- process (DDPLUA_CUDA_PLUGIN):
 --   sim       build/libddplua_cuda_sim.so: host memory, the CPU kernels. It checks the
---             device paths of the ops layer; results must equal the CPU's bit for bit.
+--             device paths of the ops layer; the bound is 0 (the CPU's bits; where the ops
+--             layer's device route itself rounds differently, the reference rule below
+--             admits it).
 --   emulated  build/libddplua_cuda_emul.so (`make emulation`, where CUDA's headers are):
 --             the simulated device with the kernels of runtime/backend/cuda/{elementwise,
 --             reduce,pool,loss,norm,optim,shape}.cu compiled for the host
@@ -16,7 +18,7 @@
 --
 -- Parent side: M.start(backend) starts the child (children run side by side),
 -- M.collect(handle) waits for it and returns {results = {{name, verdict, message}},
--- unavailable = reason or nil, output = text}. As a script (`luajit backend_ops.lua
+-- unavailable = reason or nil, devices = count, ended = true when it finished, output = text}. As a script (`luajit backend_ops.lua
 -- <backend>`, in the child) it prints "CASE\t<name>\t<ok|fail|skip>\t<message>\1" per case,
 -- then "END"; "UNAVAILABLE\t<reason>" when the backend did not load.
 --
@@ -75,6 +77,7 @@ function M.collect(h)
   h.pipe:close()
   local r = { output = out, results = {}, ended = out:find("\nEND\n", 1, true) ~= nil }
   r.unavailable = out:match("UNAVAILABLE\t([^\n]*)")
+  r.devices = tonumber(out:match("DEVICES\t(%d+)"))
   for name, verdict, msg in out:gmatch("CASE\t([^\t]*)\t(%a+)\t([^\1]-)\1\n") do
     r.results[#r.results + 1] = { name, verdict, msg }
   end
@@ -106,6 +109,7 @@ local function child(backend_name)
     return
   end
 
+  io.write("DEVICES\t", C.ddp_cuda_device_count(), "\n")
   local EXACT, EMULATED = B.exact, B.name == "emulated"
   local DEV, DEV_INDEX = "cuda:0", 0
   local TOL = EXACT and { f64 = 0, f32 = 0, f16 = 0, bf16 = 0 }
