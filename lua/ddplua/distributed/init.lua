@@ -593,11 +593,20 @@ end
 --- dist.DistributedDataParallel(module, opts): the DDP wrapper (ddplua.distributed.ddp),
 -- loaded on first use so the process-group module does not depend on nn.
 --- dist.spawn(fn, nprocs, opts): torch.multiprocessing.spawn (ddplua.distributed.spawn).
+--- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
+-- collectives of Lua values (ddplua.distributed.objects).
+local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
+  broadcast_object_list = true, scatter_object_list = true }
 setmetatable(M, { __index = function(t, k)
   local mod = ({ DistributedDataParallel = "ddplua.distributed.ddp", spawn = "ddplua.distributed.spawn",
     DistributedSampler = "ddplua.distributed.sampler" })[k]
   if mod then
     local v = require(mod)
+    rawset(t, k, v)
+    return v
+  end
+  if OBJECT_COLLECTIVES[k] then
+    local v = require("ddplua.distributed.objects")[k]
     rawset(t, k, v)
     return v
   end
