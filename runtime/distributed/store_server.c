@@ -116,11 +116,18 @@ static int flush(conn *c) {
 
 /* ---- memory (Note [store bounds]) ------------------------------------------------------ */
 
-/* Bytes held now: the table and every connection's buffers. */
+/* Input bytes a connection holds or has been allowed to fill: its buffer, or the whole of the
+ * request arriving once its lengths came (so requests declared at once cannot together
+ * pass the limit before their bytes arrive). */
+static int64_t input_bytes(const conn *c) {
+  return (int64_t)(c->in.cap > c->frame_size ? c->in.cap : c->frame_size);
+}
+
+/* Bytes held (or promised to arriving requests) now: the table and every connection. */
 static int64_t held_bytes(const store_server *srv) {
   int64_t n = srv->table_bytes;
   for (int i = 0; i < srv->nconns; i++)
-    n += (int64_t)(srv->conns[i]->in.cap + srv->conns[i]->out.cap);
+    n += input_bytes(srv->conns[i]) + (int64_t)srv->conns[i]->out.cap;
   return n;
 }
 
@@ -134,7 +141,7 @@ static int reserve_input(store_server *srv, conn *c, size_t extra, char *why, si
   /* The arriving request's size is known: no more than it (and one read) is needed. */
   size_t exact = c->frame_size > b->len + extra ? c->frame_size : b->len + extra;
   if (c->frame_size && want > exact) want = exact;
-  int64_t after = held_bytes(srv) + (int64_t)(want - b->cap);
+  int64_t after = held_bytes(srv) - input_bytes(c) + (int64_t)(want > c->frame_size ? want : c->frame_size);
   if (after > srv->cfg.max_memory) {
     snprintf(why, cap, "the store would hold %lld bytes, over its limit of %lld (a request of %zu bytes so far)",
              (long long)after, (long long)srv->cfg.max_memory, b->len);
@@ -164,7 +171,7 @@ static int table_put(store_server *srv, conn *c, const char *key, size_t klen, c
   store_entry *e = store_table_find(&srv->table, key, klen);
   int64_t old = e ? (int64_t)(e->klen + e->vlen + ENTRY_OVERHEAD) : 0;
   int64_t add = (int64_t)(klen + vlen + ENTRY_OVERHEAD);
-  int64_t after = held_bytes(srv) - (int64_t)c->in.cap - old + add;
+  int64_t after = held_bytes(srv) - input_bytes(c) - old + add;
   if (after > srv->cfg.max_memory) {
     snprintf(why, cap, "the store's memory limit of %lld bytes would be passed (it holds %lld; this value is %zu bytes)",
              (long long)srv->cfg.max_memory, (long long)held_bytes(srv), vlen);
@@ -443,7 +450,7 @@ static int process_input(store_server *srv, conn *c, char *why, size_t cap) {
     if (p == 0) {
       /* A request that cannot fit is refused before its bytes come: answer ERR and discard
        * them as they arrive (Note [store bounds]); the connection stays in step. */
-      int64_t after = held_bytes(srv) - (int64_t)c->in.cap + (int64_t)r.size;
+      int64_t after = held_bytes(srv) - input_bytes(c) + (int64_t)r.size;
       if (r.size && after > srv->cfg.max_memory) {
         char msg[300];
         int n = snprintf(msg, sizeof msg, "a request of %zu bytes would pass the store's memory limit "

@@ -43,8 +43,12 @@
  *
  * Note [store bounds]
  * The server's memory is bounded: values and keys in the table plus every connection's
- * buffers stay under max_memory (a request that would pass it closes its connection; a SET
- * that would pass it answers ERR). A partial request that receives no byte for the idle
+ * buffers stay under max_memory, a request counting for its whole declared size as soon as
+ * its lengths arrived (so several requests declared at once cannot pass it together). A
+ * request that cannot fit is answered ERR when its lengths arrive and its bytes are read and
+ * dropped (the connection stays in step); a SET/ADD/CAS whose value the table cannot take
+ * answers ERR; the buffers themselves never grow past the limit (that closes the
+ * connection). A partial request that receives no byte for the idle
  * timeout closes its connection. At most max_connections connections are served; past
  * that, or when accept() runs out of descriptors (EMFILE, ENFILE), the listener is left out
  * of poll() (new clients wait in the kernel's backlog) until a connection closes or 100 ms
