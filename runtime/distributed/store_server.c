@@ -572,8 +572,28 @@ static void pause_listener(store_server *srv, const char *why) {
   srv->paused_logged = 1;
 }
 
+/* The connection that has waited longest without proving the secret; -1 if none. */
+static int oldest_unauthenticated(const store_server *srv) {
+  int best = -1;
+  for (int i = 0; i < srv->nconns; i++)
+    if (!srv->conns[i]->authed && (best < 0 || srv->conns[i]->accepted_at < srv->conns[best]->accepted_at))
+      best = i;
+  return best;
+}
+
+/* At the connection cap, a new connection replaces the oldest one that has not proved the
+ * secret (a genuine rank proves it within milliseconds), so connections that never answer
+ * cannot keep the ranks out. 1 when there is room now. */
+static int make_room(store_server *srv) {
+  if (srv->nconns < srv->cfg.max_connections) return 1;
+  int i = oldest_unauthenticated(srv);
+  if (i < 0) return 0;
+  conn_close(srv, i, "the connection cap is reached and it has not proved the job's secret");
+  return 1;
+}
+
 static void accept_all(store_server *srv) {
-  while (srv->nconns < srv->cfg.max_connections) {
+  for (;;) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
     int fd = accept4(srv->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -584,6 +604,13 @@ static void accept_all(store_server *srv) {
       return;
     }
     srv->paused_logged = 0;
+    if (!make_room(srv)) {
+      close(fd);
+      char why[96];
+      snprintf(why, sizeof why, "%d connections open (the limit)", srv->nconns);
+      pause_listener(srv, why);
+      return;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     conn *c = calloc(1, sizeof *c);
@@ -620,11 +647,6 @@ static void accept_all(store_server *srv) {
     snprintf(c->peer, sizeof c->peer, "%s:%s", h, serv);
     srv->conns[srv->nconns++] = c;
     flush(c);
-  }
-  if (srv->nconns >= srv->cfg.max_connections) {
-    char why[96];
-    snprintf(why, sizeof why, "%d connections open (the limit)", srv->nconns);
-    pause_listener(srv, why);
   }
 }
 
@@ -674,11 +696,11 @@ static void *server_main(void *arg) {
     }
     double now = store_now();
     int ms = expire_idle(srv, now);
-    int listening = srv->nconns < srv->cfg.max_connections && now >= srv->listen_paused_until;
-    if (!listening) {
+    int full = srv->nconns >= srv->cfg.max_connections && oldest_unauthenticated(srv) < 0;
+    int listening = !full && now >= srv->listen_paused_until;
+    if (!listening && !full) {
       int pause_ms = (int)((srv->listen_paused_until - now) * 1000) + 1;
-      if (srv->nconns >= srv->cfg.max_connections) pause_ms = -1; /* until one closes */
-      if (pause_ms >= 0 && (ms < 0 || pause_ms < ms)) ms = pause_ms;
+      if (ms < 0 || pause_ms < ms) ms = pause_ms;
     }
     atomic_store_explicit(&srv->held, held_bytes(srv), memory_order_relaxed);
     atomic_store_explicit(&srv->open_conns, srv->nconns, memory_order_relaxed);

@@ -49,9 +49,11 @@
  * dropped (the connection stays in step); a SET/ADD/CAS whose value the table cannot take
  * answers ERR; the buffers themselves never grow past the limit (that closes the
  * connection). A partial request that receives no byte for the idle
- * timeout closes its connection. At most max_connections connections are served; past
- * that, or when accept() runs out of descriptors (EMFILE, ENFILE), the listener is left out
- * of poll() (new clients wait in the kernel's backlog) until a connection closes or 100 ms
+ * timeout closes its connection. At most max_connections connections are served: at the
+ * cap a new connection replaces the oldest one that has not proved the secret (ranks prove
+ * it within milliseconds, so silent connections cannot keep them out); when every one has,
+ * or when accept() runs out of descriptors (EMFILE, ENFILE), the listener is left out of
+ * poll() (new clients wait in the kernel's backlog) until a connection closes or 100 ms
  * passed, so the loop never spins. ADD refuses (ERR) a sum that would not fit in int64.
  */
 #ifndef DDP_STORE_WIRE_H

@@ -390,19 +390,30 @@ s:close()
       assert.matches("not accepting connections for now: Too many open files", child:stderr())
     end)
 
-    it("the connection cap leaves the listener alone until a connection closes", function()
+    it("the connection cap: silent connections make way for ranks; proven ones make them wait", function()
       local s = keep(store.TCPStore("127.0.0.1", 0, { is_server = true, timeout = 5, max_connections = 4,
-                                                       idle_timeout = 30 }))
-      local fds = {}
-      for i = 1, 3 do fds[i] = raw_connect(s:port()) end -- with the server's own client: 4
+                                                       idle_timeout = 30, secret = "k" }))
+      local silent = {}
+      for i = 1, 3 do silent[i] = raw_connect(s:port()) end -- with the server's own client: 4
       sleep(0.2)
       assert.equal(4, s:server_stats().connections)
-      local ok = pcall(store.TCPStore, "127.0.0.1", s:port(), { timeout = 0.5 })
-      assert.is_false(ok) -- waits in the backlog, never served
-      ffi.C.close(fds[1])
-      local c = keep(store.TCPStore("127.0.0.1", s:port(), { timeout = 5 }))
+      local a = keep(store.TCPStore("127.0.0.1", s:port(), { timeout = 2, secret = "k" }))
+      a:set("a", "1") -- got in by replacing the oldest silent connection
+      assert.is_true(closed_by_peer(silent[1], 1))
+      local proven = {}
+      for i = 1, 2 do
+        proven[i] = raw_connect(s:port())
+        authenticate(proven[i], "k") -- replaces the other silent ones
+      end
+      assert.equal(4, s:server_stats().connections)
+      local ok = pcall(store.TCPStore, "127.0.0.1", s:port(), { timeout = 0.5, secret = "k" })
+      assert.is_false(ok) -- every connection proved the secret: it waits in the backlog
+      ffi.C.close(proven[1])
+      local c = keep(store.TCPStore("127.0.0.1", s:port(), { timeout = 5, secret = "k" }))
       c:set("in", "1")
-      for i = 2, 3 do ffi.C.close(fds[i]) end
+      assert.equal("1", s:get("in"))
+      ffi.C.close(proven[2])
+      for i = 1, 3 do ffi.C.close(silent[i]) end
     end)
   end)
 
