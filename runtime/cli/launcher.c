@@ -11,6 +11,7 @@
  *   DDPLUA_RESTART_COUNT, DDPLUA_MAX_RESTARTS
  *   DDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS = max(1, cores / N) unless set
  *   DDPLUA_UNBUFFERED = 1 (line-buffered stdout in the worker, unless set)
+ *   DDPLUA_STORE_SECRET                    (the job's store secret: Note [launcher secret])
  *
  * The launcher runs no store and no Lua: it only starts, watches and stops processes, all
  * through the runtime's process supervision API (ddplua/process.h, shared with dl.spawn),
@@ -291,6 +292,28 @@ static int choose_logs(launcher *L, char *tmp, size_t size) {
   return 0;
 }
 
+/* Note [launcher secret]: every store connection proves the job's secret (README,
+ * "Security"). A one-node job gets a fresh secret from the kernel's random source, in the
+ * environment the workers inherit (readable only by this user and root, as the workers'
+ * memory is); a secret already in the environment is kept. A multi-node job needs the same
+ * secret on every node, which only the user can arrange: without one the launcher refuses. */
+static int choose_secret(const ddp_cli_launch *c) {
+  const char *given = getenv("DDPLUA_STORE_SECRET");
+  if (given && given[0]) return 0;
+  if (c->nnodes > 1) {
+    say("--nnodes=%d: set DDPLUA_STORE_SECRET to the same secret on every node (for example "
+        "the output of `od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'`), so that only "
+        "this job's ranks can use its store", c->nnodes);
+    return -1;
+  }
+  char secret[65];
+  if (ddp_store_new_secret(secret, sizeof secret) != DDP_OK || setenv("DDPLUA_STORE_SECRET", secret, 1) != 0) {
+    say("cannot make the job's store secret: %s", ddp_last_error());
+    return -1;
+  }
+  return 0;
+}
+
 int ddp_launcher_run(const ddp_cli_options *opts, int argc, char **argv) {
   const ddp_cli_launch *c = &opts->launch;
   launcher L;
@@ -308,6 +331,7 @@ int ddp_launcher_run(const ddp_cli_options *opts, int argc, char **argv) {
   L.exe[n] = '\0';
 
   char tmp_logs[64];
+  if (choose_secret(c) != 0) return DDP_CLI_EXIT_ERROR;
   if (choose_logs(&L, tmp_logs, sizeof tmp_logs) != 0) return DDP_CLI_EXIT_ERROR;
   L.argv = worker_argv(opts, argc, argv);
   if (!L.argv || install_signals() != 0) {

@@ -113,31 +113,53 @@ static int store_get_str(ddp_store *store, const char *key, char **out) {
   return st;
 }
 
-/* A name nobody else uses: a hash of the group's prefix, this pid and a random token. */
-static void segment_name(char *out, size_t cap, const char *prefix) {
+/* Note [shm segment names]: a segment's name carries 128 bits from the kernel's random
+ * source, so nobody can plant a file under it beforehand; rank 0 creates it exclusively
+ * (O_EXCL) with mode 0600, so a planted name fails creation instead of being shared; the
+ * other ranks map a published name only when it has our form and, once opened, the object
+ * is a regular file owned by this user, open to no one else, of the expected size. A name
+ * that fails any check is not used (the group falls back to Gloo's path).
+ * Returns 0, or -1 when the kernel gives no random bytes (then shared memory is not used). */
+static int segment_name(char *out, size_t cap, const char *prefix) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (const char *p = prefix; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  uint64_t token = 0;
-  if (getrandom(&token, sizeof token, GRND_NONBLOCK) != (ssize_t)sizeof token) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    token = (uint64_t)ts.tv_nsec * 2654435761u ^ (uint64_t)ts.tv_sec;
+  uint64_t token[2];
+  size_t got = 0;
+  while (got < sizeof token) {
+    ssize_t n = getrandom((char *)token + got, sizeof token - got, 0);
+    if (n > 0) got += (size_t)n;
+    else if (!(n < 0 && errno == EINTR)) return -1;
   }
-  snprintf(out, cap, "/ddplua.%d.%016llx.%016llx", (int)getpid(), (unsigned long long)h,
-           (unsigned long long)token);
+  snprintf(out, cap, "/ddplua.%d.%016llx.%016llx%016llx", (int)getpid(), (unsigned long long)h,
+           (unsigned long long)token[0], (unsigned long long)token[1]);
+  return 0;
 }
 
-/* Map the segment `name` of `len` bytes (create: rank 0 makes and sizes it). */
+/* Has `name` the form segment_name gives (Note [shm segment names])? */
+static int name_has_our_form(const char *name) {
+  if (strncmp(name, "/ddplua.", 8) != 0 || strlen(name) > 200) return 0;
+  for (const char *p = name + 1; *p; p++)
+    if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') || *p == '.' ||
+          (p < name + 7 && *p >= 'a' && *p <= 'z')))
+      return 0;
+  return 1;
+}
+
+/* Map the segment `name` of `len` bytes (create: rank 0 makes and sizes it). Note [shm
+ * segment names]. */
 static unsigned char *map_segment(const char *name, size_t len, int create) {
+  if (!create && !name_has_our_form(name)) return NULL;
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
   if (fd < 0) return NULL;
   int ok = 1;
   if (create) {
     /* Reserve the pages now: a full /dev/shm must fail here, not SIGBUS later. */
-    ok = ftruncate(fd, (off_t)len) == 0 && posix_fallocate(fd, 0, (off_t)len) == 0;
+    ok = fchmod(fd, 0600) == 0 && ftruncate(fd, (off_t)len) == 0 &&
+         posix_fallocate(fd, 0, (off_t)len) == 0;
   } else {
     struct stat st;
-    ok = fstat(fd, &st) == 0 && (size_t)st.st_size == len;
+    ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+         (st.st_mode & 077) == 0 && (size_t)st.st_size == len;
   }
   void *p = ok ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
                : MAP_FAILED;
@@ -193,8 +215,7 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
   unsigned char *base = NULL;
   snprintf(key, sizeof key, "%s/ddp_shm/name", prefix);
   if (rank == 0) {
-    segment_name(name, sizeof name, prefix);
-    base = map_segment(name, len, 1);
+    base = segment_name(name, sizeof name, prefix) == 0 ? map_segment(name, len, 1) : NULL;
     const char *pub = base ? name : ""; /* "": rank 0 could not create it */
     if (ddp_store_set(store, key, pub, strlen(pub))) {
       if (base) {

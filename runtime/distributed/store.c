@@ -11,10 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "distributed/store_auth.h"
 #include "distributed/store_wire.h"
 
 /* How long a client waits for the server to acknowledge a CANCEL after its own timeout, and
@@ -314,13 +316,58 @@ static int try_connect(const char *host, int port, double deadline, char *err, s
   return fd;
 }
 
+static int tcp_send(ddp_store *s, const store_buf *b, double deadline, const char *during);
+static int tcp_recv(ddp_store *s, void *dst, size_t n, double deadline, size_t *got,
+                    const char *during);
+
+/* The client's half of Note [store handshake], bounded by deadline. */
+static int tcp_handshake(ddp_store *s, double deadline) {
+  char who[48];
+  const char *during = "authentication (proving the job's secret)";
+  unsigned char hello[STORE_MAGIC_LEN + STORE_NONCE], answer[2 * STORE_NONCE];
+  unsigned char proof[STORE_SHA256_BYTES], want[STORE_SHA256_BYTES];
+  size_t got;
+  int st = tcp_recv(s, hello, sizeof hello, deadline, &got, during);
+  if (st == DDP_ERR_TIMEOUT) {
+    tcp_break(s, "no handshake from the server");
+    DDP_FAIL(DDP_ERR_TIMEOUT, "%s: the store server at %s:%d sent no handshake within %.1f s "
+             "(too many connections, or not a ddplua store)", store_who(s, who, sizeof who),
+             s->host, s->port, store_timeout(s));
+  }
+  if (st) return st;
+  if (memcmp(hello, STORE_MAGIC, STORE_MAGIC_LEN) != 0)
+    return tcp_fail_peer(s, "it is not a ddplua store (wrong handshake)", during);
+  const unsigned char *ns = hello + STORE_MAGIC_LEN, *nc = answer;
+  if (store_random_bytes(answer, STORE_NONCE))
+    DDP_FAIL(DDP_ERR_IO, "%s: no random bytes for the handshake", store_who(s, who, sizeof who));
+  const void *parts[3] = {"client", ns, nc};
+  size_t lens[3] = {6, STORE_NONCE, STORE_NONCE};
+  store_hmac_sha256(answer + STORE_NONCE, s->secret, s->secret_len, parts, lens, 3);
+  store_buf b = {answer, sizeof answer, sizeof answer};
+  DDP_TRY(tcp_send(s, &b, deadline, during));
+  st = tcp_recv(s, proof, sizeof proof, deadline, &got, during);
+  if (st == DDP_ERR_PEER) {
+    ddp_error_prefix("%s: the store server at %s:%d refused this process's secret (set the same "
+                     "DDPLUA_STORE_SECRET, or store secret, on every rank)",
+                     store_who(s, who, sizeof who), s->host, s->port);
+    return DDP_ERR_PEER;
+  }
+  if (st == DDP_ERR_TIMEOUT) return tcp_fail_peer(s, "no answer to the handshake", during);
+  if (st) return st;
+  parts[0] = "server";
+  store_hmac_sha256(want, s->secret, s->secret_len, parts, lens, 3);
+  if (!store_equal_ct(want, proof, sizeof want))
+    return tcp_fail_peer(s, "the server did not prove the job's secret", during);
+  return DDP_OK;
+}
+
 static int tcp_connect(ddp_store *s, double timeout_s) {
   char err[160] = "no address", who[48];
   double deadline = store_now() + timeout_s;
   double pause = 0.01;
   for (;;) {
     s->fd = try_connect(s->host, s->port, deadline, err, sizeof err);
-    if (s->fd >= 0) return DDP_OK;
+    if (s->fd >= 0) return tcp_handshake(s, deadline);
     double left = deadline - store_now();
     if (left <= 0) break;
     usleep((useconds_t)(1e6 * (pause < left ? pause : left)));
@@ -524,29 +571,90 @@ int ddp_store_tcp_new(ddp_store **out, const char *host, int port, int is_server
 
 int ddp_store_tcp_new_ranked(ddp_store **out, const char *host, int port, int is_server,
                              double timeout_s, int rank) {
+  ddp_store_tcp_options o = {0};
+  o.is_server = is_server;
+  o.timeout_s = timeout_s;
+  o.rank = rank;
+  return ddp_store_tcp_open(out, host, port, &o);
+}
+
+/* The default connection cap: Note [store bounds]; half the descriptors stay for the rest
+ * of the process (checkpoints, Gloo's sockets). */
+static int default_max_connections(void) {
+  struct rlimit rl;
+  int n = STORE_DEFAULT_MAX_CONNS;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 2 < (rlim_t)n)
+    n = (int)(rl.rlim_cur / 2);
+  return n < 4 ? 4 : n;
+}
+
+int ddp_store_tcp_open(ddp_store **out, const char *host, int port, const ddp_store_tcp_options *opts) {
+  if (!opts) DDP_FAIL(DDP_ERR_ARG, "store: options are NULL");
   if (!host || !host[0]) host = "127.0.0.1";
+  int is_server = opts->is_server;
   if (port < 0 || port > 65535)
     DDP_FAIL(DDP_ERR_ARG, "store: port %d out of range 0 .. 65535 (host %s)", port, host);
   if (port == 0 && !is_server)
     DDP_FAIL(DDP_ERR_ARG, "store: a client needs the server's port (got 0 for host %s)", host);
   if (strlen(host) >= sizeof ((ddp_store *)0)->host)
     DDP_FAIL(DDP_ERR_ARG, "store: host name of %zu bytes is too long", strlen(host));
+  const char *secret = opts->secret ? opts->secret : getenv("DDPLUA_STORE_SECRET");
+  if (!secret) secret = "";
+  if (strlen(secret) > STORE_MAX_SECRET)
+    DDP_FAIL(DDP_ERR_ARG, "store: a secret of %zu bytes, more than the %zu allowed", strlen(secret),
+             STORE_MAX_SECRET);
+  if (opts->idle_timeout_s < 0 || opts->max_memory < 0 || opts->max_connections < 0)
+    DDP_FAIL(DDP_ERR_ARG, "store: idle_timeout_s, max_memory and max_connections must be >= 0 "
+             "(0: the default), got %g, %lld, %d", opts->idle_timeout_s, (long long)opts->max_memory,
+             opts->max_connections);
   ddp_store *s;
-  DDP_TRY(store_alloc(&s, STORE_KIND_TCP, timeout_s, "store"));
-  s->rank = rank < 0 ? -1 : rank;
+  DDP_TRY(store_alloc(&s, STORE_KIND_TCP, opts->timeout_s, "store"));
+  s->rank = opts->rank < 0 ? -1 : opts->rank;
   snprintf(s->host, sizeof s->host, "%s", host);
   s->port = port;
-  int st = DDP_OK;
-  if (is_server) {
-    st = store_server_start(&s->server, host, port);
+  s->secret_len = strlen(secret);
+  s->secret = malloc(s->secret_len + 1);
+  int st = s->secret ? DDP_OK : DDP_ERR_MEMORY;
+  if (st) ddp_fail_at(__FILE__, __LINE__, st, "store: out of memory");
+  else memcpy(s->secret, secret, s->secret_len + 1);
+  if (!st && is_server) {
+    store_server_config cfg = {
+        .secret = s->secret, .secret_len = s->secret_len,
+        .idle_timeout_s = opts->idle_timeout_s > 0 ? opts->idle_timeout_s : STORE_DEFAULT_IDLE_S,
+        .max_memory = opts->max_memory > 0 ? opts->max_memory : STORE_DEFAULT_MAX_MEMORY,
+        .max_connections = opts->max_connections > 0 ? opts->max_connections : default_max_connections(),
+    };
+    st = store_server_start(&s->server, host, port, &cfg);
     if (!st) s->port = store_server_port(s->server);
   }
-  if (!st) st = tcp_connect(s, timeout_s);
+  if (!st) st = tcp_connect(s, opts->timeout_s);
   if (st) {
     ddp_store_free(s);
     return st;
   }
   *out = s;
+  return DDP_OK;
+}
+
+int ddp_store_new_secret(char *out, size_t cap) {
+  if (!out || cap < 65) DDP_FAIL(DDP_ERR_ARG, "store new_secret: the buffer needs 65 bytes, got %zu", cap);
+  unsigned char raw[32];
+  if (store_random_bytes(raw, sizeof raw))
+    DDP_FAIL(DDP_ERR_IO, "store new_secret: cannot read random bytes (getrandom, /dev/urandom)");
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", raw[i]);
+  memset(raw, 0, sizeof raw);
+  return DDP_OK;
+}
+
+void ddp_hmac_sha256(unsigned char *out, const void *key, size_t klen, const void *msg, size_t mlen) {
+  const void *parts[1] = {msg};
+  size_t lens[1] = {mlen};
+  store_hmac_sha256(out, key, klen, parts, lens, 1);
+}
+
+int ddp_store_server_stats(const ddp_store *s, int64_t *bytes, int *connections) {
+  if (!s || !s->server) DDP_FAIL(DDP_ERR_ARG, "store server_stats: this store runs no server");
+  store_server_stats(s->server, bytes, connections);
   return DDP_OK;
 }
 
@@ -809,6 +917,8 @@ void ddp_store_free(ddp_store *s) {
   if (s->fd >= 0) close(s->fd);
   if (s->server) store_server_stop(s->server);
   if (s->file) store_file_close(s->file);
+  if (s->secret) memset(s->secret, 0, s->secret_len);
+  free(s->secret);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }

@@ -149,7 +149,10 @@ static int add_locked(ddp_store *s, const char *key, int64_t delta, int64_t *res
   if (e && store_parse_i64(e->value, e->vlen, &cur))
     DDP_FAIL(DDP_ERR_IO, "%s: add to key '%.200s': the value is not a decimal integer",
              store_who(s, who, sizeof who), key);
-  int64_t now = (int64_t)((uint64_t)cur + (uint64_t)delta);
+  int64_t now;
+  if (__builtin_add_overflow(cur, delta, &now))  // an error, never a wrap (as the TCP server)
+    DDP_FAIL(DDP_ERR_IO, "%s: add to key '%.200s': adding %lld to %lld overflows a 64-bit integer (the value is unchanged)",
+             store_who(s, who, sizeof who), key, (long long)delta, (long long)cur);
   char text[32];
   int n = snprintf(text, sizeof text, "%lld", (long long)now);
   DDP_TRY(file_append(s, 'S', key, text, (size_t)n));
@@ -167,7 +170,9 @@ int store_file_open(store_file **out, const char *path) {
     DDP_FAIL(DDP_ERR_MEMORY, "store: out of memory");
   }
   f->path = p;
-  f->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  /* 0600: the file is the job's rendezvous; only its owner may read or forge records (the
+   * file store's only protection: it has no secret). */
+  f->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (f->fd < 0) {
     int e = errno;
     free(p);

@@ -4,7 +4,9 @@
  *
  * Every request is length-checked as its bytes arrive (known opcode, argument count, key
  * length 1 .. 64 KiB - 1, value length up to 1 GiB): a request that breaks a rule closes
- * THAT connection, with a line on stderr, and the loop goes on serving the others. */
+ * THAT connection, with a line on stderr, and the loop goes on serving the others. Before
+ * any request a connection proves the job's secret (Note [store handshake]); memory,
+ * connections and idle partial requests are bounded (Note [store bounds]). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -13,13 +15,19 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "distributed/store_auth.h"
 #include "distributed/store_wire.h"
+
+#define LISTEN_PAUSE_S 0.1   /* listener left out of poll() after EMFILE (Note [store bounds]) */
+#define ENTRY_OVERHEAD 64    /* bytes counted per table entry besides key and value */
+#define BUF_STEP ((size_t)16 << 20) /* input buffers double up to this, then grow by it */
 
 typedef struct conn {
   int fd;
@@ -30,6 +38,14 @@ typedef struct conn {
   char **parked_keys;     /* keys of the parked request */
   size_t *parked_lens;
   int nparked;
+  int authed;             /* proved the secret (Note [store handshake]) */
+  unsigned char nonce[STORE_NONCE];     /* the server's challenge */
+  unsigned char hs[2 * STORE_NONCE];    /* the client's answer, as it arrives */
+  size_t hs_len;
+  double accepted_at;     /* store_now() at accept */
+  double last_rx;         /* store_now() of the last byte received */
+  size_t skip;            /* bytes of a refused request still to discard */
+  size_t frame_size;      /* size of the request arriving, once its lengths came (else 0) */
 } conn;
 
 struct store_server {
@@ -40,6 +56,13 @@ struct store_server {
   store_table table;
   conn **conns;
   int nconns, capconns;
+  store_server_config cfg; /* secret copied into `secret` */
+  unsigned char *secret;
+  int64_t table_bytes;     /* keys, values and ENTRY_OVERHEAD of the table */
+  double listen_paused_until; /* Note [store bounds] */
+  int paused_logged;       /* one line per run of accept failures */
+  _Atomic int64_t held;    /* store_server_stats, updated by the loop */
+  _Atomic int open_conns;
 };
 
 /* ---- connections --------------------------------------------------------------------- */
@@ -91,6 +114,74 @@ static int flush(conn *c) {
   return 0;
 }
 
+/* ---- memory (Note [store bounds]) ------------------------------------------------------ */
+
+/* Input bytes a connection holds or has been allowed to fill: its buffer, or the whole of the
+ * request arriving once its lengths came (so requests declared at once cannot together
+ * pass the limit before their bytes arrive). */
+static int64_t input_bytes(const conn *c) {
+  return (int64_t)(c->in.cap > c->frame_size ? c->in.cap : c->frame_size);
+}
+
+/* Bytes held (or promised to arriving requests) now: the table and every connection. */
+static int64_t held_bytes(const store_server *srv) {
+  int64_t n = srv->table_bytes;
+  for (int i = 0; i < srv->nconns; i++)
+    n += input_bytes(srv->conns[i]) + (int64_t)srv->conns[i]->out.cap;
+  return n;
+}
+
+/* Room for `extra` more input bytes in c, within the server's memory limit. Buffers double up
+ * to BUF_STEP, then grow by BUF_STEP (a 1 GiB request does not reserve 2 GiB). */
+static int reserve_input(store_server *srv, conn *c, size_t extra, char *why, size_t cap) {
+  store_buf *b = &c->in;
+  if (b->cap - b->len >= extra) return 0;
+  size_t want = b->cap ? b->cap : 4096;
+  while (want - b->len < extra) want = want < BUF_STEP ? want * 2 : want + BUF_STEP;
+  /* The arriving request's size is known: no more than it (and one read) is needed. */
+  size_t exact = c->frame_size > b->len + extra ? c->frame_size : b->len + extra;
+  if (c->frame_size && want > exact) want = exact;
+  int64_t after = held_bytes(srv) - input_bytes(c) + (int64_t)(want > c->frame_size ? want : c->frame_size);
+  if (after > srv->cfg.max_memory) {
+    snprintf(why, cap, "the store would hold %lld bytes, over its limit of %lld (a request of %zu bytes so far)",
+             (long long)after, (long long)srv->cfg.max_memory, b->len);
+    return -1;
+  }
+  unsigned char *p = realloc(b->data, want);
+  if (!p) {
+    snprintf(why, cap, "out of memory");
+    return -1;
+  }
+  b->data = p;
+  b->cap = want;
+  return 0;
+}
+
+/* Drop big idle buffers so memory held follows what is in flight. */
+static void trim_buffers(conn *c) {
+  if (c->in.len == 0 && c->in.cap > 65536 * 2) store_buf_free(&c->in);
+  if (c->out.len == 0 && c->out.cap > 65536 * 2) store_buf_free(&c->out);
+}
+
+/* Set a key in the table within the memory limit (the request's own input buffer is not
+ * counted: it is released once the request is served). 1: over the limit (why filled),
+ * -1: out of memory, 0: done. */
+static int table_put(store_server *srv, conn *c, const char *key, size_t klen, const void *v,
+                     size_t vlen, char *why, size_t cap) {
+  store_entry *e = store_table_find(&srv->table, key, klen);
+  int64_t old = e ? (int64_t)(e->klen + e->vlen + ENTRY_OVERHEAD) : 0;
+  int64_t add = (int64_t)(klen + vlen + ENTRY_OVERHEAD);
+  int64_t after = held_bytes(srv) - input_bytes(c) - old + add;
+  if (after > srv->cfg.max_memory) {
+    snprintf(why, cap, "the store's memory limit of %lld bytes would be passed (it holds %lld; this value is %zu bytes)",
+             (long long)srv->cfg.max_memory, (long long)held_bytes(srv), vlen);
+    return 1;
+  }
+  if (store_table_set(&srv->table, key, klen, v, vlen)) return -1;
+  srv->table_bytes += add - old;
+  return 0;
+}
+
 /* ---- request parsing ----------------------------------------------------------------- */
 
 typedef struct request {
@@ -123,7 +214,8 @@ static int arg_is_key(int op, uint32_t i) {
 }
 
 /* Parse one request from the start of buf. Returns 1 (complete, *r filled: args arrays
- * malloc'd), 0 (need more bytes) or -1 (malformed: `why` says how). Checks run on the
+ * malloc'd), 0 (need more bytes; r->size is the request's size once every length arrived,
+ * else 0) or -1 (malformed: `why` says how). Checks run on the
  * prefix that has arrived, so an oversized length is refused before its bytes come. */
 static int parse(const unsigned char *buf, size_t len, request *r, char *why, size_t cap) {
   if (len < 5) return 0;
@@ -158,6 +250,7 @@ static int parse(const unsigned char *buf, size_t len, request *r, char *why, si
       snprintf(why, cap, "request of more than %zu bytes", (size_t)STORE_MAX_REQUEST);
       return -1;
     }
+    if (i + 1 == r->nargs) r->size = total; /* every length known: the whole request's size */
     if (len < off + 4 + n) return 0;
     off += 4 + n;
   }
@@ -238,11 +331,18 @@ static int serve(store_server *srv, conn *c, const request *r, char *why, size_t
   }
   int rc = 0;
   switch (r->op) {
-    case STORE_OP_SET:
-      if (store_table_set(&srv->table, key, klen, r->args[1], r->lens[1])) goto oom;
+    case STORE_OP_SET: {
+      char msg[300];
+      int t = table_put(srv, c, key, klen, r->args[1], r->lens[1], msg, sizeof msg);
+      if (t < 0) goto oom;
+      if (t > 0) {
+        rc = reply(c, STORE_REPLY_ERR, msg, strlen(msg));
+        break;
+      }
       rc = reply(c, STORE_REPLY_OK, NULL, 0);
       wake_waiters(srv, key, klen);
       break;
+    }
     case STORE_OP_GET:
     case STORE_OP_WAIT: {
       if (park(c, r)) goto oom;
@@ -259,10 +359,22 @@ static int serve(store_server *srv, conn *c, const request *r, char *why, size_t
         rc = reply(c, STORE_REPLY_ERR, msg, (size_t)(n < (int)sizeof msg ? n : (int)sizeof msg - 1));
         break;
       }
-      int64_t now = (int64_t)((uint64_t)cur + (uint64_t)delta);  // wraps as int64 in PyTorch
-      char text[32];
+      int64_t now;
+      if (__builtin_add_overflow(cur, delta, &now)) {  // an error, never a wrap (PyTorch wraps)
+        char msg[200];
+        int n = snprintf(msg, sizeof msg, "adding %lld to %lld overflows a 64-bit integer (the value is unchanged)",
+                         (long long)delta, (long long)cur);
+        rc = reply(c, STORE_REPLY_ERR, msg, (size_t)n);
+        break;
+      }
+      char text[32], msg[300];
       int n = snprintf(text, sizeof text, "%lld", (long long)now);
-      if (store_table_set(&srv->table, key, klen, text, (size_t)n)) goto oom;
+      int t = table_put(srv, c, key, klen, text, (size_t)n, msg, sizeof msg);
+      if (t < 0) goto oom;
+      if (t > 0) {
+        rc = reply(c, STORE_REPLY_ERR, msg, strlen(msg));
+        break;
+      }
       unsigned char out[8];
       store_put_u64(out, (uint64_t)now);
       rc = reply(c, STORE_REPLY_OK, out, 8);
@@ -275,7 +387,13 @@ static int serve(store_server *srv, conn *c, const request *r, char *why, size_t
       size_t elen = r->lens[1], dlen = r->lens[2];
       if ((!e && elen == 0) ||
           (e && e->vlen == elen && (elen == 0 || memcmp(e->value, exp, elen) == 0))) {
-        if (store_table_set(&srv->table, key, klen, des, dlen)) goto oom;
+        char msg[300];
+        int t = table_put(srv, c, key, klen, des, dlen, msg, sizeof msg);
+        if (t < 0) goto oom;
+        if (t > 0) {
+          rc = reply(c, STORE_REPLY_ERR, msg, strlen(msg));
+          break;
+        }
         rc = reply(c, STORE_REPLY_OK, des, dlen);
         wake_waiters(srv, key, klen);
       } else if (e) {
@@ -293,6 +411,8 @@ static int serve(store_server *srv, conn *c, const request *r, char *why, size_t
       break;
     }
     case STORE_OP_DELETE: {
+      store_entry *e = store_table_find(&srv->table, key, klen);
+      if (e) srv->table_bytes -= (int64_t)(e->klen + e->vlen + ENTRY_OVERHEAD);
       unsigned char d = (unsigned char)store_table_delete(&srv->table, key, klen);
       rc = reply(c, STORE_REPLY_OK, &d, 1);
       break;
@@ -326,7 +446,28 @@ static int process_input(store_server *srv, conn *c, char *why, size_t cap) {
       rc = -1;
       break;
     }
-    if (p == 0) break;
+    c->frame_size = p == 0 ? r.size : 0;
+    if (p == 0) {
+      /* A request that cannot fit is refused before its bytes come: answer ERR and discard
+       * them as they arrive (Note [store bounds]); the connection stays in step. */
+      int64_t after = held_bytes(srv) - input_bytes(c) + (int64_t)r.size;
+      if (r.size && after > srv->cfg.max_memory) {
+        char msg[300];
+        int n = snprintf(msg, sizeof msg, "a request of %zu bytes would pass the store's memory limit "
+                         "of %lld bytes (it holds %lld)", r.size, (long long)srv->cfg.max_memory,
+                         (long long)held_bytes(srv));
+        if (reply(c, STORE_REPLY_ERR, msg, (size_t)n)) {
+          snprintf(why, cap, "out of memory");
+          rc = -1;
+          break;
+        }
+        size_t have = c->in.len - off;
+        c->skip = r.size - have;
+        c->frame_size = 0;
+        off = c->in.len;
+      }
+      break;
+    }
     rc = serve(srv, c, &r, why, cap);
     free(r.args);
     free(r.lens);
@@ -340,18 +481,76 @@ static int process_input(store_server *srv, conn *c, char *why, size_t cap) {
   return rc;
 }
 
-/* Read what is there. -1 closes (why filled, or "" for an orderly close). */
-static int read_input(store_server *srv, conn *c, char *why, size_t cap) {
-  for (;;) {
-    if (store_buf_reserve(&c->in, 65536)) {
-      snprintf(why, cap, "out of memory");
+/* The client's answer to the challenge is complete: check it, answer with the server's proof.
+ * Note [store handshake]. */
+static int finish_handshake(store_server *srv, conn *c, char *why, size_t cap) {
+  const unsigned char *nc = c->hs, *proof = c->hs + STORE_NONCE;
+  unsigned char want[STORE_SHA256_BYTES], mine[STORE_SHA256_BYTES];
+  const void *parts[3] = {"client", c->nonce, nc};
+  size_t lens[3] = {6, STORE_NONCE, STORE_NONCE};
+  store_hmac_sha256(want, srv->secret, srv->cfg.secret_len, parts, lens, 3);
+  if (!store_equal_ct(want, proof, sizeof want)) {
+    snprintf(why, cap, "it did not prove the job's secret (authentication failed; check DDPLUA_STORE_SECRET)");
+    return -1;
+  }
+  parts[0] = "server";
+  store_hmac_sha256(mine, srv->secret, srv->cfg.secret_len, parts, lens, 3);
+  if (store_buf_append(&c->out, mine, sizeof mine)) {
+    snprintf(why, cap, "out of memory");
+    return -1;
+  }
+  c->authed = 1;
+  return 0;
+}
+
+/* Read the client's handshake bytes, never more (Note [store handshake]). 1: still
+ * unauthenticated and nothing more to read now; 0: authenticated (read on); -1: close. */
+static int read_handshake(store_server *srv, conn *c, char *why, size_t cap) {
+  while (c->hs_len < sizeof c->hs) {
+    ssize_t n = recv(c->fd, c->hs + c->hs_len, sizeof c->hs - c->hs_len, 0);
+    if (n > 0) {
+      c->hs_len += (size_t)n;
+      c->last_rx = store_now();
+      continue;
+    }
+    if (n == 0) {
+      snprintf(why, cap, "it closed the connection before proving the job's secret");
       return -1;
     }
-    ssize_t n = recv(c->fd, c->in.data + c->in.len, c->in.cap - c->in.len, 0);
-    if (n > 0) {
-      c->in.len += (size_t)n;
-      if (process_input(srv, c, why, cap)) return -1;
-      continue;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
+    snprintf(why, cap, "recv: %s", strerror(errno));
+    return -1;
+  }
+  return finish_handshake(srv, c, why, cap);
+}
+
+/* Read what is there. -1 closes (why filled, or "" for an orderly close). */
+static int read_input(store_server *srv, conn *c, char *why, size_t cap) {
+  if (!c->authed) {
+    int h = read_handshake(srv, c, why, cap);
+    if (h) return h < 0 ? -1 : 0;
+  }
+  for (;;) {
+    ssize_t n;
+    if (c->skip) { /* a refused request's bytes: read and drop */
+      unsigned char junk[65536];
+      n = recv(c->fd, junk, c->skip < sizeof junk ? c->skip : sizeof junk, 0);
+      if (n > 0) {
+        c->skip -= (size_t)n;
+        c->last_rx = store_now();
+        if (!c->skip) c->in.len = 0; /* nothing of it was kept */
+        continue;
+      }
+    } else {
+      if (reserve_input(srv, c, 65536, why, cap)) return -1;
+      n = recv(c->fd, c->in.data + c->in.len, c->in.cap - c->in.len, 0);
+      if (n > 0) {
+        c->in.len += (size_t)n;
+        c->last_rx = store_now();
+        if (process_input(srv, c, why, cap)) return -1;
+        continue;
+      }
     }
     if (n == 0) {
       why[0] = 0;
@@ -364,15 +563,52 @@ static int read_input(store_server *srv, conn *c, char *why, size_t cap) {
   }
 }
 
+/* Leave the listener out of poll() for LISTEN_PAUSE_S (Note [store bounds]). */
+static void pause_listener(store_server *srv, const char *why) {
+  srv->listen_paused_until = store_now() + LISTEN_PAUSE_S;
+  if (!srv->paused_logged)
+    fprintf(stderr, "ddplua store server (port %d): not accepting connections for now: %s\n",
+            srv->port, why);
+  srv->paused_logged = 1;
+}
+
+/* The connection that has waited longest without proving the secret; -1 if none. */
+static int oldest_unauthenticated(const store_server *srv) {
+  int best = -1;
+  for (int i = 0; i < srv->nconns; i++)
+    if (!srv->conns[i]->authed && (best < 0 || srv->conns[i]->accepted_at < srv->conns[best]->accepted_at))
+      best = i;
+  return best;
+}
+
+/* At the connection cap, a new connection replaces the oldest one that has not proved the
+ * secret (a genuine rank proves it within milliseconds), so connections that never answer
+ * cannot keep the ranks out. 1 when there is room now. */
+static int make_room(store_server *srv) {
+  if (srv->nconns < srv->cfg.max_connections) return 1;
+  int i = oldest_unauthenticated(srv);
+  if (i < 0) return 0;
+  conn_close(srv, i, "the connection cap is reached and it has not proved the job's secret");
+  return 1;
+}
+
 static void accept_all(store_server *srv) {
   for (;;) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
     int fd = accept4(srv->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        fprintf(stderr, "ddplua store server (port %d): accept: %s\n", srv->port, strerror(errno));
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      pause_listener(srv, strerror(errno)); /* EMFILE, ENFILE, ENOBUFS, ENOMEM */
+      return;
+    }
+    srv->paused_logged = 0;
+    if (!make_room(srv)) {
+      close(fd);
+      char why[96];
+      snprintf(why, sizeof why, "%d connections open (the limit)", srv->nconns);
+      pause_listener(srv, why);
       return;
     }
     int one = 1;
@@ -393,13 +629,54 @@ static void accept_all(store_server *srv) {
       continue;
     }
     c->fd = fd;
+    c->accepted_at = c->last_rx = store_now();
+    if (store_random_bytes(c->nonce, sizeof c->nonce) ||
+        store_buf_append(&c->out, STORE_MAGIC, STORE_MAGIC_LEN) ||
+        store_buf_append(&c->out, c->nonce, sizeof c->nonce)) {
+      fprintf(stderr, "ddplua store server (port %d): cannot start a handshake (no random bytes or memory)\n",
+              srv->port);
+      store_buf_free(&c->out);
+      free(c);
+      close(fd);
+      continue;
+    }
     char host[48] = "?", serv[16] = "?";
     getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, serv, sizeof serv,
                 NI_NUMERICHOST | NI_NUMERICSERV);
     const char *h = strncmp(host, "::ffff:", 7) == 0 ? host + 7 : host;  // IPv4 on the v6 socket
     snprintf(c->peer, sizeof c->peer, "%s:%s", h, serv);
     srv->conns[srv->nconns++] = c;
+    flush(c);
   }
+}
+
+/* Close connections that have not proved the secret within the idle timeout, and those
+ * whose partial request got no byte for the idle timeout. Returns the ms until the next such
+ * deadline (-1: none). */
+static int expire_idle(store_server *srv, double now) {
+  double next = -1, idle = srv->cfg.idle_timeout_s;
+  for (int i = srv->nconns - 1; i >= 0; i--) {
+    conn *c = srv->conns[i];
+    double due;
+    const char *why;
+    if (!c->authed) {
+      due = c->accepted_at + idle;
+      why = "it did not prove the job's secret within the idle timeout";
+    } else if (c->in.len > 0 || c->skip > 0) {
+      due = c->last_rx + idle;
+      why = "a partial request got no byte for the idle timeout";
+    } else {
+      continue;
+    }
+    if (now >= due) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%s (%.1f s)", why, idle);
+      conn_close(srv, i, msg);
+    } else if (next < 0 || due < next) {
+      next = due;
+    }
+  }
+  return next < 0 ? -1 : (int)((next - now) * 1000) + 1;
 }
 
 static void *server_main(void *arg) {
@@ -417,14 +694,24 @@ static void *server_main(void *arg) {
       pfds = p;
       cap = n * 2;
     }
+    double now = store_now();
+    int ms = expire_idle(srv, now);
+    int full = srv->nconns >= srv->cfg.max_connections && oldest_unauthenticated(srv) < 0;
+    int listening = !full && now >= srv->listen_paused_until;
+    if (!listening && !full) {
+      int pause_ms = (int)((srv->listen_paused_until - now) * 1000) + 1;
+      if (ms < 0 || pause_ms < ms) ms = pause_ms;
+    }
+    atomic_store_explicit(&srv->held, held_bytes(srv), memory_order_relaxed);
+    atomic_store_explicit(&srv->open_conns, srv->nconns, memory_order_relaxed);
     pfds[0] = (struct pollfd){srv->wake[0], POLLIN, 0};
-    pfds[1] = (struct pollfd){srv->listen_fd, POLLIN, 0};
+    pfds[1] = (struct pollfd){listening ? srv->listen_fd : -1, POLLIN, 0};
     int nc = srv->nconns;
     for (int i = 0; i < nc; i++) {
       conn *c = srv->conns[i];
       pfds[i + 2] = (struct pollfd){c->fd, (short)(POLLIN | (c->out.len > c->out_off ? POLLOUT : 0)), 0};
     }
-    if (poll(pfds, (nfds_t)(nc + 2), -1) < 0) {
+    if (poll(pfds, (nfds_t)(nc + 2), ms) < 0) {
       if (errno == EINTR) continue;
       fprintf(stderr, "ddplua store server (port %d): poll: %s; stopping\n", srv->port, strerror(errno));
       break;
@@ -439,12 +726,13 @@ static void *server_main(void *arg) {
       if (pfds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) bad = read_input(srv, c, why, sizeof why);
       if (!bad && flush(c)) snprintf(why, sizeof why, "send: %s", strerror(errno)), bad = -1;
       if (bad) conn_close(srv, i, why[0] ? why : NULL);
+      else trim_buffers(c);
     }
     /* Replies queued for other connections (wake_waiters) go out now. */
     for (int i = srv->nconns - 1; i >= 0; i--)
       if (srv->conns[i]->out.len > srv->conns[i]->out_off && flush(srv->conns[i]))
         conn_close(srv, i, "send failed");
-    if (pfds[1].revents & POLLIN) accept_all(srv);
+    if (listening && (pfds[1].revents & POLLIN)) accept_all(srv);
   }
   free(pfds);
   return NULL;
@@ -452,52 +740,73 @@ static void *server_main(void *arg) {
 
 /* ---- start / stop -------------------------------------------------------------------- */
 
-/* Listen on every interface (as PyTorch's TCPStore does: MASTER_ADDR may name this machine by
- * an address other than the one it resolves to here), dual-stack IPv6 when there is one. */
-static int open_listener(int port, int *out_fd, char *err, size_t cap) {
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int one = 1, zero = 0;
-  if (fd >= 0) {
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    struct sockaddr_in6 a = {0};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons((uint16_t)port);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 512) == 0) {
-      *out_fd = fd;
-      return 0;
-    }
-    snprintf(err, cap, "%s", strerror(errno));
-    close(fd);
-    if (errno == EADDRINUSE) return -1;
-  }
-  fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    snprintf(err, cap, "socket: %s", strerror(errno));
+/* Listen on host:port and nothing else: the first address host resolves to here (IPv4
+ * first), so "127.0.0.1" or "localhost" is reachable from this machine only; "0.0.0.0" (or
+ * "::", dual-stack) asks for every interface. A multi-node job gives an address of this
+ * machine that the other nodes reach (README, "Security"). */
+static int open_listener(const char *host, int port, int *out_fd, char *err, size_t cap) {
+  struct addrinfo hints = {0}, *res = NULL;
+  char portstr[16];
+  snprintf(portstr, sizeof portstr, "%d", port);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int rc = getaddrinfo(host, portstr, &hints, &res);
+  if (rc) {
+    snprintf(err, cap, "cannot resolve the address: %s", gai_strerror(rc));
     return -1;
   }
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = htons((uint16_t)port);
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 512) == 0) {
-    *out_fd = fd;
-    return 0;
+  snprintf(err, cap, "no address");
+  int done = -1;
+  for (int pass = 0; pass < 2 && done < 0; pass++) {
+    for (struct addrinfo *ai = res; ai && done < 0; ai = ai->ai_next) {
+      if ((ai->ai_family == AF_INET) != (pass == 0)) continue;
+      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+      if (fd < 0) {
+        snprintf(err, cap, "socket: %s", strerror(errno));
+        continue;
+      }
+      int one = 1, zero = 0;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (ai->ai_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)ai->ai_addr;
+        int any = memcmp(&a6->sin6_addr, &in6addr_any, sizeof in6addr_any) == 0;
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, any ? &zero : &one, sizeof one);
+      }
+      if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 512) == 0) {
+        *out_fd = fd;
+        done = 0;
+        break;
+      }
+      int e = errno;
+      snprintf(err, cap, "%s", strerror(e));
+      close(fd);
+      if (e == EADDRINUSE) {
+        freeaddrinfo(res);
+        return -1;
+      }
+    }
   }
-  snprintf(err, cap, "%s", strerror(errno));
-  close(fd);
-  return -1;
+  freeaddrinfo(res);
+  return done;
 }
 
-int store_server_start(store_server **out, const char *host, int port) {
+int store_server_start(store_server **out, const char *host, int port, const store_server_config *cfg) {
   *out = NULL;
   store_server *srv = calloc(1, sizeof *srv);
   if (!srv) DDP_FAIL(DDP_ERR_MEMORY, "store server: out of memory");
   srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
+  srv->cfg = *cfg;
+  srv->secret = malloc(cfg->secret_len ? cfg->secret_len : 1);
+  if (!srv->secret) {
+    free(srv);
+    DDP_FAIL(DDP_ERR_MEMORY, "store server: out of memory");
+  }
+  if (cfg->secret_len) memcpy(srv->secret, cfg->secret, cfg->secret_len);
+  srv->cfg.secret = srv->secret;
   char err[160] = "";
-  if (open_listener(port, &srv->listen_fd, err, sizeof err)) {
+  if (open_listener(host, port, &srv->listen_fd, err, sizeof err)) {
+    free(srv->secret);
     free(srv);
     DDP_FAIL(DDP_ERR_IO, "store server: cannot listen on %s:%d (%s)", host, port, err);
   }
@@ -509,6 +818,7 @@ int store_server_start(store_server **out, const char *host, int port) {
   if (pipe2(srv->wake, O_CLOEXEC) != 0) {
     int e = errno;
     close(srv->listen_fd);
+    free(srv->secret);
     free(srv);
     DDP_FAIL(DDP_ERR_IO, "store server: pipe: %s", strerror(e));
   }
@@ -517,11 +827,17 @@ int store_server_start(store_server **out, const char *host, int port) {
     close(srv->listen_fd);
     close(srv->wake[0]);
     close(srv->wake[1]);
+    free(srv->secret);
     free(srv);
     DDP_FAIL(DDP_ERR_IO, "store server: cannot start its thread: %s", strerror(rc));
   }
   *out = srv;
   return DDP_OK;
+}
+
+void store_server_stats(const store_server *srv, int64_t *bytes, int *connections) {
+  if (bytes) *bytes = atomic_load_explicit(&srv->held, memory_order_relaxed);
+  if (connections) *connections = atomic_load_explicit(&srv->open_conns, memory_order_relaxed);
 }
 
 int store_server_port(const store_server *srv) { return srv->port; }
@@ -538,5 +854,7 @@ void store_server_stop(store_server *srv) {
   close(srv->listen_fd);
   close(srv->wake[0]);
   close(srv->wake[1]);
+  if (srv->secret) memset(srv->secret, 0, srv->cfg.secret_len);
+  free(srv->secret);
   free(srv);
 }

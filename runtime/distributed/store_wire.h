@@ -2,7 +2,8 @@
  * store_file.c file store): the wire protocol, the store struct, small shared helpers.
  *
  * Note [store wire protocol]
- * Every integer is little-endian. A request is
+ * A connection starts with the handshake (Note [store handshake]); then every integer is
+ * little-endian. A request is
  *     u8 opcode | u32 nargs | nargs times (u32 len | len bytes)
  * and a reply is
  *     u8 code | u32 len | len bytes.
@@ -26,6 +27,34 @@
  * CANCELLED: when the real answer came first (the key arrived just in time) it is used, and
  * the connection stays in step either way. While a request is parked the server accepts only
  * CANCEL from that connection (anything else is a protocol error that closes it).
+ *
+ * Note [store handshake]
+ * Every connection proves the job's secret K (ddp_store_tcp_options.secret, else
+ * $DDPLUA_STORE_SECRET, else the empty string) before the server reads any request, without
+ * sending K: a challenge-response with HMAC-SHA256 (store_auth.c).
+ *     server -> client: "DDPSTOR1" | Ns (32 random bytes)                        40 bytes
+ *     client -> server: Nc (32 random bytes) | HMAC(K, "client" | Ns | Nc)        64 bytes
+ *     server -> client: HMAC(K, "server" | Ns | Nc)                               32 bytes
+ * The server compares the proof in constant time and closes the connection (one line on
+ * stderr) on a mismatch; it reads at most those 64 bytes from a connection that has not
+ * proved the secret, and closes one that has not done so within the idle timeout. The
+ * client checks the server's proof too, so a rank never talks to a server that does not know
+ * the secret. Fresh nonces on both sides make a recorded exchange useless for a later one.
+ *
+ * Note [store bounds]
+ * The server's memory is bounded: values and keys in the table plus every connection's
+ * buffers stay under max_memory, a request counting for its whole declared size as soon as
+ * its lengths arrived (so several requests declared at once cannot pass it together). A
+ * request that cannot fit is answered ERR when its lengths arrive and its bytes are read and
+ * dropped (the connection stays in step); a SET/ADD/CAS whose value the table cannot take
+ * answers ERR; the buffers themselves never grow past the limit (that closes the
+ * connection). A partial request that receives no byte for the idle
+ * timeout closes its connection. At most max_connections connections are served: at the
+ * cap a new connection replaces the oldest one that has not proved the secret (ranks prove
+ * it within milliseconds, so silent connections cannot keep them out); when every one has,
+ * or when accept() runs out of descriptors (EMFILE, ENFILE), the listener is left out of
+ * poll() (new clients wait in the kernel's backlog) until a connection closes or 100 ms
+ * passed, so the loop never spins. ADD refuses (ERR) a sum that would not fit in int64.
  */
 #ifndef DDP_STORE_WIRE_H
 #define DDP_STORE_WIRE_H
@@ -55,6 +84,16 @@ enum { STORE_REPLY_OK = 0, STORE_REPLY_ERR = 1, STORE_REPLY_CANCELLED = 2 };
 #define STORE_MAX_VALUE ((size_t)1 << 30)     /* bytes of one value: 1 GiB */
 #define STORE_MAX_NARGS 65536u                /* keys of one WAIT/CHECK */
 #define STORE_MAX_REQUEST (STORE_MAX_VALUE * 2 + ((size_t)1 << 24)) /* whole request (CAS) */
+
+/* Note [store handshake] */
+#define STORE_MAGIC "DDPSTOR1"
+#define STORE_MAGIC_LEN 8
+#define STORE_NONCE 32
+#define STORE_MAX_SECRET ((size_t)4096)       /* bytes of a secret */
+/* Note [store bounds]: defaults of ddp_store_tcp_options */
+#define STORE_DEFAULT_IDLE_S 30.0
+#define STORE_DEFAULT_MAX_MEMORY ((int64_t)2 << 30)
+#define STORE_DEFAULT_MAX_CONNS 1024
 
 /* little-endian helpers */
 static inline void store_put_u32(unsigned char *p, uint32_t v) {
@@ -110,8 +149,18 @@ int store_parse_i64(const unsigned char *v, size_t len, int64_t *out);
 
 /* The server (store_server.c). */
 typedef struct store_server store_server;
-/* Bind host:port (port 0: any free port) and start the serving thread. */
-int store_server_start(store_server **out, const char *host, int port);
+/* What a server is given (Note [store handshake], Note [store bounds]). */
+typedef struct store_server_config {
+  const unsigned char *secret;
+  size_t secret_len;
+  double idle_timeout_s;
+  int64_t max_memory;
+  int max_connections;
+} store_server_config;
+/* Bind host:port only (port 0: any free port) and start the serving thread. */
+int store_server_start(store_server **out, const char *host, int port, const store_server_config *cfg);
+/* Bytes held (table and buffers) and connections open now (any thread). */
+void store_server_stats(const store_server *srv, int64_t *bytes, int *connections);
 int store_server_port(const store_server *srv);
 /* Stop the thread, close every connection, free. */
 void store_server_stop(store_server *srv);
@@ -131,6 +180,8 @@ struct ddp_store {
   char host[256];
   int port;
   char broken[256];    /* why the connection is unusable ("" while fine) */
+  unsigned char *secret; /* Note [store handshake] (malloc'd; may be empty) */
+  size_t secret_len;
   store_server *server;
   /* file */
   store_file *file;

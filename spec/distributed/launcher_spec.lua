@@ -142,7 +142,7 @@ describe("ddplua launcher #dist", function()
     local script = temp_file(print_env)
     finally(function() os.remove(script) end)
     local out, err, status = run("--nnodes 2 --node_rank 1 --master_addr 10.1.2.3 "
-      .. "--master_port=29999 --nproc_per_node 2 " .. sh(script))
+      .. "--master_port=29999 --nproc_per_node 2 " .. sh(script), "DDPLUA_STORE_SECRET=multi-node-secret")
     assert.equal(0, status, err)
     assert.equal("", out:match("%[rank [01]%]") or "", "node 1 runs ranks 2 and 3 only")
     for local_rank = 0, 1 do

@@ -110,8 +110,44 @@ local function server(opts)
   return keep(store.TCPStore("127.0.0.1", 0, opts))
 end
 
--- A raw TCP connection to 127.0.0.1:port through the FFI (to send what no client would).
-local function raw_connect(port)
+-- Read exactly n bytes from fd (5 s at most).
+local function recv_exact(fd, n)
+  local buf, got = ffi.new("uint8_t[?]", n), 0
+  local pfd = ffi.new("struct ddp_spec_pollfd[1]")
+  local deadline = now() + 5
+  while got < n and now() < deadline do
+    pfd[0].fd, pfd[0].events, pfd[0].revents = fd, 1, 0
+    if ffi.C.poll(pfd, 1, 100) > 0 then
+      local r = tonumber(ffi.C.recv(fd, buf + got, n - got, 0))
+      if r <= 0 then break end
+      got = got + r
+    end
+  end
+  return ffi.string(buf, got)
+end
+
+-- HMAC-SHA256 through the runtime (ddp_hmac_sha256), as a 32-byte string.
+local function hmac(key, msg)
+  local out = ffi.new("uint8_t[32]")
+  require("ddplua.lib").C.ddp_hmac_sha256(out, key, #key, msg, #msg)
+  return ffi.string(out, 32)
+end
+
+-- The client's half of the store handshake on a raw socket (Note [store handshake]), with
+-- the secret the servers of this spec use (the environment's, else none).
+local function authenticate(fd, secret)
+  secret = secret or os.getenv("DDPLUA_STORE_SECRET") or ""
+  local hello = recv_exact(fd, 40)
+  assert(hello:sub(1, 8) == "DDPSTOR1", "no handshake from the server")
+  local nc = string.rep("c", 32)
+  local answer = nc .. hmac(secret, "client" .. hello:sub(9) .. nc)
+  ffi.C.send(fd, answer, #answer, 0)
+  assert(recv_exact(fd, 32) == hmac(secret, "server" .. hello:sub(9) .. nc), "the server's proof is wrong")
+end
+
+-- A raw TCP connection to 127.0.0.1:port through the FFI (to send what no client would),
+-- authenticated unless `unauthenticated`.
+local function raw_connect(port, unauthenticated)
   local fd = ffi.C.socket(2, 1, 0) -- AF_INET, SOCK_STREAM
   assert(fd >= 0, "socket failed")
   local sa = ffi.new("struct ddp_spec_sockaddr_in")
@@ -119,6 +155,7 @@ local function raw_connect(port)
   sa.port = bit.rshift(port, 8) + bit.lshift(bit.band(port, 0xff), 8) -- htons
   sa.addr = 0x0100007f -- 127.0.0.1 in network order on a little-endian machine
   assert(ffi.C.connect(fd, sa, ffi.sizeof(sa)) == 0, "connect failed")
+  if not unauthenticated then authenticate(fd) end
   return fd
 end
 
@@ -342,6 +379,14 @@ local function read_exact(n)
   end
   return ffi.string(buf, n)
 end
+-- the server's half of the handshake (Note [store handshake]), with no secret
+local ns = string.rep("n", 32)
+C.send(c, "DDPSTOR1" .. ns, 40, 0)
+local nc = read_exact(64):sub(1, 32)
+local proof = ffi.new("uint8_t[32]")
+local msg = "server" .. ns .. nc
+require("ddplua.lib").C.ddp_hmac_sha256(proof, "", 0, msg, #msg)
+C.send(c, proof, 32, 0)
 assert(read_exact(10) == "\5\1\0\0\0\1\0\0\0k", "expected WAIT 'k'")
 assert(read_exact(5) == "\9\0\0\0\0", "expected CANCEL")
 local answer = "\0\0\0\0\0" .. "\2\0\0\0\0" -- OK (the wait's answer), then CANCELLED

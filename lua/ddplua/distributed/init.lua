@@ -122,7 +122,7 @@ local function parse_host_port(s, what)
 end
 
 -- The store of init_method for this rank.
-local function make_store(init_method, rank, world_size, timeout)
+local function make_store(init_method, rank, world_size, timeout, secret)
   local sm = store_module()
   if not sm then raise("init_process_group: the store module (ddplua.distributed.store) is not available") end
   local scheme, rest = init_method:match("^(%a+)://(.*)$")
@@ -135,10 +135,11 @@ local function make_store(init_method, rank, world_size, timeout)
       raise("init_process_group: env:// needs the environment variable MASTER_PORT (a port number), got " ..
             tostring(port))
     end
-    return sm.TCPStore(addr, tonumber(port), { is_server = rank == 0, rank = rank, timeout = timeout })
+    return sm.TCPStore(addr, tonumber(port), { is_server = rank == 0, rank = rank, timeout = timeout,
+                                              secret = secret })
   elseif scheme == "tcp" then
     local host, port = parse_host_port(rest, init_method)
-    return sm.TCPStore(host, port, { is_server = rank == 0, rank = rank, timeout = timeout })
+    return sm.TCPStore(host, port, { is_server = rank == 0, rank = rank, timeout = timeout, secret = secret })
   elseif scheme == "file" then
     if rest == "" then raise("init_process_group: file:// needs a path (file:///tmp/rendezvous)") end
     return sm.FileStore(rest, { rank = rank, timeout = timeout })
@@ -170,7 +171,7 @@ local function nccl_device(opts, local_rank)
 end
 
 --- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
--- timeout = 300, store =, device_id =}: join the job's default process group.
+-- timeout = 300, store =, device_id =, store_secret =}: join the job's default process group.
 -- backend: "gloo" (any tensors; CUDA tensors staged through the host) or "nccl" (CUDA
 -- tensors; NCCL through the CUDA plug-in; the unique id travels through the store). When
 -- backend is omitted (or "default"), it is "nccl" if device_id names a CUDA device and
@@ -182,6 +183,8 @@ end
 -- init_method: "env://" (MASTER_ADDR, MASTER_PORT; rank 0 hosts the TCP store, the others
 -- connect), "tcp://host:port" (the same with that address), "file:///path" (a file store on
 -- a shared file system); `store` (a ddplua.distributed.store object) replaces init_method.
+-- store_secret: the job's store secret for env:// and tcp:// (default $DDPLUA_STORE_SECRET,
+-- which the launcher and dl.spawn set; README "Security"): the same string on every rank.
 -- timeout: seconds for the rendezvous and every collective. Raises when already
 -- initialised, on a missing rank/world size, an unknown backend, or a failed rendezvous
 -- (naming the rank).
@@ -218,7 +221,11 @@ function M.init_process_group(opts)
       raise("nccl backend: " .. ffi.string(why))
     end
   end
-  local store = opts.store or make_store(opts.init_method or "env://", rank, world_size, timeout)
+  if opts.store_secret ~= nil and type(opts.store_secret) ~= "string" then
+    raise("init_process_group: store_secret must be a string, got " .. type(opts.store_secret))
+  end
+  local store = opts.store or make_store(opts.init_method or "env://", rank, world_size, timeout,
+                                         opts.store_secret)
   if backend == "nccl" then
     check(C.ddp_pg_new_nccl(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout, device))
     check(C.ddp_cuda_set_device(device))
@@ -586,11 +593,20 @@ end
 --- dist.DistributedDataParallel(module, opts): the DDP wrapper (ddplua.distributed.ddp),
 -- loaded on first use so the process-group module does not depend on nn.
 --- dist.spawn(fn, nprocs, opts): torch.multiprocessing.spawn (ddplua.distributed.spawn).
+--- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
+-- collectives of Lua values (ddplua.distributed.objects).
+local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
+  broadcast_object_list = true, scatter_object_list = true }
 setmetatable(M, { __index = function(t, k)
   local mod = ({ DistributedDataParallel = "ddplua.distributed.ddp", spawn = "ddplua.distributed.spawn",
     DistributedSampler = "ddplua.distributed.sampler" })[k]
   if mod then
     local v = require(mod)
+    rawset(t, k, v)
+    return v
+  end
+  if OBJECT_COLLECTIVES[k] then
+    local v = require("ddplua.distributed.objects")[k]
     rawset(t, k, v)
     return v
   end

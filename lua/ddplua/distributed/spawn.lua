@@ -147,6 +147,8 @@ end
 -- opts.master_addr (default $MASTER_ADDR or "127.0.0.1"), opts.master_port (default
 --   $MASTER_PORT, else a free port on 127.0.0.1): the rendezvous for env://.
 -- opts.env: more environment variables for the children ({NAME = value}).
+-- The children share a fresh store secret (DDPLUA_STORE_SECRET, README "Security") unless
+-- the environment or opts.env already gives one.
 -- Raises when nprocs is not a count >= 1, when a fork fails, and (join) when a child fails.
 local function spawn(fn, nprocs, opts)
   opts = opts or {}
@@ -171,8 +173,15 @@ local function spawn(fn, nprocs, opts)
   -- group is freed by join.
   local procs = box[0]
   local ctx = setmetatable({ procs = procs, pids = {} }, Context)
-  for k, v in pairs(opts.env or {}) do
-    if C.ddp_procs_add_env(procs, tostring(k), tostring(v)) ~= 0 then error(last_error(), 2) end
+  local env = {}
+  for k, v in pairs(opts.env or {}) do env[tostring(k)] = tostring(v) end
+  if not env.DDPLUA_STORE_SECRET and (os.getenv("DDPLUA_STORE_SECRET") or "") == "" then
+    local secret = ffi.new("char[65]")
+    if C.ddp_store_new_secret(secret, 65) ~= 0 then error(last_error(), 2) end
+    env.DDPLUA_STORE_SECRET = ffi.string(secret)
+  end
+  for k, v in pairs(env) do
+    if C.ddp_procs_add_env(procs, k, v) ~= 0 then error(last_error(), 2) end
   end
   io.stdout:flush() -- or the children would print the parent's buffered output again
   io.stderr:flush()

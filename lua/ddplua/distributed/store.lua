@@ -56,13 +56,31 @@ local function opt_rank(opts)
   return r
 end
 
---- A TCP store client of the server at host:port.
+local tcp_opts = ffi.new("ddp_store_tcp_options")
+
+local function opt_number(opts, name, what)
+  local v = opts[name]
+  if v ~= nil and (type(v) ~= "number" or not (v >= 0)) then
+    raise(("TCPStore: %s must be %s >= 0, got %s"):format(name, what, tostring(v)))
+  end
+  return v or 0
+end
+
+--- A TCP store client of the server at host:port, connected once it proved the job's secret
+-- (README, "Security").
 -- opts.is_server (default false): also run the server in this process (a background
--- thread), listening on every interface at `port` (0 picks a free port: read it with
--- s:port()). Clients retry connecting until the timeout (the server may start later).
+-- thread), listening at the address `host` names and no other ("127.0.0.1": this machine
+-- only; "0.0.0.0": every interface) on `port` (0 picks a free port: read it with s:port()).
+-- Clients retry connecting until the timeout (the server may start later).
 -- opts.timeout: seconds for every blocking call (default 300). opts.rank: rank named in
--- error messages. Raises on a bad port, a port already in use, or no server within the
--- timeout (naming host:port).
+-- error messages. opts.secret: the job's secret (a string; default $DDPLUA_STORE_SECRET,
+-- else none), the same on the server and every client.
+-- Server bounds (0 or nil: the defaults): opts.idle_timeout (seconds, default 30: a
+-- connection that has not proved the secret, or a partial request idle that long, is
+-- closed), opts.max_memory (bytes of keys, values and buffers, default 2 GiB),
+-- opts.max_connections (default min(1024, half the descriptor limit)).
+-- Raises on a bad port or option, a port already in use, no server within the timeout
+-- (naming host:port), or a server that refused this client's secret.
 function M.TCPStore(host, port, opts)
   opts = opts or {}
   if host ~= nil and type(host) ~= "string" then
@@ -72,8 +90,19 @@ function M.TCPStore(host, port, opts)
     raise("TCPStore: port must be an integer, got " .. tostring(port))
   end
   local timeout, rank = opt_timeout(opts), opt_rank(opts)
-  check(C.ddp_store_tcp_new_ranked(store_box, host or "127.0.0.1", port, opts.is_server and 1 or 0,
-    timeout, rank or -1))
+  if opts.secret ~= nil and type(opts.secret) ~= "string" then
+    raise("TCPStore: secret must be a string, got " .. type(opts.secret))
+  end
+  tcp_opts.is_server = opts.is_server and 1 or 0
+  tcp_opts.timeout_s = timeout
+  tcp_opts.rank = rank or -1
+  tcp_opts.secret = opts.secret -- nil: the environment's
+  tcp_opts.idle_timeout_s = opt_number(opts, "idle_timeout", "a number of seconds")
+  tcp_opts.max_memory = opt_number(opts, "max_memory", "a number of bytes")
+  tcp_opts.max_connections = opt_number(opts, "max_connections", "a count")
+  local st = C.ddp_store_tcp_open(store_box, host or "127.0.0.1", port, tcp_opts)
+  tcp_opts.secret = nil -- the Lua string is not kept alive by the struct
+  check(st)
   local s = new_store("tcp", (host or "127.0.0.1") .. ":", rank, timeout)
   s.desc = s.desc .. C.ddp_store_port(s._ptr)
   return s
@@ -91,6 +120,14 @@ function M.FileStore(path, opts)
   local timeout, rank = opt_timeout(opts), opt_rank(opts)
   check(C.ddp_store_file_new_ranked(store_box, path, timeout, rank or -1))
   return new_store("file", path, rank, timeout)
+end
+
+--- A fresh job secret: 64 hex digits (256 random bits), for DDPLUA_STORE_SECRET or
+-- opts.secret. Raises when the kernel gives no random bytes.
+function M.new_secret()
+  local buf = ffi.new("char[65]")
+  check(C.ddp_store_new_secret(buf, 65))
+  return ffi.string(buf)
 end
 
 --- True when v is a store object.
@@ -209,6 +246,13 @@ end
 function Store:port()
   local port = C.ddp_store_port(ptr(self, "port"))
   return port >= 0 and port or nil
+end
+
+--- What the server run by this store holds now: bytes (keys, values and connection
+-- buffers) and open connections. Raises when this store runs no server.
+function Store:server_stats()
+  check(C.ddp_store_server_stats(ptr(self, "server_stats"), i64_box, int_box))
+  return { bytes = tonumber(i64_box[0]), connections = int_box[0] }
 end
 
 --- Change the timeout (seconds > 0) of later blocking calls.

@@ -20,26 +20,65 @@
  *
  * Errors: DDP_ERR_ARG (NULL/empty key, value over 1 GiB, negative count), DDP_ERR_TIMEOUT,
  * DDP_ERR_PEER (server gone), DDP_ERR_IO (socket or file failure, add on a value that is not
- * an integer), DDP_ERR_MEMORY.
+ * an integer or whose sum would overflow int64, a set past the server's memory limit),
+ * DDP_ERR_MEMORY.
  */
 
 typedef struct ddp_store ddp_store;
 
+/* Options of a TCP store (ddp_store_tcp_open). Zero fields take the defaults.
+ *
+ * Security (README, "Security"; Note [store handshake] in runtime/distributed/store_wire.h):
+ * every connection proves the job's secret before any request, by a challenge-response with
+ * HMAC-SHA256; the secret itself never crosses the network. Server and clients must be given
+ * the same secret: `secret`, else the environment variable DDPLUA_STORE_SECRET (which the
+ * launcher and dl.spawn set for their workers), else none (the empty secret: any process
+ * that speaks the protocol gets in; acceptable on a single-user machine only). */
+typedef struct ddp_store_tcp_options {
+  int is_server;          /* also run the server in this process (a background thread) */
+  double timeout_s;       /* > 0: connecting, and the default timeout of later calls */
+  int rank;               /* named in messages; -1: none (0 is rank 0: set it explicitly) */
+  const char *secret;     /* NUL-terminated, at most 4096 bytes; NULL: $DDPLUA_STORE_SECRET */
+  double idle_timeout_s;  /* server: a connection that has not proved the secret, or a
+                             partial request that got no byte, this long is closed; 0: 30 s */
+  int64_t max_memory;     /* server: bytes of keys, values and buffers; 0: 2 GiB */
+  int max_connections;    /* server: connections served at once; 0: the smaller of 1024
+                             and half the descriptor limit (RLIMIT_NOFILE) */
+} ddp_store_tcp_options;
+
 /* A TCP store client connected to host:port (a name or a numeric address; "" or NULL means
- * 127.0.0.1). With is_server != 0 this process also runs the server, on a background thread,
- * listening on `port` on every interface, as PyTorch's TCPStore (port 0 picks a free port:
- * read it back with ddp_store_port), and the returned store is a client of that server at
- * host:port. The listener uses SO_REUSEADDR; a port in use fails with DDP_ERR_IO. Clients retry connecting until timeout_s (the server may start
- * later), then fail with DDP_ERR_TIMEOUT naming host:port and the last socket error.
- * timeout_s > 0 is also the store's timeout for later calls. Errors: DDP_ERR_ARG (port out of
- * 0..65535, timeout_s <= 0, port 0 on a client), DDP_ERR_IO (cannot resolve or bind, naming
- * host:port), DDP_ERR_TIMEOUT. */
+ * 127.0.0.1), after the handshake that proves the secret both ways. With opts->is_server this
+ * process also runs the server, listening on `port` at the address `host` names and no other
+ * ("127.0.0.1": this machine only; "0.0.0.0" or "::": every interface), with SO_REUSEADDR;
+ * port 0 picks a free port (read it back with ddp_store_port). The server's bounds: Note
+ * [store bounds] (store_wire.h). Clients retry connecting until timeout_s (the server may
+ * start later), then fail with DDP_ERR_TIMEOUT naming host:port and the last socket error.
+ * Errors: DDP_ERR_ARG (port out of 0..65535, timeout_s <= 0, port 0 on a client, a secret
+ * over 4096 bytes, negative bounds), DDP_ERR_IO (cannot resolve or bind, naming host:port),
+ * DDP_ERR_TIMEOUT, DDP_ERR_PEER (the server refused this client's secret, or did not prove
+ * its own). */
+int ddp_store_tcp_open(ddp_store **out, const char *host, int port, const ddp_store_tcp_options *opts);
+
+/* ddp_store_tcp_open with default options (secret from $DDPLUA_STORE_SECRET), no rank. */
 int ddp_store_tcp_new(ddp_store **out, const char *host, int port, int is_server, double timeout_s);
 
 /* As ddp_store_tcp_new, naming `rank` (>= 0; -1: none) in its messages from the start, so a
  * failed connection already says which rank gave up. */
 int ddp_store_tcp_new_ranked(ddp_store **out, const char *host, int port, int is_server,
                              double timeout_s, int rank);
+
+/* A fresh job secret: 64 hex digits (256 bits from the kernel's random source) and a NUL
+ * into out (cap >= 65). Errors: DDP_ERR_ARG (cap too small), DDP_ERR_IO (no random source). */
+int ddp_store_new_secret(char *out, size_t cap);
+
+/* HMAC-SHA256 (RFC 2104, FIPS 180-4) of the mlen bytes at msg under the klen-byte key into
+ * out (32 bytes): the keyed hash of the store's handshake, for tools that speak the
+ * protocol. */
+void ddp_hmac_sha256(unsigned char *out, const void *key, size_t klen, const void *msg, size_t mlen);
+
+/* What the server run by s holds now: *bytes of keys, values and connection buffers, and
+ * *connections open (either may be NULL). Errors: DDP_ERR_ARG when s runs no server. */
+int ddp_store_server_stats(const ddp_store *s, int64_t *bytes, int *connections);
 
 /* A store kept in the file at `path` (file:// init), shared by every process (and every
  * store object) that opens the same path on a shared file system with working flock().
@@ -80,7 +119,8 @@ void ddp_store_free_value(void *value);
 
 /* Atomically add delta to the integer stored at key (a missing key counts as 0) and return
  * the new value in *result (may be NULL). The value is kept as decimal text. Errors:
- * DDP_ERR_IO when the stored value is not a decimal integer. */
+ * DDP_ERR_IO when the stored value is not a decimal integer, or when the sum does not fit
+ * in int64 (the value stays as it was; PyTorch wraps). */
 int ddp_store_add(ddp_store *s, const char *key, int64_t delta, int64_t *result);
 
 /* Atomic compare-and-set, PyTorch's semantics: when the key holds exactly `expected`
