@@ -1,8 +1,51 @@
 -- Fault-injection specs for how failures are reported (issue 10, part 4): the error cause
--- survives being wrapped (Note [error text is an argument] in runtime/core/error.c).
+-- survives being wrapped (Note [error text is an argument] in runtime/core/error.c); the
+-- launcher and dl.spawn name the rank that failed first in time, not the first one reaped
+-- (Note [first failure] in ddplua/process.h).
 -- Each case injects the fault (a rank that does not take part, a rank that raises) with
 -- short timeouts, so every case takes a few seconds.
 local mp = require "multiproc"
+
+local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
+local function sh(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+
+local function temp_file(text)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
+
+-- A job where rank 1 fails in the middle of a stream of all-reduces; rank 0 then fails too
+-- ("peer rank 1 disconnected"), usually before rank 1 has finished exiting.
+local peer_fails = [[
+local dl = require "ddplua"
+local dist = require "ddplua.distributed"
+local how = ...
+local RANK = tonumber(os.getenv("RANK"))
+dist.init_process_group{backend = "gloo", timeout = 10}
+local t = dl.ones({1000})
+for i = 1, 1000000 do
+  if RANK == 1 and i == 30 then
+    if how == "kill" then
+      local ffi = require "ffi"
+      ffi.cdef "int getpid(void); int kill(int, int);"
+      ffi.C.kill(ffi.C.getpid(), 9)
+    end
+    error("rank one gives up")
+  end
+  dist.all_reduce(t)
+end
+]]
+
+-- Run the launcher; returns its stderr and exit status.
+local function launch(args)
+  local p = assert(io.popen(sh(exe) .. " " .. args .. " < /dev/null 2>&1 >/dev/null; echo \"exit $?\""))
+  local out = p:read("*a")
+  p:close()
+  return out, tonumber(out:match("exit (%d+)\n$"))
+end
 
 describe("failure messages #dist #faults", function()
   it("a DDP bucket that times out keeps the cause after 'failed on rank 0:'", function()
@@ -27,5 +70,51 @@ io.write("ERR ", tostring(err), "\n")
     assert.is_not_nil(cause, err)
     assert.matches("did not complete within 1 s", cause, 1, true)
     assert.is_nil(cause:find("failed on rank 0", 1, true), err)
+  end)
+
+  it("the launcher names the rank that raised, not the peer that failed after it (8 runs)", function()
+    local script = temp_file(peer_fails)
+    finally(function() os.remove(script) end)
+    for run = 1, 8 do
+      local err, status = launch("--nproc_per_node=2 " .. sh(script) .. " raise")
+      assert.equal(1, status, err)
+      -- before the fix rank 0 ("peer rank 1 disconnected") was named in about half the runs
+      assert.matches("ddplua: worker rank 1 %(local rank 1, pid %d+%) failed[^\n]*: [^\n]*rank one gives up", err)
+      assert.is_nil(err:find("ddplua: worker rank 0", 1, true), "run " .. run .. ":\n" .. err)
+    end
+  end)
+
+  it("the launcher names a rank killed by SIGKILL, not the peer that lost it (4 runs)", function()
+    local script = temp_file(peer_fails)
+    finally(function() os.remove(script) end)
+    for run = 1, 4 do
+      local err, status = launch("--nproc_per_node=2 " .. sh(script) .. " kill")
+      assert.equal(1, status, err)
+      assert.matches("ddplua: worker rank 1 (local rank 1, pid ", err, 1, true)
+      assert.matches("was killed by signal 9 (SIGKILL)", err, 1, true)
+      assert.is_nil(err:find("ddplua: worker rank 0", 1, true), "run " .. run .. ":\n" .. err)
+    end
+  end)
+
+  it("dl.spawn raises naming the rank that raised, not the peer that failed after it (6 runs)", function()
+    local code = [[
+local spawn = require "ddplua.distributed.spawn"
+local fn = loadstring(io.open(arg[1]):read("*a"))
+for run = 1, 6 do
+  local ok, err = pcall(spawn, function(rank) fn("raise") end, 2)
+  io.write("RUN ", tostring(err):match("^[^\n]*"), "\n")
+end
+]]
+    local script, body = temp_file(code), temp_file(peer_fails)
+    finally(function() os.remove(script); os.remove(body) end)
+    local p = assert(io.popen(sh(exe) .. " " .. sh(script) .. " " .. sh(body) .. " 2>&1"))
+    local out = p:read("*a")
+    p:close()
+    local runs = 0
+    for line in out:gmatch("RUN ([^\n]*)") do
+      runs = runs + 1
+      assert.matches("^spawn: process 1 %(rank 1, pid %d+%) terminated with the following error:", line)
+    end
+    assert.equal(6, runs, out)
   end)
 end)
