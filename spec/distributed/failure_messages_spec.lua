@@ -117,4 +117,23 @@ end
     end
     assert.equal(6, runs, out)
   end)
+
+  it("dl.spawn keeps a surviving rank's printed lines when another rank fails", function()
+    local code = [[
+local spawn = require "ddplua.distributed.spawn"
+local ok, err = pcall(spawn, function(rank)
+  if rank == 0 then io.write("survivor line from rank 0\n"); os.execute("sleep 5") end
+  os.execute("sleep 0.3")
+  error("rank one gives up")
+end, 2)
+io.write("PARENT ", tostring(ok), "\n")
+]]
+    local script = temp_file(code)
+    finally(function() os.remove(script) end)
+    local p = assert(io.popen(sh(exe) .. " " .. sh(script) .. " 2>&1"))
+    local out = p:read("*a") -- a pipe: the children's stdout is block-buffered unless asked
+    p:close()
+    assert.matches("PARENT false", out, 1, true)
+    assert.matches("survivor line from rank 0\n", out, 1, true)
+  end)
 end)

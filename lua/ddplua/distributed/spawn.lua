@@ -13,7 +13,8 @@
 -- WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...: Note [worker
 -- environment]), so init_process_group's env:// works inside, and the thread counts
 -- (DDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS = cores / nprocs unless already
--- set; dl.set_num_threads when ddplua is loaded); it runs fn(rank, ...args), flushes
+-- set; dl.set_num_threads when ddplua is loaded); it runs fn(rank, ...args) with stdout line
+-- buffered (a rank stopped because another failed keeps every line it wrote), flushes
 -- io.stdout / io.stderr and leaves with _exit(0) (no finalizers: close your own files
 -- inside fn). When fn raises, the child sends the message and traceback to the parent
 -- (ddp_procs_report) and leaves with _exit(1).
@@ -51,6 +52,12 @@ end
 -- spawn, e.g. a test runner's next test).
 local function run_child(procs, fn, nprocs, rank, opts)
   local code = 1
+  -- When another rank fails, this one is stopped with SIGTERM (SIGKILL after the grace
+  -- period), which ends it without flushing what io.write left in stdout's buffer; into a
+  -- pipe or a file that buffer holds whole blocks, so a survivor's last lines were lost.
+  -- Line buffering (what the launcher's DDPLUA_UNBUFFERED asks of its workers) sends each
+  -- line as it is written. stderr is unbuffered already.
+  pcall(io.stdout.setvbuf, io.stdout, "line")
   local ok, err = pcall(function()
     local dl = package.loaded["ddplua"]
     if type(dl) == "table" and dl.set_num_threads then
