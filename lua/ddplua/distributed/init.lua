@@ -14,6 +14,7 @@
 -- work:synchronize() blocks the host), as PyTorch. Every collective has a timeout (the group's, default 300 s);
 -- a dead peer or a timeout raises an error naming the collective, this rank and, when it can
 -- be known, the peer's rank, and the group is unusable afterwards.
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local tensor = require "ddplua.tensor"
 local Group = require "ddplua.distributed.group"
@@ -169,6 +170,8 @@ local function nccl_device(opts, local_rank)
   return local_rank % count
 end
 
+local KNOWN = options.known { "backend", "init_method", "rank", "world_size", "timeout", "store", "device_id", "group_name" }
+
 --- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
 -- timeout = 300, store =, device_id =}: join the job's default process group.
 -- backend: "gloo" (any tensors; CUDA tensors staged through the host) or "nccl" (CUDA
@@ -186,7 +189,7 @@ end
 -- initialised, on a missing rank/world size, an unknown backend, or a failed rendezvous
 -- (naming the rank).
 function M.init_process_group(opts)
-  opts = opts or {}
+  opts = options.check("init_process_group", opts, KNOWN)
   if state.group then raise("init_process_group: the default process group is already initialised") end
   local backend = opts.backend and tostring(opts.backend):lower() or "default"
   if backend == "default" then backend = opts.device_id ~= nil and opts.device_id ~= "cpu" and "nccl" or "gloo" end

@@ -25,6 +25,7 @@
 -- ProcessExitedException. Children have PR_SET_PDEATHSIG = SIGKILL: they die with the
 -- parent. The child is a copy of the parent: everything fn needs is already there (upvalues,
 -- loaded modules), nothing is pickled.
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local ffi, C = lib.ffi, lib.C
 
@@ -146,6 +147,8 @@ end
 
 --- ctx.pids: the children's process ids, by rank + 1.
 
+local KNOWN = options.known { "args", "join", "master_addr", "master_port", "env" }
+
 --- spawn(fn, nprocs, opts): run fn(rank, ...opts.args) in `nprocs` forked children, rank
 -- 0 .. nprocs-1, as torch.multiprocessing.spawn.
 -- opts.args: a list of extra arguments for fn (default none).
@@ -156,7 +159,7 @@ end
 -- opts.env: more environment variables for the children ({NAME = value}).
 -- Raises when nprocs is not a count >= 1, when a fork fails, and (join) when a child fails.
 local function spawn(fn, nprocs, opts)
-  opts = opts or {}
+  opts = options.check("spawn", opts, KNOWN)
   nprocs = nprocs == nil and 1 or nprocs
   if type(fn) ~= "function" and not (getmetatable(fn) or {}).__call then
     error("spawn: fn must be a function, got " .. type(fn), 2)

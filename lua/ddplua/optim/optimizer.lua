@@ -7,6 +7,7 @@
 -- (ddplua/optim.h). Subclasses (one per file) give `name`, `defaults` (every option with
 -- its default), `validate(group)` and `update(p, grad, group, state)`.
 local lib = require "ddplua.lib"
+local options = require "ddplua.options"
 local tensor = require "ddplua.tensor"
 local ffi, C = lib.ffi, lib.C
 
@@ -41,14 +42,12 @@ local function address(p) return tonumber(ffi.cast("intptr_t", p)) end
 -- Raises naming the bad option or parameter.
 function M.construct(cls, params, opts)
   local self = setmetatable({ state = {}, param_groups = {}, _ids = {} }, cls)
-  opts = opts or {}
-  if type(opts) ~= "table" then raise(cls.name .. ": options must be a table, got " .. type(opts)) end
+  local known = {}
+  for k in pairs(cls.defaults) do known[k] = true end
+  opts = options.check(cls.name, opts, known)
   local defaults = {}
   for k, v in pairs(cls.defaults) do defaults[k] = copy_value(v) end
-  for k, v in pairs(opts) do
-    if cls.defaults[k] == nil then raise(("%s: unknown option '%s'"):format(cls.name, tostring(k))) end
-    defaults[k] = copy_value(v)
-  end
+  for k, v in pairs(opts) do defaults[k] = copy_value(v) end
   cls.validate(defaults, cls.name)
   self.defaults = defaults
   if is_tensor(params) or type(params) ~= "table" then

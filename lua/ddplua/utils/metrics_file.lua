@@ -7,6 +7,8 @@
 --     { { "epoch", "%d" }, { "lr", "%.6g" }, { "train_loss", "%.6f" } }, { append = resumed })
 --   m:write { epoch = 1, lr = 0.05, train_loss = 0.61 }
 --   m:close()
+local options = require "ddplua.options"
+
 local MetricsFile = {}
 MetricsFile.__index = MetricsFile
 
@@ -18,12 +20,15 @@ local function read(path)
   return s
 end
 
+local KNOWN = options.known { "append" }
+
 --- MetricsFile.open(path, columns, {append = bool}) -> a metrics file. columns: a list of
 -- {name, format} pairs (string.format formats, e.g. "%d", "%.6f"). A new file (append
 -- false, or no file or an empty one yet) starts with the header line of the names;
 -- append = true keeps the rows already there (a resumed run). Raises when the file
 -- cannot be written, naming it and the reason.
 function MetricsFile.open(path, columns, opts)
+  opts = options.check("MetricsFile", opts, KNOWN)
   local self = setmetatable({ path = path, columns = columns }, MetricsFile)
   local old = opts and opts.append and read(path)
   if old and old ~= "" then
