@@ -2,10 +2,15 @@
 -- with SIGKILL leaves its temporary file, which the next save or load removes (Note
 -- [checkpoint temp files] in runtime/io/safetensors.c); a crash between an epoch's metrics
 -- row and its checkpoint does not duplicate the row on resume (Note [metrics rows on
--- resume] in lua/ddplua/utils/metrics_file.lua).
+-- resume] in lua/ddplua/utils/metrics_file.lua); a train state with bad optimizer state
+-- fails at load, naming what is wrong (Note [validate loaded state] in
+-- lua/ddplua/optim/optimizer.lua).
 local dl = require "ddplua"
 local checkpoint = require "ddplua.checkpoint"
 local MetricsFile = require "ddplua.utils.metrics_file"
+local nn = require "ddplua.nn"
+local optim = require "ddplua.optim"
+local train_state = require "ddplua.train_state"
 local files = require "files"
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 local q = files.quote
@@ -133,5 +138,67 @@ describe("metrics rows on resume #faults", function()
     local epochs = {}
     for e in csv:gmatch("\n(%d+),") do epochs[#epochs + 1] = tonumber(e) end
     assert.same({ 1, 2 }, epochs)
+  end)
+end)
+
+describe("train state with bad optimizer state #faults", function()
+  local dir
+  before_each(function() dir = files.tmpdir("tsfaults") end)
+  after_each(function() files.remove(dir) end)
+
+  -- A saved state of a Linear(5, 3) trained one step by `make_opt`, with `corrupt(tensors,
+  -- meta)` applied to the file; returns the error of loading it into a fresh model and
+  -- optimizer (nil when the load passes).
+  local function load_corrupted(make_opt, corrupt)
+    local path = dir .. "/ck.safetensors"
+    dl.manual_seed(0)
+    local model = nn.Linear(5, 3)
+    local opt = make_opt(model)
+    opt:zero_grad()
+    model(dl.randn({ 4, 5 })):sum():backward()
+    opt:step()
+    train_state.save(path, { model = model, optimizer = opt, progress = { epoch = 1 } })
+    local tensors, meta = checkpoint.load(path)
+    corrupt(tensors, meta)
+    checkpoint.save(path, tensors, meta)
+    local model2 = nn.Linear(5, 3)
+    local opt2 = make_opt(model2)
+    local ok, err = pcall(train_state.load, path, { model = model2, optimizer = opt2 })
+    return not ok and tostring(err) or nil
+  end
+  local sgd = function(m) return optim.SGD(m:parameters(), { lr = 0.1, momentum = 0.9 }) end
+  local adam = function(m) return optim.Adam(m:parameters(), { lr = 0.01 }) end
+
+  it("a momentum buffer of another shape fails at load, naming the parameter and the field", function()
+    local err = load_corrupted(sgd, function(t)
+      t["optimizer.state.0.momentum_buffer"] = dl.zeros({ 7 })
+    end)
+    assert.is_not_nil(err, "the load passed")
+    assert.matches("ck.safetensors: SGD: loaded state of parameter 0: momentum_buffer has shape (7), "
+      .. "the parameter (3, 5)", err, 1, true)
+  end)
+
+  it("a step that is not a count and an invalid lr fail at load", function()
+    local err = load_corrupted(adam, function(_, meta)
+      local text = checkpoint.json_encode(meta.optimizer):gsub('%["step",1%]', '["step",-3]')
+      meta.optimizer = checkpoint.json_decode(text)
+    end)
+    assert.is_not_nil(err, "the load passed")
+    assert.matches("Adam: loaded state of parameter %d: step must be a count >= 0, got %-3", err)
+    err = load_corrupted(sgd, function(_, meta)
+      local text = checkpoint.json_encode(meta.optimizer):gsub('%["lr",0%.1%]', '["lr",-1]')
+      meta.optimizer = checkpoint.json_decode(text)
+    end)
+    assert.is_not_nil(err, "the load passed")
+    assert.matches("SGD (loaded param group 1): invalid lr -1", err, 1, true)
+  end)
+
+  it("state for a parameter the optimizer does not hold fails at load", function()
+    local err = load_corrupted(sgd, function(t, meta)
+      local text = checkpoint.json_encode(meta.optimizer):gsub('%[0,{', '[9,{', 1)
+      meta.optimizer = checkpoint.json_decode(text)
+    end)
+    assert.is_not_nil(err, "the load passed")
+    assert.matches("SGD: loaded state names parameter 9, which no param group holds", err, 1, true)
   end)
 end)
