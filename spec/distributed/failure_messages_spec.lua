@@ -1,7 +1,8 @@
 -- Fault-injection specs for how failures are reported (issue 10, part 4): the error cause
 -- survives being wrapped (Note [error text is an argument] in runtime/core/error.c); the
 -- launcher and dl.spawn name the rank that failed first in time, not the first one reaped
--- (Note [first failure] in ddplua/process.h).
+-- (Note [first failure] in ddplua/process.h); dl.spawn keeps survivors' lines; a stale
+-- file:// rendezvous file is named (Note [stale file store] in store_file.c).
 -- Each case injects the fault (a rank that does not take part, a rank that raises) with
 -- short timeouts, so every case takes a few seconds.
 local mp = require "multiproc"
@@ -135,5 +136,34 @@ io.write("PARENT ", tostring(ok), "\n")
     p:close()
     assert.matches("PARENT false", out, 1, true)
     assert.matches("survivor line from rank 0\n", out, 1, true)
+  end)
+
+  it("a file:// rendezvous file left by a crashed run is named in the next run's error", function()
+    local code = [[
+local dl = require "ddplua"
+local dist = require "ddplua.distributed"
+local path, how = ...
+dist.init_process_group{backend = "gloo", init_method = "file://" .. path, timeout = 5}
+local t = dl.ones({4})
+dist.all_reduce(t)
+if how == "crash" and dist.get_rank() == 1 then os.exit(3) end
+dist.destroy_process_group()
+]]
+    local script = temp_file(code)
+    local store = os.tmpname()
+    os.remove(store)
+    finally(function() os.remove(script); os.remove(store) end)
+    local err, status = launch("--nproc_per_node=2 " .. sh(script) .. " " .. sh(store) .. " crash")
+    assert.equal(1, status, err)
+    assert.is_truthy(io.open(store), "the crashed run left no file") -- the fault is in place
+    local t0 = os.time()
+    err, status = launch("--nproc_per_node=2 " .. sh(script) .. " " .. sh(store))
+    assert.equal(1, status, err)
+    assert.is_true(os.time() - t0 <= 3, "took " .. (os.time() - t0) .. " s")
+    -- before: "connect [127.0.0.1]:4996: Connection refused", the file unnamed
+    assert.matches("the file store " .. store .. " is left over from an earlier run", err, 1, true)
+    os.remove(store)
+    err, status = launch("--nproc_per_node=2 " .. sh(script) .. " " .. sh(store))
+    assert.equal(0, status, err)
   end)
 end)
