@@ -60,6 +60,7 @@ describe("ddplua.options #faults", function()
     { "CIFAR10", function() data.CIFAR10 { bogus = 1 } end },
     { "spawn", function() require("ddplua.distributed.spawn")(function() end, 1, { bogus = 1 }) end },
     { "init_process_group", function() require("ddplua.distributed").init_process_group { bogus = 1 } end },
+    { "new_group", function() require("ddplua.distributed").new_group({ 0 }, { timout = 1 }) end },
     { "DistributedDataParallel", function()
       require("ddplua.distributed.ddp")(nn.Linear(2, 2), { static_graph = true })
     end },

@@ -304,12 +304,15 @@ function M.get_process_group_ranks(group)
   return r
 end
 
+local NEW_GROUP_KNOWN = options.known { "timeout" }
+
 --- dist.new_group(ranks, opts) -> a subgroup of the world with the given global ranks
 -- (default: all). Every rank must call it, in the same order relative to other new_group
 -- calls, with the same list; on ranks not in the list the returned group is not usable
 -- (get_rank(group) is -1 there). opts.timeout: seconds for its collectives (default: the
 -- world's).
 function M.new_group(ranks, opts)
+  opts = options.check("new_group", opts, NEW_GROUP_KNOWN)
   local world = default_group("new_group")
   if ranks == nil then ranks = world.ranks end
   if type(ranks) ~= "table" then raise("new_group: ranks must be a list of ranks, got " .. type(ranks)) end
@@ -327,7 +330,7 @@ function M.new_group(ranks, opts)
   check(C.ddp_pg_new_group(pg_box, world.handle, buf, n))
   local g = Group.new(pg_box[0], list, { parent = world, store = state.store, backend = world.backend })
   world.children[#world.children + 1] = g
-  if opts and opts.timeout and g.handle then check(C.ddp_pg_set_timeout(g.handle, opts.timeout)) end
+  if opts.timeout and g.handle then check(C.ddp_pg_set_timeout(g.handle, opts.timeout)) end
   return g
 end
 
