@@ -182,6 +182,28 @@ void ddp_process_signal_name(int sig, char *buf, size_t cap) {
 
 void ddp_process_exit(int code) { _exit(code); }
 
+/* Note [flush on SIGTERM]: a worker that a group stops because another failed gets SIGTERM,
+ * whose default action ends it with whatever stdio still buffers unwritten: a survivor's
+ * last output was lost. This handler writes stdout and stderr out, then lets SIGTERM end
+ * the process as it would have. fflush is not async-signal-safe: when the signal lands
+ * inside a stdio call of the same stream, the flush may repeat or drop a few bytes; that is
+ * the output of a process that is being stopped anyway, and the SIGKILL at the end of the
+ * grace period bounds any wait. */
+static void flush_and_die(int sig) {
+  fflush(stdout);
+  fflush(stderr);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void ddp_process_flush_on_sigterm(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = flush_and_die;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
 /* ---- the group -------------------------------------------------------------------------- */
 
 int ddp_procs_new(ddp_procs **out, const ddp_procs_config *cfg) {

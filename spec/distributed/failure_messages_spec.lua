@@ -123,7 +123,10 @@ end
     local code = [[
 local spawn = require "ddplua.distributed.spawn"
 local ok, err = pcall(spawn, function(rank)
-  if rank == 0 then io.write("survivor line from rank 0\n"); os.execute("sleep 5") end
+  if rank == 0 then
+    io.write("survivor line from rank 0\n", "and a partial line")
+    while true do end -- busy in Lua when SIGTERM comes
+  end
   os.execute("sleep 0.3")
   error("rank one gives up")
 end, 2)
@@ -135,7 +138,7 @@ io.write("PARENT ", tostring(ok), "\n")
     local out = p:read("*a") -- a pipe: the children's stdout is block-buffered unless asked
     p:close()
     assert.matches("PARENT false", out, 1, true)
-    assert.matches("survivor line from rank 0\n", out, 1, true)
+    assert.matches("survivor line from rank 0\nand a partial line", out, 1, true)
   end)
 
   it("a file:// rendezvous file left by a crashed run is named in the next run's error", function()

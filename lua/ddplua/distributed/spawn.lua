@@ -54,10 +54,12 @@ end
 local function run_child(procs, fn, nprocs, rank, opts)
   local code = 1
   -- When another rank fails, this one is stopped with SIGTERM (SIGKILL after the grace
-  -- period), which ends it without flushing what io.write left in stdout's buffer; into a
+  -- period), which ended it without flushing what io.write left in stdout's buffer; into a
   -- pipe or a file that buffer holds whole blocks, so a survivor's last lines were lost.
-  -- Line buffering (what the launcher's DDPLUA_UNBUFFERED asks of its workers) sends each
-  -- line as it is written. stderr is unbuffered already.
+  -- SIGTERM now flushes first (Note [flush on SIGTERM] in process.c), and line buffering
+  -- (what the launcher's DDPLUA_UNBUFFERED asks of its workers) sends each line as it is
+  -- written, which also covers a child busy in C when SIGKILL comes.
+  C.ddp_process_flush_on_sigterm()
   pcall(io.stdout.setvbuf, io.stdout, "line")
   local ok, err = pcall(function()
     local dl = package.loaded["ddplua"]

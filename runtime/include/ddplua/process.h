@@ -156,6 +156,11 @@ int ddp_process_threads_per_worker(int nprocs);
 /* The name of signal `sig` ("SIGKILL"; "signal N" when it has none) into buf (cap bytes). */
 void ddp_process_signal_name(int sig, char *buf, size_t cap);
 
+/* In a worker: on SIGTERM (how a group stops its survivors when a worker fails), flush
+ * stdout and stderr before ending by that signal, so that nothing the worker printed is lost
+ * (Note [flush on SIGTERM] in process.c). dl.spawn's children call it. */
+void ddp_process_flush_on_sigterm(void);
+
 /* End this process now with `code`, running no atexit handlers and no finalizers (_exit):
  * how a forked worker leaves, so it never runs its parent's code after the fork. */
 void ddp_process_exit(int code);
