@@ -36,6 +36,12 @@ describe("ddplua.options #faults", function()
   end)
 
   local cases = {
+    { "zeros", function() dl.zeros({ 2 }, { dtyp = "f64" }) end },
+    { "full", function() dl.ones({ 2 }, { requires_gradient = true }) end },
+    { "tensor", function() dl.tensor({ 1, 2 }, { bogus = 1 }) end },
+    { "arange", function() dl.arange(0, 4, { bogus = 1 }) end },
+    { "randn", function() dl.randn({ 2 }, { bogus = 1 }) end },
+    { "zeros_like", function() dl.zeros_like(dl.ones({ 2 }), { bogus = 1 }) end },
     { "Linear", function() nn.Linear(2, 3, { bogus = 1 }) end },
     { "Conv2d", function() nn.Conv2d(1, 1, 3, { bogus = 1 }) end },
     { "BatchNorm2d", function() nn.BatchNorm2d(3, { bogus = 1 }) end },
