@@ -127,7 +127,8 @@ local function main(argv)
     start_epoch, step = (p.epoch or 0) + 1, p.step or 0
     say(("resumed from %s after epoch %d (step %d)"):format(opts.resume, p.epoch or 0, step))
   end
-  local metrics = is_main and MetricsFile.open(cfg.out .. "/metrics.csv", METRICS, { append = start_epoch > 1 })
+  local metrics = is_main and MetricsFile.open(cfg.out .. "/metrics.csv", METRICS,
+    { append = start_epoch > 1, resume_after = start_epoch - 1 }) -- Note [metrics rows on resume]
 
   say(("training %s: %s on %s, %d samples, batch %d (%d per process), %d epochs, %d process(es) x %d thread(s), device %s"):format(
     cfg.name, cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, local_batch, cfg.epochs, world,

@@ -184,7 +184,8 @@ end
 --- checkpoint.save(path, tensors, metadata): write `tensors` (table name -> tensor, any
 -- device: device tensors are copied to the host first; any dtype of f32 f64 f16 bf16 i64 i32 u8 bool) and `metadata` (table string key -> string,
 -- number, boolean or nested table; see Note [checkpoint metadata]; may be nil) to path as
--- safetensors, atomically (temporary file, fsync, rename). Tensors are written in name
+-- safetensors, atomically (temporary file, fsync, rename; stale temporary files of path
+-- that killed savers left are removed first). Tensors are written in name
 -- order within each element size. Raises naming the path and the cause.
 function M.save(path, tensors, metadata)
   if type(path) ~= "string" then lib.raise("checkpoint.save: path must be a string") end
@@ -236,11 +237,25 @@ function M.save(path, tensors, metadata)
   check(C.ddp_io_save_safetensors(path, n, cnames, ctensors, nm, ckeys, cvalues))
 end
 
+--- checkpoint.sweep_temp_files(path) -> n: remove the temporary files that savers of `path`
+-- killed midway left behind (on this host, by processes that no longer run; Note
+-- [checkpoint temp files] in runtime/io/safetensors.c) and return how many went. save does
+-- this itself before writing, and load before reading, so a run that resumes starts
+-- clean. Raises when the folder cannot be listed.
+function M.sweep_temp_files(path)
+  if type(path) ~= "string" then lib.raise("checkpoint.sweep_temp_files: path must be a string") end
+  local n = ffi.new("int[1]")
+  check(C.ddp_io_sweep_temp_files(path, n))
+  return n[0]
+end
+
 --- checkpoint.load(path) -> tensors (table name -> tensor), metadata (table key -> value,
 -- the JSON-encoded values decoded per Note [checkpoint metadata]). Raises naming the file
--- and the tensor at fault for malformed files.
+-- and the tensor at fault for malformed files. First removes the stale temporary files of
+-- path (checkpoint.sweep_temp_files).
 function M.load(path)
   if type(path) ~= "string" then lib.raise("checkpoint.load: path must be a string") end
+  C.ddp_io_sweep_temp_files(path, nil) -- best effort: a read-only folder still loads
   local fbox = ffi.new("ddp_io_safetensors*[1]")
   check(C.ddp_io_safetensors_load(fbox, path))
   local f = ffi.gc(fbox[0], C.ddp_io_safetensors_free)

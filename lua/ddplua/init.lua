@@ -4,6 +4,7 @@
 -- {dtype = "f64", device = "cuda:1", requires_grad = true}), seeding, grad mode, threads and the functional
 -- forms of the ops (dl.add(a, b), dl.matmul(a, b), dl.cat({a, b}, 1), ...).
 local lib = require "ddplua.lib"
+local options = require "ddplua.options"
 local tensor = require "ddplua.tensor"
 local generator = require "ddplua.generator"
 local cuda = require "ddplua.cuda"
@@ -26,6 +27,10 @@ M.int64, M.int32, M.uint8 = "i64", "i32", "u8"
 M.float, M.double, M.half, M.long, M.int = "f32", "f64", "f16", "i64", "i32"
 
 local F32 = C.DDP_F32
+
+-- What the creation functions read from opts; anything else raises naming the function.
+local FACTORY_KNOWN = options.known { "dtype", "device", "requires_grad", "generator" }
+local check_options = options.check
 
 -- The device number of opts.device (nil: the CPU).
 local function device_of(opts)
@@ -66,6 +71,7 @@ end
 -- creation function below takes these options; those that compute values make them on the
 -- CPU and move them, so a device tensor holds exactly the values the CPU would.
 function M.empty(shape, opts)
+  if opts ~= nil then check_options("empty", opts, FACTORY_KNOWN) end
   local buf, n = lib.shape(shape)
   check(C.ddp_tensor_empty(box, n, buf, lib.dtype(opts and opts.dtype, F32), device_of(opts)))
   return finish(wrap(box[0]), without_device(opts))
@@ -73,12 +79,14 @@ end
 
 --- dl.zeros(shape, opts) / dl.ones(shape, opts) / dl.full(shape, value, opts).
 function M.zeros(shape, opts)
+  if opts ~= nil then check_options("zeros", opts, FACTORY_KNOWN) end
   local buf, n = lib.shape(shape)
   check(C.ddp_tensor_zeros(box, n, buf, lib.dtype(opts and opts.dtype, F32), device_of(opts)))
   return finish(wrap(box[0]), without_device(opts))
 end
 function M.ones(shape, opts) return M.full(shape, 1, opts) end
 function M.full(shape, value, opts)
+  if opts ~= nil then check_options("full", opts, FACTORY_KNOWN) end
   local t = empty_of(shape, opts)
   check(C.ddp_fill_(t, value))
   return finish(t, opts)
@@ -86,7 +94,8 @@ end
 
 --- zeros_like / ones_like / empty_like / full_like / rand_like / randn_like: same shape,
 -- dtype and device as t unless opts.dtype / opts.device say otherwise.
-local function like_opts(t, opts)
+local function like_opts(t, opts, name)
+  if opts ~= nil then check_options(name, opts, FACTORY_KNOWN) end
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
   o.dtype = o.dtype or t:type()
@@ -96,12 +105,12 @@ local function like_opts(t, opts)
   end
   return o
 end
-function M.zeros_like(t, opts) return M.zeros(t:size(), like_opts(t, opts)) end
-function M.ones_like(t, opts) return M.ones(t:size(), like_opts(t, opts)) end
-function M.empty_like(t, opts) return M.empty(t:size(), like_opts(t, opts)) end
-function M.full_like(t, v, opts) return M.full(t:size(), v, like_opts(t, opts)) end
-function M.rand_like(t, opts) return M.rand(t:size(), like_opts(t, opts)) end
-function M.randn_like(t, opts) return M.randn(t:size(), like_opts(t, opts)) end
+function M.zeros_like(t, opts) return M.zeros(t:size(), like_opts(t, opts, "zeros_like")) end
+function M.ones_like(t, opts) return M.ones(t:size(), like_opts(t, opts, "ones_like")) end
+function M.empty_like(t, opts) return M.empty(t:size(), like_opts(t, opts, "empty_like")) end
+function M.full_like(t, v, opts) return M.full(t:size(), v, like_opts(t, opts, "full_like")) end
+function M.rand_like(t, opts) return M.rand(t:size(), like_opts(t, opts, "rand_like")) end
+function M.randn_like(t, opts) return M.randn(t:size(), like_opts(t, opts, "randn_like")) end
 
 -- Flatten nested Lua tables of numbers/booleans; returns the flat list, the shape, and
 -- whether every leaf was a boolean.
@@ -131,6 +140,7 @@ end
 -- (Lua has one number type, so integers are not guessed: pass {dtype = "i64"} for labels),
 -- or bool when every element is a boolean.
 function M.tensor(data, opts)
+  if opts ~= nil then check_options("tensor", opts, FACTORY_KNOWN) end
   if tensor.is_tensor(data) then
     local t = data:clone()
     if opts and (opts.device or opts.dtype) then t = t:to(opts.device, opts.dtype) end
@@ -152,6 +162,7 @@ function M.arange(a, b, c, d)
   if type(b) == "table" then opts, b = b, nil
   elseif type(c) == "table" then opts, c = c, nil
   elseif type(d) == "table" then opts = d end
+  if opts ~= nil then check_options("arange", opts, FACTORY_KNOWN) end
   local start, stop, step = a, b, c or 1
   if b == nil then start, stop = 0, a end
   local integral = start % 1 == 0 and stop % 1 == 0 and step % 1 == 0
@@ -162,6 +173,7 @@ end
 
 --- dl.linspace(start, end, steps, opts): steps values from start to end inclusive.
 function M.linspace(start, stop, steps, opts)
+  if opts ~= nil then check_options("linspace", opts, FACTORY_KNOWN) end
   check(C.ddp_linspace(box, start, stop, steps, lib.dtype(opts and opts.dtype, F32)))
   return finish(wrap(box[0]), opts)
 end
@@ -169,6 +181,7 @@ end
 --- dl.eye(n[, m], opts): identity matrix (n, m).
 function M.eye(n, m, opts)
   if type(m) == "table" then opts, m = m, nil end
+  if opts ~= nil then check_options("eye", opts, FACTORY_KNOWN) end
   check(C.ddp_eye(box, n, m or n, lib.dtype(opts and opts.dtype, F32)))
   return finish(wrap(box[0]), opts)
 end
@@ -177,6 +190,7 @@ local function gen_handle(opts) return opts and opts.generator and opts.generato
 
 --- dl.rand(shape, opts): uniform in [0, 1). opts.generator: a dl.Generator.
 function M.rand(shape, opts)
+  if opts ~= nil then check_options("rand", opts, FACTORY_KNOWN) end
   local t = empty_of(shape, opts)
   check(C.ddp_uniform_(t, 0, 1, gen_handle(opts)))
   return finish(t, opts)
@@ -184,6 +198,7 @@ end
 
 --- dl.randn(shape, opts): standard normal.
 function M.randn(shape, opts)
+  if opts ~= nil then check_options("randn", opts, FACTORY_KNOWN) end
   local t = empty_of(shape, opts)
   check(C.ddp_normal_(t, 0, 1, gen_handle(opts)))
   return finish(t, opts)
@@ -191,6 +206,7 @@ end
 
 --- dl.randint(low, high, shape, opts): integers uniform in [low, high); dtype i64.
 function M.randint(low, high, shape, opts)
+  if opts ~= nil then check_options("randint", opts, FACTORY_KNOWN) end
   local o = { dtype = (opts and opts.dtype) or "i64", generator = opts and opts.generator }
   local t = empty_of(shape, o)
   check(C.ddp_randint_(t, low, high, gen_handle(opts)))
@@ -200,6 +216,7 @@ end
 --- dl.randperm(n, opts): a random permutation of 0 .. n-1 (i64; values are data, so they
 -- count from 0 as in PyTorch).
 function M.randperm(n, opts)
+  if opts ~= nil then check_options("randperm", opts, FACTORY_KNOWN) end
   check(C.ddp_randperm(box, n, lib.dtype(opts and opts.dtype, C.DDP_I64), gen_handle(opts)))
   return finish(wrap(box[0]), opts)
 end

@@ -86,7 +86,9 @@ end
 
 --- train_state.load(path, state): restore into the objects of `state` (same fields as
 -- save: model, optimizer, scheduler, generators) and return the saved progress table.
--- Raises naming the file and what differs (missing or mismatched model tensors).
+-- Raises naming the file and what differs (missing or mismatched model tensors; optimizer
+-- state that its load_state_dict refuses: bad options, buffers of another shape, a step
+-- that is not a count).
 function M.load(path, state)
   local tensors, meta = checkpoint.load(path)
   if meta.format ~= "ddplua.train_state/1" then
@@ -99,9 +101,12 @@ function M.load(path, state)
       if plain then sd[plain] = t end
     end
     local ok, err = pcall(state.model.load_state_dict, state.model, sd, { strict = true })
-    if not ok then lib.raise(path .. ": " .. tostring(err)) end
+    if not ok then lib.raise(path .. ": " .. tostring(err):gsub("^[^:\n]+:%d+: ", "", 1)) end
   end
-  if state.optimizer and meta.optimizer then state.optimizer:load_state_dict(decode(meta.optimizer, tensors)) end
+  if state.optimizer and meta.optimizer then -- validated whole here, not at opt:step()
+    local ok, err = pcall(state.optimizer.load_state_dict, state.optimizer, decode(meta.optimizer, tensors))
+    if not ok then lib.raise(path .. ": " .. tostring(err):gsub("^[^:\n]+:%d+: ", "", 1)) end
+  end
   if state.scheduler and meta.scheduler then state.scheduler:load_state_dict(decode(meta.scheduler, tensors)) end
   local gens = decode(meta.generators, tensors) or {}
   for name, g in pairs(state.generators or {}) do

@@ -15,6 +15,7 @@
 #include <lualib.h>
 
 #include "cli.h"
+#include "ddplua.h"
 
 /* ---------------------------------------------------------------------------------------
  * Where the executable lives
@@ -106,6 +107,7 @@ lua_State *ddp_host_new(const char *root, int argc, char **argv, int script) {
 
 /* The state a Ctrl-C interrupts (one Lua state per process). */
 static lua_State *interrupted_state;
+static double error_at; /* when the last Lua error was raised (ddp_os_monotonic_seconds) */
 
 /* The hook set by the signal handler: clears itself and raises at the next Lua event. Code
  * that runs as a JIT trace or inside a C function only notices at the next call or return;
@@ -124,6 +126,7 @@ static void on_sigint(int sig) {
 /* Message handler: turn the error into "<message>\nstack traceback:..." (through the error
  * object's __tostring when it is not a string). */
 static int traceback(lua_State *L) {
+  error_at = ddp_os_monotonic_seconds(); /* before unwinding closes anything */
   if (!lua_isstring(L, 1)) {
     if (lua_isnoneornil(L, 1) || !luaL_callmeta(L, 1, "__tostring") || !lua_isstring(L, -1)) {
       lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
@@ -155,6 +158,17 @@ int ddp_host_call(lua_State *L, int nargs, int nresults) {
   return status;
 }
 
+/* Tell the launcher (when one started us) that this worker fails, and since when (Note
+ * [first failure] in ddplua/process.h): the script's error ends the worker. */
+static int fatal(lua_State *L, int status) {
+  if (status != 0) {
+    size_t len = 0;
+    const char *msg = lua_tolstring(L, -1, &len);
+    ddp_process_report_failure(error_at, msg ? msg : "", msg ? len : 0);
+  }
+  return ddp_host_report(L, status);
+}
+
 int ddp_host_report(lua_State *L, int status) {
   if (status == 0) return 0;
   const char *msg = lua_tostring(L, -1);
@@ -173,7 +187,7 @@ int ddp_host_report(lua_State *L, int status) {
 int ddp_host_dostring(lua_State *L, const char *code, const char *name) {
   int status = luaL_loadbuffer(L, code, strlen(code), name);
   if (status == 0) status = ddp_host_call(L, 0, 0);
-  return ddp_host_report(L, status);
+  return fatal(L, status);
 }
 
 int ddp_host_require(lua_State *L, const char *global, const char *module) {
@@ -181,7 +195,7 @@ int ddp_host_require(lua_State *L, const char *global, const char *module) {
   lua_pushstring(L, module);
   int status = ddp_host_call(L, 1, 1);
   if (status == 0) lua_setglobal(L, global);
-  return ddp_host_report(L, status);
+  return fatal(L, status);
 }
 
 int ddp_host_run_script(lua_State *L, int argc, char **argv, int script) {
@@ -196,5 +210,5 @@ int ddp_host_run_script(lua_State *L, int argc, char **argv, int script) {
     for (int i = script + 1; i < argc; i++) lua_pushstring(L, argv[i]);
     status = ddp_host_call(L, nargs, 0);
   }
-  return ddp_host_report(L, status);
+  return fatal(L, status);
 }

@@ -28,7 +28,9 @@
  * Watching: one poll() loop over the pipes and a self-pipe written by the signal handlers
  * (SIGCHLD, SIGINT, SIGTERM, SIGHUP). When a worker exits non-zero or dies by a signal, the
  * others get SIGTERM, then SIGKILL after GRACE_S seconds; the launcher prints a summary naming
- * the rank, the exit code or signal and the worker's error message (the last "ddplua: ..."
+ * the rank that failed first in time (Note [first failure] in ddplua/process.h: a worker's
+ * Lua error is stamped when it is raised, so the peers that fail because it left are not
+ * named), the exit code or signal and the worker's error message (the last "ddplua: ..."
  * line of its stderr), then restarts the whole group (up to --max_restarts times) or exits 1.
  * Each worker leads its own process group, which is what gets signalled, so processes a
  * worker started go with it; workers also have PR_SET_PDEATHSIG = SIGKILL, so they die with
@@ -190,7 +192,13 @@ static void report_failure(const launcher *L, const ddp_procs *p) {
   const char *tail = ddp_procs_stderr_tail(p, i, &tail_len);
   char msg[8192 + 1], how[96], name[32];
   error_message(tail, tail_len, msg, sizeof msg);
-  if (sig) {
+  size_t report_len = 0;
+  ddp_procs_message(p, i, &report_len);
+  if (sig && report_len && (sig == SIGTERM || sig == SIGKILL)) {
+    /* it raised first, and was still exiting when the others' end stopped it */
+    ddp_process_signal_name(sig, name, sizeof name);
+    snprintf(how, sizeof how, "failed (stopped by %s while it was exiting)", name);
+  } else if (sig) {
     ddp_process_signal_name(sig, name, sizeof name);
     snprintf(how, sizeof how, "was killed by signal %d (%s)", sig, name);
   } else {

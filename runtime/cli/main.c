@@ -115,6 +115,7 @@ int main(int argc, char **argv) {
   } else if (opts.launch.requested) {
     status = ddp_launcher_run(&opts, argc, argv);
   } else {
+    ddp_process_adopt_report_channel(); /* a launcher's worker: how it reports a failure */
     line_buffer_if_asked();
     point_lua_at_own_runtime();
     status = run_lua(&opts, argc, argv);

@@ -1,6 +1,7 @@
 /* runtime/core/error.c: the thread-local error message and status (see ddplua.h). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/core.h"
 
@@ -16,13 +17,21 @@ void ddp_clear_error(void) {
 }
 const char *ddp_version(void) { return "0.1.0"; }
 
+/* Note [error text is an argument]: a caller often wraps the error of the call that failed,
+ * `DDP_FAIL(st, "bucket %d failed: %s", k, ddp_last_error())`, so the text being formatted
+ * may be one of the arguments. Formatting straight into error_text would overwrite that
+ * argument while it is read (vsnprintf's buffers must not overlap): the cause came out
+ * empty or garbled. So the message is built in a buffer of its own and copied at the end;
+ * every call site may pass ddp_last_error() (or ddp_error_prefix's old text) freely. */
 int ddp_fail_at(const char *file, int line, int status, const char *fmt, ...) {
+  char text[DDP_ERROR_CAP];
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(error_text, DDP_ERROR_CAP, fmt, ap);
+  int n = vsnprintf(text, sizeof text, fmt, ap);
   va_end(ap);
   if (n < 0) n = 0;
-  if (n < DDP_ERROR_CAP) snprintf(error_text + n, DDP_ERROR_CAP - n, " (%s:%d)", file, line);
+  if (n < DDP_ERROR_CAP) snprintf(text + n, sizeof text - (size_t)n, " (%s:%d)", file, line);
+  memcpy(error_text, text, sizeof text);
   error_status = status ? status : DDP_ERR_ARG;
   return error_status;
 }

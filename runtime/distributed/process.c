@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <stdint.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,14 +48,33 @@ typedef struct stream {
   char log_path[PATH_MAX];
 } stream;
 
+/* Note [report pipe]: every worker holds the write end of a pipe of its own to the parent.
+ * A worker that fails writes one report into it, a report_head (when it failed, on the
+ * CLOCK_MONOTONIC clock, which all processes of the host share) and then its message, just
+ * before it exits: forked workers through ddp_procs_report, exec'd ones (the launcher's)
+ * through ddp_process_report_failure, which finds the descriptor in DDPLUA_REPORT_FD. The
+ * parent polls the read ends, so it also sees a worker's end (end of file: the kernel
+ * closes the pipe when the process dies, before anyone reaps it) at once, whatever order
+ * the workers are reaped in. Together these give each failed worker a time of failure (its
+ * own stamp, else the moment its end was seen), which is what Note [first failure] orders
+ * by. */
+typedef struct report_head {
+  uint32_t magic;  /* REPORT_MAGIC */
+  uint32_t unused;
+  double at_s;     /* CLOCK_MONOTONIC seconds when the worker failed */
+} report_head;
+#define REPORT_MAGIC 0x70646464u /* "dddp" */
+
 typedef struct worker {
   int rank;
   pid_t pid;       /* 0 before start */
   int running;     /* started and not reaped */
   int status;      /* wait status once reaped */
   int report_fd;   /* parent: read end of the report pipe; worker: its write end; -1 */
-  char *report;    /* what the worker reported, NUL-terminated */
+  char *report;    /* what the worker reported (report_head, then the message), NUL-terminated */
   size_t report_len;
+  double failed_at; /* the worker's own stamp of its failure (Note [report pipe]), 0: none */
+  double ended_at;  /* when the parent saw it end (report pipe closed, or reaped), 0: not yet */
   stream out, err;
   char prefix[32];
   size_t prefix_len;
@@ -68,7 +88,7 @@ struct ddp_procs {
   pid_t parent;
   int world, threads;
   worker *workers;
-  int failed;               /* local rank of the first failure, -1 */
+  int stopping;             /* a worker failed: the survivors were told to stop */
   double kill_at;           /* when the survivors get SIGKILL; 0: not stopping */
   int killed;
   double drain_until;       /* 0 until every worker ended */
@@ -162,6 +182,28 @@ void ddp_process_signal_name(int sig, char *buf, size_t cap) {
 
 void ddp_process_exit(int code) { _exit(code); }
 
+/* Note [flush on SIGTERM]: a worker that a group stops because another failed gets SIGTERM,
+ * whose default action ends it with whatever stdio still buffers unwritten: a survivor's
+ * last output was lost. This handler writes stdout and stderr out, then lets SIGTERM end
+ * the process as it would have. fflush is not async-signal-safe: when the signal lands
+ * inside a stdio call of the same stream, the flush may repeat or drop a few bytes; that is
+ * the output of a process that is being stopped anyway, and the SIGKILL at the end of the
+ * grace period bounds any wait. */
+static void flush_and_die(int sig) {
+  fflush(stdout);
+  fflush(stderr);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void ddp_process_flush_on_sigterm(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = flush_and_die;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
 /* ---- the group -------------------------------------------------------------------------- */
 
 int ddp_procs_new(ddp_procs **out, const ddp_procs_config *cfg) {
@@ -196,7 +238,6 @@ int ddp_procs_new(ddp_procs **out, const ddp_procs_config *cfg) {
   p->parent = getpid();
   p->world = cfg->nnodes * cfg->nprocs;
   p->threads = ddp_process_threads_per_worker(cfg->nprocs);
-  p->failed = -1;
   for (int i = 0; i < cfg->nprocs; i++) {
     worker *w = &p->workers[i];
     w->rank = cfg->node_rank * cfg->nprocs + i;
@@ -256,6 +297,42 @@ void ddp_procs_free(ddp_procs *p) {
 }
 
 /* ---- starting workers ------------------------------------------------------------------ */
+
+/* Why ddp_process_report_failure has somewhere to write: the descriptor that
+ * ddp_process_adopt_report_channel took from DDPLUA_REPORT_FD, -1. */
+static int own_report_fd = -1;
+
+/* One stamped report (Note [report pipe]) on fd, at most MAX_REPORT bytes of msg. */
+static void write_report(int fd, double at_s, const char *msg, size_t len) {
+  if (len > MAX_REPORT) len = MAX_REPORT;
+  char *buf = malloc(sizeof(report_head) + len);
+  report_head head = {.magic = REPORT_MAGIC, .at_s = at_s > 0 ? at_s : now_s()};
+  if (!buf) { /* the time still matters more than the message */
+    write_all(fd, (const char *)&head, sizeof head);
+    return;
+  }
+  memcpy(buf, &head, sizeof head);
+  if (len) memcpy(buf + sizeof head, msg, len);
+  write_all(fd, buf, sizeof head + len); /* one write: a pipe holds 64 KiB */
+  free(buf);
+}
+
+void ddp_process_adopt_report_channel(void) {
+  const char *v = getenv("DDPLUA_REPORT_FD");
+  if (!v) return;
+  char *end = NULL;
+  long fd = strtol(v, &end, 10);
+  unsetenv("DDPLUA_REPORT_FD"); /* not for the programs this worker starts */
+  if (!end || *end || fd < 3 || fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0) return;
+  fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* nor the descriptor (it would hide our end) */
+  own_report_fd = (int)fd;
+}
+
+void ddp_process_report_failure(double at_s, const char *msg, size_t len) {
+  if (own_report_fd < 0) return;
+  write_report(own_report_fd, at_s, msg ? msg : "", msg ? len : 0);
+  close_fd(&own_report_fd); /* one report */
+}
 
 static void set_int_env(const char *name, long value, int overwrite) {
   char buf[32];
@@ -339,6 +416,17 @@ static void become_worker(ddp_procs *p, int local_rank, int out_fd, int err_fd, 
   }
   close_fd(&w->out.log);
   close_fd(&w->err.log);
+  if (exec && w->report_fd >= 0) { /* Note [report pipe]: it survives exec, named in the env */
+    if (w->report_fd <= STDERR_FILENO) { /* or dup2 of the output below would replace it */
+      int moved = fcntl(w->report_fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+      close_fd(&w->report_fd);
+      w->report_fd = moved;
+    }
+    if (w->report_fd >= 0) {
+      fcntl(w->report_fd, F_SETFD, 0);
+      set_int_env("DDPLUA_REPORT_FD", w->report_fd, 1);
+    }
+  }
   int targets[2] = {STDOUT_FILENO, STDERR_FILENO}, fds[2] = {out_fd, err_fd};
   for (int i = 0; i < 2; i++) {
     if (fds[i] < 0) continue;
@@ -374,7 +462,8 @@ static int start(ddp_procs *p, int local_rank, const char *exe, char *const *arg
   if (!status) status = open_log(p, w, &w->err, DDP_PROCS_STDERR);
   if (!status && (p->cfg.capture & DDP_PROCS_STDOUT)) status = make_pipe(out, 0, w->rank);
   if (!status && (p->cfg.capture & DDP_PROCS_STDERR)) status = make_pipe(err, 0, w->rank);
-  if (!status && !exe) status = make_pipe(rep, O_NONBLOCK, w->rank);
+  if (!status) status = make_pipe(rep, 0, w->rank); /* Note [report pipe] */
+  if (!status) fcntl(rep[0], F_SETFL, O_NONBLOCK); /* the parent's end only */
   if (status) goto failed;
   w->out.console = (p->cfg.console & DDP_PROCS_STDOUT) ? STDOUT_FILENO : 0;
   w->err.console = (p->cfg.console & DDP_PROCS_STDERR) ? STDERR_FILENO : 0;
@@ -411,6 +500,7 @@ static int start(ddp_procs *p, int local_rank, const char *exe, char *const *arg
   w->out.fd = out[0];
   w->err.fd = err[0];
   w->report_fd = rep[0];
+  w->failed_at = w->ended_at = 0;
   p->drain_until = 0;
   return DDP_OK;
 
@@ -440,7 +530,8 @@ void ddp_procs_report(ddp_procs *p, const char *msg, size_t len) {
   for (int i = 0; i < p->cfg.nprocs; i++) {
     worker *w = &p->workers[i];
     if (w->report_fd < 0) continue; /* in a worker, only its own write end is left */
-    write_all(w->report_fd, msg, len > MAX_REPORT ? MAX_REPORT : len);
+    write_report(w->report_fd, now_s(), msg, len);
+    close_fd(&w->report_fd);
     return;
   }
 }
@@ -529,7 +620,8 @@ static void read_stream(worker *w, stream *s, char *chunk) {
   else if (n == 0 || (errno != EINTR && errno != EAGAIN)) close_stream(w, s);
 }
 
-/* Everything the report pipe holds now (non-blocking); closed at its end. */
+/* Everything the report pipe holds now (non-blocking); closed at its end, which is when
+ * the worker's end is seen (Note [report pipe]). */
 static void read_report(worker *w) {
   char buf[4096];
   while (w->report_fd >= 0) {
@@ -541,8 +633,16 @@ static void read_report(worker *w) {
       w->report = grown;
       w->report_len += (size_t)n;
       w->report[w->report_len] = '\0';
+      report_head head;
+      if (!w->failed_at && w->report_len >= sizeof head) {
+        memcpy(&head, w->report, sizeof head);
+        if (head.magic == REPORT_MAGIC && head.at_s > 0) w->failed_at = head.at_s;
+      }
     } else if (n == 0 || errno != EINTR) {
-      if (n == 0) close_fd(&w->report_fd);
+      if (n == 0) {
+        close_fd(&w->report_fd);
+        if (!w->ended_at) w->ended_at = now_s();
+      }
       return;
     }
   }
@@ -583,8 +683,9 @@ static int reap(ddp_procs *p) {
     w->status = r < 0 ? (1 << 8) : status; /* lost (ECHILD): call it exit code 1 */
     read_report(w);
     close_fd(&w->report_fd);
-    if (failed_status(w->status) && p->failed < 0) {
-      p->failed = i;
+    if (!w->ended_at) w->ended_at = now_s();
+    if (failed_status(w->status) && !p->stopping) {
+      p->stopping = 1;
       ddp_procs_terminate(p, SIGTERM);
     }
   }
@@ -671,7 +772,22 @@ void ddp_procs_stop(ddp_procs *p) {
 
 /* ---- what happened ----------------------------------------------------------------------- */
 
-int ddp_procs_failed(const ddp_procs *p) { return p ? p->failed : -1; }
+/* Note [first failure]: the failed worker with the earliest time of failure. */
+int ddp_procs_failed(const ddp_procs *p) {
+  if (!p) return -1;
+  int first = -1;
+  double first_at = 0;
+  for (int i = 0; i < p->cfg.nprocs; i++) {
+    const worker *w = &p->workers[i];
+    if (!w->pid || w->running || !failed_status(w->status)) continue;
+    double at = w->failed_at > 0 ? w->failed_at : w->ended_at;
+    if (first < 0 || at < first_at) {
+      first = i;
+      first_at = at;
+    }
+  }
+  return first;
+}
 
 int ddp_procs_pid(const ddp_procs *p, int local_rank) {
   return valid_rank(p, local_rank) ? (int)p->workers[local_rank].pid : -1;
@@ -689,8 +805,10 @@ int ddp_procs_exit_status(const ddp_procs *p, int local_rank, int *code, int *si
 
 const char *ddp_procs_message(const ddp_procs *p, int local_rank, size_t *len) {
   const worker *w = valid_rank(p, local_rank) ? &p->workers[local_rank] : NULL;
-  if (len) *len = w && w->report ? w->report_len : 0;
-  return w && w->report ? w->report : "";
+  size_t skip = w && w->failed_at > 0 ? sizeof(report_head) : 0;
+  int has = w && w->report && w->report_len > skip;
+  if (len) *len = has ? w->report_len - skip : 0;
+  return has ? w->report + skip : "";
 }
 
 const char *ddp_procs_stderr_tail(const ddp_procs *p, int local_rank, size_t *len) {

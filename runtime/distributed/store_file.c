@@ -9,6 +9,14 @@
  * exclusive lock makes add and compare_set atomic across processes. Waits poll (1 .. 20 ms).
  * A record under FILE_REFS_KEY counts the open stores; the last one to close removes the
  * file. A file that shrank (removed and made again) is read again from the start.
+ *
+ * Note [stale file store]: a run whose last user of the file was killed leaves the file
+ * behind with its keys, and the next run on the same path rendezvoused against the old
+ * run's addresses ("connect [127.0.0.1]:4996: Connection refused", the file unnamed).
+ * FILE_USERS_KEY lists the open stores as "<host>/<pid>" lines. A store that opens a file
+ * whose count is above zero while every listed user is a process of this host that no
+ * longer runs refuses it, naming the file and those processes. (Users on other hosts
+ * cannot be judged from here: such a file is used as before.)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,13 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "distributed/store_wire.h"
 
-/* Internal key (not counted by num_keys): number of stores open on the file. */
+/* Internal keys (not counted by num_keys): number of stores open on the file, and who they
+ * are (Note [stale file store]). */
 #define FILE_REFS_KEY "\001ddplua/file_store_refs"
+#define FILE_USERS_KEY "\001ddplua/file_store_users"
 
 struct store_file {
   int fd;
@@ -160,6 +171,72 @@ static int add_locked(ddp_store *s, const char *key, int64_t delta, int64_t *res
   return DDP_OK;
 }
 
+/* "<host>/<pid>" of this process (Note [stale file store]). */
+static void user_tag(char *out, size_t cap) {
+  char host[256];
+  if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+  host[sizeof host - 1] = '\0';
+  snprintf(out, cap, "%.200s/%ld", host, (long)getpid());
+}
+
+/* The users list with `tag` added (add) or removed (!add), into a malloc'd string. */
+static char *users_edit(const store_entry *e, const char *tag, int add) {
+  size_t have = e ? e->vlen : 0, tlen = strlen(tag);
+  char *out = malloc(have + tlen + 2);
+  if (!out) return NULL;
+  size_t n = 0;
+  const char *v = e ? (const char *)e->value : "";
+  for (size_t i = 0; i < have;) {
+    const char *nl = memchr(v + i, '\n', have - i);
+    size_t len = nl ? (size_t)(nl - (v + i)) : have - i;
+    if (len && !(len == tlen && memcmp(v + i, tag, tlen) == 0)) {
+      memcpy(out + n, v + i, len);
+      n += len;
+      out[n++] = '\n';
+    }
+    i += len + 1;
+  }
+  if (add) {
+    memcpy(out + n, tag, tlen);
+    n += tlen;
+    out[n++] = '\n';
+  }
+  out[n] = '\0';
+  return out;
+}
+
+/* Lock held, log replayed: fail naming the file when it is stale (Note [stale file store]). */
+static int check_stale(ddp_store *s, int64_t refs) {
+  store_file *f = s->file;
+  store_entry *e = store_table_find(&f->table, FILE_USERS_KEY, strlen(FILE_USERS_KEY));
+  if (refs <= 0 || !e || !e->vlen) return DDP_OK;
+  char host[256], dead[512] = "";
+  if (gethostname(host, sizeof host) != 0) return DDP_OK;
+  host[sizeof host - 1] = '\0';
+  size_t hlen = strlen(host), dn = 0;
+  const char *v = (const char *)e->value;
+  for (size_t i = 0; i < e->vlen;) {
+    const char *nl = memchr(v + i, '\n', e->vlen - i);
+    size_t len = nl ? (size_t)(nl - (v + i)) : e->vlen - i;
+    if (len) {
+      if (len <= hlen + 1 || memcmp(v + i, host, hlen) != 0 || v[i + hlen] != '/') return DDP_OK;
+      char num[24];
+      size_t nlen = len - hlen - 1 < sizeof num - 1 ? len - hlen - 1 : sizeof num - 1;
+      memcpy(num, v + i + hlen + 1, nlen);
+      num[nlen] = '\0';
+      long pid = strtol(num, NULL, 10);
+      if (pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH) return DDP_OK; /* alive */
+      if (dn < sizeof dead - 24) dn += (size_t)snprintf(dead + dn, sizeof dead - dn, "%s%ld", dn ? ", " : "", pid);
+    }
+    i += len + 1;
+  }
+  DDP_FAIL(DDP_ERR_STATE,
+           "store: the file store %s is left over from an earlier run: its processes on this "
+           "host (pid %s) ended without closing it; remove the file or use a path no run has "
+           "used",
+           f->path, dead);
+}
+
 int store_file_open(store_file **out, const char *path) {
   *out = NULL;
   store_file *f = calloc(1, sizeof *f);
@@ -187,7 +264,19 @@ int store_file_open(store_file **out, const char *path) {
   int st = file_lock(&tmp, LOCK_EX);
   if (!st) {
     st = file_sync(&tmp);
+    store_entry *r = st ? NULL : store_table_find(&f->table, FILE_REFS_KEY, strlen(FILE_REFS_KEY));
+    refs = 0;
+    if (r) store_parse_i64(r->value, r->vlen, &refs);
+    if (!st) st = check_stale(&tmp, refs);
     if (!st) st = add_locked(&tmp, FILE_REFS_KEY, 1, &refs);
+    if (!st) {
+      char tag[256];
+      user_tag(tag, sizeof tag);
+      char *users = users_edit(store_table_find(&f->table, FILE_USERS_KEY, strlen(FILE_USERS_KEY)), tag, 1);
+      st = users ? file_append(&tmp, 'S', FILE_USERS_KEY, users, strlen(users))
+                 : DDP_ERROR(DDP_ERR_MEMORY, "store: out of memory");
+      free(users);
+    }
     file_unlock(&tmp);
   }
   if (st) {
@@ -208,9 +297,17 @@ void store_file_close(store_file *f) {
   tmp.file = f;
   int64_t refs = 1;
   if (file_lock(&tmp, LOCK_EX) == DDP_OK) {
-    if (file_sync(&tmp) == DDP_OK && add_locked(&tmp, FILE_REFS_KEY, -1, &refs) == DDP_OK &&
-        refs <= 0)
-      unlink(f->path);  // last user: remove, as PyTorch's FileStore does
+    if (file_sync(&tmp) == DDP_OK && add_locked(&tmp, FILE_REFS_KEY, -1, &refs) == DDP_OK) {
+      if (refs <= 0) {
+        unlink(f->path);  // last user: remove, as PyTorch's FileStore does
+      } else {             // no longer a user (Note [stale file store])
+        char tag[256];
+        user_tag(tag, sizeof tag);
+        char *users = users_edit(store_table_find(&f->table, FILE_USERS_KEY, strlen(FILE_USERS_KEY)), tag, 0);
+        if (users) file_append(&tmp, 'S', FILE_USERS_KEY, users, strlen(users));
+        free(users);
+      }
+    }
     file_unlock(&tmp);
   }
   ddp_clear_error();
@@ -279,6 +376,7 @@ int store_file_check(ddp_store *s, const char *const *keys, int n, int *all) {
 static int count_locked(ddp_store *s, int64_t *n) {
   int64_t c = (int64_t)s->file->table.count;
   if (store_table_find(&s->file->table, FILE_REFS_KEY, strlen(FILE_REFS_KEY))) c--;
+  if (store_table_find(&s->file->table, FILE_USERS_KEY, strlen(FILE_USERS_KEY))) c--;
   *n = c;
   return DDP_OK;
 }

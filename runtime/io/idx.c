@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <zlib.h>
 
@@ -15,6 +16,15 @@
 
 /* Largest data part we accept: 2^33 bytes (8 GiB), far above any IDX data set. */
 #define IDX_MAX_BYTES ((uint64_t)1 << 33)
+
+/* Note [what the header may declare]: the data tensor is allocated from the header's sizes
+ * before the data is read, so a header must not be able to make us allocate more than the
+ * file can hold: a 522 KB gzipped file whose header announced 2.6 GB took 2.6 GB of memory
+ * before failing as truncated. The file's size bounds what it holds: a raw file holds
+ * exactly its size, and deflate (gzip's only method) expands at most 1032:1 (a 258-byte
+ * match costs at least 2 bits: RFC 1951, zlib's FAQ), so a gzip file of C bytes holds at most
+ * 1032 * C bytes. A header that declares more fails before any allocation. */
+#define DEFLATE_MAX_RATIO 1032
 
 typedef struct {
   int code;
@@ -81,7 +91,7 @@ static void convert(void *dst, const unsigned char *src, const idx_type *t, int6
   }
 }
 
-static int read_idx(ddp_tensor **out, gzFile f, const char *path) {
+static int read_idx(ddp_tensor **out, gzFile f, const char *path, uint64_t file_bytes) {
   unsigned char head[4];
   int64_t got = read_full(f, path, head, 4);
   if (got < 0) return ddp_last_status();
@@ -120,6 +130,22 @@ static int read_idx(ddp_tensor **out, gzFile f, const char *path) {
     DDP_FAIL(DDP_ERR_IO, "read_idx: %s: absurd sizes %s of %s: more than 2^33 bytes of data",
              path, ddp_shape_str(ndim, shape), type->name);
   uint64_t nbytes = numel * (uint64_t)type->elem_size;
+  uint64_t header = 4 + 4 * (uint64_t)ndim; /* Note [what the header may declare] */
+  if (gzdirect(f)) {
+    uint64_t held = file_bytes > header ? file_bytes - header : 0;
+    if (nbytes > held)
+      DDP_FAIL(DDP_ERR_IO,
+               "read_idx: %s: truncated: header says %s of %s, expected %llu bytes of data, "
+               "found %llu",
+               path, ddp_shape_str(ndim, shape), type->name, (unsigned long long)nbytes,
+               (unsigned long long)held);
+  } else if (header + nbytes > (uint64_t)DEFLATE_MAX_RATIO * file_bytes + 1024) {
+    DDP_FAIL(DDP_ERR_IO,
+             "read_idx: %s: header says %s of %s, %llu bytes of data, more than a gzip file of "
+             "%llu bytes can hold (deflate expands at most %d:1): truncated or forged file",
+             path, ddp_shape_str(ndim, shape), type->name, (unsigned long long)nbytes,
+             (unsigned long long)file_bytes, DEFLATE_MAX_RATIO);
+  }
   ddp_tensor *t = NULL;
   DDP_TRY(ddp_tensor_empty(&t, ndim, shape, type->dtype, DDP_DEVICE_CPU));
   /* u8 reads straight into the tensor; the others through a staging buffer */
@@ -163,13 +189,15 @@ static int read_idx(ddp_tensor **out, gzFile f, const char *path) {
 int ddp_io_read_idx(ddp_tensor **out, const char *path) {
   *out = NULL;
   if (!path) DDP_FAIL(DDP_ERR_ARG, "read_idx: path is NULL");
+  struct stat st;
+  uint64_t file_bytes = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? (uint64_t)st.st_size : UINT64_MAX / 2048;
   errno = 0;
   gzFile f = gzopen(path, "rb");
   if (!f)
     DDP_FAIL(DDP_ERR_IO, "read_idx: cannot open %s: %s", path,
              errno ? strerror(errno) : "out of memory");
   gzbuffer(f, 1 << 17);
-  int status = read_idx(out, f, path);
+  int status = read_idx(out, f, path, file_bytes);
   gzclose(f);
   return status;
 }

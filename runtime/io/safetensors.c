@@ -3,8 +3,10 @@
  * N bytes of JSON header, then the tensors' bytes. The writer is atomic (temporary file,
  * fsync, rename, directory fsync); the reader checks every field against the file before
  * reading any data. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +117,67 @@ static int fsync_dir(const char *path) {
   return rc;
 }
 
+/* Note [checkpoint temp files]: the writer's temporary file is "<path>.tmp.<host>.<pid>".
+ * An error removes it; a writer killed midway (kill -9, the machine's OOM killer, a
+ * launcher's SIGKILL after its grace period) cannot, and each such kill used to leave a
+ * whole checkpoint's worth of bytes behind. So every save (and ddp_io_sweep_temp_files at
+ * the start of a run) first removes the temporary files of the same path whose writer is
+ * gone: written on this host (the host name is in the file name, so a writer on another
+ * node of a shared file system is never judged by our pids) by a pid that no longer
+ * exists. The "<path>.tmp.<pid>" files of earlier versions are swept the same way. */
+
+/* This host's name for temporary files: no '/' or '.', at most 63 bytes. */
+static void host_tag(char *out, size_t cap) {
+  char host[256];
+  if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "host");
+  host[sizeof host - 1] = '\0';
+  size_t k = 0;
+  for (const char *c = host; *c && k + 1 < cap && k < 63; c++) out[k++] = (*c == '/' || *c == '.') ? '_' : *c;
+  out[k] = '\0';
+  if (!k) snprintf(out, cap, "host");
+}
+
+/* 1 when `digits` is a decimal pid that no process has now. */
+static int dead_pid(const char *digits) {
+  if (!*digits) return 0;
+  char *end = NULL;
+  long pid = strtol(digits, &end, 10);
+  if (*end || pid <= 0 || pid > 0x7fffffffL) return 0;
+  return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+int ddp_io_sweep_temp_files(const char *path, int *removed) {
+  if (removed) *removed = 0;
+  if (!path || !*path) DDP_FAIL(DDP_ERR_ARG, "sweep_temp_files: empty path");
+  char dir[4096], prefix[1024], host[64];
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  snprintf(prefix, sizeof prefix, "%s.tmp.", slash ? slash + 1 : path);
+  host_tag(host, sizeof host);
+  size_t plen = strlen(prefix), hlen = strlen(host);
+  DIR *d = opendir(dir);
+  if (!d) {
+    if (errno == ENOENT) return DDP_OK; /* nothing written there yet */
+    DDP_FAIL(DDP_ERR_IO, "sweep_temp_files: cannot list %s: %s", dir, strerror(errno));
+  }
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, prefix, plen) != 0) continue;
+    const char *rest = e->d_name + plen; /* "<host>.<pid>" or (earlier versions) "<pid>" */
+    const char *pid = rest;
+    if (strncmp(rest, host, hlen) == 0 && rest[hlen] == '.') pid = rest + hlen + 1;
+    else if (strchr(rest, '.')) continue; /* another host's writer: not ours to judge */
+    if (!dead_pid(pid)) continue;
+    char full[4096 + 1024];
+    snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+    if (unlink(full) == 0 && removed) (*removed)++;
+  }
+  closedir(d);
+  return DDP_OK;
+}
+
 int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
                             ddp_tensor **tensors, int nmeta, const char *const *keys,
                             const char *const *values) {
@@ -199,13 +262,17 @@ int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
     goto done;
   }
 
-  size_t plen = strlen(path) + 32;
+  char host[64];
+  host_tag(host, sizeof host);
+  size_t plen = strlen(path) + sizeof host + 32;
   tmp = malloc(plen);
   if (!tmp) {
     status = DDP_ERROR(DDP_ERR_MEMORY, "save_safetensors: out of memory");
     goto done;
   }
-  snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
+  ddp_io_sweep_temp_files(path, NULL); /* Note [checkpoint temp files]; best effort */
+  ddp_clear_error();
+  snprintf(tmp, plen, "%s.tmp.%s.%ld", path, host, (long)getpid());
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: cannot create %s: %s", tmp, strerror(errno));

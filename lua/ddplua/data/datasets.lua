@@ -10,6 +10,7 @@
 --                     returns a list, the loader gathers batches in C on its prefetch thread;
 --                     when it is absent or returns nil, batches are built in Lua from ds:get.
 -- The datasets below are proxy objects (ddplua.data.object) so that `#ds` works.
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
 local transforms = require "ddplua.data.transforms"
@@ -172,6 +173,8 @@ local function read_mnist_like(name, opts, default_root)
   return reshape(images, { n, 1, h, w }), targets
 end
 
+local KNOWN = options.known { "root", "train", "transform", "target_transform" }
+
 --- data.FashionMNIST{root = "/usr/share/datasets/fashion-mnist", train = true,
 -- transform = ..., target_transform = fn}: Zalando's Fashion-MNIST (Xiao, Rasul, Vollgraf
 -- 2017), 60000 train / 10000 test images (N, 1, 28, 28) u8 with labels 0..9 (i64), read
@@ -179,7 +182,7 @@ end
 -- default root). Default transform: Compose{ToFloat(), Normalize(0.2860, 0.3530)}, the
 -- mean and std of the training images scaled to [0, 1]; transform = false gives raw u8.
 function M.FashionMNIST(opts)
-  opts = opts or {}
+  opts = options.check("FashionMNIST", opts, KNOWN)
   local images, labels = read_mnist_like("FashionMNIST", opts, "/usr/share/datasets/fashion-mnist")
   return make("FashionMNIST", images, labels, opts,
     transforms.Compose { transforms.ToFloat(), transforms.Normalize(0.2860, 0.3530) },
@@ -190,7 +193,7 @@ end
 -- IDX layout (root required). Default transform: Compose{ToFloat(), Normalize(0.1307,
 -- 0.3081)} (the training set's mean and std).
 function M.MNIST(opts)
-  opts = opts or {}
+  opts = options.check("MNIST", opts, KNOWN)
   local images, labels = read_mnist_like("MNIST", opts, nil)
   return make("MNIST", images, labels, opts,
     transforms.Compose { transforms.ToFloat(), transforms.Normalize(0.1307, 0.3081) },
@@ -204,7 +207,7 @@ end
 -- 0.4822, 0.4465}, {0.2470, 0.2435, 0.2616})}, the per-channel mean and std of the
 -- training images.
 function M.CIFAR10(opts)
-  opts = opts or {}
+  opts = options.check("CIFAR10", opts, KNOWN)
   local root = opts.root
   if not root then lib.raise("CIFAR10: root is required (the folder holding data_batch_1.bin ...)") end
   local names = opts.train == false and { "test_batch.bin" }

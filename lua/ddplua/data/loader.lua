@@ -22,6 +22,7 @@
 -- PyTorch's samplers yield). Called once per iter(). Optionally sampler:len() (or #sampler)
 -- gives the count without drawing the order (used by #loader). A DistributedSampler
 -- plugs in here; its set_epoch is the caller's business, as in PyTorch.
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
 local transforms = require "ddplua.data.transforms"
@@ -35,6 +36,8 @@ local DataLoader = { name = "DataLoader" }
 
 local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 
+local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "drop_last", "prefetch", "pin_memory" }
+
 --- data.DataLoader(dataset, opts): batches of `dataset`.
 -- opts.batch_size (64), opts.shuffle (false: a new dl.randperm order each iter(), drawn from
 -- opts.generator), opts.sampler (see the protocol above; not with shuffle),
@@ -46,7 +49,7 @@ local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 -- Note [pinned batches] in runtime/io/loader.c; without CUDA nothing is pinned, as PyTorch,
 -- and loader.pin_memory reads false). Raises on bad options.
 function M.DataLoader(dataset, opts)
-  opts = opts or {}
+  opts = options.check("DataLoader", opts, KNOWN)
   local known = { batch_size = true, shuffle = true, generator = true, sampler = true, drop_last = true, prefetch = true,
     pin_memory = true }
   for k in pairs(opts) do

@@ -13,6 +13,7 @@
 -- reverse parameter order, launched in index order, gradients divided by the world size before
 -- the sum, rebuilt once in the order of the first iteration). Every forward with grad enabled
 -- is then collective too. Parameters with requires_grad = false are not reduced (as PyTorch).
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local dl = require "ddplua"
 local ffi, C = lib.ffi, lib.C
@@ -167,6 +168,8 @@ local function option(opts, name, default)
   return v
 end
 
+local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device" }
+
 --- DDP(module, opts) -> the wrapped module. opts:
 --   process_group (default: the world), bucket_cap_mb = 25 (MiB per bucket; the first
 --   bucket is min(1 MiB, bucket_cap_mb)), find_unused_parameters = false (mark parameters that got no gradient
@@ -183,7 +186,7 @@ end
 -- device must be the module's; with gloo, device gradients are staged through the host.
 -- Raises when the ranks' parameters differ (naming the first one and the ranks).
 function DDP.new(module, opts)
-  opts = opts or {}
+  opts = options.check("DistributedDataParallel", opts, KNOWN)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     raise("DistributedDataParallel: module must be an nn.Module, got " .. type(module))
   end

@@ -14,6 +14,7 @@
 -- work:synchronize() blocks the host), as PyTorch. Every collective has a timeout (the group's, default 300 s);
 -- a dead peer or a timeout raises an error naming the collective, this rank and, when it can
 -- be known, the peer's rank, and the group is unusable afterwards.
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local tensor = require "ddplua.tensor"
 local Group = require "ddplua.distributed.group"
@@ -170,6 +171,8 @@ local function nccl_device(opts, local_rank)
   return local_rank % count
 end
 
+local KNOWN = options.known { "backend", "init_method", "rank", "world_size", "timeout", "store", "device_id", "group_name" }
+
 --- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
 -- timeout = 300, store =, device_id =, store_secret =}: join the job's default process group.
 -- backend: "gloo" (any tensors; CUDA tensors staged through the host) or "nccl" (CUDA
@@ -189,7 +192,7 @@ end
 -- initialised, on a missing rank/world size, an unknown backend, or a failed rendezvous
 -- (naming the rank).
 function M.init_process_group(opts)
-  opts = opts or {}
+  opts = options.check("init_process_group", opts, KNOWN)
   if state.group then raise("init_process_group: the default process group is already initialised") end
   local backend = opts.backend and tostring(opts.backend):lower() or "default"
   if backend == "default" then backend = opts.device_id ~= nil and opts.device_id ~= "cpu" and "nccl" or "gloo" end
@@ -308,12 +311,15 @@ function M.get_process_group_ranks(group)
   return r
 end
 
+local NEW_GROUP_KNOWN = options.known { "timeout" }
+
 --- dist.new_group(ranks, opts) -> a subgroup of the world with the given global ranks
 -- (default: all). Every rank must call it, in the same order relative to other new_group
 -- calls, with the same list; on ranks not in the list the returned group is not usable
 -- (get_rank(group) is -1 there). opts.timeout: seconds for its collectives (default: the
 -- world's).
 function M.new_group(ranks, opts)
+  opts = options.check("new_group", opts, NEW_GROUP_KNOWN)
   local world = default_group("new_group")
   if ranks == nil then ranks = world.ranks end
   if type(ranks) ~= "table" then raise("new_group: ranks must be a list of ranks, got " .. type(ranks)) end
@@ -331,7 +337,7 @@ function M.new_group(ranks, opts)
   check(C.ddp_pg_new_group(pg_box, world.handle, buf, n))
   local g = Group.new(pg_box[0], list, { parent = world, store = state.store, backend = world.backend })
   world.children[#world.children + 1] = g
-  if opts and opts.timeout and g.handle then check(C.ddp_pg_set_timeout(g.handle, opts.timeout)) end
+  if opts.timeout and g.handle then check(C.ddp_pg_set_timeout(g.handle, opts.timeout)) end
   return g
 end
 

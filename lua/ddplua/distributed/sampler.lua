@@ -24,6 +24,7 @@
 --
 -- It follows the DataLoader's sampler protocol (ddplua/data/loader.lua): indices() gives
 -- the epoch's 0-based indices as a 1-d i64 tensor, len() (and #sampler) their count.
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
 require "ddplua.tensor" -- tensor methods on the handles we return
@@ -78,7 +79,7 @@ local function job_defaults(opts)
   return world or env_int("WORLD_SIZE") or 1, rank or env_int("RANK") or 0
 end
 
-local known = { num_replicas = true, rank = true, shuffle = true, seed = true, drop_last = true, pad = true }
+local KNOWN = options.known { "num_replicas", "rank", "shuffle", "seed", "drop_last", "pad" }
 
 --- DistributedSampler(dataset_or_n, opts) -> sampler over a dataset (anything with len()
 -- or #) or a sample count N.
@@ -89,11 +90,7 @@ local known = { num_replicas = true, rank = true, shuffle = true, seed = true, d
 -- Raises naming the values for num_replicas < 1, rank outside [0, num_replicas),
 -- non-integers, unknown options, or pad = false with drop_last = true.
 function M.new(dataset, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then lib.raise("DistributedSampler: options must be a table, got " .. type(opts)) end
-  for k in pairs(opts) do
-    if not known[k] then lib.raise("DistributedSampler: unknown option '" .. tostring(k) .. "'") end
-  end
+  opts = options.check("DistributedSampler", opts, KNOWN)
   local n
   if type(dataset) == "number" then n = dataset
   elseif type(dataset) == "table" or type(dataset) == "userdata" then n = object.len(dataset)

@@ -13,7 +13,8 @@
 -- WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...: Note [worker
 -- environment]), so init_process_group's env:// works inside, and the thread counts
 -- (DDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS = cores / nprocs unless already
--- set; dl.set_num_threads when ddplua is loaded); it runs fn(rank, ...args), flushes
+-- set; dl.set_num_threads when ddplua is loaded); it runs fn(rank, ...args) with stdout line
+-- buffered (a rank stopped because another failed keeps every line it wrote), flushes
 -- io.stdout / io.stderr and leaves with _exit(0) (no finalizers: close your own files
 -- inside fn). When fn raises, the child sends the message and traceback to the parent
 -- (ddp_procs_report) and leaves with _exit(1).
@@ -24,6 +25,7 @@
 -- ProcessExitedException. Children have PR_SET_PDEATHSIG = SIGKILL: they die with the
 -- parent. The child is a copy of the parent: everything fn needs is already there (upvalues,
 -- loaded modules), nothing is pickled.
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local ffi, C = lib.ffi, lib.C
 
@@ -51,6 +53,14 @@ end
 -- spawn, e.g. a test runner's next test).
 local function run_child(procs, fn, nprocs, rank, opts)
   local code = 1
+  -- When another rank fails, this one is stopped with SIGTERM (SIGKILL after the grace
+  -- period), which ended it without flushing what io.write left in stdout's buffer; into a
+  -- pipe or a file that buffer holds whole blocks, so a survivor's last lines were lost.
+  -- SIGTERM now flushes first (Note [flush on SIGTERM] in process.c), and line buffering
+  -- (what the launcher's DDPLUA_UNBUFFERED asks of its workers) sends each line as it is
+  -- written, which also covers a child busy in C when SIGKILL comes.
+  C.ddp_process_flush_on_sigterm()
+  pcall(io.stdout.setvbuf, io.stdout, "line")
   local ok, err = pcall(function()
     local dl = package.loaded["ddplua"]
     if type(dl) == "table" and dl.set_num_threads then
@@ -139,6 +149,8 @@ end
 
 --- ctx.pids: the children's process ids, by rank + 1.
 
+local KNOWN = options.known { "args", "join", "master_addr", "master_port", "env" }
+
 --- spawn(fn, nprocs, opts): run fn(rank, ...opts.args) in `nprocs` forked children, rank
 -- 0 .. nprocs-1, as torch.multiprocessing.spawn.
 -- opts.args: a list of extra arguments for fn (default none).
@@ -151,7 +163,7 @@ end
 -- the environment or opts.env already gives one.
 -- Raises when nprocs is not a count >= 1, when a fork fails, and (join) when a child fails.
 local function spawn(fn, nprocs, opts)
-  opts = opts or {}
+  opts = options.check("spawn", opts, KNOWN)
   nprocs = nprocs == nil and 1 or nprocs
   if type(fn) ~= "function" and not (getmetatable(fn) or {}).__call then
     error("spawn: fn must be a function, got " .. type(fn), 2)

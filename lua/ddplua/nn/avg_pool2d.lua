@@ -2,13 +2,15 @@
 -- mean over each window of x (N, C, H, W) or (C, H, W). kernel_size a number or {kh, kw};
 -- opts.stride (= kernel_size), opts.padding (0), opts.ceil_mode (false),
 -- opts.count_include_pad (true). See dl.avg_pool2d.
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local module = require "ddplua.nn.module"
 
 local AvgPool2d = module.Module:extend("AvgPool2d")
 
+local KNOWN = options.known { "stride", "padding", "ceil_mode", "count_include_pad" }
 function AvgPool2d:init(kernel_size, opts)
-  opts = opts or {}
+  opts = options.check("AvgPool2d", opts, KNOWN)
   self.kernel_size = kernel_size
   self.stride = opts.stride or kernel_size
   self.padding = opts.padding or 0

@@ -7,17 +7,20 @@
 -- opts.device ("cpu"; "cuda", "cuda:k": made on the CPU, then moved).
 -- Training mode normalises with the batch statistics and updates the running ones (when
 -- tracked); eval mode uses the running statistics (or the batch's when not tracked).
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 
 local BatchNorm = module.Module:extend("_BatchNorm")
 
+local KNOWN = options.known { "eps", "momentum", "affine", "track_running_stats", "dtype", "device" }
+
 function BatchNorm:init(num_features, opts)
   if type(num_features) ~= "number" or num_features % 1 ~= 0 or num_features <= 0 then
     lib.raise(self:_get_name() .. ": num_features must be a positive integer, got " .. tostring(num_features))
   end
-  opts = opts or {}
+  opts = options.check(self:_get_name(), opts, KNOWN)
   self.num_features = num_features
   self.eps = opts.eps or 1e-5
   if opts.momentum == false then self.momentum = false else self.momentum = opts.momentum or 0.1 end

@@ -8,6 +8,7 @@
 -- Parameters: weight (C_out, C_in / groups, kH, kW), bias (C_out). Initialisation as
 -- PyTorch: weight kaiming_uniform_(a = sqrt(5)), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 -- with fan_in = C_in / groups * kH * kW.
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
@@ -30,10 +31,11 @@ local function positive_int(v, what)
   end
 end
 
+local KNOWN = options.known { "stride", "padding", "dilation", "groups", "bias", "dtype", "device", "generator" }
 function Conv2d:init(in_channels, out_channels, kernel_size, opts)
   positive_int(in_channels, "in_channels")
   positive_int(out_channels, "out_channels")
-  opts = opts or {}
+  opts = options.check("Conv2d", opts, KNOWN)
   local groups = opts.groups or 1
   positive_int(groups, "groups")
   if in_channels % groups ~= 0 then

@@ -32,6 +32,7 @@
 --
 -- PyTorch recommends DistributedDataParallel (one process per device) over DataParallel
 -- for speed; so does ddplua (ddplua.distributed).
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
@@ -47,6 +48,8 @@ local function device_number(d, what)
   return k
 end
 
+local KNOWN = options.known { "device_ids", "output_device", "dim" }
+
 --- nn.DataParallel(module, opts) -> a Module running `module` on several devices.
 -- opts.device_ids: list of device numbers (or "cuda:k"), default every device
 -- (0 .. dl.cuda.device_count()-1; none without CUDA); opts.output_device: where outputs are
@@ -56,7 +59,7 @@ end
 -- PyTorch's. Raises for a device that does not exist.
 function DataParallel:init(mod, opts)
   if not module.is_module(mod) then lib.raise("DataParallel: expected a Module, got " .. type(mod)) end
-  opts = opts or {}
+  opts = options.check("DataParallel", opts, KNOWN)
   for k in pairs(opts) do
     if k ~= "device_ids" and k ~= "output_device" and k ~= "dim" then
       lib.raise("DataParallel: unknown option '" .. tostring(k) .. "'")

@@ -3,12 +3,16 @@
 -- x. opts.generator: a dl.Generator for the masks (default generator). Raises for p
 -- outside [0, 1].
 local dl = require "ddplua"
+local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 
 local Dropout = module.Module:extend("Dropout")
 
+local KNOWN = options.known { "generator" }
+
 function Dropout:init(p, opts)
+  opts = options.check("Dropout", opts, KNOWN)
   p = p or 0.5
   if type(p) ~= "number" or p < 0 or p > 1 then
     lib.raise("Dropout: dropout probability has to be between 0 and 1, but got " .. tostring(p))

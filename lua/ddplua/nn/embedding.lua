@@ -5,6 +5,7 @@
 -- from the end, stored normalised) set to zero at init and given no gradient.
 -- opts.dtype ("f32"); opts.device ("cpu"; "cuda", "cuda:k": initialised on the CPU, then
 -- moved).
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
@@ -12,8 +13,9 @@ local init = require "ddplua.nn.weight_init"
 
 local Embedding = module.Module:extend("Embedding")
 
+local KNOWN = options.known { "padding_idx", "dtype", "device", "generator" }
 function Embedding:init(num_embeddings, embedding_dim, opts)
-  opts = opts or {}
+  opts = options.check("Embedding", opts, KNOWN)
   for what, v in pairs { num_embeddings = num_embeddings, embedding_dim = embedding_dim } do
     if type(v) ~= "number" or v % 1 ~= 0 or v < 0 then
       lib.raise("Embedding: " .. what .. " must be a non-negative integer, got " .. tostring(v))

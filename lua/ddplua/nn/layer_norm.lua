@@ -3,19 +3,21 @@
 -- sizes; opts.eps (1e-5); opts.elementwise_affine (true: weight = 1 and bias = 0 of
 -- normalized_shape); opts.bias (true; false leaves bias out); opts.dtype ("f32");
 -- opts.device ("cpu"; "cuda", "cuda:k": made on the CPU, then moved).
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 
 local LayerNorm = module.Module:extend("LayerNorm")
 
+local KNOWN = options.known { "eps", "elementwise_affine", "bias", "dtype", "device" }
 function LayerNorm:init(normalized_shape, opts)
   if type(normalized_shape) == "number" then normalized_shape = { normalized_shape } end
   if type(normalized_shape) ~= "table" or #normalized_shape == 0 then
     lib.raise("LayerNorm: normalized_shape must be a number or a non-empty table of sizes, got "
       .. tostring(normalized_shape))
   end
-  opts = opts or {}
+  opts = options.check("LayerNorm", opts, KNOWN)
   local shape = {}
   for i, s in ipairs(normalized_shape) do shape[i] = s end
   self.normalized_shape = shape

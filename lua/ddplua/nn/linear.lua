@@ -6,6 +6,7 @@
 -- initialisation:
 -- weight kaiming_uniform_(a = sqrt(5)) (bound 1 / sqrt(in_features)), bias
 -- U(-1 / sqrt(in_features), 1 / sqrt(in_features)), as PyTorch's reset_parameters.
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
@@ -19,10 +20,11 @@ local function check_size(v, what)
   end
 end
 
+local KNOWN = options.known { "bias", "dtype", "device", "generator" }
 function Linear:init(in_features, out_features, opts)
   check_size(in_features, "in_features")
   check_size(out_features, "out_features")
-  opts = opts or {}
+  opts = options.check("Linear", opts, KNOWN)
   self.in_features, self.out_features = in_features, out_features
   local dtype = opts.dtype or "f32"
   self.weight = module.Parameter(dl.empty({ out_features, in_features }, { dtype = dtype }))

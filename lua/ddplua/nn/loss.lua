@@ -5,6 +5,7 @@
 --   opts.ignore_index (-100), opts.reduction ("mean", "sum", "none"), opts.label_smoothing (0).
 -- NLLLoss([opts]): log-probabilities; opts as CrossEntropyLoss's but label_smoothing.
 -- MSELoss([opts]): opts.reduction. See dl.cross_entropy, dl.nll_loss, dl.mse_loss.
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
@@ -20,9 +21,13 @@ local function reduction_of(name, opts)
   return r
 end
 
-local function weighted_init(name)
+local WEIGHTED = options.known { "weight", "ignore_index", "reduction" }
+local CROSS_ENTROPY = options.known { "weight", "ignore_index", "reduction", "label_smoothing" }
+local REDUCTION = options.known { "reduction" }
+
+local function weighted_init(name, known)
   return function(self, opts)
-    opts = opts or {}
+    opts = options.check(name, opts, known)
     self.reduction = reduction_of(name, opts)
     self.ignore_index = opts.ignore_index or -100
     self:register_buffer("weight", opts.weight)
@@ -30,7 +35,7 @@ local function weighted_init(name)
 end
 
 M.CrossEntropyLoss = Module:extend("CrossEntropyLoss")
-local ce_init = weighted_init("CrossEntropyLoss")
+local ce_init = weighted_init("CrossEntropyLoss", CROSS_ENTROPY)
 function M.CrossEntropyLoss:init(opts)
   ce_init(self, opts)
   self.label_smoothing = opts and opts.label_smoothing or 0
@@ -41,14 +46,16 @@ function M.CrossEntropyLoss:forward(input, target)
 end
 
 M.NLLLoss = Module:extend("NLLLoss")
-M.NLLLoss.init = weighted_init("NLLLoss")
+M.NLLLoss.init = weighted_init("NLLLoss", WEIGHTED)
 function M.NLLLoss:forward(input, target)
   return dl.nll_loss(input, target, { weight = self.weight, ignore_index = self.ignore_index,
     reduction = self.reduction })
 end
 
 M.MSELoss = Module:extend("MSELoss")
-function M.MSELoss:init(opts) self.reduction = reduction_of("MSELoss", opts) end
+function M.MSELoss:init(opts)
+  self.reduction = reduction_of("MSELoss", options.check("MSELoss", opts, REDUCTION))
+end
 function M.MSELoss:forward(input, target) return dl.mse_loss(input, target, { reduction = self.reduction }) end
 
 return M

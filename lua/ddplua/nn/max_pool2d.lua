@@ -2,13 +2,15 @@
 -- maximum over each window of x (N, C, H, W) or (C, H, W). kernel_size a number or {kh, kw};
 -- opts.stride (= kernel_size), opts.padding (0), opts.dilation (1), opts.ceil_mode (false),
 -- opts.return_indices (false: forward then also returns the i64 indices). See dl.max_pool2d.
+local options = require "ddplua.options"
 local dl = require "ddplua"
 local module = require "ddplua.nn.module"
 
 local MaxPool2d = module.Module:extend("MaxPool2d")
 
+local KNOWN = options.known { "stride", "padding", "dilation", "ceil_mode", "return_indices" }
 function MaxPool2d:init(kernel_size, opts)
-  opts = opts or {}
+  opts = options.check("MaxPool2d", opts, KNOWN)
   self.kernel_size = kernel_size
   self.stride = opts.stride or kernel_size
   self.padding = opts.padding or 0

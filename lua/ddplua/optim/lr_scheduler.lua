@@ -9,6 +9,7 @@
 -- ("chainable") form PyTorch's step uses; closed_form_lr() gives the closed form where
 -- the class has one. Subclasses (one per file) give `name` and get_lr().
 local lib = require "ddplua.lib"
+local options = require "ddplua.options"
 local Optimizer = require "ddplua.optim.optimizer"
 
 local M = {}
@@ -90,12 +91,7 @@ end
 
 --- The options table (nil gives {}); raises on a key not in `allowed`.
 function M.options(name, opts, allowed)
-  opts = opts or {}
-  if type(opts) ~= "table" then lib.raise(name .. ": options must be a table, got " .. type(opts)) end
-  for k in pairs(opts) do
-    if not allowed[k] then lib.raise(("%s: unknown option '%s'"):format(name, tostring(k))) end
-  end
-  return opts
+  return options.check(name, opts, allowed)
 end
 
 --- Raise "<Name>: invalid <option> <value> (<why>)".

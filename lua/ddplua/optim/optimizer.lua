@@ -7,6 +7,7 @@
 -- (ddplua/optim.h). Subclasses (one per file) give `name`, `defaults` (every option with
 -- its default), `validate(group)` and `update(p, grad, group, state)`.
 local lib = require "ddplua.lib"
+local options = require "ddplua.options"
 local tensor = require "ddplua.tensor"
 local ffi, C = lib.ffi, lib.C
 
@@ -41,14 +42,12 @@ local function address(p) return tonumber(ffi.cast("intptr_t", p)) end
 -- Raises naming the bad option or parameter.
 function M.construct(cls, params, opts)
   local self = setmetatable({ state = {}, param_groups = {}, _ids = {} }, cls)
-  opts = opts or {}
-  if type(opts) ~= "table" then raise(cls.name .. ": options must be a table, got " .. type(opts)) end
+  local known = {}
+  for k in pairs(cls.defaults) do known[k] = true end
+  opts = options.check(cls.name, opts, known)
   local defaults = {}
   for k, v in pairs(cls.defaults) do defaults[k] = copy_value(v) end
-  for k, v in pairs(opts) do
-    if cls.defaults[k] == nil then raise(("%s: unknown option '%s'"):format(cls.name, tostring(k))) end
-    defaults[k] = copy_value(v)
-  end
+  for k, v in pairs(opts) do defaults[k] = copy_value(v) end
   cls.validate(defaults, cls.name)
   self.defaults = defaults
   if is_tensor(params) or type(params) ~= "table" then
@@ -184,10 +183,58 @@ function M:state_dict()
   return { state = state, param_groups = groups }
 end
 
+-- Note [validate loaded state]: a state dict comes from a file, and what is wrong in it
+-- (a buffer of another shape, a step that is not a count, a negative lr) used to surface
+-- only at the next opt:step(), far from the load, as a kernel's shape error. So
+-- load_state_dict checks everything before it changes anything: each group's options as
+-- the constructor would (the class's validate), each state entry's id (a parameter of this
+-- optimizer), its `step` (a count >= 0; a 0-d tensor, as PyTorch saves it, is taken as its
+-- value) and its tensors (the parameter's shape), and raises naming the group, the
+-- parameter (its id) and the field.
+
+-- The checked copy of one loaded state entry (Note [validate loaded state]).
+local function checked_state(name, id, st, p)
+  local where = ("%s: loaded state of parameter %s"):format(name, tostring(id))
+  if type(st) ~= "table" or is_tensor(st) then raise(where .. " is a " .. type(st) .. ", not a table") end
+  local out = {}
+  for k, v in pairs(st) do
+    if k == "step" then
+      if is_tensor(v) and v:numel() == 1 then v = v:item() end
+      if type(v) ~= "number" or v < 0 or v % 1 ~= 0 then
+        raise(("%s: step must be a count >= 0, got %s"):format(where, is_tensor(v) and "a tensor" or tostring(v)))
+      end
+      out[k] = v
+    elseif is_tensor(v) then
+      local a, b = v:size(), p:size()
+      local same = #a == #b
+      for d = 1, #a do same = same and a[d] == b[d] end
+      if not same then
+        raise(("%s: %s has shape (%s), the parameter (%s)"):format(where, tostring(k),
+          table.concat(a, ", "), table.concat(b, ", ")))
+      end
+      if v:is_floating_point() then
+        -- PyTorch's rule: floating state follows its parameter's device and dtype.
+        local moved = v:to(p.device, p.dtype)
+        out[k] = moved == v and v:clone() or moved
+      else
+        out[k] = copy_value(v)
+      end
+    elseif type(v) == "number" or type(v) == "boolean" then
+      out[k] = v
+    else
+      raise(("%s: %s is a %s, expected a tensor"):format(where, tostring(k), type(v)))
+    end
+  end
+  return out
+end
+
 --- opt:load_state_dict(sd): restore options and state from a table made by state_dict()
 -- (ids may be numbers or numeric strings). Floating state tensors are copied and
--- converted to their parameter's dtype, except `step`. Raises when the groups or their
--- sizes differ from this optimizer's.
+-- converted to their parameter's dtype, except `step`. Raises, before changing anything,
+-- when the groups or their sizes differ from this optimizer's, when a group's options are
+-- invalid, or when a state entry names no parameter of this optimizer, has a step that is
+-- not a count, or holds a tensor of another shape than its parameter (Note [validate
+-- loaded state]).
 function M:load_state_dict(sd)
   local name = self.name
   if type(sd) ~= "table" or type(sd.param_groups) ~= "table" or type(sd.state) ~= "table" then
@@ -210,26 +257,21 @@ function M:load_state_dict(sd)
   local state = {}
   for id, st in pairs(sd.state) do
     local p = by_id[tonumber(id)]
-    if p ~= nil then
-      local s = {}
-      for k, v in pairs(st) do
-        if is_tensor(v) and k ~= "step" and v:is_floating_point() then
-          -- PyTorch's rule: floating state follows its parameter's device and dtype.
-          local moved = v:to(p.device, p.dtype)
-          s[k] = moved == v and v:clone() or moved
-        else
-          s[k] = copy_value(v)
-        end
-      end
-      state[p] = s
+    if p == nil then
+      raise(("%s: loaded state names parameter %s, which no param group holds"):format(name, tostring(id)))
     end
+    state[p] = checked_state(name, id, st, p)
   end
+  local groups = {}
   for gi, group in ipairs(self.param_groups) do
     local g = {}
+    for k, v in pairs(self.defaults) do g[k] = copy_value(v) end
     for k, v in pairs(saved[gi]) do if k ~= "params" then g[k] = copy_value(v) end end
+    self.validate(g, ("%s (loaded param group %d)"):format(name, gi))
     g.params = group.params
-    self.param_groups[gi] = g
+    groups[gi] = g
   end
+  for gi, g in ipairs(groups) do self.param_groups[gi] = g end
   self.state = state
 end
 

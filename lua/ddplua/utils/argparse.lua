@@ -16,16 +16,20 @@
 -- Errors (raised with error(msg, 0), so the message is shown as written, without a Lua
 -- position): "<prog>: unknown option '--x'" and "<prog>: --x needs a value", both followed by
 -- the usage; "<prog>: --x expects a number, got 'y'".
+local options = require "ddplua.options"
+
 local M = {}
 
 local Parser = {}
 Parser.__index = Parser
 
+local KNOWN = options.known { "prog", "usage" }
+
 --- argparse.ArgumentParser{prog = name, usage = text} -> a parser. `prog` prefixes error
 -- messages (default "ddplua"); `usage` is the first usage line after "usage: " (default
 -- "<prog> [options]").
 function M.ArgumentParser(opts)
-  opts = opts or {}
+  opts = options.check("ArgumentParser", opts, KNOWN)
   local prog = opts.prog or "ddplua"
   return setmetatable({ prog = prog, usage_line = opts.usage or (prog .. " [options]"), args = {}, by_flag = {} },
     Parser)

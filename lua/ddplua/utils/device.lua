@@ -2,6 +2,7 @@
 -- decide it (`torch.cuda.set_device(LOCAL_RANK)`).
 --
 --   local device = require("ddplua.utils.device").choose(opts.device)   -- "cpu" or "cuda:k"
+local options = require "ddplua.options"
 local dl = require "ddplua"
 
 local M = {}
@@ -13,6 +14,8 @@ function M.launcher_local_rank()
   return tonumber(os.getenv("LOCAL_RANK") or "0")
 end
 
+local KNOWN = options.known { "device", "local_rank", "prog" }
+
 --- device.choose(requested, opts) -> "cpu" or "cuda:k", and makes cuda:k the current device.
 -- requested: "cpu", "cuda" (the current device) or "cuda:k"; nil picks "cuda" when
 -- dl.cuda.is_available(), else "cpu". opts.local_rank (default launcher_local_rank()): under
@@ -22,7 +25,7 @@ end
 -- name, when CUDA is asked for but not available (with the reason), when cuda:k does not
 -- exist, and when LOCAL_RANK is not below the number of devices (naming both numbers).
 function M.choose(requested, opts)
-  opts = opts or {}
+  opts = options.check("device.choose", opts, KNOWN)
   local prog = opts.prog or "ddplua"
   local local_rank = opts.local_rank
   if local_rank == nil then local_rank = M.launcher_local_rank() end

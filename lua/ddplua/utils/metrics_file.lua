@@ -7,6 +7,8 @@
 --     { { "epoch", "%d" }, { "lr", "%.6g" }, { "train_loss", "%.6f" } }, { append = resumed })
 --   m:write { epoch = 1, lr = 0.05, train_loss = 0.61 }
 --   m:close()
+local options = require "ddplua.options"
+
 local MetricsFile = {}
 MetricsFile.__index = MetricsFile
 
@@ -18,14 +20,48 @@ local function read(path)
   return s
 end
 
---- MetricsFile.open(path, columns, {append = bool}) -> a metrics file. columns: a list of
--- {name, format} pairs (string.format formats, e.g. "%d", "%.6f"). A new file (append
--- false, or no file or an empty one yet) starts with the header line of the names;
--- append = true keeps the rows already there (a resumed run). Raises when the file
--- cannot be written, naming it and the reason.
+local KNOWN = options.known { "append", "resume_after" }
+
+-- The header and the rows of `text` whose first cell is a number <= `last` (Note [metrics
+-- rows on resume]).
+local function rows_until(text, last)
+  local out, first = {}, true
+  for line in text:gmatch("[^\n]*\n?") do
+    if line == "" then break end
+    if first then
+      out[#out + 1] = line
+      first = false
+    else
+      local key = tonumber(line:match("^([^,\n]*)"))
+      if key and key <= last then out[#out + 1] = line end
+    end
+  end
+  local s = table.concat(out)
+  if s ~= "" and s:sub(-1) ~= "\n" then s = s .. "\n" end
+  return s
+end
+
+--- MetricsFile.open(path, columns, {append = bool, resume_after = n}) -> a metrics file.
+-- columns: a list of {name, format} pairs (string.format formats, e.g. "%d", "%.6f"). A new
+-- file (append false, or no file or an empty one yet) starts with the header line of the
+-- names; append = true keeps the rows already there (a resumed run), and with resume_after
+-- only those whose first column (the epoch, say) is <= n: Note [metrics rows on resume].
+-- Raises when the file cannot be written, naming it and the reason.
+--
+-- Note [metrics rows on resume]: a run writes an epoch's row, then its checkpoint. A crash
+-- between the two leaves a row for an epoch that the checkpoint does not hold; resuming
+-- from that checkpoint runs the epoch again and wrote its row a second time. resume_after =
+-- the checkpoint's epoch drops such rows first, so the file reads as one uninterrupted run.
 function MetricsFile.open(path, columns, opts)
+  opts = options.check("MetricsFile", opts, KNOWN)
   local self = setmetatable({ path = path, columns = columns }, MetricsFile)
-  local old = opts and opts.append and read(path)
+  local old = opts.append and read(path)
+  if old and old ~= "" and opts.resume_after ~= nil then
+    if type(opts.resume_after) ~= "number" then
+      error("MetricsFile: resume_after must be a number, got " .. type(opts.resume_after), 2)
+    end
+    old = rows_until(old, opts.resume_after)
+  end
   if old and old ~= "" then
     self.text = old
   else

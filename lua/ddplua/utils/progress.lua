@@ -9,6 +9,7 @@
 --
 -- Terminal:  "\repoch 1/3 [=========                     ]  30% loss 0.5123    812 samples/s"
 -- Otherwise: "epoch 1/3  30% loss 0.5123 812 samples/s"
+local options = require "ddplua.options"
 local os_ = require "ddplua.os"
 
 local Progress = {}
@@ -16,11 +17,14 @@ Progress.__index = Progress
 
 local WIDTH = 30 -- characters of the bar
 
+local KNOWN = options.known { "label", "total", "terminal", "enabled", "every" }
+
 --- Progress.new{label = text, total = steps, terminal = bool, enabled = bool, every = f}
 -- -> a display. terminal defaults to whether stdout is a terminal; enabled = false shows
 -- nothing (other ranks, --quiet); every is the fraction of the total between log lines
 -- (default 0.1).
 function Progress.new(opts)
+  opts = options.check("Progress", opts, KNOWN)
   local terminal = opts.terminal
   if terminal == nil then terminal = os_.isatty(1) end
   return setmetatable({ label = opts.label or "", total = math.max(opts.total or 1, 1),

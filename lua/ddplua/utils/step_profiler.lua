@@ -14,6 +14,7 @@
 -- Kernels run asynchronously on a GPU: with `synchronize` set, every lap first waits for
 -- the device, so that a phase's time is its own (this costs some overlap; a disabled
 -- profiler never waits and never reads the clock).
+local options = require "ddplua.options"
 local clock = require "ddplua.clock"
 
 local StepProfiler = {}
@@ -23,11 +24,13 @@ StepProfiler.__index = StepProfiler
 -- backward waited for, not the communication it overlapped).
 local PHASES = { "data", "forward", "backward", "comm", "optimizer" }
 
+local KNOWN = options.known { "enabled", "profile", "synchronize" }
+
 --- StepProfiler.new{enabled = bool, synchronize = fn} -> a profiler. enabled = false
 -- (default true) makes every method do nothing. synchronize (optional) is called before
 -- each clock reading (dl.cuda.synchronize on a GPU).
 function StepProfiler.new(opts)
-  opts = opts or {}
+  opts = options.check("StepProfiler", opts, KNOWN)
   local self = setmetatable({ enabled = opts.enabled ~= false, synchronize = opts.synchronize, steps = 0,
     seconds = {} }, StepProfiler)
   for _, p in ipairs(PHASES) do self.seconds[p] = 0 end

@@ -158,13 +158,21 @@ void ddp_io_loader_free(ddp_io_loader *loader);
 
 /* Write `n` tensors (CPU, any strides, live) named names[k] (distinct, non-empty) and
  * `nmeta` metadata pairs (keys[k], values[k]: strings) to `path`, atomically: the bytes go
- * to "<path>.tmp.<pid>", which is flushed, fsync'ed and renamed over `path`, then the
- * directory is fsync'ed. A writer killed midway leaves the previous file untouched (and
- * at most a stale .tmp.<pid> file). Errors (DDP_ERR_IO naming the path and the cause with
- * strerror; DDP_ERR_ARG naming a bad tensor or duplicate name). */
+ * to "<path>.tmp.<host>.<pid>", which is flushed, fsync'ed and renamed over `path`, then
+ * the directory is fsync'ed; on an error it is removed. A writer killed midway leaves the
+ * previous file untouched and its temporary file behind, which the next save of that path
+ * removes first (ddp_io_sweep_temp_files). Errors (DDP_ERR_IO naming the path and the cause
+ * with strerror; DDP_ERR_ARG naming a bad tensor or duplicate name). */
 int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
                             ddp_tensor **tensors, int nmeta, const char *const *keys,
                             const char *const *values);
+
+/* Remove the temporary files that writers of `path` killed midway left behind ("<path>.tmp.
+ * <host>.<pid>" of this host whose pid no longer runs, and the "<path>.tmp.<pid>" of earlier
+ * versions; a file of a writer still running, or of another host, stays). *removed (may be
+ * NULL) gets how many went. A missing folder is not an error; DDP_ERR_IO when the folder
+ * cannot be listed. */
+int ddp_io_sweep_temp_files(const char *path, int *removed);
 
 /* A loaded safetensors file: its tensors (in the file's data order) and metadata. */
 typedef struct ddp_io_safetensors ddp_io_safetensors;

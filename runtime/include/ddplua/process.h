@@ -16,14 +16,21 @@
  * then the variables added with ddp_procs_add_env (they may override the above), then,
  * unless already set, DDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS =
  * ddp_process_threads_per_worker(nprocs), and DDPLUA_UNBUFFERED = 1 when the output is
- * captured (a pipe is not a terminal: line buffering has to be asked for). Every worker has
+ * captured (a pipe is not a terminal: line buffering has to be asked for); an exec'd worker
+ * also gets DDPLUA_REPORT_FD (ddp_process_adopt_report_channel). Every worker has
  * PR_SET_PDEATHSIG = SIGKILL (it dies with its parent) and checks that its parent is still
  * the one that forked it.
  *
- * Note [first failure]: ddp_procs_poll reaps ended workers in local-rank order; the first
- * one that exits non-zero or dies by a signal is "the failure" (ddp_procs_failed). At that
- * moment the survivors get SIGTERM, and SIGKILL once grace_s has passed (as torchrun and
- * mp.spawn). Each later poll goes on reaping until every worker ended. */
+ * Note [first failure]: "the failure" (ddp_procs_failed) is the worker that failed first in
+ * time, not the first one reaped: a worker that raises makes its peers fail soon after
+ * (their collectives lose it), and they may well exit and be reaped before it. Each worker
+ * that fails stamps the time it failed into its report pipe (ddp_procs_report,
+ * ddp_process_report_failure); a worker that reports nothing (a signal, os.exit) counts from
+ * the moment the parent saw its end, which the report pipe shows at once (Note [report
+ * pipe] in process.c). When ddp_procs_poll reaps the first worker that exits non-zero or
+ * dies by a signal, the survivors get SIGTERM, and SIGKILL once grace_s has passed (as
+ * torchrun and mp.spawn); each later poll goes on reaping until every worker ended, and
+ * ddp_procs_failed may then name an earlier failure that was reaped later. */
 
 typedef struct ddp_procs ddp_procs;
 
@@ -83,6 +90,20 @@ int ddp_procs_exec(ddp_procs *p, int local_rank, const char *exe, char *const *a
  * them as ddp_procs_message. Write once, just before ddp_process_exit. */
 void ddp_procs_report(ddp_procs *p, const char *msg, size_t len);
 
+/* In a worker started by ddp_procs_exec (the ddplua executable calls it first thing): take
+ * the report descriptor the parent passed in DDPLUA_REPORT_FD, drop the variable and mark
+ * the descriptor close-on-exec, so that programs this worker starts hold neither. Does
+ * nothing in a process no group started. */
+void ddp_process_adopt_report_channel(void);
+
+/* In a worker started by ddp_procs_exec, after ddp_process_adopt_report_channel: tell the
+ * parent that this worker fails, when (at_s: ddp_os_monotonic_seconds() at the moment of
+ * the failure, e.g. when the Lua error was raised; <= 0: now) and why (len bytes of msg, at
+ * most 60000 arrive). Once, just before exiting non-zero; later calls and calls in a process
+ * no group started do nothing. The parent orders failures by this time (Note [first
+ * failure]) and shows msg as ddp_procs_message. */
+void ddp_process_report_failure(double at_s, const char *msg, size_t len);
+
 /* Supervise for up to timeout_s seconds (>= 0): pass the captured output on (console, log
  * files), take reports, reap ended workers, stop the survivors at the first failure (Note
  * [first failure]) and SIGKILL them when their grace ends. Returns early when `wake_fd`
@@ -101,7 +122,8 @@ void ddp_procs_terminate(ddp_procs *p, int sig);
  * after the grace period): nothing is left running when it returns. */
 void ddp_procs_stop(ddp_procs *p);
 
-/* The local rank of the first worker that failed (Note [first failure]), or -1. */
+/* The local rank of the worker that failed first in time among those that ended (Note
+ * [first failure]), or -1 while none did. */
 int ddp_procs_failed(const ddp_procs *p);
 
 /* Worker `local_rank`: its pid (0 before it started), and whether it ended: 1 with *code =
@@ -133,6 +155,11 @@ int ddp_process_threads_per_worker(int nprocs);
 
 /* The name of signal `sig` ("SIGKILL"; "signal N" when it has none) into buf (cap bytes). */
 void ddp_process_signal_name(int sig, char *buf, size_t cap);
+
+/* In a worker: on SIGTERM (how a group stops its survivors when a worker fails), flush
+ * stdout and stderr before ending by that signal, so that nothing the worker printed is lost
+ * (Note [flush on SIGTERM] in process.c). dl.spawn's children call it. */
+void ddp_process_flush_on_sigterm(void);
 
 /* End this process now with `code`, running no atexit handlers and no finalizers (_exit):
  * how a forked worker leaves, so it never runs its parent's code after the fork. */
