@@ -66,6 +66,8 @@ describe("ddplua.options #faults", function()
     { "CIFAR10", function() data.CIFAR10 { bogus = 1 } end },
     { "spawn", function() require("ddplua.distributed.spawn")(function() end, 1, { bogus = 1 }) end },
     { "init_process_group", function() require("ddplua.distributed").init_process_group { bogus = 1 } end },
+    { "TCPStore", function() require("ddplua.distributed.store").TCPStore("127.0.0.1", 1, { secrett = "x" }) end },
+    { "FileStore", function() require("ddplua.distributed.store").FileStore("/nonexistent/f", { bogus = 1 }) end },
     { "new_group", function() require("ddplua.distributed").new_group({ 0 }, { timout = 1 }) end },
     { "DistributedDataParallel", function()
       require("ddplua.distributed.ddp")(nn.Linear(2, 2), { static_graph = true })
@@ -75,6 +77,14 @@ describe("ddplua.options #faults", function()
     { "Progress", function() require("ddplua.utils.progress").new { bogus = 1 } end },
     { "MetricsFile", function() require("ddplua.utils.metrics_file").open("/nonexistent/m.csv", {}, { bogus = 1 }) end },
   }
+  -- Every option a constructor documents passes its check (the lists are kept by hand).
+  it("init_process_group takes every option it documents", function()
+    local err = err_of(require("ddplua.distributed").init_process_group, { backend = "gloo",
+      init_method = "file:///nonexistent-dir/store", rank = 0, world_size = 1, timeout = 1,
+      device_id = "cpu", group_name = "g", store_secret = "s" })
+    assert.not_matches("unknown option", err, 1, true)
+  end)
+
   for _, c in ipairs(cases) do
     it(c[1] .. " rejects an unknown option naming it", function()
       local err = err_of(c[2])

@@ -171,7 +171,8 @@ local function nccl_device(opts, local_rank)
   return local_rank % count
 end
 
-local KNOWN = options.known { "backend", "init_method", "rank", "world_size", "timeout", "store", "device_id", "group_name" }
+local KNOWN = options.known { "backend", "init_method", "rank", "world_size", "timeout", "store",
+  "device_id", "group_name", "store_secret" }
 
 --- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
 -- timeout = 300, store =, device_id =, store_secret =}: join the job's default process group.

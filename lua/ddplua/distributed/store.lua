@@ -14,6 +14,7 @@
 -- key(s), the timeout and the rank; a lost server raises naming host:port. Errors are raised
 -- at the caller's line.
 local lib = require "ddplua.lib"
+local options = require "ddplua.options"
 local ffi, C = lib.ffi, lib.C
 local check, raise = lib.check, lib.raise
 
@@ -81,8 +82,12 @@ end
 -- opts.max_connections (default min(1024, half the descriptor limit)).
 -- Raises on a bad port or option, a port already in use, no server within the timeout
 -- (naming host:port), or a server that refused this client's secret.
+local TCP_KNOWN = options.known { "is_server", "timeout", "rank", "secret", "idle_timeout",
+  "max_memory", "max_connections" }
+local FILE_KNOWN = options.known { "timeout", "rank" }
+
 function M.TCPStore(host, port, opts)
-  opts = opts or {}
+  opts = options.check("TCPStore", opts, TCP_KNOWN)
   if host ~= nil and type(host) ~= "string" then
     raise("TCPStore: host must be a string, got " .. type(host))
   end
@@ -113,7 +118,7 @@ end
 -- opts.timeout (seconds, default 300), opts.rank (named in errors). Raises when the file
 -- cannot be opened or locked.
 function M.FileStore(path, opts)
-  opts = opts or {}
+  opts = options.check("FileStore", opts, FILE_KNOWN)
   if type(path) ~= "string" or path == "" then
     raise("FileStore: path must be a non-empty string, got " .. tostring(path))
   end
