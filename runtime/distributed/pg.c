@@ -35,6 +35,19 @@ const char *ddp_reduce_op_name(int op) {
   return op >= 0 && op < DDP_REDUCE_OP_COUNT ? reduce_op_names[op] : NULL;
 }
 
+/* ---- call sites --------------------------------------------------------------------------- */
+
+/* The Lua caller of the next collectives of this thread (ddp_pg_set_call_site). */
+static __thread char call_site[PG_SITE_CAP];
+
+void ddp_pg_set_call_site(const char *file, int line) {
+  if (!file) call_site[0] = 0;
+  else if (line > 0) snprintf(call_site, sizeof call_site, "%s:%d", file, line);
+  else snprintf(call_site, sizeof call_site, "%s", file);
+}
+
+const char *pg_call_site(void) { return call_site; }
+
 /* ---- work objects ----------------------------------------------------------------------- */
 
 static void cond_init_monotonic(pthread_cond_t *cv) {
@@ -52,6 +65,7 @@ static ddp_work *work_new(ddp_pg *pg, pg_op kind) {
   w->pg = pg;
   w->backend = pg->backend;
   w->kind = kind;
+  memcpy(w->site, call_site, sizeof w->site);
   pthread_mutex_init(&w->mu, NULL);
   cond_init_monotonic(&w->cv);
   return w;

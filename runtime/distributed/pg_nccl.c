@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
 #include "backend/cuda/nccl_api.h"
 
@@ -95,11 +96,60 @@ static int nccl_enqueue(ddp_pg *pg, ddp_work *w) {
   DDP_FAIL(DDP_ERR_STATE, "nccl: unknown work kind %d", (int)w->kind);
 }
 
+/* Note [collective fingerprints]: NCCL has no host-side step to ride on, so the records
+ * go round in an NCCL all-gather of their own (after the current stream, like every
+ * collective), and the host waits for it before the collective is enqueued. A mismatch
+ * aborts the communicator (every rank sees the same records, so every rank does). */
+static int nccl_agree(ddp_pg *pg, ddp_work *w) {
+  const struct ddp_nccl_api *N = state(pg)->api;
+  ddp_nccl_comm *c = state(pg)->comm;
+  pg_fp mine;
+  pg_fp_make(&mine, pg, w, pg->fp_seq++);
+  int64_t one = PG_FP_BYTES, all = (int64_t)PG_FP_BYTES * pg->size;
+  ddp_tensor *h_in = NULL, *d_in = NULL, *d_all = NULL, *h_all = NULL;
+  void *ev = NULL;
+  int status = ddp_tensor_empty(&h_in, 1, &one, DDP_U8, DDP_DEVICE_CPU);
+  if (!status) {
+    memcpy(ddp_data(h_in), &mine, sizeof mine);
+    status = ddp_tensor_empty(&d_in, 1, &one, DDP_U8, pg->device);
+  }
+  if (!status) status = ddp_copy_(d_in, h_in);
+  if (!status) status = ddp_tensor_empty(&d_all, 1, &all, DDP_U8, pg->device);
+  if (!status) status = N->all_gather(c, ddp_data(d_all), ddp_data(d_in), PG_FP_BYTES, DDP_U8, &ev);
+  if (!status) status = N->wait_host(c, ev, pg->timeout_s);
+  if (!status) status = N->wait_stream(c, ev);
+  if (!status) status = ddp_tensor_empty(&h_all, 1, &all, DDP_U8, DDP_DEVICE_CPU);
+  if (!status) status = ddp_copy_(h_all, d_all);
+  if (ev) N->event_free(ev);
+  if (!status) {
+    char msg[PG_MSG_CAP];
+    if (pg_fp_check(pg, (const pg_fp *)ddp_data(h_all), msg, sizeof msg)) {
+      N->comm_abort(c);
+      status = DDP_ERROR(DDP_ERR_ARG, "%s", msg);
+    }
+  } else {
+    ddp_error_prefix("%s on rank %d (nccl backend, exchanging fingerprints)",
+                     pg_op_names[w->kind], pg->global[pg->rank]);
+  }
+  ddp_tensor_release(h_in);
+  ddp_tensor_release(d_in);
+  ddp_tensor_release(d_all);
+  ddp_tensor_release(h_all);
+  return status;
+}
+
 /* The backend's `enqueue`: no queue, the collective goes on the stream now. */
 static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   w->refs = 1; /* no queue: the caller's reference only */
   w->napi = state(pg)->api;
   w->timeout_s = pg->timeout_s;
+  if (pg_fp_applies(w->kind)) {
+    int st = nccl_agree(pg, w);
+    if (st) {
+      pg_work_unref(w);
+      return st;
+    }
+  }
   int status = nccl_enqueue(pg, w);
   ddp_stream *comm_stream = (ddp_stream *)state(pg)->api->comm_stream(state(pg)->comm);
   if (!status && w->t) status = ddp_cuda_record_stream(w->t, comm_stream);

@@ -326,8 +326,10 @@ out("error", C.ddp_pg_error(dist.get_default_group().handle) ~= nil and
 ]], { env = { DDPLUA_SIM_NCCL = "1" } })
     assert.is_true(r.ok, mp.describe(r))
     local o = r[1].output
-    assert.matches("all_reduce on rank 0 (nccl backend): all_reduce: the simulated NCCL timed out after 2 s",
-                   err_line(o, "first"), 1, true)
+    -- The wait that runs out is the fingerprint exchange before the data (Note [collective
+    -- fingerprints]): an NCCL all-gather of the records.
+    assert.matches("all_reduce on rank 0 (nccl backend, exchanging fingerprints): all_gather: the " ..
+                   "simulated NCCL timed out after 2 s", err_line(o, "first"), 1, true)
     assert.matches("the NCCL communicator was aborted", err_line(o, "second"), 1, true)
     assert.are.equal("true", line(o, "error"), o)
   end)

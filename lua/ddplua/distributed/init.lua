@@ -349,6 +349,25 @@ end
 
 -- ---- collectives ------------------------------------------------------------------------
 
+-- The source prefix of the library's own files ("@/.../lua/ddplua/"): call sites skip them.
+local lib_prefix = debug.getinfo(1, "S").source:gsub("distributed/init%.lua$", "")
+
+-- Note [collective fingerprints] (runtime/distributed/pg_fingerprint.h): record the Lua
+-- caller of the collective about to be submitted (the first frame outside the library, so
+-- DDP's and the helpers' collectives name the user's line), for mismatch messages. Once
+-- per collective: a few debug.getinfo calls (measured in figures: well under a
+-- microsecond each next to a collective's tens of microseconds).
+local function set_call_site()
+  local info
+  for level = 3, 12 do
+    local i = debug.getinfo(level, "Sl")
+    if not i then break end
+    info = i
+    if i.source:sub(1, #lib_prefix) ~= lib_prefix then break end
+  end
+  if info then C.ddp_pg_set_call_site(info.short_src, info.currentline) end
+end
+
 -- Finish a submitted call: a Work for async_op, else nil (the call already waited).
 local function finish(opts, keep, after)
   if opts and opts.async_op then return Work.new(work_box[0], keep, after) end
@@ -362,6 +381,7 @@ local function wbox(opts) return opts and opts.async_op and work_box or nil end
 -- becomes op over all ranks' t. op: "sum", "avg" (floating dtypes), "min", "max",
 -- "product". Returns a Work when async_op, else nil.
 function M.all_reduce(t, opts)
+  set_call_site()
   local g = group_of(opts, "all_reduce")
   tensor_arg(t, "all_reduce", "tensor")
   check(C.ddp_pg_allreduce(wbox(opts), g:ptr("all_reduce"), t, op_arg(opts, "all_reduce")))
@@ -370,6 +390,7 @@ end
 
 --- dist.broadcast(t, src, opts): t of global rank src copied into t on every rank.
 function M.broadcast(t, src, opts)
+  set_call_site()
   local g = group_of(opts, "broadcast")
   tensor_arg(t, "broadcast", "tensor")
   check(C.ddp_pg_broadcast(wbox(opts), g:ptr("broadcast"), t, g:group_rank(src, "broadcast: src")))
@@ -379,6 +400,7 @@ end
 --- dist.all_gather(out, t, opts): out is a list of world-size tensors of t's shape and dtype
 -- (entry i, 1-based, receives the t of group rank i-1) or one tensor (world, ...t's shape).
 function M.all_gather(out, t, opts)
+  set_call_site()
   local g = group_of(opts, "all_gather")
   tensor_arg(t, "all_gather", "tensor")
   local h = g:ptr("all_gather")
@@ -399,6 +421,7 @@ M.all_gather_into_tensor = function(out, t, opts) return M.all_gather(out, t, op
 -- world tensors of out's shape; out (m, ...) receives op over all ranks of the chunk at this
 -- rank's index. op as all_reduce.
 function M.reduce_scatter(out, input, opts)
+  set_call_site()
   local g = group_of(opts, "reduce_scatter")
   tensor_arg(out, "reduce_scatter", "output")
   if not tensor.is_tensor(input) then
@@ -418,6 +441,7 @@ M.reduce_scatter_tensor = M.reduce_scatter
 --- dist.reduce(t, dst, opts): t of global rank dst becomes op over all ranks' t; other ranks'
 -- t is unchanged. op as all_reduce.
 function M.reduce(t, dst, opts)
+  set_call_site()
   local g = group_of(opts, "reduce")
   tensor_arg(t, "reduce", "tensor")
   check(C.ddp_pg_reduce(wbox(opts), g:ptr("reduce"), t, g:group_rank(dst, "reduce: dst"), op_arg(opts, "reduce")))
@@ -428,6 +452,7 @@ end
 -- tensors of t's shape, or one (world, ...) tensor) receives every rank's t in rank order;
 -- other ranks pass nil.
 function M.gather(t, gather_list, dst, opts)
+  set_call_site()
   local g = group_of(opts, "gather")
   tensor_arg(t, "gather", "tensor")
   dst = dst or 0
@@ -458,6 +483,7 @@ end
 -- scatter_list (a list of world tensors of t's shape, or one (world, ...) tensor) of global
 -- rank src; other ranks pass nil.
 function M.scatter(t, scatter_list, src, opts)
+  set_call_site()
   local g = group_of(opts, "scatter")
   tensor_arg(t, "scatter", "tensor")
   src = src or 0
@@ -479,6 +505,7 @@ end
 -- of rank i's input goes to chunk i of rank j's out. Lists of world tensors work too
 -- (entry j goes to rank j; entry i of out comes from rank i).
 function M.all_to_all(out, input, opts)
+  set_call_site()
   local g = group_of(opts, "all_to_all")
   local h = g:ptr("all_to_all")
   local dl = require("ddplua")
@@ -532,6 +559,7 @@ end
 
 --- dist.barrier(opts): returns once every rank of the group reached it.
 function M.barrier(opts)
+  set_call_site()
   local g = group_of(opts, "barrier")
   check(C.ddp_pg_barrier(wbox(opts), g:ptr("barrier")))
   return finish(opts)
