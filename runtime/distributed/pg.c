@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
 
 const double PG_DEFAULT_TIMEOUT_S = 300.0;
@@ -147,6 +148,7 @@ ddp_pg *pg_header_new(const pg_backend *backend, struct ddp_store *store, int ra
   pg->global = global;
   pg->store = store;
   pg->prefix = pfx;
+  pg->fp_group = pg_fp_group(pfx);
   pg->device = device;
   pg->timeout_s = timeout_s;
   pthread_mutex_init(&pg->lock, NULL);

@@ -8,9 +8,23 @@
 
 int pg_fp_applies(pg_op kind) { return kind != PG_SEND && kind != PG_RECV; }
 
-static uint64_t hash_str(const char *s) {
+uint64_t pg_fp_group(const char *s) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 1099511628211ull;
+}
+
+uint64_t pg_fp_digest(const pg_fp *fp) {
+  uint64_t h = mix(mix(1469598103934665603ull, fp->seq), fp->group);
+  h = mix(h, ((uint64_t)(uint32_t)fp->kind << 32) | (uint32_t)fp->op);
+  h = mix(h, ((uint64_t)(uint32_t)fp->dtype << 32) | (uint32_t)fp->root);
+  h = mix(mix(h, (uint64_t)fp->ndim), (uint64_t)fp->numel);
+  for (int i = 0; i < fp->ndim && i < DDP_MAX_DIMS; i++) h = mix(h, (uint64_t)fp->shape[i]);
   return h;
 }
 
@@ -25,7 +39,7 @@ static int has_root(pg_op kind) {
 void pg_fp_make(pg_fp *fp, const ddp_pg *pg, const ddp_work *w, uint64_t seq) {
   memset(fp, 0, sizeof *fp);
   fp->seq = seq;
-  fp->group = hash_str(pg->prefix);
+  fp->group = pg->fp_group;
   fp->kind = (int32_t)w->kind;
   fp->op = reduces(w->kind) ? w->op : -1;
   fp->root = has_root(w->kind) ? w->root : -1;
@@ -39,7 +53,7 @@ void pg_fp_make(pg_fp *fp, const ddp_pg *pg, const ddp_work *w, uint64_t seq) {
     fp->numel = t->numel;
     memcpy(fp->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
   }
-  snprintf(fp->site, sizeof fp->site, "%s", w->site);
+  memcpy(fp->site, w->site, sizeof fp->site); /* NUL-terminated: ddp_pg_set_call_site */
 }
 
 static int same(const pg_fp *a, const pg_fp *b) {

@@ -43,12 +43,20 @@ typedef struct pg_fp {
 } pg_fp;
 _Static_assert(sizeof(pg_fp) == PG_FP_BYTES, "pg_fp is exchanged raw: keep its size fixed");
 
+/* The group field of the fingerprints of the group meeting under `prefix` (a hash). */
+uint64_t pg_fp_group(const char *prefix);
+
 /* 1 when collectives of this kind are fingerprinted (all but send and recv). */
 int pg_fp_applies(pg_op kind);
 
 /* Fill *fp for work item w of group pg at sequence number seq (w's tensors as the caller
  * gave them: for scatter the output describes the call on every rank). */
 void pg_fp_make(pg_fp *fp, const ddp_pg *pg, const ddp_work *w, uint64_t seq);
+
+/* A 64-bit digest of the compared fields of *fp (all but rank and site): equal records
+ * have equal digests, so ranks whose digests agree need not look at each other's records
+ * (the shared-memory arrival compares digests in the cache line it reads anyway). */
+uint64_t pg_fp_digest(const pg_fp *fp);
 
 /* Compare the pg->size records of `all` (in group-rank order). 0 when they agree; else
  * writes into msg (cap bytes) the mismatch, naming the collective, both fingerprints, the

@@ -112,14 +112,14 @@ static int agree(ddp_pg *pg, ddp_work *w, ddp_tensor *buf, char *err, int *peer)
     return DDP_ERR_MEMORY;
   }
   pg_fp_make(&mine, pg, w, pg->fp_seq++);
-  int status;
+  int status, agreed = 0;
   if (s->shm)
-    status = ddp_shm_arrive(s->shm, &mine, sizeof mine, all, buf ? ddp_data(buf) : NULL,
-                            buf ? (size_t)buf->numel : 0, buf ? buf->dtype : DDP_F32,
-                            s->applied_timeout_s, err, peer);
+    status = ddp_shm_arrive(s->shm, &mine, sizeof mine, pg_fp_digest(&mine), all, &agreed,
+                            buf ? ddp_data(buf) : NULL, buf ? (size_t)buf->numel : 0,
+                            buf ? buf->dtype : DDP_F32, s->applied_timeout_s, err, peer);
   else
     status = ddp_gloo_allgather(s->gloo, all, &mine, sizeof mine, err, peer);
-  if (!status && pg_fp_check(pg, all, err, DDP_GLOO_ERR_CAP)) {
+  if (!status && !agreed && pg_fp_check(pg, all, err, DDP_GLOO_ERR_CAP)) {
     status = DDP_ERR_ARG;
     *peer = PEER_MISMATCH;
   }

@@ -98,6 +98,7 @@ struct ddp_pg {
   pthread_cond_t p2p_cv;    /* with lock */
   ddp_work *p2p_head, *p2p_tail;
   int p2p_stop;
+  uint64_t fp_group;        /* pg_fp_group(prefix) */
   uint64_t fp_seq;          /* fingerprinted collectives run so far (Note [collective
                              * fingerprints]); the communication thread's (gloo) or the
                              * caller's (nccl) */

@@ -14,6 +14,7 @@
 #define DDP_PG_SHM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/core.h"
 
@@ -36,12 +37,14 @@ enum { DDP_SHM_FP_BYTES = 256 }; /* the largest fingerprint record ddp_shm_arriv
 
 /* The arrival step every collective of the group starts with (Note [shm arrival] in
  * pg_shm.c): publish this rank's fingerprint `fp` (fp_bytes <= DDP_SHM_FP_BYTES, the same
- * on every rank), wait for every rank, copy every rank's record into `all` (size *
- * fp_bytes, group-rank order). For an all-reduce through the segment pass its buffer
- * (buf: n elements of dtype, f32 or f64) so the first chunk is copied in in the same step,
- * then call ddp_shm_allreduce; else buf NULL. Errors as ddp_shm_allreduce. */
-int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, void *all, const void *buf,
-                   size_t n, int dtype, double timeout_s, char *err, int *peer);
+ * on every rank) and its digest, wait for every rank; *agreed = 1 when every rank's digest
+ * equals `digest`, else 0 and every rank's record is copied into `all` (size * fp_bytes,
+ * group-rank order). For an all-reduce through the segment pass its buffer (buf: n
+ * elements of dtype, f32 or f64) so the first chunk is copied in in the same step, then
+ * call ddp_shm_allreduce; else buf NULL. Errors as ddp_shm_allreduce. */
+int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest, void *all,
+                   int *agreed, const void *buf, size_t n, int dtype, double timeout_s,
+                   char *err, int *peer);
 
 /* In-place all-reduce of the n contiguous elements at buf (op: enum ddp_reduce_op without
  * AVG), right after ddp_shm_arrive was given the same buf. Waits at most timeout_s for the
