@@ -576,6 +576,24 @@ function M.barrier(opts)
   return finish(opts)
 end
 
+--- dist.monitored_barrier(opts{group =, timeout =, wait_all_ranks = false}) (or
+-- dist.monitored_barrier(timeout)): a barrier through the store that names the ranks that did
+-- not arrive within timeout seconds (default: the group's timeout), as PyTorch's: group rank 0
+-- raises "monitored_barrier: rank(s) ... did not arrive within <t> s" (the first missing rank,
+-- or all of them with wait_all_ranks); the others raise when rank 0 does not release them.
+-- Not a collective of the group (no fingerprint): it works while the group is stuck.
+function M.monitored_barrier(opts)
+  if type(opts) == "number" then opts = { timeout = opts } end
+  local g = group_of(opts, "monitored_barrier")
+  local timeout = opts and opts.timeout or C.ddp_pg_get_timeout(g:ptr("monitored_barrier"))
+  if type(timeout) ~= "number" or not (timeout > 0) then
+    raise("monitored_barrier: timeout must be a number of seconds > 0, got " .. tostring(timeout))
+  end
+  if not g:is_member() then raise("monitored_barrier: this rank is not a member of the group") end
+  require("ddplua.distributed.monitored_barrier").run(state.store, g.ranks, g:rank(), timeout,
+                                                      opts and opts.wait_all_ranks)
+end
+
 -- ---- helpers ------------------------------------------------------------------------------
 
 --- dist.reduce_tensor(t, opts) -> a new tensor: the mean of t over the ranks of opts.group
