@@ -11,6 +11,7 @@
 
 #include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
+#include "distributed/pg_recorder.h"
 
 const double PG_DEFAULT_TIMEOUT_S = 300.0;
 
@@ -88,6 +89,7 @@ void pg_work_unref(ddp_work *w) {
 }
 
 void pg_work_finish(ddp_work *w, int status, const char *msg) {
+  if (w->pg) pg_rec_complete(w->pg->rec, w, status);
   pthread_mutex_lock(&w->mu);
   w->status = status;
   if (status) snprintf(w->msg, sizeof w->msg, "%s", msg);
@@ -151,14 +153,20 @@ ddp_pg *pg_header_new(const pg_backend *backend, struct ddp_store *store, int ra
   pg->fp_group = pg_fp_group(pfx);
   pg->device = device;
   pg->timeout_s = timeout_s;
+  const char *stall = getenv("DDPLUA_STALL_REPORT_S");
+  pg->stall_report_s = stall && atof(stall) > 0 ? atof(stall) : PG_DEFAULT_STALL_REPORT_S;
   pthread_mutex_init(&pg->lock, NULL);
   pthread_cond_init(&pg->cv, NULL);
   pthread_cond_init(&pg->p2p_cv, NULL);
+  pg->rec = pg_rec_new(); /* NULL: nothing recorded, the group works the same */
+  pg_watch_add(pg);
   return pg;
 }
 
 void pg_header_free(ddp_pg *pg) {
   if (!pg) return;
+  pg_watch_remove(pg);
+  pg_rec_free(pg->rec);
   free(pg->global);
   free(pg->prefix);
   pthread_mutex_destroy(&pg->lock);
@@ -232,6 +240,16 @@ int ddp_pg_set_timeout(ddp_pg *pg, double timeout_s) {
 }
 
 double ddp_pg_get_timeout(const ddp_pg *pg) { return pg ? pg->timeout_s : 0; }
+
+int ddp_pg_set_stall_report(ddp_pg *pg, double seconds) {
+  if (!pg) DDP_FAIL(DDP_ERR_ARG, "stall_report_s: no process group");
+  if (!(seconds > 0))
+    DDP_FAIL(DDP_ERR_ARG, "stall_report_s must be > 0 s, got %g", seconds);
+  pthread_mutex_lock(&pg->lock);
+  pg->stall_report_s = seconds;
+  pthread_mutex_unlock(&pg->lock);
+  return DDP_OK;
+}
 
 const char *ddp_pg_error(const ddp_pg *pg) {
   if (pg && pg->backend->error) return pg->backend->error(pg);
@@ -320,8 +338,12 @@ static ddp_tensor *keep(ddp_tensor *t) {
   ddp_work *w = work_new((pg), (kind));                                                    \
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", pg_op_names[kind])
 
-/* Hand w (which holds its references) to the group's backend. */
+/* Hand w (which holds its references) to the group's backend, numbered (Note [collective
+ * fingerprints]: submission order is the order every backend runs them in) and recorded
+ * (Note [flight recorder]). */
 static int dispatch(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
+  w->seq = pg_fp_applies(w->kind) ? pg->fp_seq++ : pg->fp_seq;
+  pg_rec_enqueue(pg->rec, w);
   return pg->backend->enqueue(handle, pg, w);
 }
 

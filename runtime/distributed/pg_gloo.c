@@ -17,6 +17,7 @@
 #include "distributed/gloo_shim.h"
 #include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
+#include "distributed/pg_recorder.h"
 #include "distributed/pg_shm.h"
 
 enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */
@@ -111,7 +112,7 @@ static int agree(ddp_pg *pg, ddp_work *w, ddp_tensor *buf, char *err, int *peer)
     *peer = PEER_LOCAL;
     return DDP_ERR_MEMORY;
   }
-  pg_fp_make(&mine, pg, w, pg->fp_seq++);
+  pg_fp_make(&mine, pg, w, w->seq);
   int status, agreed = 0;
   if (s->shm)
     status = ddp_shm_arrive(s->shm, &mine, sizeof mine, pg_fp_digest(&mine), all, &agreed,
@@ -362,6 +363,7 @@ static int gloo_run(ddp_pg *pg, ddp_work *w) {
   char err[DDP_GLOO_ERR_CAP];
   int peer = -1;
   int status = DDP_OK;
+  pg_rec_start(pg->rec, w); /* Note [flight recorder] (pg_work_finish records the end) */
   /* Note [collective fingerprints]: before the data (an all-reduce through the segment
    * agrees inside run_transport, on the staged buffer). */
   if (pg_fp_applies(w->kind) && !via_shm(pg, w)) status = agree(pg, w, NULL, err, &peer);

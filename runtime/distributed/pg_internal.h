@@ -52,6 +52,8 @@ struct ddp_work {
   pg_op kind;
   int op, root, peer, tag;
   char site[PG_SITE_CAP];   /* the Lua call site at submission ("file:line" or "") */
+  uint64_t seq;             /* fingerprinted collectives of the group submitted before it */
+  uint64_t rec_id;          /* its record in the flight recorder (Note [flight recorder]) */
   ddp_tensor *t;            /* the main tensor (in place / input), owned reference */
   ddp_tensor *out;          /* output tensor where the op has one, owned */
   ddp_tensor **outs;        /* all_gather list outputs, owned references */
@@ -99,9 +101,11 @@ struct ddp_pg {
   ddp_work *p2p_head, *p2p_tail;
   int p2p_stop;
   uint64_t fp_group;        /* pg_fp_group(prefix) */
-  uint64_t fp_seq;          /* fingerprinted collectives run so far (Note [collective
-                             * fingerprints]); the communication thread's (gloo) or the
-                             * caller's (nccl) */
+  struct pg_recorder *rec;  /* Note [flight recorder]; NULL when out of memory */
+  double stall_report_s;    /* guarded by lock */
+  struct ddp_pg *watch_next;/* the watcher's list of live groups (pg_recorder.c) */
+  uint64_t fp_seq;          /* fingerprinted collectives submitted so far (Note [collective
+                             * fingerprints]); touched by the submitting thread */
   int failed;               /* status of the first failure, 0 while healthy */
   char failure[PG_MSG_CAP];
 };

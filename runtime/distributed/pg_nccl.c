@@ -9,6 +9,7 @@
 
 #include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
+#include "distributed/pg_recorder.h"
 #include "backend/cuda/nccl_api.h"
 
 /* The state of an nccl group (ddp_pg.impl). */
@@ -104,7 +105,7 @@ static int nccl_agree(ddp_pg *pg, ddp_work *w) {
   const struct ddp_nccl_api *N = state(pg)->api;
   ddp_nccl_comm *c = state(pg)->comm;
   pg_fp mine;
-  pg_fp_make(&mine, pg, w, pg->fp_seq++);
+  pg_fp_make(&mine, pg, w, w->seq);
   int64_t one = PG_FP_BYTES, all = (int64_t)PG_FP_BYTES * pg->size;
   ddp_tensor *h_in = NULL, *d_in = NULL, *d_all = NULL, *h_all = NULL;
   void *ev = NULL;
@@ -178,15 +179,21 @@ static int nccl_prefix(ddp_work *w, int status) {
   return status;
 }
 
+/* Note [flight recorder]: an nccl record completes when the host learns it did (a
+ * synchronize, or a wait or poll that found it done); nccl records are never "started",
+ * so they take no part in stall reports (the host does not wait on the stream). */
 static int nccl_synchronize(ddp_work *w, double timeout_s) {
   if (timeout_s <= 0) timeout_s = w->timeout_s;
-  return nccl_prefix(w, w->napi->wait_host(state(w->pg)->comm, w->event, timeout_s));
+  int status = w->napi->wait_host(state(w->pg)->comm, w->event, timeout_s);
+  pg_rec_complete(w->pg->rec, w, status);
+  return nccl_prefix(w, status);
 }
 
 /* Note [nccl work]: a known communicator failure first, then the stream. */
 static int nccl_wait(ddp_work *w, double timeout_s) {
   int done = 0;
   int status = w->napi->query(state(w->pg)->comm, w->event, &done);
+  if (done || status) pg_rec_complete(w->pg->rec, w, status);
   if (!status && !done) status = w->napi->wait_stream(state(w->pg)->comm, w->event);
   return nccl_prefix(w, status);
 }

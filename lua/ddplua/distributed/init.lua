@@ -182,7 +182,10 @@ end
 -- init_method: "env://" (MASTER_ADDR, MASTER_PORT; rank 0 hosts the TCP store, the others
 -- connect), "tcp://host:port" (the same with that address), "file:///path" (a file store on
 -- a shared file system); `store` (a ddplua.distributed.store object) replaces init_method.
--- timeout: seconds for the rendezvous and every collective. Raises when already
+-- timeout: seconds for the rendezvous and every collective. stall_report_s: seconds a
+-- collective may wait for its peers before this rank prints a stall report naming the
+-- ranks that are behind (default $DDPLUA_STALL_REPORT_S, else 30; the timeout still ends
+-- the wait). Raises when already
 -- initialised, on a missing rank/world size, an unknown backend, or a failed rendezvous
 -- (naming the rank).
 function M.init_process_group(opts)
@@ -209,6 +212,10 @@ function M.init_process_group(opts)
   if type(timeout) ~= "number" or not (timeout > 0) then
     raise("init_process_group: timeout must be a number of seconds > 0, got " .. tostring(timeout))
   end
+  local stall = opts.stall_report_s
+  if stall ~= nil and (type(stall) ~= "number" or not (stall > 0)) then
+    raise("init_process_group: stall_report_s must be a number of seconds > 0, got " .. tostring(stall))
+  end
   local device
   if backend == "nccl" then
     device = nccl_device(opts, env.local_rank or rank)
@@ -225,6 +232,7 @@ function M.init_process_group(opts)
   else
     check(C.ddp_pg_new_gloo(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout))
   end
+  if stall then check(C.ddp_pg_set_stall_report(pg_box[0], stall)) end
   local ranks = {}
   for i = 1, world_size do ranks[i] = i - 1 end
   state.group = Group.new(pg_box[0], ranks, { store = store, backend = backend })
@@ -574,6 +582,14 @@ function M.barrier(opts)
   local g = group_of(opts, "barrier")
   check(C.ddp_pg_barrier(wbox(opts), g:ptr("barrier")))
   return finish(opts)
+end
+
+--- dist.dump_flight_recorder(group): write the group's (default: the world's) flight
+-- recorder -- its last 2000 collectives with their call sites and times -- to stderr.
+-- kill -USR1 <pid> does the same for every group of a rank.
+function M.dump_flight_recorder(group)
+  local g = group or default_group("dump_flight_recorder")
+  check(C.ddp_pg_dump_flight_recorder(g:ptr("dump_flight_recorder"), 2))
 end
 
 --- dist.monitored_barrier(opts{group =, timeout =, wait_all_ranks = false}) (or

@@ -143,6 +143,18 @@ int ddp_pg_global_rank(const ddp_pg *pg, int group_rank);
 int ddp_pg_set_timeout(ddp_pg *pg, double timeout_s);
 double ddp_pg_get_timeout(const ddp_pg *pg);
 
+/* Seconds a collective may wait for its peers before this rank prints a stall report
+ * (Note [flight recorder] in runtime/distributed/pg_recorder.h; default
+ * $DDPLUA_STALL_REPORT_S, else 30). The report changes nothing: the group's timeout still
+ * ends the wait. Host-side backends (gloo) only. Errors: DDP_ERR_ARG for seconds <= 0. */
+int ddp_pg_set_stall_report(ddp_pg *pg, double seconds);
+
+/* Write the group's flight recorder (its last 2000 collectives: sequence, collective,
+ * dtype and element count, Lua call site, seconds since enqueued / started / completed)
+ * as text to file descriptor fd. kill -USR1 on a rank writes every live group's to stderr
+ * (where the program left SIGUSR1 at its default action). Errors: DDP_ERR_ARG for NULL. */
+int ddp_pg_dump_flight_recorder(const ddp_pg *pg, int fd);
+
 /* The first failure of the group ("" while it is healthy). */
 const char *ddp_pg_error(const ddp_pg *pg);
 
