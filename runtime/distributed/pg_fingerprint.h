@@ -13,7 +13,10 @@
  *                            all-reduce's first chunk is copied in in the same step;
  *   gloo over TCP            a fixed-size Gloo all-gather of the records before the data
  *                            (fixed size: Gloo itself can never see two sizes);
- *   nccl                     an NCCL all-gather of the records, waited for on the host.
+ *   nccl                     the same shared-memory arrival step when every rank is on
+ *                            this host (a host barrier; the GPU is not waited for), else
+ *                            an NCCL all-gather of the records waited for on the host
+ *                            (which drains the current stream before each collective).
  * Point-to-point messages (send, recv) carry no fingerprint: they are not group-wide.
  * After a mismatch the group is broken, as after a transport failure. */
 #ifndef DDP_PG_FINGERPRINT_H

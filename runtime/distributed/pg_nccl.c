@@ -10,12 +10,16 @@
 #include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
 #include "distributed/pg_recorder.h"
+#include "distributed/pg_shm.h"
+#include "distributed/gloo_shim.h"
 #include "backend/cuda/nccl_api.h"
 
 /* The state of an nccl group (ddp_pg.impl). */
 typedef struct nccl_state {
   const struct ddp_nccl_api *api; /* the plug-in's table (static) */
   ddp_nccl_comm *comm;            /* this group's communicator */
+  ddp_shm *shm;                   /* the fingerprint exchange when every rank is on this
+                                   * host (Note [collective fingerprints]), else NULL */
 } nccl_state;
 
 static nccl_state *state(const ddp_pg *pg) { return (nccl_state *)pg->impl; }
@@ -97,21 +101,21 @@ static int nccl_enqueue(ddp_pg *pg, ddp_work *w) {
   DDP_FAIL(DDP_ERR_STATE, "nccl: unknown work kind %d", (int)w->kind);
 }
 
-/* Note [collective fingerprints]: NCCL has no host-side step to ride on, so the records
- * go round in an NCCL all-gather of their own (after the current stream, like every
- * collective), and the host waits for it before the collective is enqueued. A mismatch
- * aborts the communicator (every rank sees the same records, so every rank does). */
-static int nccl_agree(ddp_pg *pg, ddp_work *w) {
+/* Note [collective fingerprints] for nccl: NCCL has no host-side step to ride on. When
+ * every rank of the group runs on this host, the records go through the shared-memory
+ * segment's arrival step (pg_shm.h), a host barrier of a few microseconds that never
+ * waits on the GPU. Otherwise they go round in an NCCL all-gather of their own (after the
+ * current stream, like every collective) that the host waits for: that drains the
+ * current stream before each collective. */
+static int agree_on_device(ddp_pg *pg, const pg_fp *mine, pg_fp *all_out) {
   const struct ddp_nccl_api *N = state(pg)->api;
   ddp_nccl_comm *c = state(pg)->comm;
-  pg_fp mine;
-  pg_fp_make(&mine, pg, w, w->seq);
   int64_t one = PG_FP_BYTES, all = (int64_t)PG_FP_BYTES * pg->size;
   ddp_tensor *h_in = NULL, *d_in = NULL, *d_all = NULL, *h_all = NULL;
   void *ev = NULL;
   int status = ddp_tensor_empty(&h_in, 1, &one, DDP_U8, DDP_DEVICE_CPU);
   if (!status) {
-    memcpy(ddp_data(h_in), &mine, sizeof mine);
+    memcpy(ddp_data(h_in), mine, sizeof *mine);
     status = ddp_tensor_empty(&d_in, 1, &one, DDP_U8, pg->device);
   }
   if (!status) status = ddp_copy_(d_in, h_in);
@@ -121,21 +125,44 @@ static int nccl_agree(ddp_pg *pg, ddp_work *w) {
   if (!status) status = N->wait_stream(c, ev);
   if (!status) status = ddp_tensor_empty(&h_all, 1, &all, DDP_U8, DDP_DEVICE_CPU);
   if (!status) status = ddp_copy_(h_all, d_all);
+  if (!status) memcpy(all_out, ddp_data(h_all), (size_t)all);
   if (ev) N->event_free(ev);
-  if (!status) {
-    char msg[PG_MSG_CAP];
-    if (pg_fp_check(pg, (const pg_fp *)ddp_data(h_all), msg, sizeof msg)) {
-      N->comm_abort(c);
-      status = DDP_ERROR(DDP_ERR_ARG, "%s", msg);
-    }
-  } else {
-    ddp_error_prefix("%s on rank %d (nccl backend, exchanging fingerprints)",
-                     pg_op_names[w->kind], pg->global[pg->rank]);
-  }
   ddp_tensor_release(h_in);
   ddp_tensor_release(d_in);
   ddp_tensor_release(d_all);
   ddp_tensor_release(h_all);
+  return status;
+}
+
+/* Exchange and compare w's fingerprint. Any failure (a mismatch, or the exchange itself)
+ * aborts the communicator: every rank sees the same records, so on a mismatch every rank
+ * does; after a failed exchange the ranks no longer agree on where they are. */
+static int nccl_agree(ddp_pg *pg, ddp_work *w) {
+  nccl_state *s = state(pg);
+  pg_fp mine, stack[8];
+  pg_fp *all = pg->size <= 8 ? stack : malloc(sizeof(pg_fp) * (size_t)pg->size);
+  if (!all) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory for the fingerprints", pg_op_names[w->kind]);
+  pg_fp_make(&mine, pg, w, w->seq);
+  int status, agreed = 0;
+  if (s->shm) {
+    char err[DDP_GLOO_ERR_CAP];
+    int peer = -1;
+    status = ddp_shm_arrive(s->shm, &mine, sizeof mine, pg_fp_digest(&mine), all, &agreed,
+                            NULL, 0, DDP_F32, pg->timeout_s, err, &peer);
+    if (status) DDP_ERROR(status, "%s", err);
+  } else {
+    status = agree_on_device(pg, &mine, all);
+  }
+  char msg[PG_MSG_CAP];
+  if (!status && !agreed && pg_fp_check(pg, all, msg, sizeof msg)) {
+    s->api->comm_abort(s->comm);
+    status = DDP_ERROR(DDP_ERR_ARG, "%s", msg);
+  } else if (status) {
+    s->api->comm_abort(s->comm);
+    ddp_error_prefix("%s on rank %d (nccl backend, exchanging fingerprints)",
+                     pg_op_names[w->kind], pg->global[pg->rank]);
+  }
+  if (all != stack) free(all);
   return status;
 }
 
@@ -144,7 +171,9 @@ static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   w->refs = 1; /* no queue: the caller's reference only */
   w->napi = state(pg)->api;
   w->timeout_s = pg->timeout_s;
-  if (pg_fp_applies(w->kind)) {
+  /* A failed communicator refuses the collective itself (with its reason): no exchange. */
+  const char *broken = state(pg)->api->comm_error(state(pg)->comm);
+  if (pg_fp_applies(w->kind) && !(broken && *broken)) {
     int st = nccl_agree(pg, w);
     if (st) {
       pg_work_unref(w);
@@ -226,6 +255,7 @@ static int nccl_check_tensor(const ddp_pg *pg, const ddp_tensor *t, const char *
 static void nccl_free(ddp_pg *pg) { /* no threads: the communicator flushes its queued work */
   nccl_state *s = state(pg);
   if (s && s->comm) s->api->comm_destroy(s->comm);
+  if (s) ddp_shm_free(s->shm);
   free(s);
   pg->impl = NULL;
 }
@@ -269,6 +299,7 @@ static int pg_create_nccl(ddp_pg **out, struct ddp_store *store, int rank, int s
     ddp_store_free_value(v);
   }
   if (!status) status = nccl->comm_init(&s->comm, id, rank, size, device, timeout_s);
+  if (!status) status = ddp_shm_new(&s->shm, store, prefix, rank, size, global);
   if (status) {
     ddp_pg_free(pg);
     ddp_error_prefix("init_process_group: rank %d of %d (nccl backend, %s, group '%s')", me, size,

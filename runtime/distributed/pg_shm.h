@@ -1,5 +1,7 @@
 /* runtime/distributed/pg_shm.h: the shared-memory all-reduce of a process group whose ranks all run
- * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c only.
+ * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c, and its
+ * arrival step, which pg_nccl.c also uses to exchange fingerprints (Note [collective
+ * fingerprints] in pg_fingerprint.h).
  *
  * pg_gloo.c creates it after the Gloo group is connected and calls it from the group's one
  * communication thread, in the FIFO order of Note [collective order] (ddplua/pg.h), in place

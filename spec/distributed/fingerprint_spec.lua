@@ -43,7 +43,8 @@ local CASES = {
 local BACKENDS = {
   { "gloo through shared memory", {} },
   { "gloo over TCP", { DDPLUA_SHM = "0" } },
-  { "nccl (simulated)", { DDPLUA_SIM_NCCL = "1", DDPLUA_CUDA_PLUGIN = SIM } },
+  { "nccl (simulated), through shared memory", { DDPLUA_SIM_NCCL = "1", DDPLUA_CUDA_PLUGIN = SIM } },
+  { "nccl (simulated), through an NCCL all-gather", { DDPLUA_SIM_NCCL = "1", DDPLUA_CUDA_PLUGIN = SIM, DDPLUA_SHM = "0" } },
 }
 
 local function now()
