@@ -9,7 +9,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
+#include "distributed/pg_recorder.h"
 
 const double PG_DEFAULT_TIMEOUT_S = 300.0;
 
@@ -35,6 +37,19 @@ const char *ddp_reduce_op_name(int op) {
   return op >= 0 && op < DDP_REDUCE_OP_COUNT ? reduce_op_names[op] : NULL;
 }
 
+/* ---- call sites --------------------------------------------------------------------------- */
+
+/* The Lua caller of the next collectives of this thread (ddp_pg_set_call_site). */
+static __thread char call_site[PG_SITE_CAP];
+
+void ddp_pg_set_call_site(const char *file, int line) {
+  if (!file) call_site[0] = 0;
+  else if (line > 0) snprintf(call_site, sizeof call_site, "%s:%d", file, line);
+  else snprintf(call_site, sizeof call_site, "%s", file);
+}
+
+const char *pg_call_site(void) { return call_site; }
+
 /* ---- work objects ----------------------------------------------------------------------- */
 
 static void cond_init_monotonic(pthread_cond_t *cv) {
@@ -52,6 +67,7 @@ static ddp_work *work_new(ddp_pg *pg, pg_op kind) {
   w->pg = pg;
   w->backend = pg->backend;
   w->kind = kind;
+  memcpy(w->site, call_site, sizeof w->site);
   pthread_mutex_init(&w->mu, NULL);
   cond_init_monotonic(&w->cv);
   return w;
@@ -73,6 +89,7 @@ void pg_work_unref(ddp_work *w) {
 }
 
 void pg_work_finish(ddp_work *w, int status, const char *msg) {
+  if (w->pg) pg_rec_complete(w->pg->rec, w, status);
   pthread_mutex_lock(&w->mu);
   w->status = status;
   if (status) snprintf(w->msg, sizeof w->msg, "%s", msg);
@@ -133,16 +150,23 @@ ddp_pg *pg_header_new(const pg_backend *backend, struct ddp_store *store, int ra
   pg->global = global;
   pg->store = store;
   pg->prefix = pfx;
+  pg->fp_group = pg_fp_group(pfx);
   pg->device = device;
   pg->timeout_s = timeout_s;
+  const char *stall = getenv("DDPLUA_STALL_REPORT_S");
+  pg->stall_report_s = stall && atof(stall) > 0 ? atof(stall) : PG_DEFAULT_STALL_REPORT_S;
   pthread_mutex_init(&pg->lock, NULL);
   pthread_cond_init(&pg->cv, NULL);
   pthread_cond_init(&pg->p2p_cv, NULL);
+  pg->rec = pg_rec_new(); /* NULL: nothing recorded, the group works the same */
+  pg_watch_add(pg);
   return pg;
 }
 
 void pg_header_free(ddp_pg *pg) {
   if (!pg) return;
+  pg_watch_remove(pg);
+  pg_rec_free(pg->rec);
   free(pg->global);
   free(pg->prefix);
   pthread_mutex_destroy(&pg->lock);
@@ -216,6 +240,16 @@ int ddp_pg_set_timeout(ddp_pg *pg, double timeout_s) {
 }
 
 double ddp_pg_get_timeout(const ddp_pg *pg) { return pg ? pg->timeout_s : 0; }
+
+int ddp_pg_set_stall_report(ddp_pg *pg, double seconds) {
+  if (!pg) DDP_FAIL(DDP_ERR_ARG, "stall_report_s: no process group");
+  if (!(seconds > 0))
+    DDP_FAIL(DDP_ERR_ARG, "stall_report_s must be > 0 s, got %g", seconds);
+  pthread_mutex_lock(&pg->lock);
+  pg->stall_report_s = seconds;
+  pthread_mutex_unlock(&pg->lock);
+  return DDP_OK;
+}
 
 const char *ddp_pg_error(const ddp_pg *pg) {
   if (pg && pg->backend->error) return pg->backend->error(pg);
@@ -304,8 +338,12 @@ static ddp_tensor *keep(ddp_tensor *t) {
   ddp_work *w = work_new((pg), (kind));                                                    \
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", pg_op_names[kind])
 
-/* Hand w (which holds its references) to the group's backend. */
+/* Hand w (which holds its references) to the group's backend, numbered (Note [collective
+ * fingerprints]: submission order is the order every backend runs them in) and recorded
+ * (Note [flight recorder]). */
 static int dispatch(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
+  w->seq = pg_fp_applies(w->kind) ? pg->fp_seq++ : pg->fp_seq;
+  pg_rec_enqueue(pg->rec, w);
   return pg->backend->enqueue(handle, pg, w);
 }
 

@@ -15,10 +15,15 @@
 #include <string.h>
 
 #include "distributed/gloo_shim.h"
+#include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
+#include "distributed/pg_recorder.h"
 #include "distributed/pg_shm.h"
 
 enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */
+/* The `peer` of a failure: -2 a local (staging) failure, -3 a fingerprint mismatch whose
+ * message is complete in `err` (Note [collective fingerprints]). */
+enum { PEER_LOCAL = -2, PEER_MISMATCH = -3 };
 
 /* The state of a gloo group (ddp_pg.impl). */
 typedef struct gloo_state {
@@ -84,6 +89,45 @@ static size_t nbytes_of(const ddp_tensor *t) {
   return (size_t)t->numel * ddp_dtype_size(t->dtype);
 }
 
+/* ---- fingerprints (Note [collective fingerprints]) ------------------------------------ */
+
+static int reduce_dtype(int dtype);
+
+/* 1 when w is an all-reduce that goes through the shared-memory segment (its fingerprint
+ * then rides on the segment's first step). */
+static int via_shm(ddp_pg *pg, const ddp_work *w) {
+  return w->kind == PG_ALLREDUCE && state(pg)->shm && ddp_shm_supports(reduce_dtype(w->t->dtype));
+}
+
+/* Exchange w's fingerprint with the group and compare: through the segment's arrival step
+ * when the group has one (buf: the staged buffer of an all-reduce through the segment,
+ * else NULL), else a fixed-size Gloo all-gather. A mismatch gives DDP_ERR_ARG, the whole
+ * message in err and *peer = PEER_MISMATCH. */
+static int agree(ddp_pg *pg, ddp_work *w, ddp_tensor *buf, char *err, int *peer) {
+  gloo_state *s = state(pg);
+  pg_fp mine, stack[8];
+  pg_fp *all = pg->size <= 8 ? stack : malloc(sizeof(pg_fp) * (size_t)pg->size);
+  if (!all) {
+    snprintf(err, DDP_GLOO_ERR_CAP, "out of memory for the fingerprints");
+    *peer = PEER_LOCAL;
+    return DDP_ERR_MEMORY;
+  }
+  pg_fp_make(&mine, pg, w, w->seq);
+  int status, agreed = 0;
+  if (s->shm)
+    status = ddp_shm_arrive(s->shm, &mine, sizeof mine, pg_fp_digest(&mine), all, &agreed,
+                            buf ? ddp_data(buf) : NULL, buf ? (size_t)buf->numel : 0,
+                            buf ? buf->dtype : DDP_F32, s->applied_timeout_s, err, peer);
+  else
+    status = ddp_gloo_allgather(s->gloo, all, &mine, sizeof mine, err, peer);
+  if (!status && !agreed && pg_fp_check(pg, all, err, DDP_GLOO_ERR_CAP)) {
+    status = DDP_ERR_ARG;
+    *peer = PEER_MISMATCH;
+  }
+  if (all != stack) free(all);
+  return status;
+}
+
 /* ---- running one work item (communication thread) ----------------------------------- */
 
 /* Turn a shim failure into the message of the work: names op, this rank and the peer. */
@@ -122,10 +166,12 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
     case PG_ALLREDUCE: {
       int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
       STAGE(buf, t, reduce_dtype(t->dtype), 1);
-      if (state(pg)->shm && ddp_shm_supports(buf->dtype))
-        status = ddp_shm_allreduce(state(pg)->shm, ddp_data(buf), (size_t)buf->numel, buf->dtype, op,
-                                   state(pg)->applied_timeout_s, err, peer);
-      else
+      if (via_shm(pg, w)) {
+        status = agree(pg, w, buf, err, peer);
+        if (!status)
+          status = ddp_shm_allreduce(state(pg)->shm, ddp_data(buf), (size_t)buf->numel,
+                                     buf->dtype, op, state(pg)->applied_timeout_s, err, peer);
+      } else
         status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err,
                                     peer);
       if (!status && w->op == DDP_REDUCE_AVG) divide(buf, n);
@@ -278,15 +324,20 @@ staging_failed:
 core_failed:
   core_err = (char *)ddp_last_error();
   snprintf(err, DDP_GLOO_ERR_CAP, "%s", core_err);
-  *peer = -2; /* a local failure: the group stays usable */
+  *peer = PEER_LOCAL; /* the group stays usable */
   return ddp_last_status() ? ddp_last_status() : DDP_ERR_MEMORY;
 }
 
 /* Record the failure of w (status, the shim's message, the peer at fault) and finish it. */
 static void fail_work(ddp_pg *pg, ddp_work *w, int status, const char *err, int peer) {
   char msg[PG_MSG_CAP];
-  if (peer == -2) { /* staging (memory) failure on this rank */
+  if (peer == PEER_LOCAL) { /* staging (memory) failure on this rank */
     snprintf(msg, sizeof msg, "%s on rank %d: %s", pg_op_names[w->kind], pg->global[pg->rank], err);
+  } else if (peer == PEER_MISMATCH) {
+    /* Every rank of the group fails here; the data never moved, but the ranks' programs
+     * went apart: nothing later can be trusted to match. */
+    snprintf(msg, sizeof msg, "%s", err);
+    pg_break(pg, status, msg);
   } else {
     /* In a pair the peer at fault can only be the other rank. */
     if (peer < 0 && pg->size == 2) peer = 1 - pg->rank;
@@ -311,7 +362,12 @@ static int gloo_run(ddp_pg *pg, ddp_work *w) {
   }
   char err[DDP_GLOO_ERR_CAP];
   int peer = -1;
-  int status = run_transport(pg, w, err, &peer);
+  int status = DDP_OK;
+  pg_rec_start(pg->rec, w); /* Note [flight recorder] (pg_work_finish records the end) */
+  /* Note [collective fingerprints]: before the data (an all-reduce through the segment
+   * agrees inside run_transport, on the staged buffer). */
+  if (pg_fp_applies(w->kind) && !via_shm(pg, w)) status = agree(pg, w, NULL, err, &peer);
+  if (!status) status = run_transport(pg, w, err, &peer);
   if (status == POSTED) {
     pg_queue_post(pg, w);
     return 1;
@@ -319,7 +375,7 @@ static int gloo_run(ddp_pg *pg, ddp_work *w) {
   if (status == DDP_OK && write_back(w)) {
     snprintf(err, sizeof err, "%s", ddp_last_error());
     status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
-    peer = -2;
+    peer = PEER_LOCAL;
   }
   if (status == DDP_OK) pg_work_finish(w, DDP_OK, NULL);
   else fail_work(pg, w, status, err, peer);
@@ -338,14 +394,14 @@ static void gloo_complete(ddp_pg *pg, ddp_work *w) {
   if (w->kind == PG_RECV && status == DDP_OK && unstage(w->t, buf, 1)) {
     snprintf(err, sizeof err, "%s", ddp_last_error());
     status = ddp_last_status() ? ddp_last_status() : DDP_ERR_MEMORY;
-    peer = -2;
+    peer = PEER_LOCAL;
   } else if (!(w->kind == PG_RECV && status == DDP_OK)) {
     ddp_tensor_release(buf);
   }
   if (status == DDP_OK && write_back(w)) {
     snprintf(err, sizeof err, "%s", ddp_last_error());
     status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
-    peer = -2;
+    peer = PEER_LOCAL;
   }
   if (status == DDP_OK) pg_work_finish(w, DDP_OK, NULL);
   else fail_work(pg, w, status, err, peer);

@@ -24,7 +24,7 @@
 
 #include "core/core.h"
 
-enum { PG_MSG_CAP = 2048 };
+enum { PG_MSG_CAP = 2048, PG_SITE_CAP = 80 };
 extern const double PG_DEFAULT_TIMEOUT_S;
 
 /* The collectives, as work items know them. */
@@ -51,6 +51,9 @@ struct ddp_work {
   const pg_backend *backend;/* static: valid after the group is gone */
   pg_op kind;
   int op, root, peer, tag;
+  char site[PG_SITE_CAP];   /* the Lua call site at submission ("file:line" or "") */
+  uint64_t seq;             /* fingerprinted collectives of the group submitted before it */
+  uint64_t rec_id;          /* its record in the flight recorder (Note [flight recorder]) */
   ddp_tensor *t;            /* the main tensor (in place / input), owned reference */
   ddp_tensor *out;          /* output tensor where the op has one, owned */
   ddp_tensor **outs;        /* all_gather list outputs, owned references */
@@ -97,6 +100,12 @@ struct ddp_pg {
   pthread_cond_t p2p_cv;    /* with lock */
   ddp_work *p2p_head, *p2p_tail;
   int p2p_stop;
+  uint64_t fp_group;        /* pg_fp_group(prefix) */
+  struct pg_recorder *rec;  /* Note [flight recorder]; NULL when out of memory */
+  double stall_report_s;    /* guarded by lock */
+  struct ddp_pg *watch_next;/* the watcher's list of live groups (pg_recorder.c) */
+  uint64_t fp_seq;          /* fingerprinted collectives submitted so far (Note [collective
+                             * fingerprints]); touched by the submitting thread */
   int failed;               /* status of the first failure, 0 while healthy */
   char failure[PG_MSG_CAP];
 };
@@ -151,6 +160,9 @@ void pg_break(ddp_pg *pg, int status, const char *msg);
 /* A contiguous row view (row `index` of rows shaped `shape`) of the contiguous buffer buf. */
 int pg_chunk_view(ddp_tensor **out, ddp_tensor *buf, int64_t index, int ndim,
                   const int64_t *shape);
+
+/* The calling thread's Lua call site (ddp_pg_set_call_site), "" when none was set. */
+const char *pg_call_site(void);
 
 /* ---- pg_queue.c ---- */
 

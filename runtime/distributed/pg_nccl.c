@@ -7,13 +7,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
+#include "distributed/pg_recorder.h"
+#include "distributed/pg_shm.h"
+#include "distributed/gloo_shim.h"
 #include "backend/cuda/nccl_api.h"
 
 /* The state of an nccl group (ddp_pg.impl). */
 typedef struct nccl_state {
   const struct ddp_nccl_api *api; /* the plug-in's table (static) */
   ddp_nccl_comm *comm;            /* this group's communicator */
+  ddp_shm *shm;                   /* the fingerprint exchange when every rank is on this
+                                   * host (Note [collective fingerprints]), else NULL */
 } nccl_state;
 
 static nccl_state *state(const ddp_pg *pg) { return (nccl_state *)pg->impl; }
@@ -95,11 +101,85 @@ static int nccl_enqueue(ddp_pg *pg, ddp_work *w) {
   DDP_FAIL(DDP_ERR_STATE, "nccl: unknown work kind %d", (int)w->kind);
 }
 
+/* Note [collective fingerprints] for nccl: NCCL has no host-side step to ride on. When
+ * every rank of the group runs on this host, the records go through the shared-memory
+ * segment's arrival step (pg_shm.h), a host barrier of a few microseconds that never
+ * waits on the GPU. Otherwise they go round in an NCCL all-gather of their own (after the
+ * current stream, like every collective) that the host waits for: that drains the
+ * current stream before each collective. */
+static int agree_on_device(ddp_pg *pg, const pg_fp *mine, pg_fp *all_out) {
+  const struct ddp_nccl_api *N = state(pg)->api;
+  ddp_nccl_comm *c = state(pg)->comm;
+  int64_t one = PG_FP_BYTES, all = (int64_t)PG_FP_BYTES * pg->size;
+  ddp_tensor *h_in = NULL, *d_in = NULL, *d_all = NULL, *h_all = NULL;
+  void *ev = NULL;
+  int status = ddp_tensor_empty(&h_in, 1, &one, DDP_U8, DDP_DEVICE_CPU);
+  if (!status) {
+    memcpy(ddp_data(h_in), mine, sizeof *mine);
+    status = ddp_tensor_empty(&d_in, 1, &one, DDP_U8, pg->device);
+  }
+  if (!status) status = ddp_copy_(d_in, h_in);
+  if (!status) status = ddp_tensor_empty(&d_all, 1, &all, DDP_U8, pg->device);
+  if (!status) status = N->all_gather(c, ddp_data(d_all), ddp_data(d_in), PG_FP_BYTES, DDP_U8, &ev);
+  if (!status) status = N->wait_host(c, ev, pg->timeout_s);
+  if (!status) status = N->wait_stream(c, ev);
+  if (!status) status = ddp_tensor_empty(&h_all, 1, &all, DDP_U8, DDP_DEVICE_CPU);
+  if (!status) status = ddp_copy_(h_all, d_all);
+  if (!status) memcpy(all_out, ddp_data(h_all), (size_t)all);
+  if (ev) N->event_free(ev);
+  ddp_tensor_release(h_in);
+  ddp_tensor_release(d_in);
+  ddp_tensor_release(d_all);
+  ddp_tensor_release(h_all);
+  return status;
+}
+
+/* Exchange and compare w's fingerprint. Any failure (a mismatch, or the exchange itself)
+ * aborts the communicator: every rank sees the same records, so on a mismatch every rank
+ * does; after a failed exchange the ranks no longer agree on where they are. */
+static int nccl_agree(ddp_pg *pg, ddp_work *w) {
+  nccl_state *s = state(pg);
+  pg_fp mine, stack[8];
+  pg_fp *all = pg->size <= 8 ? stack : malloc(sizeof(pg_fp) * (size_t)pg->size);
+  if (!all) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory for the fingerprints", pg_op_names[w->kind]);
+  pg_fp_make(&mine, pg, w, w->seq);
+  int status, agreed = 0;
+  if (s->shm) {
+    char err[DDP_GLOO_ERR_CAP];
+    int peer = -1;
+    status = ddp_shm_arrive(s->shm, &mine, sizeof mine, pg_fp_digest(&mine), all, &agreed,
+                            NULL, 0, DDP_F32, pg->timeout_s, err, &peer);
+    if (status) DDP_ERROR(status, "%s", err);
+  } else {
+    status = agree_on_device(pg, &mine, all);
+  }
+  char msg[PG_MSG_CAP];
+  if (!status && !agreed && pg_fp_check(pg, all, msg, sizeof msg)) {
+    s->api->comm_abort(s->comm);
+    status = DDP_ERROR(DDP_ERR_ARG, "%s", msg);
+  } else if (status) {
+    s->api->comm_abort(s->comm);
+    ddp_error_prefix("%s on rank %d (nccl backend, exchanging fingerprints)",
+                     pg_op_names[w->kind], pg->global[pg->rank]);
+  }
+  if (all != stack) free(all);
+  return status;
+}
+
 /* The backend's `enqueue`: no queue, the collective goes on the stream now. */
 static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   w->refs = 1; /* no queue: the caller's reference only */
   w->napi = state(pg)->api;
   w->timeout_s = pg->timeout_s;
+  /* A failed communicator refuses the collective itself (with its reason): no exchange. */
+  const char *broken = state(pg)->api->comm_error(state(pg)->comm);
+  if (pg_fp_applies(w->kind) && !(broken && *broken)) {
+    int st = nccl_agree(pg, w);
+    if (st) {
+      pg_work_unref(w);
+      return st;
+    }
+  }
   int status = nccl_enqueue(pg, w);
   ddp_stream *comm_stream = (ddp_stream *)state(pg)->api->comm_stream(state(pg)->comm);
   if (!status && w->t) status = ddp_cuda_record_stream(w->t, comm_stream);
@@ -128,15 +208,21 @@ static int nccl_prefix(ddp_work *w, int status) {
   return status;
 }
 
+/* Note [flight recorder]: an nccl record completes when the host learns it did (a
+ * synchronize, or a wait or poll that found it done); nccl records are never "started",
+ * so they take no part in stall reports (the host does not wait on the stream). */
 static int nccl_synchronize(ddp_work *w, double timeout_s) {
   if (timeout_s <= 0) timeout_s = w->timeout_s;
-  return nccl_prefix(w, w->napi->wait_host(state(w->pg)->comm, w->event, timeout_s));
+  int status = w->napi->wait_host(state(w->pg)->comm, w->event, timeout_s);
+  pg_rec_complete(w->pg->rec, w, status);
+  return nccl_prefix(w, status);
 }
 
 /* Note [nccl work]: a known communicator failure first, then the stream. */
 static int nccl_wait(ddp_work *w, double timeout_s) {
   int done = 0;
   int status = w->napi->query(state(w->pg)->comm, w->event, &done);
+  if (done || status) pg_rec_complete(w->pg->rec, w, status);
   if (!status && !done) status = w->napi->wait_stream(state(w->pg)->comm, w->event);
   return nccl_prefix(w, status);
 }
@@ -169,6 +255,7 @@ static int nccl_check_tensor(const ddp_pg *pg, const ddp_tensor *t, const char *
 static void nccl_free(ddp_pg *pg) { /* no threads: the communicator flushes its queued work */
   nccl_state *s = state(pg);
   if (s && s->comm) s->api->comm_destroy(s->comm);
+  if (s) ddp_shm_free(s->shm);
   free(s);
   pg->impl = NULL;
 }
@@ -212,6 +299,7 @@ static int pg_create_nccl(ddp_pg **out, struct ddp_store *store, int rank, int s
     ddp_store_free_value(v);
   }
   if (!status) status = nccl->comm_init(&s->comm, id, rank, size, device, timeout_s);
+  if (!status) status = ddp_shm_new(&s->shm, store, prefix, rank, size, global);
   if (status) {
     ddp_pg_free(pg);
     ddp_error_prefix("init_process_group: rank %d of %d (nccl backend, %s, group '%s')", me, size,

@@ -6,12 +6,26 @@
  * Segment layout (created by rank 0, name published through the store, unlinked once every
  * rank mapped it):
  *   header: one LINE-sized record per rank (sequence counter, pid, closed flag), so ranks
- *           publishing at once never share a cache line;
+ *           publishing at once never share a cache line; then two DDP_SHM_FP_BYTES
+ *           fingerprint records per rank (Note [shm arrival]);
  *   slots:  one SLOT_BYTES input slot per rank;
  *   result: SLOT_BYTES, each rank writes its 1/world share of the reduced chunk there.
  *
+ * Note [shm arrival]: every collective of the group starts with one arrival step
+ * (ddp_shm_arrive): write this rank's fingerprint (Note [collective fingerprints] in
+ * pg_fingerprint.h) -- and, for an all-reduce, copy its first chunk into its slot --,
+ * and its digest next to its sequence counter, publish seq+1, wait until every rank did,
+ * compare the digests (in the cache lines the wait reads anyway); only when they differ
+ * are the full records read. So the fingerprint exchange costs next to nothing for an
+ * all-reduce (it rides on step 1 below) and one wait of the segment for the collectives
+ * that then go through Gloo. Fingerprint records
+ * alternate between two buffers per rank (by the parity of the arrival count): a rank
+ * writes arrival k+2's record only after every rank published arrival k+1, which each
+ * does after it read arrival k's records.
+ *
  * Per chunk of at most SLOT_BYTES (every rank runs the same steps; `seq` counts steps):
- *   1. copy this rank's chunk into its slot; publish seq+1; wait until every rank did;
+ *   1. copy this rank's chunk into its slot; publish seq+1; wait until every rank did
+ *      (for the first chunk this is the arrival step);
  *   2. reduce this rank's share [lo, hi) over slots 0 .. world-1 in rank order into the
  *      result area; publish seq+2; wait until every rank did;
  *   3. copy the whole result out.
@@ -56,6 +70,7 @@ typedef struct {
   _Atomic uint64_t seq;
   _Atomic int32_t pid;
   _Atomic int32_t closed;
+  uint64_t digest;      /* of the last arrival's fingerprint, published with seq */
 } rank_record;
 
 struct ddp_shm {
@@ -65,6 +80,7 @@ struct ddp_shm {
   size_t len;
   size_t header_bytes;
   uint64_t seq;         /* this rank's last published step */
+  uint64_t arrivals;    /* arrival steps so far (Note [shm arrival]) */
 };
 
 static rank_record *record(ddp_shm *s, int r) {
@@ -76,6 +92,11 @@ static unsigned char *slot(ddp_shm *s, int r) {
 }
 
 static unsigned char *result_area(ddp_shm *s) { return slot(s, s->size); }
+
+/* Rank r's fingerprint record of parity `which` (Note [shm arrival]). */
+static unsigned char *fp_record(ddp_shm *s, int r, int which) {
+  return s->base + (size_t)s->size * LINE + ((size_t)r * 2 + (size_t)which) * DDP_SHM_FP_BYTES;
+}
 
 /* ---- host identity and setup ------------------------------------------------------- */
 
@@ -209,7 +230,7 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
   ddp_store_free_value(first);
   if (!same) return DDP_OK;
 
-  size_t header = ((size_t)world_size * LINE + 4095) & ~(size_t)4095;
+  size_t header = ((size_t)world_size * (LINE + 2 * DDP_SHM_FP_BYTES) + 4095) & ~(size_t)4095;
   size_t len = header + (size_t)(world_size + 1) * SLOT_BYTES;
   char name[256] = "";
   unsigned char *base = NULL;
@@ -409,6 +430,39 @@ DEFINE_REDUCE(reduce_f32, float)
 DEFINE_REDUCE(reduce_f64, double)
 #undef DEFINE_REDUCE
 
+int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest, void *all,
+                   int *agreed, const void *buf, size_t n, int dtype, double timeout_s,
+                   char *err, int *peer) {
+  *peer = -1;
+  *agreed = 0;
+  if (fp_bytes > DDP_SHM_FP_BYTES || (buf && !ddp_shm_supports(dtype))) {
+    snprintf(err, DDP_GLOO_ERR_CAP, "shared memory: bad arrival (%zu fingerprint bytes, dtype %s)",
+             fp_bytes, ddp_dtype_name(dtype));
+    return DDP_ERR_STATE;
+  }
+  int which = (int)(s->arrivals & 1);
+  memcpy(fp_record(s, s->rank, which), fp, fp_bytes);
+  record(s, s->rank)->digest = digest; /* made visible by publish's release */
+  if (buf && n) { /* the all-reduce's first chunk (its step 1) */
+    size_t esize = dtype == DDP_F32 ? sizeof(float) : sizeof(double);
+    size_t m = n < SLOT_BYTES / esize ? n : SLOT_BYTES / esize;
+    memcpy(slot(s, s->rank), buf, m * esize);
+  }
+  publish(s);
+  int st = wait_all(s, s->seq, timeout_s, buf ? "copying in" : "arriving", err, peer);
+  if (st) return st;
+  s->arrivals++;
+  int same = 1;
+  for (int r = 0; r < s->size && same; r++) same = record(s, r)->digest == digest;
+  if (same) {
+    *agreed = 1;
+    return DDP_OK;
+  }
+  for (int r = 0; r < s->size; r++)
+    memcpy((unsigned char *)all + (size_t)r * fp_bytes, fp_record(s, r, which), fp_bytes);
+  return DDP_OK;
+}
+
 int ddp_shm_allreduce(ddp_shm *s, void *buf, size_t n, int dtype, int op, double timeout_s,
                       char *err, int *peer) {
   *peer = -1;
@@ -421,16 +475,18 @@ int ddp_shm_allreduce(ddp_shm *s, void *buf, size_t n, int dtype, int op, double
   unsigned char *data = buf;
   for (size_t off = 0; off < n; off += per_chunk) {
     size_t m = n - off < per_chunk ? n - off : per_chunk;
-    memcpy(slot(s, s->rank), data + off * esize, m * esize);
-    publish(s);
-    int st = wait_all(s, s->seq, timeout_s, "copying in", err, peer);
-    if (st) return st;
+    if (off > 0) { /* the first chunk's step 1 was the arrival (Note [shm arrival]) */
+      memcpy(slot(s, s->rank), data + off * esize, m * esize);
+      publish(s);
+      int st = wait_all(s, s->seq, timeout_s, "copying in", err, peer);
+      if (st) return st;
+    }
     size_t lo = m * (size_t)s->rank / (size_t)s->size;
     size_t hi = m * (size_t)(s->rank + 1) / (size_t)s->size;
     if (dtype == DDP_F32) reduce_f32(s, (float *)result_area(s) + lo, lo, hi - lo, op);
     else reduce_f64(s, (double *)result_area(s) + lo, lo, hi - lo, op);
     publish(s);
-    st = wait_all(s, s->seq, timeout_s, "reducing", err, peer);
+    int st = wait_all(s, s->seq, timeout_s, "reducing", err, peer);
     if (st) return st;
     memcpy(data + off * esize, result_area(s), m * esize);
   }

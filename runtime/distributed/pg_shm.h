@@ -1,5 +1,7 @@
 /* runtime/distributed/pg_shm.h: the shared-memory all-reduce of a process group whose ranks all run
- * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c only.
+ * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c, and its
+ * arrival step, which pg_nccl.c also uses to exchange fingerprints (Note [collective
+ * fingerprints] in pg_fingerprint.h).
  *
  * pg_gloo.c creates it after the Gloo group is connected and calls it from the group's one
  * communication thread, in the FIFO order of Note [collective order] (ddplua/pg.h), in place
@@ -14,6 +16,7 @@
 #define DDP_PG_SHM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/core.h"
 
@@ -32,9 +35,23 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
 /* 1 when ddp_shm_allreduce takes buffers of this dtype (f32, f64), else 0. */
 int ddp_shm_supports(int dtype);
 
+enum { DDP_SHM_FP_BYTES = 256 }; /* the largest fingerprint record ddp_shm_arrive takes */
+
+/* The arrival step every collective of the group starts with (Note [shm arrival] in
+ * pg_shm.c): publish this rank's fingerprint `fp` (fp_bytes <= DDP_SHM_FP_BYTES, the same
+ * on every rank) and its digest, wait for every rank; *agreed = 1 when every rank's digest
+ * equals `digest`, else 0 and every rank's record is copied into `all` (size * fp_bytes,
+ * group-rank order). For an all-reduce through the segment pass its buffer (buf: n
+ * elements of dtype, f32 or f64) so the first chunk is copied in in the same step, then
+ * call ddp_shm_allreduce; else buf NULL. Errors as ddp_shm_allreduce. */
+int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest, void *all,
+                   int *agreed, const void *buf, size_t n, int dtype, double timeout_s,
+                   char *err, int *peer);
+
 /* In-place all-reduce of the n contiguous elements at buf (op: enum ddp_reduce_op without
- * AVG). Waits at most timeout_s for the peers in each phase: DDP_ERR_TIMEOUT naming the
- * ranks that did not arrive; DDP_ERR_PEER when a peer's process died or closed the group. */
+ * AVG), right after ddp_shm_arrive was given the same buf. Waits at most timeout_s for the
+ * peers in each phase: DDP_ERR_TIMEOUT naming the ranks that did not arrive; DDP_ERR_PEER
+ * when a peer's process died or closed the group. */
 int ddp_shm_allreduce(ddp_shm *s, void *buf, size_t n, int dtype, int op, double timeout_s,
                       char *err, int *peer);
 

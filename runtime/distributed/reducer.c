@@ -206,6 +206,9 @@ static int bucket_launch(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   b->launched = 1;
   if (!r->pg || r->world == 1) return DDP_OK;
+  char site[64]; /* Note [collective fingerprints]: a mismatch names the bucket */
+  snprintf(site, sizeof site, "DistributedDataParallel gradient bucket %d", k);
+  ddp_pg_set_call_site(site, 0);
   int status = ddp_pg_allreduce(&b->work, r->pg, b->buffer, DDP_REDUCE_SUM);
   if (status) {
     b->work = NULL;
@@ -391,6 +394,7 @@ static int finalize_backward(ddp_reducer *r) {
       DDP_TRY(ddp_tensor_to_device(&r->used_dev, r->local_used, r->comm_device, 0));
       flags = r->used_dev;
     }
+    ddp_pg_set_call_site("DistributedDataParallel unused-parameter flags", 0);
     int status = ddp_pg_allreduce(&r->used_work, r->pg, flags, DDP_REDUCE_SUM);
     if (status) {
       r->used_work = NULL;
@@ -590,6 +594,7 @@ static int rebuild_buckets(ddp_reducer *r) {
   int64_t *o = (int64_t *)ddp_data(order_t);
   for (int i = 0; i < n; i++) o[i] = r->order[i];
   int status = DDP_OK;
+  if (r->pg && r->world > 1) ddp_pg_set_call_site("DistributedDataParallel bucket rebuild", 0);
   if (r->pg && r->world > 1 && r->comm_device != DDP_DEVICE_CPU) {
     /* nccl: through the group's device, waited for on the host (the host reads it). */
     ddp_tensor *dev = NULL;

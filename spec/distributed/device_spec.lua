@@ -323,13 +323,34 @@ try("first", function() dist.all_reduce(t) end)
 try("second", function() dist.all_reduce(t) end)
 out("error", C.ddp_pg_error(dist.get_default_group().handle) ~= nil and
     ffi.string(C.ddp_pg_error(dist.get_default_group().handle)) ~= "")
+]], { env = { DDPLUA_SIM_NCCL = "1", DDPLUA_SHM = "0" } })
+    assert.is_true(r.ok, mp.describe(r))
+    local o = r[1].output
+    -- The wait that runs out is the fingerprint exchange before the data (Note [collective
+    -- fingerprints]): with DDPLUA_SHM=0 an NCCL all-gather of the records (through shared
+    -- memory the dead peer is seen at once: the next spec).
+    assert.matches("all_reduce on rank 0 (nccl backend, exchanging fingerprints): all_gather: the " ..
+                   "simulated NCCL timed out after 2 s", err_line(o, "first"), 1, true)
+    assert.matches("the NCCL communicator was aborted", err_line(o, "second"), 1, true)
+    assert.are.equal("true", line(o, "error"), o)
+  end)
+end)
+
+describe("the nccl backend's fingerprint exchange when a peer is gone (simulated NCCL) #dist", function()
+  it("names the rank that exited at once, and the group stays failed", function()
+    local r = run([[
+dist.init_process_group{backend = "nccl", timeout = 20}
+if RANK == 1 then os.exit(0) end
+local t = to_dev(dl.ones({2}), 0)
+try("first", function() dist.all_reduce(t) end)
+try("second", function() dist.all_reduce(t) end)
 ]], { env = { DDPLUA_SIM_NCCL = "1" } })
     assert.is_true(r.ok, mp.describe(r))
     local o = r[1].output
-    assert.matches("all_reduce on rank 0 (nccl backend): all_reduce: the simulated NCCL timed out after 2 s",
-                   err_line(o, "first"), 1, true)
+    assert.matches("all_reduce on rank 0 (nccl backend, exchanging fingerprints): shared memory: rank 1 " ..
+                   "(pid ", err_line(o, "first"), 1, true)
+    assert.matches("exited while rank 0 waited for it", err_line(o, "first"), 1, true)
     assert.matches("the NCCL communicator was aborted", err_line(o, "second"), 1, true)
-    assert.are.equal("true", line(o, "error"), o)
   end)
 end)
 

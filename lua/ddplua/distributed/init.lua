@@ -172,7 +172,7 @@ local function nccl_device(opts, local_rank)
 end
 
 local KNOWN = options.known { "backend", "init_method", "rank", "world_size", "timeout", "store",
-  "device_id", "group_name", "store_secret" }
+  "device_id", "group_name", "store_secret", "stall_report_s" }
 
 --- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
 -- timeout = 300, store =, device_id =, store_secret =}: join the job's default process group.
@@ -189,7 +189,10 @@ local KNOWN = options.known { "backend", "init_method", "rank", "world_size", "t
 -- a shared file system); `store` (a ddplua.distributed.store object) replaces init_method.
 -- store_secret: the job's store secret for env:// and tcp:// (default $DDPLUA_STORE_SECRET,
 -- which the launcher and dl.spawn set; README "Security"): the same string on every rank.
--- timeout: seconds for the rendezvous and every collective. Raises when already
+-- timeout: seconds for the rendezvous and every collective. stall_report_s: seconds a
+-- collective may wait for its peers before this rank prints a stall report naming the
+-- ranks that are behind (default $DDPLUA_STALL_REPORT_S, else 30; the timeout still ends
+-- the wait). Raises when already
 -- initialised, on a missing rank/world size, an unknown backend, or a failed rendezvous
 -- (naming the rank).
 function M.init_process_group(opts)
@@ -216,6 +219,10 @@ function M.init_process_group(opts)
   if type(timeout) ~= "number" or not (timeout > 0) then
     raise("init_process_group: timeout must be a number of seconds > 0, got " .. tostring(timeout))
   end
+  local stall = opts.stall_report_s
+  if stall ~= nil and (type(stall) ~= "number" or not (stall > 0)) then
+    raise("init_process_group: stall_report_s must be a number of seconds > 0, got " .. tostring(stall))
+  end
   local device
   if backend == "nccl" then
     device = nccl_device(opts, env.local_rank or rank)
@@ -236,6 +243,7 @@ function M.init_process_group(opts)
   else
     check(C.ddp_pg_new_gloo(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout))
   end
+  if stall then check(C.ddp_pg_set_stall_report(pg_box[0], stall)) end
   local ranks = {}
   for i = 1, world_size do ranks[i] = i - 1 end
   state.group = Group.new(pg_box[0], ranks, { store = store, backend = backend })
@@ -363,6 +371,36 @@ end
 
 -- ---- collectives ------------------------------------------------------------------------
 
+-- The source prefix of the library's own files ("@/.../lua/ddplua/"): call sites skip them.
+local lib_prefix = debug.getinfo(1, "S").source:gsub("distributed/init%.lua$", "")
+
+-- Note [collective fingerprints] (runtime/distributed/pg_fingerprint.h): record the Lua
+-- caller of the collective about to be submitted (the first frame outside the library, so
+-- DDP's and the helpers' collectives name the user's line), for mismatch messages. Once
+-- per collective, so kept cheap: debug.getinfo with "fl" creates no strings, and each
+-- function's short source (and whether to skip it: the library's, or a C function such as
+-- pcall) is looked up once and cached: about 0.25 us a call against 0.7 us for "Sl".
+local getinfo = debug.getinfo
+local source_of = setmetatable({}, { __mode = "k" }) -- function -> {short_src, skip}
+
+local function set_call_site()
+  for level = 3, 12 do
+    local i = getinfo(level, "fl")
+    if not i then return end
+    local s = source_of[i.func]
+    if not s then
+      local si = getinfo(i.func, "S")
+      s = { si.short_src, si.what == "C" or si.source:sub(1, #lib_prefix) == lib_prefix }
+      source_of[i.func] = s
+    end
+    if not s[2] then
+      C.ddp_pg_set_call_site(s[1], i.currentline)
+      return
+    end
+  end
+  C.ddp_pg_set_call_site(nil, 0)
+end
+
 -- Finish a submitted call: a Work for async_op, else nil (the call already waited).
 local function finish(opts, keep, after)
   if opts and opts.async_op then return Work.new(work_box[0], keep, after) end
@@ -376,6 +414,7 @@ local function wbox(opts) return opts and opts.async_op and work_box or nil end
 -- becomes op over all ranks' t. op: "sum", "avg" (floating dtypes), "min", "max",
 -- "product". Returns a Work when async_op, else nil.
 function M.all_reduce(t, opts)
+  set_call_site()
   local g = group_of(opts, "all_reduce")
   tensor_arg(t, "all_reduce", "tensor")
   check(C.ddp_pg_allreduce(wbox(opts), g:ptr("all_reduce"), t, op_arg(opts, "all_reduce")))
@@ -384,6 +423,7 @@ end
 
 --- dist.broadcast(t, src, opts): t of global rank src copied into t on every rank.
 function M.broadcast(t, src, opts)
+  set_call_site()
   local g = group_of(opts, "broadcast")
   tensor_arg(t, "broadcast", "tensor")
   check(C.ddp_pg_broadcast(wbox(opts), g:ptr("broadcast"), t, g:group_rank(src, "broadcast: src")))
@@ -393,6 +433,7 @@ end
 --- dist.all_gather(out, t, opts): out is a list of world-size tensors of t's shape and dtype
 -- (entry i, 1-based, receives the t of group rank i-1) or one tensor (world, ...t's shape).
 function M.all_gather(out, t, opts)
+  set_call_site()
   local g = group_of(opts, "all_gather")
   tensor_arg(t, "all_gather", "tensor")
   local h = g:ptr("all_gather")
@@ -413,6 +454,7 @@ M.all_gather_into_tensor = function(out, t, opts) return M.all_gather(out, t, op
 -- world tensors of out's shape; out (m, ...) receives op over all ranks of the chunk at this
 -- rank's index. op as all_reduce.
 function M.reduce_scatter(out, input, opts)
+  set_call_site()
   local g = group_of(opts, "reduce_scatter")
   tensor_arg(out, "reduce_scatter", "output")
   if not tensor.is_tensor(input) then
@@ -432,6 +474,7 @@ M.reduce_scatter_tensor = M.reduce_scatter
 --- dist.reduce(t, dst, opts): t of global rank dst becomes op over all ranks' t; other ranks'
 -- t is unchanged. op as all_reduce.
 function M.reduce(t, dst, opts)
+  set_call_site()
   local g = group_of(opts, "reduce")
   tensor_arg(t, "reduce", "tensor")
   check(C.ddp_pg_reduce(wbox(opts), g:ptr("reduce"), t, g:group_rank(dst, "reduce: dst"), op_arg(opts, "reduce")))
@@ -442,6 +485,7 @@ end
 -- tensors of t's shape, or one (world, ...) tensor) receives every rank's t in rank order;
 -- other ranks pass nil.
 function M.gather(t, gather_list, dst, opts)
+  set_call_site()
   local g = group_of(opts, "gather")
   tensor_arg(t, "gather", "tensor")
   dst = dst or 0
@@ -472,6 +516,7 @@ end
 -- scatter_list (a list of world tensors of t's shape, or one (world, ...) tensor) of global
 -- rank src; other ranks pass nil.
 function M.scatter(t, scatter_list, src, opts)
+  set_call_site()
   local g = group_of(opts, "scatter")
   tensor_arg(t, "scatter", "tensor")
   src = src or 0
@@ -493,6 +538,7 @@ end
 -- of rank i's input goes to chunk i of rank j's out. Lists of world tensors work too
 -- (entry j goes to rank j; entry i of out comes from rank i).
 function M.all_to_all(out, input, opts)
+  set_call_site()
   local g = group_of(opts, "all_to_all")
   local h = g:ptr("all_to_all")
   local dl = require("ddplua")
@@ -546,9 +592,36 @@ end
 
 --- dist.barrier(opts): returns once every rank of the group reached it.
 function M.barrier(opts)
+  set_call_site()
   local g = group_of(opts, "barrier")
   check(C.ddp_pg_barrier(wbox(opts), g:ptr("barrier")))
   return finish(opts)
+end
+
+--- dist.dump_flight_recorder(group): write the group's (default: the world's) flight
+-- recorder -- its last 2000 collectives with their call sites and times -- to stderr.
+-- kill -USR1 <pid> does the same for every group of a rank.
+function M.dump_flight_recorder(group)
+  local g = group or default_group("dump_flight_recorder")
+  check(C.ddp_pg_dump_flight_recorder(g:ptr("dump_flight_recorder"), 2))
+end
+
+--- dist.monitored_barrier(opts{group =, timeout =, wait_all_ranks = false}) (or
+-- dist.monitored_barrier(timeout)): a barrier through the store that names the ranks that did
+-- not arrive within timeout seconds (default: the group's timeout), as PyTorch's: group rank 0
+-- raises "monitored_barrier: rank(s) ... did not arrive within <t> s" (the first missing rank,
+-- or all of them with wait_all_ranks); the others raise when rank 0 does not release them.
+-- Not a collective of the group (no fingerprint): it works while the group is stuck.
+function M.monitored_barrier(opts)
+  if type(opts) == "number" then opts = { timeout = opts } end
+  local g = group_of(opts, "monitored_barrier")
+  local timeout = opts and opts.timeout or C.ddp_pg_get_timeout(g:ptr("monitored_barrier"))
+  if type(timeout) ~= "number" or not (timeout > 0) then
+    raise("monitored_barrier: timeout must be a number of seconds > 0, got " .. tostring(timeout))
+  end
+  if not g:is_member() then raise("monitored_barrier: this rank is not a member of the group") end
+  require("ddplua.distributed.monitored_barrier").run(state.store, g.ranks, g:rank(), timeout,
+                                                      opts and opts.wait_all_ranks)
 end
 
 -- ---- helpers ------------------------------------------------------------------------------

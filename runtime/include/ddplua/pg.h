@@ -14,7 +14,10 @@
  * Tensors (nccl): contiguous CUDA tensors on the group's device only (DDP_ERR_ARG otherwise,
  * as PyTorch); f16 and bf16 are reduced natively by NCCL; AVG is NCCL's ncclAvg.
  * Every rank must call the same collectives in the same order with tensors of the same
- * shape and dtype.
+ * shape and dtype: before any data moves the ranks compare fingerprints of the call
+ * (Note [collective fingerprints] in runtime/distributed/pg_fingerprint.h); a mismatch fails
+ * on every rank of the group with DDP_ERR_ARG, naming both calls and their call sites, and
+ * breaks the group.
  *
  * Work: every collective takes `ddp_work **work` first. NULL: blocking (the call returns
  * when the collective finished on this rank; nccl: Note [nccl work]). Non-NULL:
@@ -140,8 +143,27 @@ int ddp_pg_global_rank(const ddp_pg *pg, int group_rank);
 int ddp_pg_set_timeout(ddp_pg *pg, double timeout_s);
 double ddp_pg_get_timeout(const ddp_pg *pg);
 
+/* Seconds a collective may wait for its peers before this rank prints a stall report
+ * (Note [flight recorder] in runtime/distributed/pg_recorder.h; default
+ * $DDPLUA_STALL_REPORT_S, else 30). The report changes nothing: the group's timeout still
+ * ends the wait. Host-side backends (gloo) only. Errors: DDP_ERR_ARG for seconds <= 0. */
+int ddp_pg_set_stall_report(ddp_pg *pg, double seconds);
+
+/* Write the group's flight recorder (its last 2000 collectives: sequence, collective,
+ * dtype and element count, Lua call site, seconds since enqueued / started / completed)
+ * as text to file descriptor fd. kill -USR1 on a rank writes every live group's to stderr
+ * (where the program left SIGUSR1 at its default action). Errors: DDP_ERR_ARG for NULL. */
+int ddp_pg_dump_flight_recorder(const ddp_pg *pg, int fd);
+
 /* The first failure of the group ("" while it is healthy). */
 const char *ddp_pg_error(const ddp_pg *pg);
+
+/* The caller's source location ("file", line; line <= 0: `file` is the whole text; NULL
+ * clears it) recorded with the collectives this thread submits from now on, for the
+ * messages of Note [collective fingerprints] (a mismatch names each rank's call site).
+ * The Lua front end sets it once per collective from debug.getinfo; the DDP reducer names
+ * its buckets. Truncated to 79 bytes. Never fails. */
+void ddp_pg_set_call_site(const char *file, int line);
 
 /* In-place all-reduce: every rank's t becomes op over all ranks' t. Any shape. */
 int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op);

@@ -1,0 +1,49 @@
+-- dist.monitored_barrier (lua/ddplua/distributed/monitored_barrier.lua): a barrier through
+-- the store naming the ranks that did not arrive, as PyTorch's.
+local mp = require "multiproc"
+
+local PRELUDE = [[
+local dl = require "ddplua"
+local dist = require "ddplua.distributed"
+dist.init_process_group{backend = "gloo", timeout = 10}
+local R = dist.get_rank()
+local function try(name, fn)
+  local ok, err = pcall(fn)
+  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
+  io.flush()
+end
+]]
+
+describe("dist.monitored_barrier #faults #dist", function()
+  it("lets every rank through when all arrive, several times in a row", function()
+    local r = mp.run { code = PRELUDE .. [[
+for _ = 1, 3 do dist.monitored_barrier(5) end
+dist.monitored_barrier{timeout = 5, wait_all_ranks = true}
+print("PASSED")
+]], nprocs = 3 }
+    assert.is_true(r.ok, mp.describe(r))
+    for i = 1, 3 do assert.matches("PASSED", r[i].output, 1, true) end
+  end)
+
+  it("names the ranks that did not arrive (all of them with wait_all_ranks)", function()
+    local r = mp.run { code = PRELUDE .. [[
+if R == 0 then
+  try("first", function() dist.monitored_barrier(0.5) end)
+  try("all", function() dist.monitored_barrier{timeout = 0.5, wait_all_ranks = true} end)
+  try("bad", function() dist.monitored_barrier(-1) end)
+  dist.get_store():set("done", "1")
+elseif R == 1 then
+  dist.get_store():wait({"done"}, 10)
+else
+  try("released", function() dist.monitored_barrier(0.5) end)
+  dist.get_store():wait({"done"}, 10)
+end
+]], nprocs = 3, timeout = 30 }
+    assert.is_true(r.ok, mp.describe(r))
+    local o0, o2 = r[1].output, r[3].output
+    assert.matches("ERR first [^\n]*monitored_barrier: rank 1 did not arrive within 0.5 s", o0)
+    assert.matches("ERR all [^\n]*monitored_barrier: ranks 1, 2 did not arrive within 0.5 s", o0)
+    assert.matches("ERR bad [^\n]*timeout must be a number of seconds > 0", o0)
+    assert.matches("ERR released [^\n]*monitored_barrier: rank 2 was not released by rank 0 within 0.5 s", o2)
+  end)
+end)
