@@ -89,6 +89,10 @@ lua_State *ddp_host_new(const char *root, int argc, char **argv, int script);
  * the traceback) is on top of the stack. */
 int ddp_host_call(lua_State *L, int nargs, int nresults);
 
+/* on != 0: while ddp_host_call runs, every Ctrl-C interrupts the code (the REPL: it ends
+ * only on Ctrl-D); 0 (the default, scripts): a second Ctrl-C ends the process. */
+void ddp_host_keep_running_on_sigint(int on);
+
 /* When status != 0, print the message on top of the stack as "ddplua: <message>" to stderr
  * and pop it. Returns status. */
 int ddp_host_report(lua_State *L, int status);
