@@ -16,6 +16,8 @@
 #   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
 #                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md
+#   make docs       the HTML API reference in build/docs/ (tools/gen_docs.lua), from the doc
+#                   comments of lua/ddplua and runtime/include
 #   make clean
 #
 # Knobs
@@ -114,7 +116,7 @@ ifeq ($(HAVE_NVCC),1)
   endif
 endif
 
-.PHONY: all lib deps config layers test train bench clean emulation
+.PHONY: all lib deps config layers test train bench clean emulation docs
 all: $(TARGETS)
 
 emulation: $(EMUL_PLUGIN)
@@ -230,6 +232,9 @@ endif
 
 layers:
 	luajit tools/check_layers.lua
+
+docs:
+	luajit tools/gen_docs.lua . $(BUILD)/docs
 
 test: deps
 	@$(MAKE) --no-print-directory all

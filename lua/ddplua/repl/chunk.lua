@@ -63,14 +63,15 @@ function M:lookup(name)
   return false
 end
 
--- The declaration put in front of every input.
+--- c:prelude() -> the declaration put in front of every input (Note [persistent locals]).
 function M:prelude()
   local list = { CAPTURE }
   for _, n in ipairs(self.names) do list[#list + 1] = n end
   return "local " .. table.concat(list, ", ") .. " = ...; "
 end
 
--- A capture function for the chunk about to run: saves the locals of its caller (the chunk).
+--- c:capturer() -> a capture function for the chunk about to run: it saves the locals of
+-- its caller (the chunk).
 function M:capturer()
   return function()
     local i = 1

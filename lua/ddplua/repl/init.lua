@@ -26,8 +26,8 @@ local function run(fn, args)
   return "run", fn, unpack(args, 1, args.n)
 end
 
--- A function that evaluates the expression `expr` with the session's locals and returns its
--- first value, or nil and the syntax error.
+--- s:evaluator(expr) -> a function that evaluates the expression `expr` with the session's
+-- locals and returns its first value, or nil and the syntax error.
 function M:evaluator(expr)
   local fn, args = self.chunk:compile(expr)
   if not fn then return nil, args == "more" and "incomplete expression" or args end
