@@ -34,7 +34,7 @@ describe_tty("REPL in a terminal", function()
     end)
 
     it("times an expression with :time (median of several runs)", function()
-      assert.matches("^median [%d.]+ [nµm]?s over %d+ runs %(min .+, max .+%)\n$",
+      assert.matches("^median [%d.]+ %S*s over %d+ runs %(min .+, max .+%)\n$",
         enter(":time dl.zeros{100}"))
     end)
   end)

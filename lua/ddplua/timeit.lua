@@ -23,20 +23,22 @@ local function synchronize()
 end
 
 --- dl.timeit(fn[, opts]) -> median seconds, report: calls fn() once to warm up, then times
--- opts.runs calls (default: as many as fit in about half a second, between 5 and 101) and
+-- opts.runs calls (default: as many as fit in about half a second by one more call's time,
+-- between 5 and 101) and
 -- returns the median of one call in seconds and a line such as
 -- "median 1.2 ms over 41 runs (min 1.1 ms, max 1.9 ms)". Device work is waited for after
 -- each call. Raises what fn raises.
 function M.timeit(fn, opts)
   assert(type(fn) == "function" or (getmetatable(fn) or {}).__call,
     "timeit: expected a function")
-  local t0 = clock.now()
-  fn()
+  fn() -- warm-up: first-call costs (allocations, loading) stay out of the figures
   synchronize()
-  local first = clock.now() - t0
   local runs = opts and opts.runs
   if not runs then
-    runs = math.floor(TARGET_SECONDS / math.max(first, 1e-7))
+    local t0 = clock.now()
+    fn()
+    synchronize()
+    runs = math.floor(TARGET_SECONDS / math.max(clock.now() - t0, 1e-7))
     runs = math.max(MIN_RUNS, math.min(MAX_RUNS, runs))
   end
   local times = {}

@@ -355,11 +355,34 @@ static char **complete_word(const char *text, int start, int end) {
   return m;
 }
 
+/* Where complete inputs go instead of being run here (ddp_repl_set_remote). */
+static ddp_repl_remote remote_run;
+static void *remote_ctx;
+
+void ddp_repl_set_remote(ddp_repl_remote run, void *ctx) {
+  remote_run = run;
+  remote_ctx = ctx;
+}
+
+/* Length of a leading "%rank K " (the distributed REPL's one-rank form), else 0. */
+static size_t rank_prefix(const char *s) {
+  if (strncmp(s, "%rank", 5) != 0) return 0;
+  size_t i = 5;
+  while (s[i] == ' ') i++;
+  size_t digits = i;
+  while (s[i] >= '0' && s[i] <= '9') i++;
+  if (i == digits) return 0;
+  while (s[i] == ' ') i++;
+  return i;
+}
+
 /* Read and compile one input through the session. Returns 0 with the function and its
- * arguments on the stack (*nargs set); a load error status with its message on the stack;
- * CHUNK_EOF or CHUNK_NONE as read_chunk_plain. */
-static int read_chunk(lua_State *L, reader *r, int *nargs) {
+ * arguments on the stack (*nargs set) and, when `source` is given, the input's text in
+ * *source (malloc'd); a load error status with its message on the stack; CHUNK_EOF or
+ * CHUNK_NONE as read_chunk_plain. */
+static int read_chunk(lua_State *L, reader *r, int *nargs, char **source) {
   *nargs = 0;
+  if (source) *source = NULL;
   char *line = read_line(r, PROMPT);
   if (!line) return r->interrupted ? CHUNK_NONE : CHUNK_EOF;
   text buf = {0};
@@ -372,14 +395,19 @@ static int read_chunk(lua_State *L, reader *r, int *nargs) {
       status = LUA_ERRMEM;
       break;
     }
+    size_t skip = source ? rank_prefix(buf.data) : 0;
     push_method(L, "compile");
-    lua_pushlstring(L, buf.data, buf.len);
+    lua_pushlstring(L, buf.data + skip, buf.len - skip);
     status = lua_pcall(L, 2, LUA_MULTRET, 0);
     if (status != 0) break;
     const char *kind = lua_tostring(L, 1);
     if (kind && strcmp(kind, "run") == 0) {
       lua_remove(L, 1);
       *nargs = lua_gettop(L) - 1;
+      if (source) {
+        *source = buf.data;
+        return 0;
+      }
       break;
     }
     if (!kind || strcmp(kind, "more") != 0) { /* "error": its message */
@@ -406,6 +434,36 @@ static int read_chunk(lua_State *L, reader *r, int *nargs) {
   return status;
 }
 
+int ddp_repl_eval(lua_State *L, const char *code, size_t len) {
+  lua_settop(L, 0);
+  int status;
+  if (session_ref == LUA_NOREF) {
+    status = luaL_loadbuffer(L, code, len, CHUNK_NAME);
+    if (status == 0) status = ddp_host_call(L, 0, LUA_MULTRET);
+  } else {
+    push_method(L, "compile");
+    lua_pushlstring(L, code, len);
+    status = lua_pcall(L, 2, LUA_MULTRET, 0);
+    const char *kind = status == 0 ? lua_tostring(L, 1) : NULL;
+    if (kind && strcmp(kind, "run") == 0) {
+      lua_remove(L, 1);
+      status = ddp_host_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    } else if (kind) { /* "error" (or "more": an input cut short) */
+      lua_settop(L, 0);
+      status = luaL_loadbuffer(L, code, len, CHUNK_NAME);
+      if (status == 0) {
+        lua_pop(L, 1);
+        lua_pushliteral(L, "incomplete input");
+        status = LUA_ERRSYNTAX;
+      }
+    }
+  }
+  if (status == 0) print_results(L, 0);
+  ddp_host_report(L, status);
+  lua_settop(L, 0);
+  return status;
+}
+
 static void banner(void) {
   printf(DDP_CLI_NAME " %s (%s). `dl` is require \"ddplua\"; ?name shows help, Tab completes;"
          " Ctrl-D exits.\n", ddp_version(), LUAJIT_VERSION);
@@ -414,7 +472,7 @@ static void banner(void) {
 int ddp_repl_run(lua_State *L, int tty) {
   reader r;
   reader_open(&r, tty);
-  if (tty) banner();
+  if (tty && !remote_run) banner();
   lua_settop(L, 0);
   ddp_host_require(L, "dl", "ddplua"); /* a failure is reported; plain Lua still works */
   int with_session = session_open(L) == 0;
@@ -424,12 +482,27 @@ int ddp_repl_run(lua_State *L, int tty) {
     rl_completer_word_break_characters = " \t\n\"'`><=;|&{}()[],+-*/%^~#";
     rl_completion_append_character = '\0';
   }
+  const char *serve = getenv("DDPLUA_REPL_CONNECT");
+  if (serve && *serve && with_session && !remote_run) { /* a rank of the distributed REPL */
+    int status = ddp_repl_serve(L, serve);
+    reader_close(&r);
+    return status;
+  }
   ddp_host_keep_running_on_sigint(1);
   for (;;) {
     int nargs = 0;
-    int status = with_session ? read_chunk(L, &r, &nargs) : read_chunk_plain(L, &r);
+    char *source = NULL;
+    int remote = with_session && remote_run;
+    int status = with_session ? read_chunk(L, &r, &nargs, remote ? &source : NULL)
+                              : read_chunk_plain(L, &r);
     if (status == CHUNK_EOF) break;
     if (status == CHUNK_NONE) continue;
+    if (status == 0 && source) {
+      lua_settop(L, 0);
+      remote_run(remote_ctx, source, strlen(source));
+      free(source);
+      continue;
+    }
     if (status == 0) {
       status = ddp_host_call(L, nargs, LUA_MULTRET);
       if (status == 0) print_results(L, 0);
