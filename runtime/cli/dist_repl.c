@@ -7,7 +7,7 @@
  *   listens on 127.0.0.1:<port>
  *   forks the launcher (own process group) ---> DDPLUA_REPL_CONNECT=127.0.0.1:<port>
  *                                               init_process_group(); `dist` global
- *   accepts N connections             <------- 'H' "<rank> <pid>"
+ *   accepts N connections             <------- 'H' "<rank>"
  *   reads a complete input (repl.c: libedit,
  *   the session checks it is complete)
  *   sends it to every rank (or one: %rank K) -> 'L' <code>: run as at their own prompt
@@ -17,17 +17,22 @@
  * Each rank's output is caught by pointing its fds 1 and 2 at a temporary file while the
  * input runs, so the launcher's own prefixing never sees it, and outputs can be compared.
  * An error is output like any other: it shows, and the session goes on. Ctrl-C at the
- * prompt drops the line; while ranks run, this process sends SIGINT to every rank's pid (the
- * launcher sits in its own process group, so the terminal's Ctrl-C reaches only this
- * process), each rank's REPL turns it into "interrupted!", and the answers come back as
- * usual. A rank that dies ends the session (the launcher reports it). Ctrl-D closes the
+ * prompt drops the line; while ranks run, this process sends an 'I' frame to every rank
+ * involved (the launcher sits in its own process group, so the terminal's Ctrl-C reaches only
+ * this process); a thread of each rank raises SIGINT in its main thread, its REPL turns it
+ * into "interrupted!", and the answers come back as usual. A rank that dies ends the session (the launcher reports it). Ctrl-D closes the
  * connections: the ranks' REPLs end, then the launcher.
  *
  * Frames on the socket: one type byte, the payload length as 10 decimal digits, the payload.
- * The ranks must be on this host (the socket is bound to 127.0.0.1); with --nnodes > 1 only
- * node 0 runs this prompt, which is refused for now.
+ * One node: the socket is bound to 127.0.0.1 on a free port. With --nnodes=M, node 0 (the
+ * one that gets the prompt) listens on master_port + 1 on every interface, and the other
+ * nodes, started with the same flags and -i, only run their launcher, whose ranks connect
+ * to master_addr:master_port + 1. Like the store, the connection carries no secret: run it
+ * on a trusted network.
  */
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -103,8 +108,36 @@ static int recv_frame(int fd, char *type, char **data, size_t *len) {
 
 static void ignore_sigint(int sig) { (void)sig; } /* a Ctrl-C that came after the input ended */
 
-/* Run `code` with fds 1 and 2 pointed at a temporary file; the output is returned malloc'd. */
-static char *run_captured(lua_State *L, const char *code, size_t len, size_t *out_len) {
+/* While an input runs, a thread watches the connection for the prompt's 'I' (Ctrl-C) frames
+ * and raises SIGINT in the main thread, where the REPL's handler turns it into an error at
+ * the next Lua event. The prompt sends nothing else until this rank has answered, so the
+ * watcher never takes an input frame; it is stopped (through a pipe) before the answer. */
+typedef struct watcher {
+  int fd;
+  int stop[2];
+  pthread_t main, thread;
+} watcher;
+
+static void *watch(void *arg) {
+  watcher *w = arg;
+  for (;;) {
+    struct pollfd p[2] = {{w->fd, POLLIN, 0}, {w->stop[0], POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (p[1].revents) break;
+    if (!(p[0].revents & POLLIN)) break; /* the prompt is gone */
+    char head[11];
+    if (read_all(w->fd, head, sizeof head) != 0 || head[0] != 'I') break;
+    pthread_kill(w->main, SIGINT);
+  }
+  return NULL;
+}
+
+/* Run `code` with fds 1 and 2 pointed at a temporary file (and Ctrl-C frames watched); the
+ * output is returned malloc'd. */
+static char *run_captured(lua_State *L, int fd, const char *code, size_t len, size_t *out_len) {
   fflush(stdout);
   fflush(stderr);
   FILE *tmp = tmpfile();
@@ -113,7 +146,17 @@ static char *run_captured(lua_State *L, const char *code, size_t len, size_t *ou
     dup2(fileno(tmp), 1);
     dup2(fileno(tmp), 2);
   }
+  watcher w = {fd, {-1, -1}, pthread_self(), 0};
+  int watching = pipe(w.stop) == 0 && pthread_create(&w.thread, NULL, watch, &w) == 0;
   ddp_repl_eval(L, code, len);
+  if (watching) {
+    (void)!write(w.stop[1], "", 1);
+    pthread_join(w.thread, NULL);
+  }
+  if (w.stop[0] >= 0) {
+    close(w.stop[0]);
+    close(w.stop[1]);
+  }
   fflush(stdout);
   fflush(stderr);
   dup2(saved1, 1);
@@ -123,21 +166,36 @@ static char *run_captured(lua_State *L, const char *code, size_t len, size_t *ou
   char *out = NULL;
   *out_len = 0;
   if (tmp) {
-    long n = ftell(tmp);
-    if (n < 0) n = lseek(fileno(tmp), 0, SEEK_END);
+    off_t n = lseek(fileno(tmp), 0, SEEK_END);
     out = malloc((size_t)(n > 0 ? n : 0) + 1);
-    if (out && n > 0) {
-      if (pread(fileno(tmp), out, (size_t)n, 0) == n) *out_len = (size_t)n;
-    }
+    if (out && n > 0 && pread(fileno(tmp), out, (size_t)n, 0) == n) *out_len = (size_t)n;
     fclose(tmp);
   }
   return out;
 }
 
+/* Connect to host:port (a name or an address). Returns the socket or -1. */
+static int connect_to(const char *host, const char *port) {
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host, port, &hints, &res) != 0) return -1;
+  int fd = -1;
+  for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  return fd;
+}
+
 int ddp_repl_serve(lua_State *L, const char *address) {
-  char host[256];
-  int port = 0;
-  if (sscanf(address, "%255[^:]:%d", host, &port) != 2) {
+  char host[256], port[16];
+  if (sscanf(address, "%255[^:]:%15s", host, port) != 2) {
     fprintf(stderr, DDP_CLI_NAME ": DDPLUA_REPL_CONNECT=%s: expected host:port\n", address);
     return DDP_CLI_EXIT_ERROR;
   }
@@ -148,21 +206,15 @@ int ddp_repl_serve(lua_State *L, const char *address) {
         "dist = require('ddplua.repl.ranks').prompt_dist(dist)",
         "=(distributed REPL)") != 0)
     return DDP_CLI_EXIT_ERROR;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  if (fd < 0 || inet_pton(AF_INET, host, &sa.sin_addr) != 1 ||
-      connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+  int fd = connect_to(host, port);
+  if (fd < 0) {
     fprintf(stderr, DDP_CLI_NAME ": cannot reach the REPL prompt at %s: %s\n", address,
             strerror(errno));
-    if (fd >= 0) close(fd);
     return DDP_CLI_EXIT_ERROR;
   }
   char hello[64];
   const char *rank = getenv("RANK");
-  snprintf(hello, sizeof hello, "%s %ld", rank ? rank : "0", (long)getpid());
+  snprintf(hello, sizeof hello, "%s", rank ? rank : "0");
   send_frame(fd, 'H', hello, strlen(hello));
 
   struct sigaction sa_int;
@@ -175,8 +227,12 @@ int ddp_repl_serve(lua_State *L, const char *address) {
     char type, *code;
     size_t len;
     if (recv_frame(fd, &type, &code, &len) != 0) break; /* the prompt closed: Ctrl-D */
+    if (type != 'L') { /* a Ctrl-C frame that came after the input ended */
+      free(code);
+      continue;
+    }
     size_t out_len = 0;
-    char *out = run_captured(L, code, len, &out_len);
+    char *out = run_captured(L, fd, code, len, &out_len);
     free(code);
     int failed = send_frame(fd, 'O', out ? out : "", out_len);
     free(out);
@@ -193,18 +249,21 @@ int ddp_repl_serve(lua_State *L, const char *address) {
 
 typedef struct ranks {
   int n;
-  int fd[MAX_RANKS];  /* by rank */
-  pid_t pid[MAX_RANKS];
+  int fd[MAX_RANKS]; /* by global rank */
   pid_t launcher;
 } ranks;
 
-/* The pids Ctrl-C is forwarded to while ranks run (read by the signal handler). */
+/* The connections Ctrl-C is forwarded to while ranks run (read by the signal handler, which
+ * writes an 'I' frame to each: write() is async-signal-safe, and the prompt itself writes
+ * nothing while it waits for answers). */
 static volatile sig_atomic_t forward_n;
-static pid_t forward_pid[MAX_RANKS];
+static int forward_fd[MAX_RANKS];
 
 static void forward_sigint(int sig) {
   (void)sig;
-  for (int i = 0; i < forward_n; i++) kill(forward_pid[i], SIGINT);
+  int saved = errno;
+  for (int i = 0; i < forward_n; i++) (void)!write(forward_fd[i], "I0000000000", 11);
+  errno = saved;
 }
 
 /* Print `text` (what one rank or all printed) with `label` before each line. */
@@ -246,7 +305,7 @@ static int run_on_ranks(void *ctx, const char *code, size_t len) {
   sa.sa_flags = SA_RESTART;
   forward_n = 0;
   for (int r = 0; r < rk->n; r++)
-    if (only < 0 || r == only) forward_pid[forward_n++] = rk->pid[r];
+    if (only < 0 || r == only) forward_fd[forward_n++] = rk->fd[r];
   sigaction(SIGINT, &sa, &old);
   for (int r = 0; r < rk->n && !lost; r++) {
     if (only >= 0 && r != only) continue;
@@ -278,7 +337,7 @@ static int run_on_ranks(void *ctx, const char *code, size_t len) {
   return 0;
 }
 
-/* Accept one connection per rank, each saying "<rank> <pid>". -1 when the launcher ended
+/* Accept one connection per rank, each saying "<rank>". -1 when the launcher ended
  * first or the ranks did not come in time. */
 static int gather_ranks(int listener, ranks *rk) {
   time_t deadline = time(NULL) + CONNECT_TIMEOUT_S;
@@ -298,9 +357,8 @@ static int gather_ranks(int listener, ranks *rk) {
     char type, *hello;
     size_t len;
     int rank = -1;
-    long pid = 0;
     if (recv_frame(fd, &type, &hello, &len) == 0) {
-      if (sscanf(hello, "%d %ld", &rank, &pid) != 2) rank = -1;
+      if (type != 'H' || sscanf(hello, "%d", &rank) != 1) rank = -1;
       free(hello);
     }
     if (rank < 0 || rank >= rk->n || rk->fd[rank] >= 0) {
@@ -308,32 +366,47 @@ static int gather_ranks(int listener, ranks *rk) {
       continue;
     }
     rk->fd[rank] = fd;
-    rk->pid[rank] = (pid_t)pid;
     got++;
   }
   return 0;
 }
 
 int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
+  const ddp_cli_launch *l = &opts->launch;
   ranks rk;
   memset(&rk, 0, sizeof rk);
-  rk.n = opts->launch.nproc_per_node;
-  if (opts->launch.nnodes > 1 || rk.n < 1 || rk.n > MAX_RANKS) {
-    fprintf(stderr, DDP_CLI_NAME ": the distributed REPL runs 1..%d ranks on one node "
-            "(--nnodes=1)\n", MAX_RANKS);
+  rk.n = l->nproc_per_node * l->nnodes;
+  if (rk.n < 1 || rk.n > MAX_RANKS) {
+    fprintf(stderr, DDP_CLI_NAME ": the distributed REPL runs 1..%d ranks\n", MAX_RANKS);
     return DDP_CLI_EXIT_USAGE;
+  }
+  /* One node: a loopback socket on a free port. Several: node 0 holds the prompt on
+   * master_port + 1 (every interface), the other nodes' ranks connect there and those nodes
+   * only run their launcher. */
+  int multi = l->nnodes > 1;
+  char address[320];
+  if (multi) {
+    snprintf(address, sizeof address, "%s:%d", l->master_addr, l->master_port + 1);
+    if (l->node_rank > 0) {
+      setenv("DDPLUA_REPL_CONNECT", address, 1);
+      return ddp_launcher_run(opts, argc, argv);
+    }
   }
   int listener = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa;
   socklen_t sl = sizeof sa;
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_addr.s_addr = htonl(multi ? INADDR_ANY : INADDR_LOOPBACK);
+  sa.sin_port = htons(multi ? (uint16_t)(l->master_port + 1) : 0);
+  int one = 1;
+  if (listener >= 0) setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (listener < 0 || bind(listener, (struct sockaddr *)&sa, sizeof sa) != 0 ||
       listen(listener, MAX_RANKS) != 0 || getsockname(listener, (struct sockaddr *)&sa, &sl) != 0) {
     fprintf(stderr, DDP_CLI_NAME ": cannot open the REPL's socket: %s\n", strerror(errno));
     return DDP_CLI_EXIT_ERROR;
   }
+  if (!multi) snprintf(address, sizeof address, "127.0.0.1:%d", ntohs(sa.sin_port));
   fflush(stdout);
   fflush(stderr);
   rk.launcher = fork();
@@ -344,8 +417,6 @@ int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
   if (rk.launcher == 0) { /* the launcher, out of the terminal's Ctrl-C */
     setpgid(0, 0);
     close(listener);
-    char address[64];
-    snprintf(address, sizeof address, "127.0.0.1:%d", ntohs(sa.sin_port));
     setenv("DDPLUA_REPL_CONNECT", address, 1);
     int null_in = open("/dev/null", 0);
     if (null_in >= 0) dup2(null_in, 0);
