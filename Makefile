@@ -16,6 +16,8 @@
 #   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
 #                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md
+#   make docs       the HTML API reference in build/docs/ (tools/gen_docs.lua), from the doc
+#                   comments of lua/ddplua and runtime/include
 #   make clean
 #
 # Knobs
@@ -90,7 +92,8 @@ CUDA_OBJS    := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 # The simulated device (host memory, CPU kernels) lets the specs drive every device code
 # path of the core on machines without a GPU (runtime/backend/sim/plugin.c).
 SIM_PLUGIN := $(BUILD)/libddplua_cuda_sim.so
-TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua $(SIM_PLUGIN)
+DOC_INDEX := $(BUILD)/lua/ddplua/docindex.lua
+TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua $(DOC_INDEX) $(SIM_PLUGIN)
 # The emulated CUDA device (`make emulation`): the simulated device with the kernel areas
 # that need no vendor library (runtime/backend/cuda/<area>.cu, unchanged) compiled by the
 # host compiler under runtime/backend/sim/cuda_emulation.h, which runs each CUDA thread as
@@ -113,13 +116,13 @@ ifeq ($(HAVE_NVCC),1)
   endif
 endif
 
-.PHONY: all lib deps config layers test train bench clean emulation
+.PHONY: all lib deps config layers test train bench clean emulation docs
 all: $(TARGETS)
 
 emulation: $(EMUL_PLUGIN)
 
 # The runtime library and its cdef only (what the specs load).
-lib: $(BUILD)/libddplua.so $(BUILD)/lua/ddplua/cdef.lua $(SIM_PLUGIN)
+lib: $(BUILD)/libddplua.so $(BUILD)/lua/ddplua/cdef.lua $(DOC_INDEX) $(SIM_PLUGIN)
 
 $(BUILD)/obj/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -146,6 +149,13 @@ $(BUILD)/obj/runtime/cli/%.o: runtime/cli/%.c $(HEADERS)
 $(BUILD)/lua/ddplua/cdef.lua: $(shell find runtime/include -name '*.h') tools/gen_cdef.lua
 	@mkdir -p $(dir $@)
 	luajit tools/gen_cdef.lua runtime/include/ddplua.h > $@.tmp && mv $@.tmp $@
+
+# The REPL's help index (`?name`), generated from the doc comments of lua/ddplua/ and of the
+# public headers: the docs are written once, in the code.
+$(DOC_INDEX): $(shell find lua/ddplua -name '*.lua') $(shell find runtime/include -name '*.h') \
+              tools/gen_docindex.lua tools/doc_comments.lua
+	@mkdir -p $(dir $@)
+	luajit tools/gen_docindex.lua . > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/obj/%.o: %.cu $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -180,7 +190,8 @@ $(BUILD)/tests/allocator_emulation: spec/fixtures/allocator_emulation.cc \
 	  -L$(BUILD) -lddplua -Wl,-rpath,'$$ORIGIN/..'
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
-                zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox
+                zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox \
+                tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -203,6 +214,7 @@ config:
 	check "cJSON"               "test -f /usr/include/cjson/cJSON.h"; \
 	check "Gloo"                "test -f /usr/include/gloo/allreduce.h"; \
 	check "gnuplot (ddplua plot)" "command -v gnuplot"; \
+	check "tmux (REPL specs)"   "command -v tmux"; \
 	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
 	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
 	check "cuDNN (CUDA plug-in)" "test -f $(dir $(shell command -v $(NVCC) 2>/dev/null))../include/cudnn.h"; \
@@ -220,6 +232,9 @@ endif
 
 layers:
 	luajit tools/check_layers.lua
+
+docs:
+	luajit tools/gen_docs.lua . $(BUILD)/docs
 
 test: deps
 	@$(MAKE) --no-print-directory all

@@ -19,6 +19,7 @@ M.Tensor = tensor.methods
 M.Generator = generator.new
 M.default_generator = generator.default
 M.cuda = cuda
+M.timeit = require("ddplua.timeit").timeit
 
 -- dtype names, as PyTorch spells them and short
 for _, name in ipairs { "f32", "f64", "f16", "bf16", "i64", "i32", "u8", "bool" } do M[name] = name end

@@ -57,6 +57,7 @@ end
 --- dtype name: "f32", "f64", "f16", "bf16", "i64", "i32", "u8", "bool".
 function Tensor.type(t) return lib.dtype_name(C.ddp_tensor_dtype(t)) end
 
+--- t:is_contiguous() -> row-major with no gaps; t:is_floating_point() -> f32/f64/f16/bf16.
 function Tensor.is_contiguous(t) return C.ddp_tensor_is_contiguous(t) ~= 0 end
 function Tensor.is_floating_point(t) return C.ddp_dtype_is_floating(C.ddp_tensor_dtype(t)) ~= 0 end
 
@@ -166,11 +167,14 @@ function Tensor.zero_(t)
   return t
 end
 
+--- t:contiguous() -> a contiguous tensor with the same values (a copy, even when t is
+-- already contiguous, as the C call makes one).
 function Tensor.contiguous(t)
   check(C.ddp_contiguous(box, t))
   return wrap(box[0])
 end
 
+--- t:clone() -> a copy with its own storage (recorded by autograd).
 function Tensor.clone(t)
   check(C.ddp_clone(box, t))
   return wrap(box[0])
@@ -264,6 +268,8 @@ function Tensor.record_stream(t, s)
   return t
 end
 
+--- t:float() / :double() / :long() / :int() / :half() / :bfloat16() / :byte() / :bool():
+-- t:to(dtype) for f32, f64, i64, i32, f16, bf16, u8, bool (t itself when it has that dtype).
 function Tensor.float(t) return Tensor.to(t, C.DDP_F32) end
 function Tensor.double(t) return Tensor.to(t, C.DDP_F64) end
 function Tensor.long(t) return Tensor.to(t, C.DDP_I64) end
@@ -289,6 +295,8 @@ end
 
 -- ---- properties -----------------------------------------------------------------------
 
+--- Properties (t.grad, t.requires_grad, t.is_leaf, t.grad_fn, t.dtype, t.device,
+-- t.is_cuda, t.shape, t.ndim): getters called by __index; see the top of this file.
 properties.grad = function(t) return wrap(C.ddp_tensor_grad(t)) end
 properties.requires_grad = function(t) return C.ddp_tensor_requires_grad(t) ~= 0 end
 properties.is_leaf = function(t) return C.ddp_tensor_is_leaf(t) ~= 0 end
@@ -305,6 +313,7 @@ properties.is_cuda = function(t) return C.ddp_tensor_device(t) >= 0 end
 properties.shape = lib.size_table
 properties.ndim = Tensor.dim
 
+--- Settable properties: t.grad = g (a tensor of t's shape, or nil), t.requires_grad = bool.
 setters.grad = function(t, g) check(C.ddp_tensor_set_grad(t, g)) end
 setters.requires_grad = function(t, v) check(C.ddp_tensor_set_requires_grad(t, v and 1 or 0)) end
 
@@ -371,8 +380,8 @@ ffi.metatype("struct ddp_tensor", meta)
 M.methods, M.meta, M.properties, M.op_modules = Tensor, meta, properties, op_modules
 
 
---- True when v is a tensor handle.
 local tensor_ptr = ffi.typeof("ddp_tensor*")
+--- True when v is a tensor handle.
 function M.is_tensor(v)
   return type(v) == "cdata" and ffi.istype(tensor_ptr, v)
 end

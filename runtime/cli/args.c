@@ -235,7 +235,10 @@ static int check_launch(const ddp_cli_options *opts, char **argv) {
     return usage_error("option '--standalone' runs one node, not --nnodes=%s", "M > 1");
   if (l->node_rank >= l->nnodes)
     return usage_error("option '--node_rank' must be below --nnodes (%s)", "0 <= K < M");
-  if (opts->interactive) return usage_error("option '%s' cannot be used with the launcher", "-i");
+  /* -i alone is the distributed REPL (dist_repl.c); after a script it has no meaning */
+  if (opts->interactive && (opts->script || opts->n_actions > 0))
+    return usage_error("option '%s' cannot be used with the launcher", "-i");
+  if (opts->interactive) return DDP_CLI_EXIT_OK;
   if (opts->script && strcmp(argv[opts->script], "-") == 0)
     return usage_error("the launcher cannot read the script from stdin ('%s')", "-");
   if (!opts->script && opts->n_actions == 0)

@@ -1,12 +1,15 @@
 /* cli.h: internal declarations of the ddplua executable (runtime/cli/), the LuaJIT host.
  *
  * The executable is the only part of ddplua that includes Lua headers (DESIGN.md, Layers).
- * It is split in four files:
- *   main.c   dispatch: subcommands, options, then the Lua host
- *   args.c   command-line parsing into a ddp_cli_options
- *   host.c   the Lua state: libraries, package.path, the `arg` table, protected calls with a
- *            traceback, Ctrl-C, error reports
- *   repl.c   the read-eval-print loop (libedit on a terminal, plain fgets on a pipe)
+ * It is split in these files:
+ *   main.c        dispatch: subcommands, options, then the Lua host
+ *   args.c        command-line parsing into a ddp_cli_options
+ *   host.c        the Lua state: libraries, package.path, the `arg` table, protected calls
+ *                 with a traceback, Ctrl-C, error reports
+ *   repl.c        the read-eval-print loop (libedit on a terminal, plain fgets on a pipe)
+ *   dist_repl.c   `ddplua --nproc_per_node=N -i`: one prompt driving a REPL on every rank
+ *                 (both ends: the prompt, and the ranks' side of the connection)
+ *   launcher.c    the launcher (torchrun's job)
  */
 #ifndef DDPLUA_CLI_H
 #define DDPLUA_CLI_H
@@ -89,6 +92,10 @@ lua_State *ddp_host_new(const char *root, int argc, char **argv, int script);
  * the traceback) is on top of the stack. */
 int ddp_host_call(lua_State *L, int nargs, int nresults);
 
+/* on != 0: while ddp_host_call runs, every Ctrl-C interrupts the code (the REPL: it ends
+ * only on Ctrl-D); 0 (the default, scripts): a second Ctrl-C ends the process. */
+void ddp_host_keep_running_on_sigint(int on);
+
 /* When status != 0, print the message on top of the stack as "ddplua: <message>" to stderr
  * and pop it. Returns status. */
 int ddp_host_report(lua_State *L, int status);
@@ -108,6 +115,33 @@ int ddp_host_run_script(lua_State *L, int argc, char **argv, int script);
  * libedit (line editing, history in ~/.ddplua_history, a banner) over plain line reads.
  * Returns DDP_CLI_EXIT_OK. */
 int ddp_repl_run(lua_State *L, int tty);
+
+/* The distributed REPL (dist_repl.c): `ddplua --nproc_per_node=N -i` with no script. Starts
+ * the launcher (in a child, its own process group) with DDPLUA_REPL_CONNECT telling every
+ * worker's REPL to take its input from this process instead of stdin, then reads lines here
+ * (libedit on a terminal) and runs each on every rank in lockstep (or on one with
+ * `%rank K code`), printing what each rank printed with its rank, identical outputs once as
+ * "[all ranks]". Ctrl-C interrupts the code on every rank; Ctrl-D ends the session. Returns
+ * the exit status. */
+int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv);
+
+/* Make ddp_repl_run send each complete input to `run` instead of running it (the prompt of
+ * the distributed REPL): the text as typed, "%rank K " prefix included (the prefix is left
+ * out when checking the input is complete). `run` prints what came back and returns 0.
+ * NULL restores local running. */
+typedef int (*ddp_repl_remote)(void *ctx, const char *code, size_t len);
+void ddp_repl_set_remote(ddp_repl_remote run, void *ctx);
+
+/* Run one complete input as the prompt does (compiled by the ddplua.repl session that
+ * ddp_repl_run opened: locals kept, `?name`, `:time`), print its values, report its error.
+ * Returns the status (0 when it ran without error). */
+int ddp_repl_eval(lua_State *L, const char *code, size_t len);
+
+/* A worker of the distributed REPL (dist_repl.c): when DDPLUA_REPL_CONNECT ("host:port") is
+ * set, ddp_repl_run serves that connection instead of reading stdin: each input received is
+ * compiled and run as at the prompt, with its stdout and stderr sent back. Returns
+ * DDP_CLI_EXIT_OK when the prompt closes the connection. */
+int ddp_repl_serve(lua_State *L, const char *address);
 
 /* The launcher (launcher.c), torchrun's job: start opts->launch.nproc_per_node workers,
  * each this same executable run on argv without the launcher flags and with the torchrun

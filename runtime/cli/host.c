@@ -108,20 +108,28 @@ lua_State *ddp_host_new(const char *root, int argc, char **argv, int script) {
 /* The state a Ctrl-C interrupts (one Lua state per process). */
 static lua_State *interrupted_state;
 static double error_at; /* when the last Lua error was raised (ddp_os_monotonic_seconds) */
+/* Set by the REPL: every Ctrl-C interrupts the running code, none ends the process. */
+static int keep_running_on_sigint;
 
 /* The hook set by the signal handler: clears itself and raises at the next Lua event. Code
- * that runs as a JIT trace or inside a C function only notices at the next call or return;
- * a second Ctrl-C (default action restored) then ends the process. */
+ * that runs as a JIT trace or inside a C function only notices at the next call or return
+ * (the REPL keeps what is typed at the prompt out of the JIT: Note [interruptible input] in
+ * lua/ddplua/repl/chunk.lua). Outside the REPL a second Ctrl-C (default action restored)
+ * ends the process. */
 static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
   luaL_error(L, "interrupted!");
 }
 
+/* lua_sethook is the one Lua call that is safe in a signal handler (it only stores the hook
+ * and its mask; the stock luajit does the same). */
 static void on_sigint(int sig) {
-  signal(sig, SIG_DFL);
+  if (!keep_running_on_sigint) signal(sig, SIG_DFL);
   lua_sethook(interrupted_state, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
+
+void ddp_host_keep_running_on_sigint(int on) { keep_running_on_sigint = on; }
 
 /* Message handler: turn the error into "<message>\nstack traceback:..." (through the error
  * object's __tostring when it is not a string). */
@@ -149,9 +157,16 @@ int ddp_host_call(lua_State *L, int nargs, int nresults) {
   lua_pushcfunction(L, traceback);
   lua_insert(L, base);
   interrupted_state = L;
-  void (*previous)(int) = signal(SIGINT, on_sigint);
+  /* sigaction rather than signal(): System V semantics would reset the handler after one
+   * Ctrl-C even in the REPL. */
+  struct sigaction sa, previous;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, &previous);
   int status = lua_pcall(L, nargs, nresults, base);
-  signal(SIGINT, previous);
+  sigaction(SIGINT, &previous, NULL);
   lua_sethook(L, NULL, 0, 0); /* in case Ctrl-C came after the last Lua event */
   lua_remove(L, base);
   if (status != 0) lua_gc(L, LUA_GCCOLLECT, 0); /* an error may leave big garbage behind */

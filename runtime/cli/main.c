@@ -6,6 +6,7 @@
  *   ddplua -                        script from stdin
  *   ddplua --version | --help
  *   ddplua --nproc_per_node=N [launcher flags] script.lua args...   the launcher (launcher.c)
+ *   ddplua --nproc_per_node=N -i   one prompt, a REPL on every rank (dist_repl.c)
  *   ddplua <subcommand> ...         tools built into the executable (table below)
  *
  * Order: a subcommand named by argv[1] takes the whole command line; otherwise the options
@@ -112,6 +113,9 @@ int main(int argc, char **argv) {
     }
   } else if (opts.show_version) {
     print_version();
+  } else if (opts.launch.requested && opts.interactive && !opts.script) {
+    point_lua_at_own_runtime();
+    status = ddp_dist_repl_run(&opts, argc, argv); /* the distributed REPL (dist_repl.c) */
   } else if (opts.launch.requested) {
     status = ddp_launcher_run(&opts, argc, argv);
   } else {

@@ -72,8 +72,10 @@ function M.TensorDataset(...)
   return object.new(TensorDataset, { tensors = ts })
 end
 
+--- ds:len() -> number of samples (the first dimension of the tensors).
 function TensorDataset.len(self) return self.tensors[1]:size(1) end
 
+--- ds:get(i) -> the i-th slice of each tensor (i counts from 1); raises out of range.
 function TensorDataset.get(self, i)
   local n = TensorDataset.len(self)
   if type(i) ~= "number" or i < 1 or i > n or i % 1 ~= 0 then
@@ -84,6 +86,7 @@ function TensorDataset.get(self, i)
   return unpack(out, 1, #self.tensors)
 end
 
+--- ds:c_sources() -> the tensors and no transforms: the loader batches them in C.
 function TensorDataset.c_sources(self) return self.tensors, {} end
 
 function TensorDataset.__tostring(self)
@@ -94,6 +97,7 @@ end
 
 local ImageDataset = { name = "ImageDataset" }
 
+--- ds:len() -> number of images.
 function ImageDataset.len(self) return self.data:size(1) end
 
 --- ds:get(i) -> image (C, H, W) after the transform (f32 with the default one), label (a
@@ -124,6 +128,8 @@ function ImageDataset._spec(self)
   return self.spec_cache
 end
 
+--- ds:c_sources() -> the images and labels and the transform spec when the loader can
+-- batch them in C (no target_transform, a transform it knows), else nil.
 function ImageDataset.c_sources(self)
   if self.target_transform then return nil end
   local tf = self.transform

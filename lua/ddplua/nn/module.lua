@@ -647,6 +647,8 @@ end
 --- m:cpu() -> m: m:to("cpu"). See Note [module to].
 function Module:cpu() return self:to("cpu") end
 
+--- m:float() / m:double() / m:half() / m:bfloat16() -> m: m:to(dtype) for f32, f64, f16,
+-- bf16 (floating parameters and buffers only).
 function Module:float() return self:to("f32") end
 function Module:double() return self:to("f64") end
 function Module:half() return self:to("f16") end

@@ -27,6 +27,7 @@ function ModuleDict:update(modules)
   return self
 end
 
+--- d:set(name, m) -> d: add or replace the child `name` (m must be a Module).
 function ModuleDict:set(name, m)
   if not module.is_module(m) then
     lib.raise(("ModuleDict: entry '%s' must be a Module, got %s"):format(tostring(name), type(m)))
@@ -35,16 +36,19 @@ function ModuleDict:set(name, m)
   return self
 end
 
+--- d:get(name) -> the child or nil; d:contains(name) -> boolean; d:len() -> count.
 function ModuleDict:get(name) return rawget(self, "_modules").values[name] end
 function ModuleDict:contains(name) return rawget(self, "_modules").values[name] ~= nil end
 function ModuleDict:len() return #rawget(self, "_modules").names end
 
+--- d:keys() -> the names in insertion order.
 function ModuleDict:keys()
   local out = {}
   for i, n in ipairs(rawget(self, "_modules").names) do out[i] = n end
   return out
 end
 
+--- d:values() -> the children in insertion order.
 function ModuleDict:values()
   local out, mods = {}, rawget(self, "_modules")
   for i, n in ipairs(mods.names) do out[i] = mods.values[n] end

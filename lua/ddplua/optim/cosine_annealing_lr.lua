@@ -11,6 +11,8 @@ local LRScheduler = require "ddplua.optim.lr_scheduler"
 
 local CosineAnnealingLR = LRScheduler.subclass("CosineAnnealingLR")
 
+--- CosineAnnealingLR(optimizer, opts) -> the scheduler (a subclass of LRScheduler), opts as described
+-- above; raises on an unknown or invalid option.
 function CosineAnnealingLR.new(optimizer, opts)
   local name = "CosineAnnealingLR"
   opts = LRScheduler.options(name, opts, { T_max = true, eta_min = true, last_epoch = true })

@@ -8,6 +8,8 @@ local LRScheduler = require "ddplua.optim.lr_scheduler"
 
 local ExponentialLR = LRScheduler.subclass("ExponentialLR")
 
+--- ExponentialLR(optimizer, opts) -> the scheduler (a subclass of LRScheduler), opts as described
+-- above; raises on an unknown or invalid option.
 function ExponentialLR.new(optimizer, opts)
   opts = LRScheduler.options("ExponentialLR", opts, { gamma = true, last_epoch = true })
   local self = setmetatable({}, ExponentialLR)

@@ -11,6 +11,8 @@ local LRScheduler = require "ddplua.optim.lr_scheduler"
 
 local LinearLR = LRScheduler.subclass("LinearLR")
 
+--- LinearLR(optimizer, opts) -> the scheduler (a subclass of LRScheduler), opts as described
+-- above; raises on an unknown or invalid option.
 function LinearLR.new(optimizer, opts)
   local name = "LinearLR"
   opts = LRScheduler.options(name, opts, { start_factor = true, end_factor = true, total_iters = true, last_epoch = true })

@@ -9,6 +9,8 @@ local LRScheduler = require "ddplua.optim.lr_scheduler"
 
 local MultiStepLR = LRScheduler.subclass("MultiStepLR")
 
+--- MultiStepLR(optimizer, opts) -> the scheduler (a subclass of LRScheduler), opts as described
+-- above; raises on an unknown or invalid option.
 function MultiStepLR.new(optimizer, opts)
   local name = "MultiStepLR"
   opts = LRScheduler.options(name, opts, { milestones = true, gamma = true, last_epoch = true })

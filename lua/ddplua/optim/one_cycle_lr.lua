@@ -57,6 +57,8 @@ local function anneal_linear(start, stop, pct)
   return (stop - start) * pct + start
 end
 
+--- OneCycleLR(optimizer, opts) -> the scheduler (a subclass of LRScheduler), opts as described
+-- above; raises on an unknown or invalid option.
 function OneCycleLR.new(optimizer, opts)
   opts = LRScheduler.options(NAME, opts, ALLOWED)
   if type(optimizer) ~= "table" or type(optimizer.param_groups) ~= "table" then

@@ -8,6 +8,8 @@ local LRScheduler = require "ddplua.optim.lr_scheduler"
 
 local StepLR = LRScheduler.subclass("StepLR")
 
+--- StepLR(optimizer, opts) -> the scheduler (a subclass of LRScheduler), opts as described
+-- above; raises on an unknown or invalid option.
 function StepLR.new(optimizer, opts)
   opts = LRScheduler.options("StepLR", opts, { step_size = true, gamma = true, last_epoch = true })
   local self = setmetatable({}, StepLR)

@@ -47,6 +47,8 @@ enum ddp_cuda_memory_stat {
   DDP_CUDA_MEM_ALLOC_CALLS = 4,   /* allocations served (a count, not bytes) */
   DDP_CUDA_MEM_DEVICE_CALLS = 5   /* of which went to cudaMalloc (a count) */
 };
+/* *out = the counter `which` (enum ddp_cuda_memory_stat) of `device`; resetting sets the
+ * two peaks to the current values. DDP_ERR_UNAVAILABLE without CUDA. */
 int ddp_cuda_memory_stat(int device, int which, int64_t *out);
 int ddp_cuda_reset_peak_memory_stats(int device);
 /* Give every cached (free) block back to the driver. */

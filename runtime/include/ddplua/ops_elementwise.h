@@ -62,6 +62,8 @@ int ddp_rsub_scalar(ddp_tensor **out, ddp_tensor *a, double s); /* s - a */
 int ddp_rdiv_scalar(ddp_tensor **out, ddp_tensor *a, double s); /* s / a */
 int ddp_rpow_scalar(ddp_tensor **out, ddp_tensor *a, double s); /* s ^ a */
 
+/* In place: self = self op s (self keeps its dtype; a leaf that requires grad is refused
+ * with grad mode on, as above). */
 int ddp_add_scalar_(ddp_tensor *self, double s);
 int ddp_sub_scalar_(ddp_tensor *self, double s);
 int ddp_mul_scalar_(ddp_tensor *self, double s);

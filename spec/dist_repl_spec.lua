@@ -1,0 +1,81 @@
+-- Specs for the distributed REPL, `ddplua --nproc_per_node=2 -i` (runtime/cli/dist_repl.c,
+-- Note [distributed REPL]): every line on every rank in lockstep, identical outputs once as
+-- "[all ranks]", collectives at the prompt, %rank K, an error on one rank that does not end
+-- the session, Ctrl-C reaching every rank. Driven through a pipe and through a terminal.
+local pty = require "pty"
+local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
+
+local function run(input)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(input)
+  f:close()
+  local p = assert(io.popen(("timeout 120 %s --nproc_per_node=2 -i < %s 2>&1; echo \"status=$?\"")
+    :format(exe, path)))
+  local out = p:read("*a")
+  p:close()
+  os.remove(path)
+  return out
+end
+
+describe("distributed REPL", function()
+  it("runs each line on both ranks, folds identical outputs, keeps going after an error", function()
+    local out = run("x = dist.get_rank()\nx\ndist.all_reduce(dl.ones{2})\n%rank 1 x * 10\n" ..
+      "if x == 1 then error('only on 1') end\nlocal y = 5\ny + 1\nfor i = 1, 2 do\nprint(i)\nend\n")
+    assert.matches("[rank 0] 0\n[rank 1] 1\n", out, 1, true)
+    assert.matches("[all ranks] tensor([2.0000, 2.0000])\n", out, 1, true)
+    assert.matches("> [rank 1] 10\n", out, 1, true)
+    assert.not_matches("%[rank 0%] 0\n?%[rank 0%] 0", out)
+    assert.matches("[rank 1] ddplua: stdin:1: only on 1", out, 1, true)
+    assert.not_matches("[rank 0] ddplua: stdin:1: only on 1", out, 1, true)
+    assert.matches("[all ranks] 6\n", out, 1, true)
+    assert.matches("[all ranks] 1\n[all ranks] 2\n", out, 1, true)
+    assert.matches("status=0\n$", out)
+  end)
+
+  it("says so when %rank names no rank", function()
+    local out = run("%rank 7 1\n")
+    assert.matches("%rank: no rank 7 (ranks 0..1)", out, 1, true)
+  end)
+
+  it("takes the --nnodes form: node 0 holds the prompt, node 1 only runs its ranks", function()
+    local port = 30000 + math.random(0, 20000)
+    local flags = ("--nnodes=2 --master_addr=127.0.0.1 --master_port=%d --nproc_per_node=1 -i"):format(port)
+    local log = os.tmpname()
+    os.execute(("timeout 120 %s --node_rank=1 %s > %s 2>&1 &"):format(exe, flags, log))
+    finally(function() os.remove(log) end)
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write("dist.get_rank()\ndist.all_reduce(dl.ones{2})\n%rank 1 dist.get_world_size()\n")
+    f:close()
+    local p = assert(io.popen(("timeout 120 %s --node_rank=0 %s < %s 2>&1; echo \"status=$?\"")
+      :format(exe, flags, path)))
+    local out = p:read("*a")
+    p:close()
+    os.remove(path)
+    assert.matches("[rank 0] 0\n[rank 1] 1\n", out, 1, true)
+    assert.matches("[all ranks] tensor([2.0000, 2.0000])\n", out, 1, true)
+    assert.matches("[rank 1] 2\n", out, 1, true)
+    assert.matches("status=0\n$", out)
+  end)
+
+  local it_tty = pty.available() and it or pending
+  it_tty("answers a collective once for all ranks and stops both ranks on Ctrl-C", function()
+    local term = pty.start(exe .. " --nproc_per_node=2 -i")
+    finally(function() term:close() end)
+    term:wait_for("Ctrl-D exits.", 120)
+    term:wait_prompt(nil, 120)
+    local out = term:enter("dist.all_reduce(dl.ones{2})", 60)
+    assert.equal(1, select(2, out:gsub("%[all ranks%] tensor%(%[2%.0000, 2%.0000%]%)", "")))
+    term:send("while true do end", "Enter")
+    os.execute("sleep 0.5")
+    term:send("C-c")
+    term:wait_for("[all ranks] ddplua: interrupted!", 60)
+    term:wait_prompt(nil, 60)
+    assert.matches("[all ranks] 2", term:enter("1+1", 60), 1, true)
+    term:send("C-d")
+    local deadline = os.time() + 60
+    while not term:dead() and os.time() < deadline do os.execute("sleep 0.1") end
+    assert.is_true(term:dead())
+  end)
+end)
