@@ -67,6 +67,10 @@ local function opt_number(opts, name, what)
   return v or 0
 end
 
+local TCP_KNOWN = options.known { "is_server", "timeout", "rank", "secret", "idle_timeout",
+  "max_memory", "max_connections" }
+local FILE_KNOWN = options.known { "timeout", "rank" }
+
 --- A TCP store client of the server at host:port, connected once it proved the job's secret
 -- (README, "Security").
 -- opts.is_server (default false): also run the server in this process (a background
@@ -82,10 +86,6 @@ end
 -- opts.max_connections (default min(1024, half the descriptor limit)).
 -- Raises on a bad port or option, a port already in use, no server within the timeout
 -- (naming host:port), or a server that refused this client's secret.
-local TCP_KNOWN = options.known { "is_server", "timeout", "rank", "secret", "idle_timeout",
-  "max_memory", "max_connections" }
-local FILE_KNOWN = options.known { "timeout", "rank" }
-
 function M.TCPStore(host, port, opts)
   opts = options.check("TCPStore", opts, TCP_KNOWN)
   if host ~= nil and type(host) ~= "string" then
