@@ -38,18 +38,28 @@ describe("distributed REPL", function()
     assert.matches("%rank: no rank 7 (ranks 0..1)", out, 1, true)
   end)
 
-  it("takes the --nnodes form: node 0 holds the prompt, node 1 only runs its ranks", function()
+  -- Both nodes share the job's secret (the launcher refuses --nnodes > 1 without one). A
+  -- process without it connects to the prompt first, claiming rank 1, and sends a bogus
+  -- proof: it must get no code and must not take rank 1's place (Note [REPL handshake]).
+  it("takes the --nnodes form: node 0 holds the prompt, node 1 only runs its ranks; a connection without the secret gets nothing #faults", function()
     local port = 30000 + math.random(0, 20000)
     local flags = ("--nnodes=2 --master_addr=127.0.0.1 --master_port=%d --nproc_per_node=1 -i"):format(port)
-    local log = os.tmpname()
-    os.execute(("timeout 120 %s --node_rank=1 %s > %s 2>&1 &"):format(exe, flags, log))
-    finally(function() os.remove(log) end)
+    local secret = "DDPLUA_STORE_SECRET=" .. string.rep("ab", 32)
+    local log, got = os.tmpname(), os.tmpname()
+    local nonce = string.rep("0", 64)
+    local hello = ("1 %s"):format(nonce)
+    local fake = string.rep("f", 64)
+    os.execute(("timeout 60 bash -c 'for i in $(seq 600); do exec 3<>/dev/tcp/127.0.0.1/%d && break; " ..
+      "sleep 0.05; done 2>/dev/null; printf \"H%%010d%%sP%%010d%%s\" %d \"%s\" 64 %s >&3; " ..
+      "timeout 20 cat <&3 > %s' >/dev/null 2>&1 &"):format(port + 1, #hello, hello, fake, got))
+    os.execute(("sleep 0.3; env %s timeout 120 %s --node_rank=1 %s > %s 2>&1 &"):format(secret, exe, flags, log))
+    finally(function() os.remove(log); os.remove(got) end)
     local path = os.tmpname()
     local f = assert(io.open(path, "w"))
     f:write("dist.get_rank()\ndist.all_reduce(dl.ones{2})\n%rank 1 dist.get_world_size()\n")
     f:close()
-    local p = assert(io.popen(("timeout 120 %s --node_rank=0 %s < %s 2>&1; echo \"status=$?\"")
-      :format(exe, flags, path)))
+    local p = assert(io.popen(("env %s timeout 120 %s --node_rank=0 %s < %s 2>&1; echo \"status=$?\"")
+      :format(secret, exe, flags, path)))
     local out = p:read("*a")
     p:close()
     os.remove(path)
@@ -57,6 +67,12 @@ describe("distributed REPL", function()
     assert.matches("[all ranks] tensor([2.0000, 2.0000])\n", out, 1, true)
     assert.matches("[rank 1] 2\n", out, 1, true)
     assert.matches("status=0\n$", out)
+    os.execute("sleep 0.2")
+    local f2 = io.open(got)
+    local received = f2 and f2:read("*a") or ""
+    if f2 then f2:close() end
+    assert.not_matches("get_rank", received, 1, true)
+    assert.not_matches("L%d%d%d%d%d%d%d%d%d%d", received)
   end)
 
   local it_tty = pty.available() and it or pending

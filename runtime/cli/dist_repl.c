@@ -27,8 +27,19 @@
  * One node: the socket is bound to 127.0.0.1 on a free port. With --nnodes=M, node 0 (the
  * one that gets the prompt) listens on master_port + 1 on every interface, and the other
  * nodes, started with the same flags and -i, only run their launcher, whose ranks connect
- * to master_addr:master_port + 1. Like the store, the connection carries no secret: run it
- * on a trusted network.
+ * to master_addr:master_port + 1.
+ *
+ * Note [REPL handshake]: the prompt sends code that every rank runs, so each side proves
+ * the job's secret ($DDPLUA_STORE_SECRET: the prompt makes one for a one-node job before it
+ * forks the launcher, which keeps it; a multi-node job must set it, as for the store) before
+ * anything else crosses the socket, in the store's way (Note [store handshake]): the rank
+ * sends 'H' "<rank> <nonce_r>", the prompt answers 'A' "<nonce_p> <mac_p>" with
+ * mac_p = HMAC-SHA256(secret, "ddplua-repl prompt <rank> <nonce_r> <nonce_p>"), the rank
+ * checks it and answers 'P' "<mac_r>" with mac_r = HMAC-SHA256(secret, "ddplua-repl rank
+ * <rank> <nonce_p> <nonce_r>"). Nonces are 64 fresh hex digits; MACs travel as hex. A rank
+ * never runs code from a prompt that failed to prove the secret, and the prompt drops a
+ * connection that fails, or that sends nothing within HANDSHAKE_TIMEOUT_S, or a frame
+ * longer than HANDSHAKE_FRAME_MAX before it has proved it.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -50,10 +61,13 @@
 #include <lua.h>
 
 #include "cli.h"
+#include "ddplua.h"
 
 #define MAX_RANKS 256
 #define PATH_BUF 4096
 #define CONNECT_TIMEOUT_S 120 /* ranks start, load ddplua and join the group in this time */
+#define HANDSHAKE_TIMEOUT_S 10 /* a connection proves the secret within this time */
+#define HANDSHAKE_FRAME_MAX 256 /* bytes of a handshake frame's payload */
 
 /* ---------------------------------------------------------------------------------------
  * Frames
@@ -87,12 +101,15 @@ static int send_frame(int fd, char type, const char *data, size_t len) {
   return write_all(fd, head, 11) || write_all(fd, data, len) ? -1 : 0;
 }
 
-/* Receive a frame: *data is malloc'd and NUL-terminated. -1 at end of stream or error. */
-static int recv_frame(int fd, char *type, char **data, size_t *len) {
+/* Receive a frame of at most `max` payload bytes: *data is malloc'd and NUL-terminated. -1
+ * at end of stream, on error, or for a longer frame. */
+static int recv_frame_max(int fd, char *type, char **data, size_t *len, size_t max) {
   char head[12] = {0};
+  *data = NULL;
   if (read_all(fd, head, 11) != 0) return -1;
   *type = head[0];
   *len = (size_t)strtoull(head + 1, NULL, 10);
+  if (*len > max) return -1;
   *data = malloc(*len + 1);
   if (!*data || read_all(fd, *data, *len) != 0) {
     free(*data);
@@ -100,6 +117,88 @@ static int recv_frame(int fd, char *type, char **data, size_t *len) {
   }
   (*data)[*len] = '\0';
   return 0;
+}
+
+/* A frame from a peer that has proved the secret (any length). */
+static int recv_frame(int fd, char *type, char **data, size_t *len) {
+  return recv_frame_max(fd, type, data, len, (size_t)-1 - 1);
+}
+
+/* ---- the handshake (Note [REPL handshake]) ---- */
+
+/* The job's secret: $DDPLUA_STORE_SECRET, or "" when unset (then both sides prove the empty
+ * secret, as the store does). */
+static const char *job_secret(void) {
+  const char *s = getenv("DDPLUA_STORE_SECRET");
+  return s ? s : "";
+}
+
+/* hex of HMAC-SHA256(secret, "ddplua-repl <who> <rank> <a> <b>") into out (65 bytes). */
+static void handshake_mac(char *out, const char *who, int rank, const char *a, const char *b) {
+  char msg[320];
+  unsigned char mac[32];
+  int n = snprintf(msg, sizeof msg, "ddplua-repl %s %d %s %s", who, rank, a, b);
+  const char *secret = job_secret();
+  ddp_hmac_sha256(mac, secret, strlen(secret), msg, (size_t)n);
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
+}
+
+/* 1 when the NUL-terminated a and b are equal, in time that depends only on their lengths. */
+static int same_mac(const char *a, const char *b) {
+  size_t n = strlen(a);
+  if (n != strlen(b)) return 0;
+  unsigned char d = 0;
+  for (size_t i = 0; i < n; i++) d |= (unsigned char)(a[i] ^ b[i]);
+  return d == 0;
+}
+
+/* Bound every read of fd by `seconds` (0: no bound). */
+static void set_read_timeout(int fd, int seconds) {
+  struct timeval tv = {seconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* The rank's half: 0 when the prompt proved the secret and the rank answered. */
+static int handshake_rank(int fd, int rank) {
+  char nonce_r[65], hello[96], *reply = NULL, type;
+  size_t len;
+  if (ddp_store_new_secret(nonce_r, sizeof nonce_r) != DDP_OK) return -1;
+  snprintf(hello, sizeof hello, "%d %s", rank, nonce_r);
+  if (send_frame(fd, 'H', hello, strlen(hello)) != 0) return -1;
+  set_read_timeout(fd, HANDSHAKE_TIMEOUT_S);
+  int ok = recv_frame_max(fd, &type, &reply, &len, HANDSHAKE_FRAME_MAX) == 0 && type == 'A';
+  char nonce_p[65] = "", mac_p[65] = "", want[65], mine[65];
+  ok = ok && sscanf(reply, "%64s %64s", nonce_p, mac_p) == 2;
+  free(reply);
+  if (!ok) return -1;
+  handshake_mac(want, "prompt", rank, nonce_r, nonce_p);
+  if (!same_mac(want, mac_p)) return -1;
+  set_read_timeout(fd, 0);
+  handshake_mac(mine, "rank", rank, nonce_p, nonce_r);
+  return send_frame(fd, 'P', mine, strlen(mine));
+}
+
+/* The prompt's half for one accepted connection: the rank it proved, or -1. */
+static int handshake_prompt(int fd) {
+  char type, *hello = NULL, *proof = NULL;
+  size_t len;
+  int rank = -1;
+  char nonce_r[65] = "", nonce_p[65], answer[160], mac[65], want[65];
+  set_read_timeout(fd, HANDSHAKE_TIMEOUT_S);
+  int ok = recv_frame_max(fd, &type, &hello, &len, HANDSHAKE_FRAME_MAX) == 0 && type == 'H';
+  ok = ok && sscanf(hello, "%d %64s", &rank, nonce_r) == 2 && strlen(nonce_r) == 64;
+  free(hello);
+  if (!ok || ddp_store_new_secret(nonce_p, sizeof nonce_p) != DDP_OK) return -1;
+  handshake_mac(mac, "prompt", rank, nonce_r, nonce_p);
+  snprintf(answer, sizeof answer, "%s %s", nonce_p, mac);
+  if (send_frame(fd, 'A', answer, strlen(answer)) != 0) return -1;
+  ok = recv_frame_max(fd, &type, &proof, &len, HANDSHAKE_FRAME_MAX) == 0 && type == 'P';
+  handshake_mac(want, "rank", rank, nonce_p, nonce_r);
+  ok = ok && same_mac(want, proof);
+  free(proof);
+  if (!ok) return -1;
+  set_read_timeout(fd, 0);
+  return rank;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -212,10 +311,13 @@ int ddp_repl_serve(lua_State *L, const char *address) {
             strerror(errno));
     return DDP_CLI_EXIT_ERROR;
   }
-  char hello[64];
   const char *rank = getenv("RANK");
-  snprintf(hello, sizeof hello, "%s", rank ? rank : "0");
-  send_frame(fd, 'H', hello, strlen(hello));
+  if (handshake_rank(fd, rank ? atoi(rank) : 0) != 0) {
+    fprintf(stderr, DDP_CLI_NAME ": the REPL prompt at %s did not prove the job's secret "
+            "(DDPLUA_STORE_SECRET): not running its code\n", address);
+    close(fd);
+    return DDP_CLI_EXIT_ERROR;
+  }
 
   struct sigaction sa_int;
   memset(&sa_int, 0, sizeof sa_int);
@@ -337,7 +439,8 @@ static int run_on_ranks(void *ctx, const char *code, size_t len) {
   return 0;
 }
 
-/* Accept one connection per rank, each saying "<rank>". -1 when the launcher ended
+/* Accept one connection per rank, each proving the secret and naming its rank (Note [REPL
+ * handshake]). -1 when the launcher ended
  * first or the ranks did not come in time. */
 static int gather_ranks(int listener, ranks *rk) {
   time_t deadline = time(NULL) + CONNECT_TIMEOUT_S;
@@ -354,13 +457,7 @@ static int gather_ranks(int listener, ranks *rk) {
     if (poll(&p, 1, 200) <= 0) continue;
     int fd = accept(listener, NULL, NULL);
     if (fd < 0) continue;
-    char type, *hello;
-    size_t len;
-    int rank = -1;
-    if (recv_frame(fd, &type, &hello, &len) == 0) {
-      if (type != 'H' || sscanf(hello, "%d", &rank) != 1) rank = -1;
-      free(hello);
-    }
+    int rank = handshake_prompt(fd);
     if (rank < 0 || rank >= rk->n || rk->fd[rank] >= 0) {
       close(fd);
       continue;
@@ -385,6 +482,17 @@ int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
    * only run their launcher. */
   int multi = l->nnodes > 1;
   char address[320];
+  /* The job's secret, made here for a one-node job so the prompt and the ranks share it (the
+   * launcher keeps a secret it is given; it refuses --nnodes > 1 without one). */
+  const char *given = getenv("DDPLUA_STORE_SECRET");
+  if (!multi && !(given && given[0])) {
+    char secret[65];
+    if (ddp_store_new_secret(secret, sizeof secret) != DDP_OK ||
+        setenv("DDPLUA_STORE_SECRET", secret, 1) != 0) {
+      fprintf(stderr, DDP_CLI_NAME ": cannot make the job's secret: %s\n", ddp_last_error());
+      return DDP_CLI_EXIT_ERROR;
+    }
+  }
   if (multi) {
     snprintf(address, sizeof address, "%s:%d", l->master_addr, l->master_port + 1);
     if (l->node_rank > 0) {
