@@ -36,7 +36,8 @@
  * worker started go with it; workers also have PR_SET_PDEATHSIG = SIGKILL, so they die with
  * a launcher that is killed outright. SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to
  * the workers (a second one sends SIGKILL); once they are reaped, the launcher ends by the
- * same signal.
+ * same signal. SIGUSR1 is passed on to each worker process and changes nothing else: each
+ * rank dumps its flight recorder (Note [flight recorder]) and goes on.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -107,6 +108,7 @@ static int install_signals(void) {
   sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGCHLD, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
   for (int i = 0; i < N_FORWARDED; i++) sigaction(forwarded[i], &sa, NULL);
   signal(SIGPIPE, SIG_IGN); /* a closed console gives EPIPE, not death */
   return 0;
@@ -114,6 +116,7 @@ static int install_signals(void) {
 
 static void restore_signals(void) {
   signal(SIGCHLD, SIG_DFL);
+  signal(SIGUSR1, SIG_DFL);
   for (int i = 0; i < N_FORWARDED; i++) signal(forwarded[i], SIG_DFL);
   signal(SIGPIPE, SIG_DFL);
   sigset_t none;
@@ -130,6 +133,10 @@ static void take_signals(launcher *L, ddp_procs *p) {
     for (ssize_t j = 0; j < k; j++) {
       int sig = sigs[j];
       if (sig == SIGCHLD) continue;
+      if (sig == SIGUSR1) { /* a dump request, not a stop */
+        ddp_procs_notify(p, SIGUSR1);
+        continue;
+      }
       if (L->signal) { /* a second one: no more grace */
         ddp_procs_terminate(p, SIGKILL);
         continue;

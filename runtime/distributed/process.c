@@ -665,6 +665,12 @@ void ddp_procs_terminate(ddp_procs *p, int sig) {
   if (p->kill_at == 0) p->kill_at = now_s() + p->cfg.grace_s;
 }
 
+void ddp_procs_notify(ddp_procs *p, int sig) {
+  if (!p) return;
+  for (int i = 0; i < p->cfg.nprocs; i++)
+    if (p->workers[i].running) kill(p->workers[i].pid, sig);
+}
+
 static int failed_status(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
 /* Reap the workers that ended (Note [first failure]). Returns how many still run. */

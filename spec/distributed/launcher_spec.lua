@@ -317,4 +317,29 @@ describe("ddplua launcher #dist", function()
       assert.matches(case[2], err, 1, true)
     end
   end)
+
+  -- Before, SIGUSR1 had its default action in the launcher: it died, and its workers with it.
+  it("passes SIGUSR1 on to every worker, which dumps its flight recorder and goes on #faults", function()
+    local script = temp_file([[
+local dist = require "ddplua.distributed"
+local dl = require "ddplua"
+dist.init_process_group{backend = "gloo"}
+dist.all_reduce(dl.ones{4})
+dist.barrier()
+if dist.get_rank() == 0 then
+  -- this worker's parent is the launcher ($PPID of the shell is this worker)
+  os.execute("kill -USR1 $(ps -o ppid= -p $PPID); sleep 1.5")
+end
+dist.barrier()
+print("done")
+]])
+    finally(function() os.remove(script) end)
+    local out, err, status = run("--nproc_per_node=2 --standalone " .. sh(script))
+    assert.equal(0, status, err)
+    assert.same({ "done" }, lines_of(out, 0))
+    assert.same({ "done" }, lines_of(out, 1))
+    assert.matches("flight recorder of rank 0", err, 1, true)
+    assert.matches("flight recorder of rank 1", err, 1, true)
+    assert.matches("all_reduce f32%[4%]", err)
+  end)
 end)

@@ -118,6 +118,11 @@ int ddp_procs_poll(ddp_procs *p, double timeout_s, int wake_fd, int *woken);
  * itself needs no grace. */
 void ddp_procs_terminate(ddp_procs *p, int sig);
 
+/* Send `sig` to every running worker process itself (not its process group, whose other
+ * members may not handle it) without starting a grace period: a request, not a stop (the
+ * launcher forwards SIGUSR1 this way, asking each worker to dump its flight recorder). */
+void ddp_procs_notify(ddp_procs *p, int sig);
+
 /* SIGTERM to every running worker, then ddp_procs_poll until everything is over (SIGKILL
  * after the grace period): nothing is left running when it returns. */
 void ddp_procs_stop(ddp_procs *p);
