@@ -75,6 +75,7 @@ typedef struct worker {
   size_t report_len;
   double failed_at; /* the worker's own stamp of its failure (Note [report pipe]), 0: none */
   double ended_at;  /* when the parent saw it end (report pipe closed, or reaped), 0: not yet */
+  unsigned long seen_poll; /* the ddp_procs_poll call that first saw its report or end, 0 */
   stream out, err;
   char prefix[32];
   size_t prefix_len;
@@ -92,6 +93,7 @@ struct ddp_procs {
   double kill_at;           /* when the survivors get SIGKILL; 0: not stopping */
   int killed;
   double drain_until;       /* 0 until every worker ended */
+  unsigned long polls;      /* ddp_procs_poll calls so far (Note [first failure]) */
 };
 
 /* ---- small helpers ------------------------------------------------------------------- */
@@ -501,6 +503,7 @@ static int start(ddp_procs *p, int local_rank, const char *exe, char *const *arg
   w->err.fd = err[0];
   w->report_fd = rep[0];
   w->failed_at = w->ended_at = 0;
+  w->seen_poll = 0;
   p->drain_until = 0;
   return DDP_OK;
 
@@ -622,10 +625,11 @@ static void read_stream(worker *w, stream *s, char *chunk) {
 
 /* Everything the report pipe holds now (non-blocking); closed at its end, which is when
  * the worker's end is seen (Note [report pipe]). */
-static void read_report(worker *w) {
+static void read_report(worker *w, unsigned long poll_no) {
   char buf[4096];
   while (w->report_fd >= 0) {
     ssize_t n = read(w->report_fd, buf, sizeof buf);
+    if (n >= 0 && !w->seen_poll) w->seen_poll = poll_no;
     if (n > 0) {
       char *grown = realloc(w->report, w->report_len + (size_t)n + 1);
       if (!grown) return;
@@ -687,8 +691,9 @@ static int reap(ddp_procs *p) {
     }
     w->running = 0;
     w->status = r < 0 ? (1 << 8) : status; /* lost (ECHILD): call it exit code 1 */
-    read_report(w);
+    read_report(w, p->polls);
     close_fd(&w->report_fd);
+    if (!w->seen_poll) w->seen_poll = p->polls;
     if (!w->ended_at) w->ended_at = now_s();
     if (failed_status(w->status) && !p->stopping) {
       p->stopping = 1;
@@ -701,6 +706,7 @@ static int reap(ddp_procs *p) {
 int ddp_procs_poll(ddp_procs *p, double timeout_s, int wake_fd, int *woken) {
   if (woken) *woken = 0;
   if (!p) return 0;
+  p->polls++;
   int n = p->cfg.nprocs;
   int running = reap(p);
   if (running && p->kill_at > 0 && !p->killed && now_s() >= p->kill_at) {
@@ -761,7 +767,7 @@ int ddp_procs_poll(ddp_procs *p, double timeout_s, int wake_fd, int *woken) {
       } else if (owners[i]) {
         if (chunk) read_stream(owner_w[i], owners[i], chunk);
       } else {
-        read_report(owner_w[i]);
+        read_report(owner_w[i], p->polls);
       }
     }
     free(chunk);
@@ -778,19 +784,30 @@ void ddp_procs_stop(ddp_procs *p) {
 
 /* ---- what happened ----------------------------------------------------------------------- */
 
-/* Note [first failure]: the failed worker with the earliest time of failure. */
+/* Note [first failure]: the failed worker whose failure came first. A worker that reported
+ * its failure stamped it itself (Note [report pipe]); one that died without a report (a
+ * signal, os.exit) has only the moment the parent saw its end, which comes late when the
+ * parent is slow to run. Its death is readable (end of its report pipe) no later than any
+ * report it caused a peer to write, so:
+ *   - two stamped failures compare their stamps;
+ *   - otherwise the one seen in an earlier ddp_procs_poll call came first, and in the same
+ *     call the unstamped death is the cause (a peer that lost it reports an error, which
+ *     takes longer than dying);
+ *   - two unstamped deaths compare the moments they were seen. */
+static int failed_before(const worker *a, const worker *b) {
+  if (a->failed_at > 0 && b->failed_at > 0) return a->failed_at < b->failed_at;
+  if (a->seen_poll != b->seen_poll) return a->seen_poll < b->seen_poll;
+  if ((a->failed_at > 0) != (b->failed_at > 0)) return !(a->failed_at > 0);
+  return a->ended_at < b->ended_at;
+}
+
 int ddp_procs_failed(const ddp_procs *p) {
   if (!p) return -1;
   int first = -1;
-  double first_at = 0;
   for (int i = 0; i < p->cfg.nprocs; i++) {
     const worker *w = &p->workers[i];
     if (!w->pid || w->running || !failed_status(w->status)) continue;
-    double at = w->failed_at > 0 ? w->failed_at : w->ended_at;
-    if (first < 0 || at < first_at) {
-      first = i;
-      first_at = at;
-    }
+    if (first < 0 || failed_before(w, &p->workers[first])) first = i;
   }
   return first;
 }

@@ -156,4 +156,26 @@ describe("ddplua process supervision #dist", function()
     end
     C.ddp_procs_free(p)
   end)
+
+  -- Note [first failure]: a worker that dies without a report is seen only when the parent
+  -- polls; a peer's report carries its own, earlier, stamp. Before, a parent slow to poll
+  -- (a loaded machine) named the peer that lost the dead worker instead of the dead one.
+  it("names a worker killed by a signal before the peer whose error it caused, however late the parent polls #faults", function()
+    local status, p = new_group { nprocs = 2, nnodes = 1, master_port = 23457, grace_s = 3,
+      max_restarts = -1 }
+    assert.equal(0, status, last_error())
+    fork(p, 1, function()
+      os.execute("kill -9 $PPID") -- the shell's parent is this worker
+    end)
+    fork(p, 0, function()
+      -- wait until worker 1 is dead (a zombie: the parent has not reaped it), then fail
+      local stat = "/proc/" .. C.ddp_procs_pid(p, 1) .. "/stat"
+      while not (read_file(stat) or ""):match("^%d+ %b() Z") do os.execute("sleep 0.01") end
+      error("peer worker 1 disconnected")
+    end)
+    os.execute("sleep 1") -- a parent slow to notice: both ends are waiting when it polls
+    run_to_end(p)
+    assert.equal(1, C.ddp_procs_failed(p))
+    C.ddp_procs_free(p)
+  end)
 end)
