@@ -3,7 +3,7 @@
 -- A tensor handle is a `ddp_tensor*` cdata owning one reference (released by the collector
 -- or by :free()). Methods come from this file (metadata, element access, autograd, copies)
 -- and from the op modules under ddplua/ops/ (installed below). Properties read with `.`:
--- `t.grad`, `t.requires_grad`, `t.is_leaf`, `t.grad_fn` (node name), `t.dtype` (name),
+-- `t.grad`, `t.requires_grad`, `t.is_leaf`, `t.grad_fn` (node name), `t._version`, `t.dtype` (name),
 -- `t.device` ("cpu" or "cuda:k"), `t.is_cuda`, `t.shape` (table). Positions count from 1 as in Lua (Torch7).
 local lib = require "ddplua.lib"
 local format = require "ddplua.format"
@@ -292,6 +292,8 @@ end
 properties.grad = function(t) return wrap(C.ddp_tensor_grad(t)) end
 properties.requires_grad = function(t) return C.ddp_tensor_requires_grad(t) ~= 0 end
 properties.is_leaf = function(t) return C.ddp_tensor_is_leaf(t) ~= 0 end
+-- times the storage was written in place (shared by every view of it), PyTorch's _version
+properties._version = function(t) return tonumber(C.ddp_tensor_version(t)) end
 properties.grad_fn = function(t)
   local name = C.ddp_tensor_grad_fn_name(t)
   return name ~= nil and ffi.string(name) or nil

@@ -165,8 +165,8 @@ static int run(ddp_node *root_fn, ddp_tensor *root_grad, int retain_graph) {
     if (!status && g && n->backward) status = n->backward(n, g, grads);
     ddp_tensor_release(g);
     if (!retain_graph) {
+      n->released = 1; /* before: a CopySlices passes it on to the op it wraps */
       ddp_node_release_saved(n);
-      n->released = 1;
     }
     for (int i = 0; i < n->n_inputs; i++) {
       ddp_edge *e = &n->edges[i];

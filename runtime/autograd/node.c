@@ -16,8 +16,11 @@ int ddp_set_grad_enabled(int enabled) {
 
 int ddp_autograd_needed(int n, ddp_tensor *const *inputs) {
   if (grad_mode_off) return 0;
-  for (int i = 0; i < n; i++)
-    if (inputs[i] && inputs[i]->requires_grad) return 1;
+  for (int i = 0; i < n; i++) {
+    const ddp_tensor *t = inputs[i];
+    if (t && (t->requires_grad || (ddp_autograd_view_is_stale(t) && t->view_base->requires_grad)))
+      return 1;
+  }
   return 0;
 }
 
@@ -50,6 +53,10 @@ ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
   for (int i = 0; i < n_inputs; i++) {
     ddp_tensor *t = inputs[i];
     if (!t) continue;
+    if (ddp_autograd_refresh_view(t)) {
+      ddp_node_release(n);
+      return NULL;
+    }
     meta[i].dtype = t->dtype;
     meta[i].device = t->device;
     meta[i].ndim = t->ndim;
@@ -123,6 +130,10 @@ void ddp_node_release_saved(ddp_node *n) {
     ddp_tensor_release(n->saved[i].tensor);
     n->saved[i].tensor = NULL;
   }
+  if (n->wrapped) { /* a CopySlices replays its in-place op: that op's saved go too */
+    ddp_node_release_saved(n->wrapped);
+    n->wrapped->released = n->released;
+  }
 }
 
 /* Iterative release: a long chain of nodes (an unrolled loop of 10^5 steps) must not
@@ -145,6 +156,16 @@ void ddp_node_release(ddp_node *node) {
         else { next->refcount = 1; ddp_node_release(next); } /* no memory: recurse */
       }
     }
+    ddp_node *w = cur->wrapped; /* released like one more edge */
+    if (w && __atomic_sub_fetch(&w->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+      if (top == cap) {
+        ddp_node **bigger = stack ? realloc(stack, 2 * cap * sizeof *stack) : NULL;
+        if (bigger) { stack = bigger; cap *= 2; }
+      }
+      if (stack && top < cap) stack[top++] = w;
+      else { w->refcount = 1; ddp_node_release(w); }
+    }
+    cur->wrapped = NULL;
     ddp_node_release_saved(cur);
     if (cur->extra_free) cur->extra_free(cur->extra);
     ddp_tensor_release(cur->grad_sum);
@@ -170,7 +191,10 @@ __attribute__((constructor)) static void register_release_hook(void) {
 
 /* ---- tensor-level accessors --------------------------------------------------------- */
 
-int ddp_tensor_requires_grad(const ddp_tensor *t) { return t && t->requires_grad; }
+int ddp_tensor_requires_grad(const ddp_tensor *t) {
+  if (t && t->storage && ddp_autograd_view_is_stale(t)) ddp_autograd_refresh_view((ddp_tensor *)t);
+  return t && t->requires_grad;
+}
 
 int ddp_tensor_set_requires_grad(ddp_tensor *t, int requires_grad) {
   DDP_TRY(ddp_check_alive(t, "requires_grad_", "self"));
@@ -184,9 +208,13 @@ int ddp_tensor_set_requires_grad(ddp_tensor *t, int requires_grad) {
   return DDP_OK;
 }
 
-int ddp_tensor_is_leaf(const ddp_tensor *t) { return !t || t->grad_fn == NULL; }
+int ddp_tensor_is_leaf(const ddp_tensor *t) {
+  if (t && t->storage && ddp_autograd_view_is_stale(t)) ddp_autograd_refresh_view((ddp_tensor *)t);
+  return !t || t->grad_fn == NULL;
+}
 
 const char *ddp_tensor_grad_fn_name(const ddp_tensor *t) {
+  if (t && t->storage && ddp_autograd_view_is_stale(t)) ddp_autograd_refresh_view((ddp_tensor *)t);
   return t && t->grad_fn ? t->grad_fn->name : NULL;
 }
 

@@ -320,13 +320,18 @@ int ddp_autograd_remove_backward_end(int64_t handle);
  * ------------------------------------------------------------------------------------- */
 
 /* Copy src into dst element by element, converting dtype; src broadcasts to dst's shape
- * (NumPy rules). In-place on dst (bumps its version). Differentiable w.r.t. src. */
+ * (NumPy rules). In-place on dst (bumps its version). Differentiable w.r.t. src; dst's old
+ * values get a zero gradient. On a view, the view's base takes the history (Note [in-place
+ * on views]). Errors: DDP_ERR_ARG when dst is a leaf that requires grad, or a view of one,
+ * and grad mode is on (PyTorch's "a leaf Variable that requires grad ..." message). */
 int ddp_copy_(ddp_tensor *dst, const ddp_tensor *src);
 
-/* Fill every element of t with value (converted to its dtype). */
+/* Fill every element of t with value (converted to its dtype). A non-leaf keeps a history
+ * (FillBackward: zeros flow to its old history) instead of being detached. Errors as
+ * ddp_copy_'s for a leaf that requires grad. */
 int ddp_fill_(ddp_tensor *t, double value);
 
-/* Set every element of t to zero. */
+/* Set every element of t to zero (ddp_fill_(t, 0), with its autograd rules). */
 int ddp_zero_(ddp_tensor *t);
 
 /* A contiguous tensor with t's contents: t itself (one more reference) when already
