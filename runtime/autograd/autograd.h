@@ -66,6 +66,9 @@ struct ddp_node {
   double fattr[4];
   void *extra;               /* op-owned block, freed with extra_free (may be NULL) */
   ddp_node *wrapped;         /* owned: the in-place op a CopySlices node replays, else NULL */
+  int64_t function_id;       /* a front end's Function node (backward NULL): its id, else 0 */
+  int64_t *pre_hooks;        /* ids of deferred DDP_HOOK_GRAD hooks on the output, malloc'd */
+  int n_pre_hooks;
   void (*extra_free)(void *);
   ddp_tensor *retain_target; /* weak: the output that asked for retain_grad */
   int64_t seq;               /* creation order: the engine runs later nodes first */
@@ -128,8 +131,24 @@ static inline int ddp_autograd_view_is_stale(const ddp_tensor *t) {
 void ddp_node_retain(ddp_node *node);
 void ddp_node_release(ddp_node *node);
 
-/* Run t's post-accumulate hooks. */
-void ddp_hooks_run(ddp_tensor *t);
+/* A leaf's hooks: C post-accumulate hooks (fn set) and deferred hooks (fn NULL, kind
+ * DDP_HOOK_GRAD or DDP_HOOK_POST_ACCUMULATE) reported by the backward walk, in
+ * registration order. */
+typedef struct {
+  ddp_grad_hook_fn fn;
+  void *ctx;
+  int64_t id;
+  int kind;
+} ddp_hook_item;
+
+struct ddp_tensor_hooks {
+  int n, cap;
+  ddp_hook_item *items;
+};
+
+/* Queue the id of a deferred hook or Function node that was freed (for
+ * ddp_autograd_dropped_ids). */
+void ddp_autograd_drop_id(int64_t id);
 
 /* Free the saved tensors of a node. */
 void ddp_node_release_saved(ddp_node *n);

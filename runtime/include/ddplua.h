@@ -368,6 +368,7 @@ int ddp_linspace(ddp_tensor **out, double start, double end, int64_t steps, int 
 int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 
 /* Area headers, one part of the API each (see the comment at the top of each). */
+#include "ddplua/autograd.h"
 #include "ddplua/ops_elementwise.h"
 #include "ddplua/ops_reduce.h"
 #include "ddplua/ops_shape.h"

@@ -998,7 +998,11 @@ static int cat_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   int64_t at = 0;
   for (int i = 0; i < n->n_inputs; i++) {
     ddp_input_meta *m = &n->inputs[i];
-    if (m->ndim != g->ndim) continue; /* a skipped (0) tensor: no gradient */
+    if (m->ndim != g->ndim) { /* a skipped (0) tensor: a zero gradient of its size, as PyTorch */
+      if (n->edges[i].fn || n->edges[i].leaf)
+        DDP_TRY(ddp_tensor_zeros(&gi[i], m->ndim, m->shape, m->dtype, g->device));
+      continue;
+    }
     int64_t len = m->shape[d];
     if (n->edges[i].fn || n->edges[i].leaf) DDP_TRY(ddp_narrow(&gi[i], g, d, at, len));
     at += len;
