@@ -1,5 +1,5 @@
-/* runtime/autograd/autograd.h: the tape as ops see it. This header and node.c are the tape
- * layer, below the ops (which record nodes) and above the core and backend; the backward
+/* runtime/autograd/autograd.h: the tape as ops see it. This header, node.c and
+ * view_history.c (in-place writes through views) are the tape layer, below the ops (which record nodes) and above the core and backend; the backward
  * engine (engine.c) sits above the ops, whose front doors it calls to sum gradients. The
  * tape includes only the core (tools/check_layers.lua checks it).
  *

@@ -289,7 +289,9 @@ int ddp_tensor_set_data(ddp_tensor *t, const ddp_tensor *src);
  * when root has one element (then 1). retain_graph=0 frees the saved tensors as each node
  * is used; a second backward through the same graph then fails with DDP_ERR_STATE.
  * Errors: root does not require grad, grad shape mismatch, a saved tensor modified in place
- * since it was saved (the message names the op). */
+ * since it was saved (the message names the op), DDP_ERR_STATE for a graph holding a
+ * Function or hook of a front end (only its driver loop can run those: Note [stepwise
+ * backward] in ddplua/autograd.h). */
 int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph);
 
 /* A post-accumulate hook: called on the thread running backward once t's gradient is final

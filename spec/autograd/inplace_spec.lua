@@ -175,6 +175,19 @@ describe("ddplua autograd in-place", function()
     { "NormBackward", function(a) return a:norm() end },
     { "VarBackward", function(a) return a:var() end },
     { "MseLossBackward", function(a, b) return dl.mse_loss(a, b) end },
+    { "MinimumBackward", function(a, b) return dl.minimum(a, b) end },
+    { "AbsBackward", function(a) return a:abs() end },
+    { "ClampBackward", function(a) return a:clamp(0.2, 0.8) end },
+    { "LeakyReluBackward", function(a) return a:leaky_relu(0.1) end },
+    { "SiluBackward", function(a) return a:silu() end },
+    { "RsqrtBackward", function(a) return a:rsqrt() end },
+    { "StdBackward", function(a) return a:std() end },
+    { "AmaxBackward", function(a) return a:max() end },
+    { "LinearBackward", function(a, b) return dl.linear(a, b) end },
+    { "LayerNormBackward", function(a, b) return dl.layer_norm(a, { 3 }, b:select(1, 1), b:select(1, 2)) end },
+    { "ConvolutionBackward", function(a, b) return dl.conv2d(a:view(1, 1, 2, 3), b:view(1, 1, 2, 3)) end },
+    { "CrossEntropyBackward", function(a) return dl.cross_entropy(a, dl.tensor({ 0, 2 }, { dtype = "i64" })) end },
+    { "NllLossBackward", function(a) return dl.nll_loss(a, dl.tensor({ 0, 2 }, { dtype = "i64" })) end },
   }
   for _, case in ipairs(saving) do
     local node, op = case[1], case[2]
