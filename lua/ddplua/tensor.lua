@@ -132,9 +132,11 @@ end
 -- backward; opts.create_graph = true raises (first-order gradients only). Hooks and
 -- Functions defined in Lua run during it (Note [Lua in backward], ddplua.autograd.engine).
 function Tensor.backward(t, gradient, opts)
-  opts = options.check("backward", opts, BACKWARD_KNOWN)
-  if opts.create_graph then require("ddplua.autograd").refuse_create_graph("backward") end
-  engine.run({ t }, { gradient }, nil, opts.retain_graph)
+  if opts ~= nil then
+    opts = options.check("backward", opts, BACKWARD_KNOWN)
+    if opts.create_graph then require("ddplua.autograd").refuse_create_graph("backward") end
+  end
+  engine.run1(t, gradient, opts and opts.retain_graph)
 end
 
 --- Register hook(grad) on t (requires grad): it sees the gradient w.r.t. t during each

@@ -203,6 +203,7 @@ describe("ddplua autograd in-place", function()
       assert.is_false(ok)
       assert.matches("modified by an in%-place operation", err)
       assert.matches(node, err, 1, true)
+      assert.is_true(dl.is_grad_enabled()) -- the failed walk was ended
     end)
   end
 end)

@@ -55,9 +55,9 @@ function M.forget_dropped()
   until n < 256
 end
 
+-- Handle the event in ev (the caller's code runs here), then step until DONE.
 local function drive(w, ev)
   while true do
-    check(C.ddp_backward_step(w, ev))
     local kind = ev.kind
     if kind == C.DDP_BACKWARD_DONE then return end
     local t, id = wrap(ev.tensor), tonumber(ev.id)
@@ -73,13 +73,63 @@ local function drive(w, ev)
       if not record then lib.raise("backward: a Function node with no Lua record (id " .. id .. ")") end
       record:run_backward(w, t)
     end
+    check(C.ddp_backward_step(w, ev))
   end
 end
 
-local function tensor_array(list, n)
-  local a = ffi.new("ddp_tensor*[?]", math.max(n, 1))
+-- Buffers of the outermost walk, reused (a hook or Function that runs a backward of its
+-- own gets fresh ones): a plain backward then allocates nothing in Lua.
+local depth = 0
+local cached = { outs = ffi.new("ddp_tensor*[8]"), gs = ffi.new("ddp_tensor*[8]"),
+  ins = ffi.new("ddp_tensor*[8]"), wbox = ffi.new("ddp_backward_walk*[1]"),
+  ev = ffi.new("ddp_backward_event") }
+
+local function tensor_array(buf, list, n)
+  local a = (buf and n <= 8) and buf or ffi.new("ddp_tensor*[?]", math.max(n, 1))
   for i = 1, n do a[i - 1] = list[i] end
   return a
+end
+
+local function finish(w, ok, err, inputs, ni)
+  local results
+  if ok and inputs then
+    results = {}
+    for i = 1, ni do results[i] = wrap(C.ddp_backward_result(w, i - 1)) end
+  end
+  C.ddp_backward_end(w)
+  depth = depth - 1
+  M.forget_dropped()
+  if not ok then error(err, 0) end
+  return results
+end
+
+-- The first step runs outside pcall (a graph with no Lua in it ends there, and the loop
+-- stays compiled); drive, under pcall, takes over from the first event that needs Lua.
+local function walk(w, ev, inputs, ni)
+  if C.ddp_backward_step(w, ev) ~= 0 then
+    local msg = ffi.string(C.ddp_last_error())
+    C.ddp_backward_end(w)
+    depth = depth - 1
+    lib.raise(msg)
+  end
+  if ev.kind == C.DDP_BACKWARD_DONE then return finish(w, true, nil, inputs, ni) end
+  local ok, err = pcall(drive, w, ev)
+  return finish(w, ok, err, inputs, ni)
+end
+
+--- run1(output, grad, retain_graph): run({output}, {grad}, nil, retain_graph) without the
+-- tables (Tensor.backward, once per training step).
+function M.run1(output, grad, retain_graph)
+  local buf = depth == 0 and cached or nil
+  local outs = buf and buf.outs or ffi.new("ddp_tensor*[1]")
+  local gs = buf and buf.gs or ffi.new("ddp_tensor*[1]")
+  outs[0], gs[0] = output, grad
+  local wbox = buf and buf.wbox or ffi.new("ddp_backward_walk*[1]")
+  check(C.ddp_backward_begin(wbox, 1, outs, gs, 0, nil, retain_graph and 1 or 0))
+  outs[0], gs[0] = nil, nil
+  local w = wbox[0]
+  depth = depth + 1
+  return walk(w, buf and buf.ev or ffi.new("ddp_backward_event"), nil, 0)
 end
 
 --- run(outputs, grads, inputs, retain_graph) -> the gradients w.r.t. inputs (a table of
@@ -90,21 +140,17 @@ end
 -- is always ended and grad mode restored.
 function M.run(outputs, grads, inputs, retain_graph)
   local n, ni = #outputs, inputs and #inputs or 0
-  local outs, gs = tensor_array(outputs, n), tensor_array(grads or {}, n)
-  local ins = tensor_array(inputs or {}, ni)
-  local wbox = ffi.new("ddp_backward_walk*[1]")
+  local buf = depth == 0 and cached or nil
+  local outs = tensor_array(buf and buf.outs, outputs, n)
+  local gs = tensor_array(buf and buf.gs, grads or {}, n)
+  local ins = tensor_array(buf and buf.ins, inputs or {}, ni)
+  local wbox = buf and buf.wbox or ffi.new("ddp_backward_walk*[1]")
   check(C.ddp_backward_begin(wbox, n, outs, gs, ni, ins, retain_graph and 1 or 0))
   local w = wbox[0]
-  local ok, err = pcall(drive, w, ffi.new("ddp_backward_event"))
-  local results
-  if ok and inputs then
-    results = {}
-    for i = 1, ni do results[i] = wrap(C.ddp_backward_result(w, i - 1)) end
-  end
-  C.ddp_backward_end(w)
-  M.forget_dropped()
-  if not ok then error(err, 0) end
-  return results
+  depth = depth + 1
+  for i = 0, n - 1 do outs[i], gs[i] = nil, nil end -- the walk holds its own references
+  for i = 0, ni - 1 do ins[i] = nil end
+  return walk(w, buf and buf.ev or ffi.new("ddp_backward_event"), inputs, ni)
 end
 
 return M
