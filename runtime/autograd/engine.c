@@ -552,6 +552,11 @@ static int check_outputs(int n, ddp_tensor *const *outputs, ddp_tensor *const *g
   return DDP_OK;
 }
 
+/* Walks begun and not ended on this thread: nodes keep the walk's scratch (deps, grad_sum,
+ * mark), so a second walk started from a hook or a Function's backward would corrupt the
+ * first one; it is refused instead. */
+static __thread int walks_open;
+
 void ddp_backward_end(ddp_backward_walk *w) {
   if (!w) return;
   if (!w->finished) {
@@ -578,15 +583,20 @@ void ddp_backward_end(ddp_backward_walk *w) {
   free(w->ready.items);
   ddp_set_grad_enabled(w->prev_grad_mode);
   free(w);
+  walks_open--;
 }
 
 int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *outputs,
                        ddp_tensor *const *grads, int n_inputs, ddp_tensor *const *inputs,
                        int retain_graph) {
   *out = NULL;
+  if (walks_open)
+    DDP_FAIL(DDP_ERR_STATE, "backward: called while another backward runs on this thread (from "
+             "a hook or a Function's backward); reentrant backward is not supported");
   DDP_TRY(check_outputs(n, outputs, grads, n_inputs, inputs));
   ddp_backward_walk *w = calloc(1, sizeof *w);
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "backward: out of memory");
+  walks_open++;
   w->prev_grad_mode = ddp_set_grad_enabled(0);
   w->retain_graph = retain_graph;
   w->finished = 1; /* until set up: ending it then runs no callbacks */

@@ -57,6 +57,19 @@ describe("ddplua autograd hooks", function()
     assert.has_error(function() f64({ 1 }):register_hook(function() end) end)
   end)
 
+  it("refuses a backward started from inside a hook, and recovers", function()
+    local x = f64({ 1, 2 }, true)
+    local h = x:register_hook(function() -- hooks run with grad mode off, as in PyTorch
+      dl.enable_grad(function() (x * 1):sum():backward() end)
+    end)
+    local ok, err = pcall(function() (x * 2):sum():backward() end)
+    assert.is_false(ok)
+    assert.matches("reentrant backward is not supported", err)
+    h:remove()
+    ;(x * 2):sum():backward()
+    assert.same({ 2, 2 }, x.grad:tolist())
+  end)
+
   it("lets hooks of freed tensors go", function()
     local engine = require "ddplua.autograd.engine"
     for _ = 1, 3 do

@@ -50,7 +50,8 @@ typedef struct ddp_backward_event {
  * leaf's .grad is touched and no post-accumulate hook runs (autograd.grad); else leaves
  * accumulate into .grad (backward). retain_graph as ddp_backward. Sets grad mode off until
  * ddp_backward_end. Errors (DDP_ERR_ARG): an output does not require grad, a gradient of
- * the wrong shape, a missing gradient for a non-scalar output, an input not requiring grad. */
+ * the wrong shape, a missing gradient for a non-scalar output, an input not requiring grad;
+ * DDP_ERR_STATE while another walk is open on this thread (no reentrant backward). */
 int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *outputs,
                        ddp_tensor *const *grads, int n_inputs, ddp_tensor *const *inputs,
                        int retain_graph);
