@@ -16,8 +16,9 @@
 --                plug-in and its interfaces (cuda/plugin.h, cuda/nccl_api.h), the simulated
 --                device, and the device registry (registry.c: dlopen of the plug-in,
 --                ddp_kernels_for, the core's device table) with the public CUDA calls
---   tape         runtime/autograd/autograd.h and node.c: nodes, saved tensors, grad mode,
---                hooks; what an op needs to record itself
+--   tape         runtime/autograd/autograd.h, node.c and view_history.c: nodes, saved
+--                tensors, grad mode, hooks, in-place history of views; what an op needs to
+--                record itself
 --   ops          runtime/ops/: every op's front door (checks, promotion, recording on the
 --                tape, one call through the kernel table); copies, casts, device moves,
 --                random fills and gradient accumulation are ops too
@@ -45,7 +46,7 @@ local LAYERS = {
   { name = "api", "^include/" },
   { name = "core", "^core/" },
   { name = "backend", "^backend/" },
-  { name = "tape", "^autograd/autograd%.h$", "^autograd/node%.c$" },
+  { name = "tape", "^autograd/autograd%.h$", "^autograd/node%.c$", "^autograd/view_history%.c$" },
   { name = "ops", "^ops/" },
   { name = "autograd", "^autograd/" },
   { name = "io", "^io/" },

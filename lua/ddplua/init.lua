@@ -278,6 +278,9 @@ setmetatable(M, { __index = function(t, k)
   end
 end })
 
+--- dl.autograd: Function, grad, backward (ddplua.autograd)
+M.autograd = require "ddplua.autograd"
+
 -- functional forms of the ops
 for _, name in ipairs(tensor.op_modules) do
   for k, v in pairs(require(name).functions or {}) do M[k] = v end

@@ -3,11 +3,14 @@
 -- A tensor handle is a `ddp_tensor*` cdata owning one reference (released by the collector
 -- or by :free()). Methods come from this file (metadata, element access, autograd, copies)
 -- and from the op modules under ddplua/ops/ (installed below). Properties read with `.`:
--- `t.grad`, `t.requires_grad`, `t.is_leaf`, `t.grad_fn` (node name), `t.dtype` (name),
+-- `t.grad`, `t.requires_grad`, `t.is_leaf`, `t.grad_fn` (node name), `t._version`, `t.dtype` (name),
 -- `t.device` ("cpu" or "cuda:k"), `t.is_cuda`, `t.shape` (table). Positions count from 1 as in Lua (Torch7).
 local lib = require "ddplua.lib"
 local format = require "ddplua.format"
 local cuda = require "ddplua.cuda"
+local options = require "ddplua.options"
+local engine = require "ddplua.autograd.engine"
+local HookHandle = require "ddplua.autograd.hook_handle"
 local ffi, C = lib.ffi, lib.C
 local check, wrap, box = lib.check, lib.wrap, lib.box
 
@@ -19,6 +22,8 @@ local setters = {}     -- key -> setter(t, v)
 
 local index_buf = ffi.new("int64_t[8]")
 local num_out = ffi.new("double[1]")
+local hook_id = ffi.new("int64_t[1]")
+local BACKWARD_KNOWN = options.known { "retain_graph", "create_graph" }
 
 --- Number of dimensions.
 function Tensor.dim(t) return C.ddp_tensor_dim(t) end
@@ -122,11 +127,44 @@ end
 
 -- ---- autograd -----------------------------------------------------------------------
 
---- Back-propagate from t. gradient: a tensor of t's shape (needed unless t has one
--- element); opts.retain_graph keeps the saved tensors for another backward.
+--- Back-propagate from t: every leaf that requires grad accumulates d(t)/d(leaf)
+-- (contracted with `gradient`) into its .grad. gradient: a tensor of t's shape (needed
+-- unless t has one element). opts.retain_graph keeps the saved tensors for another
+-- backward; opts.create_graph = true raises (first-order gradients only). Hooks and
+-- Functions defined in Lua run during it (Note [Lua in backward], ddplua.autograd.engine).
 function Tensor.backward(t, gradient, opts)
-  local retain = opts and opts.retain_graph and 1 or 0
-  check(C.ddp_backward(t, gradient, retain))
+  if opts ~= nil then
+    opts = options.check("backward", opts, BACKWARD_KNOWN)
+    if opts.create_graph then require("ddplua.autograd").refuse_create_graph("backward") end
+  end
+  engine.run1(t, gradient, opts and opts.retain_graph)
+end
+
+--- Register hook(grad) on t (requires grad): it sees the gradient w.r.t. t during each
+-- backward and may return a tensor of the same shape to use instead (nil keeps it). On a
+-- leaf it runs before the gradient is accumulated into .grad. Returns a handle with
+-- :remove(). As PyTorch's Tensor.register_hook.
+function Tensor.register_hook(t, hook)
+  if type(hook) ~= "function" then lib.raise("register_hook: hook must be a function, got " .. type(hook)) end
+  check(C.ddp_tensor_add_deferred_hook(t, C.DDP_HOOK_GRAD, hook_id))
+  local id = tonumber(hook_id[0])
+  engine.add_hook(id, hook)
+  engine.forget_dropped()
+  return HookHandle.new(t, id)
+end
+
+--- Register hook(t) on the leaf t (requires grad): it runs once t.grad holds every
+-- contribution of a backward (the moment DDP's reducer uses). Returns a handle with
+-- :remove(). As PyTorch's Tensor.register_post_accumulate_grad_hook.
+function Tensor.register_post_accumulate_grad_hook(t, hook)
+  if type(hook) ~= "function" then
+    lib.raise("register_post_accumulate_grad_hook: hook must be a function, got " .. type(hook))
+  end
+  check(C.ddp_tensor_add_deferred_hook(t, C.DDP_HOOK_POST_ACCUMULATE, hook_id))
+  local id = tonumber(hook_id[0])
+  engine.add_hook(id, hook)
+  engine.forget_dropped()
+  return HookHandle.new(t, id)
 end
 
 --- Set requires_grad (default true) in place; returns t.
@@ -300,6 +338,8 @@ end
 properties.grad = function(t) return wrap(C.ddp_tensor_grad(t)) end
 properties.requires_grad = function(t) return C.ddp_tensor_requires_grad(t) ~= 0 end
 properties.is_leaf = function(t) return C.ddp_tensor_is_leaf(t) ~= 0 end
+-- times the storage was written in place (shared by every view of it), PyTorch's _version
+properties._version = function(t) return tonumber(C.ddp_tensor_version(t)) end
 properties.grad_fn = function(t)
   local name = C.ddp_tensor_grad_fn_name(t)
   return name ~= nil and ffi.string(name) or nil

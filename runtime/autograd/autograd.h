@@ -1,5 +1,5 @@
-/* runtime/autograd/autograd.h: the tape as ops see it. This header and node.c are the tape
- * layer, below the ops (which record nodes) and above the core and backend; the backward
+/* runtime/autograd/autograd.h: the tape as ops see it. This header, node.c and
+ * view_history.c (in-place writes through views) are the tape layer, below the ops (which record nodes) and above the core and backend; the backward
  * engine (engine.c) sits above the ops, whose front doors it calls to sum gradients. The
  * tape includes only the core (tools/check_layers.lua checks it).
  *
@@ -65,6 +65,10 @@ struct ddp_node {
   int64_t iattr[8];
   double fattr[4];
   void *extra;               /* op-owned block, freed with extra_free (may be NULL) */
+  ddp_node *wrapped;         /* owned: the in-place op a CopySlices node replays, else NULL */
+  int64_t function_id;       /* a front end's Function node (backward NULL): its id, else 0 */
+  int64_t *pre_hooks;        /* ids of deferred DDP_HOOK_GRAD hooks on the output, malloc'd */
+  int n_pre_hooks;
   void (*extra_free)(void *);
   ddp_tensor *retain_target; /* weak: the output that asked for retain_grad */
   int64_t seq;               /* creation order: the engine runs later nodes first */
@@ -100,11 +104,51 @@ void ddp_autograd_set_output(ddp_tensor *out, ddp_node *node);
 int ddp_autograd_record_unary(ddp_tensor **out, ddp_tensor *input, const char *name,
                               ddp_backward_fn backward, const int64_t *iattr, int n_iattr);
 
+/* ---- in-place writes (runtime/autograd/view_history.c; Note [in-place on views]) ---- */
+
+/* The check every in-place op runs before writing self while grad mode is on, PyTorch's:
+ * "<op>: a leaf Variable that requires grad is being used in an in-place operation." and,
+ * for a view of such a leaf, "<op>: a view of a leaf Variable that requires grad is being
+ * used in an in-place operation." (DDP_ERR_ARG). Off grad mode every write is allowed. */
+int ddp_autograd_check_inplace(const ddp_tensor *self, const char *op);
+
+/* After an in-place op wrote self, node n (its inputs: self's old value first, then the
+ * op's other operands) becomes self's history. When self is a view, n is wrapped in a
+ * CopySlices node that becomes the base's history and self's history is regenerated from
+ * the base. Takes n's reference (released on failure). Returns a status (memory). */
+int ddp_autograd_rebase(ddp_tensor *self, ddp_node *n);
+
+/* Bring a view's grad_fn up to date when its base's history was rewritten since it was
+ * recorded (an in-place write through the base or another view): the view's history
+ * becomes an AsStridedBackward of the base's. No-op for other tensors. Returns a status. */
+int ddp_autograd_refresh_view(ddp_tensor *t);
+
+/* 1 when t is a view whose base's history changed since t's grad_fn was made. */
+static inline int ddp_autograd_view_is_stale(const ddp_tensor *t) {
+  return t->view_base && t->view_base->grad_fn != t->view_base_fn;
+}
+
 void ddp_node_retain(ddp_node *node);
 void ddp_node_release(ddp_node *node);
 
-/* Run t's post-accumulate hooks. */
-void ddp_hooks_run(ddp_tensor *t);
+/* A leaf's hooks: C post-accumulate hooks (fn set) and deferred hooks (fn NULL, kind
+ * DDP_HOOK_GRAD or DDP_HOOK_POST_ACCUMULATE) reported by the backward walk, in
+ * registration order. */
+typedef struct {
+  ddp_grad_hook_fn fn;
+  void *ctx;
+  int64_t id;
+  int kind;
+} ddp_hook_item;
+
+struct ddp_tensor_hooks {
+  int n, cap;
+  ddp_hook_item *items;
+};
+
+/* Queue the id of a deferred hook or Function node that was freed (for
+ * ddp_autograd_dropped_ids). */
+void ddp_autograd_drop_id(int64_t id);
 
 /* Free the saved tensors of a node. */
 void ddp_node_release_saved(ddp_node *n);

@@ -88,12 +88,6 @@ static int accumulate(ddp_tensor **slot, ddp_tensor *g, int dtype, int ndim, con
   return DDP_OK;
 }
 
-static int deliver_to_leaf(ddp_tensor *leaf, ddp_tensor *g, const char *from) {
-  if (g) DDP_TRY(accumulate(&leaf->grad, g, leaf->dtype, leaf->ndim, leaf->shape, from));
-  if (--leaf->backward_pending == 0) ddp_hooks_run(leaf);
-  return DDP_OK;
-}
-
 /* Find the reachable nodes (iterative DFS), count deps and leaf edges. */
 static int discover(ddp_node *root, int64_t mark, node_vec *all) {
   node_vec stack = {0};
@@ -129,68 +123,6 @@ static void reset_pending(node_vec *all) {
     for (int i = 0; i < n->n_inputs; i++)
       if (n->edges[i].leaf) n->edges[i].leaf->backward_pending = 0;
   }
-}
-
-static int run(ddp_node *root_fn, ddp_tensor *root_grad, int retain_graph) {
-  static int64_t next_mark;
-  int64_t mark = __atomic_add_fetch(&next_mark, 1, __ATOMIC_RELAXED);
-  node_vec all = {0}, ready = {0};
-  ddp_tensor *grads_stack[16], **grads = grads_stack;
-  int status = discover(root_fn, mark, &all);
-  if (status) goto done;
-  for (size_t k = 0; k < all.n; k++) all.items[k]->grad_sum = NULL;
-  ddp_tensor_retain(root_grad);
-  root_fn->grad_sum = root_grad;
-  if ((status = vec_push(&ready, root_fn))) goto done;
-  heap_push(&ready, root_fn);
-  while (ready.n) {
-    ddp_node *n = heap_pop(&ready);
-    ddp_tensor *g = n->grad_sum;
-    n->grad_sum = NULL;
-    if (n->n_inputs > 16) {
-      if (grads != grads_stack) free(grads);
-      grads = calloc((size_t)n->n_inputs, sizeof *grads);
-      if (!grads) {
-        grads = grads_stack;
-        ddp_tensor_release(g);
-        status = DDP_ERROR(DDP_ERR_MEMORY, "backward: out of memory");
-        goto done;
-      }
-    }
-    for (int i = 0; i < n->n_inputs; i++) grads[i] = NULL;
-    if (g && n->retain_target && n->retain_target->retains_grad) {
-      ddp_tensor *t = n->retain_target;
-      status = accumulate(&t->grad, g, t->dtype, t->ndim, t->shape, n->name);
-    }
-    if (!status && g && n->backward) status = n->backward(n, g, grads);
-    ddp_tensor_release(g);
-    if (!retain_graph) {
-      ddp_node_release_saved(n);
-      n->released = 1;
-    }
-    for (int i = 0; i < n->n_inputs; i++) {
-      ddp_edge *e = &n->edges[i];
-      if (!status && grads[i]) {
-        if (e->fn)
-          status = accumulate(&e->fn->grad_sum, grads[i], n->inputs[i].dtype, n->inputs[i].ndim,
-                              n->inputs[i].shape, n->name);
-      }
-      if (!status && e->leaf) status = deliver_to_leaf(e->leaf, grads[i], n->name);
-      ddp_tensor_release(grads[i]);
-      grads[i] = NULL;
-      if (!status && e->fn && --e->fn->deps == 0) {
-        if ((status = vec_push(&ready, e->fn))) break;
-        heap_push(&ready, e->fn);
-      }
-    }
-    if (status) goto done;
-  }
-done:
-  if (status) reset_pending(&all);
-  if (grads != grads_stack) free(grads);
-  free(all.items);
-  free(ready.items);
-  return status;
 }
 
 /* ---- backward-end callbacks ---------------------------------------------------------- */
@@ -259,44 +191,474 @@ static int run_end_callbacks(int status) {
   return status;
 }
 
-int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph) {
-  DDP_TRY(ddp_check_alive(root, "backward", "self"));
-  if (!root->requires_grad)
-    DDP_FAIL(DDP_ERR_ARG, "backward: the tensor %s does not require grad and has no grad_fn",
-             DDP_SHAPE(root));
-  ddp_tensor *g;
-  if (grad) {
-    DDP_TRY(ddp_check_alive(grad, "backward", "gradient"));
-    if (grad->ndim != root->ndim || memcmp(grad->shape, root->shape, sizeof(int64_t) * root->ndim))
-      DDP_FAIL(DDP_ERR_ARG, "backward: gradient of shape %s given for a tensor of shape %s",
-               DDP_SHAPE(grad), DDP_SHAPE(root));
-    g = ddp_tensor_alias(grad);
-    if (!g) return ddp_last_status();
-  } else {
-    if (root->numel != 1)
-      DDP_FAIL(DDP_ERR_ARG, "backward: grad can be implicitly created only for a tensor with one "
-               "element, got %s; pass a gradient", DDP_SHAPE(root));
-    DDP_TRY(ddp_tensor_empty(&g, root->ndim, root->shape, root->dtype, root->device));
-    if (root->device == DDP_DEVICE_CPU) {
-      ddp_store_f64(ddp_data(g), g->dtype, 1.0);
-    } else {
-      int status = ddp_fill_(g, 1.0);
-      if (status) {
-        ddp_tensor_release(g);
-        return status;
+
+/* ---- the walk (Note [backward order]; Note [stepwise backward] in ddplua/autograd.h) ---- */
+
+/* Where the walk stands: a node is popped (POP), its gradient shown to the deferred hooks
+ * on its output (PRE_HOOK), run (RUN; a Function node waits for the caller's answers in
+ * between), then its input gradients are handed on one input at a time (INPUT), a leaf's
+ * into its .grad (LEAF) or, when it has deferred grad hooks, into a buffer that the hooks
+ * see once every edge delivered (LEAF_HOOK), and, once final, through its post-accumulate
+ * hooks (LEAF_POST). Every phase that reports an event returns from ddp_backward_step and picks
+ * up where it stopped at the next call. */
+enum walk_phase { PH_POP, PH_PRE_HOOK, PH_RUN, PH_AFTER_RUN, PH_INPUT, PH_LEAF, PH_LEAF_HOOK,
+                  PH_LEAF_POST, PH_INPUT_DONE };
+
+struct ddp_backward_walk {
+  node_vec all, ready;
+  ddp_node *root;          /* GraphRoot: one edge per output (owned) */
+  ddp_tensor **root_grads; /* the outputs' gradients (owned), handed on by the root */
+  int retain_graph, prev_grad_mode, finished, failed;
+  int n_inputs;            /* autograd.grad: the tensors whose gradients are collected */
+  ddp_tensor **inputs, **results;
+  ddp_node *cur;           /* the node being run, its gradient and its inputs' gradients */
+  ddp_tensor *g, **grads;
+  int grads_cap, phase, hook_i, input_i;
+  int answer_kind;         /* what ddp_backward_answer takes now: an event kind or 0 */
+  ddp_tensor **answer_slot; /* DDP_BACKWARD_GRAD_HOOK: the gradient a hook may replace */
+  ddp_tensor **buf_leaf, **buf_grad; /* leaves with grad hooks: their summed gradients */
+  int n_buf, cap_buf, buf_at;
+};
+
+/* 1 when the leaf has a deferred DDP_HOOK_GRAD hook. */
+static int has_grad_hooks(const ddp_tensor *leaf) {
+  const ddp_tensor_hooks *h = leaf->hooks;
+  for (int k = 0; h && k < h->n; k++)
+    if (!h->items[k].fn && h->items[k].kind == DDP_HOOK_GRAD) return 1;
+  return 0;
+}
+
+/* The buffer slot of a leaf with grad hooks (found or added; weak: the walk's graph holds
+ * the leaf); -1 with the error set on memory exhaustion. */
+static int buffer_slot(ddp_backward_walk *w, ddp_tensor *leaf) {
+  for (int k = 0; k < w->n_buf; k++)
+    if (w->buf_leaf[k] == leaf) return k;
+  if (w->n_buf == w->cap_buf) {
+    int cap = w->cap_buf ? 2 * w->cap_buf : 8;
+    ddp_tensor **l = realloc(w->buf_leaf, (size_t)cap * sizeof *l);
+    if (l) w->buf_leaf = l;
+    ddp_tensor **g = l ? realloc(w->buf_grad, (size_t)cap * sizeof *g) : NULL;
+    if (g) w->buf_grad = g;
+    if (!l || !g) {
+      DDP_ERROR(DDP_ERR_MEMORY, "backward: out of memory");
+      return -1;
+    }
+    w->cap_buf = cap;
+  }
+  w->buf_leaf[w->n_buf] = leaf;
+  w->buf_grad[w->n_buf] = NULL;
+  return w->n_buf++;
+}
+
+/* The input k of autograd.grad that t is, or -1. */
+static int input_index(const ddp_backward_walk *w, const ddp_tensor *t) {
+  for (int k = 0; k < w->n_inputs; k++)
+    if (w->inputs[k] == t) return k;
+  return -1;
+}
+
+/* A leaf's gradient g (NULL: none) into its .grad, or into the result when the leaf is an
+ * input of autograd.grad (other leaves get nothing then). */
+static int deliver(ddp_backward_walk *w, ddp_tensor *leaf, ddp_tensor *g, const char *from) {
+  if (!g) return DDP_OK;
+  int k = input_index(w, leaf);
+  if (k >= 0) return accumulate(&w->results[k], g, leaf->dtype, leaf->ndim, leaf->shape, from);
+  if (w->n_inputs) return DDP_OK;
+  return accumulate(&leaf->grad, g, leaf->dtype, leaf->ndim, leaf->shape, from);
+}
+
+static int walk_fail(ddp_backward_walk *w, int status) {
+  w->failed = 1;
+  return status;
+}
+
+static void emit(ddp_backward_walk *w, ddp_backward_event *ev, int kind, int64_t id,
+                 ddp_tensor *t) {
+  ev->kind = kind;
+  ev->id = id;
+  ddp_tensor_retain(t);
+  ev->tensor = t;
+  w->answer_kind = kind;
+}
+
+int ddp_backward_step(ddp_backward_walk *w, ddp_backward_event *ev) {
+  memset(ev, 0, sizeof *ev);
+  ev->kind = DDP_BACKWARD_DONE;
+  if (!w) DDP_FAIL(DDP_ERR_ARG, "backward: no walk");
+  if (w->failed) DDP_FAIL(DDP_ERR_STATE, "backward: the walk failed earlier; end it");
+  if (w->finished) return DDP_OK;
+  w->answer_kind = 0;
+  w->answer_slot = NULL;
+  int status = DDP_OK;
+  for (;;) {
+    ddp_node *n = w->cur;
+    int i = w->input_i;
+    ddp_edge *e = n && i < n->n_inputs ? &n->edges[i] : NULL;
+    ddp_tensor_hooks *h = e && e->leaf ? e->leaf->hooks : NULL;
+    switch (w->phase) {
+    case PH_POP:
+      if (!w->ready.n) {
+        w->finished = 1;
+        w->cur = NULL;
+        status = run_end_callbacks(DDP_OK);
+        return status ? walk_fail(w, status) : DDP_OK;
       }
+      w->cur = heap_pop(&w->ready);
+      w->g = w->cur->grad_sum;
+      w->cur->grad_sum = NULL;
+      w->hook_i = 0;
+      w->phase = PH_PRE_HOOK;
+      break;
+    case PH_PRE_HOOK:
+      if (w->g && w->hook_i < n->n_pre_hooks) {
+        emit(w, ev, DDP_BACKWARD_GRAD_HOOK, n->pre_hooks[w->hook_i++], w->g);
+        w->answer_slot = &w->g;
+        return DDP_OK;
+      }
+      w->phase = PH_RUN;
+      break;
+    case PH_RUN:
+      if (w->g) {
+        for (int k = 0; k < w->n_inputs && !status; k++) /* a non-leaf input of autograd.grad */
+          if (w->inputs[k]->grad_fn == n)
+            status = accumulate(&w->results[k], w->g, w->inputs[k]->dtype, w->inputs[k]->ndim,
+                                w->inputs[k]->shape, n->name);
+        if (!status && !w->n_inputs && n->retain_target && n->retain_target->retains_grad) {
+          ddp_tensor *t = n->retain_target;
+          status = accumulate(&t->grad, w->g, t->dtype, t->ndim, t->shape, n->name);
+        }
+        if (status) return walk_fail(w, status);
+      }
+      if (n->n_inputs > w->grads_cap) {
+        ddp_tensor **grown = realloc(w->grads, (size_t)n->n_inputs * sizeof *grown);
+        if (!grown) return walk_fail(w, DDP_ERROR(DDP_ERR_MEMORY, "backward: out of memory"));
+        w->grads = grown;
+        w->grads_cap = n->n_inputs;
+      }
+      for (int k = 0; k < n->n_inputs; k++) w->grads[k] = NULL;
+      w->phase = PH_AFTER_RUN;
+      if (n == w->root) {
+        for (int k = 0; k < n->n_inputs; k++) {
+          w->grads[k] = w->root_grads[k];
+          w->root_grads[k] = NULL;
+        }
+      } else if (n->function_id) {
+        if (w->g) {
+          emit(w, ev, DDP_BACKWARD_FUNCTION, n->function_id, w->g);
+          ev->n_inputs = n->n_inputs;
+          return DDP_OK;
+        }
+      } else if (w->g && n->backward) {
+        status = n->backward(n, w->g, w->grads);
+        if (status) return walk_fail(w, status);
+      }
+      break;
+    case PH_AFTER_RUN:
+      ddp_tensor_release(w->g);
+      w->g = NULL;
+      if (!w->retain_graph) {
+        n->released = 1; /* before: a CopySlices passes it on to the op it wraps */
+        ddp_node_release_saved(n);
+      }
+      w->input_i = 0;
+      w->phase = PH_INPUT;
+      break;
+    case PH_INPUT:
+      if (i == n->n_inputs) {
+        w->phase = PH_POP;
+        break;
+      }
+      if (w->grads[i] && e->fn) {
+        status = accumulate(&e->fn->grad_sum, w->grads[i], n->inputs[i].dtype, n->inputs[i].ndim,
+                            n->inputs[i].shape, n->name);
+        if (status) return walk_fail(w, status);
+      }
+      w->phase = e->leaf ? PH_LEAF : PH_INPUT_DONE;
+      break;
+    case PH_LEAF: {
+      ddp_tensor *leaf = e->leaf;
+      if (!has_grad_hooks(leaf)) { /* straight into .grad (or the result) */
+        status = deliver(w, leaf, w->grads[i], n->name);
+        if (status) return walk_fail(w, status);
+        w->hook_i = 0;
+        w->phase = --leaf->backward_pending == 0 && !w->n_inputs ? PH_LEAF_POST : PH_INPUT_DONE;
+        break;
+      }
+      /* hooks see the sum of every edge's contribution, once (PyTorch's AccumulateGrad) */
+      int k = buffer_slot(w, leaf);
+      if (k < 0) return walk_fail(w, ddp_last_status());
+      if (w->grads[i]) {
+        status = accumulate(&w->buf_grad[k], w->grads[i], leaf->dtype, leaf->ndim, leaf->shape,
+                            n->name);
+        if (status) return walk_fail(w, status);
+      }
+      w->hook_i = 0;
+      w->buf_at = k;
+      w->phase = --leaf->backward_pending == 0 ? PH_LEAF_HOOK : PH_INPUT_DONE;
+      break;
+    }
+    case PH_LEAF_HOOK: {
+      ddp_tensor **slot = &w->buf_grad[w->buf_at];
+      while (*slot && h && w->hook_i < h->n) {
+        ddp_hook_item *it = &h->items[w->hook_i++];
+        if (it->fn || it->kind != DDP_HOOK_GRAD) continue;
+        emit(w, ev, DDP_BACKWARD_GRAD_HOOK, it->id, *slot);
+        w->answer_slot = slot;
+        return DDP_OK;
+      }
+      status = deliver(w, e->leaf, *slot, n->name);
+      ddp_tensor_release(*slot);
+      *slot = NULL;
+      if (status) return walk_fail(w, status);
+      w->hook_i = 0;
+      w->phase = w->n_inputs ? PH_INPUT_DONE : PH_LEAF_POST;
+      break;
+    }
+    case PH_LEAF_POST:
+      while (h && w->hook_i < h->n) {
+        ddp_hook_item *it = &h->items[w->hook_i++];
+        if (it->kind != DDP_HOOK_POST_ACCUMULATE) continue;
+        if (it->fn) {
+          it->fn(e->leaf, it->ctx);
+          continue;
+        }
+        emit(w, ev, DDP_BACKWARD_POST_HOOK, it->id, e->leaf);
+        return DDP_OK;
+      }
+      w->phase = PH_INPUT_DONE;
+      break;
+    case PH_INPUT_DONE:
+      ddp_tensor_release(w->grads[i]);
+      w->grads[i] = NULL;
+      if (e->fn && --e->fn->deps == 0) {
+        if ((status = vec_push(&w->ready, e->fn))) return walk_fail(w, status);
+        heap_push(&w->ready, e->fn);
+      }
+      w->input_i++;
+      w->phase = PH_INPUT;
+      break;
     }
   }
-  int prev = ddp_set_grad_enabled(0);
-  int status;
-  if (root->grad_fn) {
-    status = run(root->grad_fn, g, retain_graph);
-  } else { /* a leaf: its gradient is the given one */
-    root->backward_pending = 1;
-    status = deliver_to_leaf(root, g, "backward");
+}
+
+int ddp_backward_answer(ddp_backward_walk *w, int i, ddp_tensor *grad) {
+  if (!w || w->failed || w->finished || !w->answer_kind)
+    DDP_FAIL(DDP_ERR_STATE, "backward: nothing to answer now");
+  if (grad) DDP_TRY(ddp_check_alive(grad, "backward", "gradient"));
+  if (w->answer_kind == DDP_BACKWARD_GRAD_HOOK) {
+    ddp_tensor *old = *w->answer_slot;
+    if (i != 0) DDP_FAIL(DDP_ERR_ARG, "backward: a hook answers one gradient");
+    if (!grad) return DDP_OK; /* nil from a hook: keep the gradient */
+    if (grad->ndim != old->ndim || memcmp(grad->shape, old->shape, sizeof(int64_t) * old->ndim))
+      DDP_FAIL(DDP_ERR_ARG, "hook: the hook returned a gradient of shape %s for a gradient of "
+               "shape %s", DDP_SHAPE(grad), DDP_SHAPE(old));
+    ddp_tensor_retain(grad);
+    *w->answer_slot = grad;
+    ddp_tensor_release(old);
+    return DDP_OK;
   }
-  status = run_end_callbacks(status);
-  ddp_set_grad_enabled(prev);
-  ddp_tensor_release(g);
+  ddp_node *n = w->cur; /* DDP_BACKWARD_FUNCTION */
+  if (i < 0 || i >= n->n_inputs)
+    DDP_FAIL(DDP_ERR_ARG, "%s: backward answered input %d of %d", n->name, i + 1, n->n_inputs);
+  if (!n->edges[i].fn && !n->edges[i].leaf) return DDP_OK; /* needs no gradient */
+  const ddp_input_meta *m = &n->inputs[i];
+  if (grad && (grad->ndim != m->ndim || memcmp(grad->shape, m->shape, sizeof(int64_t) * m->ndim))) {
+    /* a gradient of a shape the input broadcasts to is summed back to it, as PyTorch's
+     * validate_outputs does */
+    int ok = m->ndim <= grad->ndim;
+    for (int d = 0; ok && d < m->ndim; d++) {
+      int64_t a = m->shape[m->ndim - 1 - d], b = grad->shape[grad->ndim - 1 - d];
+      ok = a == b || a == 1;
+    }
+    if (!ok)
+      DDP_FAIL(DDP_ERR_ARG, "%s: backward returned a gradient of shape %s for input %d of shape "
+               "%s", n->name, DDP_SHAPE(grad), i + 1, ddp_shape_str(m->ndim, m->shape));
+    ddp_tensor *summed;
+    DDP_TRY(ddp_sum_to_shape(&summed, grad, m->ndim, m->shape));
+    ddp_tensor_release(w->grads[i]);
+    w->grads[i] = summed;
+    return DDP_OK;
+  }
+  ddp_tensor_retain(grad);
+  ddp_tensor_release(w->grads[i]);
+  w->grads[i] = grad;
+  return DDP_OK;
+}
+
+int ddp_backward_saved(ddp_backward_walk *w, int slot, ddp_tensor **out) {
+  *out = NULL;
+  if (!w || w->answer_kind != DDP_BACKWARD_FUNCTION)
+    DDP_FAIL(DDP_ERR_STATE, "saved_tensors: only inside a Function's backward");
+  if (slot < 0 || slot >= w->cur->n_saved)
+    DDP_FAIL(DDP_ERR_ARG, "saved_tensors: %s saved %d tensors, asked for %d", w->cur->name,
+             w->cur->n_saved, slot + 1);
+  if (!w->cur->saved[slot].tensor && !w->cur->released) return DDP_OK; /* saved nil */
+  ddp_tensor *t = ddp_node_saved(w->cur, slot);
+  if (!t) return ddp_last_status();
+  ddp_tensor_retain(t);
+  *out = t;
+  return DDP_OK;
+}
+
+ddp_tensor *ddp_backward_result(ddp_backward_walk *w, int i) {
+  if (!w || !w->finished || i < 0 || i >= w->n_inputs || !w->results[i]) return NULL;
+  ddp_tensor_retain(w->results[i]);
+  return w->results[i];
+}
+
+/* A gradient of 1 for a one-element output. */
+static int ones_like(ddp_tensor **out, const ddp_tensor *t) {
+  DDP_TRY(ddp_tensor_empty(out, t->ndim, t->shape, t->dtype, t->device));
+  if (t->device == DDP_DEVICE_CPU) {
+    ddp_store_f64(ddp_data(*out), (*out)->dtype, 1.0);
+    return DDP_OK;
+  }
+  int status = ddp_fill_(*out, 1.0);
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
+}
+
+static int check_outputs(int n, ddp_tensor *const *outputs, ddp_tensor *const *grads,
+                         int n_inputs, ddp_tensor *const *inputs) {
+  if (n < 1 || !outputs) DDP_FAIL(DDP_ERR_ARG, "backward: no outputs to differentiate");
+  for (int i = 0; i < n; i++) {
+    ddp_tensor *root = outputs[i];
+    DDP_TRY(ddp_check_alive(root, "backward", "self"));
+    DDP_TRY(ddp_autograd_refresh_view(root));
+    if (!root->requires_grad)
+      DDP_FAIL(DDP_ERR_ARG, "backward: the tensor %s does not require grad and has no grad_fn",
+               DDP_SHAPE(root));
+    const ddp_tensor *grad = grads ? grads[i] : NULL;
+    if (grad) {
+      DDP_TRY(ddp_check_alive(grad, "backward", "gradient"));
+      if (grad->ndim != root->ndim || memcmp(grad->shape, root->shape, sizeof(int64_t) * root->ndim))
+        DDP_FAIL(DDP_ERR_ARG, "backward: gradient of shape %s given for a tensor of shape %s",
+                 DDP_SHAPE(grad), DDP_SHAPE(root));
+    } else if (root->numel != 1) {
+      DDP_FAIL(DDP_ERR_ARG, "backward: grad can be implicitly created only for a tensor with one "
+               "element, got %s; pass a gradient", DDP_SHAPE(root));
+    }
+  }
+  for (int k = 0; k < n_inputs; k++) {
+    DDP_TRY(ddp_check_alive(inputs[k], "autograd.grad", "inputs"));
+    DDP_TRY(ddp_autograd_refresh_view(inputs[k]));
+    if (!inputs[k]->requires_grad)
+      DDP_FAIL(DDP_ERR_ARG, "autograd.grad: input %d (%s) does not require grad", k + 1,
+               DDP_SHAPE(inputs[k]));
+  }
+  return DDP_OK;
+}
+
+/* Walks begun and not ended on this thread: nodes keep the walk's scratch (deps, grad_sum,
+ * mark), so a second walk started from a hook or a Function's backward would corrupt the
+ * first one; it is refused instead. */
+static __thread int walks_open;
+
+void ddp_backward_end(ddp_backward_walk *w) {
+  if (!w) return;
+  if (!w->finished) {
+    reset_pending(&w->all);
+    int status = w->failed ? ddp_last_status() : DDP_ERR_STATE;
+    run_end_callbacks(status ? status : DDP_ERR_STATE);
+  }
+  ddp_tensor_release(w->g);
+  for (int k = 0; k < w->grads_cap; k++) ddp_tensor_release(w->grads[k]); /* NULL or owned */
+  for (int k = 0; k < w->n_buf; k++) ddp_tensor_release(w->buf_grad[k]);
+  free(w->buf_leaf);
+  free(w->buf_grad);
+  for (int k = 0; w->root && k < w->root->n_inputs; k++) ddp_tensor_release(w->root_grads[k]);
+  for (int k = 0; k < w->n_inputs; k++) {
+    ddp_tensor_release(w->inputs[k]);
+    ddp_tensor_release(w->results[k]);
+  }
+  ddp_node_release(w->root);
+  free(w->root_grads);
+  free(w->inputs);
+  free(w->results);
+  free(w->grads);
+  free(w->all.items);
+  free(w->ready.items);
+  ddp_set_grad_enabled(w->prev_grad_mode);
+  free(w);
+  walks_open--;
+}
+
+int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *outputs,
+                       ddp_tensor *const *grads, int n_inputs, ddp_tensor *const *inputs,
+                       int retain_graph) {
+  *out = NULL;
+  if (walks_open)
+    DDP_FAIL(DDP_ERR_STATE, "backward: called while another backward runs on this thread (from "
+             "a hook or a Function's backward); reentrant backward is not supported");
+  DDP_TRY(check_outputs(n, outputs, grads, n_inputs, inputs));
+  ddp_backward_walk *w = calloc(1, sizeof *w);
+  if (!w) DDP_FAIL(DDP_ERR_MEMORY, "backward: out of memory");
+  walks_open++;
+  w->prev_grad_mode = ddp_set_grad_enabled(0);
+  w->retain_graph = retain_graph;
+  w->finished = 1; /* until set up: ending it then runs no callbacks */
+  w->phase = PH_POP;
+  int status = DDP_OK;
+  w->root_grads = calloc((size_t)n, sizeof *w->root_grads);
+  if (n_inputs > 0) {
+    w->inputs = calloc((size_t)n_inputs, sizeof *w->inputs);
+    w->results = calloc((size_t)n_inputs, sizeof *w->results);
+  }
+  if (!w->root_grads || (n_inputs > 0 && (!w->inputs || !w->results)))
+    status = DDP_ERROR(DDP_ERR_MEMORY, "backward: out of memory");
+  for (int k = 0; !status && k < n_inputs; k++) {
+    ddp_tensor_retain(inputs[k]);
+    w->inputs[w->n_inputs++] = inputs[k];
+  }
+  if (!status) {
+    w->root = ddp_node_new("GraphRoot", NULL, n, outputs, 0);
+    if (!w->root) status = ddp_last_status();
+  }
+  for (int i = 0; !status && i < n; i++) {
+    if (grads && grads[i]) {
+      if (!(w->root_grads[i] = ddp_tensor_alias(grads[i]))) status = ddp_last_status();
+    } else {
+      status = ones_like(&w->root_grads[i], outputs[i]);
+    }
+  }
+  if (status) {
+    ddp_backward_end(w);
+    return status;
+  }
+  static int64_t next_mark;
+  int64_t mark = __atomic_add_fetch(&next_mark, 1, __ATOMIC_RELAXED);
+  w->finished = 0;
+  status = discover(w->root, mark, &w->all);
+  for (size_t k = 0; !status && k < w->all.n; k++) w->all.items[k]->grad_sum = NULL;
+  if (!status) status = vec_push(&w->ready, w->root);
+  if (status) {
+    w->failed = 1;
+    ddp_backward_end(w);
+    return status;
+  }
+  heap_push(&w->ready, w->root);
+  *out = w;
+  return DDP_OK;
+}
+
+int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph) {
+  ddp_backward_walk *w;
+  ddp_tensor *g = (ddp_tensor *)grad;
+  DDP_TRY(ddp_backward_begin(&w, 1, &root, &g, 0, NULL, retain_graph));
+  ddp_backward_event ev;
+  int status;
+  while (!(status = ddp_backward_step(w, &ev)) && ev.kind != DDP_BACKWARD_DONE) {
+    ddp_tensor_release(ev.tensor);
+    status = DDP_ERROR(DDP_ERR_STATE, "backward: the graph holds a %s defined by the front end "
+                       "(id %lld), which only its driver loop can run (ddp_backward_step)",
+                       ev.kind == DDP_BACKWARD_FUNCTION ? "Function" : "hook",
+                       (long long)ev.id);
+    w->failed = 1;
+    break;
+  }
+  ddp_backward_end(w);
   return status;
 }

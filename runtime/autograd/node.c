@@ -1,6 +1,7 @@
 /* runtime/autograd/node.c: nodes of the tape, saved tensors, grad mode, tensor-level
  * autograd accessors (set_data's leaf rules included) and post-accumulate hooks. The tape
  * layer: it uses the core only (see tools/check_layers.lua). */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
@@ -16,8 +17,11 @@ int ddp_set_grad_enabled(int enabled) {
 
 int ddp_autograd_needed(int n, ddp_tensor *const *inputs) {
   if (grad_mode_off) return 0;
-  for (int i = 0; i < n; i++)
-    if (inputs[i] && inputs[i]->requires_grad) return 1;
+  for (int i = 0; i < n; i++) {
+    const ddp_tensor *t = inputs[i];
+    if (t && (t->requires_grad || (ddp_autograd_view_is_stale(t) && t->view_base->requires_grad)))
+      return 1;
+  }
   return 0;
 }
 
@@ -50,6 +54,10 @@ ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
   for (int i = 0; i < n_inputs; i++) {
     ddp_tensor *t = inputs[i];
     if (!t) continue;
+    if (ddp_autograd_refresh_view(t)) {
+      ddp_node_release(n);
+      return NULL;
+    }
     meta[i].dtype = t->dtype;
     meta[i].device = t->device;
     meta[i].ndim = t->ndim;
@@ -123,6 +131,10 @@ void ddp_node_release_saved(ddp_node *n) {
     ddp_tensor_release(n->saved[i].tensor);
     n->saved[i].tensor = NULL;
   }
+  if (n->wrapped) { /* a CopySlices replays its in-place op: that op's saved go too */
+    ddp_node_release_saved(n->wrapped);
+    n->wrapped->released = n->released;
+  }
 }
 
 /* Iterative release: a long chain of nodes (an unrolled loop of 10^5 steps) must not
@@ -145,6 +157,19 @@ void ddp_node_release(ddp_node *node) {
         else { next->refcount = 1; ddp_node_release(next); } /* no memory: recurse */
       }
     }
+    ddp_node *w = cur->wrapped; /* released like one more edge */
+    if (w && __atomic_sub_fetch(&w->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+      if (top == cap) {
+        ddp_node **bigger = stack ? realloc(stack, 2 * cap * sizeof *stack) : NULL;
+        if (bigger) { stack = bigger; cap *= 2; }
+      }
+      if (stack && top < cap) stack[top++] = w;
+      else { w->refcount = 1; ddp_node_release(w); }
+    }
+    cur->wrapped = NULL;
+    for (int i = 0; i < cur->n_pre_hooks; i++) ddp_autograd_drop_id(cur->pre_hooks[i]);
+    free(cur->pre_hooks);
+    if (cur->function_id) ddp_autograd_drop_id(cur->function_id);
     ddp_node_release_saved(cur);
     if (cur->extra_free) cur->extra_free(cur->extra);
     ddp_tensor_release(cur->grad_sum);
@@ -170,7 +195,10 @@ __attribute__((constructor)) static void register_release_hook(void) {
 
 /* ---- tensor-level accessors --------------------------------------------------------- */
 
-int ddp_tensor_requires_grad(const ddp_tensor *t) { return t && t->requires_grad; }
+int ddp_tensor_requires_grad(const ddp_tensor *t) {
+  if (t && t->storage && ddp_autograd_view_is_stale(t)) ddp_autograd_refresh_view((ddp_tensor *)t);
+  return t && t->requires_grad;
+}
 
 int ddp_tensor_set_requires_grad(ddp_tensor *t, int requires_grad) {
   DDP_TRY(ddp_check_alive(t, "requires_grad_", "self"));
@@ -184,9 +212,13 @@ int ddp_tensor_set_requires_grad(ddp_tensor *t, int requires_grad) {
   return DDP_OK;
 }
 
-int ddp_tensor_is_leaf(const ddp_tensor *t) { return !t || t->grad_fn == NULL; }
+int ddp_tensor_is_leaf(const ddp_tensor *t) {
+  if (t && t->storage && ddp_autograd_view_is_stale(t)) ddp_autograd_refresh_view((ddp_tensor *)t);
+  return !t || t->grad_fn == NULL;
+}
 
 const char *ddp_tensor_grad_fn_name(const ddp_tensor *t) {
+  if (t && t->storage && ddp_autograd_view_is_stale(t)) ddp_autograd_refresh_view((ddp_tensor *)t);
   return t && t->grad_fn ? t->grad_fn->name : NULL;
 }
 
@@ -247,11 +279,30 @@ int ddp_tensor_detach(ddp_tensor **out, const ddp_tensor *t) {
 
 /* ---- hooks -------------------------------------------------------------------------- */
 
-struct ddp_tensor_hooks {
-  int n, cap;
-  int64_t next_id;
-  struct { ddp_grad_hook_fn fn; void *ctx; int64_t id; } *items;
-};
+static int64_t next_hook_id; /* process-wide, so a front end can key its hooks by id */
+
+static int64_t new_hook_id(void) { return __atomic_add_fetch(&next_hook_id, 1, __ATOMIC_RELAXED); }
+
+static int hooks_push(ddp_tensor *t, ddp_grad_hook_fn fn, void *ctx, int kind, int64_t *handle,
+                      const char *op) {
+  ddp_tensor_hooks *h = t->hooks;
+  if (!h && !(h = t->hooks = calloc(1, sizeof *h)))
+    DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+  if (h->n == h->cap) {
+    int cap = h->cap ? 2 * h->cap : 4;
+    void *items = realloc(h->items, (size_t)cap * sizeof *h->items);
+    if (!items) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+    h->items = items;
+    h->cap = cap;
+  }
+  ddp_hook_item *it = &h->items[h->n++];
+  it->fn = fn;
+  it->ctx = ctx;
+  it->kind = kind;
+  it->id = new_hook_id();
+  if (handle) *handle = it->id;
+  return DDP_OK;
+}
 
 int ddp_tensor_add_post_accumulate_hook(ddp_tensor *t, ddp_grad_hook_fn fn, void *ctx,
                                         int64_t *handle) {
@@ -260,21 +311,31 @@ int ddp_tensor_add_post_accumulate_hook(ddp_tensor *t, ddp_grad_hook_fn fn, void
     DDP_FAIL(DDP_ERR_ARG, "register_post_accumulate_grad_hook: only leaf tensors that require "
              "grad have post-accumulate hooks");
   if (!fn) DDP_FAIL(DDP_ERR_ARG, "register_post_accumulate_grad_hook: hook is NULL");
-  ddp_tensor_hooks *h = t->hooks;
-  if (!h && !(h = t->hooks = calloc(1, sizeof *h)))
-    DDP_FAIL(DDP_ERR_MEMORY, "register_post_accumulate_grad_hook: out of memory");
-  if (h->n == h->cap) {
-    int cap = h->cap ? 2 * h->cap : 4;
-    void *items = realloc(h->items, (size_t)cap * sizeof *h->items);
-    if (!items) DDP_FAIL(DDP_ERR_MEMORY, "register_post_accumulate_grad_hook: out of memory");
-    h->items = items;
-    h->cap = cap;
+  return hooks_push(t, fn, ctx, DDP_HOOK_POST_ACCUMULATE, handle,
+                    "register_post_accumulate_grad_hook");
+}
+
+int ddp_tensor_add_deferred_hook(ddp_tensor *t, int kind, int64_t *handle) {
+  if (kind == DDP_HOOK_POST_ACCUMULATE) {
+    DDP_TRY(ddp_check_alive(t, "register_post_accumulate_grad_hook", "self"));
+    if (!t->requires_grad || t->grad_fn)
+      DDP_FAIL(DDP_ERR_ARG, "register_post_accumulate_grad_hook: only leaf tensors that "
+               "require grad have post-accumulate hooks");
+    return hooks_push(t, NULL, NULL, kind, handle, "register_post_accumulate_grad_hook");
   }
-  h->items[h->n].fn = fn;
-  h->items[h->n].ctx = ctx;
-  h->items[h->n].id = ++h->next_id;
-  if (handle) *handle = h->next_id;
-  h->n++;
+  if (kind != DDP_HOOK_GRAD) DDP_FAIL(DDP_ERR_ARG, "register_hook: unknown hook kind %d", kind);
+  DDP_TRY(ddp_check_alive(t, "register_hook", "self"));
+  DDP_TRY(ddp_autograd_refresh_view(t));
+  if (!t->requires_grad)
+    DDP_FAIL(DDP_ERR_ARG, "register_hook: cannot register a hook on a tensor that doesn't "
+             "require gradient");
+  if (!t->grad_fn) return hooks_push(t, NULL, NULL, kind, handle, "register_hook");
+  ddp_node *n = t->grad_fn; /* a non-leaf: the hook sees the gradient its node receives */
+  int64_t *ids = realloc(n->pre_hooks, (size_t)(n->n_pre_hooks + 1) * sizeof *ids);
+  if (!ids) DDP_FAIL(DDP_ERR_MEMORY, "register_hook: out of memory");
+  n->pre_hooks = ids;
+  ids[n->n_pre_hooks++] = new_hook_id();
+  if (handle) *handle = ids[n->n_pre_hooks - 1];
   return DDP_OK;
 }
 
@@ -282,20 +343,94 @@ int ddp_tensor_remove_hook(ddp_tensor *t, int64_t handle) {
   ddp_tensor_hooks *h = t ? t->hooks : NULL;
   for (int i = 0; h && i < h->n; i++) {
     if (h->items[i].id != handle) continue;
+    if (!h->items[i].fn) ddp_autograd_drop_id(handle);
     memmove(&h->items[i], &h->items[i + 1], (size_t)(h->n - i - 1) * sizeof *h->items);
     h->n--;
+    return DDP_OK;
+  }
+  ddp_node *n = t ? t->grad_fn : NULL;
+  for (int i = 0; n && i < n->n_pre_hooks; i++) {
+    if (n->pre_hooks[i] != handle) continue;
+    ddp_autograd_drop_id(handle);
+    memmove(&n->pre_hooks[i], &n->pre_hooks[i + 1], (size_t)(n->n_pre_hooks - i - 1) * sizeof(int64_t));
+    n->n_pre_hooks--;
     return DDP_OK;
   }
   DDP_FAIL(DDP_ERR_ARG, "remove_hook: no hook with handle %lld on this tensor", (long long)handle);
 }
 
-void ddp_hooks_run(ddp_tensor *t) {
-  ddp_tensor_hooks *h = t->hooks;
-  for (int i = 0; h && i < h->n; i++) h->items[i].fn(t, h->items[i].ctx);
-}
-
 void ddp_hooks_free(ddp_tensor_hooks *hooks) {
   if (!hooks) return;
+  for (int i = 0; i < hooks->n; i++)
+    if (!hooks->items[i].fn) ddp_autograd_drop_id(hooks->items[i].id);
   free(hooks->items);
   free(hooks);
+}
+
+/* ---- ids a front end may forget ------------------------------------------------------ */
+
+static pthread_mutex_t dropped_lock = PTHREAD_MUTEX_INITIALIZER;
+static int64_t *dropped;
+static int n_dropped, cap_dropped;
+
+void ddp_autograd_drop_id(int64_t id) {
+  pthread_mutex_lock(&dropped_lock);
+  if (n_dropped == cap_dropped) {
+    int cap = cap_dropped ? 2 * cap_dropped : 64;
+    int64_t *grown = realloc(dropped, (size_t)cap * sizeof *grown);
+    if (grown) {
+      dropped = grown;
+      cap_dropped = cap;
+    }
+  }
+  if (n_dropped < cap_dropped) dropped[n_dropped++] = id; /* else lost: the front end leaks a little */
+  pthread_mutex_unlock(&dropped_lock);
+}
+
+int ddp_autograd_dropped_ids(int64_t *ids, int cap) {
+  pthread_mutex_lock(&dropped_lock);
+  int n = n_dropped < cap ? n_dropped : cap;
+  if (n > 0) {
+    memcpy(ids, dropped + (n_dropped - n), (size_t)n * sizeof *ids);
+    n_dropped -= n;
+  }
+  pthread_mutex_unlock(&dropped_lock);
+  return n;
+}
+
+/* ---- Functions of a front end --------------------------------------------------------- */
+
+static int64_t next_function_id;
+
+int ddp_autograd_record_function(ddp_tensor *output, const char *name, int64_t id,
+                                 int n_inputs, ddp_tensor *const *inputs, int n_saved,
+                                 ddp_tensor *const *saved) {
+  DDP_TRY(ddp_check_alive(output, "autograd.Function", "output"));
+  if (output->grad_fn || output->view_base)
+    DDP_FAIL(DDP_ERR_ARG, "autograd.Function %s: the output already has a history (forward "
+             "must return a new tensor, not a view of an input or an input itself)",
+             name ? name : "?");
+  for (int i = 0; i < n_saved; i++)
+    if (saved[i]) DDP_TRY(ddp_check_alive(saved[i], "save_for_backward", "tensor"));
+  size_t len = strlen(name ? name : "Function") + 1;
+  char *copy = malloc(len);
+  if (!copy) DDP_FAIL(DDP_ERR_MEMORY, "autograd.Function: out of memory");
+  memcpy(copy, name ? name : "Function", len);
+  ddp_node *n = ddp_node_new(copy, NULL, n_inputs, inputs, n_saved);
+  if (!n) {
+    free(copy);
+    return ddp_last_status();
+  }
+  n->extra = copy;
+  n->extra_free = free;
+  n->function_id = id ? id : __atomic_add_fetch(&next_function_id, 1, __ATOMIC_RELAXED);
+  for (int i = 0; i < n_saved; i++) {
+    if (ddp_node_save(n, i, saved[i])) {
+      n->function_id = 0;
+      ddp_node_release(n);
+      return ddp_last_status();
+    }
+  }
+  ddp_autograd_set_output(output, n);
+  return DDP_OK;
 }

@@ -80,6 +80,11 @@ struct ddp_tensor {
   ddp_node *grad_fn;           /* producing node (owned reference), NULL for leaves */
   ddp_tensor_hooks *hooks;     /* post-accumulate hooks, owned */
   int64_t backward_pending;    /* engine scratch: edges still to deliver to this leaf */
+  /* Note [views and their base] (runtime/autograd/view_history.c): a view made by a view
+   * op (narrow, select, view, t, ...) knows the tensor whose storage it shows, so that an
+   * in-place write through the view can rewrite that tensor's history. */
+  ddp_tensor *view_base;       /* owned; never itself a view; NULL for non-views */
+  ddp_node *view_base_fn;      /* weak: view_base->grad_fn when this view's grad_fn was made */
 };
 
 /* Element address of t at storage offset t->offset (no checks). */
@@ -103,6 +108,10 @@ ddp_tensor *ddp_tensor_over_storage(ddp_storage *s, int dtype, int ndim, const i
 /* A detached alias of t: same storage and geometry, no graph. Never fails for a live t
  * except on memory exhaustion (then NULL with the error set). */
 ddp_tensor *ddp_tensor_alias(const ddp_tensor *t);
+
+/* Make `view` (fresh from ddp_tensor_view_raw over `of`'s storage) a view that knows its
+ * base: of's own base when `of` is a view, else `of` (Note [views and their base]). */
+void ddp_tensor_set_view_base(ddp_tensor *view, ddp_tensor *of);
 
 /* Contiguous row-major strides for shape into strides; returns numel. */
 int64_t ddp_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);

@@ -246,6 +246,14 @@ ddp_tensor *ddp_tensor_alias(const ddp_tensor *t) {
   return a;
 }
 
+void ddp_tensor_set_view_base(ddp_tensor *view, ddp_tensor *of) {
+  ddp_tensor *base = of->view_base ? of->view_base : of;
+  ddp_tensor_retain(base);
+  ddp_tensor_release(view->view_base);
+  view->view_base = base;
+  view->view_base_fn = base->grad_fn;
+}
+
 void ddp_tensor_retain(ddp_tensor *t) {
   if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
 }
@@ -261,13 +269,17 @@ static void tensor_clear(ddp_tensor *t) {
   ddp_tensor *g = t->grad;
   ddp_node *fn = t->grad_fn;
   ddp_tensor_hooks *hooks = t->hooks;
+  ddp_tensor *base = t->view_base;
   t->storage = NULL;
+  t->view_base = NULL;
+  t->view_base_fn = NULL;
   t->grad = NULL;
   t->grad_fn = NULL;
   t->hooks = NULL;
   /* only autograd attaches a node or hooks, so the hook is set whenever one is here */
   if ((fn || hooks) && autograd_release) autograd_release(t, fn, hooks);
   ddp_tensor_release(g);
+  ddp_tensor_release(base);
   storage_release(s);
 }
 
@@ -297,6 +309,10 @@ void ddp_tensor_set_data_raw(ddp_tensor *t, const ddp_tensor *src) {
   memcpy(t->shape, src->shape, sizeof t->shape);
   memcpy(t->strides, src->strides, sizeof t->strides);
   storage_release(old);
+  ddp_tensor *base = t->view_base; /* new data: no longer a view of anything */
+  t->view_base = NULL;
+  t->view_base_fn = NULL;
+  ddp_tensor_release(base);
   ddp_tensor *g = t->grad;
   if (g && (g->dtype != t->dtype || g->device != t->device || g->ndim != t->ndim ||
             memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)) {

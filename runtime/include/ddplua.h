@@ -289,7 +289,9 @@ int ddp_tensor_set_data(ddp_tensor *t, const ddp_tensor *src);
  * when root has one element (then 1). retain_graph=0 frees the saved tensors as each node
  * is used; a second backward through the same graph then fails with DDP_ERR_STATE.
  * Errors: root does not require grad, grad shape mismatch, a saved tensor modified in place
- * since it was saved (the message names the op). */
+ * since it was saved (the message names the op), DDP_ERR_STATE for a graph holding a
+ * Function or hook of a front end (only its driver loop can run those: Note [stepwise
+ * backward] in ddplua/autograd.h). */
 int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph);
 
 /* A post-accumulate hook: called on the thread running backward once t's gradient is final
@@ -320,13 +322,18 @@ int ddp_autograd_remove_backward_end(int64_t handle);
  * ------------------------------------------------------------------------------------- */
 
 /* Copy src into dst element by element, converting dtype; src broadcasts to dst's shape
- * (NumPy rules). In-place on dst (bumps its version). Differentiable w.r.t. src. */
+ * (NumPy rules). In-place on dst (bumps its version). Differentiable w.r.t. src; dst's old
+ * values get a zero gradient. On a view, the view's base takes the history (Note [in-place
+ * on views]). Errors: DDP_ERR_ARG when dst is a leaf that requires grad, or a view of one,
+ * and grad mode is on (PyTorch's "a leaf Variable that requires grad ..." message). */
 int ddp_copy_(ddp_tensor *dst, const ddp_tensor *src);
 
-/* Fill every element of t with value (converted to its dtype). */
+/* Fill every element of t with value (converted to its dtype). A non-leaf keeps a history
+ * (FillBackward: zeros flow to its old history) instead of being detached. Errors as
+ * ddp_copy_'s for a leaf that requires grad. */
 int ddp_fill_(ddp_tensor *t, double value);
 
-/* Set every element of t to zero. */
+/* Set every element of t to zero (ddp_fill_(t, 0), with its autograd rules). */
 int ddp_zero_(ddp_tensor *t);
 
 /* A contiguous tensor with t's contents: t itself (one more reference) when already
@@ -363,6 +370,7 @@ int ddp_linspace(ddp_tensor **out, double start, double end, int64_t steps, int 
 int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 
 /* Area headers, one part of the API each (see the comment at the top of each). */
+#include "ddplua/autograd.h"
 #include "ddplua/ops_elementwise.h"
 #include "ddplua/ops_reduce.h"
 #include "ddplua/ops_shape.h"

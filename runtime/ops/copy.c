@@ -54,24 +54,44 @@ int ddp_copy_raw(ddp_tensor *dst, const ddp_tensor *src, const char *op) {
   return status;
 }
 
-/* d(copy)/d(src): the gradient summed back to src's shape, in src's dtype. */
-static int copy_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
+/* The gradient of a tensor whose every element an in-place op overwrote: zeros of its
+ * shape (PyTorch's CopyBackwards and FillBackward give zeros, not nothing, so a leaf under
+ * it still gets a .grad). */
+static int overwritten_grad(ddp_node *n, int i, const ddp_tensor *g, ddp_tensor **gi) {
+  const ddp_input_meta *in = &n->inputs[i];
+  if (!n->edges[i].fn && !n->edges[i].leaf) return DDP_OK;
+  return ddp_tensor_zeros(&gi[i], in->ndim, in->shape, in->dtype, g->device);
+}
+
+/* The gradient g summed back to input i's shape, in its dtype and on its device (the
+ * source of a copy_, or the input of a cast). */
+static int to_input(ddp_node *n, int i, ddp_tensor *g, ddp_tensor **gi) {
   ddp_tensor *summed;
-  const ddp_input_meta *in = &n->inputs[0];
+  const ddp_input_meta *in = &n->inputs[i];
   DDP_TRY(ddp_sum_to_shape(&summed, g, in->ndim, in->shape));
   if (summed->dtype == in->dtype && summed->device == in->device) {
-    gi[0] = summed;
+    gi[i] = summed;
     return DDP_OK;
   }
   /* back to the source's dtype and device (a copy_ from another device) */
-  int status = ddp_tensor_empty(&gi[0], in->ndim, in->shape, in->dtype, in->device);
-  if (!status) status = ddp_copy_raw(gi[0], summed, "copy_ backward");
+  int status = ddp_tensor_empty(&gi[i], in->ndim, in->shape, in->dtype, in->device);
+  if (!status) status = ddp_copy_raw(gi[i], summed, "copy_ backward");
   ddp_tensor_release(summed);
   if (status) {
-    ddp_tensor_release(gi[0]);
-    gi[0] = NULL;
+    ddp_tensor_release(gi[i]);
+    gi[i] = NULL;
   }
   return status;
+}
+
+/* d(cast)/d(input): the gradient in the input's dtype. */
+static int copy_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) { return to_input(n, 0, g, gi); }
+
+/* d(copy_)/d(self, src): zeros for self's old values, src's part of g for src. */
+static int copy_inplace_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
+  DDP_TRY(overwritten_grad(n, 0, g, gi));
+  if (!n->edges[1].fn && !n->edges[1].leaf) return DDP_OK;
+  return to_input(n, 1, g, gi);
 }
 
 int ddp_copy_(ddp_tensor *dst, const ddp_tensor *src) {
@@ -79,41 +99,48 @@ int ddp_copy_(ddp_tensor *dst, const ddp_tensor *src) {
   DDP_TRY(ddp_check_alive(src, "copy_", "src"));
   ddp_tensor *inputs[2] = {dst, (ddp_tensor *)src};
   int record = ddp_autograd_needed(2, inputs);
-  if (record && dst->requires_grad && !dst->grad_fn)
-    DDP_FAIL(DDP_ERR_ARG, "copy_: a leaf tensor that requires grad is being used in an in-place "
-             "operation (wrap it in no_grad)");
-  DDP_TRY(ddp_copy_raw(dst, src, "copy_"));
-  if (record) {
-    ddp_node *n = ddp_node_new("CopyBackward", copy_backward, 1, &inputs[1], 0);
-    if (!n) return ddp_last_status();
-    ddp_node_release(dst->grad_fn); /* every element overwritten: the old history is gone */
-    ddp_autograd_set_output(dst, n);
+  DDP_TRY(ddp_autograd_check_inplace(dst, "copy_"));
+  ddp_node *n = NULL;
+  if (record && !(n = ddp_node_new("CopyBackwards", copy_inplace_backward, 2, inputs, 0)))
+    return ddp_last_status();
+  int status = ddp_copy_raw(dst, src, "copy_");
+  if (status) {
+    ddp_node_release(n);
+    return status;
   }
-  return DDP_OK;
+  return n ? ddp_autograd_rebase(dst, n) : DDP_OK; /* Note [in-place on views] */
+}
+
+static int fill_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
+  return overwritten_grad(n, 0, g, gi);
 }
 
 int ddp_fill_(ddp_tensor *t, double value) {
   DDP_TRY(ddp_check_alive(t, "fill_", "self"));
-  if (t->requires_grad && !t->grad_fn && ddp_grad_enabled())
-    DDP_FAIL(DDP_ERR_ARG, "fill_: a leaf tensor that requires grad is being used in an in-place "
-             "operation (wrap it in no_grad)");
+  DDP_TRY(ddp_autograd_check_inplace(t, "fill_"));
+  ddp_node *n = NULL;
+  if (ddp_autograd_needed(1, &t) && !(n = ddp_node_new("FillBackward", fill_backward, 1, &t, 0)))
+    return ddp_last_status();
   const ddp_kernels *k = ddp_kernels_for(t->device);
-  DDP_TRY(DDP_KERNEL_CHECK(k, fill, "fill_"));
-  k->fill(t, value);
-  DDP_TRY(ddp_device_check(t->device, "fill_"));
-  ddp_tensor_bump_version(t);
-  if (t->grad_fn) { /* the values no longer depend on the history */
-    ddp_node_release(t->grad_fn);
-    t->grad_fn = NULL;
-    t->requires_grad = 0;
+  int status = DDP_KERNEL_CHECK(k, fill, "fill_");
+  if (!status) {
+    k->fill(t, value);
+    status = ddp_device_check(t->device, "fill_");
   }
-  return DDP_OK;
+  if (status) {
+    ddp_node_release(n);
+    return status;
+  }
+  ddp_tensor_bump_version(t);
+  /* the values no longer depend on the history, but the tensor keeps one (PyTorch's
+   * FillBackward: zeros flow to the old history) */
+  return n ? ddp_autograd_rebase(t, n) : DDP_OK;
 }
 
 int ddp_zero_(ddp_tensor *t) {
   DDP_TRY(ddp_check_alive(t, "zero_", "self"));
-  if (ddp_tensor_is_contiguous(t) && !t->grad_fn &&
-      !(t->requires_grad && ddp_grad_enabled())) {
+  if (ddp_tensor_is_contiguous(t) && !ddp_autograd_needed(1, &t)) {
+    DDP_TRY(ddp_autograd_check_inplace(t, "zero_"));
     DDP_TRY(ddp_device_memset(ddp_data(t), t->device, 0,
                               (size_t)t->numel * ddp_dtype_size(t->dtype), "zero_"));
     ddp_tensor_bump_version(t);

@@ -365,14 +365,6 @@ int ddp_pow(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) { return binary_op(o
 int ddp_maximum(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) { return binary_op(out, a, b, DDP_EW_MAX, 1); }
 int ddp_minimum(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) { return binary_op(out, a, b, DDP_EW_MIN, 1); }
 
-/* Refuse in-place writes into a leaf that requires grad while grad mode is on. */
-static int check_inplace_leaf(const ddp_tensor *self, const char *name) {
-  if (self->requires_grad && !self->grad_fn && ddp_grad_enabled())
-    DDP_FAIL(DDP_ERR_ARG, "%s: a leaf tensor that requires grad is being used in an in-place "
-             "operation (wrap it in no_grad)", name);
-  return DDP_OK;
-}
-
 /* A plain copy of self's current values (no graph), for a backward that needs them after
  * an in-place op overwrites self. */
 static int snapshot(ddp_tensor **out, ddp_tensor *self) {
@@ -380,13 +372,6 @@ static int snapshot(ddp_tensor **out, ddp_tensor *self) {
   int status = ddp_clone(out, self);
   ddp_set_grad_enabled(prev);
   return status;
-}
-
-/* self's history becomes node n (which holds the old history as its input edge). */
-static void rebase_history(ddp_tensor *self, ddp_node *n) {
-  ddp_node_release(self->grad_fn);
-  self->grad_fn = NULL;
-  ddp_autograd_set_output(self, n);
 }
 
 /* self = self op other, or self op s when other is NULL. */
@@ -421,7 +406,7 @@ static int binary_inplace(ddp_tensor *self, ddp_tensor *other, double s, int op,
              ddp_dtype_name(dt), ddp_dtype_name(self->dtype));
   ddp_tensor *inputs[2] = {self, other};
   int record = ddp_autograd_needed(other ? 2 : 1, inputs);
-  DDP_TRY(check_inplace_leaf(self, name));
+  DDP_TRY(ddp_autograd_check_inplace(self, name));
   ddp_node *n = NULL;
   if (record) {
     int wrt_other = other && other->requires_grad;
@@ -455,8 +440,7 @@ static int binary_inplace(ddp_tensor *self, ddp_tensor *other, double s, int op,
     return status;
   }
   ddp_tensor_bump_version(self);
-  if (n) rebase_history(self, n);
-  return DDP_OK;
+  return n ? ddp_autograd_rebase(self, n) : DDP_OK; /* Note [in-place on views] */
 }
 
 int ddp_add_(ddp_tensor *self, ddp_tensor *other) { return binary_inplace(self, other, 0, DDP_EW_ADD, 1); }
@@ -624,7 +608,7 @@ static int unary_inplace(ddp_tensor *self, int op, double p0, double p1) {
     DDP_FAIL(DDP_ERR_ARG, "%s: result type %s can't be cast to the desired output type %s", name,
              ddp_dtype_name(dt), ddp_dtype_name(self->dtype));
   int record = ddp_autograd_needed(1, &self);
-  DDP_TRY(check_inplace_leaf(self, name));
+  DDP_TRY(ddp_autograd_check_inplace(self, name));
   ddp_node *n = NULL;
   int uses = ddp_ew_unary_uses_output(op);
   if (record) {
@@ -648,7 +632,7 @@ static int unary_inplace(ddp_tensor *self, int op, double p0, double p1) {
       ddp_node_release(n);
       return ddp_last_status();
     }
-    rebase_history(self, n);
+    return ddp_autograd_rebase(self, n); /* Note [in-place on views] */
   }
   return DDP_OK;
 }

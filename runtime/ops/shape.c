@@ -41,14 +41,16 @@ static int copy_nograd(ddp_tensor *dst, const ddp_tensor *src) {
   return status;
 }
 
-/* A view of t with the given geometry; records `name` with backward `bw` (and up to 8
- * attributes) when t requires grad. */
+/* A view of t with the given geometry that knows its base; records `name` with backward
+ * `bw` (and up to 8 attributes) when t requires grad. */
 static int make_view(ddp_tensor **out, ddp_tensor *t, int ndim, const int64_t *shape,
                      const int64_t *strides, int64_t offset, const char *name,
                      ddp_backward_fn bw, const int64_t *iattr, int n_iattr) {
   DDP_TRY(ddp_tensor_view_raw(out, t, ndim, shape, strides, offset));
-  if (ddp_autograd_needed(1, &t)) return ddp_autograd_record_unary(out, t, name, bw, iattr, n_iattr);
-  return DDP_OK;
+  int status = DDP_OK;
+  if (ddp_autograd_needed(1, &t)) status = ddp_autograd_record_unary(out, t, name, bw, iattr, n_iattr);
+  if (!status) ddp_tensor_set_view_base(*out, t); /* Note [views and their base] */
+  return status;
 }
 
 static int same_shape(int na, const int64_t *a, int nb, const int64_t *b) {
@@ -795,9 +797,7 @@ static int record_indexed(ddp_tensor *out, const char *name, ddp_backward_fn bw,
     ddp_node_release(n);
     return status;
   }
-  ddp_node_release(out->grad_fn); /* in place: the old history is an input of n now */
-  ddp_autograd_set_output(out, n);
-  return DDP_OK;
+  return ddp_autograd_rebase(out, n); /* in place: the old history is an input of n now */
 }
 
 int ddp_gather(ddp_tensor **out, ddp_tensor *t, int dim, ddp_tensor *index) {
@@ -902,9 +902,7 @@ int ddp_scatter_add_(ddp_tensor *self, int dim, ddp_tensor *index, ddp_tensor *s
   DDP_TRY(ddp_check_alive(self, "scatter_add_", "self"));
   ddp_tensor *inputs[2] = {self, src};
   int record = ddp_autograd_needed(2, inputs);
-  if (record && self->requires_grad && !self->grad_fn)
-    DDP_FAIL(DDP_ERR_ARG, "scatter_add_: a leaf tensor that requires grad is being used in an "
-             "in-place operation (wrap it in no_grad)");
+  DDP_TRY(ddp_autograd_check_inplace(self, "scatter_add_"));
   for (int i = 0; i < self->ndim; i++)
     if (self->strides[i] == 0 && self->shape[i] > 1)
       DDP_FAIL(DDP_ERR_ARG, "scatter_add_: self %s has overlapping elements (stride 0 in "
@@ -1000,7 +998,11 @@ static int cat_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   int64_t at = 0;
   for (int i = 0; i < n->n_inputs; i++) {
     ddp_input_meta *m = &n->inputs[i];
-    if (m->ndim != g->ndim) continue; /* a skipped (0) tensor: no gradient */
+    if (m->ndim != g->ndim) { /* a skipped (0) tensor: a zero gradient of its size, as PyTorch */
+      if (n->edges[i].fn || n->edges[i].leaf)
+        DDP_TRY(ddp_tensor_zeros(&gi[i], m->ndim, m->shape, m->dtype, g->device));
+      continue;
+    }
     int64_t len = m->shape[d];
     if (n->edges[i].fn || n->edges[i].leaf) DDP_TRY(ddp_narrow(&gi[i], g, d, at, len));
     at += len;

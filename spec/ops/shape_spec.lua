@@ -480,7 +480,7 @@ describe("ddplua.ops.shape", function()
       raises("scatter_add_: self %(3, 4%) has overlapping elements",
         function() dl.zeros({ 3, 1 }):expand(3, 4):scatter_add_(1, dl.zeros({ 1, 1 }, { dtype = "i64" }), randn({ 1, 1 }, "f32")) end)
       local leaf = randn({ 3 }):requires_grad_()
-      raises("scatter_add_: a leaf tensor that requires grad",
+      raises("scatter_add_: a leaf Variable that requires grad",
         function() leaf:scatter_add_(1, dl.zeros({ 1 }, { dtype = "i64" }), randn({ 1 })) end)
     end)
 

@@ -1,0 +1,156 @@
+--- ddplua.autograd.engine: the Lua driver loop of the backward walk.
+--
+-- Note [Lua in backward]: the runtime never calls into Lua (the FFI design: no callbacks).
+-- So the C engine walks the graph in steps (ddp_backward_step, Note [stepwise backward] in
+-- runtime/include/ddplua/autograd.h) and returns here whenever Lua code must run: a tensor
+-- hook (register_hook), a post-accumulate hook registered from Lua, or the backward of a
+-- Lua-defined autograd.Function. This loop runs that code and answers (a replacement
+-- gradient, the Function's input gradients), then steps again. Everything else (every
+-- built-in op, the DDP reducer's C hooks) runs inside one step in C, so a graph with no
+-- Lua in it costs one step. The Lua objects are kept here by id (hooks: positive ids from
+-- C; Functions: negative ids from here); the runtime queues the ids of hooks and nodes it
+-- freed and forget_dropped() lets them go.
+local lib = require "ddplua.lib"
+local ffi, C = lib.ffi, lib.C
+local check, wrap = lib.check, lib.wrap
+
+local M = {}
+
+-- One registry per Lua state, not per load of this module: the runtime's ids are
+-- process-wide, and a module may be loaded more than once in one state (busted reloads
+-- modules for each spec file, while the Tensor metatype, set once, keeps the methods of the
+-- first load), so a hook registered through one load must be found by the walk another
+-- load drives. The Lua registry table is that per-state place (no global variable).
+local REGISTRY_KEY = "ddplua.autograd.engine registry"
+local registry = debug.getregistry()[REGISTRY_KEY]
+if not registry then
+  registry = { hooks = {}, functions = {}, next_function_id = 0 }
+  debug.getregistry()[REGISTRY_KEY] = registry
+end
+local hooks = registry.hooks         -- id -> function(grad) -> nil | new grad, or function(tensor)
+local functions = registry.functions -- id -> the record Function.apply made (ddplua.autograd.function)
+
+--- Keep hook fn under the id C gave it.
+function M.add_hook(id, fn) hooks[id] = fn end
+function M.remove_hook(id) hooks[id] = nil end
+
+--- A new (negative) id for a Function node, its record kept under it.
+function M.add_function(record)
+  registry.next_function_id = registry.next_function_id - 1
+  functions[registry.next_function_id] = record
+  return registry.next_function_id
+end
+function M.remove_function(id) functions[id] = nil end
+
+local dropped = ffi.new("int64_t[256]")
+--- Drop what was kept for hooks and Function nodes the runtime has freed.
+function M.forget_dropped()
+  repeat
+    local n = C.ddp_autograd_dropped_ids(dropped, 256)
+    for i = 0, n - 1 do
+      local id = tonumber(dropped[i])
+      hooks[id] = nil
+      functions[id] = nil
+    end
+  until n < 256
+end
+
+-- Handle the event in ev (the caller's code runs here), then step until DONE.
+local function drive(w, ev)
+  while true do
+    local kind = ev.kind
+    if kind == C.DDP_BACKWARD_DONE then return end
+    local t, id = wrap(ev.tensor), tonumber(ev.id)
+    if kind == C.DDP_BACKWARD_GRAD_HOOK then
+      local fn = hooks[id]
+      local replaced = fn and fn(t)
+      if replaced ~= nil then check(C.ddp_backward_answer(w, 0, replaced)) end
+    elseif kind == C.DDP_BACKWARD_POST_HOOK then
+      local fn = hooks[id]
+      if fn then fn(t) end
+    else -- a Function's backward
+      local record = functions[id]
+      if not record then lib.raise("backward: a Function node with no Lua record (id " .. id .. ")") end
+      record:run_backward(w, t)
+    end
+    check(C.ddp_backward_step(w, ev))
+  end
+end
+
+-- Buffers of the outermost walk, reused (a hook or Function that runs a backward of its
+-- own gets fresh ones): a plain backward then allocates nothing in Lua.
+local depth = 0
+local cached = { outs = ffi.new("ddp_tensor*[8]"), gs = ffi.new("ddp_tensor*[8]"),
+  ins = ffi.new("ddp_tensor*[8]"), wbox = ffi.new("ddp_backward_walk*[1]"),
+  ev = ffi.new("ddp_backward_event") }
+
+local function tensor_array(buf, list, n)
+  local a = (buf and n <= 8) and buf or ffi.new("ddp_tensor*[?]", math.max(n, 1))
+  for i = 1, n do a[i - 1] = list[i] end
+  return a
+end
+
+local function finish(w, ok, err, inputs, ni)
+  local results
+  if ok and inputs then
+    results = {}
+    for i = 1, ni do results[i] = wrap(C.ddp_backward_result(w, i - 1)) end
+  end
+  C.ddp_backward_end(w)
+  depth = depth - 1
+  M.forget_dropped()
+  if not ok then error(err, 0) end
+  return results
+end
+
+-- The first step runs outside pcall (a graph with no Lua in it ends there, and the loop
+-- stays compiled); drive, under pcall, takes over from the first event that needs Lua.
+local function walk(w, ev, inputs, ni)
+  if C.ddp_backward_step(w, ev) ~= 0 then
+    local msg = ffi.string(C.ddp_last_error())
+    C.ddp_backward_end(w)
+    depth = depth - 1
+    lib.raise(msg)
+  end
+  if ev.kind == C.DDP_BACKWARD_DONE then return finish(w, true, nil, inputs, ni) end
+  local ok, err = pcall(drive, w, ev)
+  return finish(w, ok, err, inputs, ni)
+end
+
+--- run1(output, grad, retain_graph): run({output}, {grad}, nil, retain_graph) without the
+-- tables (Tensor.backward, once per training step).
+function M.run1(output, grad, retain_graph)
+  local buf = depth == 0 and cached or nil
+  local outs = buf and buf.outs or ffi.new("ddp_tensor*[1]")
+  local gs = buf and buf.gs or ffi.new("ddp_tensor*[1]")
+  outs[0], gs[0] = output, grad
+  local wbox = buf and buf.wbox or ffi.new("ddp_backward_walk*[1]")
+  check(C.ddp_backward_begin(wbox, 1, outs, gs, 0, nil, retain_graph and 1 or 0))
+  outs[0], gs[0] = nil, nil
+  local w = wbox[0]
+  depth = depth + 1
+  return walk(w, buf and buf.ev or ffi.new("ddp_backward_event"), nil, 0)
+end
+
+--- run(outputs, grads, inputs, retain_graph) -> the gradients w.r.t. inputs (a table of
+-- tensors or nil, when inputs is given). outputs: a list of tensors that require grad;
+-- grads: a list of the same length (nil entries: 1 for one-element outputs); inputs: nil
+-- (backward: leaves accumulate into .grad) or a list (autograd.grad: nothing touches .grad).
+-- Raises the first error (an op's, a hook's, a Function's) at the caller's line; the walk
+-- is always ended and grad mode restored.
+function M.run(outputs, grads, inputs, retain_graph)
+  local n, ni = #outputs, inputs and #inputs or 0
+  local buf = depth == 0 and cached or nil
+  local outs = tensor_array(buf and buf.outs, outputs, n)
+  local gs = tensor_array(buf and buf.gs, grads or {}, n)
+  local ins = tensor_array(buf and buf.ins, inputs or {}, ni)
+  local wbox = buf and buf.wbox or ffi.new("ddp_backward_walk*[1]")
+  check(C.ddp_backward_begin(wbox, n, outs, gs, ni, ins, retain_graph and 1 or 0))
+  local w = wbox[0]
+  depth = depth + 1
+  for i = 0, n - 1 do outs[i], gs[i] = nil, nil end -- the walk holds its own references
+  for i = 0, ni - 1 do ins[i] = nil end
+  return walk(w, buf and buf.ev or ffi.new("ddp_backward_event"), inputs, ni)
+end
+
+return M
