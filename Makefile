@@ -239,7 +239,7 @@ docs:
 test: deps
 	@$(MAKE) --no-print-directory all
 	luajit tools/check_layers.lua
-	$(BUSTED_ENV) busted -o spec/helpers/ci_output.lua spec
+	tools/run_specs.sh $(BUSTED_ENV)
 
 train: deps
 	@$(MAKE) --no-print-directory all

@@ -5,7 +5,7 @@ local mp = require "multiproc"
 local PRELUDE = [[
 local dl = require "ddplua"
 local dist = require "ddplua.distributed"
-dist.init_process_group{backend = "gloo", timeout = 10}
+dist.init_process_group{backend = "gloo", timeout = 40}
 local R = dist.get_rank()
 local function try(name, fn)
   local ok, err = pcall(fn)
@@ -17,8 +17,8 @@ end
 describe("dist.monitored_barrier #faults #dist", function()
   it("lets every rank through when all arrive, several times in a row", function()
     local r = mp.run { code = PRELUDE .. [[
-for _ = 1, 3 do dist.monitored_barrier(5) end
-dist.monitored_barrier{timeout = 5, wait_all_ranks = true}
+for _ = 1, 3 do dist.monitored_barrier(30) end
+dist.monitored_barrier{timeout = 30, wait_all_ranks = true}
 print("PASSED")
 ]], nprocs = 3 }
     assert.is_true(r.ok, mp.describe(r))

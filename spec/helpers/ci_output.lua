@@ -1,6 +1,7 @@
 -- spec/helpers/ci_output.lua: busted output handler for CI. Prints what busted's plain
 -- terminal handler prints, then one last line CI reads: "N passed, N failed, N skipped",
 -- counted from the run (errors count as failures; pending specs as skipped).
+-- tools/run_specs.sh runs two of these at once and prints the total.
 return function(options)
   local busted = require "busted"
   local plain = require "busted.outputHandlers.utfTerminal"(options)
@@ -16,9 +17,21 @@ return function(options)
   busted.subscribe({ "error", "file" }, function() failed = failed + 1; return nil, true end)
   busted.subscribe({ "error", "describe" }, function() failed = failed + 1; return nil, true end)
 
+  -- Under tools/run_specs.sh (two shards at once) the counts also go to the file
+  -- $DDPLUA_SPEC_COUNTS, and the shard's own line is labelled so that only the total,
+  -- printed last by the runner, reads as the suite's result.
   busted.subscribe({ "suite", "end" }, function()
-    io.write(("\n%d passed, %d failed, %d skipped\n"):format(passed, failed, skipped))
+    local shard, counts = os.getenv("DDPLUA_SPEC_SHARD"), os.getenv("DDPLUA_SPEC_COUNTS")
+    local line = ("%d passed, %d failed, %d skipped"):format(passed, failed, skipped)
+    io.write("\n", shard and ("spec shard " .. shard .. ": " .. line) or line, "\n")
     io.flush()
+    if counts then
+      local f = io.open(counts, "w")
+      if f then
+        f:write(("%d %d %d\n"):format(passed, failed, skipped))
+        f:close()
+      end
+    end
     return nil, true
   end, { priority = 1 })
 
