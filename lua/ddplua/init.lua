@@ -266,7 +266,7 @@ function M.reset_peak_memory() C.ddp_memory_reset_peak() end
 
 -- submodules reachable from dl (each also loads on its own: require "ddplua.optim")
 setmetatable(M, { __index = function(t, k)
-  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" or k == "distributed" then
+  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" or k == "distributed" or k == "amp" then
     local mod = require("ddplua." .. k)
     rawset(t, k, mod)
     return mod
