@@ -270,6 +270,10 @@ setmetatable(M, { __index = function(t, k)
     local mod = require("ddplua." .. k)
     rawset(t, k, mod)
     return mod
+  elseif k == "autocast" or k == "is_autocast_enabled" then -- dl.autocast: ddplua.amp's
+    local f = require("ddplua.amp")[k]
+    rawset(t, k, f)
+    return f
   elseif k == "spawn" then -- dl.spawn(fn, nprocs, opts): torch.multiprocessing.spawn's job
     local spawn = require "ddplua.distributed.spawn"
     rawset(t, k, spawn)

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
+#include "ops/autocast.h"
 #include "ops/copy.h"
 
 typedef struct {
@@ -288,6 +289,7 @@ int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph) {
     }
   }
   int prev = ddp_set_grad_enabled(0);
+  unsigned autocast = ddp_autocast_suspend(); /* backward runs in the forward's dtypes */
   int status;
   if (root->grad_fn) {
     status = run(root->grad_fn, g, retain_graph);
@@ -296,6 +298,7 @@ int ddp_backward(ddp_tensor *root, const ddp_tensor *grad, int retain_graph) {
     status = deliver_to_leaf(root, g, "backward");
   }
   status = run_end_callbacks(status);
+  ddp_autocast_resume(autocast);
   ddp_set_grad_enabled(prev);
   ddp_tensor_release(g);
   return status;

@@ -6,5 +6,8 @@
 local M = {}
 
 M.GradScaler = require "ddplua.amp.grad_scaler"
+local autocast = require "ddplua.amp.autocast"
+M.autocast = autocast.autocast
+M.is_autocast_enabled = autocast.is_autocast_enabled
 
 return M
