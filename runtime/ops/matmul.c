@@ -458,19 +458,41 @@ int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
   if (bias && (bias->ndim != 1 || bias->shape[0] != weight->shape[0]))
     DDP_FAIL(DDP_ERR_ARG, "linear: bias must be (%lld,) for weight %s, got %s",
              (long long)weight->shape[0], DDP_SHAPE(weight), DDP_SHAPE(bias));
-  ddp_tensor *x2 = NULL, *wt = NULL, *o2 = NULL;
+  /* Note [half linear rounds once]: PyTorch's f16/bf16 linear (addmm) adds the bias to the
+   * f32 accumulator and rounds the sum once. On the CPU the product of half operands is made
+   * in f32 anyway (mm_any), so the f32 product is kept, the bias added there, and the sum
+   * rounded once; rounding the product first and adding the bias in half rounded twice (up
+   * to 4 ulp off). A device's half gemm returns the half product: the bias add rounds again
+   * there (cuBLAS' epilogue would fuse it; not done yet). */
+  int half_cpu = (input->dtype == DDP_F16 || input->dtype == DDP_BF16) &&
+                 input->device == DDP_DEVICE_CPU;
+  ddp_tensor *x2 = NULL, *wt = NULL, *o2 = NULL, *xf = NULL, *wf = NULL;
   int status = as_lhs(&x2, input);
   if (!status) status = transpose_last2(&wt, weight); /* (in, out): CblasTrans, no copy */
-  if (!status) status = mm_any(&o2, x2, wt, "linear");
+  if (!status && half_cpu) {
+    status = ddp_to_dtype(&xf, x2, DDP_F32);
+    if (!status) status = ddp_to_dtype(&wf, wt, DDP_F32);
+    if (!status) status = mm_batched(&o2, xf, wf, "linear");
+  } else if (!status) {
+    status = mm_any(&o2, x2, wt, "linear");
+  }
   ddp_tensor_release(x2);
   ddp_tensor_release(wt);
+  ddp_tensor_release(xf);
+  ddp_tensor_release(wf);
   if (status) return status;
   int64_t shape[DDP_MAX_DIMS];
   memcpy(shape, input->shape, sizeof(int64_t) * input->ndim);
   shape[input->ndim - 1] = weight->shape[0];
   status = reshape_contiguous(out, o2, input->ndim, shape);
   ddp_tensor_release(o2);
-  if (!status && bias) status = ddp_accumulate_(*out, bias);
+  if (!status && bias) status = ddp_accumulate_(*out, bias); /* f32 += bias when half_cpu */
+  if (!status && half_cpu) {
+    ddp_tensor *o32 = *out;
+    status = ddp_to_dtype(out, o32, input->dtype); /* the one rounding */
+    ddp_tensor_release(o32);
+    if (status) *out = NULL;
+  }
   if (status) {
     ddp_tensor_release(*out);
     *out = NULL;
