@@ -3,7 +3,6 @@
 -- the scale, growth after the interval, f16/bf16 gradients, state_dict and resume through
 -- train_state, and 2 real ranks where only one overflows (both skip, replicas identical).
 local dl = require "ddplua"
-local nn = require "ddplua.nn"
 local optim = require "ddplua.optim"
 local train_state = require "ddplua.train_state"
 local files = require "files"

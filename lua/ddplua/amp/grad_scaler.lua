@@ -108,7 +108,6 @@ local function combine_across_ranks(found)
   return flag:item() > 0
 end
 
-local arr_cache = { n = 0 }
 local found_box = ffi.new("int[1]")
 
 --- scaler:unscale_(opt): divide (in place) every .grad of opt's parameters by the scale,
