@@ -29,6 +29,7 @@ local device_util = require "ddplua.utils.device"
 local Progress = require "ddplua.utils.progress"
 local MetricsFile = require "ddplua.utils.metrics_file"
 local StepProfiler = require "ddplua.utils.step_profiler"
+local mixed_precision = require "ddplua.utils.mixed_precision"
 local DistributedSampler = require "ddplua.distributed.sampler"
 
 local PROG = "train.lua"
@@ -46,6 +47,7 @@ for _, a in ipairs {
   { "--stop-after", "N", "stop after epoch N of the planned ones, as if interrupted (the\n"
     .. "schedule still spans all epochs; --resume continues)", "number" },
   { "--threads", "N", "threads for the kernels and OpenBLAS", "number" },
+  { "--amp", "DTYPE", "mixed precision: bf16 (autocast) or f16 (autocast + GradScaler)" },
   { "--data-root", "DIR", "dataset folder (CIFAR-10 binary batches; Fashion-MNIST has a default)" },
   { "--quiet", nil, "no progress output (the epoch summaries still print)" },
   { "--save-all-ranks", nil, "every rank writes runs/<name>/model_rank<R>.safetensors after each\n"
@@ -119,11 +121,13 @@ local function main(argv)
   local opt = train_config.optimizer(cfg, model:parameters(), PROG)
   local sched = train_config.scheduler(cfg, opt, #loader, PROG)
   local generators = { default = dl.default_generator }
+  local amp = mixed_precision.new(cfg.amp, device, PROG) -- autocast (+ GradScaler for f16), or nothing
 
   if is_main then require("ddplua.os").mkdir_p(cfg.out) end
   local start_epoch, step = 1, 0
   if opts.resume then
-    local p = train_state.load(opts.resume, { model = model, optimizer = opt, scheduler = sched, generators = generators })
+    local p = train_state.load(opts.resume, { model = model, optimizer = opt, scheduler = sched, generators = generators,
+      scaler = amp.scaler })
     start_epoch, step = (p.epoch or 0) + 1, p.step or 0
     say(("resumed from %s after epoch %d (step %d)"):format(opts.resume, p.epoch or 0, step))
   end
@@ -148,12 +152,11 @@ local function main(argv)
       x, y = x:to(device, { non_blocking = true }), y:to(device, { non_blocking = true })
       prof:lap("data")
       opt:zero_grad()
-      local logits = net(x)
-      local loss = dl.cross_entropy(logits, y)
+      local logits, loss = amp:run(function() local l = net(x); return l, dl.cross_entropy(l, y) end)
       prof:lap("forward")
-      loss:backward()
+      amp:backward(loss)
       prof:lap("backward")
-      opt:step()
+      amp:step(opt)
       if sched then sched:step() end
       step, b = step + 1, b + 1
       loss_sum = loss_sum + loss:item() * y:numel()
@@ -179,7 +182,7 @@ local function main(argv)
     if is_main then
       metrics:write(row)
       train_state.save(cfg.out .. "/checkpoint.safetensors", { model = model, optimizer = opt, scheduler = sched,
-        generators = generators, progress = { epoch = epoch, step = step, test_acc = test_acc } })
+        scaler = amp.scaler, generators = generators, progress = { epoch = epoch, step = step, test_acc = test_acc } })
       train_state.save_model(cfg.out .. "/model.safetensors", model)
     end
     if dist then net:verify_sync() end -- raises naming a tensor whose replicas drifted apart

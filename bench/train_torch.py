@@ -4,7 +4,8 @@ SGD lr 0.05 momentum 0.9). Run with Debian's /usr/bin/python3 (python3-torch, CP
 or under torchrun for DDP (gloo, DistributedSampler, batch 64 per rank; samples/s of all
 ranks, printed by rank 0):
     /usr/bin/python3 -m torch.distributed.run --nproc_per_node 2 --redirects 2 --tee 2 bench/train_torch.py ...
-Prints "model=<m> threads=<n> samples_per_s=<x> peak_rss_mb=<y>". PyTorch at its best per
+Prints "model=<m> threads=<n> amp=<a> samples_per_s=<x> peak_rss_mb=<y>"; --amp bf16 runs the
+forward under torch.autocast("cpu", dtype=torch.bfloat16). PyTorch at its best per
 TOOLCHAIN.md: thread variables set before import, OMP_WAIT_POLICY=PASSIVE set by the caller."""
 import argparse, gzip, resource, time
 
@@ -17,6 +18,7 @@ p.add_argument("--model", default="cnn")
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--steps", type=int, default=200)
 p.add_argument("--warmup", type=int, default=20)
+p.add_argument("--amp", default=None, help="bf16: the forward under torch.autocast('cpu', bfloat16)")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -54,7 +56,8 @@ for x, y in loader:
     if done == a.warmup:
         t0 = time.perf_counter()
     opt.zero_grad()
-    loss = nn.functional.cross_entropy(net(x), y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16"):
+        loss = nn.functional.cross_entropy(net(x), y)
     loss.backward()
     opt.step()
     done += 1
@@ -63,6 +66,6 @@ for x, y in loader:
 seconds = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 if world == 1 or dist.get_rank() == 0:
-    print(f"model={a.model} threads={a.threads} samples_per_s={world * a.steps * 64 / seconds:.1f} peak_rss_mb={rss:.1f}", flush=True)
+    print(f"model={a.model} threads={a.threads} amp={a.amp or 'f32'} samples_per_s={world * a.steps * 64 / seconds:.1f} peak_rss_mb={rss:.1f}", flush=True)
 if world > 1:
     dist.destroy_process_group()

@@ -267,10 +267,14 @@ function M.reset_peak_memory() C.ddp_memory_reset_peak() end
 
 -- submodules reachable from dl (each also loads on its own: require "ddplua.optim")
 setmetatable(M, { __index = function(t, k)
-  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" or k == "distributed" then
+  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" or k == "distributed" or k == "amp" then
     local mod = require("ddplua." .. k)
     rawset(t, k, mod)
     return mod
+  elseif k == "autocast" or k == "is_autocast_enabled" then -- dl.autocast: ddplua.amp's
+    local f = require("ddplua.amp")[k]
+    rawset(t, k, f)
+    return f
   elseif k == "spawn" then -- dl.spawn(fn, nprocs, opts): torch.multiprocessing.spawn's job
     local spawn = require "ddplua.distributed.spawn"
     rawset(t, k, spawn)

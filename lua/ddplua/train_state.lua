@@ -4,6 +4,7 @@
 --   model = nn.Module,            -- its state_dict goes in as tensors "model.<name>"
 --   optimizer = opt,              -- opt:state_dict()  (tensors "optimizer.<path>")
 --   scheduler = sched,            -- sched:state_dict() (optional)
+--   scaler = amp.GradScaler,      -- scaler:state_dict() (optional: scale, growth count)
 --   generators = {name = dl.Generator, ...},  -- their (seed, offset) states
 --   progress = {epoch = n, step = n, ...},    -- plain values
 -- }
@@ -76,6 +77,7 @@ function M.save(path, state)
   end
   if state.optimizer then meta.optimizer = encode(state.optimizer:state_dict(), "optimizer", tensors) end
   if state.scheduler then meta.scheduler = encode(state.scheduler:state_dict(), "scheduler", tensors) end
+  if state.scaler then meta.scaler = encode(state.scaler:state_dict(), "scaler", tensors) end
   local gens = {}
   for name, g in pairs(state.generators or {}) do gens[name] = g:get_state() end
   meta.generators = encode(gens, "generators", tensors)
@@ -88,7 +90,7 @@ end
 -- save: model, optimizer, scheduler, generators) and return the saved progress table.
 -- Raises naming the file and what differs (missing or mismatched model tensors; optimizer
 -- state that its load_state_dict refuses: bad options, buffers of another shape, a step
--- that is not a count).
+-- that is not a count; a scaler state of the wrong types).
 function M.load(path, state)
   local tensors, meta = checkpoint.load(path)
   if meta.format ~= "ddplua.train_state/1" then
@@ -108,6 +110,10 @@ function M.load(path, state)
     if not ok then lib.raise(path .. ": " .. tostring(err):gsub("^[^:\n]+:%d+: ", "", 1)) end
   end
   if state.scheduler and meta.scheduler then state.scheduler:load_state_dict(decode(meta.scheduler, tensors)) end
+  -- a scaler's state is carried when both sides have one (a checkpoint of a run without amp
+  -- leaves the new scaler at its initial scale)
+  local saved_scaler = meta.scaler and decode(meta.scaler, tensors)
+  if state.scaler and saved_scaler and next(saved_scaler) ~= nil then state.scaler:load_state_dict(saved_scaler) end
   local gens = decode(meta.generators, tensors) or {}
   for name, g in pairs(state.generators or {}) do
     if gens[name] then g:set_state(gens[name]) end

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "autograd/autograd.h"
+#include "ops/autocast.h"
 #include "ops/copy.h"
 
 typedef struct {
@@ -209,6 +210,8 @@ struct ddp_backward_walk {
   ddp_node *root;          /* GraphRoot: one edge per output (owned) */
   ddp_tensor **root_grads; /* the outputs' gradients (owned), handed on by the root */
   int retain_graph, prev_grad_mode, finished, failed;
+  unsigned prev_autocast;  /* autocast is off while the walk is open: backward runs in the
+                            * forward's dtypes (ddp_autocast_suspend) */
   int n_inputs;            /* autograd.grad: the tensors whose gradients are collected */
   ddp_tensor **inputs, **results;
   ddp_node *cur;           /* the node being run, its gradient and its inputs' gradients */
@@ -581,6 +584,7 @@ void ddp_backward_end(ddp_backward_walk *w) {
   free(w->grads);
   free(w->all.items);
   free(w->ready.items);
+  ddp_autocast_resume(w->prev_autocast);
   ddp_set_grad_enabled(w->prev_grad_mode);
   free(w);
   walks_open--;
@@ -598,6 +602,7 @@ int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *output
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "backward: out of memory");
   walks_open++;
   w->prev_grad_mode = ddp_set_grad_enabled(0);
+  w->prev_autocast = ddp_autocast_suspend();
   w->retain_graph = retain_graph;
   w->finished = 1; /* until set up: ending it then runs no callbacks */
   w->phase = PH_POP;

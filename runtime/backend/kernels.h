@@ -246,6 +246,10 @@ typedef struct ddp_kernels {
   double (*abs_max)(int dtype, const void *x, int64_t n);
   void (*scale)(int dtype, void *x, int64_t n, double s);
   void (*clamp)(int dtype, void *x, int64_t n, double lo, double hi);
+  /* GradScaler's unscale (Note [unscale in one pass], cpu/optim.c): x *= inv_scale in place;
+   * returns 1.0 when any element was inf or NaN before, else 0.0, to the host
+   * (synchronously); NaN with the error recorded when the kernel failed. */
+  double (*non_finite_check_and_unscale)(int dtype, void *x, int64_t n, double inv_scale);
   /* ---- shape (runtime/backend/cpu/shape.h): element sizes or dtypes as each says ---- */
   void (*copy_rows)(char *dst, const char *src, int64_t outer, int64_t dst_row, int64_t dst_col,
                     int64_t src_row);

@@ -6,6 +6,7 @@
 #include "autograd/autograd.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "ops/autocast.h"
 
 static int needs_grad(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
 
@@ -113,6 +114,10 @@ int ddp_conv2d(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
                int64_t stride_h, int64_t stride_w, int64_t padding_h, int64_t padding_w,
                int64_t dilation_h, int64_t dilation_w, int64_t groups) {
   *out = NULL;
+  ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3]; /* Note [autocast policy] */
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 3, ac_in, ac,
+                       ddp_conv2d(out, ac[0], ac[1], ac[2], stride_h, stride_w, padding_h,
+                                  padding_w, dilation_h, dilation_w, groups));
   ddp_conv2d_geom g = {.sh = stride_h, .sw = stride_w, .ph = padding_h, .pw = padding_w,
                        .dh = dilation_h, .dw = dilation_w, .groups = groups};
   DDP_TRY(conv_check(&g, input, weight, bias));

@@ -17,6 +17,7 @@
 #include "autograd/autograd.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "ops/autocast.h"
 
 static const char *const BIN_NAMES[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
                                         "eq", "ne", "lt", "le", "gt", "ge"};
@@ -644,8 +645,16 @@ static void clamp_bounds(int has_lo, double *lo, int has_hi, double *hi) {
 }
 
 int ddp_neg(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_NEG, 0, 0); }
-int ddp_exp(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_EXP, 0, 0); }
-int ddp_log(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_LOG, 0, 0); }
+int ddp_exp(ddp_tensor **out, ddp_tensor *x) {
+  ddp_tensor *ac_in[1] = {x}, *ac[1]; /* Note [autocast policy] */
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_exp(out, ac[0]));
+  return unary_op(out, x, DDP_EW_EXP, 0, 0);
+}
+int ddp_log(ddp_tensor **out, ddp_tensor *x) {
+  ddp_tensor *ac_in[1] = {x}, *ac[1]; /* Note [autocast policy] */
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_log(out, ac[0]));
+  return unary_op(out, x, DDP_EW_LOG, 0, 0);
+}
 int ddp_sqrt(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_SQRT, 0, 0); }
 int ddp_rsqrt(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_RSQRT, 0, 0); }
 int ddp_abs(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_ABS, 0, 0); }

@@ -15,6 +15,7 @@
 #include "autograd/autograd.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "ops/autocast.h"
 #include "ops/copy.h"
 
 /* ---- layout of one operand ------------------------------------------------------------ */
@@ -352,6 +353,8 @@ static int record_product(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const 
 
 int ddp_matmul(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
   *out = NULL;
+  ddp_tensor *ac_in[2] = {a, b}, *ac[2]; /* Note [autocast policy] */
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 2, ac_in, ac, ddp_matmul(out, ac[0], ac[1]));
   DDP_TRY(check_pair(a, b, "matmul"));
   if (a->ndim < 1 || b->ndim < 1)
     DDP_FAIL(DDP_ERR_ARG, "matmul: both arguments need at least 1 dimension, got %s and %s",
@@ -385,6 +388,8 @@ int ddp_matmul(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
 
 int ddp_bmm(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
   *out = NULL;
+  ddp_tensor *ac_in[2] = {a, b}, *ac[2]; /* Note [autocast policy] */
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 2, ac_in, ac, ddp_bmm(out, ac[0], ac[1]));
   DDP_TRY(check_pair(a, b, "bmm"));
   if (a->ndim != 3 || b->ndim != 3)
     DDP_FAIL(DDP_ERR_ARG, "bmm: expected 3-d tensors (B, N, K) and (B, K, M), got %s and %s",
@@ -441,6 +446,8 @@ static int linear_backward(ddp_node *node, ddp_tensor *g, ddp_tensor **gi) {
 
 int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tensor *bias) {
   *out = NULL;
+  ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3]; /* Note [autocast policy] */
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 3, ac_in, ac, ddp_linear(out, ac[0], ac[1], ac[2]));
   DDP_TRY(ddp_check_affine_args("linear", input, weight, bias));
   if (weight->ndim != 2)
     DDP_FAIL(DDP_ERR_ARG, "linear: weight must be 2-d (out_features, in_features), got %s",
@@ -451,19 +458,41 @@ int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
   if (bias && (bias->ndim != 1 || bias->shape[0] != weight->shape[0]))
     DDP_FAIL(DDP_ERR_ARG, "linear: bias must be (%lld,) for weight %s, got %s",
              (long long)weight->shape[0], DDP_SHAPE(weight), DDP_SHAPE(bias));
-  ddp_tensor *x2 = NULL, *wt = NULL, *o2 = NULL;
+  /* Note [half linear rounds once]: PyTorch's f16/bf16 linear (addmm) adds the bias to the
+   * f32 accumulator and rounds the sum once. On the CPU the product of half operands is made
+   * in f32 anyway (mm_any), so the f32 product is kept, the bias added there, and the sum
+   * rounded once; rounding the product first and adding the bias in half rounded twice (up
+   * to 4 ulp off). A device's half gemm returns the half product: the bias add rounds again
+   * there (cuBLAS' epilogue would fuse it; not done yet). */
+  int half_cpu = (input->dtype == DDP_F16 || input->dtype == DDP_BF16) &&
+                 input->device == DDP_DEVICE_CPU;
+  ddp_tensor *x2 = NULL, *wt = NULL, *o2 = NULL, *xf = NULL, *wf = NULL;
   int status = as_lhs(&x2, input);
   if (!status) status = transpose_last2(&wt, weight); /* (in, out): CblasTrans, no copy */
-  if (!status) status = mm_any(&o2, x2, wt, "linear");
+  if (!status && half_cpu) {
+    status = ddp_to_dtype(&xf, x2, DDP_F32);
+    if (!status) status = ddp_to_dtype(&wf, wt, DDP_F32);
+    if (!status) status = mm_batched(&o2, xf, wf, "linear");
+  } else if (!status) {
+    status = mm_any(&o2, x2, wt, "linear");
+  }
   ddp_tensor_release(x2);
   ddp_tensor_release(wt);
+  ddp_tensor_release(xf);
+  ddp_tensor_release(wf);
   if (status) return status;
   int64_t shape[DDP_MAX_DIMS];
   memcpy(shape, input->shape, sizeof(int64_t) * input->ndim);
   shape[input->ndim - 1] = weight->shape[0];
   status = reshape_contiguous(out, o2, input->ndim, shape);
   ddp_tensor_release(o2);
-  if (!status && bias) status = ddp_accumulate_(*out, bias);
+  if (!status && bias) status = ddp_accumulate_(*out, bias); /* f32 += bias when half_cpu */
+  if (!status && half_cpu) {
+    ddp_tensor *o32 = *out;
+    status = ddp_to_dtype(out, o32, input->dtype); /* the one rounding */
+    ddp_tensor_release(o32);
+    if (status) *out = NULL;
+  }
   if (status) {
     ddp_tensor_release(*out);
     *out = NULL;

@@ -13,6 +13,7 @@
 #include "autograd/autograd.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "ops/autocast.h"
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
@@ -292,6 +293,12 @@ int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean
                    ddp_tensor *running_var, ddp_tensor *weight, ddp_tensor *bias, int training,
                    double momentum, double eps) {
   *out = NULL;
+  /* Note [autocast policy]: the running statistics are buffers updated in place, never cast
+   * (a cast would update a copy): only the input and the affine parameters follow the widest */
+  ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3];
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_PROMOTE, 3, ac_in, ac,
+                       ddp_batch_norm(out, ac[0], running_mean, running_var, ac[1], ac[2],
+                                      training, momentum, eps));
   int64_t N = 0, C = 0, S = 1;
   DDP_TRY(check_bn_input(input, "batch_norm", &N, &C, &S));
   {
@@ -477,6 +484,9 @@ int ddp_layer_norm(ddp_tensor **out, ddp_tensor *input, int n_normalized,
                    const int64_t *normalized_shape, ddp_tensor *weight, ddp_tensor *bias,
                    double eps) {
   *out = NULL;
+  ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3]; /* Note [autocast policy] */
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 3, ac_in, ac,
+                       ddp_layer_norm(out, ac[0], n_normalized, normalized_shape, ac[1], ac[2], eps));
   DDP_TRY(ddp_check_alive(input, "layer_norm", "input"));
   if (!ddp_dtype_is_floating(input->dtype))
     DDP_FAIL(DDP_ERR_ARG, "layer_norm: input must be floating, got %s", ddp_dtype_name(input->dtype));

@@ -352,3 +352,44 @@ int ddp_clip_grad_value_(ddp_tensor **grads, int n, double clip_value) {
   DDP_TRY(check_grads(grads, n, op));
   return elemt_all(grads, n, 1, 0, -clip_value, clip_value);
 }
+
+/* ---- GradScaler ------------------------------------------------------------------------------ */
+
+/* One gradient (contiguous, f32 or f64) unscaled by one call of its device's table. Like the
+ * norms, the kernel returns a host double and reports a failure as NaN with the error set. */
+static int unscale_run(int *found, ddp_tensor *x, double inv_scale) {
+  const char *op = "unscale_";
+  const ddp_kernels *k = ddp_kernels_for(x->device);
+  DDP_TRY(DDP_KERNEL_CHECK(k, non_finite_check_and_unscale, op));
+  ddp_clear_error();
+  double r = k->non_finite_check_and_unscale(x->dtype, ddp_data(x), x->numel, inv_scale);
+  DDP_TRY(ddp_device_check(x->device, op));
+  if (r != r) {
+    if (ddp_last_status() != DDP_OK) return ddp_last_status();
+    DDP_FAIL(DDP_ERR_STATE, "%s: the kernel failed without a message", op);
+  }
+  *found = r != 0;
+  return DDP_OK;
+}
+
+int ddp_amp_unscale_(int *found_inf, ddp_tensor **grads, int n, double inv_scale) {
+  const char *op = "unscale_";
+  if (!found_inf) DDP_FAIL(DDP_ERR_ARG, "%s: found_inf is NULL", op);
+  *found_inf = 0;
+  if (!isfinite(inv_scale))
+    DDP_FAIL(DDP_ERR_ARG, "%s: inv_scale must be finite, got %g", op, inv_scale);
+  DDP_TRY(check_grads(grads, n, op));
+  int prev = ddp_set_grad_enabled(0);
+  int status = DDP_OK;
+  for (int i = 0; i < n && !status; i++) {
+    operand o;
+    int found = 0;
+    status = operand_open(&o, grads[i], compute_dtype(grads[i]->dtype));
+    if (!status) status = unscale_run(&found, o.work, inv_scale);
+    int s2 = operand_close(&o, !status);
+    if (!status) status = s2;
+    *found_inf |= found;
+  }
+  ddp_set_grad_enabled(prev);
+  return status;
+}

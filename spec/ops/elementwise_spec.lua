@@ -380,6 +380,32 @@ describe("ddplua.ops.elementwise", function()
     close.assert_close(i:sigmoid(), { sigmoid(-3), 0.5, sigmoid(4), sigmoid(9) })
   end)
 
+  it("relu, neg, abs and relu's gradient of f16/bf16 keep signed zeros, infinities and NaN (Note [half sign ops])", function()
+    local inf = math.huge
+    for _, dtype in ipairs { "f16", "bf16" } do
+      local base = { -inf, -2.5, -1e-6, -0.0, 0, 1e-6, 3, inf, 0 / 0 }
+      local x = dl.tensor(base, { dtype = "f64" }):to(dtype)
+      -- strided too: every other element of a longer tensor
+      local col = x:view(9, 1)
+      local wide = dl.cat({ col, col }, 2):select(2, 1) -- stride 2
+      for _, t in ipairs { x, wide } do
+        local v = t:to("f64"):tolist()
+        for name, f in pairs { relu = function(a) return a < 0 and 0 or a end, neg = function(a) return -a end,
+                               abs = math.abs } do
+          local got = t[name](t):to("f64"):tolist()
+          for i = 1, #v do
+            local e = f(v[i])
+            local same = got[i] == e and (e ~= 0 or 1 / got[i] == 1 / e) or (got[i] ~= got[i] and e ~= e)
+            assert.is_true(same, ("%s %s of %s: %s, expected %s"):format(dtype, name, v[i], got[i], e))
+          end
+        end
+      end
+      local xr = x:detach():requires_grad_()
+      xr:relu():backward(dl.full({ 9 }, 2, { dtype = dtype }))
+      assert.same({ 0, 0, 0, 0, 0, 2, 2, 2, 0 }, xr.grad:to("f64"):tolist())
+    end
+  end)
+
   it("keeps NaN through relu, clamp, maximum and minimum", function()
     local x = dl.tensor { 0 / 0, 1, -1 }
     local r = x:relu():tolist()

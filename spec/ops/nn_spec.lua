@@ -463,6 +463,18 @@ describe("ddplua.ops.nn", function()
       assert.is_true(gradcheck(function(x, w) return dl.linear(x, w) end, { randn({ 3 }), randn({ 2, 3 }) }))
     end)
 
+    it("f16 and bf16 round once: the bias is added to the f32 product (Note [half linear rounds once])", function()
+      dl.manual_seed(11)
+      for _, dtype in ipairs({ "f16", "bf16" }) do
+        -- multiples of 1/256 up to 256 in magnitude: exact in f32, not in a half dtype
+        local x = (dl.randint(-64, 65, { 64, 16 }):to("f64") / 16):to(dtype)
+        local w = (dl.randint(-64, 65, { 32, 16 }):to("f64") / 16):to(dtype)
+        local b = randn({ 32 }):to(dtype)
+        local once = dl.linear(x:to("f64"), w:to("f64"), b:to("f64")):to(dtype)
+        assert.same(once:tolist(), dl.linear(x, w, b):tolist())
+      end
+    end)
+
     it("raises on feature, bias and dtype mismatches", function()
       raises("linear.*%(2, 3%).*%(4, 5%)", function() dl.linear(randn({ 2, 3 }), randn({ 4, 5 })) end)
       raises("linear.*bias.*%(3,?%)", function() dl.linear(randn({ 2, 3 }), randn({ 4, 3 }), randn({ 3 })) end)

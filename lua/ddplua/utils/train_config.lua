@@ -14,7 +14,8 @@
 -- subset / test_subset (first N samples), optimizer ({name = "SGD", lr = 0.05, momentum =
 -- 0.9} by default; any ddplua.optim class with its options), schedule (nil or {name = a
 -- scheduler class, options...}; CosineAnnealingLR's T_max and OneCycleLR's total_steps
--- default to all steps of all epochs), device.
+-- default to all steps of all epochs), device, amp (nil, "bf16" or "f16": mixed precision,
+-- ddplua/utils/mixed_precision.lua).
 --
 -- Every function takes an optional `prog` (default "ddplua") that prefixes its messages;
 -- errors are raised with error(msg, 0) (a user's file or flag is at fault, not a line).
@@ -24,11 +25,11 @@ local optim = require "ddplua.optim"
 local M = {}
 
 -- The fields a command line may override directly (opts key = config key).
-local OVERRIDES = { "epochs", "batch_size", "seed", "subset", "test_subset", "data_root" }
+local OVERRIDES = { "epochs", "batch_size", "seed", "subset", "test_subset", "data_root", "amp" }
 
 --- train_config.load(path, overrides, prog) -> cfg: run the config file at `path` and
 -- apply `overrides` (a table as ddplua.utils.argparse returns: epochs, batch_size, seed,
--- subset, test_subset, data_root replace the config's; lr replaces optimizer.lr; out is the
+-- subset, test_subset, data_root, amp replace the config's; lr replaces optimizer.lr; out is the
 -- output folder, default "runs/<name>"), then fill the defaults (see the top). Raises when
 -- the file cannot be loaded or does not return a table.
 function M.load(path, overrides, prog)

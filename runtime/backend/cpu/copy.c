@@ -1,6 +1,8 @@
 /* runtime/backend/cpu/copy.c: CPU kernels of copies (any dtypes and strides) and fills. */
 #include "backend/cpu/copy.h"
 
+#include <string.h>
+
 enum { COPY_GRAIN = 1 << 16 }; /* elements per thread chunk: below this, one thread */
 
 typedef struct { int dst_dtype, src_dtype; } convert_ctx;
@@ -27,6 +29,28 @@ static void copy_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
   }
   if (c->dst_dtype == DDP_F64 && c->src_dtype == DDP_F32) {
     for (int64_t i = 0; i < n; i++) *(double *)(d + i * s[0]) = *(const float *)(src + i * s[1]);
+    return;
+  }
+  /* f32 <-> bf16, autocast's casts on the CPU: the bit operations of ddp_bf16_to_f32 and
+   * ddp_f32_to_bf16 (round to nearest even, NaN kept quiet) inline, so the loop vectorises
+   * instead of calling them through ddp_load_f64 / ddp_store_f64 per element */
+  if (c->dst_dtype == DDP_BF16 && c->src_dtype == DDP_F32) {
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t x;
+      memcpy(&x, src + i * s[1], 4);
+      uint16_t h = (x & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((x >> 16) | 0x40)
+                                                   : (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+      memcpy(d + i * s[0], &h, 2);
+    }
+    return;
+  }
+  if (c->dst_dtype == DDP_F32 && c->src_dtype == DDP_BF16) {
+    for (int64_t i = 0; i < n; i++) {
+      uint16_t h;
+      memcpy(&h, src + i * s[1], 2);
+      uint32_t x = (uint32_t)h << 16;
+      memcpy(d + i * s[0], &x, 4);
+    }
     return;
   }
   for (int64_t i = 0; i < n; i++)

@@ -416,6 +416,52 @@ static void un_any(void *vc, char **p, const int64_t *s, int64_t n) {
   }
 }
 
+/* Note [half sign ops]: relu, neg and abs of f16/bf16 (autocast's activations) only look at
+ * and change the sign bit, so they run on the 16-bit patterns, with the results of the
+ * double path (un_any) bit for bit for every input but a signalling NaN (which the double
+ * path quiets). `inf` is the pattern of +inf (bf16 0x7f80, f16 0x7c00): h - 1 < inf (as
+ * unsigned 16-bit) holds exactly for the positive values, +inf included; NaNs are above. */
+static int un_half_bits_op(int op) { return op == DDP_EW_RELU || op == DDP_EW_NEG || op == DDP_EW_ABS; }
+
+static void un_half_bits(void *vc, char **p, const int64_t *s, int64_t n) {
+  const ew_ctx *c = vc;
+  const uint16_t inf = c->dt[1] == DDP_BF16 ? 0x7f80 : 0x7c00;
+  if (c->op == DDP_EW_RELU && s[0] == 2 && s[1] == 2) { /* contiguous: a loop that vectorises */
+    uint16_t *restrict o = (uint16_t *)p[0];
+    const uint16_t *restrict x = (const uint16_t *)p[1];
+    for (int64_t i = 0; i < n; i++) {
+      uint16_t h = x[i];
+      o[i] = (h & 0x8000) && (uint16_t)((h & 0x7fff) - 1) < inf ? 0 : h;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t h = *(const uint16_t *)(p[1] + i * s[1]), r;
+    switch (c->op) {
+    case DDP_EW_RELU: r = (h & 0x8000) && (uint16_t)((h & 0x7fff) - 1) < inf ? 0 : h; break;
+    case DDP_EW_NEG: r = h ^ 0x8000; break;
+    default: r = h & 0x7fff; break; /* abs */
+    }
+    *(uint16_t *)(p[0] + i * s[0]) = r;
+  }
+}
+
+/* relu backward of f16/bf16 (Note [half sign ops]): g where y > 0, else +0. */
+static void relu_bwd_half_bits(void *vc, char **p, const int64_t *s, int64_t n) {
+  const ew_ctx *c = vc;
+  const uint16_t inf = c->dt[2] == DDP_BF16 ? 0x7f80 : 0x7c00;
+  if (s[0] == 2 && s[1] == 2 && s[2] == 2) { /* contiguous: a loop that vectorises */
+    uint16_t *restrict d = (uint16_t *)p[0];
+    const uint16_t *restrict g = (const uint16_t *)p[1], *restrict y = (const uint16_t *)p[2];
+    for (int64_t i = 0; i < n; i++) d[i] = (uint16_t)(y[i] - 1) < inf ? g[i] : 0;
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t g = *(const uint16_t *)(p[1] + i * s[1]), y = *(const uint16_t *)(p[2] + i * s[2]);
+    *(uint16_t *)(p[0] + i * s[0]) = (uint16_t)(y - 1) < inf ? g : 0;
+  }
+}
+
 static int un_cheap(int op) {
   return op == DDP_EW_NEG || op == DDP_EW_ABS || op == DDP_EW_CLAMP || op == DDP_EW_RELU ||
          op == DDP_EW_LEAKY_RELU || op == DDP_EW_SQRT || op == DDP_EW_RSQRT;
@@ -428,6 +474,7 @@ void ddp_cpu_unary(ddp_tensor *out, ddp_tensor *x, int op, double p0, double p1)
   if (out->dtype == x->dtype) {
     if (x->dtype == DDP_F32) fn = un_f32;
     else if (x->dtype == DDP_F64) fn = un_f64;
+    else if ((x->dtype == DDP_BF16 || x->dtype == DDP_F16) && un_half_bits_op(op)) fn = un_half_bits;
   }
   ddp_foreach(2, ops, out->ndim, out->shape, fn, &c,
               un_cheap(op) && fn != un_any ? GRAIN_CHEAP : GRAIN_HEAVY);
@@ -496,6 +543,7 @@ void ddp_cpu_unary_backward(ddp_tensor *d, ddp_tensor *g, ddp_tensor *s, int op,
   if (d->dtype == g->dtype && g->dtype == s->dtype) {
     if (d->dtype == DDP_F32) fn = un_bwd_f32;
     else if (d->dtype == DDP_F64) fn = un_bwd_f64;
+    else if ((d->dtype == DDP_BF16 || d->dtype == DDP_F16) && op == DDP_EW_RELU) fn = relu_bwd_half_bits;
   }
   ddp_foreach(3, ops, d->ndim, d->shape, fn, &c, GRAIN_HEAVY);
 }

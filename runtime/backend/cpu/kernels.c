@@ -66,6 +66,7 @@ const ddp_kernels ddp_cpu_kernels = {
     .abs_max = ddp_cpu_abs_max,
     .scale = ddp_cpu_scale,
     .clamp = ddp_cpu_clamp,
+    .non_finite_check_and_unscale = ddp_cpu_non_finite_check_and_unscale,
     .copy_rows = ddp_cpu_copy_rows,
     .index_select = ddp_cpu_index_select,
     .index_add = ddp_cpu_index_add,

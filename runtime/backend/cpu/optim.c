@@ -132,6 +132,26 @@ DEFINE_ADADELTA(f64, double, sqrt)
 DEFINE_CLIP(f32, float)
 DEFINE_CLIP(f64, double)
 
+/* Note [unscale in one pass]: GradScaler.unscale_ (PyTorch's
+ * _amp_foreach_non_finite_check_and_unscale_) reads each gradient element once: it tests
+ * the element for inf/NaN and multiplies it by 1/scale in the same pass. Every element is
+ * multiplied, found or not (the step is skipped anyway when one was found), and the test
+ * looks at the element before the multiplication, as PyTorch's kernel does. */
+#define DEFINE_UNSCALE(SUFFIX, T)                                                           \
+  int ddp_cpu_unscale_##SUFFIX(T *x, int64_t n, double inv_scale) {                         \
+    const T c = (T)inv_scale;                                                               \
+    int found = 0;                                                                          \
+    for (int64_t i = 0; i < n; i++) {                                                       \
+      T v = x[i];                                                                           \
+      found |= !isfinite(v);                                                                \
+      x[i] = v * c;                                                                         \
+    }                                                                                       \
+    return found;                                                                           \
+  }
+
+DEFINE_UNSCALE(f32, float)
+DEFINE_UNSCALE(f64, double)
+
 /* ---- table entries: a dtype switch per thread chunk, never per element ------------------- */
 
 enum {
@@ -260,4 +280,40 @@ double ddp_cpu_abs_pow_sum(int dtype, const void *x, int64_t n, double p) {
 
 double ddp_cpu_abs_max(int dtype, const void *x, int64_t n) {
   return norm_reduce(dtype, x, n, INFINITY);
+}
+
+typedef struct {
+  char *data;
+  int dtype;
+  int64_t n;
+  double inv_scale;
+  unsigned char *found; /* one flag per block of CLIP_BLOCK elements */
+} unscale_ctx;
+
+static void unscale_blocks(void *vctx, int64_t begin, int64_t end) {
+  const unscale_ctx *c = vctx;
+  size_t es = ddp_dtype_size(c->dtype);
+  for (int64_t b = begin; b < end; b++) {
+    int64_t lo = b * CLIP_BLOCK, len = c->n - lo < CLIP_BLOCK ? c->n - lo : CLIP_BLOCK;
+    void *x = c->data + (size_t)lo * es;
+    c->found[b] = (unsigned char)(c->dtype == DDP_F64 ? ddp_cpu_unscale_f64(x, len, c->inv_scale)
+                                                      : ddp_cpu_unscale_f32(x, len, c->inv_scale));
+  }
+}
+
+/* Blocks of CLIP_BLOCK elements over the thread pool, each with its own flag (no two
+ * threads write one flag), or-ed here. */
+double ddp_cpu_non_finite_check_and_unscale(int dtype, void *x, int64_t n, double inv_scale) {
+  int64_t nblocks = (n + CLIP_BLOCK - 1) / CLIP_BLOCK;
+  unsigned char *found = calloc((size_t)(nblocks > 0 ? nblocks : 1), 1);
+  if (!found) {
+    DDP_ERROR(DDP_ERR_MEMORY, "unscale_: out of memory");
+    return NAN;
+  }
+  unscale_ctx c = {x, dtype, n, inv_scale, found};
+  ddp_parallel_for(nblocks, 2, unscale_blocks, &c);
+  int any = 0;
+  for (int64_t b = 0; b < nblocks; b++) any |= found[b];
+  free(found);
+  return any ? 1.0 : 0.0;
 }

@@ -49,6 +49,11 @@ void ddp_cpu_scale_f64(double *x, int64_t n, double s);
 void ddp_cpu_clamp_f32(float *x, int64_t n, double lo, double hi);
 void ddp_cpu_clamp_f64(double *x, int64_t n, double lo, double hi);
 
+/* GradScaler's unscale (Note [unscale in one pass], optim.c): x (n) *= inv_scale (rounded to
+ * the element type first); returns 1 when any element was inf or NaN, else 0. */
+int ddp_cpu_unscale_f32(float *x, int64_t n, double inv_scale);
+int ddp_cpu_unscale_f64(double *x, int64_t n, double inv_scale);
+
 /* The table entries (runtime/backend/kernels.h): dtype DDP_F32 or DDP_F64, whole contiguous
  * buffers of n elements. Each splits its work over the thread pool (the updates, scale and
  * clamp by element ranges; the norms by fixed blocks of CLIP_BLOCK elements whose partial
@@ -64,5 +69,8 @@ double ddp_cpu_abs_pow_sum(int dtype, const void *x, int64_t n, double p);
 double ddp_cpu_abs_max(int dtype, const void *x, int64_t n);
 void ddp_cpu_scale(int dtype, void *x, int64_t n, double s);
 void ddp_cpu_clamp(int dtype, void *x, int64_t n, double lo, double hi);
+/* 1.0 when x held an inf or NaN, else 0.0; x scaled in place either way; NaN (error
+ * recorded) when out of memory. */
+double ddp_cpu_non_finite_check_and_unscale(int dtype, void *x, int64_t n, double inv_scale);
 
 #endif /* DDP_CPU_OPTIM_H */

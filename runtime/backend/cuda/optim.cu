@@ -1,6 +1,7 @@
 // runtime/backend/cuda/optim.cu: the CUDA kernels of the fused optimizer updates (SGD,
 // Adam/AdamW with amsgrad, Adadelta) and of gradient clipping (sum of |x|^p, max |x|, scale,
-// clamp): the entries sgd_f32 .. clamp_f64 of the kernel table.
+// clamp) and GradScaler's fused inf check and unscale: the entries sgd ..
+// non_finite_check_and_unscale of the kernel table.
 //
 // Semantics are those of runtime/backend/cpu/optim.c line by line (Note [optimizer update
 // order] there; the formulas are PyTorch's torch.optim algorithm boxes): each thread takes
@@ -308,6 +309,49 @@ template <typename T> void clamp(T *x, int64_t n, double lo, double hi) {
   launched("clip_grad_value_");
 }
 
+// ---- GradScaler's unscale (Note [unscale in one pass], cpu/optim.c) -------------------------
+
+// Every element is multiplied; *found is set to 1 by any thread that saw an inf or NaN (all
+// writers store the same value, so no atomic is needed).
+template <typename T>
+__global__ void unscale_kernel(T *__restrict__ x, int64_t n, T c, int *__restrict__ found) {
+  GRID_STRIDE(i, n) {
+    T v = x[i];
+    if (!isfinite(v)) *found = 1;
+    x[i] = v * c;
+  }
+}
+
+// 1.0 / 0.0 to the host (synchronous, as the CPU's return value), NaN on a failure.
+template <typename T> double non_finite_check_and_unscale(T *x, int64_t n, double inv_scale) {
+  const char *op = "unscale_";
+  if (n <= 0) return 0;
+  int *flag = NULL; // device int
+  if (ddp_cuda_caching_malloc((void **)&flag, ddp_cuda_device(), sizeof(int))) return NAN;
+  cudaStream_t s = ddp_cuda_stream();
+  int found = 0;
+  const char *what = "flag reset";
+  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int), s);
+  if (err == cudaSuccess) {
+    DDP_CUDA_LAUNCH((unscale_kernel<T>), ddp_cuda_blocks(n), DDP_CUDA_THREADS, 0, s, x, n,
+                    (T)inv_scale, flag);
+    what = "kernel launch";
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) {
+    what = "found-inf copy";
+    err = cudaMemcpyAsync(&found, flag, sizeof found, cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  }
+  if (err != cudaSuccess) cudaGetLastError();
+  ddp_cuda_caching_free(flag); // stream-ordered: a later owner runs after the copy
+  if (err != cudaSuccess) {
+    ddp_cuda_fail(err, op, what, __FILE__, __LINE__);
+    return NAN;
+  }
+  return found ? 1.0 : 0.0;
+}
+
 #undef GRID_STRIDE
 
 } // namespace
@@ -363,5 +407,9 @@ extern "C" void ddp_cuda_register_optim(ddp_kernels *k) {
       clamp<double>((double *)x, n, lo, hi);
     else
       clamp<float>((float *)x, n, lo, hi);
+  };
+  k->non_finite_check_and_unscale = [](int dtype, void *x, int64_t n, double inv_scale) {
+    return dtype == DDP_F64 ? non_finite_check_and_unscale<double>((double *)x, n, inv_scale)
+                            : non_finite_check_and_unscale<float>((float *)x, n, inv_scale);
   };
 }

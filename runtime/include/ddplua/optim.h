@@ -99,3 +99,12 @@ int ddp_clip_grad_norm_(double *total_norm, ddp_tensor **grads, int n, double ma
  * [-clip_value, clip_value] (NaN stays NaN). Errors: clip_value < 0 or NaN (PyTorch does not
  * check; a negative bound has no meaning), NULL or freed or non-floating grads[i]. */
 int ddp_clip_grad_value_(ddp_tensor **grads, int n, double clip_value);
+
+/* GradScaler's unscale_ (PyTorch's torch._amp_foreach_non_finite_check_and_unscale_): every
+ * element of grads[0..n-1] (floating, any shapes and devices; n may be 0) is multiplied in
+ * place by inv_scale (versions bumped), and *found_inf is set to 1 when any element was inf or
+ * NaN before the multiplication, else 0. One pass over each gradient through its device's
+ * kernel table (Note [unscale in one pass], runtime/backend/cpu/optim.c); f16/bf16 gradients
+ * are computed in f32 and rounded once. Errors: NULL found_inf, inf or NaN inv_scale, NULL or
+ * freed or non-floating grads[i]. */
+int ddp_amp_unscale_(int *found_inf, ddp_tensor **grads, int n, double inv_scale);
