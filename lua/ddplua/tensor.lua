@@ -340,15 +340,19 @@ properties.requires_grad = function(t) return C.ddp_tensor_requires_grad(t) ~= 0
 properties.is_leaf = function(t) return C.ddp_tensor_is_leaf(t) ~= 0 end
 -- times the storage was written in place (shared by every view of it), PyTorch's _version
 properties._version = function(t) return tonumber(C.ddp_tensor_version(t)) end
+--- t.grad_fn: the name of the node that made t (PyTorch's grad_fn class name, e.g.
+-- "AddBackward0"), nil for a leaf or a tensor made without grad.
 properties.grad_fn = function(t)
   local name = C.ddp_tensor_grad_fn_name(t)
   return name ~= nil and ffi.string(name) or nil
 end
 properties.dtype = Tensor.type
+--- t.device: "cpu" or "cuda:K", the device t's storage is on.
 properties.device = function(t)
   local d = C.ddp_tensor_device(t)
   return d < 0 and "cpu" or ("cuda:" .. d)
 end
+--- t.is_cuda: true when t is on a CUDA device.
 properties.is_cuda = function(t) return C.ddp_tensor_device(t) >= 0 end
 properties.shape = lib.size_table
 properties.ndim = Tensor.dim

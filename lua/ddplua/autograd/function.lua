@@ -38,8 +38,11 @@ Record.__index = Record
 
 local saved_box = ffi.new("ddp_tensor*[1]")
 
--- Run the Function's backward for gradient g of its differentiable output and answer the
--- walk with one gradient per tensor argument.
+--- record:run_backward(w, g): run the Function's backward for gradient g (a tensor of the
+-- differentiable output's shape) of one recorded call and answer the backward walk w with
+-- one gradient per tensor argument (nil where there is none). Raises what the user's
+-- backward raises, when a returned gradient is not a tensor or nil, and what the walk's
+-- check of each answer raises (ddp_backward_answer).
 function Record:run_backward(w, g)
   local ctx = self.ctx
   local saved = {}
