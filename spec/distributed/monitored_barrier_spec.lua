@@ -19,6 +19,7 @@ describe("dist.monitored_barrier #faults #dist", function()
     local r = mp.run { code = PRELUDE .. [[
 for _ = 1, 3 do dist.monitored_barrier(30) end
 dist.monitored_barrier{timeout = 30, wait_all_ranks = true}
+dist.barrier() -- rank 0 hosts the store: it must not end before the others were released
 print("PASSED")
 ]], nprocs = 3 }
     assert.is_true(r.ok, mp.describe(r))
@@ -45,5 +46,19 @@ end
     assert.matches("ERR all [^\n]*monitored_barrier: ranks 1, 2 did not arrive within 0.5 s", o0)
     assert.matches("ERR bad [^\n]*timeout must be a number of seconds > 0", o0)
     assert.matches("ERR released [^\n]*monitored_barrier: rank 2 was not released by rank 0 within 0.5 s", o2)
+  end)
+
+  -- Before, any failure of the store's wait read "not released ... within 20 s", at once.
+  it("says why when the store fails before the deadline (rank 0 ended)", function()
+    local r = mp.run { code = PRELUDE .. [[
+if R == 0 then -- end (and take the store down) once rank 1 has arrived, before releasing it
+  dist.get_store():wait({"monitored_barrier/0,1/1/arrive/1"}, 20)
+  os.exit(0)
+end
+try("gone", function() dist.monitored_barrier(20) end)
+]], nprocs = 2, timeout = 30 }
+    local o1 = r[2].output
+    assert.matches("ERR gone [^\n]*monitored_barrier: rank 1 was not released by rank 0: ", o1)
+    assert.not_matches("within 20 s", o1, 1, true)
   end)
 end)

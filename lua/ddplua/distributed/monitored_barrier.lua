@@ -19,15 +19,22 @@ local calls = {}
 --- M.run(store, ranks, me, timeout, wait_all_ranks): ranks (global ranks of the group in
 -- group-rank order), me (this rank's group rank), timeout (seconds > 0). Raises
 -- "monitored_barrier: rank(s) 1, 3 did not arrive within <t> s" on group rank 0, or
--- "monitored_barrier: rank <r> was not released by rank <r0> within <t> s" on the others.
+-- "monitored_barrier: rank <r> was not released by rank <r0> within <t> s" on the others
+-- (or "...: <cause>" when the store failed before the deadline: rank 0, which hosts it, may
+-- have ended).
 function M.run(store, ranks, me, timeout, wait_all_ranks)
   local gkey = table.concat(ranks, ",")
   calls[gkey] = (calls[gkey] or 0) + 1
   local prefix = ("monitored_barrier/%s/%d/"):format(gkey, calls[gkey])
   if me ~= 0 then
     store:set(prefix .. "arrive/" .. me, "1")
-    local ok = pcall(store.wait, store, { prefix .. "release" }, timeout)
+    local t0 = clock.now()
+    local ok, err = pcall(store.wait, store, { prefix .. "release" }, timeout)
     if not ok then
+      if clock.now() - t0 < timeout then -- not the deadline: the store failed; say why
+        lib.raise(("monitored_barrier: rank %d was not released by rank %d: %s")
+          :format(ranks[me + 1], ranks[1], tostring(err)))
+      end
       lib.raise(("monitored_barrier: rank %d was not released by rank %d within %g s (rank %d "
         .. "names the ranks that did not arrive)"):format(ranks[me + 1], ranks[1], timeout, ranks[1]))
     end
