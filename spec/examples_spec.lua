@@ -6,7 +6,7 @@ local files = require "files"
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 
 -- The examples this spec runs; a new example must be added here (checked below).
-local COVERED = { ["ddp_minimal.lua"] = true, ["ddp_spawn.lua"] = true, ["single_process.lua"] = true }
+local COVERED = { ["amp_ddp_overview.lua"] = true, ["ddp_minimal.lua"] = true, ["ddp_spawn.lua"] = true, ["single_process.lua"] = true }
 
 describe("examples/", function()
   it("trains with DDP under `ddplua --nproc_per_node=2` (ddp_minimal.lua) #dist", function()
@@ -27,6 +27,19 @@ describe("examples/", function()
     assert.matches("all workers finished\n$", out)
     local _, n = out:gsub("done:", "")
     assert.are.equal(1, n, out) -- rank 0 alone prints
+  end)
+
+  it("trains with DDP, autocast and GradScaler and validates over ranks (amp_ddp_overview.lua) #dist", function()
+    local status, out = files.run(exe .. " --nproc_per_node=2 --standalone examples/amp_ddp_overview.lua --steps 40 --subset 1000")
+    assert.are.equal(0, status, out)
+    assert.matches("%[rank 0%]: epoch 1: 2 ranks", out)
+    local loss = tonumber(out:match("%[rank 0%]: epoch 1 step 40 loss ([%d.]+) scale"))
+    assert.is_truthy(loss, out)
+    assert.is_true(loss == loss and loss < math.huge, "loss: " .. tostring(loss)) -- finite
+    local vloss, acc = out:match("%[rank 0%]: epoch 1 validation loss ([%d.]+) accuracy ([%d.]+) on 1000 samples")
+    assert.is_truthy(acc, out)
+    assert.is_true(tonumber(vloss) < math.huge and tonumber(acc) > 0.5, out) -- chance is 0.1
+    assert.not_matches("%[rank 1%]: epoch", out)
   end)
 
   it("trains and evaluates in one process (single_process.lua)", function()
