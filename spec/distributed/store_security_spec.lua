@@ -10,109 +10,11 @@ local C = require("ddplua.lib").C
 
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 
-pcall(ffi.cdef, [[
-int usleep(unsigned int usec);
-int kill(int pid, int sig);
-]])
-pcall(ffi.cdef, [[
-struct ddp_spec_sockaddr_in { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };
-struct ddp_spec_pollfd { int fd; short events; short revents; };
-int socket(int domain, int type, int protocol);
-int connect(int fd, const void *addr, unsigned int len);
-long send(int fd, const void *buf, size_t n, int flags);
-long recv(int fd, void *buf, size_t n, int flags);
-int poll(struct ddp_spec_pollfd *fds, unsigned long n, int timeout);
-int close(int fd);
-]])
-
-local function sleep(s) ffi.C.usleep(math.floor(s * 1e6)) end
-
-local function now()
-  local p = io.popen("date +%s.%N")
-  local t = tonumber(p:read("*l"))
-  p:close()
-  return t
-end
-
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local t = f:read("*a")
-  f:close()
-  return t
-end
-
-local function write_file(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
-
-local function u32le(n)
-  return string.char(n % 256, math.floor(n / 256) % 256, math.floor(n / 65536) % 256,
-    math.floor(n / 16777216) % 256)
-end
-
-local function hex(s) return (s:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) end
-
-local function hmac(key, msg)
-  local out = ffi.new("uint8_t[32]")
-  C.ddp_hmac_sha256(out, key, #key, msg, #msg)
-  return ffi.string(out, 32)
-end
-
-local function raw_connect(port)
-  local fd = ffi.C.socket(2, 1, 0)
-  assert(fd >= 0, "socket failed")
-  local sa = ffi.new("struct ddp_spec_sockaddr_in")
-  sa.family = 2
-  sa.port = bit.rshift(port, 8) + bit.lshift(bit.band(port, 0xff), 8)
-  sa.addr = 0x0100007f
-  assert(ffi.C.connect(fd, sa, ffi.sizeof(sa)) == 0, "connect failed")
-  return fd
-end
-
-local function send(fd, s) return tonumber(ffi.C.send(fd, s, #s, 0x4000)) end -- MSG_NOSIGNAL
-
-local function recv_exact(fd, n, timeout)
-  local buf, got = ffi.new("uint8_t[?]", n), 0
-  local pfd = ffi.new("struct ddp_spec_pollfd[1]")
-  local deadline = now() + (timeout or 5)
-  while got < n and now() < deadline do
-    pfd[0].fd, pfd[0].events, pfd[0].revents = fd, 1, 0
-    if ffi.C.poll(pfd, 1, 100) > 0 then
-      local r = tonumber(ffi.C.recv(fd, buf + got, n - got, 0))
-      if r <= 0 then break end
-      got = got + r
-    end
-  end
-  return ffi.string(buf, got)
-end
-
--- Does the server close fd within `timeout` seconds (draining what it sends)?
-local function closed_by_peer(fd, timeout)
-  local pfd = ffi.new("struct ddp_spec_pollfd[1]")
-  local buf = ffi.new("char[256]")
-  local deadline = now() + timeout
-  while now() < deadline do
-    pfd[0].fd, pfd[0].events, pfd[0].revents = fd, 1, 0
-    if ffi.C.poll(pfd, 1, 50) > 0 then
-      if ffi.C.recv(fd, buf, 256, 0) <= 0 then return true end
-    end
-  end
-  return false
-end
-
--- The client's half of the handshake on a raw socket with `secret`.
-local function authenticate(fd, secret)
-  local hello = recv_exact(fd, 40)
-  assert(hello:sub(1, 8) == "DDPSTOR1", "no handshake from the server")
-  local nc = string.rep("c", 32)
-  send(fd, nc .. hmac(secret, "client" .. hello:sub(9) .. nc))
-  assert(recv_exact(fd, 32) == hmac(secret, "server" .. hello:sub(9) .. nc), "the server's proof is wrong")
-end
+local raw = require "raw_store_client"
+local sleep, now, sh, read_file, write_file = raw.sleep, raw.now, raw.sh, raw.read_file, raw.write_file
+local u32le, hex, hmac, send, recv_exact = raw.u32le, raw.hex, raw.hmac, raw.send, raw.recv_exact
+local closed_by_peer, authenticate = raw.closed_by_peer, raw.authenticate
+local function raw_connect(port) return raw.connect(port, false) end
 
 local function set_frame(key, value)
   return "\1" .. u32le(2) .. u32le(#key) .. key .. u32le(#value) .. value

@@ -7,46 +7,13 @@ local store = require "ddplua.distributed.store"
 
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 
-pcall(ffi.cdef, [[
-int usleep(unsigned int usec);
-int kill(int pid, int sig);
-]])
-pcall(ffi.cdef, [[
-struct ddp_spec_sockaddr_in { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };
-struct ddp_spec_pollfd { int fd; short events; short revents; };
-int socket(int domain, int type, int protocol);
-int connect(int fd, const void *addr, unsigned int len);
-long send(int fd, const void *buf, size_t n, int flags);
-long recv(int fd, void *buf, size_t n, int flags);
-int poll(struct ddp_spec_pollfd *fds, unsigned long n, int timeout);
-int close(int fd);
-]])
+local raw = require "raw_store_client"
+local sleep, now, sh, read_file, write_file = raw.sleep, raw.now, raw.sh, raw.read_file, raw.write_file
+local u32le, hmac, recv_exact, closed_by_peer, authenticate =
+  raw.u32le, raw.hmac, raw.recv_exact, raw.closed_by_peer, raw.authenticate
+local function raw_connect(port, unauthenticated) return raw.connect(port, not unauthenticated) end
 
-local function sleep(s) ffi.C.usleep(math.floor(s * 1e6)) end
 
-local function now()
-  -- wall clock with sub-second resolution (os.clock counts CPU time, not waiting)
-  local p = io.popen("date +%s.%N")
-  local t = tonumber(p:read("*l"))
-  p:close()
-  return t
-end
-
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function write_file(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-end
-
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local t = f:read("*a")
-  f:close()
-  return t
-end
 
 -- Children started by a spec; after_each kills whatever is still running.
 local children = {}
@@ -110,74 +77,6 @@ local function server(opts)
   return keep(store.TCPStore("127.0.0.1", 0, opts))
 end
 
--- Read exactly n bytes from fd (5 s at most).
-local function recv_exact(fd, n)
-  local buf, got = ffi.new("uint8_t[?]", n), 0
-  local pfd = ffi.new("struct ddp_spec_pollfd[1]")
-  local deadline = now() + 5
-  while got < n and now() < deadline do
-    pfd[0].fd, pfd[0].events, pfd[0].revents = fd, 1, 0
-    if ffi.C.poll(pfd, 1, 100) > 0 then
-      local r = tonumber(ffi.C.recv(fd, buf + got, n - got, 0))
-      if r <= 0 then break end
-      got = got + r
-    end
-  end
-  return ffi.string(buf, got)
-end
-
--- HMAC-SHA256 through the runtime (ddp_hmac_sha256), as a 32-byte string.
-local function hmac(key, msg)
-  local out = ffi.new("uint8_t[32]")
-  require("ddplua.lib").C.ddp_hmac_sha256(out, key, #key, msg, #msg)
-  return ffi.string(out, 32)
-end
-
--- The client's half of the store handshake on a raw socket (Note [store handshake]), with
--- the secret the servers of this spec use (the environment's, else none).
-local function authenticate(fd, secret)
-  secret = secret or os.getenv("DDPLUA_STORE_SECRET") or ""
-  local hello = recv_exact(fd, 40)
-  assert(hello:sub(1, 8) == "DDPSTOR1", "no handshake from the server")
-  local nc = string.rep("c", 32)
-  local answer = nc .. hmac(secret, "client" .. hello:sub(9) .. nc)
-  ffi.C.send(fd, answer, #answer, 0)
-  assert(recv_exact(fd, 32) == hmac(secret, "server" .. hello:sub(9) .. nc), "the server's proof is wrong")
-end
-
--- A raw TCP connection to 127.0.0.1:port through the FFI (to send what no client would),
--- authenticated unless `unauthenticated`.
-local function raw_connect(port, unauthenticated)
-  local fd = ffi.C.socket(2, 1, 0) -- AF_INET, SOCK_STREAM
-  assert(fd >= 0, "socket failed")
-  local sa = ffi.new("struct ddp_spec_sockaddr_in")
-  sa.family = 2
-  sa.port = bit.rshift(port, 8) + bit.lshift(bit.band(port, 0xff), 8) -- htons
-  sa.addr = 0x0100007f -- 127.0.0.1 in network order on a little-endian machine
-  assert(ffi.C.connect(fd, sa, ffi.sizeof(sa)) == 0, "connect failed")
-  if not unauthenticated then authenticate(fd) end
-  return fd
-end
-
--- After sending, does the server close the connection within `timeout` s?
-local function closed_by_peer(fd, timeout)
-  local pfd = ffi.new("struct ddp_spec_pollfd[1]")
-  local buf = ffi.new("char[64]")
-  local deadline = now() + timeout
-  while now() < deadline do
-    pfd[0].fd, pfd[0].events, pfd[0].revents = fd, 1, 0 -- POLLIN
-    if ffi.C.poll(pfd, 1, 100) > 0 then
-      local n = ffi.C.recv(fd, buf, 64, 0)
-      if n <= 0 then return true end
-    end
-  end
-  return false
-end
-
-local function u32le(n)
-  return string.char(n % 256, math.floor(n / 256) % 256, math.floor(n / 65536) % 256,
-    math.floor(n / 16777216) % 256)
-end
 
 -- A child script's preamble: the store module and the environment it was given.
 local PRE = [[

@@ -25,16 +25,17 @@ end
 cdef_once("struct ddp_mp_sockaddr_in", [[
 struct ddp_mp_sockaddr_in { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; };
 ]])
-local have = pcall(function() return ffi.C.usleep end)
-if not have then
-  ffi.cdef [[
-int usleep(unsigned int usec);
-int getpid(void);
-int socket(int domain, int type, int protocol);
-int bind(int fd, const void *addr, unsigned int len);
-int getsockname(int fd, void *addr, unsigned int *len);
-int close(int fd);
-]]
+-- One declaration at a time: another helper may have declared some of them already, and
+-- LuaJIT refuses a whole block at its first repeat (the rest of the block would be lost).
+for _, decl in ipairs {
+  "int usleep(unsigned int usec);",
+  "int getpid(void);",
+  "int socket(int domain, int type, int protocol);",
+  "int bind(int fd, const void *addr, unsigned int len);",
+  "int getsockname(int fd, void *addr, unsigned int *len);",
+  "int close(int fd);",
+} do
+  pcall(ffi.cdef, decl)
 end
 local C = ffi.C
 
