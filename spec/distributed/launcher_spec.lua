@@ -327,8 +327,11 @@ dist.init_process_group{backend = "gloo"}
 dist.all_reduce(dl.ones{4})
 dist.barrier()
 if dist.get_rank() == 0 then
-  -- this worker's parent is the launcher ($PPID of the shell is this worker)
-  os.execute("kill -USR1 $(ps -o ppid= -p $PPID); sleep 1.5")
+  -- this worker's parent is the launcher (field 4 of /proc/self/stat)
+  local f = io.open("/proc/self/stat")
+  local launcher = f:read("*a"):match("^%d+ %b() %a (%d+)")
+  f:close()
+  os.execute("kill -USR1 " .. launcher .. "; sleep 1.5")
 end
 dist.barrier()
 print("done")
