@@ -137,23 +137,20 @@ local function read(path)
   return text
 end
 
---- doc.lua_files(root) / doc.header_files(root) -> sorted paths (relative to root) of the
--- front end's modules (lua/ddplua/**.lua) and of the public headers.
-function M.lua_files(root)
+-- Sorted paths (relative to root) of the files under dir whose names match the glob.
+local function find_sorted(root, dir, glob)
   local list = {}
-  local p = io.popen(("cd '%s' && find lua/ddplua -name '*.lua' | sort"):format(root))
+  local p = io.popen(("cd '%s' && find %s -name '%s' | sort"):format(root, dir, glob))
   for path in p:lines() do list[#list + 1] = path end
   p:close()
   return list
 end
 
-function M.header_files(root)
-  local list = {}
-  local p = io.popen(("cd '%s' && find runtime/include -name '*.h' | sort"):format(root))
-  for path in p:lines() do list[#list + 1] = path end
-  p:close()
-  return list
-end
+--- doc.lua_files(root) / doc.header_files(root) -> sorted paths (relative to root) of the
+-- front end's modules (lua/ddplua/**.lua) and of the public headers (runtime/include/**.h).
+function M.lua_files(root) return find_sorted(root, "lua/ddplua", "*.lua") end
+
+function M.header_files(root) return find_sorted(root, "runtime/include", "*.h") end
 
 --- doc.collect(root) -> {modules = sorted module names, files = {[path] = {module, doc,
 -- functions}}, c = list of C entries (with .header)}: everything under root.

@@ -40,37 +40,7 @@ local function keep(s) stores[#stores + 1] = s; return s end
 -- Background ddplua children: { pid file, status file, stderr file }.
 local children = {}
 local function spawn(code, prefix_cmd, env)
-  local base = os.tmpname()
-  write_file(base .. ".lua", code)
-  local vars = "DDP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PORT_FILE=" .. sh(base .. ".port")
-  for k, v in pairs(env or {}) do vars = vars .. " " .. k .. "=" .. sh(v) end
-  local inner = ("%s; %s %s %s > %s 2> %s; echo $? > %s"):format(prefix_cmd or ":", vars, sh(exe),
-    sh(base .. ".lua"), sh(base .. ".out"), sh(base .. ".err"), sh(base .. ".status"))
-  local p = io.popen(("setsid sh -c %s > /dev/null 2>&1 < /dev/null & echo $!"):format(sh(inner)))
-  local child = { pid = tonumber(p:read("*l")), base = base }
-  p:close()
-  function child:wait(timeout)
-    local deadline = now() + (timeout or 20)
-    repeat
-      local s = read_file(base .. ".status")
-      if s and s:match("%d") then self.done = true; return tonumber(s:match("%d+")) end
-      sleep(0.02)
-    until now() > deadline
-  end
-  function child:port()
-    local deadline = now() + 10
-    repeat
-      local v = tonumber(read_file(base .. ".port") or "")
-      if v then return v end
-      sleep(0.02)
-    until now() > deadline
-    error("the child wrote no port; stderr:\n" .. self:stderr())
-  end
-  function child:stderr() return read_file(base .. ".err") or "" end
-  function child:cleanup()
-    if not self.done and self.pid then ffi.C.kill(-self.pid, 9) end
-    for _, ext in ipairs({ "", ".lua", ".out", ".err", ".status", ".port" }) do os.remove(base .. ext) end
-  end
+  local child = raw.spawn(exe, code, env, prefix_cmd)
   children[#children + 1] = child
   return child
 end

@@ -21,41 +21,7 @@ local children = {}
 -- Start `code` in a child ddplua with the environment `env` (table). Returns a handle with
 -- :wait(timeout) -> exit status (nil when it did not end), :stderr(), :stdout().
 local function spawn(code, env)
-  local base = os.tmpname()
-  write_file(base .. ".lua", code)
-  local vars = "DDP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PORT_FILE=" .. sh(base .. ".port")
-  for k, v in pairs(env or {}) do vars = vars .. " " .. k .. "=" .. sh(v) end
-  local inner = ("%s %s %s > %s 2> %s; echo $? > %s"):format(vars, sh(exe), sh(base .. ".lua"),
-    sh(base .. ".out"), sh(base .. ".err"), sh(base .. ".status"))
-  local p = io.popen(("setsid sh -c %s > /dev/null 2>&1 < /dev/null & echo $!"):format(sh(inner)))
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  local child = { pid = pid, base = base }
-  function child:wait(timeout)
-    local deadline = now() + (timeout or 20)
-    repeat
-      local s = read_file(base .. ".status")
-      if s and s:match("%d") then self.done = true; return tonumber(s:match("%d+")) end
-      sleep(0.02)
-    until now() > deadline
-    return nil
-  end
-  -- The port a child server wrote to $PORT_FILE.
-  function child:port(timeout)
-    local deadline = now() + (timeout or 10)
-    repeat
-      local p = read_file(base .. ".port")
-      if p and tonumber(p) then return tonumber(p) end
-      sleep(0.02)
-    until now() > deadline
-    error("the child wrote no port; stderr:\n" .. self:stderr())
-  end
-  function child:stderr() return read_file(base .. ".err") or "" end
-  function child:stdout() return read_file(base .. ".out") or "" end
-  function child:cleanup()
-    if not self.done and self.pid then ffi.C.kill(-self.pid, 9) end
-    for _, ext in ipairs({ "", ".lua", ".out", ".err", ".status", ".port" }) do os.remove(base .. ext) end
-  end
+  local child = raw.spawn(exe, code, env)
   children[#children + 1] = child
   return child
 end

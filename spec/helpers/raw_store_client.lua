@@ -1,7 +1,8 @@
 -- spec/helpers/raw_store_client.lua: a raw TCP client of the store for the store specs
 -- (spec/distributed/store_spec.lua, store_security_spec.lua), to send what no real client
 -- would: sockets through the FFI, the client's half of the handshake (Note [store
--- handshake] in runtime/distributed/store_wire.h), frame pieces, and small file helpers.
+-- handshake] in runtime/distributed/store_wire.h), frame pieces, child processes, and small
+-- file helpers.
 local ffi = require "ffi"
 local bit = require "bit"
 local C = require("ddplua.lib").C
@@ -127,6 +128,51 @@ function M.connect(port, authenticated)
   assert(ffi.C.connect(fd, sa, ffi.sizeof(sa)) == 0, "connect failed")
   if authenticated then M.authenticate(fd) end
   return fd
+end
+
+--- A child `ddplua` running the Lua `code` in its own session (so cleanup can kill its
+-- process group), after the shell command `prefix_cmd` (e.g. "ulimit -n 48"), with
+-- DDP_NUM_THREADS=1, PORT_FILE and the variables of `env`. The child object:
+-- child:wait(timeout) -> exit status or nil after timeout s (default 20); child:port(timeout)
+-- -> the port it wrote to $PORT_FILE (raises after timeout s, default 10, with its stderr);
+-- child:stdout(), child:stderr(); child:cleanup() kills it if still running and removes
+-- its files. `exe` is the ddplua executable.
+function M.spawn(exe, code, env, prefix_cmd)
+  local sh = M.sh
+  local base = os.tmpname()
+  M.write_file(base .. ".lua", code)
+  local vars = "DDP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PORT_FILE=" .. sh(base .. ".port")
+  for k, v in pairs(env or {}) do vars = vars .. " " .. k .. "=" .. sh(v) end
+  local inner = ("%s; %s %s %s > %s 2> %s; echo $? > %s"):format(prefix_cmd or ":", vars, sh(exe),
+    sh(base .. ".lua"), sh(base .. ".out"), sh(base .. ".err"), sh(base .. ".status"))
+  local p = io.popen(("setsid sh -c %s > /dev/null 2>&1 < /dev/null & echo $!"):format(sh(inner)))
+  local child = { pid = tonumber(p:read("*l")), base = base }
+  p:close()
+  function child:wait(timeout)
+    local deadline = M.now() + (timeout or 20)
+    repeat
+      local st = M.read_file(base .. ".status")
+      if st and st:match("%d") then self.done = true; return tonumber(st:match("%d+")) end
+      M.sleep(0.02)
+    until M.now() > deadline
+    return nil
+  end
+  function child:port(timeout)
+    local deadline = M.now() + (timeout or 10)
+    repeat
+      local v = tonumber(M.read_file(base .. ".port") or "")
+      if v then return v end
+      M.sleep(0.02)
+    until M.now() > deadline
+    error("the child wrote no port; stderr:\n" .. self:stderr())
+  end
+  function child:stderr() return M.read_file(base .. ".err") or "" end
+  function child:stdout() return M.read_file(base .. ".out") or "" end
+  function child:cleanup()
+    if not self.done and self.pid then ffi.C.kill(-self.pid, 9) end
+    for _, ext in ipairs({ "", ".lua", ".out", ".err", ".status", ".port" }) do os.remove(base .. ext) end
+  end
+  return child
 end
 
 return M
