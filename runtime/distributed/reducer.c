@@ -6,76 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "core/core.h"
-
-enum { DEFAULT_TIMEOUT_S = 300 };
-
-/* A group of parameters whose gradients are all-reduced together through one flat buffer. */
-typedef struct {
-  int dtype;
-  int n_vars;
-  int *vars;            /* parameter indices, in slot order */
-  int64_t *offsets;     /* element offset of each slot in buffer */
-  int64_t numel;
-  ddp_tensor *buffer;   /* (numel,) contiguous, dtype */
-  ddp_tensor **views;   /* per slot: buffer viewed with the parameter's shape */
-  int pending;          /* slots not yet ready in this iteration */
-  ddp_work *work;       /* the in-flight all-reduce, NULL before launch */
-  int launched;
-} bucket;
-
-/* What a parameter's hook gets: its reducer and index. */
-typedef struct {
-  struct ddp_reducer *r;
-  int index;
-} hook_ctx;
-
-struct ddp_reducer {
-  ddp_pg *pg;                /* NULL: world size 1, nothing to communicate */
-  int rank, world;
-  int device;                /* the parameters' device: buckets live there */
-  int comm_device;           /* the process group's device (nccl), DDP_DEVICE_CPU for gloo */
-  int n;
-  ddp_tensor **params;       /* owned references, registration order */
-  hook_ctx *hook_ctx;        /* per parameter */
-  int64_t *hook_handles;     /* per parameter */
-  int64_t end_handle;
-  int end_registered;
-  int64_t cap, first_cap;
-  int find_unused, as_view;
-  double timeout_s;
-
-  bucket *buckets;
-  int n_buckets;
-  int *bucket_of, *slot_of;  /* per parameter */
-
-  /* iteration state */
-  int sync;                  /* ddp_reducer_set_sync */
-  int armed;                 /* prepare_for_backward ran, finalize has not */
-  int hooks_fired;           /* some hook of this reducer ran in the armed iteration */
-  int next_bucket;           /* lowest bucket not yet launched (Note [bucket order]) */
-  uint8_t *ready;            /* per parameter: marked ready this iteration */
-  ddp_tensor *local_used;    /* (n,) i32: 1 where this rank's hook fired (find_unused) */
-  ddp_work *used_work;
-  ddp_tensor *used_dev;      /* nccl: local_used copied to comm_device for its all-reduce */
-  int failed;                /* a hook failed: finalize reports it */
-  char *failure;
-  int failure_status;
-  int64_t iterations;        /* finished reductions */
-  double last_wait_s;        /* seconds finalize waited for the buckets (exposed comm) */
-
-  /* Note [bucket rebuild] */
-  int *order;                /* first iteration's ready order on this rank */
-  int n_order;
-  int recording;
-  int rebuild_pending;
-  int has_rebuilt;
-
-  /* Note [unused parameters] without find_unused_parameters */
-  int unfinished;
-  int *unready;
-  int n_unready;
-};
+#include "distributed/reducer_internal.h"
 
 /* ---- buckets --------------------------------------------------------------------------- */
 
@@ -192,7 +123,7 @@ static int buckets_install(ddp_reducer *r, bucket *bs, int nb) {
 /* ---- failures ------------------------------------------------------------------------ */
 
 /* Remember the first failure inside a hook (hooks cannot return one); finalize reports it. */
-static void hook_failed(ddp_reducer *r) {
+void reducer_hook_failed(ddp_reducer *r) {
   if (r->failed) return;
   r->failed = 1;
   r->failure_status = ddp_last_status() ? ddp_last_status() : DDP_ERR_STATE;
@@ -202,7 +133,7 @@ static void hook_failed(ddp_reducer *r) {
 
 /* ---- launching (Note [bucket order]) ----------------------------------------------- */
 
-static int bucket_launch(ddp_reducer *r, int k) {
+int reducer_bucket_launch(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   b->launched = 1;
   if (!r->pg || r->world == 1) return DDP_OK;
@@ -219,9 +150,9 @@ static int bucket_launch(ddp_reducer *r, int k) {
 }
 
 /* Launch every complete bucket from next_bucket on, stopping at the first incomplete one. */
-static int launch_ready_buckets(ddp_reducer *r) {
+int reducer_launch_ready_buckets(ddp_reducer *r) {
   while (r->next_bucket < r->n_buckets && r->buckets[r->next_bucket].pending == 0)
-    DDP_TRY(bucket_launch(r, r->next_bucket++));
+    DDP_TRY(reducer_bucket_launch(r, r->next_bucket++));
   return DDP_OK;
 }
 
@@ -273,7 +204,7 @@ static int copy_scaled(ddp_tensor *dst, const ddp_tensor *src, double scale) {
 
 /* Put parameter i's gradient (NULL: zeros) into its bucket slot, count the bucket down and
  * launch what became launchable. `used`: the gradient came from this rank's backward. */
-static int mark_variable_ready(ddp_reducer *r, int i, int used) {
+int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
   ddp_tensor *p = r->params[i];
   if (r->ready[i])
     DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: parameter %d was marked ready twice in one "
@@ -294,7 +225,7 @@ static int mark_variable_ready(ddp_reducer *r, int i, int used) {
     if (r->as_view && used) DDP_TRY(ddp_tensor_set_grad(p, view));
   }
   b->pending--;
-  return launch_ready_buckets(r);
+  return reducer_launch_ready_buckets(r);
 }
 
 static void on_grad_ready(ddp_tensor *t, void *vctx) {
@@ -303,12 +234,12 @@ static void on_grad_ready(ddp_tensor *t, void *vctx) {
   (void)t;
   if (!r->armed || !r->sync || r->failed) return;
   r->hooks_fired = 1;
-  if (mark_variable_ready(r, c->index, 1)) hook_failed(r);
+  if (reducer_mark_variable_ready(r, c->index, 1)) reducer_hook_failed(r);
 }
 
 /* ---- finalize_backward -------------------------------------------------------------------- */
 
-static void reset_iteration(ddp_reducer *r) {
+void reducer_reset_iteration(ddp_reducer *r) {
   for (int k = 0; k < r->n_buckets; k++) {
     bucket *b = &r->buckets[k];
     if (b->work) ddp_work_free(b->work);
@@ -332,7 +263,7 @@ static void reset_iteration(ddp_reducer *r) {
 
 /* Wait for bucket k's all-reduce; the error names the bucket, this rank and the pg's cause
  * (which names the peer when it can be known). */
-static int bucket_wait(ddp_reducer *r, int k) {
+int reducer_bucket_wait(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   if (!b->work) return DDP_OK;
   int status = ddp_work_wait(b->work, r->timeout_s);
@@ -347,7 +278,7 @@ static int bucket_wait(ddp_reducer *r, int k) {
 
 /* Write the reduced buckets into param.grad (Note [unused parameters] for globally unused
  * parameters). */
-static int copy_back(ddp_reducer *r) {
+int reducer_copy_back(ddp_reducer *r) {
   const int32_t *used = r->local_used ? (const int32_t *)ddp_data(r->local_used) : NULL;
   for (int i = 0; i < r->n; i++) {
     if (used && used[i] == 0) continue; /* unused on every rank: .grad as it was */
@@ -385,7 +316,7 @@ static int finalize_backward(ddp_reducer *r) {
     return DDP_OK;
   }
   for (int i = 0; i < r->n; i++)
-    if (!r->ready[i]) DDP_TRY(mark_variable_ready(r, i, 0));
+    if (!r->ready[i]) DDP_TRY(reducer_mark_variable_ready(r, i, 0));
   if (r->find_unused && r->pg && r->world > 1) {
     /* After every bucket, so in the same collective order on every rank. nccl reduces
      * device memory only: the flags go through a device copy. */
@@ -404,7 +335,7 @@ static int finalize_backward(ddp_reducer *r) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int wait_status = DDP_OK;
-  for (int k = 0; k < r->n_buckets && !wait_status; k++) wait_status = bucket_wait(r, k);
+  for (int k = 0; k < r->n_buckets && !wait_status; k++) wait_status = reducer_bucket_wait(r, k);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   r->last_wait_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   if (wait_status) return wait_status;
@@ -415,7 +346,7 @@ static int finalize_backward(ddp_reducer *r) {
              "flags failed on rank %d: %s", r->rank,
              ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error());
   if (r->used_dev) DDP_TRY(ddp_copy_(r->local_used, r->used_dev));
-  DDP_TRY(copy_back(r));
+  DDP_TRY(reducer_copy_back(r));
   if (r->recording) {
     r->recording = 0;
     r->rebuild_pending = r->n_order == r->n && !r->find_unused;
@@ -441,7 +372,7 @@ static int on_backward_end(void *vctx, int status) {
   if (status) {
     /* The backward failed: the peers' reductions cannot be matched; forget the iteration. */
     drain_works(r);
-    reset_iteration(r);
+    reducer_reset_iteration(r);
     return status;
   }
   /* On a failure of the reduction itself the group is broken (pg.h): no more waiting. */
@@ -450,7 +381,7 @@ static int on_backward_end(void *vctx, int status) {
     r->armed = 0;
     return s;
   }
-  reset_iteration(r);
+  reducer_reset_iteration(r);
   return s;
 }
 
@@ -549,7 +480,7 @@ int ddp_reducer_new(ddp_reducer **out, struct ddp_pg *pg, ddp_tensor **params, i
   }
   r->end_registered = 1;
   r->recording = !r->find_unused;
-  reset_iteration(r);
+  reducer_reset_iteration(r);
   *out = r;
   return DDP_OK;
 fail:
@@ -624,7 +555,7 @@ static int rebuild_buckets(ddp_reducer *r) {
   free(order);
   if (!status) status = buckets_install(r, bs, nb);
   if (!status) {
-    reset_iteration(r);
+    reducer_reset_iteration(r);
     r->has_rebuilt = 1;
   }
   return status;
@@ -658,7 +589,7 @@ int ddp_reducer_prepare_for_backward(ddp_reducer *r) {
   if (!r) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: reducer is NULL");
   if (r->unfinished) return ddp_reducer_prepare_for_forward(r);
   if (r->armed && r->hooks_fired) return DDP_OK; /* a backward is under way */
-  reset_iteration(r);
+  reducer_reset_iteration(r);
   r->armed = 1;
   if (r->recording) r->n_order = 0;
   return DDP_OK;

@@ -1,0 +1,88 @@
+/* runtime/distributed/reducer_internal.h: the reducer's private state, shared by the files
+ * that implement it (reducer.c: buckets, mark_variable_ready, finalize_backward; and the
+ * files beside it that extend it). Not part of the public API: ddplua/reducer.h is. The
+ * invariants are the Notes in ddplua/reducer.h. */
+#ifndef DDP_REDUCER_INTERNAL_H
+#define DDP_REDUCER_INTERNAL_H
+
+#include "core/core.h"
+
+enum { DEFAULT_TIMEOUT_S = 300 };
+
+/* A group of parameters whose gradients are all-reduced together through one flat buffer. */
+typedef struct {
+  int dtype;
+  int n_vars;
+  int *vars;            /* parameter indices, in slot order */
+  int64_t *offsets;     /* element offset of each slot in buffer */
+  int64_t numel;
+  ddp_tensor *buffer;   /* (numel,) contiguous, dtype */
+  ddp_tensor **views;   /* per slot: buffer viewed with the parameter's shape */
+  int pending;          /* slots not yet ready in this iteration */
+  ddp_work *work;       /* the in-flight all-reduce, NULL before launch */
+  int launched;
+} bucket;
+
+/* What a parameter's hook gets: its reducer and index. */
+typedef struct {
+  struct ddp_reducer *r;
+  int index;
+} hook_ctx;
+
+struct ddp_reducer {
+  ddp_pg *pg;                /* NULL: world size 1, nothing to communicate */
+  int rank, world;
+  int device;                /* the parameters' device: buckets live there */
+  int comm_device;           /* the process group's device (nccl), DDP_DEVICE_CPU for gloo */
+  int n;
+  ddp_tensor **params;       /* owned references, registration order */
+  hook_ctx *hook_ctx;        /* per parameter */
+  int64_t *hook_handles;     /* per parameter */
+  int64_t end_handle;
+  int end_registered;
+  int64_t cap, first_cap;
+  int find_unused, as_view;
+  double timeout_s;
+
+  bucket *buckets;
+  int n_buckets;
+  int *bucket_of, *slot_of;  /* per parameter */
+
+  /* iteration state */
+  int sync;                  /* ddp_reducer_set_sync */
+  int armed;                 /* prepare_for_backward ran, finalize has not */
+  int hooks_fired;           /* some hook of this reducer ran in the armed iteration */
+  int next_bucket;           /* lowest bucket not yet launched (Note [bucket order]) */
+  uint8_t *ready;            /* per parameter: marked ready this iteration */
+  ddp_tensor *local_used;    /* (n,) i32: 1 where this rank's hook fired (find_unused) */
+  ddp_work *used_work;
+  ddp_tensor *used_dev;      /* nccl: local_used copied to comm_device for its all-reduce */
+  int failed;                /* a hook failed: finalize reports it */
+  char *failure;
+  int failure_status;
+  int64_t iterations;        /* finished reductions */
+  double last_wait_s;        /* seconds finalize waited for the buckets (exposed comm) */
+
+  /* Note [bucket rebuild] */
+  int *order;                /* first iteration's ready order on this rank */
+  int n_order;
+  int recording;
+  int rebuild_pending;
+  int has_rebuilt;
+
+  /* Note [unused parameters] without find_unused_parameters */
+  int unfinished;
+  int *unready;
+  int n_unready;
+};
+
+/* The steps reducer.c implements that the files beside it call (each documented there). */
+void reducer_hook_failed(ddp_reducer *r);
+int reducer_bucket_launch(ddp_reducer *r, int k);
+int reducer_launch_ready_buckets(ddp_reducer *r);
+int reducer_mark_variable_ready(ddp_reducer *r, int i, int used);
+void reducer_reset_iteration(ddp_reducer *r);
+int reducer_bucket_wait(ddp_reducer *r, int k);
+int reducer_copy_back(ddp_reducer *r);
+
+#endif
