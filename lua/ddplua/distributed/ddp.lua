@@ -168,10 +168,34 @@ local function option(opts, name, default)
   return v
 end
 
-local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device" }
+-- ---- device mesh -----------------------------------------------------------------------
+
+-- The group DDP reduces over when opts.device_mesh is given, after PyTorch's DDP
+-- constructor: process_group and device_mesh exclude each other, the mesh must be 1-D (a
+-- DeviceMesh from dist.init_device_mesh), and its one group is used.
+local function device_mesh_group(opts)
+  local mesh = opts.device_mesh
+  if opts.process_group ~= nil then
+    raise("DistributedDataParallel: Cannot specify both process_group and device_mesh arguments.")
+  end
+  local DeviceMesh = require "ddplua.distributed.device_mesh"
+  if not DeviceMesh.is_device_mesh(mesh) then
+    raise("DistributedDataParallel: device_mesh must be a DeviceMesh from dist.init_device_mesh, got " ..
+          (type(mesh) == "table" and tostring(mesh) or type(mesh)))
+  end
+  if mesh.ndim ~= 1 then
+    raise(("DistributedDataParallel: Only 1D device mesh is supported, but got %s."):format(tostring(mesh)))
+  end
+  return mesh:get_group()
+end
+
+local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device", "device_mesh" }
 
 --- DDP(module, opts) -> the wrapped module. opts:
---   process_group (default: the world), bucket_cap_mb = 25 (MiB per bucket; the first
+--   process_group (default: the world), device_mesh (a 1-D DeviceMesh from
+--   dist.init_device_mesh: DDP reduces over its group; not together with process_group,
+--   and a mesh of more dimensions raises "Only 1D device mesh is supported", as PyTorch),
+--   bucket_cap_mb = 25 (MiB per bucket; the first
 --   bucket is min(1 MiB, bucket_cap_mb)), find_unused_parameters = false (mark parameters that got no gradient
 --   ready with zeros at the end of backward; otherwise such an iteration makes the next
 --   forward fail naming them), broadcast_buffers = true (rank 0's buffers copied to every
@@ -190,11 +214,12 @@ function DDP.new(module, opts)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     raise("DistributedDataParallel: module must be an nn.Module, got " .. type(module))
   end
-  local group = resolve_group(opts.process_group)
+  local group = opts.device_mesh ~= nil and device_mesh_group(opts) or resolve_group(opts.process_group)
   local h = group:ptr("DistributedDataParallel")
   local self = setmetatable({
     module = module,
     process_group = group,
+    device_mesh = opts.device_mesh,
     rank = C.ddp_pg_rank(h),
     world_size = C.ddp_pg_size(h),
     find_unused_parameters = option(opts, "find_unused_parameters", false),
