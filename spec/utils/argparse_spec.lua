@@ -19,6 +19,15 @@ describe("ddplua.utils.argparse", function()
     assert.are.same({ out = "a=b" }, parser():parse_args { "--out=a=b" })
   end)
 
+  it("takes flags spelt with underscores, as Python's argparse (`--world_size 3`)", function()
+    local p = argparse.ArgumentParser { prog = "demo.lua" }
+    p:add_argument("--world_size", { type = "number" })
+    p:add_argument("--init_method", {})
+    assert.are.same({ world_size = 3, init_method = "file:///tmp/x" },
+      p:parse_args { "--world_size", "3", "--init_method=file:///tmp/x" })
+    assert.has_error(function() p:parse_args { "--world-size", "3" } end) -- the spelling declared only
+  end)
+
   it("formats the usage with aligned, indented help", function()
     assert.are.equal("usage: ddplua demo.lua [options]\n" ..
       "  --batch-size N     batch size\n" ..

@@ -9,7 +9,8 @@
 --
 -- Options are written `--name value` or `--name=value`; a flag (`store_true`) takes no
 -- value. The destination key is the name without its dashes, with `-` turned into `_`
--- (`--batch-size` -> `batch_size`), as in Python. Options not given are absent (nil) from
+-- (`--batch-size` -> `batch_size`), as in Python; a flag may be spelt with `_` as well
+-- (`--world_size`, as the seeds' PyTorch scripts write theirs). Options not given are absent (nil) from
 -- the result, so callers can tell "not given" from a value and let a config decide.
 -- `--help` / `-h` prints the usage to stdout and exits with status 0.
 --
@@ -40,7 +41,7 @@ end
 -- Help text may span lines ("\n"); they are indented under the first. Returns the parser.
 function Parser:add_argument(flag, spec)
   spec = spec or {}
-  if type(flag) ~= "string" or not flag:match("^%-%-[%w][%w%-]*$") then
+  if type(flag) ~= "string" or not flag:match("^%-%-[%w][%w%-_]*$") then
     error(("add_argument: flag must look like '--name', got %s"):format(tostring(flag)), 2)
   end
   local action = spec.action or "store"
@@ -81,7 +82,7 @@ function Parser:parse_args(argv)
   local i = 1
   while i <= #argv do
     local word = argv[i]
-    local key, value = word:match("^(%-%-[%w%-]+)=(.*)$")
+    local key, value = word:match("^(%-%-[%w%-_]+)=(.*)$")
     key = key or word
     if key == "--help" or key == "-h" then
       io.write(self:format_help())
