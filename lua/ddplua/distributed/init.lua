@@ -673,13 +673,14 @@ end
 --- dist.DistributedDataParallel(module, opts): the DDP wrapper (ddplua.distributed.ddp),
 -- loaded on first use so the process-group module does not depend on nn.
 --- dist.spawn(fn, nprocs, opts): torch.multiprocessing.spawn (ddplua.distributed.spawn).
+--- dist.optim: distributed optimizers, ZeroRedundancyOptimizer (ddplua.distributed.optim).
 --- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
 -- collectives of Lua values (ddplua.distributed.objects).
 local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
   broadcast_object_list = true, scatter_object_list = true }
 setmetatable(M, { __index = function(t, k)
   local mod = ({ DistributedDataParallel = "ddplua.distributed.ddp", spawn = "ddplua.distributed.spawn",
-    DistributedSampler = "ddplua.distributed.sampler" })[k]
+    DistributedSampler = "ddplua.distributed.sampler", optim = "ddplua.distributed.optim" })[k]
   if mod then
     local v = require(mod)
     rawset(t, k, v)
