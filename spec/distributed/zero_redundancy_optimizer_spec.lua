@@ -15,7 +15,7 @@ local optim = require "ddplua.optim"
 local dist = require "ddplua.distributed"
 local DDP = require "ddplua.distributed.ddp"
 RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 30}
+dist.init_process_group(INIT or {backend = "gloo", timeout = 30})
 ZeRO = dist.optim.ZeroRedundancyOptimizer
 
 function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
@@ -65,9 +65,15 @@ function train_step(m, opt, x, y)
 end
 ]]
 
+local root = io.popen("pwd"):read("*l")
+local SIM = root .. "/build/libddplua_cuda_sim.so"
+
+-- Run code on n ranks; opts.init: the init_process_group options (Lua source; default
+-- gloo), opts.env: the children's extra environment.
 local function run(code, n, opts)
   opts = opts or {}
-  local r = mp.run { code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 60 }
+  local init = opts.init and ("INIT = " .. opts.init .. "\n") or ""
+  local r = mp.run { code = init .. PRELUDE .. code, nprocs = n, timeout = opts.timeout or 60, env = opts.env }
   if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
   local ranks = {}
   for i = 1, n do
@@ -390,6 +396,45 @@ out("changed", table.concat(changed, ","))
       assert.equal("true", ranks[i].out.join_group)
       assert.equal("nil", ranks[i].out.post_hook)
     end
+  end)
+
+  it("#dist on the simulated device with the simulated NCCL: parameters, state and sync on the device", function()
+    local ranks = run([[
+local xs, ys = batches(8, 8)
+local ma, mb, m2 = mlp():cuda(RANK), mlp():cuda(RANK), mlp():cuda(RANK)
+local za = ZeRO(ma:parameters(), {optimizer_class = optim.Adam, lr = 0.01})
+local zb = ZeRO(mb:parameters(), {optimizer_class = optim.Adam, lr = 0.01, parameters_as_bucket_view = true})
+local plain = optim.Adam(m2:parameters(), {lr = 0.01})
+for s = 1, 8 do
+  local x, y = xs[s]:cuda(RANK), ys[s]:cuda(RANK)
+  train_step(ma, za, x, y)
+  train_step(mb, zb, x, y)
+  train_step(m2, plain, x, y)
+end
+out("max_abs", max_abs(ma, m2))
+out("bucket_max_abs", max_abs(mb, m2))
+out("param_device", ma:parameters()[1].device)
+out("join_device", za:join_device())
+local devs = {}
+for _, st in pairs(za.optim.state) do devs[st.exp_avg.device] = true end
+out("state_devices", (function() local t = {}; for d in pairs(devs) do t[#t + 1] = d end; return table.concat(t, ",") end)())
+za:consolidate_state_dict(0)
+if RANK == 0 then
+  local sd = za:state_dict()
+  local n, dev = 0, "?"
+  for _, st in pairs(sd.state) do n = n + 1; dev = st.exp_avg.device end
+  out("consolidated", n .. " " .. dev)
+end
+]], 2, { init = '{backend = "nccl", device_id = RANK, timeout = 30}',
+          env = { DDPLUA_CUDA_PLUGIN = SIM, DDPLUA_SIM_NCCL = "1" } })
+    assert_close(ranks, 2, "max_abs")
+    assert_close(ranks, 2, "bucket_max_abs")
+    for i = 1, 2 do
+      assert.equal("cuda:" .. (i - 1), ranks[i].out.param_device)
+      assert.equal(tostring(i - 1), ranks[i].out.join_device)
+      assert.equal("cuda:" .. (i - 1), ranks[i].out.state_devices)
+    end
+    assert.equal("6 cpu", ranks[1].out.consolidated)
   end)
 
   it("#dist raises clear errors for bad arguments", function()
