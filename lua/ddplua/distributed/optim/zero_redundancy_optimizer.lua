@@ -368,21 +368,27 @@ function ZeRO:zero_grad(opts) self._all:zero_grad(opts) end
 
 --- opt:add_param_group(group): add {params = {...}, <option> = ...} on every rank (the
 -- options checked by optimizer_class), then partition again (Note [ZeRO partition]: the
--- earlier groups keep their owners, since the totals only grow) and give the local
+-- earlier groups keep their owners, as a group's assignment depends only on the groups
+-- before it) and give the local
 -- optimizer its share of the new group (possibly none). Must be called on every rank.
 function ZeRO:add_param_group(group)
-  local before = #self.param_groups
-  self._all:add_param_group(group)
-  local added = self.param_groups[#self.param_groups]
-  if #self.param_groups ~= before + 1 then return end
-  for _, p in ipairs(added.params) do
-    if p:type() ~= self.param_groups[1].params[1]:type() or C.ddp_tensor_device(p) ~= self._device then
-      raise(("%s only supports using the same dense type for all parameters but got both %s on %s and %s on %s"):format(
-        NAME, self.param_groups[1].params[1]:type(), self.param_groups[1].params[1].device, p:type(), p.device))
+  -- The same dense type as the first parameter, checked before anything changes (the rest
+  -- is checked by optimizer_class's add_param_group).
+  local first = self.param_groups[1].params[1]
+  local list = type(group) == "table" and not is_tensor(group) and group.params or nil
+  if is_tensor(list) then list = { list } end
+  if type(list) == "table" then
+    for _, p in ipairs(list) do
+      if is_tensor(p) and (p:type() ~= first:type() or C.ddp_tensor_device(p) ~= self._device) then
+        raise(("%s only supports using the same dense type for all parameters but got both %s on %s and %s on %s"):format(
+          NAME, first:type(), first.device, p:type(), p.device))
+      end
     end
   end
+  self._all:add_param_group(group)
   self:_repartition()
-  self.optim:add_param_group(self:_local_group(added, #self.param_groups))
+  local g = #self.param_groups
+  self.optim:add_param_group(self:_local_group(self.param_groups[g], g))
 end
 
 -- ---- state dicts ----------------------------------------------------------------------------
