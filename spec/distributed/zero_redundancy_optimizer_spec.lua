@@ -345,6 +345,30 @@ out("state", state_elements(zero.optim))
     assert.equal(6, num(ranks, 3, "state"))
   end)
 
+  it("#dist over a subgroup: group ranks own the shards, broadcasts name global ranks", function()
+    local ranks = run([[
+local sub = dist.new_group({1, 2})
+if RANK == 0 then out("skipped", true) return end
+local xs, ys = batches(6, 8)
+local m1, m2 = mlp(), mlp()
+local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, process_group = sub})
+local plain = optim.Adam(m2:parameters(), {lr = 0.01})
+for s = 1, 6 do train_step(m1, zero, xs[s], ys[s]); train_step(m2, plain, xs[s], ys[s]) end
+out("max_abs", max_abs(m1, m2))
+out("rank", zero.rank .. "/" .. zero.world_size .. "/" .. zero.global_rank)
+zero:consolidate_state_dict(1) -- group rank 1: global rank 2
+local ok = pcall(zero.state_dict, zero)
+out("has_state", ok)
+]], 3)
+    assert.equal("true", ranks[1].out.skipped)
+    assert.is_true(num(ranks, 2, "max_abs") <= 1e-6)
+    assert.is_true(num(ranks, 3, "max_abs") <= 1e-6)
+    assert.equal("0/2/1", ranks[2].out.rank)
+    assert.equal("1/2/2", ranks[3].out.rank)
+    assert.equal("false", ranks[2].out.has_state)
+    assert.equal("true", ranks[3].out.has_state)
+  end)
+
   it("#dist join hook: a joined rank's main_hook matches the step of a rank still training", function()
     local ranks = run([[
 local xs, ys = batches(10, 8)
@@ -464,7 +488,8 @@ out("tostring", tostring(zero))
     assert.matches("ZeroRedundancyOptimizer got an empty parameter list", e.empty, 1, true)
     assert.matches("only supports using the same dense type for all parameters but got both f32 on cpu and f64 on cpu",
       e.mixed, 1, true)
-    assert.matches("Adam: unknown option 'lrr' (did you mean 'lr'?", e.unknown_option, 1, true)
+    assert.matches("ZeroRedundancyOptimizer: unknown option 'lrr' (did you mean 'lr'?", e.unknown_option, 1, true)
+    assert.matches("parameters_as_bucket_view", e.unknown_option, 1, true) -- among the known ones
     assert.matches("SGD: invalid lr -1", e.bad_value, 1, true)
     assert.matches("to must be a rank of the group, 0 .. 1, got 2", e.bad_to, 1, true)
     assert.equal("ZeroRedundancyOptimizer(SGD, rank 0 of 2)", ranks[1].out.tostring)

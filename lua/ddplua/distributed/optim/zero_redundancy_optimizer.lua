@@ -34,6 +34,7 @@
 -- consolidate_state_dict and load_state_dict are collective or must be called on every
 -- rank with the same arguments, as in PyTorch.
 local lib = require "ddplua.lib"
+local options = require "ddplua.options"
 local tensor = require "ddplua.tensor"
 local Optimizer = require "ddplua.optim.optimizer"
 local state_broadcast = require "ddplua.distributed.optim.state_broadcast"
@@ -138,8 +139,9 @@ local function group_rank_to_global(group, r) return group.ranks[r + 1] end
 --- ZeroRedundancyOptimizer(params, opts) (or .new): see the top of this file. params: a
 -- list of tensors (leaves requiring grad, one dtype, one device; param groups come with
 -- add_param_group, as PyTorch). Raises naming the problem: a bad optimizer_class, a bad
--- params list, overlap_with_ddp = true, no process group, an option optimizer_class does
--- not know, an invalid option value (optimizer_class's message).
+-- params list, overlap_with_ddp = true, no process group, an option neither it nor
+-- optimizer_class knows (options.check's message), an invalid option value
+-- (optimizer_class's message).
 function ZeRO.new(params, opts)
   if opts ~= nil and type(opts) ~= "table" then
     raise(("%s: options must be a table, got %s"):format(NAME, type(opts)))
@@ -147,6 +149,11 @@ function ZeRO.new(params, opts)
   opts = opts or {}
   local cls = opts.optimizer_class
   check_optimizer_class(cls)
+  -- A misspelt option is named among ZeRO's own and optimizer_class's.
+  local known = {}
+  for k in pairs(OWN) do known[k] = true end
+  for k in pairs(cls.defaults) do known[k] = true end
+  options.check(NAME, opts, known)
   check_params(params)
   if opts.overlap_with_ddp ~= nil and type(opts.overlap_with_ddp) ~= "boolean" then
     raise(NAME .. ": overlap_with_ddp must be true or false, got " .. tostring(opts.overlap_with_ddp))
