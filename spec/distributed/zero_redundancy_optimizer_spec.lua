@@ -304,22 +304,25 @@ try("bad_id", function() zero2:load_state_dict(bad2) end)
   it("#dist uneven counts: 3 ranks, 2 parameters (a rank owns none), then add_param_group", function()
     local ranks = run([[
 local function lin() dl.manual_seed(3); return nn.Linear(4, 3) end -- 12 + 3 elements
-local m1, m2 = lin(), lin()
+local m1, m2, m3 = lin(), lin(), lin()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.02})
+local zero_b = ZeRO(m3:parameters(), {optimizer_class = optim.Adam, lr = 0.02, parameters_as_bucket_view = true})
 local plain = optim.Adam(m2:parameters(), {lr = 0.02})
 out("local_params", #zero.optim.param_groups[1].params)
 dl.manual_seed(9)
 local e1 = dl.randn({3}, {requires_grad = true})
 local e2 = e1:detach():clone():requires_grad_(true)
+local e3 = e1:detach():clone():requires_grad_(true)
 for s = 1, 8 do
   if s == 4 then
     zero:add_param_group({params = {e1}, lr = 0.05})
+    zero_b:add_param_group({params = {e3}, lr = 0.05})
     plain:add_param_group({params = {e2}, lr = 0.05})
     out("owner_new", zero:_owner(e1))
   end
   dl.manual_seed(50 + s)
   local x, y = dl.randn({6, 4}), dl.randn({6, 3})
-  for _, c in ipairs{{m1, zero, e1}, {m2, plain, e2}} do
+  for _, c in ipairs{{m1, zero, e1}, {m2, plain, e2}, {m3, zero_b, e3}} do
     c[2]:zero_grad()
     local loss = mse(c[1](x), y)
     if s >= 4 then loss = loss + (c[3] * c[3]):sum() * 0.1 end
@@ -328,10 +331,12 @@ for s = 1, 8 do
   end
 end
 out("max_abs", math.max(max_abs(m1, m2), (e1 - e2):abs():max():item()))
+out("bucket_max_abs", math.max(max_abs(m3, m2), (e3 - e2):abs():max():item()))
 out("groups", #zero.param_groups .. "/" .. #zero.optim.param_groups)
 out("state", state_elements(zero.optim))
 ]], 3)
     assert_close(ranks, 3, "max_abs")
+    assert_close(ranks, 3, "bucket_max_abs")
     -- weight (12) -> rank 0, bias (3) -> rank 1, rank 2 none; the new (3) -> rank 2.
     assert.equal("1", ranks[1].out.local_params)
     assert.equal("1", ranks[2].out.local_params)
