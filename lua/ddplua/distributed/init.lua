@@ -675,13 +675,15 @@ end
 --- dist.spawn(fn, nprocs, opts): torch.multiprocessing.spawn (ddplua.distributed.spawn).
 --- dist.init_device_mesh(device_type, mesh_shape, opts) and dist.DeviceMesh: device meshes
 -- (ddplua.distributed.device_mesh), after torch.distributed.device_mesh.
+--- dist.optim: distributed optimizers, ZeroRedundancyOptimizer (ddplua.distributed.optim).
 --- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
 -- collectives of Lua values (ddplua.distributed.objects).
 local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
   broadcast_object_list = true, scatter_object_list = true }
 setmetatable(M, { __index = function(t, k)
   local mod = ({ DistributedDataParallel = "ddplua.distributed.ddp", spawn = "ddplua.distributed.spawn",
-    DistributedSampler = "ddplua.distributed.sampler", DeviceMesh = "ddplua.distributed.device_mesh" })[k]
+    DistributedSampler = "ddplua.distributed.sampler", DeviceMesh = "ddplua.distributed.device_mesh",
+    optim = "ddplua.distributed.optim" })[k]
   if mod then
     local v = require(mod)
     rawset(t, k, v)
