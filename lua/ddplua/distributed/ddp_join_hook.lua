@@ -8,7 +8,6 @@
 --   DDPJoinHook.new(ddp, opts)          the hook a joined rank runs (main_hook, post_hook)
 local lib = require "ddplua.lib"
 local dl = require "ddplua"
-local options = require "ddplua.options"
 local Join = require "ddplua.distributed.algorithms.join"
 local ffi, C = lib.ffi, lib.C
 local check, raise = lib.check, lib.raise
@@ -18,7 +17,6 @@ DDPJoinHook.__index = DDPJoinHook
 
 --- DDPJoinHook.OPTIONS: the join_hook options DistributedDataParallel reads.
 DDPJoinHook.OPTIONS = { "divide_by_initial_world_size" }
-local KNOWN = options.known(DDPJoinHook.OPTIONS)
 
 local work_box = ffi.new("ddp_work*[1]")
 local tbox = ffi.new("ddp_tensor*[1]")
@@ -92,8 +90,8 @@ end
 --- DDPJoinHook.new(ddp, opts) -> the JoinHook of DistributedDataParallel `ddp` (what
 -- ddp:join_hook(opts) returns). opts.divide_by_initial_world_size = true: gradients divided
 -- by the initial world size even when ranks have joined (every sample weighs the same);
--- false: by the number of non-joined ranks (parity with a smaller world). Unknown options
--- raise.
+-- false: by the number of non-joined ranks (parity with a smaller world). Other options
+-- are ignored (Join checks them against every joinable's JOIN_HOOK_OPTIONS).
 --   main_hook(): on a joined rank, once per iteration of the others: the join state
 --     all-reduce, then as they do the bucket rebuild (when pending), the buffer broadcasts
 --     from the highest non-joined rank (broadcast_buffers), and the backward's bucket
@@ -102,7 +100,12 @@ end
 --     authoritative copy; its parameters (and buffers, with broadcast_buffers) are
 --     broadcast to every rank (PyTorch's _sync_final_model).
 function DDPJoinHook.new(ddp, opts)
-  opts = options.check("DistributedDataParallel.join_hook", opts, KNOWN)
+  -- Not options.check: Join passes every joinable the same table, checked against the
+  -- union of their JOIN_HOOK_OPTIONS; the others' options are ignored here.
+  if opts ~= nil and type(opts) ~= "table" then
+    raise("DistributedDataParallel.join_hook: options must be a table, got " .. type(opts))
+  end
+  opts = opts or {}
   local divide = opts.divide_by_initial_world_size
   if divide == nil then divide = true end
   if type(divide) ~= "boolean" then
@@ -111,9 +114,9 @@ function DDPJoinHook.new(ddp, opts)
   end
   ddp._divide_by_initial_world_size = divide
   local self = setmetatable({ ddp = ddp }, DDPJoinHook)
-  self.main_hook = function() return self:_main_hook() end
-  self.post_hook = function(is_last_joiner) return self:_post_hook(is_last_joiner) end
-  return self
+  -- Join calls the hooks as plain functions (the JoinHook protocol): closures over self.
+  return { main_hook = function() return self:_main_hook() end,
+           post_hook = function(is_last_joiner) return self:_post_hook(is_last_joiner) end }
 end
 
 function DDPJoinHook:_main_hook()

@@ -26,7 +26,9 @@
 --   joinable:join_device()       -> device ordinal of the presence all-reduce (-1: CPU)
 --   joinable:join_process_group()-> the ddplua.distributed group (the same for all)
 --   joinable.JOIN_HOOK_OPTIONS   (optional) list of the option names its join_hook reads;
---                                   Join raises on an option no joinable declares
+--                                   Join raises on an option no joinable declares, so a
+--                                   join_hook ignores the options it does not read (they
+--                                   may be another joinable's)
 -- Join sets joinable._join_config = {enable, throw_on_early_termination, is_first_joinable}
 -- while run is under way and restores the previous value (nil: disabled) when it returns
 -- or raises, so outside run a joinable behaves as if no Join existed.
