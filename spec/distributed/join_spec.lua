@@ -161,7 +161,7 @@ local data = make_data({5, 8})
 local a = reference(mlp, data, {5, 8}, true, {lr = 0.1}, default_loss)
 local b = reference(mlp, data, {5, 8}, false, {lr = 0.1}, default_loss)
 out("rel", max_rel(a, b))
-]])
+]], 1)
     assert.is_true(tonumber(ranks[1].out.rel) > 1e-3, "rel " .. ranks[1].out.rel)
   end)
 
@@ -227,6 +227,85 @@ model:verify_sync()
     assert.equal(ranks[2].out.own_buffers, ranks[2].out.buffers)
     assert.are_not.equal(ranks[1].out.own_buffers, ranks[2].out.own_buffers)
     assert.equal(ranks[1].out.params, ranks[2].out.params)
+  end)
+
+  it("no_sync and no_grad forwards inside join: the joined rank shadows only synced backwards", function()
+    -- each step: a no_grad forward (evaluation), a micro-batch under no_sync, then a synced
+    -- one; the reference sums both halves' losses over the ranks present
+    local ranks = run([[
+local counts = {3, 6}
+local data = make_data(counts)
+local function halves(batch)
+  return batch[1]:narrow(1, 1, 2), batch[2]:narrow(1, 1, 2), batch[1]:narrow(1, 3, 2), batch[2]:narrow(1, 3, 2)
+end
+local model = DDP(mlp(), {bucket_cap_mb = 0.0002})
+local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
+model:join({divide_by_initial_world_size = false}, function()
+  for s = 1, counts[RANK + 1] do
+    local x1, y1, x2, y2 = halves(data[RANK][s])
+    dl.no_grad(function() model(x1) end)
+    opt:zero_grad()
+    model:no_sync(function() mse(model(x1), y1):backward() end)
+    mse(model(x2), y2):backward()
+    opt:step()
+  end
+end)
+out("params", tensors_text(model.module:parameters()))
+out("buckets", "-")
+local ref = reference(mlp, data, counts, false, {lr = 0.1, momentum = 0.9}, function(m, batch)
+  local x1, y1, x2, y2 = halves(batch)
+  return mse(m(x1), y1) + mse(m(x2), y2)
+end)
+out("max_rel", max_rel(model.module, ref))
+]])
+    check_reference(ranks)
+  end)
+
+  it("two joins in a row (epochs with different counts) keep training the same model", function()
+    local ranks = run([[
+-- plain SGD: optimizer state is per rank, and a joined rank's would lag (as PyTorch)
+local opt_args = {lr = 0.1}
+local model = DDP(mlp(), {bucket_cap_mb = 0.0002})
+local opt = optim.SGD(model:parameters(), opt_args)
+local epochs = { {5, 8}, {4, 2} }
+for e, counts in ipairs(epochs) do
+  local data = make_data(counts)
+  model:join({divide_by_initial_world_size = e == 1}, function()
+    for s = 1, counts[RANK + 1] do
+      opt:zero_grad()
+      mse(model(data[RANK][s][1]), data[RANK][s][2]):backward()
+      opt:step()
+    end
+  end)
+end
+-- after the joins: plain DDP again (no join collectives, divisor back to the world size)
+local x, y = dl.randn({4, 6}), dl.randn({4, 4})
+opt:zero_grad(); mse(model(x), y):backward(); opt:step()
+out("params", tensors_text(model.module:parameters()))
+out("buckets", "-")
+-- reference: one optimizer across both epochs, then the plain step (same x, y on both ranks)
+local m = mlp()
+local ropt = optim.SGD(m:parameters(), opt_args)
+for e, counts in ipairs(epochs) do
+  local data = make_data(counts)
+  for s = 1, math.max(unpack(counts)) do
+    ropt:zero_grad()
+    local total, present = nil, 0
+    for r = 0, 1 do
+      if s <= counts[r + 1] then
+        present = present + 1
+        local l = mse(m(data[r][s][1]), data[r][s][2])
+        total = total and total + l or l
+      end
+    end
+    (total / (e == 1 and 2 or present)):backward()
+    ropt:step()
+  end
+end
+ropt:zero_grad(); mse(m(x), y):backward(); ropt:step()
+out("max_rel", max_rel(model.module, m))
+]])
+    check_reference(ranks)
   end)
 
   it("throw_on_early_termination: every rank raises when one runs out", function()
