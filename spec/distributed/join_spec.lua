@@ -112,7 +112,8 @@ end
 
 local function run(code, n, opts)
   opts = opts or {}
-  local r = mp.run { code = PRELUDE .. code, nprocs = n or 2, timeout = opts.timeout or 40 }
+  local r = mp.run { code = PRELUDE .. code, nprocs = n or 2, timeout = opts.timeout or 40,
+                    env = opts.env }
   if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
   local ranks = {}
   for i = 1, (n or 2) do
@@ -452,5 +453,64 @@ out("buckets", "-")
     check_reference(ranks)
     assert.equal("11", ranks[1].out.total) -- 4 * 2 + 3 * 1
     assert.equal("11", ranks[2].out.total)
+  end)
+end)
+
+-- The device paths (Note [device buckets], Note [nccl work]) on the simulated device and its
+-- simulated NCCL (build/libddplua_cuda_sim.so, DDPLUA_SIM_NCCL=1; see device_spec.lua): the
+-- presence and join-state all-reduces, the zero buckets and the flags go through device
+-- memory, and the weights still equal the CPU reference.
+describe("ddp:join on the simulated NCCL #dist", function()
+  it("ranks with 3 and 5 batches on cuda:0 and cuda:1 equal the CPU reference", function()
+    local root = io.popen("pwd"):read("*l")
+    local ranks = run([[
+local lib = require "ddplua.lib"
+local Parameter = require("ddplua.nn.module").Parameter
+dist.destroy_process_group()
+dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}
+local box = lib.ffi.new("ddp_tensor*[1]")
+local function to_dev(t, dev)
+  lib.check(lib.C.ddp_tensor_to_device(box, t, dev, 0))
+  return lib.wrap(box[0])
+end
+local function module_to(m, dev)
+  dl.no_grad(function()
+    for _, sub in ipairs(m:modules()) do
+      local d = rawget(sub, "_parameters")
+      for _, n in ipairs(d.names) do
+        local t = d.values[n]
+        if t ~= nil then d.values[n] = Parameter(to_dev(t, dev), t.requires_grad) end
+      end
+    end
+  end)
+  return m
+end
+local counts = {3, 5}
+local data = make_data(counts)
+local model = DDP(module_to(mlp(), RANK), {device_ids = {RANK}, bucket_cap_mb = 0.0002,
+                                           find_unused_parameters = true})
+local opt = optim.SGD(model:parameters(), {lr = 0.1})
+model:join({divide_by_initial_world_size = false}, function()
+  for s = 1, counts[RANK + 1] do
+    opt:zero_grad()
+    mse(model(data[RANK][s][1]), to_dev(data[RANK][s][2], RANK)):backward()
+    opt:step()
+  end
+end)
+local host = {}
+for i, p in ipairs(model.module:parameters()) do host[i] = to_dev(p, -1) end
+out("device", model.module:parameters()[1].device)
+out("params", tensors_text(host))
+out("buckets", "-")
+local ref = reference(mlp, data, counts, false, {lr = 0.1}, default_loss):parameters()
+local worst = 0
+for i = 1, #ref do
+  worst = math.max(worst, (host[i] - ref[i]):abs():max():item() / ref[i]:abs():max():item())
+end
+out("max_rel", worst)
+]], 2, { env = { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so", DDPLUA_SIM_NCCL = "1" } })
+    check_reference(ranks)
+    assert.equal("cuda:0", ranks[1].out.device)
+    assert.equal("cuda:1", ranks[2].out.device)
   end)
 end)
