@@ -18,7 +18,11 @@ local dist = require "ddplua.distributed"
 local DDP = require "ddplua.distributed.ddp"
 local Join = require "ddplua.distributed.algorithms.join"
 RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 20}
+if os.getenv("JOIN_SPEC_NCCL") then -- the simulated NCCL (last describe)
+  dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}
+else
+  dist.init_process_group{backend = "gloo", timeout = 20}
+end
 
 function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
 function try(name, fn)
@@ -309,6 +313,38 @@ out("max_rel", max_rel(model.module, m))
     check_reference(ranks)
   end)
 
+  it("under join the buffers come from the highest rank still training", function()
+    -- each rank writes its own tag into a buffer before each forward; the forward sees the
+    -- authoritative rank's tag (broadcast before the module runs)
+    local ranks = run([[
+local Tagged = nn.Module:extend("Tagged")
+function Tagged:init()
+  dl.manual_seed(6)
+  self.fc = nn.Linear(6, 4)
+  self:register_buffer("tag", dl.zeros({1}))
+  self.seen = {}
+end
+function Tagged:forward(x)
+  self.seen[#self.seen + 1] = self.tag:item()
+  return self.fc(x)
+end
+local counts = {3, 5}
+local data = make_data(counts)
+local model = DDP(Tagged())
+model:join({}, function()
+  for s = 1, counts[RANK + 1] do
+    model.module.tag:fill_(10 * (RANK + 1) + s)
+    mse(model(data[RANK][s][1]), data[RANK][s][2]):backward()
+  end
+end)
+out("seen", table.concat(model.module.seen, ","))
+out("final_tag", model.module.tag:item())
+]])
+    assert.equal("21,22,23", ranks[1].out.seen)
+    assert.equal("21,22,23,24,25", ranks[2].out.seen)
+    assert.equal("25", ranks[1].out.final_tag) -- the joined rank took every broadcast
+  end)
+
   it("throw_on_early_termination: every rank raises when one runs out", function()
     local ranks = run([[
 local data = make_data({2, 5})
@@ -466,8 +502,7 @@ describe("ddp:join on the simulated NCCL #dist", function()
     local ranks = run([[
 local lib = require "ddplua.lib"
 local Parameter = require("ddplua.nn.module").Parameter
-dist.destroy_process_group()
-dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}
+out("backend", dist.get_backend())
 local box = lib.ffi.new("ddp_tensor*[1]")
 local function to_dev(t, dev)
   lib.check(lib.C.ddp_tensor_to_device(box, t, dev, 0))
@@ -508,8 +543,10 @@ for i = 1, #ref do
   worst = math.max(worst, (host[i] - ref[i]):abs():max():item() / ref[i]:abs():max():item())
 end
 out("max_rel", worst)
-]], 2, { env = { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so", DDPLUA_SIM_NCCL = "1" } })
+]], 2, { env = { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so", DDPLUA_SIM_NCCL = "1",
+                       JOIN_SPEC_NCCL = "1" } })
     check_reference(ranks)
+    assert.equal("nccl", ranks[1].out.backend)
     assert.equal("cuda:0", ranks[1].out.device)
     assert.equal("cuda:1", ranks[2].out.device)
   end)

@@ -12,8 +12,10 @@
  * Note [join shadow iteration]: a rank that ran out of inputs ("joined") must take part in
  * every collective the non-joined ranks run in each of their iterations, in the same order,
  * or they would hang or fail (Note [collective fingerprints]). Per iteration of the
- * non-joined ranks, with T = the join state all-reduce (MAX over the ranks of
- * {backward will be synchronised, grad enabled, rank offered as authoritative or -1}):
+ * non-joined ranks, with T = the join state all-reduce (one f32 SUM over the ranks of
+ * {backward will be synchronised, grad enabled, one-hot row of the rank offering itself as
+ * the authoritative copy}: the count of syncing ranks, of ranks with grad, and the highest
+ * offering rank; f32 SUM takes the shared-memory path, an i64 MAX would not):
  *
  *   non-joined rank (DDP forward, backward)   joined rank (DDP's join hook)
  *   presence all-reduce of 1                  presence all-reduce of 0 (the Join loop)
