@@ -158,6 +158,10 @@ describe("ddplua.distributed.algorithms.join #dist", function()
     check_reference(ranks)
     assert.equal("8", ranks[1].out.steps)
     assert.equal("5", ranks[2].out.steps)
+    -- gradients as views into the buckets: the shadow all-reduces use buffers of their own
+    ranks = run([[uneven({8, 5}, {divide_by_initial_world_size = false},
+                         {gradient_as_bucket_view = true, bucket_cap_mb = 0.0002})]])
+    check_reference(ranks)
   end)
 
   it("the two divisors give different weights (the reference tells them apart)", function()
