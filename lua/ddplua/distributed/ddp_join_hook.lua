@@ -155,7 +155,7 @@ end
 
 function DDPJoinHook:_post_hook(is_last_joiner)
   local ddp = self.ddp
-  check(C.ddp_reducer_set_divide_factor(ddp.reducer, 0))
+  if ddp.reducer ~= nil then check(C.ddp_reducer_set_divide_factor(ddp.reducer, 0)) end
   if ddp.world_size == 1 then return end
   local root = common_rank(ddp, is_last_joiner, {}, "DistributedDataParallel join final model")
   if root < 0 then
