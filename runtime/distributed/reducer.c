@@ -215,7 +215,8 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
   if (used && r->recording) r->order[r->n_order++] = i;
   bucket *b = &r->buckets[r->bucket_of[i]];
   ddp_tensor *view = b->views[r->slot_of[i]];
-  double scale = 1.0 / r->world;
+  /* Note [join shadow iteration]: under join the divisor may be the non-joined ranks. */
+  double scale = 1.0 / (r->div_factor > 0 ? r->div_factor : r->world);
   if (r->as_view && p->grad == view) {
     DDP_TRY(copy_scaled(view, view, scale));
   } else {
@@ -516,7 +517,7 @@ void ddp_reducer_free(ddp_reducer *r) {
 }
 
 /* Note [bucket rebuild]. */
-static int rebuild_buckets(ddp_reducer *r) {
+int reducer_rebuild_buckets(ddp_reducer *r) {
   r->rebuild_pending = 0;
   int n = r->n;
   int64_t shape[1] = {n};
@@ -581,7 +582,7 @@ int ddp_reducer_prepare_for_forward(ddp_reducer *r) {
              "function. Parameter indices which did not receive grad for rank %d: %s",
              r->rank, list);
   }
-  if (r->rebuild_pending && ddp_grad_enabled()) DDP_TRY(rebuild_buckets(r));
+  if (r->rebuild_pending && ddp_grad_enabled()) DDP_TRY(reducer_rebuild_buckets(r));
   return DDP_OK;
 }
 

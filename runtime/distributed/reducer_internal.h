@@ -74,6 +74,9 @@ struct ddp_reducer {
   int unfinished;
   int *unready;
   int n_unready;
+
+  /* Uneven inputs (reducer_join.c, Note [join shadow iteration] in ddplua/reducer_join.h) */
+  int div_factor;            /* > 0: gradients are divided by it instead of world */
 };
 
 /* The steps reducer.c implements that the files beside it call (each documented there). */
@@ -84,5 +87,6 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used);
 void reducer_reset_iteration(ddp_reducer *r);
 int reducer_bucket_wait(ddp_reducer *r, int k);
 int reducer_copy_back(ddp_reducer *r);
+int reducer_rebuild_buckets(ddp_reducer *r);
 
 #endif

@@ -18,6 +18,7 @@ local lib = require "ddplua.lib"
 local dl = require "ddplua"
 local ffi, C = lib.ffi, lib.C
 local check, raise = lib.check, lib.raise
+local DDPJoinHook = require "ddplua.distributed.ddp_join_hook"
 
 local DDP = {}
 DDP.__index = DDP
@@ -157,9 +158,10 @@ end
 
 -- ---- construction ---------------------------------------------------------------------
 
-local function broadcast_from_0(self, tensors, op)
+-- root: the group rank broadcasting (default 0; under join, Note [join shadow iteration]).
+local function broadcast_from_0(self, tensors, op, root)
   local h = self.process_group:ptr(op)
-  for _, t in ipairs(tensors) do check(C.ddp_pg_broadcast(nil, h, t, 0)) end
+  for _, t in ipairs(tensors) do check(C.ddp_pg_broadcast(nil, h, t, root or 0)) end
 end
 
 local function option(opts, name, default)
@@ -336,10 +338,19 @@ end
 -- enabled, fails if the prior iteration's reduction did not finish (parameters that received
 -- no gradient, named) and rebuilds the buckets once after the first iteration; broadcasts
 -- rank 0's buffers (broadcast_buffers); runs the module; arms the reducer for the backward
--- (unless inside no_sync). Returns what the module returns.
+-- (unless inside no_sync). Under an enabled join (ddp:join) it first tells the joined ranks
+-- what to shadow (Note [join shadow iteration]) and broadcasts the buffers of the highest
+-- rank still training instead of rank 0's. Returns what the module returns.
 function DDP:forward(...)
   local r = reducer_of(self, "forward")
   local grad = C.ddp_grad_enabled() ~= 0
+  local buffer_root = 0
+  local join = self._join_config
+  if join and join.enable then
+    buffer_root = DDPJoinHook.pre_forward(self, grad)
+  elseif C.ddp_reducer_get_divide_factor(r) ~= 0 then
+    check(C.ddp_reducer_set_divide_factor(r, 0)) -- left by a join that raised
+  end
   if grad then
     if C.ddp_reducer_prepare_for_forward(r) ~= 0 then
       local msg = ffi.string(C.ddp_last_error())
@@ -348,7 +359,7 @@ function DDP:forward(...)
     end
   end
   if self.broadcast_buffers and self.world_size > 1 and #self.buffers > 0 then
-    dl.no_grad(function() broadcast_from_0(self, self.buffers, "DistributedDataParallel.forward") end)
+    dl.no_grad(function() broadcast_from_0(self, self.buffers, "DistributedDataParallel.forward", buffer_root) end)
   end
   if grad and self.require_backward_grad_sync then
     check(C.ddp_reducer_prepare_for_backward(r))
@@ -390,6 +401,46 @@ function DDP:no_sync(fn, ...)
   end
   return finish(pcall(fn, ...))
 end
+
+-- ---- uneven inputs (join) --------------------------------------------------------------
+-- The Joinable protocol (ddplua.distributed.algorithms.join); the collectives of both sides
+-- are Note [join shadow iteration] (ddplua/reducer_join.h), the hook is
+-- ddplua.distributed.ddp_join_hook.
+
+--- DDP.JOIN_HOOK_OPTIONS: the Join options ddp:join_hook reads.
+DDP.JOIN_HOOK_OPTIONS = DDPJoinHook.OPTIONS
+
+local JOIN_KNOWN = options.known { "divide_by_initial_world_size", "enable", "throw_on_early_termination" }
+
+--- ddp:join(opts, fn, ...) / ddp:join(fn, ...) -> fn's results: run fn (the training loop)
+-- so that ranks with fewer inputs than others finish without hanging, as PyTorch's
+-- `with ddp.join(...):` (Join({ddp}, opts):run(fn, ...)). A rank whose fn returned shadows
+-- the others' forward and backward collectives until every rank is done; then every rank
+-- gets the model of the last rank to finish. opts: divide_by_initial_world_size = true
+-- (gradients divided by the initial world size; false: by the ranks still training),
+-- enable = true (false: plain DDP, for inputs known to be even), throw_on_early_termination
+-- = false (true: when one rank runs out every rank raises, the others with "Detected at least
+-- one rank that exhausted inputs. Throwing across all ranks."; PyTorch ignores
+-- divide_by_initial_world_size then). Collective; the module's forward is a collective of the
+-- join too, so other collectives inside fn (SyncBatchNorm) need throw_on_early_termination,
+-- as PyTorch warns. Raises on unknown options.
+function DDP:join(opts, fn, ...)
+  if type(opts) == "function" then return self:join(nil, opts, fn, ...) end
+  opts = options.check("DistributedDataParallel.join", opts, JOIN_KNOWN)
+  reducer_of(self, "join")
+  return require("ddplua.distributed.algorithms.join")({ self }, opts):run(fn, ...)
+end
+
+--- ddp:join_hook(opts) -> DDP's JoinHook (ddplua.distributed.ddp_join_hook):
+-- opts.divide_by_initial_world_size (default true).
+function DDP:join_hook(opts) return DDPJoinHook.new(self, opts) end
+
+--- ddp:join_device() -> the device ordinal of the join's own all-reduces (the parameters'
+-- device; -1 for the CPU).
+function DDP:join_device() return self.device end
+
+--- ddp:join_process_group() -> the group DDP reduces over.
+function DDP:join_process_group() return self.process_group end
 
 -- ---- the wrapped module's interface -----------------------------------------------------
 
