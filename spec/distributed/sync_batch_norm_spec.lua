@@ -21,7 +21,7 @@ local optim = require "ddplua.optim"
 local dist = require "ddplua.distributed"
 local DDP = require "ddplua.distributed.ddp"
 RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 20}
+dist.init_process_group(INIT or {backend = "gloo", timeout = 20})
 
 function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
 function try(name, fn)
@@ -56,9 +56,11 @@ end
 
 -- Run code on n ranks; returns per-rank {out = {name = value}, err = {name = msg}} and the
 -- raw result. Raises with every rank's output unless all ranks exit 0 (or expect_failure).
+-- opts.init: Lua source of init_process_group's options (default gloo).
 local function run(code, n, opts)
   opts = opts or {}
-  local r = mp.run { code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40, env = opts.env }
+  local init = opts.init and ("INIT = " .. opts.init .. "\n") or ""
+  local r = mp.run { code = init .. PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40, env = opts.env }
   if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
   local ranks = {}
   for i = 1, n do
@@ -299,6 +301,76 @@ dist.destroy_process_group()
     status, text = files.run(verify)
     assert.is_not.equal(0, status, text)
     assert.matches("running_mean", text, 1, true)
+  end)
+end)
+
+-- Device tensors: the same Function on cuda:RANK. Without a GPU on the simulated device
+-- (build/libddplua_cuda_sim.so: gloo stages through the host; DDPLUA_SIM_NCCL=1 gives its
+-- nccl backend); with two real GPUs on NCCL.
+local root = io.popen("pwd"):read("*l")
+local SIM = root .. "/build/libddplua_cuda_sim.so"
+
+local DEVICE = [[
+local dev = "cuda:" .. RANK
+local sizes = {3, 5}
+local sync = make(nn.SyncBatchNorm, 4, {dtype = "f64"}):to(dev)
+local ref = make(nn.BatchNorm1d, 4, {dtype = "f64"})
+dl.manual_seed(1)
+local X = dl.randn({8, 4, 3}, {dtype = "f64"}) * 3 + 1
+local G = dl.randn({8, 4, 3}, {dtype = "f64"})
+local x = slice(X, sizes, RANK):to(dev):requires_grad_()
+local y = sync(x)
+;(y * slice(G, sizes, RANK):to(dev)):sum():backward()
+local Xr = X:clone():requires_grad_()
+local yr = ref(Xr)
+;(yr * G):sum():backward()
+dist.all_reduce(sync.weight.grad)                -- on the device, through the same backend
+out("devices", y.device .. "," .. x.grad.device .. "," .. sync.weight.grad.device .. "," .. sync.running_var.device)
+out("diff", string.format("%.3e", math.max(maxdiff(y:to("cpu"), slice(yr, sizes, RANK)),
+  maxdiff(x.grad:to("cpu"), slice(Xr.grad, sizes, RANK)), maxdiff(sync.weight.grad:to("cpu"), ref.weight.grad),
+  maxdiff(sync.running_var:to("cpu"), ref.running_var))))
+out("backend", dist.get_backend())
+]]
+
+local function check_device(ranks, backend)
+  for i = 1, 2 do
+    assert.equal(("cuda:%d,cuda:%d,cuda:%d,cuda:%d"):format(i - 1, i - 1, i - 1, i - 1), ranks[i].out.devices)
+    assert.is_true(tonumber(ranks[i].out.diff) <= 1e-12, ranks[i].out.diff)
+    assert.equal(backend, ranks[i].out.backend)
+  end
+end
+
+describe("nn.SyncBatchNorm on device tensors #dist", function()
+  it("equals BatchNorm on the whole batch on the simulated device (gloo staging, unequal batches)", function()
+    check_device(run(DEVICE, 2, { env = { DDPLUA_CUDA_PLUGIN = SIM } }), "gloo")
+  end)
+
+  it("equals BatchNorm on the whole batch on the simulated device's nccl backend", function()
+    check_device(run(DEVICE, 2, { init = '{backend = "nccl", device_id = tonumber(os.getenv("RANK")), timeout = 20}',
+      env = { DDPLUA_CUDA_PLUGIN = SIM, DDPLUA_SIM_NCCL = "1" } }), "nccl")
+  end)
+end)
+
+-- The number of real CUDA devices with NCCL (0 without a GPU or on the simulator), probed
+-- in a child so this process's plug-in choice is untouched.
+local function real_gpus()
+  local p = io.popen("env -u DDPLUA_CUDA_PLUGIN " .. exe .. " -e " ..
+    "'local C = require(\"ddplua.lib\").C; local ffi = require(\"ffi\"); " ..
+    "print(C.ddp_cuda_is_available() ~= 0 and ffi.string(C.ddp_cuda_backend_name()) == \"cuda\" " ..
+    "and C.ddp_pg_nccl_available(nil, 0) ~= 0 and C.ddp_cuda_device_count() or 0)' 2>/dev/null")
+  local text = p:read("*a")
+  p:close()
+  return tonumber(text:match("(%d+)%s*$")) or 0
+end
+
+describe("nn.SyncBatchNorm on real GPUs #cuda #dist", function()
+  it("equals BatchNorm on the whole batch with the nccl backend (two GPUs)", function()
+    if real_gpus() < 2 then
+      pending("needs two CUDA devices with NCCL (one rank per GPU)")
+      return
+    end
+    check_device(run(DEVICE, 2, { init = '{backend = "nccl", timeout = 60}', timeout = 120,
+      env = { DDPLUA_CUDA_PLUGIN = false } }), "nccl")
   end)
 end)
 
