@@ -158,6 +158,37 @@ describe("nn.SyncBatchNorm #dist", function()
     check_equivalence(ranks, 3, ALL)
   end)
 
+  it("process_group: 3 ranks, a group {0, 1} synchronises its two batches, rank 2's own group of one is BatchNorm", function()
+    local ranks = run([[
+local g01, g2 = dist.new_group({0, 1}), dist.new_group({2})
+local group = RANK < 2 and g01 or g2
+local model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(make(nn.BatchNorm2d, 3, {dtype = "f64"})), group)
+local ref = make(nn.BatchNorm2d, 3, {dtype = "f64"})
+dl.manual_seed(11)
+local X = dl.randn({9, 3, 2, 2}, {dtype = "f64"})
+local sizes = {2, 4, 3}
+local x = slice(X, sizes, RANK):clone():requires_grad_()
+local mine = RANK < 2 and X:narrow(1, 1, 6) or slice(X, sizes, 2)   -- what this rank's group sees
+local Xr = mine:clone():requires_grad_()
+local y, yr = model(x), ref(Xr)
+y:pow(2):sum():backward()                        -- the backward's all-reduce on the subgroup
+yr:pow(2):sum():backward()
+local gpart = RANK < 2 and slice(Xr.grad, {2, 4}, RANK) or Xr.grad
+out("dx", string.format("%.3e", maxdiff(x.grad, gpart)))
+local part = RANK < 2 and slice(yr, {2, 4}, RANK) or yr
+out("y", string.format("%.3e", maxdiff(y, part)))
+out("rv", string.format("%.3e", maxdiff(model[1].running_var, ref.running_var)))
+out("grad_fn", tostring(y.grad_fn))
+]], 3)
+    for i = 1, 3 do
+      assert.is_true(tonumber(ranks[i].out.y) <= 1e-12, ranks[i].out.y)
+      assert.is_true(tonumber(ranks[i].out.rv) <= 1e-12, ranks[i].out.rv)
+      assert.is_true(tonumber(ranks[i].out.dx) <= 1e-12, ranks[i].out.dx)
+    end
+    assert.equal("SyncBatchNormBackward", ranks[1].out.grad_fn)
+    assert.equal("BatchNormBackward", ranks[3].out.grad_fn)
+  end)
+
   it("gradients match finite differences of the global loss (inputs on both ranks, weight, bias)", function()
     local ranks = run([[
 local sizes, C = {3, 5}, 2
