@@ -146,6 +146,11 @@ describe("nn.SyncBatchNorm #dist", function()
     check_equivalence(ranks, 2, ALL)
   end)
 
+  it("2 ranks, a wide layer (C = 70000: the rows go through all_gather, not the padded all-reduce)", function()
+    local ranks = run(equivalence("{2, 3}", "{70000}", "BatchNorm1d", "{dtype = 'f64'}", 2), 2)
+    check_equivalence(ranks, 2, ALL)
+  end)
+
   it("2 ranks, affine = false and track_running_stats = false", function()
     local ranks = run(equivalence("{3, 4}", "{2, 2}", "BatchNorm1d",
       "{dtype = 'f64', affine = false, track_running_stats = false}"), 2)
