@@ -30,8 +30,10 @@
 -- with the global M. Every rank takes part in both collectives, an empty batch included
 -- (its gradients are zeros of their shapes).
 --
--- Only tensor ops and dl.distributed collectives: a CUDA input runs on its device with
--- nccl (the per-channel tensors live on x's device; nothing is read back on the host).
+-- The passes over the data are the batch norm kernels of x's device (dl.batch_norm_stats,
+-- batch_norm_elemt, batch_norm_backward_reduce, batch_norm_backward_elemt: PyTorch's
+-- names); the rest is (C)-sized tensor ops and dl.distributed collectives. So a CUDA input
+-- runs on its device with nccl, and nothing is read back on the host.
 local dl = require "ddplua"
 local Function = require "ddplua.autograd.function"
 
@@ -52,9 +54,6 @@ local SyncBatchNormFunction = Function:extend("SyncBatchNorm")
 -- PADDED_ALL_REDUCE_MAX elements (1 MiB of f64) the real all_gather is used.
 local PADDED_ALL_REDUCE_MAX = 131072
 
--- The dtype batch norm computes in: f64 for f64, else f32 (f16/bf16 through f32).
-local function compute_dtype(dtype) return dtype == "f64" and "f64" or "f32" end
-
 -- The output dtype: x's, promoted to the weight's when that is wider (autocast's rule for
 -- batch norm: its widest input).
 local function result_dtype(x, weight)
@@ -63,23 +62,14 @@ local function result_dtype(x, weight)
   return "f32"
 end
 
--- Shape {1, C, 1, ...} broadcasting a (C) tensor over x (N, C, *).
-local function channel_shape(x)
-  local shape = { 1, x:size(2) }
-  for _ = 3, x:dim() do shape[#shape + 1] = 1 end
-  return shape
-end
-
 --- Forward of SyncBatchNorm (see the file's comment). Runs with grad mode off.
 function SyncBatchNormFunction.forward(ctx, x, weight, bias, state)
   local dist = require "ddplua.distributed"
   local C, W, dev = x:size(2), state.world_size, x.device
-  local cdt = compute_dtype(x.dtype)
-  local xc = x.dtype == cdt and x or x:to(cdt)
   local count = x:numel() / C
   local row
   if count > 0 then
-    local mean, invstd = dl.batch_norm_stats(xc, state.eps)
+    local mean, invstd = dl.batch_norm_stats(x, state.eps)   -- f16/bf16 through f32
     row = dl.cat({ mean:to("f64"), invstd:to("f64"), dl.full({ 1 }, count, { dtype = "f64", device = dev }) }, 1)
   else -- Note [sync batch norm statistics]: an empty batch still takes part
     row = dl.cat({ dl.zeros({ C }, { dtype = "f64", device = dev }), dl.ones({ C }, { dtype = "f64", device = dev }),
@@ -112,15 +102,10 @@ function SyncBatchNormFunction.forward(ctx, x, weight, bias, state)
     rv:copy_(rv:to("f64") * (1 - m) + var * total / (total - 1) * m)
   end
   ctx:save_for_backward(x, weight, mean, invstd, total)
-  ctx.group, ctx.result_dtype = state.group, result_dtype(x, weight)
-  ctx.bias_dtype = bias ~= nil and bias.dtype or nil
-  local out_dtype = ctx.result_dtype
-  if count == 0 then return dl.empty(x:size(), { dtype = out_dtype, device = dev }) end
-  local shape = channel_shape(x)
-  local scale = invstd
-  if weight ~= nil then scale = scale * weight:to("f64") end
-  local y = (xc - mean:to(cdt):view(shape)) * scale:to(cdt):view(shape)
-  if bias ~= nil then y = y + bias:to(cdt):view(shape) end
+  ctx.group, ctx.bias_dtype = state.group, bias ~= nil and bias.dtype or nil
+  -- the kernels of BatchNorm's own forward, with the global mean and biased variance
+  local y = dl.batch_norm_elemt(x, weight, bias, mean, var, state.eps)
+  local out_dtype = result_dtype(x, weight)
   if y.dtype ~= out_dtype then y = y:to(out_dtype) end
   return y
 end
@@ -130,38 +115,21 @@ function SyncBatchNormFunction.backward(ctx, dy)
   local dist = require "ddplua.distributed"
   local x, weight, mean, invstd, total = unpack(ctx.saved_tensors, 1, 5)
   local needs = ctx.needs_input_grad
-  local C, dev = x:size(2), x.device
+  local C = x:size(2)
   local grad_input, grad_weight, grad_bias
-  local sum_dy, sum_dy_xmu, xmu
-  local cdt = compute_dtype(x.dtype)
-  local shape = channel_shape(x)
-  if x:numel() > 0 then
-    local xc = x.dtype == cdt and x or x:to(cdt)
-    if dy.dtype ~= cdt then dy = dy:to(cdt) end
-    xmu = xc - mean:to(cdt):view(shape)
-    sum_dy = dl.batch_norm_sums(dy)                            -- (C) f64
-    sum_dy_xmu = dl.batch_norm_sums(dy * xmu)
-  else -- an empty batch: zero sums, still all-reduced so that the others are not left waiting
-    sum_dy = dl.zeros({ C }, { dtype = "f64", device = dev })
-    sum_dy_xmu = dl.zeros({ C }, { dtype = "f64", device = dev })
-  end
-  -- zeros too for an empty batch (PyTorch returns None there): a gradient DDP can reduce
+  -- (C) f64 each; zeros for an empty batch, which still takes part in the all-reduce
+  local sum_dy, sum_dy_xmu = dl.batch_norm_backward_reduce(dy, x, mean)
+  -- local: DDP averages them; zeros for an empty batch (PyTorch returns None there), a
+  -- gradient DDP can reduce
   if weight ~= nil and needs[2] then grad_weight = (sum_dy_xmu * invstd):to(weight.dtype) end
   if needs[3] then grad_bias = sum_dy:to(ctx.bias_dtype) end
   if needs[1] then
     local sums = dl.cat({ sum_dy, sum_dy_xmu }, 1)             -- (2C) f64
     dist.all_reduce(sums, { group = ctx.group })
-    if x:numel() > 0 then
-      local mean_dy = sums:narrow(1, 1, C) / total
-      local mean_dy_xmu = sums:narrow(1, C + 1, C) / total
-      local k = invstd
-      if weight ~= nil then k = k * weight:to("f64") end
-      grad_input = (dy - mean_dy:to(cdt):view(shape) - xmu * (invstd:pow(2) * mean_dy_xmu):to(cdt):view(shape))
-        * k:to(cdt):view(shape)
-      if grad_input.dtype ~= x.dtype then grad_input = grad_input:to(x.dtype) end
-    else
-      grad_input = dl.zeros(x:size(), { dtype = x.dtype, device = dev })
-    end
+    sums:div_(total)                                           -- the means over the global batch
+    grad_input = dl.batch_norm_backward_elemt(dy, x, mean, invstd, weight, sums:narrow(1, 1, C),
+      sums:narrow(1, C + 1, C))
+    if grad_input.dtype ~= x.dtype then grad_input = grad_input:to(x.dtype) end
   end
   return grad_input, grad_weight, grad_bias, nil
 end
