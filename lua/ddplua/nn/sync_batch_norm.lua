@@ -39,6 +39,9 @@ local function check_group(group, what)
   end
 end
 
+--- nn.SyncBatchNorm(num_features[, opts]): see the file's comment. Raises for unknown
+-- options, a num_features that is not a positive integer, and a process_group that is not
+-- a process group.
 function SyncBatchNorm:init(num_features, opts)
   opts = options.check("SyncBatchNorm", opts, KNOWN)
   check_group(opts.process_group, "SyncBatchNorm")
