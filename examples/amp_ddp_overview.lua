@@ -1,6 +1,7 @@
 --- examples/amp_ddp_overview.lua: the program of the "DP and DDP overview" walkthrough
--- (init_ddp, reduce_tensor, get_ddp_generator, GradScaler + autocast, DistributedSampler with
--- set_epoch, rank-0 logging, validation with a metric reduced over ranks), torchrun style.
+-- (init_ddp, reduce_tensor, get_ddp_generator, convert_sync_batchnorm, GradScaler + autocast,
+-- DistributedSampler with set_epoch, rank-0 logging, validation with a metric reduced over
+-- ranks), torchrun style.
 --
 --   ddplua --nproc_per_node=2 examples/amp_ddp_overview.lua [--epochs N] [--steps N] [--subset N]
 local dl = require "ddplua"
@@ -26,8 +27,16 @@ init_ddp()
 local rank, world_size = dist.get_rank(), dist.get_world_size()
 dl.manual_seed(0)                                        -- DDP broadcasts rank 0's weights anyway
 local g = get_ddp_generator()                            -- per rank: dropout masks differ
-local model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
-                                nn.Dropout(0.1, { generator = g }), nn.Linear(256, 10)))
+local model = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.BatchNorm1d(256), nn.ReLU(),
+                           nn.Dropout(0.1, { generator = g }), nn.Linear(256, 10))
+-- model = nn.SyncBatchNorm.convert_sync_batchnorm(model): batch statistics over every rank's batch
+model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+local n_sync = 0
+for _, m in ipairs(model:modules()) do
+  if m:_get_name() == "SyncBatchNorm" then n_sync = n_sync + 1 end
+end
+dist.print0(("convert_sync_batchnorm: %d SyncBatchNorm layer(s)"):format(n_sync))
+model = DDP(model)
 local opt = optim.SGD(model:parameters(), { lr = 0.05, momentum = 0.9 })
 local scaler = dl.amp.GradScaler()                       -- scaler = GradScaler()
 local function autocast(fn) return dl.autocast("cpu", { dtype = "bf16" }, fn) end  -- bf16 on the CPU

@@ -30,10 +30,11 @@ describe("examples/", function()
     assert.are.equal(1, n, out) -- rank 0 alone prints
   end)
 
-  it("trains with DDP, autocast and GradScaler and validates over ranks (amp_ddp_overview.lua) #dist", function()
+  it("trains with DDP, SyncBatchNorm, autocast and GradScaler and validates over ranks (amp_ddp_overview.lua) #dist", function()
     local status, out = files.run(exe .. " --nproc_per_node=2 --standalone examples/amp_ddp_overview.lua --steps 40 --subset 1000")
     assert.are.equal(0, status, out)
     assert.matches("%[rank 0%]: epoch 1: 2 ranks", out)
+    assert.matches("[rank 0]: convert_sync_batchnorm: 1 SyncBatchNorm layer(s)", out, 1, true)
     local loss = tonumber(out:match("%[rank 0%]: epoch 1 step 40 loss ([%d.]+) scale"))
     assert.is_truthy(loss, out)
     assert.is_true(loss == loss and loss < math.huge, "loss: " .. tostring(loss)) -- finite

@@ -62,22 +62,26 @@ static int back_to(ddp_tensor **out, ddp_tensor *result32, int dtype) {
 
 /* ---- batch norm -------------------------------------------------------------------------- */
 
-/* Check a per-channel tensor: NULL, or 1-d of size C (and dtype `dtype` unless -1). */
-static int check_channel_arg(const ddp_tensor *t, const char *arg, int64_t C, int dtype,
-                             const ddp_tensor *input) {
+/* Check a per-channel tensor of op: NULL, or 1-d of size C (and dtype `dtype` unless -1). */
+static int check_channel_arg_of(const char *op, const ddp_tensor *t, const char *arg, int64_t C,
+                                int dtype, const ddp_tensor *input) {
   if (!t) return DDP_OK;
-  DDP_TRY(ddp_check_alive(t, "batch_norm", arg));
+  DDP_TRY(ddp_check_alive(t, op, arg));
   if (t->ndim != 1 || t->shape[0] != C)
-    DDP_FAIL(DDP_ERR_ARG,
-             "batch_norm: %s of shape %s does not match the %lld channels (dim 2) of input %s",
-             arg, DDP_SHAPE(t), (long long)C, DDP_SHAPE(input));
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s of shape %s does not match the %lld channels (dim 2) of input %s",
+             op, arg, DDP_SHAPE(t), (long long)C, DDP_SHAPE(input));
   if (dtype >= 0 && t->dtype != dtype)
-    DDP_FAIL(DDP_ERR_ARG, "batch_norm: %s has dtype %s but input has dtype %s", arg,
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s has dtype %s but input has dtype %s", op, arg,
              ddp_dtype_name(t->dtype), ddp_dtype_name(dtype));
   if (!ddp_dtype_is_floating(t->dtype))
-    DDP_FAIL(DDP_ERR_ARG, "batch_norm: %s must be floating, got %s", arg,
-             ddp_dtype_name(t->dtype));
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s must be floating, got %s", op, arg, ddp_dtype_name(t->dtype));
   return DDP_OK;
+}
+
+/* The same for batch_norm's own arguments. */
+static int check_channel_arg(const ddp_tensor *t, const char *arg, int64_t C, int dtype,
+                             const ddp_tensor *input) {
+  return check_channel_arg_of("batch_norm", t, arg, C, dtype, input);
 }
 
 /* Check input (N, C, *): rank >= 2 and floating; returns C, and N and S (spatial size). */
@@ -387,6 +391,150 @@ int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor
     *out_sum = *out_sumsq = NULL;
   }
   ddp_tensor_release(x);
+  return status;
+}
+
+/* ---- the elementwise steps of a synchronised batch norm ------------------------------------ */
+
+/* 1 when a and b have the same shape. */
+static int same_shape_as(const ddp_tensor *a, const ddp_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+/* Checks shared by the three ops below: input (N, C, *) floating, the per-channel tensors
+ * (C) floating, all on one device (names[0] is the input). */
+static int check_sync_bn_args(const char *op, int n, ddp_tensor *const *ts, const char *const *names,
+                              int64_t *N, int64_t *C, int64_t *S) {
+  DDP_TRY(check_bn_input(ts[0], op, N, C, S));
+  DDP_TRY(ddp_check_same_device(op, n, ts, names));
+  for (int i = 1; i < n; i++) DDP_TRY(check_channel_arg_of(op, ts[i], names[i], *C, -1, ts[0]));
+  return DDP_OK;
+}
+
+int ddp_batch_norm_elemt(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tensor *bias,
+                         ddp_tensor *mean, ddp_tensor *var, double eps) {
+  *out = NULL;
+  int64_t N = 0, C = 0, S = 1;
+  ddp_tensor *ts[5] = {input, weight, bias, mean, var};
+  const char *names[5] = {"input", "weight", "bias", "mean", "var"};
+  DDP_TRY(check_sync_bn_args("batch_norm_elemt", 5, ts, names, &N, &C, &S));
+  if (!mean || !var) DDP_FAIL(DDP_ERR_ARG, "batch_norm_elemt: mean and var are required");
+  if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "batch_norm_elemt: eps must be >= 0, got %g", eps);
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = input->device;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "batch_norm_elemt"));
+  /* x, w, b (dt), mean, var (f64), mean, scale, shift (dt) */
+  ddp_tensor *tmp[8] = {0};
+  int status;
+  if ((status = detached_as(&tmp[0], input, dt)) ||
+      (weight && (status = detached_as(&tmp[1], weight, dt))) ||
+      (bias && (status = detached_as(&tmp[2], bias, dt))) ||
+      (status = detached_as(&tmp[3], mean, DDP_F64)) || (status = detached_as(&tmp[4], var, DDP_F64)))
+    goto done;
+  for (int i = 5; i < 8; i++)
+    if ((status = channel_empty(&tmp[i], C, dt, dev))) goto done;
+  if ((status = ddp_tensor_empty(out, input->ndim, input->shape, dt, dev))) goto done;
+  /* the same two kernels as batch_norm's training forward: its output, bit for bit, when
+   * mean and var are the batch's */
+  k->bn_finalize(dt, dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), NULL, dptr(tmp[3]), dptr(tmp[4]),
+                 tmp[1] ? dptr(tmp[1]) : NULL, tmp[2] ? dptr(tmp[2]) : NULL, C, eps);
+  if (N * S > 0)
+    k->bn_apply(dt, dptr(*out), dptr(tmp[0]), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
+  status = ddp_device_check(dev, "batch_norm_elemt");
+done:
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  release_all(tmp, 8);
+  return status;
+}
+
+int ddp_batch_norm_backward_reduce(ddp_tensor **out_sum_dy, ddp_tensor **out_sum_dy_xmu,
+                                   ddp_tensor *grad_out, ddp_tensor *input, ddp_tensor *mean) {
+  *out_sum_dy = *out_sum_dy_xmu = NULL;
+  int64_t N = 0, C = 0, S = 1;
+  ddp_tensor *ts[2] = {input, mean};
+  const char *names[2] = {"input", "mean"};
+  DDP_TRY(check_sync_bn_args("batch_norm_backward_reduce", 2, ts, names, &N, &C, &S));
+  if (!mean) DDP_FAIL(DDP_ERR_ARG, "batch_norm_backward_reduce: mean is required");
+  DDP_TRY(ddp_check_alive(grad_out, "batch_norm_backward_reduce", "grad_out"));
+  if (!same_shape_as(grad_out, input))
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm_backward_reduce: grad_out of shape %s does not match input %s",
+             DDP_SHAPE(grad_out), DDP_SHAPE(input));
+  if (grad_out->device != input->device)
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm_backward_reduce: grad_out and input are on different devices");
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = input->device;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "batch_norm_backward_reduce"));
+  ddp_tensor *tmp[3] = {0}; /* dy, x, mean (dt) */
+  int status;
+  if ((status = detached_as(&tmp[0], grad_out, dt)) || (status = detached_as(&tmp[1], input, dt)) ||
+      (status = detached_as(&tmp[2], mean, dt)) ||
+      (status = channel_empty(out_sum_dy, C, DDP_F64, dev)) ||
+      (status = channel_empty(out_sum_dy_xmu, C, DDP_F64, dev)))
+    goto done;
+  k->bn_backward_reduce(dt, dptr(*out_sum_dy), dptr(*out_sum_dy_xmu), dptr(tmp[0]), dptr(tmp[1]),
+                        dptr(tmp[2]), N, C, S);
+  status = ddp_device_check(dev, "batch_norm_backward_reduce");
+done:
+  if (status) {
+    ddp_tensor_release(*out_sum_dy);
+    ddp_tensor_release(*out_sum_dy_xmu);
+    *out_sum_dy = *out_sum_dy_xmu = NULL;
+  }
+  release_all(tmp, 3);
+  return status;
+}
+
+int ddp_batch_norm_backward_elemt(ddp_tensor **grad_in, ddp_tensor *grad_out, ddp_tensor *input,
+                                  ddp_tensor *mean, ddp_tensor *invstd, ddp_tensor *weight,
+                                  ddp_tensor *mean_dy, ddp_tensor *mean_dy_xmu) {
+  *grad_in = NULL;
+  int64_t N = 0, C = 0, S = 1;
+  ddp_tensor *ts[6] = {input, mean, invstd, weight, mean_dy, mean_dy_xmu};
+  const char *names[6] = {"input", "mean", "invstd", "weight", "mean_dy", "mean_dy_xmu"};
+  DDP_TRY(check_sync_bn_args("batch_norm_backward_elemt", 6, ts, names, &N, &C, &S));
+  if (!mean || !invstd || !mean_dy || !mean_dy_xmu)
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm_backward_elemt: mean, invstd, mean_dy and mean_dy_xmu are required");
+  DDP_TRY(ddp_check_alive(grad_out, "batch_norm_backward_elemt", "grad_out"));
+  if (!same_shape_as(grad_out, input))
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm_backward_elemt: grad_out of shape %s does not match input %s",
+             DDP_SHAPE(grad_out), DDP_SHAPE(input));
+  if (grad_out->device != input->device)
+    DDP_FAIL(DDP_ERR_ARG, "batch_norm_backward_elemt: grad_out and input are on different devices");
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = input->device;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "batch_norm_backward_elemt"));
+  /* dy, x, mean, invstd, w (dt), mean_dy, mean_dy_xmu (f64), a, b, d (dt) */
+  ddp_tensor *tmp[10] = {0};
+  int status;
+  if ((status = detached_as(&tmp[0], grad_out, dt)) || (status = detached_as(&tmp[1], input, dt)) ||
+      (status = detached_as(&tmp[2], mean, dt)) || (status = detached_as(&tmp[3], invstd, dt)) ||
+      (weight && (status = detached_as(&tmp[4], weight, dt))) ||
+      (status = detached_as(&tmp[5], mean_dy, DDP_F64)) ||
+      (status = detached_as(&tmp[6], mean_dy_xmu, DDP_F64)))
+    goto done;
+  for (int i = 7; i < 10; i++)
+    if ((status = channel_empty(&tmp[i], C, dt, dev))) goto done;
+  if ((status = ddp_tensor_zeros(grad_in, input->ndim, input->shape, dt, dev))) goto done;
+  /* batch_norm's closed form with M = 1 and the sums already divided by the global count:
+   * dx = w invstd (dy - mean_dy - (x - mean) invstd^2 mean_dy_xmu) */
+  k->bn_backward_coef(dt, dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[9]), NULL, NULL, dptr(tmp[5]),
+                      dptr(tmp[6]), dptr(tmp[3]), tmp[4] ? dptr(tmp[4]) : NULL, C, 1.0, 1);
+  if (N * S > 0)
+    k->bn_backward_elemt(dt, dptr(*grad_in), dptr(tmp[0]), dptr(tmp[1]), dptr(tmp[2]), dptr(tmp[7]),
+                         dptr(tmp[8]), dptr(tmp[9]), N, C, S);
+  status = ddp_device_check(dev, "batch_norm_backward_elemt");
+done:
+  if (status) {
+    ddp_tensor_release(*grad_in);
+    *grad_in = NULL;
+  }
+  release_all(tmp, 10);
   return status;
 }
 

@@ -276,6 +276,51 @@ describe("ddplua.ops.norm", function()
       assert_close(sq, esq, { atol = 1e-9 })
     end)
 
+    it("has the elementwise steps of a synchronised batch norm (batch_norm_elemt, _backward_reduce, _backward_elemt)", function()
+      local shape = { 5, 3, 2, 2 }
+      for _, dtype in ipairs { "f64", "f32" } do
+        local x, dy = randn(shape, 31, dtype), randn(shape, 32, dtype)
+        local w, b = randn({ 3 }, 33, dtype), randn({ 3 }, 34, dtype)
+        -- with the batch's own moments the output and input gradient are batch_norm's, bit for bit
+        local mean, var = x:to("f64"):mean({ 1, 3, 4 }), x:to("f64"):var({ 1, 3, 4 }, { correction = 0 })
+        local xr, wr, br = x:clone():requires_grad_(), w:clone():requires_grad_(), b:clone():requires_grad_()
+        local yr = dl.batch_norm(xr, nil, nil, { weight = wr, bias = br, training = true, eps = 1e-3 })
+        yr:backward(dy)
+        local y = dl.batch_norm_elemt(x, w, b, mean, var, 1e-3)
+        assert.equal(dtype, y.dtype)
+        assert_close(y, yr, { atol = dtype == "f64" and 1e-13 or 1e-5 })
+        local sum_dy, sum_dy_xmu = dl.batch_norm_backward_reduce(dy, x, mean)
+        assert.equal("f64", sum_dy.dtype)
+        assert_close(sum_dy, dy:to("f64"):sum({ 1, 3, 4 }), { atol = 1e-9 })
+        assert_close(sum_dy_xmu, (dy:to("f64") * (x:to("f64") - mean:view({ 1, 3, 1, 1 }))):sum({ 1, 3, 4 }), { atol = 1e-9 })
+        local invstd, M = (var + 1e-3):rsqrt(), 5 * 2 * 2
+        local dx = dl.batch_norm_backward_elemt(dy, x, mean, invstd, w, sum_dy / M, sum_dy_xmu / M)
+        assert.equal(dtype, dx.dtype)
+        assert_close(dx, xr.grad, { atol = dtype == "f64" and 1e-12 or 1e-5 })
+        assert_close(sum_dy_xmu * invstd, wr.grad, { atol = dtype == "f64" and 1e-12 or 1e-5 })
+      end
+      -- an empty batch: zero sums, empty results
+      local e = dl.zeros({ 0, 3 })
+      local s1, s2 = dl.batch_norm_backward_reduce(e, e, dl.zeros({ 3 }))
+      assert.same({ 0, 0, 0 }, s1:tolist())
+      assert.same({ 0, 0, 0 }, s2:tolist())
+      assert.same({ 0, 3 }, dl.batch_norm_elemt(e, nil, nil, dl.zeros({ 3 }), dl.ones({ 3 }), 1e-5):size())
+      -- errors name the op and the argument
+      local x = dl.randn({ 4, 3 })
+      local function fails(text, fn, ...)
+        local ok, err = pcall(fn, ...)
+        assert.is_false(ok)
+        assert.matches(text, tostring(err), 1, true)
+      end
+      fails("batch_norm_elemt: mean of shape (2,) does not match the 3 channels (dim 2) of input (4, 3)",
+        dl.batch_norm_elemt, x, nil, nil, dl.zeros({ 2 }), dl.ones({ 3 }))
+      fails("batch_norm_elemt: mean and var are required", dl.batch_norm_elemt, x, nil, nil, nil, dl.ones({ 3 }))
+      fails("batch_norm_backward_reduce: grad_out of shape (4, 2) does not match input (4, 3)",
+        dl.batch_norm_backward_reduce, dl.randn({ 4, 2 }), x, dl.zeros({ 3 }))
+      fails("batch_norm_backward_elemt: mean, invstd, mean_dy and mean_dy_xmu are required",
+        dl.batch_norm_backward_elemt, x, x, dl.zeros({ 3 }), nil, nil, dl.zeros({ 3 }), dl.zeros({ 3 }))
+    end)
+
     it("raises naming batch_norm on bad arguments", function()
       local x = dl.zeros { 4, 3, 2 }
       raises("batch_norm: running_mean of shape %(4,%) does not match the 3 channels", function()

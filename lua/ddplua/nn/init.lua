@@ -3,7 +3,7 @@
 --   nn.Module, nn.Parameter, nn.is_parameter, nn.is_module, nn.state_dict_keys  (module.lua)
 --   containers: nn.Sequential, nn.ModuleList, nn.ModuleDict; nn.DataParallel (data_parallel.lua)
 --   layers: nn.Linear, nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
---     nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.Dropout, nn.Flatten, nn.Embedding,
+--     nn.BatchNorm1d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.LayerNorm, nn.Dropout, nn.Flatten, nn.Embedding,
 --     nn.Identity, nn.ReLU, nn.LeakyReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU,
 --     nn.Softmax, nn.LogSoftmax
 --   losses: nn.CrossEntropyLoss, nn.NLLLoss, nn.MSELoss
@@ -35,6 +35,7 @@ M.AvgPool2d = require "ddplua.nn.avg_pool2d"
 M.AdaptiveAvgPool2d = require "ddplua.nn.adaptive_avg_pool2d"
 local bn = require "ddplua.nn.batch_norm"
 M.BatchNorm1d, M.BatchNorm2d = bn.BatchNorm1d, bn.BatchNorm2d
+M.SyncBatchNorm = require "ddplua.nn.sync_batch_norm"
 M.LayerNorm = require "ddplua.nn.layer_norm"
 M.Dropout = require "ddplua.nn.dropout"
 M.Flatten = require "ddplua.nn.flatten"

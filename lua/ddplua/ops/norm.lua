@@ -46,6 +46,36 @@ function functions.batch_norm_sums(x)
   return wrap(s), wrap(sq)
 end
 
+--- dl.batch_norm_elemt(x, weight, bias, mean, var, eps) -> y of x's shape: (x - mean) /
+-- sqrt(var + eps) * weight + bias per channel, with given mean and biased var (C) (a
+-- synchronised batch norm's global statistics; PyTorch's torch.batch_norm_elemt).
+-- x (N, C, *) f32/f64 (f16/bf16 answered in f32); weight, bias (C) or nil; eps default
+-- 1e-5. No autograd. Raises (naming batch_norm_elemt) as ddp_batch_norm_elemt.
+function functions.batch_norm_elemt(x, weight, bias, mean, var, eps)
+  check(C.ddp_batch_norm_elemt(box, x, weight, bias, mean, var, eps or 1e-5))
+  return wrap(box[0])
+end
+
+--- dl.batch_norm_backward_reduce(grad_out, x, mean) -> sum_dy (C), sum_dy_xmu (C), f64:
+-- sum(grad_out) and sum(grad_out * (x - mean)) per channel of x (N, C, *) (PyTorch's
+-- torch.batch_norm_backward_reduce, less the weight and bias gradients). No autograd.
+function functions.batch_norm_backward_reduce(grad_out, x, mean)
+  check(C.ddp_batch_norm_backward_reduce(box, box2, grad_out, x, mean))
+  local s, sxm = box[0], box2[0]
+  return wrap(s), wrap(sxm)
+end
+
+--- dl.batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, mean_dy, mean_dy_xmu)
+-- -> grad_in of x's shape: weight * invstd * (grad_out - mean_dy - (x - mean) * invstd^2 *
+-- mean_dy_xmu), the batch norm input gradient with global statistics (mean_dy, mean_dy_xmu:
+-- the all-reduced sums of batch_norm_backward_reduce divided by the global count; PyTorch's
+-- torch.batch_norm_backward_elemt takes the sums and the counts). weight (C) or nil. No
+-- autograd.
+function functions.batch_norm_backward_elemt(grad_out, x, mean, invstd, weight, mean_dy, mean_dy_xmu)
+  check(C.ddp_batch_norm_backward_elemt(box, grad_out, x, mean, invstd, weight, mean_dy, mean_dy_xmu))
+  return wrap(box[0])
+end
+
 --- dl.layer_norm(x, normalized_shape, opts) -> y, as PyTorch's F.layer_norm.
 -- x: (..., *normalized_shape) floating; normalized_shape: a table of the trailing sizes
 -- ({D} or {H, W}; a number is taken as {D}). opts.weight, opts.bias: normalized_shape or

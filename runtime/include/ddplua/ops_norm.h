@@ -44,6 +44,36 @@ int ddp_batch_norm_stats(ddp_tensor **out_mean, ddp_tensor **out_invstd, ddp_ten
  * Errors: as ddp_batch_norm_stats. */
 int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor *input);
 
+/* The elementwise steps of a synchronised batch norm (nn.SyncBatchNorm), after PyTorch's
+ * torch.batch_norm_elemt, torch.batch_norm_backward_reduce and
+ * torch.batch_norm_backward_elemt (used by torch/nn/modules/_functions.py): the statistics
+ * come from elsewhere (all ranks of a group), these ops do the passes over the data. None
+ * is differentiable (they record nothing). Inputs f32 or f64 (f16/bf16 computed in f32 and
+ * answered in f32); per-channel tensors (C) of any floating dtype, converted; every tensor
+ * on input's device; per-channel arithmetic in double, as ddp_batch_norm.
+ *
+ *   input, grad_out: (N, C, *) (N may be 0)      weight, bias: (C) or NULL
+ *
+ * ddp_batch_norm_elemt: out = (input - mean) / sqrt(var + eps) * weight + bias with the
+ * given mean and BIASED var (C): the same kernels as ddp_batch_norm's training forward, so
+ * with the batch's own moments the output is that op's, bit for bit.
+ * ddp_batch_norm_backward_reduce: out_sum_dy = sum(grad_out), out_sum_dy_xmu =
+ * sum(grad_out * (input - mean)) per channel over N and the spatial dims, (C) f64.
+ * ddp_batch_norm_backward_elemt: grad_in = weight * invstd * (grad_out - mean_dy -
+ * (input - mean) * invstd^2 * mean_dy_xmu), where mean_dy and mean_dy_xmu are the two sums
+ * above (over every rank) divided by the global count: the input gradient of batch norm
+ * (Note the closed form at ddp_batch_norm) with global statistics.
+ * Errors (DDP_ERR_ARG, naming the op): input rank < 2 or not floating, a per-channel tensor
+ * not of shape (C) or not floating, a required one missing, grad_out of another shape,
+ * tensors on different devices, eps < 0. */
+int ddp_batch_norm_elemt(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tensor *bias,
+                         ddp_tensor *mean, ddp_tensor *var, double eps);
+int ddp_batch_norm_backward_reduce(ddp_tensor **out_sum_dy, ddp_tensor **out_sum_dy_xmu,
+                                   ddp_tensor *grad_out, ddp_tensor *input, ddp_tensor *mean);
+int ddp_batch_norm_backward_elemt(ddp_tensor **grad_in, ddp_tensor *grad_out, ddp_tensor *input,
+                                  ddp_tensor *mean, ddp_tensor *invstd, ddp_tensor *weight,
+                                  ddp_tensor *mean_dy, ddp_tensor *mean_dy_xmu);
+
 /* Layer normalisation (Ba, Kiros, Hinton 2016, "Layer Normalization"), as PyTorch.
  *
  *   input:            (..., *normalized_shape) floating
