@@ -74,6 +74,9 @@ struct ddp_reducer {
   int unfinished;
   int *unready;
   int n_unready;
+
+  /* Note [comm hooks] (ddplua/comm_hook.h; runtime/distributed/reducer_comm_hook.c) */
+  struct reducer_comm_hook *comm_hook; /* NULL: the reducer's own averaging all-reduce */
 };
 
 /* The steps reducer.c implements that the files beside it call (each documented there). */
@@ -84,5 +87,12 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used);
 void reducer_reset_iteration(ddp_reducer *r);
 int reducer_bucket_wait(ddp_reducer *r, int k);
 int reducer_copy_back(ddp_reducer *r);
+
+/* Note [comm hooks]: the hook's side of launching and waiting for bucket k, the end of an
+ * iteration, and freeing (runtime/distributed/reducer_comm_hook.c). */
+int reducer_comm_hook_launch(ddp_reducer *r, int k);
+int reducer_comm_hook_wait(ddp_reducer *r, int k);
+void reducer_comm_hook_reset(ddp_reducer *r);
+void reducer_comm_hook_free(ddp_reducer *r);
 
 #endif
