@@ -118,6 +118,41 @@ static int hook_allreduce(ddp_reducer *r, int k, ddp_tensor *t, ddp_work **work)
   return DDP_OK;
 }
 
+/* fp16/bf16_compress_hook's compression of a host f32 tensor in one pass: *out (numel,) of
+ * `dtype` = round(round(t) / world), the same two roundings as the ops path (t cast to the
+ * narrow dtype, then divided through f32 as the CPU kernels do) without its generic loops.
+ * Returns 0 (nothing done) for other devices or dtypes. */
+static int compress_fast(ddp_tensor **out, const ddp_tensor *t, int dtype, int world, int *done) {
+  *done = 0;
+  if (t->device != DDP_DEVICE_CPU || t->dtype != DDP_F32 || !ddp_tensor_is_contiguous(t)) return DDP_OK;
+  int64_t shape[1] = {t->numel};
+  DDP_TRY(ddp_tensor_empty(out, 1, shape, dtype, DDP_DEVICE_CPU));
+  const float *restrict x = (const float *)ddp_data(t);
+  uint16_t *restrict c = (uint16_t *)ddp_data(*out);
+  float w = (float)world;
+  if (dtype == DDP_F16)
+    for (int64_t i = 0; i < t->numel; i++) c[i] = ddp_f32_to_f16(ddp_f16_to_f32(ddp_f32_to_f16(x[i])) / w);
+  else
+    for (int64_t i = 0; i < t->numel; i++) c[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(ddp_f32_to_bf16(x[i])) / w);
+  *done = 1;
+  return DDP_OK;
+}
+
+/* The decompression: t (f32, host) = c cast back; 0 (nothing done) where it does not apply. */
+static int decompress_fast(ddp_tensor *t, const ddp_tensor *c) {
+  if (t->device != DDP_DEVICE_CPU || c->device != DDP_DEVICE_CPU || t->dtype != DDP_F32 ||
+      !ddp_tensor_is_contiguous(t) || (c->dtype != DDP_F16 && c->dtype != DDP_BF16))
+    return 0;
+  float *restrict x = (float *)ddp_data(t);
+  const uint16_t *restrict h = (const uint16_t *)ddp_data(c);
+  if (c->dtype == DDP_F16)
+    for (int64_t i = 0; i < t->numel; i++) x[i] = ddp_f16_to_f32(h[i]);
+  else
+    for (int64_t i = 0; i < t->numel; i++) x[i] = ddp_bf16_to_f32(h[i]);
+  ddp_tensor_bump_version(t);
+  return 1;
+}
+
 /* The inner (unwrapped) built-in hook on t, bucket k's buffer or its wrapper copy. */
 static int launch_inner(ddp_reducer *r, int k, ddp_tensor *t) {
   struct reducer_comm_hook *h = r->comm_hook;
@@ -127,15 +162,18 @@ static int launch_inner(ddp_reducer *r, int k, ddp_tensor *t) {
     DDP_TRY(ddp_div_scalar_(t, (double)h->world));
     return hook_allreduce(r, k, t, &hb->work);
   case DDP_COMM_HOOK_FP16_COMPRESS:
-  case DDP_COMM_HOOK_BF16_COMPRESS: /* cast, divide in the narrow dtype, sum; cast back at wait */
-    DDP_TRY(ddp_to_dtype(&hb->compressed, t,
-                         h->kind == DDP_COMM_HOOK_FP16_COMPRESS ? DDP_F16 : DDP_BF16));
+  case DDP_COMM_HOOK_BF16_COMPRESS: { /* cast, divide in the narrow dtype, sum; cast back at wait */
+    int dtype = h->kind == DDP_COMM_HOOK_FP16_COMPRESS ? DDP_F16 : DDP_BF16, done;
+    DDP_TRY(compress_fast(&hb->compressed, t, dtype, h->world, &done));
+    if (done) return hook_allreduce(r, k, hb->compressed, &hb->work);
+    DDP_TRY(ddp_to_dtype(&hb->compressed, t, dtype));
     if (hb->compressed == t) { /* already that dtype: to_dtype gave t itself */
       ddp_tensor_release(hb->compressed);
       DDP_TRY(ddp_clone(&hb->compressed, t));
     }
     DDP_TRY(ddp_div_scalar_(hb->compressed, (double)h->world));
     return hook_allreduce(r, k, hb->compressed, &hb->work);
+  }
   case DDP_COMM_HOOK_POWER_SGD:
     return powersgd_launch(h->psgd, r, k, t, h->pg, h->world, &hb->psgd, &h->bytes);
   default:
@@ -184,6 +222,7 @@ static int wait_inner(ddp_reducer *r, int k, ddp_tensor *t) {
   case DDP_COMM_HOOK_FP16_COMPRESS:
   case DDP_COMM_HOOK_BF16_COMPRESS:
     DDP_TRY(comm_hook_wait_work(r, h->pg, k, hb->work, "all-reduce"));
+    if (decompress_fast(t, hb->compressed)) return DDP_OK;
     return ddp_copy_(t, hb->compressed); /* decompress: cast back into the bucket */
   case DDP_COMM_HOOK_POWER_SGD:
     return powersgd_finish(h->psgd, r, k, t, h->pg, h->world, hb->psgd, &h->bytes);
@@ -208,7 +247,8 @@ int reducer_comm_hook_wait(ddp_reducer *r, int k) {
   } else {
     ddp_tensor *t = h->wrap_dtype >= 0 ? hb->wire : b->buffer;
     DDP_TRY(wait_inner(r, k, t));
-    if (h->wrap_dtype >= 0) DDP_TRY(ddp_copy_(b->buffer, hb->wire)); /* the wrapper's decompress */
+    if (h->wrap_dtype >= 0 && !decompress_fast(b->buffer, hb->wire))
+      DDP_TRY(ddp_copy_(b->buffer, hb->wire)); /* the wrapper's decompress */
   }
   if (k == r->n_buckets - 1 && h->psgd) powersgd_state_next_iter(h->psgd);
   return DDP_OK;
