@@ -413,6 +413,40 @@ out("rel_no_warm", compare(reference(true, false)))
     assert.equal(o.grads, ranks[2].out.grads)
   end)
 
+  it("fp16_compress_wrapper(powerSGD_hook) halves PowerSGD's bytes and stays close to it", function()
+    local ranks = run [==[
+local psgd = hooks.powerSGD_hook
+local xs, ys = batches(4, 8, {6}, 4)
+local function go(hook)
+  local st = psgd.PowerSGDState{matrix_approximation_rank = 1, start_powerSGD_iter = 2}
+  local m = DDP(mlp(), {gradient_as_bucket_view = true})
+  m:register_comm_hook(st, hook)
+  for t = 1, 4 do
+    m:zero_grad()
+    mse(m(shard(xs[t])), shard(ys[t])):backward()
+  end
+  return m, st
+end
+local plain, st1 = go(psgd.powerSGD_hook)
+local wrapped, st2 = go(default.fp16_compress_wrapper(psgd.powerSGD_hook))
+out("bytes", plain:comm_hook_bytes())
+out("bytes16", wrapped:comm_hook_bytes())
+out("iters", st1:iter() .. "," .. st2:iter())
+local worst, scale = 0, 0
+for i, p in ipairs(plain.params) do
+  worst = math.max(worst, (p.grad - wrapped.params[i].grad):abs():max():item())
+  scale = math.max(scale, p.grad:abs():max():item())
+end
+out("rel", worst / scale)
+out("grads", grads_text(wrapped.module))
+]==]
+    local o = ranks[1].out
+    assert.equal(tonumber(o.bytes) / 2, tonumber(o.bytes16))
+    assert.equal("4,4", o.iters)
+    assert.is_true(tonumber(o.rel) < 2e-2, o.rel)
+    assert.equal(o.grads, ranks[2].out.grads)
+  end)
+
   it("misuse: twice, after backward, a hook that returns no future or a wrong shape", function()
     local ranks = run [[
 local xs, ys = batches(1, 8, {6}, 4)
