@@ -198,6 +198,8 @@ for _, case in ipairs {
   {"fp16w", default.fp16_compress_wrapper(default.allreduce_hook), "f16"},
   {"bf16w", default.bf16_compress_wrapper(default.allreduce_hook), "bf16"},
   {"lua16", function(s, b) return default.fp16_compress_hook(s, b) end, "f16"},
+  -- the wrapper around a hook written in Lua runs in Lua (GradBucket:set_buffer)
+  {"luaw", default.fp16_compress_wrapper(function(s, b) return default._allreduce_fut(s, b:buffer()) end), "f16"},
 } do
   local name, hook, dt = case[1], case[2], case[3]
   local model = DDP(mlp(), {bucket_cap_mb = 0.0005})
@@ -226,7 +228,7 @@ for _, case in ipairs {
 end
 ]]
     local o = ranks[1].out
-    for _, name in ipairs { "fp16", "bf16", "fp16w", "bf16w", "lua16" } do
+    for _, name in ipairs { "fp16", "bf16", "fp16w", "bf16w", "lua16", "luaw" } do
       assert.equal(0, tonumber(o[name .. "_maxdiff"]), name)
       assert.is_true(tonumber(o[name .. "_vs_f32"]) > 0, name .. " should differ from the f32 average")
     end
