@@ -267,7 +267,7 @@ function M.reset_peak_memory() C.ddp_memory_reset_peak() end
 
 -- submodules reachable from dl (each also loads on its own: require "ddplua.optim")
 setmetatable(M, { __index = function(t, k)
-  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" or k == "distributed" or k == "amp" then
+  if k == "optim" or k == "nn" or k == "data" or k == "checkpoint" or k == "distributed" or k == "amp" or k == "futures" then
     local mod = require("ddplua." .. k)
     rawset(t, k, mod)
     return mod

@@ -136,6 +136,7 @@ void reducer_hook_failed(ddp_reducer *r) {
 int reducer_bucket_launch(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   b->launched = 1;
+  if (r->comm_hook) return reducer_comm_hook_launch(r, k); /* Note [comm hooks] */
   if (!r->pg || r->world == 1) return DDP_OK;
   char site[64]; /* Note [collective fingerprints]: a mismatch names the bucket */
   snprintf(site, sizeof site, "DistributedDataParallel gradient bucket %d", k);
@@ -215,8 +216,9 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
   if (used && r->recording) r->order[r->n_order++] = i;
   bucket *b = &r->buckets[r->bucket_of[i]];
   ddp_tensor *view = b->views[r->slot_of[i]];
-  /* Note [join shadow iteration]: under join the divisor may be the non-joined ranks. */
-  double scale = 1.0 / (r->div_factor > 0 ? r->div_factor : r->world);
+  /* Note [comm hooks]: with a hook the hook divides. Note [join shadow iteration]: under
+   * join the divisor may be the non-joined ranks. */
+  double scale = r->comm_hook ? 1.0 : 1.0 / (r->div_factor > 0 ? r->div_factor : r->world);
   if (r->as_view && p->grad == view) {
     DDP_TRY(copy_scaled(view, view, scale));
   } else {
@@ -255,6 +257,7 @@ void reducer_reset_iteration(ddp_reducer *r) {
   memset(r->ready, 0, (size_t)r->n);
   if (r->local_used) memset(ddp_data(r->local_used), 0, sizeof(int32_t) * (size_t)r->n);
   r->next_bucket = 0;
+  if (r->comm_hook) reducer_comm_hook_reset(r);
   r->hooks_fired = 0;
   r->armed = 0;
   r->failed = 0;
@@ -265,6 +268,7 @@ void reducer_reset_iteration(ddp_reducer *r) {
 /* Wait for bucket k's all-reduce; the error names the bucket, this rank and the pg's cause
  * (which names the peer when it can be known). */
 int reducer_bucket_wait(ddp_reducer *r, int k) {
+  if (r->comm_hook) return reducer_comm_hook_wait(r, k); /* Note [comm hooks] */
   bucket *b = &r->buckets[k];
   if (!b->work) return DDP_OK;
   int status = ddp_work_wait(b->work, r->timeout_s);
@@ -501,6 +505,7 @@ void ddp_reducer_free(ddp_reducer *r) {
   }
   ddp_clear_error();
   buckets_free(r->buckets, r->n_buckets);
+  reducer_comm_hook_free(r);
   if (r->used_work) ddp_work_free(r->used_work);
   ddp_tensor_release(r->used_dev);
   ddp_tensor_release(r->local_used);

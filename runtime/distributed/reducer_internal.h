@@ -77,6 +77,9 @@ struct ddp_reducer {
 
   /* Uneven inputs (reducer_join.c, Note [join shadow iteration] in ddplua/reducer_join.h) */
   int div_factor;            /* > 0: gradients are divided by it instead of world */
+
+  /* Note [comm hooks] (ddplua/comm_hook.h; runtime/distributed/reducer_comm_hook.c) */
+  struct reducer_comm_hook *comm_hook; /* NULL: the reducer's own averaging all-reduce */
 };
 
 /* The steps reducer.c implements that the files beside it call (each documented there). */
@@ -88,5 +91,12 @@ void reducer_reset_iteration(ddp_reducer *r);
 int reducer_bucket_wait(ddp_reducer *r, int k);
 int reducer_copy_back(ddp_reducer *r);
 int reducer_rebuild_buckets(ddp_reducer *r);
+
+/* Note [comm hooks]: the hook's side of launching and waiting for bucket k, the end of an
+ * iteration, and freeing (runtime/distributed/reducer_comm_hook.c). */
+int reducer_comm_hook_launch(ddp_reducer *r, int k);
+int reducer_comm_hook_wait(ddp_reducer *r, int k);
+void reducer_comm_hook_reset(ddp_reducer *r);
+void reducer_comm_hook_free(ddp_reducer *r);
 
 #endif

@@ -315,6 +315,7 @@ function DDP:destroy()
     ffi.gc(r, nil)
     C.ddp_reducer_free(r)
     self.reducer = nil
+    for _, hd in ipairs(self._comm_hook and self._comm_hook.handles or {}) do hd:remove() end
   end
 end
 
@@ -536,6 +537,123 @@ function DDP:verify_sync()
     end
   end
   return true
+end
+
+-- ---- communication hooks (ddplua/comm_hook.h, Note [comm hooks]) ----------------------
+
+local HOOK_KIND = { ALLREDUCE = C.DDP_COMM_HOOK_ALLREDUCE, FP16_COMPRESS = C.DDP_COMM_HOOK_FP16_COMPRESS,
+  BF16_COMPRESS = C.DDP_COMM_HOOK_BF16_COMPRESS, POWER_SGD = C.DDP_COMM_HOOK_POWER_SGD }
+local WRAP_DTYPE = { f16 = C.DDP_F16, bf16 = C.DDP_BF16 }
+
+local function comm_hooks(name) return require("ddplua.distributed.algorithms.ddp_comm_hooks." .. name) end
+
+--- PyTorch's dist.BuiltinCommHookType, for ddp:_register_builtin_comm_hook.
+DDP.BuiltinCommHookType = { ALLREDUCE = "ALLREDUCE", FP16_COMPRESS = "FP16_COMPRESS" }
+
+local function group_ptr(state, what)
+  if state == nil then return nil end
+  if type(state) ~= "table" or type(state.ptr) ~= "function" then
+    raise(("register_comm_hook: the state of %s must be a process group or nil, got %s"):format(what, type(state)))
+  end
+  return state:ptr("register_comm_hook")
+end
+
+--- ddp:register_comm_hook(state, hook): reduce each gradient bucket with hook(state, bucket)
+-- instead of the default averaging all-reduce (PyTorch's register_comm_hook). hook receives a
+-- GradBucket (index(), buffer(), gradients(), parameters(), is_last(); the buffer holds the
+-- bucket's gradients NOT divided by the world size) and returns a ddplua.futures Future whose
+-- value is the reduced bucket tensor (numel,) (or a list whose first entry is); the reducer
+-- copies it into the bucket and writes param.grad from it.
+-- Built-ins (default_hooks.allreduce_hook, fp16_compress_hook, bf16_compress_hook, the
+-- compress wrappers around them, powerSGD_hook.powerSGD_hook with a PowerSGDState) run in C
+-- inside the reducer, their all-reduces overlapping the backward. Any other function is a
+-- Lua hook: it runs from a post-accumulate hook on every parameter, as soon as its bucket is
+-- launched (in bucket order), and its Futures are waited for when the last bucket was
+-- handed over, still inside backward (not with find_unused_parameters, whose last buckets
+-- complete where Lua cannot run). state: a process group or nil for the default hooks, a
+-- PowerSGDState for PowerSGD, anything for a Lua hook.
+-- Raises "register_comm_hook or register_builtin_comm_hook can only be called once." (as
+-- PyTorch), and when called after the first backward; a hook returning something else than
+-- a Future, or a Future of a tensor of another shape than the bucket, fails that backward.
+function DDP:register_comm_hook(state, hook)
+  local r = reducer_of(self, "register_comm_hook")
+  if type(hook) ~= "function" then
+    raise("register_comm_hook: hook must be a function (state, bucket) -> Future, got " .. type(hook))
+  end
+  local desc = comm_hooks("builtin").describe(hook)
+  if desc then
+    local pg, psgd = nil, nil
+    if desc.kind == "POWER_SGD" then
+      if type(state) ~= "table" or getmetatable(state) ~= comm_hooks("powerSGD_hook").PowerSGDState then
+        raise("register_comm_hook: powerSGD_hook needs a PowerSGDState as its state, got " .. type(state))
+      end
+      pg, psgd = group_ptr(state.process_group, "powerSGD_hook"), state.handle
+    else
+      pg = group_ptr(state, "a default hook")
+    end
+    check(C.ddp_reducer_register_comm_hook(r, HOOK_KIND[desc.kind], desc.wrap and WRAP_DTYPE[desc.wrap] or -1, pg, psgd))
+    self._comm_hook = { state = state, hook = hook }
+    return
+  end
+  if self.find_unused_parameters then
+    raise("register_comm_hook: a hook written in Lua cannot be used with find_unused_parameters = true " ..
+          "(the buckets of unused parameters complete at the end of backward, where Lua cannot run); " ..
+          "use a built-in hook (default_hooks, powerSGD_hook)")
+  end
+  check(C.ddp_reducer_register_comm_hook(r, C.DDP_COMM_HOOK_FRONT_END, -1, nil, nil))
+  local h = { state = state, hook = hook, pending = {}, handles = {} }
+  self._comm_hook = h
+  local function run() self:_run_comm_hook() end
+  for i, p in ipairs(self.params) do h.handles[i] = p:register_post_accumulate_grad_hook(run) end
+end
+
+--- ddp:_register_builtin_comm_hook(comm_hook_type): PyTorch's name: "ALLREDUCE" or
+-- "FP16_COMPRESS" (DDP.BuiltinCommHookType) over the DDP module's group.
+function DDP:_register_builtin_comm_hook(comm_hook_type)
+  local default = comm_hooks("default_hooks")
+  local hook = ({ ALLREDUCE = default.allreduce_hook, FP16_COMPRESS = default.fp16_compress_hook })[comm_hook_type]
+  if not hook then
+    raise("_register_builtin_comm_hook: comm_hook_type must be \"ALLREDUCE\" or \"FP16_COMPRESS\", got " .. tostring(comm_hook_type))
+  end
+  return self:register_comm_hook(nil, hook)
+end
+
+--- ddp:comm_hook_bytes() -> bytes the registered built-in hook handed to all-reduces so far
+-- (its wire dtype; 0 with no hook or a Lua hook).
+function DDP:comm_hook_bytes()
+  return tonumber(C.ddp_reducer_comm_hook_bytes(reducer_of(self, "comm_hook_bytes")))
+end
+
+-- A Lua hook's turn (from a parameter's post-accumulate hook, after the reducer's own hook on
+-- that parameter): run the hook on every bucket launched since, in bucket order; after the
+-- last bucket, wait for every Future and hand the values to the reducer before it finalizes.
+function DDP:_run_comm_hook()
+  local h, r = self._comm_hook, self.reducer
+  if r == nil then return end
+  local nb = C.ddp_reducer_num_buckets(r)
+  while true do
+    local k = C.ddp_reducer_comm_hook_next(r)
+    if k < 0 then return end
+    if k == 0 then h.pending = {} end
+    local GradBucket = comm_hooks("grad_bucket")
+    local fut = h.hook(h.state, GradBucket.new(r, k, self.params))
+    if not require("ddplua.futures").is_future(fut) then
+      raise(("register_comm_hook: the hook must return a Future (ddplua.futures) of the reduced bucket, got %s for bucket %d")
+            :format(type(fut), k))
+    end
+    h.pending[k] = fut
+    if k == nb - 1 then
+      for j = 0, nb - 1 do
+        local v = h.pending[j]:wait()
+        if type(v) == "table" then v = v[1] end
+        if not tensor_mod.is_tensor(v) then
+          raise(("expected the hook result is either a Tensor or a TensorList found %s (bucket %d)"):format(type(v), j))
+        end
+        check(C.ddp_reducer_comm_hook_set_result(r, j, v))
+      end
+      h.pending = {}
+    end
+  end
 end
 
 function DDP:__tostring()

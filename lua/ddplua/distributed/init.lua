@@ -26,6 +26,13 @@ local M = {}
 
 M.Work = Work
 M.Group = Group
+--- dist.algorithms.<name>: the modules under ddplua.distributed.algorithms, loaded on first
+-- use (dist.algorithms.ddp_comm_hooks.default_hooks, as torch.distributed.algorithms).
+M.algorithms = setmetatable({}, { __index = function(t, k)
+  local mod = require("ddplua.distributed.algorithms." .. k)
+  rawset(t, k, mod)
+  return mod
+end })
 
 --- PyTorch's default timeout of process groups and their store, in seconds.
 M.DEFAULT_TIMEOUT = 300
@@ -402,8 +409,9 @@ local function set_call_site()
 end
 
 -- Finish a submitted call: a Work for async_op, else nil (the call already waited).
-local function finish(opts, keep, after)
-  if opts and opts.async_op then return Work.new(work_box[0], keep, after) end
+-- outputs: the output tensors, the value of the Work's get_future().
+local function finish(opts, keep, after, outputs)
+  if opts and opts.async_op then return Work.new(work_box[0], keep, after, outputs) end
   if after then after() end
   return nil
 end
@@ -418,7 +426,7 @@ function M.all_reduce(t, opts)
   local g = group_of(opts, "all_reduce")
   tensor_arg(t, "all_reduce", "tensor")
   check(C.ddp_pg_allreduce(wbox(opts), g:ptr("all_reduce"), t, op_arg(opts, "all_reduce")))
-  return finish(opts)
+  return finish(opts, nil, nil, { t })
 end
 
 --- dist.broadcast(t, src, opts): t of global rank src copied into t on every rank.
@@ -427,7 +435,7 @@ function M.broadcast(t, src, opts)
   local g = group_of(opts, "broadcast")
   tensor_arg(t, "broadcast", "tensor")
   check(C.ddp_pg_broadcast(wbox(opts), g:ptr("broadcast"), t, g:group_rank(src, "broadcast: src")))
-  return finish(opts)
+  return finish(opts, nil, nil, { t })
 end
 
 --- dist.all_gather(out, t, opts): out is a list of world-size tensors of t's shape and dtype
@@ -439,14 +447,14 @@ function M.all_gather(out, t, opts)
   local h = g:ptr("all_gather")
   if tensor.is_tensor(out) then
     check(C.ddp_pg_allgather(wbox(opts), h, out, t))
-    return finish(opts)
+    return finish(opts, nil, nil, { out })
   end
   if type(out) ~= "table" then raise("all_gather: output must be a list of tensors or a tensor") end
   local n = #out
   local arr = ffi.new("ddp_tensor*[?]", math.max(n, 1))
   for i = 1, n do arr[i - 1] = tensor_arg(out[i], "all_gather", "output entry " .. i) end
   check(C.ddp_pg_allgather_list(wbox(opts), h, arr, n, t))
-  return finish(opts, out)
+  return finish(opts, out, nil, out)
 end
 M.all_gather_into_tensor = function(out, t, opts) return M.all_gather(out, t, opts) end
 
@@ -467,7 +475,7 @@ function M.reduce_scatter(out, input, opts)
   end
   check(C.ddp_pg_reduce_scatter(wbox(opts), g:ptr("reduce_scatter"), out, input,
                                 op_arg(opts, "reduce_scatter")))
-  return finish(opts, input)
+  return finish(opts, input, nil, { out })
 end
 M.reduce_scatter_tensor = M.reduce_scatter
 
@@ -478,7 +486,7 @@ function M.reduce(t, dst, opts)
   local g = group_of(opts, "reduce")
   tensor_arg(t, "reduce", "tensor")
   check(C.ddp_pg_reduce(wbox(opts), g:ptr("reduce"), t, g:group_rank(dst, "reduce: dst"), op_arg(opts, "reduce")))
-  return finish(opts)
+  return finish(opts, nil, nil, { t })
 end
 
 --- dist.gather(t, gather_list, dst, opts): on global rank dst, gather_list (a list of world

@@ -6,11 +6,20 @@ local C = lib.C
 local Work = {}
 Work.__index = Work
 
---- Work.new(handle, keep): wrap a ddp_work* (owned); `keep` holds Lua values (output lists)
--- alive until the work is collected, and `after` (optional) runs once after a successful
--- wait (copying results into Lua-side outputs).
-function Work.new(handle, keep, after)
-  return setmetatable({ handle = lib.ffi.gc(handle, C.ddp_work_free), keep = keep, after = after }, Work)
+--- Work.new(handle, keep, after, outputs): wrap a ddp_work* (owned); `keep` holds Lua values
+-- (output lists) alive until the work is collected, and `after` (optional) runs once after a
+-- successful wait (copying results into Lua-side outputs); `outputs` (optional): the list of
+-- the collective's output tensors, the value of work:get_future().
+function Work.new(handle, keep, after, outputs)
+  return setmetatable({ handle = lib.ffi.gc(handle, C.ddp_work_free), keep = keep, after = after,
+                        outputs = outputs }, Work)
+end
+
+--- work:get_future() -> a ddplua.futures Future that completes when the collective finished;
+-- its value is the list of the collective's output tensors (PyTorch's Work.get_future:
+-- fut:value()[1] is the all-reduced tensor), an empty list for collectives with none.
+function Work:get_future()
+  return require("ddplua.futures").from_work(self, self.outputs or {})
 end
 
 --- work:wait(timeout) -> true once the collective finished on this rank. timeout: seconds
