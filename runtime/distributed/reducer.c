@@ -136,6 +136,7 @@ void reducer_hook_failed(ddp_reducer *r) {
 int reducer_bucket_launch(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   b->launched = 1;
+  reducer_stats_bucket_launched(r, k);
   if (!r->pg || r->world == 1) return DDP_OK;
   char site[64]; /* Note [collective fingerprints]: a mismatch names the bucket */
   snprintf(site, sizeof site, "DistributedDataParallel gradient bucket %d", k);
@@ -234,7 +235,9 @@ static void on_grad_ready(ddp_tensor *t, void *vctx) {
   (void)t;
   if (!r->armed || !r->sync || r->failed) return;
   r->hooks_fired = 1;
-  if (reducer_mark_variable_ready(r, c->index, 1)) reducer_hook_failed(r);
+  int status = r->static_graph ? reducer_static_graph_hook(r, c->index) /* Note [static graph] */
+                               : reducer_mark_variable_ready(r, c->index, 1);
+  if (status) reducer_hook_failed(r);
 }
 
 /* ---- finalize_backward -------------------------------------------------------------------- */
@@ -259,6 +262,7 @@ void reducer_reset_iteration(ddp_reducer *r) {
   r->failed = 0;
   free(r->failure);
   r->failure = NULL;
+  if (r->static_graph) reducer_static_graph_reset(r);
 }
 
 /* Wait for bucket k's all-reduce; the error names the bucket, this rank and the pg's cause
@@ -305,6 +309,8 @@ static int finalize_backward(ddp_reducer *r) {
     ddp_fail_at(__FILE__, __LINE__, status, "%s", r->failure);
     return status;
   }
+  reducer_stats_backward_end(r);
+  if (r->static_graph) DDP_TRY(reducer_static_graph_finalize(r)); /* Note [static graph] */
   int n_unready = 0;
   for (int i = 0; i < r->n; i++) n_unready += !r->ready[i];
   if (n_unready && !r->find_unused) {
@@ -351,6 +357,7 @@ static int finalize_backward(ddp_reducer *r) {
     r->recording = 0;
     r->rebuild_pending = r->n_order == r->n && !r->find_unused;
   }
+  reducer_static_graph_done(r);
   r->iterations++;
   return DDP_OK;
 }
@@ -512,6 +519,7 @@ void ddp_reducer_free(ddp_reducer *r) {
   free(r->order);
   free(r->unready);
   free(r->failure);
+  reducer_static_graph_free(r);
   free(r);
 }
 
@@ -592,6 +600,7 @@ int ddp_reducer_prepare_for_backward(ddp_reducer *r) {
   reducer_reset_iteration(r);
   r->armed = 1;
   if (r->recording) r->n_order = 0;
+  reducer_stats_backward_start(r);
   return DDP_OK;
 }
 
