@@ -154,7 +154,7 @@ int reducer_bucket_launch(ddp_reducer *r, int k) {
 int reducer_launch_ready_buckets(ddp_reducer *r) {
   while (r->next_bucket < r->n_buckets && r->buckets[r->next_bucket].pending == 0)
     DDP_TRY(reducer_bucket_launch(r, r->next_bucket++));
-  return DDP_OK;
+  return r->fused_optim ? reducer_fused_optim_poll(r) : DDP_OK; /* Note [optimizer in backward] */
 }
 
 /* ---- mark_variable_ready ---------------------------------------------------------------- */
@@ -225,6 +225,7 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
      * re-created as the view; an unused one stays as it is, Note [unused parameters]). */
     if (r->as_view && used) DDP_TRY(ddp_tensor_set_grad(p, view));
   }
+  if (r->fused_optim && used) DDP_TRY(ddp_tensor_set_grad(p, NULL)); /* Note [optimizer in backward] */
   b->pending--;
   return reducer_launch_ready_buckets(r);
 }
@@ -263,6 +264,7 @@ void reducer_reset_iteration(ddp_reducer *r) {
   free(r->failure);
   r->failure = NULL;
   if (r->static_graph) reducer_static_graph_reset(r);
+  if (r->fused_optim) reducer_fused_optim_reset(r);
 }
 
 /* Wait for bucket k's all-reduce; the error names the bucket, this rank and the pg's cause
@@ -352,7 +354,7 @@ static int finalize_backward(ddp_reducer *r) {
              "flags failed on rank %d: %s", r->rank,
              ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error());
   if (r->used_dev) DDP_TRY(ddp_copy_(r->local_used, r->used_dev));
-  DDP_TRY(reducer_copy_back(r));
+  DDP_TRY(r->fused_optim ? reducer_fused_optim_finalize(r) : reducer_copy_back(r));
   if (r->recording) {
     r->recording = 0;
     r->rebuild_pending = r->n_order == r->n && !r->find_unused;
@@ -520,6 +522,7 @@ void ddp_reducer_free(ddp_reducer *r) {
   free(r->unready);
   free(r->failure);
   reducer_static_graph_free(r);
+  reducer_fused_optim_free(r);
   free(r);
 }
 

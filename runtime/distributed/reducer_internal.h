@@ -92,6 +92,10 @@ struct ddp_reducer {
   int64_t stat_unused_bytes; /* bytes of the parameters unused on this rank, last iteration */
   int64_t *initial_bucket_bytes; /* the buckets before the rebuild */
   int n_initial_buckets;
+
+  /* the optimizer in backward (runtime/distributed/reducer_fused_optim.c, Note [optimizer in
+   * backward] in ddplua/reducer_fused_optim.h); NULL when none is registered */
+  struct reducer_fused_optim *fused_optim;
 };
 
 /* The steps reducer.c implements that the files beside it call (each documented there). */
@@ -112,5 +116,11 @@ void reducer_stats_backward_end(ddp_reducer *r);
 void reducer_stats_bucket_launched(ddp_reducer *r, int k);
 void reducer_static_graph_done(ddp_reducer *r);
 void reducer_static_graph_free(ddp_reducer *r);
+
+/* reducer_fused_optim.c: the calls reducer.c makes into it (each documented there). */
+int reducer_fused_optim_poll(ddp_reducer *r);
+int reducer_fused_optim_finalize(ddp_reducer *r);
+void reducer_fused_optim_reset(ddp_reducer *r);
+void reducer_fused_optim_free(ddp_reducer *r);
 
 #endif

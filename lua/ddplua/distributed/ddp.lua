@@ -548,6 +548,83 @@ function DDP:_get_ddp_logging_data()
   return out
 end
 
+-- ---- optimizer in backward (ddplua/reducer_fused_optim.h) ----------------------------------
+
+local fused_box = ffi.new("ddp_fused_optim_config")
+
+-- The kind of a supported optimizer class (nil otherwise).
+local function fused_kind(cls)
+  local optim = require "ddplua.optim"
+  if cls == optim.SGD then return C.DDP_FUSED_OPTIM_SGD end
+  if cls == optim.Adam then return C.DDP_FUSED_OPTIM_ADAM end
+  if cls == optim.AdamW then return C.DDP_FUSED_OPTIM_ADAMW end
+  return nil
+end
+
+--- ddp:_register_fused_optim(optim_class, args) (PyTorch's private name; the public one is
+-- ddp:register_optimizer_in_backward): from now on every backward also runs the optimizer
+-- step of each bucket's parameters as soon as that bucket's all-reduce has completed,
+-- overlapping the rest of backward (Note [optimizer in backward] in
+-- ddplua/reducer_fused_optim.h). optim_class: optim.SGD (momentum, dampening, weight_decay,
+-- nesterov, maximize), optim.Adam or optim.AdamW (betas, eps, weight_decay, amsgrad,
+-- maximize); args: that optimizer's options table (defaults and checks as its constructor),
+-- applied to every parameter of the module. After it, param.grad stays nil (the gradients
+-- live only in the buckets, never as full .grad tensors) and the parameters are already
+-- updated when backward returns: do not call an optimizer's step for them. The optimizer
+-- state lives in the reducer (no state_dict); ddp:fused_optim_set_lr(lr) changes the
+-- learning rate for a schedule. Raises for another optimizer class (naming it and the
+-- supported ones), a bad option (as the optimizer's constructor), a second registration,
+-- or a registration after the first backward. Returns ddp.
+function DDP:_register_fused_optim(optim_class, args)
+  local r = reducer_of(self, "_register_fused_optim")
+  local kind = type(optim_class) == "table" and fused_kind(optim_class)
+  if not kind then
+    local name = type(optim_class) == "table" and tostring(optim_class.name) or type(optim_class)
+    raise(("DistributedDataParallel._register_fused_optim: optimizer %s is not supported in " ..
+           "backward (supported: optim.SGD, optim.Adam, optim.AdamW)"):format(name))
+  end
+  if C.ddp_reducer_has_fused_optim(r) ~= 0 then
+    raise(("DistributedDataParallel._register_fused_optim: an optimizer in backward is already " ..
+           "registered on rank %d (register one, once)"):format(self.rank))
+  end
+  if #self.params == 0 then raise("DistributedDataParallel._register_fused_optim: the module has no parameters that require grad") end
+  -- The optimizer's own constructor fills the defaults and checks the options.
+  local g = optim_class.new(self.params, args).param_groups[1]
+  local c = fused_box
+  c.kind = kind
+  c.lr, c.weight_decay, c.maximize = g.lr, g.weight_decay, g.maximize and 1 or 0
+  if kind == C.DDP_FUSED_OPTIM_SGD then
+    c.momentum, c.dampening, c.nesterov = g.momentum, g.dampening, g.nesterov and 1 or 0
+  else
+    c.beta1, c.beta2, c.eps, c.amsgrad = g.betas[1], g.betas[2], g.eps, g.amsgrad and 1 or 0
+  end
+  check(C.ddp_reducer_register_fused_optim(r, c))
+  self.fused_optim = { class = optim_class.name, options = g }
+  return self
+end
+
+--- ddp:register_optimizer_in_backward(optim_class, args): the public name of
+-- ddp:_register_fused_optim (same arguments, errors and result).
+function DDP:register_optimizer_in_backward(optim_class, args)
+  return self:_register_fused_optim(optim_class, args)
+end
+
+--- ddp:fused_optim_set_lr(lr): the learning rate of the optimizer in backward from the next
+-- step on (lr >= 0). Raises when none is registered.
+function DDP:fused_optim_set_lr(lr)
+  check(C.ddp_reducer_fused_optim_set_lr(reducer_of(self, "fused_optim_set_lr"), lr))
+  if self.fused_optim then self.fused_optim.options.lr = lr end
+end
+
+local counts_box = ffi.new("int64_t[2]")
+
+--- ddp:fused_optim_counts() -> during_backward, at_end: bucket steps of the optimizer in
+-- backward that ran while backward went on, and after its final wait (since registration).
+function DDP:fused_optim_counts()
+  C.ddp_reducer_fused_optim_counts(reducer_of(self, "fused_optim_counts"), counts_box, counts_box + 1)
+  return tonumber(counts_box[0]), tonumber(counts_box[1])
+end
+
 function DDP:__tostring()
   return "DistributedDataParallel(\n  (module): " .. tostring(self.module):gsub("\n", "\n  ") .. "\n)"
 end
