@@ -85,8 +85,10 @@ function compare(tag, cls, args, k, ddp_opts)
 end
 ]]
 
-local function run(code)
-  local r = mp.run { code = PRELUDE .. code, nprocs = 2, timeout = 60 }
+local root = io.popen("pwd"):read("*l")
+
+local function run(code, env, prelude)
+  local r = mp.run { code = (prelude or PRELUDE) .. code, nprocs = 2, timeout = 60, env = env }
   if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
   local ranks = {}
   for i = 1, 2 do
@@ -131,6 +133,64 @@ compare("sgd_find_unused", optim.SGD, {lr = 0.1, momentum = 0.9}, 3, {bucket_cap
     check_same(ranks, "sgd_find_unused", 3)
     assert.is_true(tonumber(ranks[1].out.sgd_buckets) >= 3, "buckets: " .. ranks[1].out.sgd_buckets)
   end)
+
+  -- Device buckets (Note [device buckets]) on the simulated device (host memory, CPU
+  -- kernels: build/libddplua_cuda_sim.so) with gloo staging and with the simulated NCCL,
+  -- whose work completes on its own stream: polling and stepping on the device.
+  for _, backend in ipairs { "gloo", "nccl" } do
+    it("device parameters (simulated device, " .. backend .. "): bitwise the plain path", function()
+      local code = [[
+local Parameter = require("ddplua.nn.module").Parameter
+local tbox = lib.ffi.new("ddp_tensor*[1]")
+local function module_to(m, dev)
+  dl.no_grad(function()
+    for _, sub in ipairs(m:modules()) do
+      local d = rawget(sub, "_parameters")
+      for _, n in ipairs(d.names) do
+        local t = d.values[n]
+        if t ~= nil then
+          lib.check(lib.C.ddp_tensor_to_device(tbox, t, dev, 0))
+          d.values[n] = Parameter(lib.wrap(tbox[0]), t.requires_grad)
+        end
+      end
+    end
+  end)
+  return m
+end
+local xs, ys = batches(3, 8)
+local results = {}
+for _, cls in ipairs {optim.SGD, optim.Adam} do
+  local args = cls == optim.SGD and {lr = 0.1, momentum = 0.9} or {lr = 0.01}
+  local opts = {device_ids = {RANK}, bucket_cap_mb = 0.0005}
+  local plain = DDP(module_to(mlp(), RANK), opts)
+  local opt = cls(plain:parameters(), args)
+  local fused = DDP(module_to(mlp(), RANK), opts):register_optimizer_in_backward(cls, args)
+  for s = 1, #xs do
+    opt:zero_grad()
+    mse(plain(shard(xs[s])), shard(ys[s]):to(plain.module:parameters()[1].device)):backward()
+    opt:step()
+    mse(fused(shard(xs[s])), shard(ys[s]):to(fused.module:parameters()[1].device)):backward()
+  end
+  results[#results + 1] = cls.name .. "=" .. tostring(digests(plain.module) == digests(fused.module))
+  out("device_" .. cls.name, fused.module:parameters()[1].device)
+end
+out("bitwise", table.concat(results, " "))
+out("backend", dist.get_backend())
+]]
+      local prelude = PRELUDE
+      if backend == "nccl" then
+        prelude = PRELUDE:gsub('dist.init_process_group{backend = "gloo", timeout = 20}',
+          'dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}')
+      end
+      local ranks = run(code, { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so",
+                                DDPLUA_SIM_NCCL = backend == "nccl" and "1" or nil }, prelude)
+      for i = 1, 2 do
+        assert.equal("SGD=true Adam=true", ranks[i].out.bitwise)
+        assert.equal("cuda:" .. (i - 1), ranks[i].out.device_SGD)
+        assert.equal(backend, ranks[i].out.backend)
+      end
+    end)
+  end
 
   it("no_sync accumulation, then a synced backward, steps once on the summed gradients", function()
     local code = [[
