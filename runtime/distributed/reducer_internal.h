@@ -90,6 +90,8 @@ struct ddp_reducer {
   int64_t stat_samples;      /* iterations summed below */
   double stat_compute_ns, stat_comm_ns, stat_overlap_ns;
   int64_t stat_unused_bytes; /* bytes of the parameters unused on this rank, last iteration */
+  uint8_t *prev_unused;      /* find_unused_parameters: last iteration's locally unused set */
+  int graph_changed;         /* that set changed between iterations (PyTorch's !ddp_graph_static_) */
   int64_t *initial_bucket_bytes; /* the buckets before the rebuild */
   int n_initial_buckets;
 

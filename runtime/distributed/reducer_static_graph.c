@@ -138,14 +138,22 @@ void reducer_stats_backward_start(ddp_reducer *r) {
   r->stat_compute_end_ns = 0;
 }
 
-/* The backward walk ended (finalize_backward begins): the gradients are computed. */
+/* The backward walk ended (finalize_backward begins): the gradients are computed. With
+ * find_unused_parameters (and no static_graph), whether this iteration's locally unused set
+ * differs from the last one's (PyTorch's search_unused_parameters: ddp_graph_static_, logged
+ * as can_set_static_graph). */
 void reducer_stats_backward_end(ddp_reducer *r) {
   r->stat_compute_end_ns = now_ns();
   int64_t unused = 0;
   const int32_t *used = r->local_used ? (const int32_t *)ddp_data(r->local_used) : NULL;
+  int track = !r->static_graph && used;
+  if (track && !r->prev_unused && !(r->prev_unused = malloc((size_t)(r->n ? r->n : 1))))
+    track = 0; /* out of memory: the statistic is not kept */
   for (int i = 0; i < r->n; i++) {
     int is_unused = r->static_graph ? r->hook_counts[i] == 0 : (used && used[i] == 0);
     if (is_unused) unused += param_bytes(r, i);
+    if (track && r->iterations > 0 && r->prev_unused[i] != is_unused) r->graph_changed = 1;
+    if (track) r->prev_unused[i] = (uint8_t)is_unused;
   }
   r->stat_unused_bytes = unused;
 }
@@ -186,6 +194,8 @@ void reducer_static_graph_free(ddp_reducer *r) {
   free(r->hook_left);
   free(r->global_used);
   free(r->initial_bucket_bytes);
+  free(r->prev_unused);
+  r->prev_unused = NULL;
   r->hook_counts = r->hook_left = r->global_used = NULL;
   r->initial_bucket_bytes = NULL;
   r->n_initial_buckets = 0;
@@ -203,6 +213,7 @@ int ddp_reducer_get_logging_data(const ddp_reducer *r, ddp_reducer_logging_data 
   out->has_rebuilt_buckets = r->has_rebuilt;
   out->unused_parameter_size = r->stat_unused_bytes;
   out->iteration = r->iterations;
+  out->can_set_static_graph = !r->graph_changed;
   if (r->stat_samples > 0) {
     double n = (double)r->stat_samples;
     out->avg_backward_compute_time = (int64_t)(r->stat_compute_ns / n);

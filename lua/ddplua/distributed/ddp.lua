@@ -500,7 +500,9 @@ end
 --   has_rebuilt_buckets (boolean), rebuilt_bucket_sizes (bytes of each bucket after the
 --   rebuild; absent before it), unused_parameter_size (bytes of the parameters unused on
 --   this rank in the last iteration, with find_unused_parameters or static_graph),
---   iteration (finished reductions), avg_backward_compute_time, avg_backward_comm_time,
+--   iteration (finished reductions), can_set_static_graph (false once an iteration's set of
+--   unused parameters differed from the previous one's, with find_unused_parameters),
+--   avg_backward_compute_time, avg_backward_comm_time,
 --   avg_backward_compute_comm_overlap_time (NANOSECONDS, as PyTorch; means over every
 --   finished iteration where PyTorch samples some; definitions in
 --   ddplua/reducer_static_graph.h), num_parameter_tensors, total_parameter_size_bytes.
@@ -534,6 +536,7 @@ function DDP:_get_ddp_logging_data()
     has_rebuilt_buckets = d.has_rebuilt_buckets ~= 0,
     unused_parameter_size = tonumber(d.unused_parameter_size),
     iteration = tonumber(d.iteration),
+    can_set_static_graph = d.can_set_static_graph ~= 0,
     avg_backward_compute_time = tonumber(d.avg_backward_compute_time),
     avg_backward_comm_time = tonumber(d.avg_backward_comm_time),
     avg_backward_compute_comm_overlap_time = tonumber(d.avg_backward_compute_comm_overlap_time),

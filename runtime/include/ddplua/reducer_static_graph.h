@@ -63,6 +63,9 @@ typedef struct ddp_reducer_logging_data {
                                   * finished iteration (find_unused_parameters or static_graph;
                                   * else 0) */
   int64_t iteration;             /* finished reductions */
+  int can_set_static_graph;      /* 1 while no iteration's set of unused parameters differed
+                                  * from the one before (checked with find_unused_parameters
+                                  * and without static_graph; PyTorch's ddp_graph_static_) */
   /* Means over the finished iterations (PyTorch samples some; here every one), in ns:
    * compute: from prepare_for_backward to the end of the backward walk (all gradients
    * computed); comm: from the first bucket's launch to the end of the wait for the last
