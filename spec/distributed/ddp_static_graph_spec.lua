@@ -78,8 +78,10 @@ end
 function checkpoint(fn, x) return Ckpt.apply(fn, x) end
 ]]
 
-local function run(code, n)
-  local r = mp.run { code = PRELUDE .. code, nprocs = n or 2, timeout = 60 }
+local root = io.popen("pwd"):read("*l")
+
+local function run(code, n, env, prelude)
+  local r = mp.run { code = (prelude or PRELUDE) .. code, nprocs = n or 2, timeout = 60, env = env }
   if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
   local ranks = {}
   for i = 1, n or 2 do
@@ -289,6 +291,76 @@ out("dyn_unused_after", dyn:_get_ddp_logging_data().unused_parameter_size)
       assert.equal("true true true false", o.can_set)
       assert.equal(tostring((8 * 4 + 4) * 4), o.dyn_unused)
       assert.equal("0", o.dyn_unused_after)
+    end
+  end)
+
+  -- Device buckets on the simulated device (build/libddplua_cuda_sim.so) with the simulated
+  -- NCCL: the used flags of the first iteration go through the group's device.
+  it("device parameters (simulated device, nccl): a reentrant checkpoint and an unused branch", function()
+    local prelude = PRELUDE:gsub('dist.init_process_group{backend = "gloo", timeout = 20}',
+      'dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}')
+    local code = [[
+local Parameter = require("ddplua.nn.module").Parameter
+local tbox = lib.ffi.new("ddp_tensor*[1]")
+local function to_dev(t, dev)
+  lib.check(lib.C.ddp_tensor_to_device(tbox, t, dev, 0))
+  return lib.wrap(tbox[0])
+end
+local function module_to(m, dev)
+  dl.no_grad(function()
+    for _, sub in ipairs(m:modules()) do
+      local d = rawget(sub, "_parameters")
+      for _, n in ipairs(d.names) do
+        local t = d.values[n]
+        if t ~= nil then d.values[n] = Parameter(to_dev(t, dev), t.requires_grad) end
+      end
+    end
+  end)
+  return m
+end
+local Net = nn.Module:extend("Net")
+function Net:init()
+  dl.manual_seed(3)
+  self.a = nn.Linear(6, 8)
+  self.b = nn.Linear(8, 8)
+  self.unused = nn.Linear(8, 8)
+  self.head = nn.Linear(8, 4)
+end
+function Net:forward(x)
+  local h = dl.tanh(self.a(x))
+  h = checkpoint(function(t) return dl.tanh(self.b(t)) end, h)
+  return self.head(h + dl.tanh(self.b(h)))
+end
+local xs, ys = batches(4, 8, 6, 4)
+local model = DDP(module_to(Net(), RANK), {device_ids = {RANK}, static_graph = true, bucket_cap_mb = 0.0005})
+local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
+for s = 1, #xs do
+  opt:zero_grad()
+  mse(model(shard(xs[s])), to_dev(shard(ys[s]):contiguous(), RANK)):backward()
+  opt:step()
+end
+out("device", model.module.b.weight.device)
+out("unused_grad", tostring(model.module.unused.weight.grad))
+out("rebuilt", tostring(model:has_rebuilt_buckets()))
+out("backend", dist.get_backend())
+local ref = train(Net(), xs, ys, false, function(m, x) return m(x) end)
+local worst = 0
+local p1, p2 = model.module:parameters(), ref:parameters()
+for i = 1, #p1 do
+  local d = (to_dev(p1[i], -1) - p2[i]):abs():max():item()
+  worst = math.max(worst, d / math.max(p2[i]:abs():max():item(), 1e-12))
+end
+out("max_rel", worst)
+]]
+    local ranks = run(code, 2, { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so",
+                                 DDPLUA_SIM_NCCL = "1" }, prelude)
+    for i = 1, 2 do
+      local o = ranks[i].out
+      assert.equal("cuda:" .. (i - 1), o.device)
+      assert.equal("nil", o.unused_grad)
+      assert.equal("true", o.rebuilt)
+      assert.equal("nccl", o.backend)
+      assert.is_true(tonumber(o.max_rel) <= 1e-5, "max relative difference " .. tostring(o.max_rel))
     end
   end)
 end)
