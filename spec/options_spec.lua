@@ -70,7 +70,7 @@ describe("ddplua.options #faults", function()
     { "FileStore", function() require("ddplua.distributed.store").FileStore("/nonexistent/f", { bogus = 1 }) end },
     { "new_group", function() require("ddplua.distributed").new_group({ 0 }, { timout = 1 }) end },
     { "DistributedDataParallel", function()
-      require("ddplua.distributed.ddp")(nn.Linear(2, 2), { static_graph = true })
+      require("ddplua.distributed.ddp")(nn.Linear(2, 2), { static_graf = true })
     end },
     { "ArgumentParser", function() require("ddplua.utils.argparse").ArgumentParser { bogus = 1 } end },
     { "StepProfiler", function() require("ddplua.utils.step_profiler").new { bogus = 1 } end },

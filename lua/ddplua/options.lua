@@ -5,7 +5,7 @@
 --   function Linear:init(in_f, out_f, opts)
 --     opts = options.check("Linear", opts, KNOWN)
 --
--- A misspelt key (`bucket_cap_mbb`) or one this version does not have (`static_graph`)
+-- A misspelt key (`bucket_cap_mbb`) or one this version does not have (`mixed_precision`)
 -- would otherwise be read by nobody and silently leave the default in place, which is the
 -- worst kind of failure: the run goes on, doing something else than asked. So every table
 -- of options is checked against the names its constructor reads, and an unknown key raises

@@ -6,7 +6,19 @@
  * nodes the most recently created runs first (a max-heap on seq), as PyTorch's engine does,
  * so gradients become ready in roughly reverse order of the forward. A leaf's gradient is
  * final when its last edge delivered: then its post-accumulate hooks run (the moment the
- * DDP reducer marks the parameter ready). */
+ * DDP reducer marks the parameter ready).
+ *
+ * Note [reentrant backward]: a hook or a Function's backward may run a backward of its own
+ * (PyTorch's reentrant backward: a checkpointed segment recomputes its forward with grad on
+ * and walks that fresh graph). Nodes keep the walk's scratch (mark, deps, grad_sum), so the
+ * inner walk may not reach a node an open outer walk holds: discover refuses it, naming the
+ * node. Leaves are shared: the inner walk counts its own edges into a leaf from 0 (the
+ * outer walk's count is put aside and restored when the inner walk ends), so the leaf's
+ * gradient is delivered and its post-accumulate hooks fire within the inner walk, and again
+ * in the outer walk for the outer edges, as PyTorch's AccumulateGrad runs once per graph
+ * task. The backward-end callbacks (the DDP reducer's finalize) run when the OUTERMOST walk
+ * ends, as PyTorch's queue_callback runs at the end of the outer graph task. At most
+ * MAX_NESTED_WALKS walks are open on one thread. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -89,8 +101,63 @@ static int accumulate(ddp_tensor **slot, ddp_tensor *g, int dtype, int ndim, con
   return DDP_OK;
 }
 
-/* Find the reachable nodes (iterative DFS), count deps and leaf edges. */
-static int discover(ddp_node *root, int64_t mark, node_vec *all) {
+enum { MAX_NESTED_WALKS = 8 };
+
+/* Walks begun and not ended on this thread and their marks, outermost first (Note
+ * [reentrant backward]). */
+static __thread int walks_open;
+static __thread int64_t open_marks[MAX_NESTED_WALKS];
+
+/* A leaf an inner walk reaches: the outer walks' pending count, put aside (Note [reentrant
+ * backward]); the walk holds a reference to the leaf meanwhile. */
+typedef struct {
+  ddp_tensor *leaf;
+  int64_t outer_pending;
+} saved_pending;
+
+typedef struct {
+  saved_pending *items;
+  int n, cap;
+} pending_vec;
+
+/* In an inner walk, the first time leaf is seen: put its outer count aside, start from 0. */
+static int set_aside(pending_vec *v, ddp_tensor *leaf) {
+  for (int k = 0; k < v->n; k++)
+    if (v->items[k].leaf == leaf) return DDP_OK;
+  if (v->n == v->cap) {
+    int cap = v->cap ? 2 * v->cap : 16;
+    saved_pending *items = realloc(v->items, (size_t)cap * sizeof *items);
+    if (!items) DDP_FAIL(DDP_ERR_MEMORY, "backward: out of memory");
+    v->items = items;
+    v->cap = cap;
+  }
+  ddp_tensor_retain(leaf);
+  v->items[v->n++] = (saved_pending){leaf, leaf->backward_pending};
+  leaf->backward_pending = 0;
+  return DDP_OK;
+}
+
+/* Give the outer walks their counts back and drop the references. */
+static void restore_pending(pending_vec *v) {
+  for (int k = 0; k < v->n; k++) {
+    v->items[k].leaf->backward_pending = v->items[k].outer_pending;
+    ddp_tensor_release(v->items[k].leaf);
+  }
+  free(v->items);
+  memset(v, 0, sizeof *v);
+}
+
+/* A node an open outer walk holds (its mark is one of theirs). */
+static int held_by_outer_walk(const ddp_node *n, int depth) {
+  for (int k = 0; k < depth; k++)
+    if (n->mark == open_marks[k]) return 1;
+  return 0;
+}
+
+/* Find the reachable nodes (iterative DFS), count deps and leaf edges. depth > 0: an inner
+ * walk (Note [reentrant backward]): outer walks' nodes are refused, leaf counts set aside
+ * into `aside`. */
+static int discover(ddp_node *root, int64_t mark, node_vec *all, int depth, pending_vec *aside) {
   node_vec stack = {0};
   int status = vec_push(&stack, root);
   root->mark = mark;
@@ -100,8 +167,17 @@ static int discover(ddp_node *root, int64_t mark, node_vec *all) {
     ddp_node *n = stack.items[--stack.n];
     for (int i = 0; i < n->n_inputs && !status; i++) {
       ddp_edge *e = &n->edges[i];
+      if (e->leaf && depth > 0 && (status = set_aside(aside, e->leaf))) break;
       if (e->leaf) e->leaf->backward_pending++;
       if (!e->fn) continue;
+      if (e->fn->mark != mark && depth > 0 && held_by_outer_walk(e->fn, depth)) {
+        status = DDP_ERROR(DDP_ERR_STATE, "backward: a backward run inside another backward "
+                           "(reentrant, from a hook or a Function's backward) reaches %s, a node "
+                           "of the graph the outer backward is walking; a reentrant backward "
+                           "must walk a graph of its own (e.g. a recomputed checkpoint segment)",
+                           e->fn->name);
+        break;
+      }
       if (e->fn->mark != mark) {
         e->fn->mark = mark;
         e->fn->deps = 0;
@@ -221,6 +297,8 @@ struct ddp_backward_walk {
   ddp_tensor **answer_slot; /* DDP_BACKWARD_GRAD_HOOK: the gradient a hook may replace */
   ddp_tensor **buf_leaf, **buf_grad; /* leaves with grad hooks: their summed gradients */
   int n_buf, cap_buf, buf_at;
+  int depth;               /* 0: the outermost walk of its thread (Note [reentrant backward]) */
+  pending_vec aside;       /* depth > 0: the outer walks' leaf counts */
 };
 
 /* 1 when the leaf has a deferred DDP_HOOK_GRAD hook. */
@@ -303,7 +381,7 @@ int ddp_backward_step(ddp_backward_walk *w, ddp_backward_event *ev) {
       if (!w->ready.n) {
         w->finished = 1;
         w->cur = NULL;
-        status = run_end_callbacks(DDP_OK);
+        status = w->depth == 0 ? run_end_callbacks(DDP_OK) : DDP_OK;
         return status ? walk_fail(w, status) : DDP_OK;
       }
       w->cur = heap_pop(&w->ready);
@@ -555,18 +633,14 @@ static int check_outputs(int n, ddp_tensor *const *outputs, ddp_tensor *const *g
   return DDP_OK;
 }
 
-/* Walks begun and not ended on this thread: nodes keep the walk's scratch (deps, grad_sum,
- * mark), so a second walk started from a hook or a Function's backward would corrupt the
- * first one; it is refused instead. */
-static __thread int walks_open;
-
 void ddp_backward_end(ddp_backward_walk *w) {
   if (!w) return;
   if (!w->finished) {
     reset_pending(&w->all);
     int status = w->failed ? ddp_last_status() : DDP_ERR_STATE;
-    run_end_callbacks(status ? status : DDP_ERR_STATE);
+    if (w->depth == 0) run_end_callbacks(status ? status : DDP_ERR_STATE);
   }
+  restore_pending(&w->aside);
   ddp_tensor_release(w->g);
   for (int k = 0; k < w->grads_cap; k++) ddp_tensor_release(w->grads[k]); /* NULL or owned */
   for (int k = 0; k < w->n_buf; k++) ddp_tensor_release(w->buf_grad[k]);
@@ -594,13 +668,15 @@ int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *output
                        ddp_tensor *const *grads, int n_inputs, ddp_tensor *const *inputs,
                        int retain_graph) {
   *out = NULL;
-  if (walks_open)
-    DDP_FAIL(DDP_ERR_STATE, "backward: called while another backward runs on this thread (from "
-             "a hook or a Function's backward); reentrant backward is not supported");
+  if (walks_open >= MAX_NESTED_WALKS)
+    DDP_FAIL(DDP_ERR_STATE, "backward: %d backward walks are open on this thread (reentrant "
+             "backward from hooks or Functions' backward nests at most %d deep)", walks_open,
+             MAX_NESTED_WALKS);
   DDP_TRY(check_outputs(n, outputs, grads, n_inputs, inputs));
   ddp_backward_walk *w = calloc(1, sizeof *w);
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "backward: out of memory");
-  walks_open++;
+  w->depth = walks_open++;
+  open_marks[w->depth] = 0;
   w->prev_grad_mode = ddp_set_grad_enabled(0);
   w->prev_autocast = ddp_autocast_suspend();
   w->retain_graph = retain_graph;
@@ -636,7 +712,8 @@ int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *output
   static int64_t next_mark;
   int64_t mark = __atomic_add_fetch(&next_mark, 1, __ATOMIC_RELAXED);
   w->finished = 0;
-  status = discover(w->root, mark, &w->all);
+  open_marks[w->depth] = mark;
+  status = discover(w->root, mark, &w->all, w->depth, &w->aside);
   for (size_t k = 0; !status && k < w->all.n; k++) w->all.items[k]->grad_sum = NULL;
   if (!status) status = vec_push(&w->ready, w->root);
   if (status) {

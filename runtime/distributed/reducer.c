@@ -136,6 +136,7 @@ void reducer_hook_failed(ddp_reducer *r) {
 int reducer_bucket_launch(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   b->launched = 1;
+  reducer_stats_bucket_launched(r, k);
   if (r->comm_hook) return reducer_comm_hook_launch(r, k); /* Note [comm hooks] */
   if (!r->pg || r->world == 1) return DDP_OK;
   char site[64]; /* Note [collective fingerprints]: a mismatch names the bucket */
@@ -154,7 +155,7 @@ int reducer_bucket_launch(ddp_reducer *r, int k) {
 int reducer_launch_ready_buckets(ddp_reducer *r) {
   while (r->next_bucket < r->n_buckets && r->buckets[r->next_bucket].pending == 0)
     DDP_TRY(reducer_bucket_launch(r, r->next_bucket++));
-  return DDP_OK;
+  return r->fused_optim ? reducer_fused_optim_poll(r) : DDP_OK; /* Note [optimizer in backward] */
 }
 
 /* ---- mark_variable_ready ---------------------------------------------------------------- */
@@ -227,6 +228,7 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
      * re-created as the view; an unused one stays as it is, Note [unused parameters]). */
     if (r->as_view && used) DDP_TRY(ddp_tensor_set_grad(p, view));
   }
+  if (r->fused_optim && used) DDP_TRY(ddp_tensor_set_grad(p, NULL)); /* Note [optimizer in backward] */
   b->pending--;
   return reducer_launch_ready_buckets(r);
 }
@@ -237,7 +239,9 @@ static void on_grad_ready(ddp_tensor *t, void *vctx) {
   (void)t;
   if (!r->armed || !r->sync || r->failed) return;
   r->hooks_fired = 1;
-  if (reducer_mark_variable_ready(r, c->index, 1)) reducer_hook_failed(r);
+  int status = r->static_graph ? reducer_static_graph_hook(r, c->index) /* Note [static graph] */
+                               : reducer_mark_variable_ready(r, c->index, 1);
+  if (status) reducer_hook_failed(r);
 }
 
 /* ---- finalize_backward -------------------------------------------------------------------- */
@@ -263,6 +267,8 @@ void reducer_reset_iteration(ddp_reducer *r) {
   r->failed = 0;
   free(r->failure);
   r->failure = NULL;
+  if (r->static_graph) reducer_static_graph_reset(r);
+  if (r->fused_optim) reducer_fused_optim_reset(r);
 }
 
 /* Wait for bucket k's all-reduce; the error names the bucket, this rank and the pg's cause
@@ -310,6 +316,8 @@ static int finalize_backward(ddp_reducer *r) {
     ddp_fail_at(__FILE__, __LINE__, status, "%s", r->failure);
     return status;
   }
+  reducer_stats_backward_end(r);
+  if (r->static_graph) DDP_TRY(reducer_static_graph_finalize(r)); /* Note [static graph] */
   int n_unready = 0;
   for (int i = 0; i < r->n; i++) n_unready += !r->ready[i];
   if (n_unready && !r->find_unused) {
@@ -351,11 +359,12 @@ static int finalize_backward(ddp_reducer *r) {
              "flags failed on rank %d: %s", r->rank,
              ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error());
   if (r->used_dev) DDP_TRY(ddp_copy_(r->local_used, r->used_dev));
-  DDP_TRY(reducer_copy_back(r));
+  DDP_TRY(r->fused_optim ? reducer_fused_optim_finalize(r) : reducer_copy_back(r));
   if (r->recording) {
     r->recording = 0;
     r->rebuild_pending = r->n_order == r->n && !r->find_unused;
   }
+  reducer_static_graph_done(r);
   r->iterations++;
   return DDP_OK;
 }
@@ -518,6 +527,8 @@ void ddp_reducer_free(ddp_reducer *r) {
   free(r->order);
   free(r->unready);
   free(r->failure);
+  reducer_static_graph_free(r);
+  reducer_fused_optim_free(r);
   free(r);
 }
 
@@ -598,6 +609,7 @@ int ddp_reducer_prepare_for_backward(ddp_reducer *r) {
   reducer_reset_iteration(r);
   r->armed = 1;
   if (r->recording) r->n_order = 0;
+  reducer_stats_backward_start(r);
   return DDP_OK;
 }
 

@@ -80,6 +80,30 @@ struct ddp_reducer {
 
   /* Note [comm hooks] (ddplua/comm_hook.h; runtime/distributed/reducer_comm_hook.c) */
   struct reducer_comm_hook *comm_hook; /* NULL: the reducer's own averaging all-reduce */
+
+  /* static_graph and the logging data (runtime/distributed/reducer_static_graph.c, Note
+   * [static graph] in ddplua/reducer_static_graph.h) */
+  int static_graph;          /* ddp_reducer_set_static_graph ran */
+  int find_unused_asked;     /* find_unused_parameters as given (static_graph changes find_unused) */
+  int static_first_done;     /* the first iteration's hook counts are final */
+  int static_unused_marked;  /* this iteration marked the recorded unused parameters */
+  int32_t *hook_counts;      /* per parameter: hooks fired in the first iteration
+                              * (PyTorch's numGradHooksTriggeredMap_) */
+  int32_t *hook_left;        /* per parameter: hooks still expected in this iteration
+                              * (numGradHooksTriggeredMapPerIteration_) */
+  int32_t *global_used;      /* per parameter: the first iteration's all-reduced used flags */
+  int64_t stat_backward_start_ns, stat_compute_end_ns, stat_comm_start_ns;
+  int64_t stat_samples;      /* iterations summed below */
+  double stat_compute_ns, stat_comm_ns, stat_overlap_ns;
+  int64_t stat_unused_bytes; /* bytes of the parameters unused on this rank, last iteration */
+  uint8_t *prev_unused;      /* find_unused_parameters: last iteration's locally unused set */
+  int graph_changed;         /* that set changed between iterations (PyTorch's !ddp_graph_static_) */
+  int64_t *initial_bucket_bytes; /* the buckets before the rebuild */
+  int n_initial_buckets;
+
+  /* the optimizer in backward (runtime/distributed/reducer_fused_optim.c, Note [optimizer in
+   * backward] in ddplua/reducer_fused_optim.h); NULL when none is registered */
+  struct reducer_fused_optim *fused_optim;
 };
 
 /* The steps reducer.c implements that the files beside it call (each documented there). */
@@ -98,5 +122,21 @@ int reducer_comm_hook_launch(ddp_reducer *r, int k);
 int reducer_comm_hook_wait(ddp_reducer *r, int k);
 void reducer_comm_hook_reset(ddp_reducer *r);
 void reducer_comm_hook_free(ddp_reducer *r);
+
+/* reducer_static_graph.c: the calls reducer.c makes into it (each documented there). */
+int reducer_static_graph_hook(ddp_reducer *r, int i);
+int reducer_static_graph_finalize(ddp_reducer *r);
+void reducer_static_graph_reset(ddp_reducer *r);
+void reducer_stats_backward_start(ddp_reducer *r);
+void reducer_stats_backward_end(ddp_reducer *r);
+void reducer_stats_bucket_launched(ddp_reducer *r, int k);
+void reducer_static_graph_done(ddp_reducer *r);
+void reducer_static_graph_free(ddp_reducer *r);
+
+/* reducer_fused_optim.c: the calls reducer.c makes into it (each documented there). */
+int reducer_fused_optim_poll(ddp_reducer *r);
+int reducer_fused_optim_finalize(ddp_reducer *r);
+void reducer_fused_optim_reset(ddp_reducer *r);
+void reducer_fused_optim_free(ddp_reducer *r);
 
 #endif

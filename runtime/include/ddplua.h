@@ -386,6 +386,8 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/reducer.h"
 #include "ddplua/reducer_join.h"
 #include "ddplua/comm_hook.h"
+#include "ddplua/reducer_static_graph.h"
+#include "ddplua/reducer_fused_optim.h"
 #include "ddplua/process.h"
 #include "ddplua/cuda.h"
 #include "ddplua/os.h"

@@ -57,15 +57,74 @@ describe("ddplua autograd hooks", function()
     assert.has_error(function() f64({ 1 }):register_hook(function() end) end)
   end)
 
-  it("refuses a backward started from inside a hook, and recovers", function()
+  it("bounds backward started from inside a hook (endless reentrance), and recovers", function()
     local x = f64({ 1, 2 }, true)
     local h = x:register_hook(function() -- hooks run with grad mode off, as in PyTorch
-      dl.enable_grad(function() (x * 1):sum():backward() end)
+      dl.enable_grad(function() (x * 1):sum():backward() end) -- fires this hook again
     end)
     local ok, err = pcall(function() (x * 2):sum():backward() end)
     assert.is_false(ok)
-    assert.matches("reentrant backward is not supported", err)
+    assert.matches("backward walks are open on this thread", err)
     h:remove()
+    x.grad = nil
+    ;(x * 2):sum():backward()
+    assert.same({ 2, 2 }, x.grad:tolist())
+  end)
+
+  -- Note [reentrant backward] in runtime/autograd/engine.c, checked the way PyTorch's
+  -- reentrant checkpoint uses it: a Function whose forward runs without grad and whose
+  -- backward recomputes the segment with grad and walks it.
+  local function checkpoint_fn()
+    local Ckpt = dl.autograd.Function:extend("Ckpt")
+    function Ckpt.forward(ctx, fn, x)
+      ctx.fn = fn
+      ctx:save_for_backward(x)
+      return fn(x)
+    end
+    function Ckpt.backward(ctx, g)
+      local x = ctx.saved_tensors[1]:detach()
+      x.requires_grad = true
+      local y = dl.enable_grad(function() return ctx.fn(x) end)
+      y:backward(g)
+      return nil, x.grad
+    end
+    return Ckpt
+  end
+
+  it("runs a backward inside a Function's backward (reentrant checkpoint): same gradients", function()
+    local Ckpt = checkpoint_fn()
+    local w, v = f64({ 0.5, -1.5 }, true), f64({ 2, 3 }, true)
+    local x = f64({ 1, 2 }, true)
+    local posts = {}
+    w:register_post_accumulate_grad_hook(function(t) posts[#posts + 1] = t.grad:tolist() end)
+    local seg = function(t) return (t * w):tanh() * w end -- w used twice inside the segment
+    local loss = (Ckpt.apply(seg, x * v) * w):sum() -- and once outside it
+    loss:backward()
+    local gw, gv, gx = w.grad:tolist(), v.grad:tolist(), x.grad:tolist()
+    -- one post-accumulate call per walk that reaches w: the outer one (for the use outside
+    -- the segment) and the inner one, as PyTorch's AccumulateGrad per graph task
+    assert.equal(2, #posts)
+    for _, t in ipairs { w, v, x } do t.grad = nil end
+    ;((seg(x * v)) * w):sum():backward()
+    local ref = { w.grad:tolist(), v.grad:tolist(), x.grad:tolist() }
+    for k, got in ipairs { gw, gv, gx } do
+      for i = 1, 2 do assert.is_true(math.abs(got[i] - ref[k][i]) < 1e-12) end
+    end
+  end)
+
+  it("refuses a reentrant backward that reaches the outer backward's graph", function()
+    local x = f64({ 1, 2 }, true)
+    local y = x * 3
+    local Bad = dl.autograd.Function:extend("Bad")
+    function Bad.forward(ctx, t) return t * 2 end
+    function Bad.backward(ctx, g)
+      dl.enable_grad(function() y:sum():backward(nil, { retain_graph = true }) end)
+      return g * 2
+    end
+    local ok, err = pcall(function() Bad.apply(y):sum():backward(nil, { retain_graph = true }) end)
+    assert.is_false(ok)
+    assert.matches("a node of the graph the outer backward is walking", err)
+    x.grad = nil
     ;(x * 2):sum():backward()
     assert.same({ 2, 2 }, x.grad:tolist())
   end)

@@ -191,7 +191,8 @@ local function device_mesh_group(opts)
   return mesh:get_group()
 end
 
-local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device", "device_mesh" }
+local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device", "device_mesh",
+  "static_graph" }
 
 --- DDP(module, opts) -> the wrapped module. opts:
 --   process_group (default: the world), device_mesh (a 1-D DeviceMesh from
@@ -206,7 +207,10 @@ local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_par
 --   group's), device_ids (as PyTorch for a single-device module: nil, or a list of ONE
 --   device, "cuda:k" or k, where the module's parameters already are: one device per
 --   process; positional tensor inputs of forward are then moved there; output_device is
---   accepted and must be that device too).
+--   accepted and must be that device too), static_graph = false (the graph is the same
+--   every iteration: hook counts and unused parameters recorded in the first iteration, no
+--   search after it; reentrant backward and parameters whose hooks fire more than once work;
+--   ddplua/reducer_static_graph.h, Note [static graph]).
 -- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
 -- on that device (ddplua/reducer.h, Note [device buckets]). With the nccl backend the group's
 -- device must be the module's; with gloo, device gradients are staged through the host.
@@ -228,6 +232,7 @@ function DDP.new(module, opts)
     broadcast_buffers = option(opts, "broadcast_buffers", true),
     gradient_as_bucket_view = option(opts, "gradient_as_bucket_view", false),
     bucket_cap_mb = option(opts, "bucket_cap_mb", DDP.DEFAULT_BUCKET_CAP_MB),
+    static_graph = option(opts, "static_graph", false),
     require_backward_grad_sync = true,
   }, DDP)
   if type(self.bucket_cap_mb) ~= "number" or not (self.bucket_cap_mb > 0) then
@@ -265,6 +270,7 @@ function DDP.new(module, opts)
                           self.find_unused_parameters and 1 or 0,
                           self.gradient_as_bucket_view and 1 or 0, timeout))
   self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
+  if self.static_graph then check(C.ddp_reducer_set_static_graph(self.reducer)) end
   return self
 end
 
@@ -362,11 +368,18 @@ function DDP:forward(...)
   if self.broadcast_buffers and self.world_size > 1 and #self.buffers > 0 then
     dl.no_grad(function() broadcast_from_0(self, self.buffers, "DistributedDataParallel.forward", buffer_root) end)
   end
+  -- After the module's forward, as PyTorch's _post_forward: the backward's compute time
+  -- (ddp:_get_ddp_logging_data) starts here.
+  if self.device_ids then return self:_post_forward(grad, self.module(self:_inputs_to_device(...))) end
+  return self:_post_forward(grad, self.module(...))
+end
+
+-- Arm the reducer for the backward (unless inside no_sync); returns the forward's results.
+function DDP:_post_forward(grad, ...)
   if grad and self.require_backward_grad_sync then
-    check(C.ddp_reducer_prepare_for_backward(r))
+    check(C.ddp_reducer_prepare_for_backward(self.reducer))
   end
-  if self.device_ids then return self.module(self:_inputs_to_device(...)) end
-  return self.module(...)
+  return ...
 end
 
 local tensor_mod = require "ddplua.tensor"
@@ -654,6 +667,159 @@ function DDP:_run_comm_hook()
       h.pending = {}
     end
   end
+end
+
+-- ---- static graph and logging data (ddplua/reducer_static_graph.h) ----------------------
+
+--- ddp:_set_static_graph(): PyTorch's older spelling of static_graph = true; before the
+-- first backward only (raises DDP_ERR_STATE's message after it).
+function DDP:_set_static_graph()
+  check(C.ddp_reducer_set_static_graph(reducer_of(self, "_set_static_graph")))
+  self.static_graph = true
+end
+
+local logging_box = ffi.new("ddp_reducer_logging_data")
+
+local function bucket_list(n_fn, buf)
+  local list = {}
+  for k = 1, n_fn do list[k] = tonumber(buf[k - 1]) end
+  return list
+end
+
+--- ddp:_get_ddp_logging_data() -> a table with the keys of PyTorch's DDPLoggingData
+-- (torch/csrc/distributed/c10d/logger.cpp) that apply here:
+--   world_size, rank, module_name (the module's class name), backend_name,
+--   bucket_cap_bytes, find_unused_parameters, static_graph, gradient_as_bucket_view
+--   (booleans; PyTorch gives 0/1), bucket_sizes (bytes of each bucket as first built),
+--   has_rebuilt_buckets (boolean), rebuilt_bucket_sizes (bytes of each bucket after the
+--   rebuild; absent before it), unused_parameter_size (bytes of the parameters unused on
+--   this rank in the last iteration, with find_unused_parameters or static_graph),
+--   iteration (finished reductions), can_set_static_graph (false once an iteration's set of
+--   unused parameters differed from the previous one's, with find_unused_parameters),
+--   avg_backward_compute_time, avg_backward_comm_time,
+--   avg_backward_compute_comm_overlap_time (NANOSECONDS, as PyTorch; means over every
+--   finished iteration where PyTorch samples some; definitions in
+--   ddplua/reducer_static_graph.h), num_parameter_tensors, total_parameter_size_bytes.
+-- The sizes are lists of numbers where PyTorch joins them into a string. comm_hook is
+-- absent (no hook registered).
+function DDP:_get_ddp_logging_data()
+  local r = reducer_of(self, "_get_ddp_logging_data")
+  check(C.ddp_reducer_get_logging_data(r, logging_box))
+  local d = logging_box
+  local nb = math.max(C.ddp_reducer_num_buckets(r), 1)
+  local buf = ffi.new("int64_t[?]", math.max(nb, 64))
+  local n_initial = C.ddp_reducer_initial_bucket_bytes(r, buf, math.max(nb, 64))
+  if n_initial > math.max(nb, 64) then
+    buf = ffi.new("int64_t[?]", n_initial)
+    n_initial = C.ddp_reducer_initial_bucket_bytes(r, buf, n_initial)
+  end
+  local total = 0
+  for _, p in ipairs(self.params) do
+    total = total + tonumber(C.ddp_tensor_numel(p)) * tonumber(C.ddp_dtype_size(C.ddp_tensor_dtype(p)))
+  end
+  local out = {
+    world_size = d.world_size,
+    rank = d.rank,
+    module_name = self.module:_get_name(),
+    backend_name = ffi.string(C.ddp_pg_backend(self.process_group:ptr("_get_ddp_logging_data"))),
+    bucket_cap_bytes = tonumber(d.bucket_cap_bytes),
+    find_unused_parameters = d.find_unused_parameters ~= 0,
+    static_graph = d.static_graph ~= 0,
+    gradient_as_bucket_view = d.gradient_as_bucket_view ~= 0,
+    bucket_sizes = bucket_list(n_initial, buf),
+    has_rebuilt_buckets = d.has_rebuilt_buckets ~= 0,
+    unused_parameter_size = tonumber(d.unused_parameter_size),
+    iteration = tonumber(d.iteration),
+    can_set_static_graph = d.can_set_static_graph ~= 0,
+    avg_backward_compute_time = tonumber(d.avg_backward_compute_time),
+    avg_backward_comm_time = tonumber(d.avg_backward_comm_time),
+    avg_backward_compute_comm_overlap_time = tonumber(d.avg_backward_compute_comm_overlap_time),
+    num_parameter_tensors = #self.params,
+    total_parameter_size_bytes = total,
+  }
+  if out.has_rebuilt_buckets then
+    local sizes = {}
+    for k = 0, C.ddp_reducer_num_buckets(r) - 1 do sizes[k + 1] = tonumber(C.ddp_reducer_bucket_bytes(r, k)) end
+    out.rebuilt_bucket_sizes = sizes
+  end
+  return out
+end
+
+-- ---- optimizer in backward (ddplua/reducer_fused_optim.h) ----------------------------------
+
+local fused_box = ffi.new("ddp_fused_optim_config")
+
+-- The kind of a supported optimizer class (nil otherwise).
+local function fused_kind(cls)
+  local optim = require "ddplua.optim"
+  if cls == optim.SGD then return C.DDP_FUSED_OPTIM_SGD end
+  if cls == optim.Adam then return C.DDP_FUSED_OPTIM_ADAM end
+  if cls == optim.AdamW then return C.DDP_FUSED_OPTIM_ADAMW end
+  return nil
+end
+
+--- ddp:_register_fused_optim(optim_class, args) (PyTorch's private name; the public one is
+-- ddp:register_optimizer_in_backward): from now on every backward also runs the optimizer
+-- step of each bucket's parameters as soon as that bucket's all-reduce has completed,
+-- overlapping the rest of backward (Note [optimizer in backward] in
+-- ddplua/reducer_fused_optim.h). optim_class: optim.SGD (momentum, dampening, weight_decay,
+-- nesterov, maximize), optim.Adam or optim.AdamW (betas, eps, weight_decay, amsgrad,
+-- maximize); args: that optimizer's options table (defaults and checks as its constructor),
+-- applied to every parameter of the module. After it, param.grad stays nil (the gradients
+-- live only in the buckets, never as full .grad tensors) and the parameters are already
+-- updated when backward returns: do not call an optimizer's step for them. The optimizer
+-- state lives in the reducer (no state_dict); ddp:fused_optim_set_lr(lr) changes the
+-- learning rate for a schedule. Raises for another optimizer class (naming it and the
+-- supported ones), a bad option (as the optimizer's constructor), a second registration,
+-- or a registration after the first backward. Returns ddp.
+function DDP:_register_fused_optim(optim_class, args)
+  local r = reducer_of(self, "_register_fused_optim")
+  local kind = type(optim_class) == "table" and fused_kind(optim_class)
+  if not kind then
+    local name = type(optim_class) == "table" and tostring(optim_class.name) or type(optim_class)
+    raise(("DistributedDataParallel._register_fused_optim: optimizer %s is not supported in " ..
+           "backward (supported: optim.SGD, optim.Adam, optim.AdamW)"):format(name))
+  end
+  if C.ddp_reducer_has_fused_optim(r) ~= 0 then
+    raise(("DistributedDataParallel._register_fused_optim: an optimizer in backward is already " ..
+           "registered on rank %d (register one, once)"):format(self.rank))
+  end
+  if #self.params == 0 then raise("DistributedDataParallel._register_fused_optim: the module has no parameters that require grad") end
+  -- The optimizer's own constructor fills the defaults and checks the options.
+  local g = optim_class.new(self.params, args).param_groups[1]
+  local c = fused_box
+  c.kind = kind
+  c.lr, c.weight_decay, c.maximize = g.lr, g.weight_decay, g.maximize and 1 or 0
+  if kind == C.DDP_FUSED_OPTIM_SGD then
+    c.momentum, c.dampening, c.nesterov = g.momentum, g.dampening, g.nesterov and 1 or 0
+  else
+    c.beta1, c.beta2, c.eps, c.amsgrad = g.betas[1], g.betas[2], g.eps, g.amsgrad and 1 or 0
+  end
+  check(C.ddp_reducer_register_fused_optim(r, c))
+  self.fused_optim = { class = optim_class.name, options = g }
+  return self
+end
+
+--- ddp:register_optimizer_in_backward(optim_class, args): the public name of
+-- ddp:_register_fused_optim (same arguments, errors and result).
+function DDP:register_optimizer_in_backward(optim_class, args)
+  return self:_register_fused_optim(optim_class, args)
+end
+
+--- ddp:fused_optim_set_lr(lr): the learning rate of the optimizer in backward from the next
+-- step on (lr >= 0). Raises when none is registered.
+function DDP:fused_optim_set_lr(lr)
+  check(C.ddp_reducer_fused_optim_set_lr(reducer_of(self, "fused_optim_set_lr"), lr))
+  if self.fused_optim then self.fused_optim.options.lr = lr end
+end
+
+local counts_box = ffi.new("int64_t[2]")
+
+--- ddp:fused_optim_counts() -> during_backward, at_end: bucket steps of the optimizer in
+-- backward that ran while backward went on, and after its final wait (since registration).
+function DDP:fused_optim_counts()
+  C.ddp_reducer_fused_optim_counts(reducer_of(self, "fused_optim_counts"), counts_box, counts_box + 1)
+  return tonumber(counts_box[0]), tonumber(counts_box[1])
 end
 
 function DDP:__tostring()

@@ -1,0 +1,205 @@
+/* runtime/distributed/reducer_fused_optim.c: the optimizer in backward of the reducer (Note
+ * [optimizer in backward] in ddplua/reducer_fused_optim.h), after PyTorch's
+ * DistributedDataParallel._register_fused_optim (its optimizer_overlap_hooks.py
+ * _hook_then_optimizer: all-reduce a bucket, then step that bucket's parameters). reducer.c
+ * calls in at the points named in reducer_internal.h. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "distributed/reducer_internal.h"
+
+/* Per-parameter optimizer state; tensors are NULL until the parameter's first step. */
+typedef struct {
+  ddp_tensor *buf;             /* SGD momentum_buffer */
+  ddp_tensor *exp_avg, *exp_avg_sq, *max_exp_avg_sq;
+  int64_t step;                /* updates done */
+} param_state;
+
+struct reducer_fused_optim {
+  ddp_fused_optim_config cfg;
+  param_state *state;          /* per parameter */
+  uint8_t *stepped;            /* per bucket: stepped in this iteration */
+  int n_stepped_cap;
+  int64_t during_backward, at_end;
+};
+
+static int zeros_like(ddp_tensor **out, const ddp_tensor *p) {
+  return ddp_tensor_zeros(out, p->ndim, p->shape, p->dtype, p->device);
+}
+
+static int check_config(const ddp_fused_optim_config *c) {
+  const char *op = "DistributedDataParallel._register_fused_optim";
+  if (c->kind != DDP_FUSED_OPTIM_SGD && c->kind != DDP_FUSED_OPTIM_ADAM && c->kind != DDP_FUSED_OPTIM_ADAMW)
+    DDP_FAIL(DDP_ERR_ARG, "%s: unknown optimizer kind %d (SGD %d, Adam %d, AdamW %d)", op,
+             c->kind, DDP_FUSED_OPTIM_SGD, DDP_FUSED_OPTIM_ADAM, DDP_FUSED_OPTIM_ADAMW);
+  if (!(c->lr >= 0)) DDP_FAIL(DDP_ERR_ARG, "%s: invalid lr %g (must be >= 0)", op, c->lr);
+  if (!(c->weight_decay >= 0))
+    DDP_FAIL(DDP_ERR_ARG, "%s: invalid weight_decay %g (must be >= 0)", op, c->weight_decay);
+  if (c->kind == DDP_FUSED_OPTIM_SGD) {
+    if (!(c->momentum >= 0)) DDP_FAIL(DDP_ERR_ARG, "%s: invalid momentum %g (must be >= 0)", op, c->momentum);
+    if (!isfinite(c->dampening)) DDP_FAIL(DDP_ERR_ARG, "%s: invalid dampening %g", op, c->dampening);
+    if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+      DDP_FAIL(DDP_ERR_ARG, "%s: nesterov momentum requires a momentum > 0 and zero dampening "
+               "(momentum %g, dampening %g)", op, c->momentum, c->dampening);
+    return DDP_OK;
+  }
+  if (!(c->eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "%s: invalid eps %g (must be >= 0)", op, c->eps);
+  if (!(c->beta1 >= 0 && c->beta1 < 1) || !(c->beta2 >= 0 && c->beta2 < 1))
+    DDP_FAIL(DDP_ERR_ARG, "%s: invalid betas (%g, %g) (betas must be in [0, 1))", op, c->beta1, c->beta2);
+  return DDP_OK;
+}
+
+int ddp_reducer_register_fused_optim(ddp_reducer *r, const ddp_fused_optim_config *cfg) {
+  if (!r || !cfg) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel._register_fused_optim: NULL argument");
+  if (r->fused_optim)
+    DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel._register_fused_optim: an optimizer in "
+             "backward is already registered on rank %d (register one, once)", r->rank);
+  if (r->iterations > 0 || (r->armed && r->hooks_fired) || r->unfinished)
+    DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel._register_fused_optim: register the "
+             "optimizer before the first backward (rank %d has reduced %lld iterations)",
+             r->rank, (long long)r->iterations);
+  DDP_TRY(check_config(cfg));
+  struct reducer_fused_optim *f = calloc(1, sizeof *f);
+  if (f) f->state = calloc((size_t)(r->n ? r->n : 1), sizeof *f->state);
+  if (!f || !f->state) {
+    free(f);
+    DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel._register_fused_optim: out of memory");
+  }
+  f->cfg = *cfg;
+  r->fused_optim = f;
+  return DDP_OK;
+}
+
+int ddp_reducer_has_fused_optim(const ddp_reducer *r) { return r && r->fused_optim; }
+
+int ddp_reducer_fused_optim_set_lr(ddp_reducer *r, double lr) {
+  if (!r || !r->fused_optim)
+    DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: no optimizer in backward is registered");
+  if (!(lr >= 0)) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: invalid lr %g (must be >= 0)", lr);
+  r->fused_optim->cfg.lr = lr;
+  return DDP_OK;
+}
+
+void ddp_reducer_fused_optim_counts(const ddp_reducer *r, int64_t *during_backward, int64_t *at_end) {
+  const struct reducer_fused_optim *f = r ? r->fused_optim : NULL;
+  if (during_backward) *during_backward = f ? f->during_backward : 0;
+  if (at_end) *at_end = f ? f->at_end : 0;
+}
+
+/* One update of parameter i with gradient g (its bucket slot). */
+static int step_param(ddp_reducer *r, int i, ddp_tensor *g) {
+  struct reducer_fused_optim *f = r->fused_optim;
+  const ddp_fused_optim_config *c = &f->cfg;
+  param_state *st = &f->state[i];
+  ddp_tensor *p = r->params[i];
+  if (c->kind == DDP_FUSED_OPTIM_SGD) {
+    int first = 0;
+    if (c->momentum != 0 && !st->buf) {
+      DDP_TRY(zeros_like(&st->buf, p));
+      first = 1;
+    }
+    DDP_TRY(ddp_sgd_step_(p, g, st->buf, c->lr, c->momentum, c->dampening, c->weight_decay,
+                          c->nesterov, c->maximize, first));
+    st->step++;
+    return DDP_OK;
+  }
+  if (!st->exp_avg) {
+    DDP_TRY(zeros_like(&st->exp_avg, p));
+    DDP_TRY(zeros_like(&st->exp_avg_sq, p));
+  }
+  if (c->amsgrad && !st->max_exp_avg_sq) DDP_TRY(zeros_like(&st->max_exp_avg_sq, p));
+  int64_t step = st->step + 1;
+  int (*kernel)(ddp_tensor *, ddp_tensor *, ddp_tensor *, ddp_tensor *, ddp_tensor *, int64_t,
+                double, double, double, double, double, int, int) =
+      c->kind == DDP_FUSED_OPTIM_ADAM ? ddp_adam_step_ : ddp_adamw_step_;
+  DDP_TRY(kernel(p, g, st->exp_avg, st->exp_avg_sq, c->amsgrad ? st->max_exp_avg_sq : NULL, step,
+                 c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, c->amsgrad, c->maximize));
+  st->step = step;
+  return DDP_OK;
+}
+
+/* Step every parameter of bucket k (whose all-reduce is complete), skipping the parameters
+ * unused on every rank when the used flags are known (Note [unused parameters]). */
+static int step_bucket(ddp_reducer *r, int k) {
+  bucket *b = &r->buckets[k];
+  const int32_t *used = r->local_used ? (const int32_t *)ddp_data(r->local_used) : NULL;
+  for (int s = 0; s < b->n_vars; s++) {
+    int i = b->vars[s];
+    if (used && used[i] == 0) continue;
+    int status = step_param(r, i, b->views[s]);
+    if (status)
+      return DDP_ERROR(status, "DistributedDataParallel: the optimizer step in backward of parameter "
+                       "%d (gradient bucket %d) failed on rank %d: %s", i, k, r->rank, ddp_last_error());
+  }
+  r->fused_optim->stepped[k] = 1;
+  return DDP_OK;
+}
+
+/* Per-bucket flags sized for the current buckets (they change once, at the rebuild). */
+static int ensure_flags(ddp_reducer *r) {
+  struct reducer_fused_optim *f = r->fused_optim;
+  if (f->n_stepped_cap >= r->n_buckets) return DDP_OK;
+  uint8_t *grown = realloc(f->stepped, (size_t)r->n_buckets);
+  if (!grown) DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory");
+  memset(grown + f->n_stepped_cap, 0, (size_t)(r->n_buckets - f->n_stepped_cap));
+  f->stepped = grown;
+  f->n_stepped_cap = r->n_buckets;
+  return DDP_OK;
+}
+
+/* After buckets were launched (reducer_launch_ready_buckets): step the launched buckets
+ * whose all-reduce has completed, in index order, stopping at the first one still running
+ * (never blocking). Not while the used flags are still to be all-reduced. */
+int reducer_fused_optim_poll(ddp_reducer *r) {
+  if (r->find_unused) return DDP_OK; /* global usage unknown until finalize */
+  /* A comm hook keeps its own works (Note [comm hooks]): b->work stays NULL, so "completed"
+   * cannot be told here; its buckets are reduced by finalize's waits and stepped after them. */
+  if (r->comm_hook) return DDP_OK;
+  DDP_TRY(ensure_flags(r));
+  struct reducer_fused_optim *f = r->fused_optim;
+  for (int k = 0; k < r->next_bucket; k++) {
+    if (f->stepped[k]) continue;
+    bucket *b = &r->buckets[k];
+    if (b->work && !ddp_work_is_completed(b->work)) break;
+    if (b->work) DDP_TRY(reducer_bucket_wait(r, k)); /* completed: its status, no blocking */
+    DDP_TRY(step_bucket(r, k));
+    f->during_backward++;
+  }
+  return DDP_OK;
+}
+
+/* In finalize_backward, after every bucket's wait and the used flags (instead of
+ * reducer_copy_back): step the buckets not stepped yet, and forget the per-iteration flags. */
+int reducer_fused_optim_finalize(ddp_reducer *r) {
+  DDP_TRY(ensure_flags(r));
+  struct reducer_fused_optim *f = r->fused_optim;
+  int status = DDP_OK;
+  for (int k = 0; k < r->n_buckets && !status; k++) {
+    if (f->stepped[k]) continue;
+    status = step_bucket(r, k);
+    if (!status) f->at_end++;
+  }
+  return status;
+}
+
+/* A new iteration (reducer_reset_iteration): no bucket stepped yet (also after a backward
+ * that failed half-way). */
+void reducer_fused_optim_reset(ddp_reducer *r) {
+  struct reducer_fused_optim *f = r->fused_optim;
+  if (f->stepped) memset(f->stepped, 0, (size_t)f->n_stepped_cap);
+}
+
+void reducer_fused_optim_free(ddp_reducer *r) {
+  struct reducer_fused_optim *f = r->fused_optim;
+  if (!f) return;
+  for (int i = 0; i < r->n; i++) {
+    ddp_tensor_release(f->state[i].buf);
+    ddp_tensor_release(f->state[i].exp_avg);
+    ddp_tensor_release(f->state[i].exp_avg_sq);
+    ddp_tensor_release(f->state[i].max_exp_avg_sq);
+  }
+  free(f->state);
+  free(f->stepped);
+  free(f);
+  r->fused_optim = NULL;
+}

@@ -1,0 +1,243 @@
+-- Specs for DistributedDataParallel's optimizer in backward (ddp:_register_fused_optim /
+-- ddp:register_optimizer_in_backward; Note [optimizer in backward] in
+-- ddplua/reducer_fused_optim.h) with 2 real ranks on 127.0.0.1.
+--
+-- The reference is the plain path in the same processes: a second DDP of the same model
+-- (same seed) trained with backward then the Lua optimizer's step. The fused path must give
+-- the same weights BIT FOR BIT (digests of the raw bytes, ddp_tensor_digest), and the plain
+-- path itself must match one process on the whole batch (as ddp_spec.lua checks), so the
+-- fused one does too.
+local mp = require "multiproc"
+
+local PRELUDE = [[
+local dl = require "ddplua"
+local nn = require "ddplua.nn"
+local optim = require "ddplua.optim"
+local dist = require "ddplua.distributed"
+local DDP = require "ddplua.distributed.ddp"
+local lib = require "ddplua.lib"
+RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
+dist.init_process_group{backend = "gloo", timeout = 20}
+
+function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
+function try(name, fn)
+  local ok, err = pcall(fn)
+  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
+  io.flush()
+end
+function mlp()
+  dl.manual_seed(1)
+  return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 4))
+end
+function batches(k, B)
+  local xs, ys = {}, {}
+  dl.manual_seed(100)
+  for s = 1, k do xs[s], ys[s] = dl.randn({B, 6}), dl.randn({B, 4}) end
+  return xs, ys
+end
+function shard(t) local n = t:size(1) / WORLD; return t:narrow(1, RANK * n + 1, n) end
+function mse(a, b) return (a - b):pow(2):mean() end
+local box = lib.ffi.new("uint64_t[1]")
+-- Digests of the raw bytes of every parameter (bitwise comparison).
+function digests(m)
+  local parts = {}
+  for _, p in ipairs(m:parameters()) do
+    lib.check(lib.C.ddp_tensor_digest(box, p))
+    parts[#parts + 1] = tostring(box[0])
+  end
+  return table.concat(parts, ",")
+end
+function max_abs(m1, m2)
+  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
+  for i = 1, #p1 do worst = math.max(worst, (p1[i] - p2[i]):abs():max():item()) end
+  return worst
+end
+-- k steps of the plain path and of the fused path with optimizer class cls and options;
+-- prints whether they are bitwise equal, the largest difference, and the fused .grad state.
+function compare(tag, cls, args, k, ddp_opts)
+  local xs, ys = batches(k, 8)
+  local plain = DDP(mlp(), ddp_opts)
+  local opt = cls(plain:parameters(), args)
+  local fused = DDP(mlp(), ddp_opts)
+  fused:register_optimizer_in_backward(cls, args)
+  local grads_nil, bucket_steps = true, 0
+  for s = 1, k do
+    opt:zero_grad()
+    mse(plain(shard(xs[s])), shard(ys[s])):backward()
+    opt:step()
+    local loss = mse(fused(shard(xs[s])), shard(ys[s]))
+    bucket_steps = bucket_steps + #fused:buckets() -- after the forward (which may rebuild)
+    loss:backward()
+    for _, p in ipairs(fused:parameters()) do grads_nil = grads_nil and p.grad == nil end
+  end
+  out(tag .. "_bitwise", tostring(digests(plain.module) == digests(fused.module)))
+  out(tag .. "_maxabs", max_abs(plain.module, fused.module))
+  out(tag .. "_moved", max_abs(fused.module, mlp()))
+  out(tag .. "_grads_nil", tostring(grads_nil))
+  local during, at_end = fused:fused_optim_counts()
+  out(tag .. "_steps", during + at_end)
+  out(tag .. "_buckets", #fused:buckets())
+  out(tag .. "_bucket_steps", bucket_steps)
+  out(tag .. "_during", during)
+  out(tag .. "_digest", digests(fused.module))
+  plain:destroy()
+  fused:destroy()
+end
+]]
+
+local root = io.popen("pwd"):read("*l")
+
+local function run(code, env, prelude)
+  local r = mp.run { code = (prelude or PRELUDE) .. code, nprocs = 2, timeout = 60, env = env }
+  if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
+  local ranks = {}
+  for i = 1, 2 do
+    local rk = { out = {}, err = {} }
+    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
+    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
+    ranks[i] = rk
+  end
+  return ranks
+end
+
+local function check_same(ranks, tag, k)
+  for i = 1, 2 do
+    local o = ranks[i].out
+    assert.equal("true", o[tag .. "_bitwise"], tag .. ": max |plain - fused| = " .. tostring(o[tag .. "_maxabs"]))
+    assert.is_true(tonumber(o[tag .. "_moved"]) > 1e-4, tag .. ": the fused path did not train")
+    assert.equal("true", o[tag .. "_grads_nil"])
+    -- every bucket stepped once per iteration
+    assert.equal(o[tag .. "_bucket_steps"], o[tag .. "_steps"])
+  end
+  assert.equal(ranks[1].out[tag .. "_digest"], ranks[2].out[tag .. "_digest"])
+end
+
+describe("ddplua.distributed.ddp optimizer in backward #dist", function()
+  it("SGD (momentum, weight decay, nesterov) and Adam/AdamW: bitwise the plain path", function()
+    local code = [[
+compare("sgd", optim.SGD, {lr = 0.1, momentum = 0.9}, 4, {bucket_cap_mb = 0.0005})
+compare("sgd_wd_nesterov", optim.SGD, {lr = 0.05, momentum = 0.8, weight_decay = 0.01, nesterov = true}, 3, {bucket_cap_mb = 0.0005})
+compare("adam", optim.Adam, {lr = 0.01}, 4, {bucket_cap_mb = 0.0005})
+compare("adamw_amsgrad", optim.AdamW, {lr = 0.01, weight_decay = 0.1, amsgrad = true}, 3, {})
+compare("sgd_view", optim.SGD, {lr = 0.1, momentum = 0.9}, 3, {bucket_cap_mb = 0.0005, gradient_as_bucket_view = true})
+compare("adam_static", optim.Adam, {lr = 0.01}, 3, {bucket_cap_mb = 0.0005, static_graph = true})
+compare("sgd_find_unused", optim.SGD, {lr = 0.1, momentum = 0.9}, 3, {bucket_cap_mb = 0.0005, find_unused_parameters = true})
+]]
+    local ranks = run(code)
+    check_same(ranks, "sgd", 4)
+    check_same(ranks, "sgd_wd_nesterov", 3)
+    check_same(ranks, "adam", 4)
+    check_same(ranks, "adamw_amsgrad", 3)
+    check_same(ranks, "sgd_view", 3)
+    check_same(ranks, "adam_static", 3)
+    check_same(ranks, "sgd_find_unused", 3)
+    assert.is_true(tonumber(ranks[1].out.sgd_buckets) >= 3, "buckets: " .. ranks[1].out.sgd_buckets)
+  end)
+
+  -- Device buckets (Note [device buckets]) on the simulated device (host memory, CPU
+  -- kernels: build/libddplua_cuda_sim.so) with gloo staging and with the simulated NCCL,
+  -- whose work completes on its own stream: polling and stepping on the device.
+  for _, backend in ipairs { "gloo", "nccl" } do
+    it("device parameters (simulated device, " .. backend .. "): bitwise the plain path", function()
+      local code = [[
+local Parameter = require("ddplua.nn.module").Parameter
+local tbox = lib.ffi.new("ddp_tensor*[1]")
+local function module_to(m, dev)
+  dl.no_grad(function()
+    for _, sub in ipairs(m:modules()) do
+      local d = rawget(sub, "_parameters")
+      for _, n in ipairs(d.names) do
+        local t = d.values[n]
+        if t ~= nil then
+          lib.check(lib.C.ddp_tensor_to_device(tbox, t, dev, 0))
+          d.values[n] = Parameter(lib.wrap(tbox[0]), t.requires_grad)
+        end
+      end
+    end
+  end)
+  return m
+end
+local xs, ys = batches(3, 8)
+local results = {}
+for _, cls in ipairs {optim.SGD, optim.Adam} do
+  local args = cls == optim.SGD and {lr = 0.1, momentum = 0.9} or {lr = 0.01}
+  local opts = {device_ids = {RANK}, bucket_cap_mb = 0.0005}
+  local plain = DDP(module_to(mlp(), RANK), opts)
+  local opt = cls(plain:parameters(), args)
+  local fused = DDP(module_to(mlp(), RANK), opts):register_optimizer_in_backward(cls, args)
+  for s = 1, #xs do
+    opt:zero_grad()
+    mse(plain(shard(xs[s])), shard(ys[s]):to(plain.module:parameters()[1].device)):backward()
+    opt:step()
+    mse(fused(shard(xs[s])), shard(ys[s]):to(fused.module:parameters()[1].device)):backward()
+  end
+  results[#results + 1] = cls.name .. "=" .. tostring(digests(plain.module) == digests(fused.module))
+  out("device_" .. cls.name, fused.module:parameters()[1].device)
+end
+out("bitwise", table.concat(results, " "))
+out("backend", dist.get_backend())
+]]
+      local prelude = PRELUDE
+      if backend == "nccl" then
+        prelude = PRELUDE:gsub('dist.init_process_group{backend = "gloo", timeout = 20}',
+          'dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}')
+      end
+      local ranks = run(code, { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so",
+                                DDPLUA_SIM_NCCL = backend == "nccl" and "1" or nil }, prelude)
+      for i = 1, 2 do
+        assert.equal("SGD=true Adam=true", ranks[i].out.bitwise)
+        assert.equal("cuda:" .. (i - 1), ranks[i].out.device_SGD)
+        assert.equal(backend, ranks[i].out.backend)
+      end
+    end)
+  end
+
+  it("no_sync accumulation, then a synced backward, steps once on the summed gradients", function()
+    local code = [[
+local xs, ys = batches(2, 8)
+local plain = DDP(mlp())
+local opt = optim.SGD(plain:parameters(), {lr = 0.1, momentum = 0.9})
+local fused = DDP(mlp()):_register_fused_optim(optim.SGD, {lr = 0.1, momentum = 0.9})
+for _, m in ipairs {plain, fused} do
+  if m == plain then opt:zero_grad() end
+  m:no_sync(function() mse(m(shard(xs[1])), shard(ys[1])):backward() end)
+  mse(m(shard(xs[2])), shard(ys[2])):backward()
+  if m == plain then opt:step() end
+end
+out("bitwise", tostring(digests(plain.module) == digests(fused.module)))
+]]
+    local ranks = run(code)
+    for i = 1, 2 do assert.equal("true", ranks[i].out.bitwise) end
+  end)
+
+  it("raises for an unsupported optimizer, a second registration, and after the first backward", function()
+    local code = [[
+local m = DDP(mlp())
+try("unsupported", function() m:_register_fused_optim(optim.Adadelta, {lr = 1}) end)
+try("not_a_class", function() m:_register_fused_optim("SGD", {lr = 1}) end)
+try("bad_option", function() m:_register_fused_optim(optim.SGD, {lr = 0.1, momentun = 0.9}) end)
+try("bad_value", function() m:_register_fused_optim(optim.Adam, {lr = -1}) end)
+try("first", function() m:_register_fused_optim(optim.SGD, {lr = 0.1}) end)
+try("twice", function() m:register_optimizer_in_backward(optim.Adam, {lr = 0.1}) end)
+try("set_lr", function() m:fused_optim_set_lr(0.05) end)
+local late = DDP(mlp())
+mse(late(dl.randn({2, 6})), dl.randn({2, 4})):backward()
+try("late", function() late:_register_fused_optim(optim.SGD, {lr = 0.1}) end)
+try("set_lr_none", function() late:fused_optim_set_lr(0.05) end)
+]]
+    local ranks = run(code)
+    for i = 1, 2 do
+      local e = ranks[i].err
+      assert.matches("optimizer Adadelta is not supported in backward (supported: optim.SGD, optim.Adam, optim.AdamW)", e.unsupported, 1, true)
+      assert.matches("optimizer string is not supported", e.not_a_class, 1, true)
+      assert.matches("SGD: unknown option 'momentun' (did you mean 'momentum'?", e.bad_option, 1, true)
+      assert.matches("Adam: invalid lr -1", e.bad_value, 1, true)
+      assert.equal("no error", e.first)
+      assert.matches("an optimizer in backward is already registered on rank " .. (i - 1), e.twice, 1, true)
+      assert.equal("no error", e.set_lr)
+      assert.matches("register the optimizer before the first backward (rank " .. (i - 1) ..
+                     " has reduced 1 iterations)", e.late, 1, true)
+      assert.matches("no optimizer in backward is registered", e.set_lr_none, 1, true)
+    end
+  end)
+end)
