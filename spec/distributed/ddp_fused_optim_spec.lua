@@ -52,13 +52,18 @@ function max_abs(m1, m2)
   for i = 1, #p1 do worst = math.max(worst, (p1[i] - p2[i]):abs():max():item()) end
   return worst
 end
--- k steps of the plain path and of the fused path with optimizer class cls and options;
--- prints whether they are bitwise equal, the largest difference, and the fused .grad state.
-function compare(tag, cls, args, k, ddp_opts)
+-- k steps of the plain path and of the fused path with optimizer class cls and options (and
+-- the comm hook `hook` on both, when given); prints whether they are bitwise equal, the
+-- largest difference, and the fused .grad state.
+function compare(tag, cls, args, k, ddp_opts, hook)
   local xs, ys = batches(k, 8)
   local plain = DDP(mlp(), ddp_opts)
   local opt = cls(plain:parameters(), args)
   local fused = DDP(mlp(), ddp_opts)
+  if hook then
+    plain:register_comm_hook(nil, hook)
+    fused:register_comm_hook(nil, hook)
+  end
   fused:register_optimizer_in_backward(cls, args)
   local grads_nil, bucket_steps = true, 0
   for s = 1, k do
@@ -122,6 +127,9 @@ compare("adamw_amsgrad", optim.AdamW, {lr = 0.01, weight_decay = 0.1, amsgrad = 
 compare("sgd_view", optim.SGD, {lr = 0.1, momentum = 0.9}, 3, {bucket_cap_mb = 0.0005, gradient_as_bucket_view = true})
 compare("adam_static", optim.Adam, {lr = 0.01}, 3, {bucket_cap_mb = 0.0005, static_graph = true})
 compare("sgd_find_unused", optim.SGD, {lr = 0.1, momentum = 0.9}, 3, {bucket_cap_mb = 0.0005, find_unused_parameters = true})
+local hooks = dist.algorithms.ddp_comm_hooks.default_hooks
+compare("sgd_fp16_hook", optim.SGD, {lr = 0.1, momentum = 0.9}, 3, {bucket_cap_mb = 0.0005}, hooks.fp16_compress_hook)
+compare("adam_allreduce_hook", optim.Adam, {lr = 0.01}, 3, {bucket_cap_mb = 0.0005}, hooks.allreduce_hook)
 ]]
     local ranks = run(code)
     check_same(ranks, "sgd", 4)
@@ -131,6 +139,8 @@ compare("sgd_find_unused", optim.SGD, {lr = 0.1, momentum = 0.9}, 3, {bucket_cap
     check_same(ranks, "sgd_view", 3)
     check_same(ranks, "adam_static", 3)
     check_same(ranks, "sgd_find_unused", 3)
+    check_same(ranks, "sgd_fp16_hook", 3)        -- with a comm hook: stepped after its waits
+    check_same(ranks, "adam_allreduce_hook", 3)
     assert.is_true(tonumber(ranks[1].out.sgd_buckets) >= 3, "buckets: " .. ranks[1].out.sgd_buckets)
   end)
 
