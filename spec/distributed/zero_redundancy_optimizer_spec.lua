@@ -829,6 +829,12 @@ function Normed:update(p, grad) p:sub_(grad / grad:norm()) end
 local m = mlp()
 try("not_elementwise", function() ZeRO(m:parameters(), {optimizer_class = Normed, partition = "elements"}) end)
 out("normed_by_parameters", tostring(ZeRO(m:parameters(), {optimizer_class = Normed}) ~= nil))
+-- A class of one's own that declares its update element-wise is taken.
+local Scaled = Optimizer.subclass("Scaled", {lr = 0.1})
+Scaled.elementwise = true
+function Scaled.validate() end
+function Scaled.new(params, opts) return Optimizer.construct(Scaled, params, opts) end
+out("declared_elementwise", tostring(ZeRO(m:parameters(), {optimizer_class = Scaled, partition = "elements"}).partition))
 try("bad_partition", function() ZeRO(m:parameters(), {optimizer_class = optim.Adam, partition = "rows"}) end)
 try("bucket_view", function()
   ZeRO(m:parameters(), {optimizer_class = optim.Adam, partition = "elements", parameters_as_bucket_view = true})
@@ -848,6 +854,7 @@ try("mixed_grads", function() z:step() end)
     assert.matches('partition = "elements" needs an optimizer whose update is element-wise', e.not_elementwise, 1, true)
     assert.matches("Normed is not known to be", e.not_elementwise, 1, true)
     assert.equal("true", ranks[1].out.normed_by_parameters)
+    assert.equal("elements", ranks[1].out.declared_elementwise)
     assert.matches('partition must be "parameters" or "elements", got rows', e.bad_partition, 1, true)
     assert.matches('parameters_as_bucket_view = true does not apply to partition = "elements"', e.bucket_view, 1, true)
     assert.matches("in param group 1, parameter 1 has one and parameter 3 has none", e.mixed_grads, 1, true)

@@ -25,8 +25,8 @@
 -- copy of the parameters; unlike PyTorch the parameters are not turned into views of the
 -- buffer, ddplua having no way to re-point a parameter's storage), overlap_with_ddp = false
 -- (true raises: it needs PyTorch's ddp_zero_hook.py communication hooks, not provided),
--- partition = "parameters" (PyTorch's: each parameter whole on one rank, Note [ZeRO
--- partition]) or "elements" (each param group laid flat and cut into equal per-rank ranges
+-- partition = "parameters" (the default and PyTorch's only one: each parameter whole on
+-- one rank, Note [ZeRO partition]) or "elements" (a ddplua extension: each param group laid flat and cut into equal per-rank ranges
 -- of elements, parameters possibly split, as DeepSpeed's ZeRO stage 1: Note [ZeRO element
 -- partition] in element_partition.lua; the state per rank is then 1/world of the plain
 -- optimizer's, to one padding element per state tensor, however the sizes are spread; it
@@ -432,7 +432,10 @@ end
 -- the plain optimizer does), then broadcast every rank's parameters from their owner (Note
 -- [ZeRO parameter sync]). Collective. Inside a Join, it first notifies the join context
 -- (Join.notify_join_context, as PyTorch's _local_step). Raises as the local optimizer and
--- the collectives do.
+-- the collectives do. With partition = "elements": steps this rank's flat range of each
+-- param group whose parameters have gradients, then all-gathers the ranges (Note [ZeRO
+-- element partition]); raises, before any collective, when a group's parameters have a
+-- .grad for some and not others.
 function ZeRO:step(closure)
   local j = join()
   if j then j.notify_join_context(self) end
@@ -447,8 +450,9 @@ function ZeRO:zero_grad(opts) self._all:zero_grad(opts) end
 --- opt:add_param_group(group): add {params = {...}, <option> = ...} on every rank (the
 -- options checked by optimizer_class), then partition again (Note [ZeRO partition]: the
 -- earlier groups keep their owners, as a group's assignment depends only on the groups
--- before it) and give the local
--- optimizer its share of the new group (possibly none). Must be called on every rank.
+-- before it) and give the local optimizer its share of the new group (possibly none; with
+-- partition = "elements", the new group's own flat range, the earlier groups' shards and
+-- state unchanged). Must be called on every rank.
 function ZeRO:add_param_group(group)
   -- The same dense type as the first parameter, checked before anything changes (the rest
   -- is checked by optimizer_class's add_param_group).
@@ -509,7 +513,9 @@ end
 -- plain optimizer_class's layout (Optimizer:state_dict: parameter ids count from 0 along
 -- param_groups), so a plain optimizer over the same parameters can load it. Tensors are CPU
 -- copies. Raises PyTorch's error unless consolidate_state_dict(to = this rank) ran before
--- (the state may be older than the last step: it is the one of that call).
+-- (the state may be older than the last step: it is the one of that call). With partition
+-- = "elements", each parameter's state is reassembled from the ranks' ranges
+-- (ElementPartition.state_of), so it is the plain layout too.
 function ZeRO:state_dict()
   if #self._all_state_dicts == 0 then
     raise(("Optimizer state has not been consolidated on this rank. Please call " ..
@@ -598,10 +604,13 @@ end
 --- opt:load_state_dict(sd): load a whole optimizer state (from state_dict(), or from a plain
 -- optimizer_class over the same parameters in the same order): the group options go to
 -- every rank's param groups, and each rank keeps the state of the parameters it owns only
--- (PyTorch's load_state_dict). Must be called on every rank with the same sd (no
--- communication). Raises on every rank alike, before changing anything, as
--- Optimizer:load_state_dict (Notes [validate loaded state], [ZeRO load checks]): another number of groups or of parameters, an invalid option, a
--- state entry naming no parameter, a bad step or a tensor of another shape.
+-- (PyTorch's load_state_dict; with partition = "elements", each group's states cut to this
+-- rank's range). Must be called on every rank with the same sd (no communication). Raises
+-- on every rank alike, before changing anything, as Optimizer:load_state_dict (Notes
+-- [validate loaded state], [ZeRO load checks]): another number of groups or of
+-- parameters, an invalid option, a state entry naming no parameter, a bad step or a
+-- tensor of another shape; with partition = "elements" also when a group's parameters
+-- do not all share one step and one set of state keys (or some have state and others not).
 function ZeRO:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.param_groups) ~= "table" or type(sd.state) ~= "table" then
     raise(NAME .. ": load_state_dict expects a table {state = ..., param_groups = ...}")
@@ -674,7 +683,8 @@ end
 -- step -- the local step over whatever gradients this rank holds (as PyTorch, the
 -- gradients must be set before it runs; parameters without a .grad are not updated) and
 -- the broadcasts of every rank's parameters -- so the broadcasts of the ranks still
--- stepping find their peers. Unlike PyTorch's, whose main_hook calls step() and so
+-- stepping find their peers (with partition = "elements", the all-gathers; a joined rank
+-- without gradients leaves its range as it is). Unlike PyTorch's, whose main_hook calls step() and so
 -- notifies the join context from a rank that has joined, it skips the notification: the
 -- Join's own presence all-reduce stands for it on a joined rank, so the collectives match
 -- whether or not this optimizer is the first joinable. opts (the Join's keyword options)
