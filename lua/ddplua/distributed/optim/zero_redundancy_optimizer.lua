@@ -26,13 +26,13 @@
 -- buffer, ddplua having no way to re-point a parameter's storage), overlap_with_ddp = false
 -- (true raises: it needs PyTorch's ddp_zero_hook.py communication hooks, not provided),
 -- partition = "parameters" (the default and PyTorch's only one: each parameter whole on
--- one rank, Note [ZeRO partition]) or "elements" (a ddplua extension: each param group laid flat and cut into equal per-rank ranges
--- of elements, parameters possibly split, as DeepSpeed's ZeRO stage 1: Note [ZeRO element
--- partition] in element_partition.lua; the state per rank is then 1/world of the plain
--- optimizer's, to one padding element per state tensor, however the sizes are spread; it
--- needs an element-wise optimizer_class -- optim.SGD, Adam, AdamW, Adadelta, or a class
--- of your own declaring `elementwise = true` -- and refuses parameters_as_bucket_view,
--- its sync being one all-gather per group already).
+-- one rank, Note [ZeRO partition]) or "elements" (a ddplua extension: each param group
+-- laid flat and cut into equal per-rank ranges of elements, parameters possibly split, as
+-- DeepSpeed's ZeRO stage 1: Note [ZeRO element partition] in element_partition.lua; the
+-- state per rank is then 1/world of the plain optimizer's, to one padding element per
+-- state tensor, however the sizes are spread; it needs an element-wise optimizer_class --
+-- optim.SGD, Adam, AdamW, Adadelta, or a class of your own declaring `elementwise = true`
+-- -- and refuses parameters_as_bucket_view, its sync being one all-gather per group).
 -- Every other key is an option of optimizer_class (lr, betas, momentum, ...), checked by it.
 --
 -- opt.param_groups is PyTorch's view: every parameter of each group with the group's
@@ -178,9 +178,10 @@ end
 --- ZeroRedundancyOptimizer(params, opts) (or .new): see the top of this file. params: a
 -- list of tensors (leaves requiring grad, one dtype, one device; param groups come with
 -- add_param_group, as PyTorch). Raises naming the problem: a bad optimizer_class, a bad
--- params list, overlap_with_ddp = true, no process group, an option neither it nor
--- optimizer_class knows (options.check's message), an invalid option value
--- (optimizer_class's message).
+-- params list, overlap_with_ddp = true, a bad partition (or "elements" with an optimizer
+-- not known to be element-wise, or with parameters_as_bucket_view), no process group, an
+-- option neither it nor optimizer_class knows (options.check's message), an invalid
+-- option value (optimizer_class's message).
 function ZeRO.new(params, opts)
   if opts ~= nil and type(opts) ~= "table" then
     raise(("%s: options must be a table, got %s"):format(NAME, type(opts)))
