@@ -6,10 +6,12 @@
 -- side by side on the same synthetic batches (64 per rank, random inputs and labels: the
 -- question is the optimizer's cost, not accuracy): DDP + the plain optimizer, DDP + ZeRO
 -- (one broadcast per parameter), DDP + ZeRO with parameters_as_bucket_view (one broadcast
--- per rank). Timing alternates the three, `steps` steps each, `runs` times; medians of the
+-- per rank), DDP + ZeRO with partition = "elements" (each param group cut into equal
+-- element ranges, one all-gather per group). Timing alternates the four, `steps` steps each, `runs` times; medians of the
 -- per-run figures, and of the per-run ratios. State bytes: every tensor of the optimizers'
 -- state after the first step (Adam: exp_avg and exp_avg_sq), on each rank.
--- Prints (rank 0) one Markdown table row per model for each of the two tables.
+-- Prints (rank 0) one Markdown table row per model for each of the three tables (the third:
+-- partition = "elements" against the plain optimizer and PyTorch's partition).
 local dl = require "ddplua"
 local nn = require "ddplua.nn"
 local optim = require "ddplua.optim"
@@ -56,16 +58,17 @@ local function median(xs)
   return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
 end
 
-local state_rows, time_rows = {}, {}
+local state_rows, time_rows, elem_rows = {}, {}, {}
 for name in model_list:gmatch("[^,]+") do
   local variants = {}
-  for v, kind in ipairs { "plain", "zero", "zero_bucket" } do
+  for v, kind in ipairs { "plain", "zero", "zero_bucket", "zero_elements" } do
     local model = dist.DistributedDataParallel(make(name))
     local opt
     if kind == "plain" then
       opt = cls(model:parameters(), args)
     else
-      local o = { optimizer_class = cls, parameters_as_bucket_view = kind == "zero_bucket" }
+      local o = { optimizer_class = cls, parameters_as_bucket_view = kind == "zero_bucket",
+        partition = kind == "zero_elements" and "elements" or "parameters" }
       for k, x in pairs(args) do o[k] = x end
       opt = ZeRO(model:parameters(), o)
     end
@@ -106,6 +109,16 @@ for name in model_list:gmatch("[^,]+") do
     end
   end
   if rank == 0 then
+    local function largest(i)
+      local m = 0
+      for r = 1, world do m = math.max(m, bytes[i][r]) end
+      return m
+    end
+    local function shares(i)
+      local t = {}
+      for r = 1, world do t[r] = ("%.2f MiB"):format(bytes[i][r] / 2 ^ 20) end
+      return table.concat(t, " / ")
+    end
     local plain = bytes[1][1]
     local per_rank = {}
     for r = 1, world do per_rank[r] = ("%.2f MiB"):format(bytes[2][r] / 2 ^ 20) end
@@ -128,6 +141,11 @@ for name in model_list:gmatch("[^,]+") do
       ratio(z, p, "step_s"), ratio(zb, p, "step_s"),
       median(p.opt_s) * 1e3, median(z.opt_s) * 1e3, median(zb.opt_s) * 1e3,
       ratio(z, p, "opt_s"), ratio(zb, p, "opt_s"))
+    local ze = variants[4]
+    elem_rows[#elem_rows + 1] = ("| %s | %s | %.3f | %.3f | %.2f | %.2f | %.2f× | %.2f× | %.2f | %.2f | %.2f× |"):format(
+      name, shares(4), largest(4) / plain, largest(2) / plain,
+      median(p.step_s) * 1e3, median(ze.step_s) * 1e3, ratio(ze, p, "step_s"), ratio(ze, zb, "step_s"),
+      median(p.opt_s) * 1e3, median(ze.opt_s) * 1e3, ratio(ze, p, "opt_s"))
   end
   -- The parameters of each copy must still agree across ranks (ZeRO keeps the replicas in
   -- sync; BatchNorm's running stats differ per rank, as without ZeRO, so only parameters).
@@ -151,5 +169,10 @@ if rank == 0 then
   print("| model | step ms plain | step ms ZeRO | step ms ZeRO bucket | ZeRO / plain | bucket / plain | opt.step ms plain | ZeRO | ZeRO bucket | ZeRO / plain | bucket / plain |")
   print("|---|---|---|---|---|---|---|---|---|---|---|")
   for _, r in ipairs(time_rows) do print(r) end
+  print()
+  print('partition = "elements":')
+  print("| model | state, rank 0 / rank 1 | largest / plain | by parameters: largest / plain | step ms plain | step ms elements | elements / plain | elements / bucket | opt.step ms plain | elements | elements / plain |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  for _, r in ipairs(elem_rows) do print(r) end
 end
 dist.destroy_process_group()

@@ -520,6 +520,372 @@ out("config_restored", tostring(zero3._join_config == nil or zero3._join_config.
     end
   end)
 
+  it("element layout: equal padded ranges per group, parameters cut at rank boundaries", function()
+    local EP = require "ddplua.distributed.optim.element_partition"
+    local dl = require "ddplua"
+    local a, b, c = dl.zeros({ 6, 5 }), dl.zeros({ 5 }), dl.zeros({ 0 })
+    local layout = EP.layout({ a, b, c }, 3) -- 35 elements: L = 12, one padding element
+    assert.equal(35, layout.numel)
+    assert.equal(12, layout.shard)
+    assert.same({ 0, 30, 35 }, { layout.entries[1].offset, layout.entries[2].offset, layout.entries[3].offset })
+    local function brief(pieces)
+      local out = {}
+      for i, pc in ipairs(pieces) do out[i] = { pc.entry, pc.param_start, pc.shard_start, pc.numel } end
+      return out
+    end
+    assert.same({ { 1, 0, 0, 12 } }, brief(EP.pieces(layout, 0)))
+    assert.same({ { 1, 12, 0, 12 } }, brief(EP.pieces(layout, 1)))
+    assert.same({ { 1, 24, 0, 6 }, { 2, 0, 6, 5 } }, brief(EP.pieces(layout, 2)))
+    -- 2 elements on 3 ranks: L = 1, the last rank holds padding only.
+    local small = EP.layout({ dl.zeros({ 2 }) }, 3)
+    assert.equal(1, small.shard)
+    assert.same({}, brief(EP.pieces(small, 2)))
+    assert.same({ { 1, 1, 0, 1 } }, brief(EP.pieces(small, 1)))
+    assert.equal(0, EP.layout({ c }, 2).shard)
+  end)
+
+  it("#dist partition = \"elements\", Adam on 2 ranks, one dominant Linear: half the state per rank, 20 steps equal plain Adam bit for bit", function()
+    local ranks = run([[
+-- 100-48-10: parameters of 4800, 48, 480, 10 elements (5338); the first holds 0.90.
+local function dominant() dl.manual_seed(4); return nn.Sequential(nn.Linear(100, 48), nn.Tanh(), nn.Linear(48, 10)) end
+dl.manual_seed(7)
+local xs, ys = {}, {}
+for s = 1, 20 do xs[s], ys[s] = dl.randn({8, 100}), dl.randn({8, 10}) end
+local m1, m2, m3 = dominant(), dominant(), dominant()
+local args = {lr = 0.01, betas = {0.8, 0.99}, amsgrad = true}
+local function with(t) local o = {}; for k, v in pairs(args) do o[k] = v end; for k, v in pairs(t) do o[k] = v end; return o end
+local zero = ZeRO(m1:parameters(), with{optimizer_class = optim.Adam, partition = "elements"})
+local by_param = ZeRO(m3:parameters(), with{optimizer_class = optim.Adam})
+local plain = optim.Adam(m2:parameters(), args)
+-- A second param group with its own options (its own flat shard): a tensor of 7 elements.
+dl.manual_seed(9)
+local e1 = dl.randn({7}, {requires_grad = true})
+local e2 = e1:detach():clone():requires_grad_(true)
+zero:add_param_group({params = {e1}, lr = 0.05, weight_decay = 0.1})
+plain:add_param_group({params = {e2}, lr = 0.05, weight_decay = 0.1})
+for s = 1, 20 do
+  if s == 10 then zero.param_groups[1].lr = 0.003; plain.param_groups[1].lr = 0.003 end
+  if s == 15 then -- step(closure): the closure's gradients are the ones stepped
+    local function closure(m, opt, e) return function()
+      opt:zero_grad(); local l = mse(m(xs[s]), ys[s]) + (e * e):sum() * 0.1; l:backward(); return l end end
+    local l1 = zero:step(closure(m1, zero, e1))
+    local l2 = plain:step(closure(m2, plain, e2))
+    out("closure_loss_equal", l1:item() == l2:item())
+  else
+    for _, c in ipairs{{m1, zero, e1}, {m2, plain, e2}} do
+      c[2]:zero_grad()
+      local loss = mse(c[1](xs[s]), ys[s]) + (c[3] * c[3]):sum() * 0.1
+      loss:backward()
+      c[2]:step()
+    end
+  end
+  train_step(m3, by_param, xs[s], ys[s])
+end
+out("max_abs", math.max(max_abs(m1, m2), (e1 - e2):abs():max():item()))
+out("params", params_text(m1))
+out("state", state_elements(zero.optim))
+out("plain_state", state_elements(plain))
+out("by_param_state", state_elements(by_param.optim))
+out("shard", zero._elements.groups[1].shard .. "/" .. zero._elements.groups[2].shard)
+out("local_groups", #zero.optim.param_groups .. "/" .. #zero.optim.param_groups[1].params)
+out("lr", zero.param_groups[1].lr)
+local first, last = zero:_owner(m1:parameters()[1])
+out("owner_first", first .. "-" .. last)
+]], 2)
+    for i = 1, 2 do
+      local d = num(ranks, i, "max_abs")
+      print(("rank %d: max |ZeRO elements - plain Adam| = %g"):format(i - 1, d))
+      assert.equal(0, d) -- the same kernel on the same elements: bit for bit (so within 1e-6)
+      assert.equal("true", ranks[i].out.closure_loss_equal)
+      assert.equal("0.003", ranks[i].out.lr)
+      assert.equal("2/1", ranks[i].out.local_groups) -- one flat shard per group
+      assert.equal("0-1", ranks[i].out.owner_first) -- the dominant weight is cut between the ranks
+    end
+    assert.equal(ranks[1].out.params, ranks[2].out.params)
+    -- exp_avg, exp_avg_sq and max_exp_avg_sq of 5338 + 7 elements.
+    local plain = num(ranks, 1, "plain_state")
+    assert.equal(3 * 5345, plain)
+    assert.equal("2669/4", ranks[1].out.shard) -- ceil(5338 / 2), ceil(7 / 2)
+    for i = 1, 2 do
+      local st = num(ranks, i, "state")
+      -- Each state tensor holds the rank's range: half, plus at most one padding element.
+      assert.equal(3 * (2669 + 4), st)
+      assert.is_true(math.abs(st - plain / 2) <= 3 * 2 * 1, ("rank %d: %d of %d"):format(i - 1, st, plain))
+    end
+    -- PyTorch's partition keeps the dominant weight whole: one rank holds 0.9 of the state.
+    local b0, b1 = num(ranks, 1, "by_param_state"), num(ranks, 2, "by_param_state")
+    assert.is_true(math.max(b0, b1) / (b0 + b1) > 0.85)
+  end)
+
+  it("#dist partition = \"elements\" with DDP (SGD momentum, AdamW, Adadelta) equals DDP with the plain optimizer", function()
+    local ranks = run([[
+local xs, ys = batches(12, 8)
+local cases = {
+  {"sgd", optim.SGD, {lr = 0.05, momentum = 0.9, nesterov = true, weight_decay = 0.01}},
+  {"adamw", optim.AdamW, {lr = 0.01, weight_decay = 0.1, maximize = false}},
+  {"adadelta", optim.Adadelta, {lr = 0.5, weight_decay = 0.01}},
+}
+for _, c in ipairs(cases) do
+  local name, cls, args = c[1], c[2], c[3]
+  local d1, d2 = DDP(mlp()), DDP(mlp())
+  local zopts = {optimizer_class = cls, partition = "elements"}
+  for k, v in pairs(args) do zopts[k] = v end
+  local zero = ZeRO(d1:parameters(), zopts)
+  local plain = cls(d2:parameters(), args)
+  for s = 1, 12 do
+    local x, y = shard(xs[s]), shard(ys[s])
+    train_step(d1, zero, x, y)
+    train_step(d2, plain, x, y)
+  end
+  out(name .. "_max_abs", max_abs(d1.module, d2.module))
+  out(name .. "_params", params_text(d1.module))
+  out(name .. "_state", state_elements(zero.optim) .. "/" .. state_elements(plain))
+  d1:verify_sync()
+end
+]], 2)
+    for _, name in ipairs { "sgd", "adamw", "adadelta" } do
+      for i = 1, 2 do assert.equal(0, num(ranks, i, name .. "_max_abs")) end
+      assert.equal(ranks[1].out[name .. "_params"], ranks[2].out[name .. "_params"])
+      for i = 1, 2 do
+        local a, p = ranks[i].out[name .. "_state"]:match("(%d+)/(%d+)")
+        assert.equal(tonumber(p), 2 * tonumber(a)) -- 3754 elements: an even split, no padding
+      end
+    end
+  end)
+
+  it("#dist partition = \"elements\": state_dict is plain Adam's, a plain Adam loads it, and a plain state loads back into ranges", function()
+    local ranks = run([[
+local xs, ys = batches(12, 8)
+local m1, m2 = mlp(), mlp()
+local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, amsgrad = true, partition = "elements"})
+local plain = optim.Adam(m2:parameters(), {lr = 0.01, amsgrad = true})
+for s = 1, 6 do train_step(m1, zero, xs[s], ys[s]); train_step(m2, plain, xs[s], ys[s]) end
+try("before_consolidate", function() zero:state_dict() end)
+local function same_sd(a, b)
+  local worst, entries = 0, 0
+  for id, st in pairs(b.state) do
+    local o = a.state[id]
+    if o == nil or o.step ~= st.step then return -1 end
+    entries = entries + 1
+    for _, k in ipairs{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} do
+      local x, y = o[k], st[k]
+      if table.concat(x:size(), "x") ~= table.concat(y:size(), "x") then return -2 end
+      worst = math.max(worst, (x - y):abs():max():item())
+    end
+  end
+  for id in pairs(a.state) do if b.state[id] == nil then return -1 end end
+  for g, grp in ipairs(b.param_groups) do
+    if #grp.params ~= #a.param_groups[g].params or grp.lr ~= a.param_groups[g].lr then return -1 end
+  end
+  return worst, entries
+end
+for _, to in ipairs{0, 1} do
+  zero:consolidate_state_dict(to)
+  if RANK == to then
+    local worst, entries = same_sd(zero:state_dict(), plain:state_dict())
+    out("sd_diff_" .. to, worst)
+    out("sd_entries_" .. to, entries)
+  end
+end
+-- The consolidated state (on rank 1 now) loaded into a plain Adam continues as the plain one.
+if RANK == 1 then
+  local m3, m4 = mlp(), mlp()
+  dl.no_grad(function()
+    for i, p in ipairs(m3:parameters()) do p:copy_(m1:parameters()[i]); m4:parameters()[i]:copy_(m2:parameters()[i]) end
+  end)
+  local fresh = optim.Adam(m3:parameters(), {lr = 0.5})
+  fresh:load_state_dict(zero:state_dict())
+  local ref = optim.Adam(m4:parameters(), {lr = 0.5})
+  ref:load_state_dict(plain:state_dict())
+  for s = 7, 12 do train_step(m3, fresh, xs[s], ys[s]); train_step(m4, ref, xs[s], ys[s]) end
+  out("plain_loaded_max_abs", max_abs(m3, m4))
+end
+-- A plain Adam's state cut into ranges: a fresh elements ZeRO continues as plain, and its
+-- own state_dict gives the same state back.
+local sd = plain:state_dict()
+local m5 = mlp()
+dl.no_grad(function() for i, p in ipairs(m5:parameters()) do p:copy_(m2:parameters()[i]) end end)
+local zero2 = ZeRO(m5:parameters(), {optimizer_class = optim.Adam, lr = 0.5, partition = "elements"})
+zero2:load_state_dict(sd)
+out("loaded_lr", zero2.optim.param_groups[1].lr)
+out("loaded_state", state_elements(zero2.optim) .. "/" .. state_elements(plain))
+zero2:consolidate_state_dict(0)
+if RANK == 0 then out("reload_diff", (same_sd(zero2:state_dict(), sd))) end
+for s = 7, 12 do train_step(m5, zero2, xs[s], ys[s]); train_step(m2, plain, xs[s], ys[s]) end
+out("zero_loaded_max_abs", max_abs(m5, m2))
+-- States that one flat shard cannot hold are refused on every rank, before anything changes.
+local uneven = plain:state_dict()
+uneven.state[1].step = uneven.state[1].step + 1
+try("uneven_steps", function() zero2:load_state_dict(uneven) end)
+local partial = plain:state_dict()
+partial.state[3] = nil
+try("partial", function() zero2:load_state_dict(partial) end)
+local bad = plain:state_dict()
+bad.state[0].exp_avg = dl.zeros({3})
+try("bad_shape", function() zero2:load_state_dict(bad) end)
+out("lr_after_refusals", zero2.param_groups[1].lr)
+]], 2)
+    assert.matches("consolidate_state_dict(to=0)", ranks[1].err.before_consolidate, 1, true)
+    assert.equal(0, num(ranks, 1, "sd_diff_0"))
+    assert.equal(6, num(ranks, 1, "sd_entries_0"))
+    assert.equal(0, num(ranks, 2, "sd_diff_1"))
+    assert.equal(0, num(ranks, 2, "plain_loaded_max_abs"))
+    assert.equal(0, num(ranks, 1, "reload_diff"))
+    for i = 1, 2 do
+      assert.equal(0, num(ranks, i, "zero_loaded_max_abs"))
+      assert.equal("0.01", ranks[i].out.loaded_lr)
+      assert.equal(3 * 3754 / 2 .. "/" .. 3 * 3754, ranks[i].out.loaded_state)
+      assert.matches("parameters 1 and 2 of param group 1 differ in step", ranks[i].err.uneven_steps, 1, true)
+      assert.matches("has state and parameter 4 has none", ranks[i].err.partial, 1, true)
+      assert.matches("shape", ranks[i].err.bad_shape)
+      assert.equal("0.01", ranks[i].out.lr_after_refusals)
+    end
+  end)
+
+  it("#dist partition = \"elements\" on 3 ranks: padding, a rank owning padding only, add_param_group", function()
+    local ranks = run([[
+local function lin() dl.manual_seed(3); return nn.Linear(6, 5) end -- 30 + 5 = 35 elements: L = 12
+local m1, m2 = lin(), lin()
+local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.02, partition = "elements"})
+local plain = optim.Adam(m2:parameters(), {lr = 0.02})
+dl.manual_seed(9)
+local e1 = dl.randn({2}, {requires_grad = true}) -- 2 elements: L = 1, rank 2 holds padding only
+local e2 = e1:detach():clone():requires_grad_(true)
+for s = 1, 8 do
+  if s == 4 then
+    zero:add_param_group({params = {e1}, lr = 0.05})
+    plain:add_param_group({params = {e2}, lr = 0.05})
+  end
+  dl.manual_seed(50 + s)
+  local x, y = dl.randn({6, 6}), dl.randn({6, 5})
+  for _, c in ipairs{{m1, zero, e1}, {m2, plain, e2}} do
+    c[2]:zero_grad()
+    local loss = mse(c[1](x), y)
+    if s >= 4 then loss = loss + (c[3] * c[3]):sum() * 0.1 end
+    loss:backward()
+    c[2]:step()
+  end
+end
+out("max_abs", math.max(max_abs(m1, m2), (e1 - e2):abs():max():item()))
+out("params", params_text(m1) .. "," .. table.concat(e1:tolist(), ","))
+out("state", state_elements(zero.optim))
+local touched = {}
+for g, list in ipairs(zero:_partition_parameters()[RANK + 1]) do touched[g] = #list end
+out("touched", table.concat(touched, ","))
+zero:consolidate_state_dict(2)
+if RANK == 2 then
+  local sd, ps = zero:state_dict(), plain:state_dict()
+  local worst = 0
+  for id, st in pairs(ps.state) do
+    worst = math.max(worst, (sd.state[id].exp_avg - st.exp_avg):abs():max():item(),
+      (sd.state[id].exp_avg_sq - st.exp_avg_sq):abs():max():item())
+    if sd.state[id].step ~= st.step then worst = 1 / 0 end
+  end
+  out("sd_diff", worst)
+end
+]], 3)
+    for i = 1, 3 do
+      assert.equal(0, num(ranks, i, "max_abs"))
+      -- Group 1: (12) exp_avg and exp_avg_sq; group 2: (1) each. 2 x 13 = 26 of 2 x 37.
+      assert.equal(26, num(ranks, i, "state"))
+    end
+    assert.equal(ranks[1].out.params, ranks[2].out.params)
+    assert.equal(ranks[1].out.params, ranks[3].out.params)
+    assert.equal("1,1", ranks[1].out.touched) -- weight[0..12), e1[0]
+    assert.equal("1,1", ranks[2].out.touched) -- weight[12..24), e1[1]
+    assert.equal("2,0", ranks[3].out.touched) -- weight[24..30) and the bias; padding only
+    assert.equal(0, num(ranks, 3, "sd_diff"))
+  end)
+
+  it("#dist partition = \"elements\": the join hook's step, the simulated device, and its errors", function()
+    local ranks = run([[
+local xs, ys = batches(8, 8)
+local m1, m2 = mlp(), mlp()
+local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
+local plain = optim.Adam(m2:parameters(), {lr = 0.01})
+local hook = zero:join_hook({})
+for s = 1, 8 do
+  zero:zero_grad()
+  mse(m1(xs[s]), ys[s]):backward()
+  if RANK == 1 and s > 3 then hook.main_hook() else zero:step() end
+  train_step(m2, plain, xs[s], ys[s])
+end
+out("join_max_abs", max_abs(m1, m2))
+-- A joined rank without gradients: its range keeps its values, the other rank's moves.
+local before = {}
+for i, p in ipairs(m1:parameters()) do before[i] = p:clone() end
+zero:zero_grad()
+if RANK == 1 then hook.main_hook() else mse(m1(xs[1]), ys[1]):backward(); zero:step() end
+local moved = {}
+for i, p in ipairs(m1:parameters()) do moved[i] = tostring((p - before[i]):abs():max():item() > 0) end
+out("moved", table.concat(moved, ","))
+out("after_params", params_text(m1))
+-- Errors.
+local Optimizer = optim.Optimizer
+local Normed = Optimizer.subclass("Normed", {lr = 0.1})
+function Normed.validate() end
+function Normed.new(params, opts) return Optimizer.construct(Normed, params, opts) end
+function Normed:update(p, grad) p:sub_(grad / grad:norm()) end
+local m = mlp()
+try("not_elementwise", function() ZeRO(m:parameters(), {optimizer_class = Normed, partition = "elements"}) end)
+out("normed_by_parameters", tostring(ZeRO(m:parameters(), {optimizer_class = Normed}) ~= nil))
+-- A class of one's own that declares its update element-wise is taken.
+local Scaled = Optimizer.subclass("Scaled", {lr = 0.1})
+Scaled.elementwise = true
+function Scaled.validate() end
+function Scaled.new(params, opts) return Optimizer.construct(Scaled, params, opts) end
+out("declared_elementwise", tostring(ZeRO(m:parameters(), {optimizer_class = Scaled, partition = "elements"}).partition))
+try("bad_partition", function() ZeRO(m:parameters(), {optimizer_class = optim.Adam, partition = "rows"}) end)
+try("bucket_view", function()
+  ZeRO(m:parameters(), {optimizer_class = optim.Adam, partition = "elements", parameters_as_bucket_view = true})
+end)
+local z = ZeRO(m:parameters(), {optimizer_class = optim.SGD, lr = 0.1, partition = "elements"})
+z:zero_grad()
+mse(m(xs[1]), ys[1]):backward()
+m:parameters()[3].grad = nil
+try("mixed_grads", function() z:step() end)
+]], 2)
+    for i = 1, 2 do assert.equal(0, num(ranks, i, "join_max_abs")) end
+    assert.equal(ranks[1].out.after_params, ranks[2].out.after_params)
+    -- Rank 0 (range: the first 1877 elements, in parameters 1-3) moved; rank 1's range (the
+    -- rest of parameter 3 and parameters 4-6) had no gradients on rank 1.
+    assert.equal("true,true,true,false,false,false", ranks[1].out.moved)
+    local e = ranks[1].err
+    assert.matches('partition = "elements" needs an optimizer whose update is element-wise', e.not_elementwise, 1, true)
+    assert.matches("Normed is not known to be", e.not_elementwise, 1, true)
+    assert.equal("true", ranks[1].out.normed_by_parameters)
+    assert.equal("elements", ranks[1].out.declared_elementwise)
+    assert.matches('partition must be "parameters" or "elements", got rows', e.bad_partition, 1, true)
+    assert.matches('parameters_as_bucket_view = true does not apply to partition = "elements"', e.bucket_view, 1, true)
+    assert.matches("in param group 1, parameter 1 has one and parameter 3 has none", e.mixed_grads, 1, true)
+  end)
+
+  it("#dist partition = \"elements\" on the simulated device with the simulated NCCL", function()
+    local ranks = run([[
+local xs, ys = batches(8, 8)
+local m1, m2 = mlp():cuda(RANK), mlp():cuda(RANK)
+local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
+local plain = optim.Adam(m2:parameters(), {lr = 0.01})
+for s = 1, 8 do train_step(m1, zero, xs[s]:cuda(RANK), ys[s]:cuda(RANK)); train_step(m2, plain, xs[s]:cuda(RANK), ys[s]:cuda(RANK)) end
+out("max_abs", max_abs(m1, m2))
+for _, st in pairs(zero.optim.state) do out("state_device", st.exp_avg.device) end
+zero:consolidate_state_dict(0)
+local sd = plain:state_dict()
+local m3 = mlp():cuda(RANK)
+dl.no_grad(function() for i, p in ipairs(m3:parameters()) do p:copy_(m2:parameters()[i]) end end)
+local z3 = ZeRO(m3:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
+z3:load_state_dict(sd)
+for s = 1, 4 do train_step(m3, z3, xs[s]:cuda(RANK), ys[s]:cuda(RANK)); train_step(m2, plain, xs[s]:cuda(RANK), ys[s]:cuda(RANK)) end
+out("loaded_max_abs", max_abs(m3, m2))
+]], 2, { init = '{backend = "nccl", device_id = RANK, timeout = 30}',
+          env = { DDPLUA_CUDA_PLUGIN = SIM, DDPLUA_SIM_NCCL = "1" } })
+    for i = 1, 2 do
+      assert.equal(0, num(ranks, i, "max_abs"))
+      assert.equal("cuda:" .. (i - 1), ranks[i].out.state_device)
+      assert.equal(0, num(ranks, i, "loaded_max_abs"))
+    end
+  end)
+
   it("#dist raises clear errors for bad arguments", function()
     local ranks = run([[
 local m = mlp()

@@ -24,7 +24,15 @@
 -- parameter: `world` collectives a step instead of one per parameter, at the cost of a
 -- copy of the parameters; unlike PyTorch the parameters are not turned into views of the
 -- buffer, ddplua having no way to re-point a parameter's storage), overlap_with_ddp = false
--- (true raises: it needs PyTorch's ddp_zero_hook.py communication hooks, not provided).
+-- (true raises: it needs PyTorch's ddp_zero_hook.py communication hooks, not provided),
+-- partition = "parameters" (the default and PyTorch's only one: each parameter whole on
+-- one rank, Note [ZeRO partition]) or "elements" (a ddplua extension: each param group
+-- laid flat and cut into equal per-rank ranges of elements, parameters possibly split, as
+-- DeepSpeed's ZeRO stage 1: Note [ZeRO element partition] in element_partition.lua; the
+-- state per rank is then 1/world of the plain optimizer's, to one padding element per
+-- state tensor, however the sizes are spread; it needs an element-wise optimizer_class --
+-- optim.SGD, Adam, AdamW, Adadelta, or a class of your own declaring `elementwise = true`
+-- -- and refuses parameters_as_bucket_view, its sync being one all-gather per group).
 -- Every other key is an option of optimizer_class (lr, betas, momentum, ...), checked by it.
 --
 -- opt.param_groups is PyTorch's view: every parameter of each group with the group's
@@ -38,6 +46,7 @@ local options = require "ddplua.options"
 local tensor = require "ddplua.tensor"
 local Optimizer = require "ddplua.optim.optimizer"
 local state_broadcast = require "ddplua.distributed.optim.state_broadcast"
+local ElementPartition = require "ddplua.distributed.optim.element_partition"
 local ffi, C = lib.ffi, lib.C
 local raise = lib.raise
 
@@ -58,7 +67,7 @@ local function address(p) return tonumber(ffi.cast("intptr_t", p)) end
 
 -- The options ZeroRedundancyOptimizer reads itself; the rest go to optimizer_class.
 local OWN = { optimizer_class = true, process_group = true, parameters_as_bucket_view = true,
-  overlap_with_ddp = true }
+  overlap_with_ddp = true, partition = true }
 
 -- ---- the partition ------------------------------------------------------------------------
 
@@ -136,12 +145,43 @@ end
 
 local function group_rank_to_global(group, r) return group.ranks[r + 1] end
 
+-- The classes of ddplua.optim whose update is element-wise (Note [ZeRO element partition]).
+local function elementwise(cls)
+  if cls.elementwise == true then return true end
+  local optim = require "ddplua.optim"
+  return cls == optim.SGD or cls == optim.Adam or cls == optim.AdamW or cls == optim.Adadelta
+end
+
+-- The partition option: "parameters" (default) or "elements"; raises for anything else,
+-- for "elements" with an optimizer_class whose update is not element-wise, and for
+-- "elements" with parameters_as_bucket_view.
+local function partition_mode(opts, cls)
+  local mode = opts.partition
+  if mode == nil then return "parameters" end
+  if mode ~= "parameters" and mode ~= "elements" then
+    raise(('%s: partition must be "parameters" or "elements", got %s'):format(NAME, tostring(mode)))
+  end
+  if mode == "elements" then
+    if not elementwise(cls) then
+      raise(('%s: partition = "elements" needs an optimizer whose update is element-wise (SGD, Adam, AdamW, ' ..
+        'Adadelta, or a class declaring elementwise = true), and %s is not known to be: a parameter cut ' ..
+        'between ranks would get another update; use partition = "parameters"'):format(NAME, tostring(cls.name)))
+    end
+    if opts.parameters_as_bucket_view then
+      raise(NAME .. ': parameters_as_bucket_view = true does not apply to partition = "elements", whose ' ..
+        "updated ranges are already gathered as one flat buffer per param group")
+    end
+  end
+  return mode
+end
+
 --- ZeroRedundancyOptimizer(params, opts) (or .new): see the top of this file. params: a
 -- list of tensors (leaves requiring grad, one dtype, one device; param groups come with
 -- add_param_group, as PyTorch). Raises naming the problem: a bad optimizer_class, a bad
--- params list, overlap_with_ddp = true, no process group, an option neither it nor
--- optimizer_class knows (options.check's message), an invalid option value
--- (optimizer_class's message).
+-- params list, overlap_with_ddp = true, a bad partition (or "elements" with an optimizer
+-- not known to be element-wise, or with parameters_as_bucket_view), no process group, an
+-- option neither it nor optimizer_class knows (options.check's message), an invalid
+-- option value (optimizer_class's message).
 function ZeRO.new(params, opts)
   if opts ~= nil and type(opts) ~= "table" then
     raise(("%s: options must be a table, got %s"):format(NAME, type(opts)))
@@ -166,6 +206,7 @@ function ZeRO.new(params, opts)
   if bucket_view ~= nil and type(bucket_view) ~= "boolean" then
     raise(NAME .. ": parameters_as_bucket_view must be true or false, got " .. tostring(bucket_view))
   end
+  local mode = partition_mode(opts, cls)
   local defaults = {}
   for k, v in pairs(opts) do if not OWN[k] then defaults[k] = v end end
   local group = opts.process_group
@@ -186,11 +227,16 @@ function ZeRO.new(params, opts)
     world_size = group:size(),
     rank = group:rank(),
     parameters_as_bucket_view = bucket_view == true,
+    partition = mode,
     _optim_defaults = defaults,
     _device = C.ddp_tensor_device(params[1]),
     _all_state_dicts = {},
   }, ZeRO)
   self.global_rank = group_rank_to_global(group, self.rank)
+  if mode == "elements" then
+    self._elements = ElementPartition.new { world = self.world_size, rank = self.rank, device = self._device,
+      dtype = params[1]:type(), process_group = group }
+  end
   -- Note [ZeRO param groups]: the exposed param groups belong to an instance of
   -- optimizer_class over every parameter that is never stepped (so it holds no state). It
   -- gives PyTorch's Optimizer base for free: the checks of each parameter (a leaf requiring
@@ -212,18 +258,27 @@ end
 function ZeRO:_local_group(group, g)
   local out = {}
   for k, v in pairs(group) do if k ~= "params" then out[k] = v end end
-  out.params = self._partition[self.rank + 1][g]
+  out.params = self._elements and self._elements:local_params(g) or self._partition[self.rank + 1][g]
   return out
 end
 
 -- Recompute the partition and what derives from it: the owner and global index of each
--- parameter (by address), the per-rank flat buffers of parameters_as_bucket_view.
+-- parameter (by address), the per-rank flat buffers of parameters_as_bucket_view. With
+-- partition = "elements" the groups already laid out keep their shards (and so their
+-- state); a new group gets its own.
 function ZeRO:_repartition()
-  self._partition = ZeRO.partition(self.param_groups, self.world_size)
   self._rank_of, self._index_of, self._index_to_param = {}, {}, {}
-  for r = 1, self.world_size do
-    for _, list in ipairs(self._partition[r]) do
-      for _, p in ipairs(list) do self._rank_of[address(p)] = r - 1 end
+  if self._elements then
+    for g = #self._elements.groups + 1, #self.param_groups do
+      self._elements:add_group(self.param_groups[g].params)
+    end
+    self._partition = self._elements:touched()
+  else
+    self._partition = ZeRO.partition(self.param_groups, self.world_size)
+    for r = 1, self.world_size do
+      for _, list in ipairs(self._partition[r]) do
+        for _, p in ipairs(list) do self._rank_of[address(p)] = r - 1 end
+      end
     end
   end
   local id = 0
@@ -349,10 +404,27 @@ end
 -- The local step and the parameter sync, without telling a join context (PyTorch's
 -- _local_step then _sync_params).
 function ZeRO:_step(closure)
+  if self._elements then return self:_element_step(closure) end
   ZeRO._sync_param_groups(self.param_groups, self.optim.param_groups)
   local loss = self.optim:step(closure)
   ZeRO._sync_param_groups(self.optim.param_groups, self.param_groups)
   self:_sync_params()
+  return loss
+end
+
+-- The same with partition = "elements" (Note [ZeRO element partition]): the closure runs
+-- first (it may recompute the gradients), then the shards take the parameters' values and
+-- gradients, the local optimizer steps them, and the updated ranges are all-gathered.
+function ZeRO:_element_step(closure)
+  local loss
+  if closure then loss = dl().enable_grad(closure) end
+  local part = self._elements
+  local has = part:check_grads()
+  ZeRO._sync_param_groups(self.param_groups, self.optim.param_groups)
+  part:load(has)
+  self.optim:step()
+  ZeRO._sync_param_groups(self.optim.param_groups, self.param_groups)
+  part:gather()
   return loss
 end
 
@@ -361,7 +433,10 @@ end
 -- the plain optimizer does), then broadcast every rank's parameters from their owner (Note
 -- [ZeRO parameter sync]). Collective. Inside a Join, it first notifies the join context
 -- (Join.notify_join_context, as PyTorch's _local_step). Raises as the local optimizer and
--- the collectives do.
+-- the collectives do. With partition = "elements": steps this rank's flat range of each
+-- param group whose parameters have gradients, then all-gathers the ranges (Note [ZeRO
+-- element partition]); raises, before any collective, when a group's parameters have a
+-- .grad for some and not others.
 function ZeRO:step(closure)
   local j = join()
   if j then j.notify_join_context(self) end
@@ -376,8 +451,9 @@ function ZeRO:zero_grad(opts) self._all:zero_grad(opts) end
 --- opt:add_param_group(group): add {params = {...}, <option> = ...} on every rank (the
 -- options checked by optimizer_class), then partition again (Note [ZeRO partition]: the
 -- earlier groups keep their owners, as a group's assignment depends only on the groups
--- before it) and give the local
--- optimizer its share of the new group (possibly none). Must be called on every rank.
+-- before it) and give the local optimizer its share of the new group (possibly none; with
+-- partition = "elements", the new group's own flat range, the earlier groups' shards and
+-- state unchanged). Must be called on every rank.
 function ZeRO:add_param_group(group)
   -- The same dense type as the first parameter, checked before anything changes (the rest
   -- is checked by optimizer_class's add_param_group).
@@ -438,13 +514,19 @@ end
 -- plain optimizer_class's layout (Optimizer:state_dict: parameter ids count from 0 along
 -- param_groups), so a plain optimizer over the same parameters can load it. Tensors are CPU
 -- copies. Raises PyTorch's error unless consolidate_state_dict(to = this rank) ran before
--- (the state may be older than the last step: it is the one of that call).
+-- (the state may be older than the last step: it is the one of that call). With partition
+-- = "elements", each parameter's state is reassembled from the ranks' ranges
+-- (ElementPartition.state_of), so it is the plain layout too.
 function ZeRO:state_dict()
   if #self._all_state_dicts == 0 then
     raise(("Optimizer state has not been consolidated on this rank. Please call " ..
       "`consolidate_state_dict(to=%d)` on all ranks beforehand if you meant to save the global state."):format(self.rank))
   end
   local sd = self._all:state_dict() -- the param groups with global ids; no state of its own
+  if self._elements then
+    sd.state = self:_element_state()
+    return sd
+  end
   local state = {}
   for r, local_sd in ipairs(self._all_state_dicts) do
     local groups = self._partition[r]
@@ -467,6 +549,29 @@ function ZeRO:state_dict()
   end
   sd.state = state
   return sd
+end
+
+-- The consolidated shard states reassembled per parameter (partition = "elements"), keyed
+-- by global id (ElementPartition.state_of).
+function ZeRO:_element_state()
+  local part, state = self._elements, {}
+  for g, layout in ipairs(part.groups) do
+    local rank_states = {}
+    for r = 1, self.world_size do
+      local lgroups = self._all_state_dicts[r].param_groups
+      if #lgroups ~= #part.groups then
+        raise(("%s: the consolidated state of rank %d has %d parameter groups, the optimizer %d " ..
+          "(add_param_group after consolidate_state_dict? call it again)"):format(NAME, r - 1, #lgroups, #part.groups))
+      end
+      local id = lgroups[g].params[1]
+      if id ~= nil then rank_states[r] = self._all_state_dicts[r].state[id] end
+    end
+    local states = ElementPartition.state_of(layout, rank_states, g, self.world_size)
+    for i, e in ipairs(layout.entries) do
+      if states[i] ~= nil then state[self._index_of[address(e.p)]] = states[i] end
+    end
+  end
+  return state
 end
 
 -- Note [ZeRO load checks]: every rank must accept or refuse a state dict alike, or the
@@ -500,14 +605,18 @@ end
 --- opt:load_state_dict(sd): load a whole optimizer state (from state_dict(), or from a plain
 -- optimizer_class over the same parameters in the same order): the group options go to
 -- every rank's param groups, and each rank keeps the state of the parameters it owns only
--- (PyTorch's load_state_dict). Must be called on every rank with the same sd (no
--- communication). Raises on every rank alike, before changing anything, as
--- Optimizer:load_state_dict (Notes [validate loaded state], [ZeRO load checks]): another number of groups or of parameters, an invalid option, a
--- state entry naming no parameter, a bad step or a tensor of another shape.
+-- (PyTorch's load_state_dict; with partition = "elements", each group's states cut to this
+-- rank's range). Must be called on every rank with the same sd (no communication). Raises
+-- on every rank alike, before changing anything, as Optimizer:load_state_dict (Notes
+-- [validate loaded state], [ZeRO load checks]): another number of groups or of
+-- parameters, an invalid option, a state entry naming no parameter, a bad step or a
+-- tensor of another shape; with partition = "elements" also when a group's parameters
+-- do not all share one step and one set of state keys (or some have state and others not).
 function ZeRO:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.param_groups) ~= "table" or type(sd.state) ~= "table" then
     raise(NAME .. ": load_state_dict expects a table {state = ..., param_groups = ...}")
   end
+  if self._elements then return self:_element_load(sd) end
   local mine = {}
   for id, st in pairs(sd.state) do
     local p = self._index_to_param[tonumber(id)]
@@ -532,6 +641,41 @@ function ZeRO:load_state_dict(sd)
   self.optim.state = local_state
 end
 
+-- load_state_dict with partition = "elements": every rank checks every entry (Note [ZeRO
+-- load checks]) and cuts each group's states into its shard's range (ElementPartition:cut,
+-- which raises alike on every rank when a group's states cannot share one step), all
+-- before anything changes; then the options are set and the shards' states replaced.
+function ZeRO:_element_load(sd)
+  local unknown = {}
+  local by_param = {}
+  for id, st in pairs(sd.state) do
+    local p = self._index_to_param[tonumber(id)]
+    if p == nil then
+      unknown[id] = st -- Optimizer:load_state_dict names it
+    else
+      check_foreign_state(self.optimizer_class.name, id, st, p)
+      by_param[address(p)] = st
+    end
+  end
+  local part = self._elements
+  local cuts = {}
+  if next(unknown) == nil then
+    for g, layout in ipairs(part.groups) do
+      local states = {}
+      for i, e in ipairs(layout.entries) do states[i] = by_param[address(e.p)] end
+      cuts[g] = part:cut(g, states)
+    end
+  end
+  self._all:load_state_dict({ state = unknown, param_groups = sd.param_groups })
+  self._all.state = {}
+  ZeRO._sync_param_groups(self.param_groups, self.optim.param_groups)
+  local local_state = {}
+  for g, layout in ipairs(part.groups) do
+    if layout.tensor and cuts[g] then local_state[layout.tensor] = cuts[g] end
+  end
+  self.optim.state = local_state
+end
+
 -- ---- join -----------------------------------------------------------------------------------
 
 --- opt:join_hook(opts) -> a JoinHook {main_hook = function() ... end} for the generic Join
@@ -540,7 +684,8 @@ end
 -- step -- the local step over whatever gradients this rank holds (as PyTorch, the
 -- gradients must be set before it runs; parameters without a .grad are not updated) and
 -- the broadcasts of every rank's parameters -- so the broadcasts of the ranks still
--- stepping find their peers. Unlike PyTorch's, whose main_hook calls step() and so
+-- stepping find their peers (with partition = "elements", the all-gathers; a joined rank
+-- without gradients leaves its range as it is). Unlike PyTorch's, whose main_hook calls step() and so
 -- notifies the join context from a rank that has joined, it skips the notification: the
 -- Join's own presence all-reduce stands for it on a joined rank, so the collectives match
 -- whether or not this optimizer is the first joinable. opts (the Join's keyword options)
@@ -560,11 +705,16 @@ function ZeRO:join_process_group() return self.process_group end
 -- ---- introspection --------------------------------------------------------------------------
 
 --- opt:_partition_parameters() -> partition[r + 1][g]: the parameters of group g owned by
--- group rank r (Note [ZeRO partition]; PyTorch's name).
+-- group rank r (Note [ZeRO partition]; PyTorch's name). With partition = "elements": the
+-- parameters with elements in rank r's range (a cut one under each rank it spans).
 function ZeRO:_partition_parameters() return self._partition end
 
 --- opt:_owner(p) -> the group rank that owns parameter p (nil when p is not one of ours).
-function ZeRO:_owner(p) return self._rank_of[address(p)] end
+-- With partition = "elements": first, last, the ranks holding p's first and last element.
+function ZeRO:_owner(p)
+  if self._elements then return self._elements:owners(p) end
+  return self._rank_of[address(p)]
+end
 
 function ZeRO:__tostring()
   return ("%s(%s, rank %d of %d)"):format(NAME, self.optimizer_class.name, self.rank, self.world_size)
