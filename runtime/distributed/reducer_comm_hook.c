@@ -138,8 +138,8 @@ static int compress_fast(ddp_tensor **out, const ddp_tensor *t, int dtype, int w
   const float *restrict x = (const float *)ddp_data(t);
   uint16_t *restrict c = (uint16_t *)ddp_data(*out);
   float w = (float)world;
-  if (dtype == DDP_F16)
-    for (int64_t i = 0; i < t->numel; i++) c[i] = ddp_f32_to_f16(ddp_f16_to_f32(ddp_f32_to_f16(x[i])) / w);
+  if (dtype == DDP_F16) /* Note [f16 bulk conversion] */
+    ddp_f32_to_f16_div_n(c, x, w, t->numel);
   else
     for (int64_t i = 0; i < t->numel; i++) c[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(ddp_f32_to_bf16(x[i])) / w);
   *done = 1;
@@ -154,7 +154,7 @@ static int decompress_fast(ddp_tensor *t, const ddp_tensor *c) {
   float *restrict x = (float *)ddp_data(t);
   const uint16_t *restrict h = (const uint16_t *)ddp_data(c);
   if (c->dtype == DDP_F16)
-    for (int64_t i = 0; i < t->numel; i++) x[i] = ddp_f16_to_f32(h[i]);
+    ddp_f16_to_f32_n(x, h, t->numel);
   else
     for (int64_t i = 0; i < t->numel; i++) x[i] = ddp_bf16_to_f32(h[i]);
   ddp_tensor_bump_version(t);
