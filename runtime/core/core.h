@@ -217,6 +217,14 @@ uint16_t ddp_f32_to_f16(float f); /* round to nearest even */
 float ddp_bf16_to_f32(uint16_t h);
 uint16_t ddp_f32_to_bf16(float f); /* round to nearest even, NaN kept */
 
+/* n contiguous conversions with the bits of the scalar functions above, 8 at a time with
+ * F16C (runtime/core/f16_convert.c, Note [f16 bulk conversion]). _div_n: fp16_compress_hook's
+ * dst[i] = f16(f32(f16(src[i])) / divisor), the division in f32. dst and src do not overlap. */
+void ddp_f32_to_f16_n(uint16_t *restrict dst, const float *restrict src, int64_t n);
+void ddp_f16_to_f32_n(float *restrict dst, const uint16_t *restrict src, int64_t n);
+void ddp_f32_to_f16_div_n(uint16_t *restrict dst, const float *restrict src, float divisor,
+                          int64_t n);
+
 /* Read/write one element of dtype at p as double. */
 double ddp_load_f64(const void *p, int dtype);
 void ddp_store_f64(void *p, int dtype, double v);

@@ -100,6 +100,14 @@ static int ensure_cap(struct reducer_comm_hook *h, int n) {
 
 /* ---- launching ----------------------------------------------------------------------------- */
 
+/* The divisor of the built-in hooks: the hook group's size, or under join (Note [join shadow
+ * iteration]) the divisor set with ddp_reducer_set_divide_factor when the hook communicates
+ * over the DDP module's group (divide_by_initial_world_size = false: the non-joined ranks). */
+static int hook_divisor(const ddp_reducer *r) {
+  const struct reducer_comm_hook *h = r->comm_hook;
+  return r->div_factor > 0 && h->pg == r->pg ? r->div_factor : h->world;
+}
+
 /* Start an asynchronous all-reduce (SUM) of t for bucket k; no group: nothing to do. */
 static int hook_allreduce(ddp_reducer *r, int k, ddp_tensor *t, ddp_work **work) {
   struct reducer_comm_hook *h = r->comm_hook;
@@ -130,8 +138,8 @@ static int compress_fast(ddp_tensor **out, const ddp_tensor *t, int dtype, int w
   const float *restrict x = (const float *)ddp_data(t);
   uint16_t *restrict c = (uint16_t *)ddp_data(*out);
   float w = (float)world;
-  if (dtype == DDP_F16)
-    for (int64_t i = 0; i < t->numel; i++) c[i] = ddp_f32_to_f16(ddp_f16_to_f32(ddp_f32_to_f16(x[i])) / w);
+  if (dtype == DDP_F16) /* Note [f16 bulk conversion] */
+    ddp_f32_to_f16_div_n(c, x, w, t->numel);
   else
     for (int64_t i = 0; i < t->numel; i++) c[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(ddp_f32_to_bf16(x[i])) / w);
   *done = 1;
@@ -146,7 +154,7 @@ static int decompress_fast(ddp_tensor *t, const ddp_tensor *c) {
   float *restrict x = (float *)ddp_data(t);
   const uint16_t *restrict h = (const uint16_t *)ddp_data(c);
   if (c->dtype == DDP_F16)
-    for (int64_t i = 0; i < t->numel; i++) x[i] = ddp_f16_to_f32(h[i]);
+    ddp_f16_to_f32_n(x, h, t->numel);
   else
     for (int64_t i = 0; i < t->numel; i++) x[i] = ddp_bf16_to_f32(h[i]);
   ddp_tensor_bump_version(t);
@@ -159,43 +167,47 @@ static int launch_inner(ddp_reducer *r, int k, ddp_tensor *t) {
   hook_bucket *hb = &h->hb[k];
   switch (h->kind) {
   case DDP_COMM_HOOK_ALLREDUCE: /* default_hooks.allreduce_hook: divide, then sum */
-    DDP_TRY(ddp_div_scalar_(t, (double)h->world));
+    DDP_TRY(ddp_div_scalar_(t, (double)hook_divisor(r)));
     return hook_allreduce(r, k, t, &hb->work);
   case DDP_COMM_HOOK_FP16_COMPRESS:
   case DDP_COMM_HOOK_BF16_COMPRESS: { /* cast, divide in the narrow dtype, sum; cast back at wait */
     int dtype = h->kind == DDP_COMM_HOOK_FP16_COMPRESS ? DDP_F16 : DDP_BF16, done;
-    DDP_TRY(compress_fast(&hb->compressed, t, dtype, h->world, &done));
+    DDP_TRY(compress_fast(&hb->compressed, t, dtype, hook_divisor(r), &done));
     if (done) return hook_allreduce(r, k, hb->compressed, &hb->work);
     DDP_TRY(ddp_to_dtype(&hb->compressed, t, dtype));
     if (hb->compressed == t) { /* already that dtype: to_dtype gave t itself */
       ddp_tensor_release(hb->compressed);
       DDP_TRY(ddp_clone(&hb->compressed, t));
     }
-    DDP_TRY(ddp_div_scalar_(hb->compressed, (double)h->world));
+    DDP_TRY(ddp_div_scalar_(hb->compressed, (double)hook_divisor(r)));
     return hook_allreduce(r, k, hb->compressed, &hb->work);
   }
   case DDP_COMM_HOOK_POWER_SGD:
-    return powersgd_launch(h->psgd, r, k, t, h->pg, h->world, &hb->psgd, &h->bytes);
+    return powersgd_launch(h->psgd, r, k, t, h->pg, hook_divisor(r), &hb->psgd, &h->bytes);
   default:
     DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: comm hook kind %d has no launch", h->kind);
   }
 }
 
-int reducer_comm_hook_launch(ddp_reducer *r, int k) {
+int reducer_comm_hook_launch_on(ddp_reducer *r, int k, ddp_tensor *t) {
   struct reducer_comm_hook *h = r->comm_hook;
   DDP_TRY(ensure_cap(h, r->n_buckets));
   if (h->kind == DDP_COMM_HOOK_FRONT_END) return DDP_OK; /* queued: ddp_reducer_comm_hook_next */
-  ddp_tensor *t = r->buckets[k].buffer;
   if (h->wrap_dtype >= 0) { /* fp16/bf16_compress_wrapper: the inner hook sees the cast copy */
     hook_bucket *hb = &h->hb[k];
-    DDP_TRY(ddp_to_dtype(&hb->wire, t, h->wrap_dtype));
-    if (hb->wire == t) {
+    ddp_tensor *src = t;
+    DDP_TRY(ddp_to_dtype(&hb->wire, src, h->wrap_dtype));
+    if (hb->wire == src) {
       ddp_tensor_release(hb->wire);
-      DDP_TRY(ddp_clone(&hb->wire, t));
+      DDP_TRY(ddp_clone(&hb->wire, src));
     }
     t = hb->wire;
   }
   return launch_inner(r, k, t);
+}
+
+int reducer_comm_hook_launch(ddp_reducer *r, int k) {
+  return reducer_comm_hook_launch_on(r, k, r->buckets[k].buffer);
 }
 
 /* ---- waiting (finalize_backward) ----------------------------------------------------------- */
@@ -225,16 +237,14 @@ static int wait_inner(ddp_reducer *r, int k, ddp_tensor *t) {
     if (decompress_fast(t, hb->compressed)) return DDP_OK;
     return ddp_copy_(t, hb->compressed); /* decompress: cast back into the bucket */
   case DDP_COMM_HOOK_POWER_SGD:
-    return powersgd_finish(h->psgd, r, k, t, h->pg, h->world, hb->psgd, &h->bytes);
+    return powersgd_finish(h->psgd, r, k, t, h->pg, hook_divisor(r), hb->psgd, &h->bytes);
   default:
     DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: comm hook kind %d has no wait", h->kind);
   }
 }
 
-int reducer_comm_hook_wait(ddp_reducer *r, int k) {
+int reducer_comm_hook_wait_on(ddp_reducer *r, int k, ddp_tensor *t) {
   struct reducer_comm_hook *h = r->comm_hook;
-  bucket *b = &r->buckets[k];
-  if (!b->launched) return DDP_OK;
   DDP_TRY(ensure_cap(h, r->n_buckets));
   hook_bucket *hb = &h->hb[k];
   if (h->kind == DDP_COMM_HOOK_FRONT_END) {
@@ -245,13 +255,17 @@ int reducer_comm_hook_wait(ddp_reducer *r, int k) {
                "bucket; with find_unused_parameters some buckets complete only at the end of "
                "backward, where Lua cannot run: use a built-in hook there)", k, r->rank);
   } else {
-    ddp_tensor *t = h->wrap_dtype >= 0 ? hb->wire : b->buffer;
-    DDP_TRY(wait_inner(r, k, t));
-    if (h->wrap_dtype >= 0 && !decompress_fast(b->buffer, hb->wire))
-      DDP_TRY(ddp_copy_(b->buffer, hb->wire)); /* the wrapper's decompress */
+    DDP_TRY(wait_inner(r, k, h->wrap_dtype >= 0 ? hb->wire : t));
+    if (h->wrap_dtype >= 0 && !decompress_fast(t, hb->wire))
+      DDP_TRY(ddp_copy_(t, hb->wire)); /* the wrapper's decompress */
   }
   if (k == r->n_buckets - 1 && h->psgd) powersgd_state_next_iter(h->psgd);
   return DDP_OK;
+}
+
+int reducer_comm_hook_wait(ddp_reducer *r, int k) {
+  if (!r->buckets[k].launched) return DDP_OK;
+  return reducer_comm_hook_wait_on(r, k, r->buckets[k].buffer);
 }
 
 /* ---- the front end's hooks ----------------------------------------------------------------- */

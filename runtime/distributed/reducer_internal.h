@@ -120,6 +120,10 @@ int reducer_rebuild_buckets(ddp_reducer *r);
  * iteration, and freeing (runtime/distributed/reducer_comm_hook.c). */
 int reducer_comm_hook_launch(ddp_reducer *r, int k);
 int reducer_comm_hook_wait(ddp_reducer *r, int k);
+/* The same on t (bucket k's dtype and size, laid out as its slots) instead of the bucket's
+ * buffer: a joined rank's shadow runs the hook on zeros (Note [join shadow iteration]). */
+int reducer_comm_hook_launch_on(ddp_reducer *r, int k, ddp_tensor *t);
+int reducer_comm_hook_wait_on(ddp_reducer *r, int k, ddp_tensor *t);
 void reducer_comm_hook_reset(ddp_reducer *r);
 void reducer_comm_hook_free(ddp_reducer *r);
 

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "distributed/reducer_internal.h"
+#include "distributed/comm_hook_internal.h"
 
 int ddp_reducer_set_divide_factor(ddp_reducer *r, int div_factor) {
   if (!r) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: reducer is NULL");
@@ -61,6 +61,8 @@ int ddp_reducer_join_shadow_backward(ddp_reducer *r) {
     return DDP_OK;
   }
   int nb = r->n_buckets;
+  struct reducer_comm_hook *h = r->comm_hook;
+  int front_end = h && h->kind == DDP_COMM_HOOK_FRONT_END;
   ddp_tensor **zeros = calloc((size_t)(nb + 1), sizeof *zeros);
   ddp_work **works = calloc((size_t)(nb + 1), sizeof *works);
   ddp_tensor *flags = NULL;
@@ -71,12 +73,22 @@ int ddp_reducer_join_shadow_backward(ddp_reducer *r) {
                        "backward (join)");
     goto done;
   }
+  /* Note [join shadow with a comm hook]: what the non-joined ranks' hook launches per
+   * bucket, on zeros; a hook written in the front end ran its collectives before this call. */
   /* Note [bucket order]: launched in index order, as the non-joined ranks launch theirs. */
-  for (int k = 0; k < nb && !status; k++) {
+  for (int k = 0; k < nb && !status && !front_end; k++) {
     bucket *b = &r->buckets[k];
     int64_t shape[1] = {b->numel};
     status = ddp_tensor_zeros(&zeros[k], 1, shape, b->dtype, r->device);
     if (status) break;
+    if (h) {
+      status = reducer_comm_hook_launch_on(r, k, zeros[k]);
+      if (status)
+        status = DDP_ERROR(status, "DistributedDataParallel: joined rank %d could not run the "
+                           "communication hook on zero gradient bucket %d: %s", r->rank, k,
+                           ddp_last_error());
+      continue;
+    }
     char site[64]; /* the label of the real bucket's all-reduce (reducer_bucket_launch) */
     snprintf(site, sizeof site, "DistributedDataParallel gradient bucket %d", k);
     ddp_pg_set_call_site(site, 0);
@@ -98,8 +110,14 @@ int ddp_reducer_join_shadow_backward(ddp_reducer *r) {
       if (status) flags_work = NULL;
     }
   }
-  /* Wait for everything launched, even after a failure: the buffers are freed below. */
+  /* Wait for everything launched, even after a failure: the buffers are freed below. The
+   * hook's waits run its second rounds (PowerSGD's Q) in bucket order, after the flags, as
+   * finalize_backward does; after a failure the reset below waits its works out. */
   for (int k = 0; k < nb; k++) {
+    if (h && !front_end) {
+      if (!status) status = reducer_comm_hook_wait_on(r, k, zeros[k]);
+      continue;
+    }
     char what[48];
     snprintf(what, sizeof what, "gradient bucket %d", k);
     int s = shadow_wait(r, works[k], what);
@@ -109,6 +127,7 @@ int ddp_reducer_join_shadow_backward(ddp_reducer *r) {
   if (!status) status = s;
   if (!status) push_all_rebuilt_params(r);
 done:
+  if (h) reducer_comm_hook_reset(r);
   for (int k = 0; works && k < nb; k++) ddp_work_free(works[k]);
   for (int k = 0; zeros && k < nb; k++) ddp_tensor_release(zeros[k]);
   ddp_work_free(flags_work);

@@ -495,6 +495,184 @@ out("buckets", "-")
     assert.equal("11", ranks[2].out.total)
   end)
 end)
+-- Join with a communication hook (Note [join shadow with a comm hook], ddplua/reducer_join.h):
+-- the joined rank runs the hook on zero buckets. HOOKED trains under ddp:join with a hook and
+-- checks the weights against the join reference with the hook's rounding: at step s each
+-- rank r still present contributes its own gradient g_r (a plain copy of the model) cast to
+-- the hook's dtype and divided by D there, the contributions are summed in f32 (exact for
+-- two) and rounded once to the dtype (the reduction's rounding), then cast back; a joined
+-- rank contributes nothing (its zeros). Without a dtype: sum of g_r / D (allreduce_hook).
+local HOOKED = [[
+local default = dist.algorithms.ddp_comm_hooks.default_hooks
+local function hook_reference(data, counts, divide, opt_args, dt)
+  local m = mlp()
+  local opt = optim.SGD(m:parameters(), opt_args)
+  for s = 1, math.max(unpack(counts)) do
+    local present = {}
+    for r = 0, #counts - 1 do if s <= counts[r + 1] then present[#present + 1] = r end end
+    local D = divide and #counts or #present
+    local sums = {}
+    for _, r in ipairs(present) do
+      opt:zero_grad()
+      default_loss(m, data[r][s]):backward()
+      for i, p in ipairs(m:parameters()) do
+        local c = dt and p.grad:to(dt):div_(D):float() or p.grad / D
+        sums[i] = sums[i] and sums[i] + c or c
+      end
+    end
+    for i, p in ipairs(m:parameters()) do p.grad:copy_(dt and sums[i]:to(dt):float() or sums[i]) end
+    opt:step()
+  end
+  return m
+end
+-- name: the case; hook; dt: its rounding dtype (nil: none); divide: divide_by_initial_world_size.
+function hooked(name, counts, hook, dt, divide, ddp_opts)
+  local data = make_data(counts)
+  local opt_args = {lr = 0.1, momentum = 0.9}
+  local model = DDP(mlp(), ddp_opts or {bucket_cap_mb = 0.0002})
+  model:register_comm_hook(nil, hook)
+  local opt = optim.SGD(model:parameters(), opt_args)
+  local own
+  model:join({divide_by_initial_world_size = divide}, function()
+    for s = 1, counts[RANK + 1] do
+      opt:zero_grad()
+      default_loss(model, data[RANK][s]):backward()
+      opt:step()
+    end
+    own = {}
+    for i, p in ipairs(model.module:parameters()) do own[i] = p.grad end
+    own = tensors_text(own)
+  end)
+  local after = {}
+  for i, p in ipairs(model.module:parameters()) do after[i] = p.grad end
+  out(name .. "_grads_kept", tostring(tensors_text(after) == own))
+  out(name .. "_params", tensors_text(model.module:parameters()))
+  out(name .. "_max_rel", max_rel(model.module, hook_reference(data, counts, divide, opt_args, dt)))
+  -- the plain join reference (no rounding): the rounding must be visible
+  out(name .. "_plain_rel", max_rel(model.module, reference(mlp, data, counts, divide, opt_args, default_loss)))
+  out(name .. "_buckets", #model:buckets())
+  model:verify_sync()
+end
+]]
+
+local function check_hooked(ranks, name, rounds)
+  for i = 1, 2 do
+    local o = ranks[i].out
+    local rel = tonumber(o[name .. "_max_rel"])
+    assert.is_not_nil(rel, name .. ": rank " .. (i - 1) .. " printed nothing:\n" .. ranks[i].output)
+    assert.is_true(rel <= 1e-6, name .. ": rank " .. (i - 1) .. " max relative difference " .. rel)
+    assert.equal("true", o[name .. "_grads_kept"], name .. ": the shadow changed rank " .. (i - 1) .. "'s gradients")
+    assert.is_true(tonumber(o[name .. "_buckets"]) >= 3, name .. ": several buckets")
+  end
+  if rounds then
+    local plain = tonumber(ranks[1].out[name .. "_plain_rel"])
+    assert.is_true(plain > 1e-5, name .. ": the rounding should be visible against the f32 reference, " .. plain)
+  end
+  assert.equal(ranks[1].out[name .. "_params"], ranks[2].out[name .. "_params"])
+end
+
+describe("ddp:join with a communication hook #dist", function()
+  it("fp16/bf16 compress, their wrappers and allreduce_hook: 5 and 8 batches equal the rounded join reference", function()
+    local ranks = run(HOOKED .. [[
+hooked("fp16", {5, 8}, default.fp16_compress_hook, "f16", true)
+hooked("bf16", {8, 5}, default.bf16_compress_hook, "bf16", false)
+hooked("fp16w", {5, 8}, default.fp16_compress_wrapper(default.allreduce_hook), "f16", false)
+hooked("allreduce", {5, 8}, default.allreduce_hook, nil, false,
+       {bucket_cap_mb = 0.0002, gradient_as_bucket_view = true})
+hooked("fp16view", {0, 3}, default.fp16_compress_hook, "f16", true,
+       {bucket_cap_mb = 0.0002, gradient_as_bucket_view = true})
+]], 2, { timeout = 90 })
+    for _, name in ipairs { "fp16", "bf16", "fp16w", "fp16view" } do check_hooked(ranks, name, true) end
+    check_hooked(ranks, "allreduce", false)
+  end)
+
+  it("a hook written in Lua runs on zero buckets on the joined rank; refused with divide_by_initial_world_size = false", function()
+    local ranks = run(HOOKED .. [[
+local calls, zero_calls = 0, 0
+local function lua_fp16(state, bucket)
+  calls = calls + 1
+  if bucket:buffer():abs():max():item() == 0 then zero_calls = zero_calls + 1 end
+  -- zero buckets on the joined rank: buffer and gradients() views (shaped as the parameters)
+  for i, g in ipairs(bucket:gradients()) do
+    assert(g:numel() == bucket:parameters()[i]:numel())
+  end
+  return default.fp16_compress_hook(state, bucket)
+end
+hooked("lua", {5, 8}, lua_fp16, "f16", true)
+out("calls", calls)
+out("zero_calls", zero_calls)
+try("lua_false", function()
+  local model = DDP(mlp())
+  model:register_comm_hook(nil, function(s, b) return default.allreduce_hook(s, b) end)
+  model:join({divide_by_initial_world_size = false}, function() end)
+end)
+]], 2, { timeout = 90 })
+    check_hooked(ranks, "lua", true)
+    -- both ranks ran the hook once per bucket of each of the 8 synchronised backwards
+    local nb = tonumber(ranks[1].out.lua_buckets)
+    assert.equal(8 * nb, tonumber(ranks[1].out.calls))
+    assert.equal(8 * nb, tonumber(ranks[2].out.calls))
+    -- the joined rank's 3 shadowed backwards ran it on zeros; rank 1 never
+    assert.equal(3 * nb, tonumber(ranks[1].out.zero_calls))
+    assert.equal(0, tonumber(ranks[2].out.zero_calls))
+    for i = 1, 2 do
+      assert.truthy(ranks[i].err.lua_false:find("divide_by_initial_world_size = false cannot be combined " ..
+                                               "with a communication hook written in Lua", 1, true), ranks[i].err.lua_false)
+    end
+  end)
+
+  it("powerSGD_hook: the joined rank's state advances as with zero gradients (equals a run without join)", function()
+    -- Without join, rank 0 keeps stepping with a zero loss after its 5 batches: its hook
+    -- sees zero buckets, which is what the joined rank's shadow must reproduce (PyTorch runs
+    -- the hook on zeros). With error feedback and warm start the joined rank's P
+    -- contributions are its error memory times its warm-started Q, so rank 1's weights,
+    -- rank 0's error memories and both iteration counts must equal the run without join.
+    local ranks = run(HOOKED .. [[
+local psgd = dist.algorithms.ddp_comm_hooks.powerSGD_hook
+local counts = {5, 8}
+local data = make_data({8, 8})
+local function train(with_join)
+  local model = DDP(mlp(), {bucket_cap_mb = 0.0002})
+  local state = psgd.PowerSGDState{matrix_approximation_rank = 1, start_powerSGD_iter = 2, random_seed = 7,
+                                   min_compression_rate = 0}
+  model:register_comm_hook(state, psgd.powerSGD_hook)
+  local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
+  local function step(s, scale)
+    opt:zero_grad()
+    local loss = default_loss(model, data[RANK][s]) * scale
+    loss:backward()
+    opt:step()
+  end
+  if with_join then
+    model:join({}, function() for s = 1, counts[RANK + 1] do step(s, 1) end end)
+  else
+    for s = 1, 8 do step(s, s <= counts[RANK + 1] and 1 or 0) end
+  end
+  local errs = {}
+  for k = 0, #model:buckets() - 1 do errs[#errs + 1] = state:error(k) end
+  return tensors_text(model.module:parameters()), state:iter(), tensors_text(errs), #errs
+end
+local p1, it1, e1, nb = train(true)
+local p0, it0, e0 = train(false)
+out("params_join", p1); out("params_nojoin", p0)
+out("iter_join", it1); out("iter_nojoin", it0)
+out("errors_equal", tostring(e1 == e0)); out("errors_nonempty", tostring(#e1 > 0)); out("nb", nb)
+]], 2, { timeout = 120 })
+    for i = 1, 2 do
+      local o = ranks[i].out
+      assert.is_not_nil(o.params_join, ranks[i].output)
+      assert.equal(o.params_nojoin, o.params_join)
+      assert.equal("8", o.iter_join)
+      assert.equal("8", o.iter_nojoin)
+      assert.equal("true", o.errors_equal)
+      assert.equal("true", o.errors_nonempty)
+      assert.is_true(tonumber(o.nb) >= 3)
+    end
+    assert.equal(ranks[1].out.params_join, ranks[2].out.params_join)
+  end)
+end)
+
+
 
 -- The device paths (Note [device buckets], Note [nccl work]) on the simulated device and its
 -- simulated NCCL (build/libddplua_cuda_sim.so, DDPLUA_SIM_NCCL=1; see device_spec.lua): the

@@ -71,11 +71,45 @@ end
 -- rank synchronises this backward, whether some has grad enabled, and the highest rank that
 -- offered itself as the authoritative copy (a joined rank offers nothing). PyTorch runs this
 -- as two all-reduces (_check_global_requires_backward_grad_sync and _find_common_rank); one
--- carries both. Returns sync, grad, authoritative rank.
+-- carries both. Returns sync, grad, authoritative rank, and the number of ranks that
+-- synchronise (the non-joined ranks, when they agree on no_sync).
 local function join_state(ddp, sync, grad, offer)
   local root, s = common_rank(ddp, offer, { sync and 1 or 0, grad and 1 or 0 },
                               "DistributedDataParallel join state")
-  return s[1] > 0, s[2] > 0, root
+  return s[1] > 0, s[2] > 0, root, math.floor(s[1] + 0.5)
+end
+
+-- A hook written in Lua divides the bucket as it chooses (PyTorch's hooks: by the group's
+-- size), so the divisor of divide_by_initial_world_size = false cannot be applied to it
+-- (Note [join shadow with a comm hook]): refused rather than silently ignored.
+local function check_lua_hook_divisor(ddp, where)
+  if ddp._divide_by_initial_world_size == false and ddp.reducer ~= nil
+     and C.ddp_reducer_comm_hook_kind(ddp.reducer) == C.DDP_COMM_HOOK_FRONT_END then
+    raise(where .. ": divide_by_initial_world_size = false cannot be combined with a " ..
+          "communication hook written in Lua (the hook chooses its own divisor); use " ..
+          "divide_by_initial_world_size = true or a built-in hook (default_hooks, powerSGD_hook)")
+  end
+end
+DDPJoinHook.check_lua_hook_divisor = check_lua_hook_divisor
+
+-- A joined rank's side of a hook written in Lua (Note [join shadow with a comm hook]): the
+-- hook on a zero GradBucket per bucket, in bucket order, then every Future waited for in
+-- bucket order, as the non-joined ranks' backward runs it (DDP:_run_comm_hook). The values
+-- are dropped: the joined rank's gradients stay as they were.
+local function shadow_lua_hook(ddp)
+  local h, r = ddp._comm_hook, ddp.reducer
+  local GradBucket = require "ddplua.distributed.algorithms.ddp_comm_hooks.grad_bucket"
+  local futures = require "ddplua.futures"
+  local pending = {}
+  for k = 0, C.ddp_reducer_num_buckets(r) - 1 do
+    local fut = h.hook(h.state, GradBucket.zeros_like(r, k, ddp.params))
+    if not futures.is_future(fut) then
+      raise(("register_comm_hook: the hook must return a Future (ddplua.futures) of the reduced " ..
+             "bucket, got %s for zero bucket %d on joined rank %d"):format(type(fut), k, ddp.rank))
+    end
+    pending[#pending + 1] = fut
+  end
+  for _, fut in ipairs(pending) do fut:wait() end
 end
 
 -- Broadcast `tensors` from group rank `root` (in place, no autograd).
@@ -98,6 +132,8 @@ end
 -- (`grad`: grad mode is on) and the backward (grad and not inside no_sync). As PyTorch's
 -- DistributedDataParallel._pre_forward under join.
 function DDPJoinHook.pre_forward(ddp, grad)
+  local cfg = ddp._join_config
+  if cfg and cfg.enable then check_lua_hook_divisor(ddp, "DistributedDataParallel.join") end
   local work, count = Join.notify_join_context(ddp)
   local div = 0
   if work and ddp._divide_by_initial_world_size == false then
@@ -117,7 +153,10 @@ end
 --   main_hook(): on a joined rank, once per iteration of the others: the join state
 --     all-reduce, then as they do the bucket rebuild (when pending), the buffer broadcasts
 --     from the highest non-joined rank (broadcast_buffers), and the backward's bucket
---     all-reduces over zeros and the used-parameter flags (ddp_reducer_join_shadow_backward).
+--     all-reduces over zeros and the used-parameter flags (ddp_reducer_join_shadow_backward);
+--     with a communication hook, the hook on zero buckets instead of the bucket all-reduces
+--     (Note [join shadow with a comm hook]).
+-- Raises with divide_by_initial_world_size = false when a hook written in Lua is registered.
 --   post_hook(is_last_joiner): every rank: the highest-ranked of the last joiners is the
 --     authoritative copy; its parameters (and buffers, with broadcast_buffers) are
 --     broadcast to every rank (PyTorch's _sync_final_model).
@@ -135,6 +174,7 @@ function DDPJoinHook.new(ddp, opts)
           type(divide))
   end
   ddp._divide_by_initial_world_size = divide
+  check_lua_hook_divisor(ddp, "DistributedDataParallel.join_hook")
   local self = setmetatable({ ddp = ddp }, DDPJoinHook)
   -- Join calls the hooks as plain functions (the JoinHook protocol): closures over self.
   return { main_hook = function() return self:_main_hook() end,
@@ -145,12 +185,21 @@ function DDPJoinHook:_main_hook()
   local ddp = self.ddp
   local r = ddp.reducer
   if r == nil then raise("DistributedDataParallel.join: the DDP module was destroyed") end
-  local sync, grad, root = join_state(ddp, false, false, false)
+  local sync, grad, root, n_sync = join_state(ddp, false, false, false)
   if grad then check(C.ddp_reducer_join_rebuild_buckets(r, nil)) end
   if ddp.broadcast_buffers and ddp.world_size > 1 and #ddp.buffers > 0 then
     broadcast_from(ddp, ddp.buffers, root, "DistributedDataParallel buffers")
   end
-  if sync then check(C.ddp_reducer_join_shadow_backward(r)) end
+  if sync then
+    -- a built-in hook divides as the non-joined ranks do (PowerSGD's state stays in step)
+    if ddp._divide_by_initial_world_size == false then
+      check(C.ddp_reducer_set_divide_factor(r, n_sync))
+    end
+    if ddp.world_size > 1 and C.ddp_reducer_comm_hook_kind(r) == C.DDP_COMM_HOOK_FRONT_END then
+      shadow_lua_hook(ddp)
+    end
+    check(C.ddp_reducer_join_shadow_backward(r))
+  end
 end
 
 function DDPJoinHook:_post_hook(is_last_joiner)

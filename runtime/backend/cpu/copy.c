@@ -31,6 +31,26 @@ static void copy_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
     for (int64_t i = 0; i < n; i++) *(double *)(d + i * s[0]) = *(const float *)(src + i * s[1]);
     return;
   }
+  /* f32 <-> f16 (fp16_compress_hook, casts): Note [f16 bulk conversion] when both sides
+   * are contiguous, the scalar conversions (the same bits) otherwise */
+  if (c->dst_dtype == DDP_F16 && c->src_dtype == DDP_F32) {
+    if (s[0] == 2 && s[1] == 4) {
+      ddp_f32_to_f16_n((uint16_t *)d, (const float *)src, n);
+      return;
+    }
+    for (int64_t i = 0; i < n; i++)
+      *(uint16_t *)(d + i * s[0]) = ddp_f32_to_f16(*(const float *)(src + i * s[1]));
+    return;
+  }
+  if (c->dst_dtype == DDP_F32 && c->src_dtype == DDP_F16) {
+    if (s[0] == 4 && s[1] == 2) {
+      ddp_f16_to_f32_n((float *)d, (const uint16_t *)src, n);
+      return;
+    }
+    for (int64_t i = 0; i < n; i++)
+      *(float *)(d + i * s[0]) = ddp_f16_to_f32(*(const uint16_t *)(src + i * s[1]));
+    return;
+  }
   /* f32 <-> bf16, autocast's casts on the CPU: the bit operations of ddp_bf16_to_f32 and
    * ddp_f32_to_bf16 (round to nearest even, NaN kept quiet) inline, so the loop vectorises
    * instead of calling them through ddp_load_f64 / ddp_store_f64 per element */

@@ -37,6 +37,23 @@
  * so it rebuilds (and, as rank 0, broadcasts that order) in the same iteration as the
  * others. The authoritative rank for buffers is the highest non-joined rank (rank 0 may
  * have joined with stale buffers), as PyTorch's _sync_buffers under join.
+ *
+ * Note [join shadow with a comm hook]: with a communication hook (Note [comm hooks]) the
+ * non-joined ranks' backward runs the hook's collectives, not the plain all-reduces, so the
+ * joined rank runs the same hook on a zero tensor per bucket (dtype, size and slot layout of
+ * the bucket), launched in bucket order with the same second rounds (PowerSGD's Q
+ * all-reduces) in bucket order after the flags, as PyTorch's _match_all_reduce_for_bwd_pass
+ * runs _run_comm_hook on _get_zeros_like_grad_buckets. The buckets themselves (and so the
+ * gradients, gradient_as_bucket_view included) are not touched. Hook state advances as on
+ * the others, as in PyTorch: PowerSGD's iteration count (once per shadowed backward), its
+ * error feedback for a zero gradient (error = (0 + error) - the decompressed average) and
+ * its warm-start P and Q. The built-in hooks divide by the join divisor (the initial world
+ * size, or with divide_by_initial_world_size = false the number of non-joined ranks, when
+ * the hook communicates over the DDP module's group; PyTorch's hooks always divide by the
+ * group's size). A hook written in the front end (Lua) is called by the front end on zero
+ * buckets before ddp_reducer_join_shadow_backward, which then launches no bucket
+ * collectives; it divides as it chooses, so the front end refuses it with
+ * divide_by_initial_world_size = false.
  */
 
 /* Divide the gradients of the next synchronised backwards by `div_factor` (> 0) instead of
@@ -55,10 +72,13 @@ int ddp_reducer_join_rebuild_buckets(ddp_reducer *r, int *rebuilt);
 
 /* On a joined rank: shadow one synchronised backward of the non-joined ranks (Note [join
  * shadow iteration]): one SUM all-reduce per bucket over a zero tensor of the bucket's
- * dtype, size and device, launched in bucket order with the bucket's call-site label, then
+ * dtype, size and device, launched in bucket order with the bucket's call-site label (with
+ * a built-in comm hook: the hook on those zeros, Note [join shadow with a comm hook]; with a
+ * hook written in the front end: nothing, the front end ran it), then
  * (find_unused_parameters) the used-parameter flags all-reduce over zeros; waits for them
  * (each at most the reducer's timeout) and leaves every param.grad as it was. Errors:
  * DDP_ERR_ARG (r NULL), DDP_ERR_STATE (a backward of this reducer is under way),
- * DDP_ERR_MEMORY, and the all-reduces' failures naming the bucket and this rank. A reducer
+ * DDP_ERR_MEMORY, and the all-reduces' (or the hook's) failures naming the bucket and this
+ * rank. A reducer
  * without a group (world size 1) communicates nothing. */
 int ddp_reducer_join_shadow_backward(ddp_reducer *r);

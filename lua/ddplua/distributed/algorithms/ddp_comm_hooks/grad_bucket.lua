@@ -17,6 +17,19 @@ function GradBucket.new(reducer, k, params)
   return setmetatable({ _reducer = reducer, _index = k, _params = params }, GradBucket)
 end
 
+--- GradBucket.zeros_like(reducer, k, params) -> bucket k over zeros: buffer() is a new zero
+-- tensor of bucket k's dtype, size (numel,) and device, gradients() are views into it with
+-- the parameters' shapes (PyTorch's Reducer._get_zeros_like_grad_buckets). What a joined
+-- rank's hook reduces in its shadow of the other ranks' backward (Note [join shadow with a
+-- comm hook], ddplua/reducer_join.h); the bucket's own buffer is not touched.
+function GradBucket.zeros_like(reducer, k, params)
+  check(C.ddp_reducer_bucket_buffer(reducer, k, box))
+  local zeros = require("ddplua").zeros_like(lib.wrap(box[0]))
+  local b = GradBucket.new(reducer, k, params)
+  b._buffer, b._zeros = zeros, zeros
+  return b
+end
+
 --- bucket:index() -> the bucket's index, 0-based; bucket 0 is reduced first (Note [bucket
 -- order]).
 function GradBucket:index() return self._index end
@@ -45,10 +58,15 @@ end
 --- bucket:gradients() -> list of per-parameter views into the bucket buffer, each with its
 -- parameter's shape, in slot order.
 function GradBucket:gradients()
-  local out = {}
+  local out, off = {}, 0
   for s = 1, #slots(self) do
     check(C.ddp_reducer_bucket_view(self._reducer, self._index, s - 1, box))
     out[s] = lib.wrap(box[0])
+    if self._zeros then -- the same slot in the zero buffer (slots are packed in order)
+      local n = out[s]:numel()
+      out[s] = self._zeros:narrow(1, off + 1, n):view(out[s]:size())
+      off = off + n
+    end
   end
   return out
 end
