@@ -204,7 +204,7 @@ cmd_cleanup() {
 }
 
 cmd_check() {
-  [ "$(id -u)" = 0 ] || { echo "needs root to create network namespaces (uid $(id -u))"; return 1; }
+  [ "$EUID" = 0 ] || { echo "needs root to create network namespaces (uid $EUID)"; return 1; }
   local c
   for c in ip unshare; do
     command -v "$c" >/dev/null 2>&1 || { echo "$c is not installed (make deps)"; return 1; }
