@@ -35,6 +35,10 @@
 #       in `id=$(tools/netns_nodes.sh up 2 --owner $$)` pass $$ (a command substitution's
 #       caller is a subshell that ends at once)
 #   tools/netns_nodes.sh exec ID K CMD [ARG...]  run CMD in node K of run ID (as `run` does)
+#   tools/netns_nodes.sh link ID K up|down     bring node K's link onto the bridge up or
+#       down (a cut cable: its packets are dropped, no connection is told)
+#   tools/netns_nodes.sh kill ID K             SIGKILL every process in node K (a node that
+#       dies: the kernel closes its connections)
 #   tools/netns_nodes.sh down ID               stop the run's processes, remove its nodes
 #   tools/netns_nodes.sh cleanup [--all]       remove every run whose owner has ended (--all:
 #       every run), and namespaces named ddpn-* that no run's state describes
@@ -232,6 +236,17 @@ case "${1:-}" in
     ;;
   exec) shift; (($# >= 3)) || die "usage: $0 exec ID K CMD [ARG...]"; exec_node "$@" ;;
   down) shift; (($# == 1)) || die "usage: $0 down ID"; down "$1" ;;
+  link)
+    shift
+    (($# == 3)) && [[ $3 =~ ^(up|down)$ ]] || die "usage: $0 link ID K up|down"
+    ip -n "$(node_ns "$1" "$2")" link set eth0 "$3"
+    ;;
+  kill)
+    shift
+    (($# == 2)) || die "usage: $0 kill ID K"
+    pids=$(ip netns pids "$(node_ns "$1" "$2")") || die "no node $2 in run $1"
+    [ -z "$pids" ] || kill -KILL $pids
+    ;;
   cleanup) shift; cmd_cleanup "$@" ;;
   list)
     for d in "$STATE"/*/; do
