@@ -116,6 +116,47 @@ describe("namespace nodes #dist", function()
     end
   end)
 
+  it("give a group within a node shared memory and a group across nodes Gloo TCP", function()
+    if skip() then return end
+    local dir = files.tmpdir("netns")
+    finally(function() files.remove(dir) end)
+    -- Each rank counts its mappings of shared-memory segments (pg_shm.c maps one per group
+    -- that uses it; the name is unlinked once every rank has mapped it, the mapping stays).
+    local script = dir .. "/groups.lua"
+    local f = assert(io.open(script, "w"))
+    f:write([[
+local dl = require "ddplua"
+local dist = require "ddplua.distributed"
+local function segments()
+  local n = 0
+  for line in io.lines("/proc/self/maps") do
+    if line:find("/ddplua.", 1, true) then n = n + 1 end
+  end
+  return n
+end
+dist.init_process_group {}
+local rank = dist.get_rank()
+local across = segments()
+local groups = { dist.new_group({ 0, 1 }), dist.new_group({ 2, 3 }) }
+local mine = groups[rank < 2 and 1 or 2]
+local t = dl.ones({ 8 })
+dist.all_reduce(t, { group = mine })
+local within = segments()
+dist.all_reduce(t)
+print(("segments across %d within %d sum %g"):format(across, within, t:sum():item()))
+dist.destroy_process_group()
+]])
+    f:close()
+    local status, out = files.run(("DDPLUA_STORE_SECRET=netns-spec timeout 120 %s run 2 sh -c %s"):format(nodes,
+      q(("exec %s --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=2 --master_addr=$NODE0_ADDR "
+        .. "--master_port=29500 %s"):format(q(exe), q(script)))))
+    assert.equal(0, status, out)
+    for r = 0, 3 do
+      -- 8 ones summed in the node group (2 each), then over all 4 ranks: 8 x 8
+      assert.matches(("%%[node %d%%] %%[rank %d%%]: segments across 0 within 1 sum 64"):format(math.floor(r / 2), r), out)
+    end
+  end)
+
   it("cleanup removes the nodes of a run whose owner was killed", function()
     if skip() then return end
     local owner = io.popen("sleep 60 > /dev/null 2>&1 & echo $!"):read("*l")
