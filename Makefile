@@ -191,7 +191,7 @@ $(BUILD)/tests/allocator_emulation: spec/fixtures/allocator_emulation.cc \
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox \
-                tmux
+                tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -215,6 +215,9 @@ config:
 	check "Gloo"                "test -f /usr/include/gloo/allreduce.h"; \
 	check "gnuplot (ddplua plot)" "command -v gnuplot"; \
 	check "tmux (REPL specs)"   "command -v tmux"; \
+	check "Open MPI (mpirun launch spec)" "command -v mpirun"; \
+	check "ip, unshare (namespace nodes spec; root)" "command -v ip && command -v unshare"; \
+	check "Slurm and munge (local Slurm spec; root)" "tools/slurm_local.sh check"; \
 	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
 	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
 	check "cuDNN (CUDA plug-in)" "test -f $(dir $(shell command -v $(NVCC) 2>/dev/null))../include/cudnn.h"; \

@@ -159,6 +159,7 @@ ddp_pg *pg_header_new(const pg_backend *backend, struct ddp_store *store, int ra
   pthread_cond_init(&pg->cv, NULL);
   pthread_cond_init(&pg->p2p_cv, NULL);
   pg->rec = pg_rec_new(); /* NULL: nothing recorded, the group works the same */
+  pg_rec_publish_host(pg);
   pg_watch_add(pg);
   return pg;
 }

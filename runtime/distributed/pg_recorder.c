@@ -175,6 +175,35 @@ static int stalled(pg_recorder *r, double stall_s, double now, pg_record *out, p
   return found;
 }
 
+/* Note [stall report hosts]: a rank that stops answering is often a whole machine gone (a
+ * cut link, a dead node), which the report should name. At group creation every rank
+ * publishes its host name under "<prefix>/stall_host/<group rank>" (pg_rec_publish_host);
+ * the report prefixes each other rank's line with "[host <name>] " when that key is there.
+ * The key is read with a check first, so a rank that never published costs no wait. */
+void pg_rec_publish_host(ddp_pg *pg) {
+  char key[600], host[256] = "";
+  if (!pg->store || gethostname(host, sizeof host - 1) != 0 || !host[0]) return;
+  snprintf(key, sizeof key, "%s/stall_host/%d", pg->prefix, pg->rank);
+  if (ddp_store_set(pg->store, key, host, strlen(host))) ddp_clear_error(); /* report without it */
+}
+
+/* "[host <name>] " for group rank g (Note [stall report hosts]), or "" when not published. */
+static void host_tag(ddp_pg *pg, int g, char *out, size_t cap) {
+  char key[600];
+  snprintf(key, sizeof key, "%s/stall_host/%d", pg->prefix, g);
+  const char *keys[1] = {key};
+  int have = 0;
+  void *v = NULL;
+  size_t n = 0;
+  out[0] = 0;
+  if (ddp_store_check(pg->store, keys, 1, &have) || !have || ddp_store_get(pg->store, key, &v, &n)) {
+    ddp_clear_error();
+    return;
+  }
+  snprintf(out, cap, "[host %.*s] ", (int)(n < 200 ? n : 200), (const char *)v);
+  ddp_store_free_value(v);
+}
+
 static void stall_check(ddp_pg *pg, double now) {
   pg_recorder *r = pg->rec;
   if (!r) return;
@@ -212,8 +241,10 @@ static void stall_check(ddp_pg *pg, double now) {
       kind_name(cur.kind), (unsigned long long)cur.seq, cur.site[0] ? cur.site : "?",
       now - cur.started, stall_s, done.id ? "" : "none", done.id ? kind_name(done.kind) : "",
       done.id ? (long long)done.seq : -1LL, done.id && done.site[0] ? done.site : "?");
-  for (int g = 0; g < pg->size && used < sizeof msg - 256; g++) {
+  for (int g = 0; g < pg->size && used < sizeof msg - 512; g++) {
     if (g == pg->rank) continue;
+    char host[224];
+    host_tag(pg, g, host, sizeof host);
     snprintf(key, sizeof key, "%s/stall/%d", pg->prefix, g);
     const char *keys[1] = {key};
     int have = 0;
@@ -221,9 +252,9 @@ static void stall_check(ddp_pg *pg, double now) {
     size_t vn = 0;
     if (ddp_store_check(pg->store, keys, 1, &have) || !have || ddp_store_get(pg->store, key, &v, &vn)) {
       ddp_clear_error();
-      used += (size_t)snprintf(msg + used, sizeof msg - used, "  rank %d is BEHIND: it has not "
+      used += (size_t)snprintf(msg + used, sizeof msg - used, "  %srank %d is BEHIND: it has not "
                                "reached %s #%llu (no position published: stopped, dead, or busy "
-                               "outside collectives)\n", pg->global[g], kind_name(cur.kind),
+                               "outside collectives)\n", host, pg->global[g], kind_name(cur.kind),
                                (unsigned long long)cur.seq);
       continue;
     }
@@ -233,12 +264,12 @@ static void stall_check(ddp_pg *pg, double now) {
     sscanf((const char *)v, "%llu %lld %79[^\n]", &seq, &last, site);
     ddp_store_free_value(v);
     if (seq < cur.seq)
-      used += (size_t)snprintf(msg + used, sizeof msg - used, "  rank %d is BEHIND: waiting in "
-                               "collective #%llu at %s (last completed #%lld)\n", pg->global[g],
+      used += (size_t)snprintf(msg + used, sizeof msg - used, "  %srank %d is BEHIND: waiting in "
+                               "collective #%llu at %s (last completed #%lld)\n", host, pg->global[g],
                                seq, site, last);
     else
-      used += (size_t)snprintf(msg + used, sizeof msg - used, "  rank %d waits too, in collective "
-                               "#%llu at %s (last completed #%lld)\n", pg->global[g], seq, site,
+      used += (size_t)snprintf(msg + used, sizeof msg - used, "  %srank %d waits too, in collective "
+                               "#%llu at %s (last completed #%lld)\n", host, pg->global[g], seq, site,
                                last);
   }
   put(2, msg, used < sizeof msg ? used : sizeof msg - 1);

@@ -14,7 +14,8 @@
  *    completed seq> <call site>") and, on its next tick, prints a report to stderr: the
  *    collective, how long it has waited, the last one this rank completed, and for every
  *    other rank its published position, naming the ranks that are behind (a lower
- *    sequence, or no position at all: stopped, dead, or busy outside collectives). The job
+ *    sequence, or no position at all: stopped, dead, or busy outside collectives), each
+ *    line tagged with that rank's host (Note [stall report hosts] in pg_recorder.c). The job
  *    keeps its own timeout: the report changes nothing. */
 #ifndef DDP_PG_RECORDER_H
 #define DDP_PG_RECORDER_H
@@ -37,6 +38,10 @@ void pg_rec_enqueue(pg_recorder *r, ddp_work *w);
 /* w started moving data / finished with status. Ids that left the ring are ignored. */
 void pg_rec_start(pg_recorder *r, const ddp_work *w);
 void pg_rec_complete(pg_recorder *r, const ddp_work *w, int status);
+
+/* Publish this rank's host name for the group's stall reports (Note [stall report hosts]
+ * in pg_recorder.c). A store failure is ignored: the report then names no host. */
+void pg_rec_publish_host(ddp_pg *pg);
 
 /* Register / unregister a live group with the watcher (starting it on the first call). */
 void pg_watch_add(ddp_pg *pg);

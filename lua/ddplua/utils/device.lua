@@ -7,11 +7,16 @@ local dl = require "ddplua"
 
 local M = {}
 
---- The process's local rank when it was started by a launcher (WORLD_SIZE > 1 in the
--- environment): LOCAL_RANK as a number (0 when unset); nil in a single process.
+--- The process's local rank when it was started by a launcher (a world size > 1 in the
+-- environment): the local rank as a number (0 when unset); nil in a single process. The
+-- variables are those init_process_group reads (dist.env_info): torchrun's and ddplua's
+-- launcher (WORLD_SIZE, LOCAL_RANK), Slurm's srun (SLURM_NTASKS, SLURM_LOCALID) and Open
+-- MPI's mpirun (OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK), so a script that asks
+-- this before init_process_group joins the job under each of them.
 function M.launcher_local_rank()
-  if tonumber(os.getenv("WORLD_SIZE") or "1") <= 1 then return nil end
-  return tonumber(os.getenv("LOCAL_RANK") or "0")
+  local env = require("ddplua.distributed").env_info()
+  if (env.world_size or 1) <= 1 then return nil end
+  return env.local_rank or 0
 end
 
 local KNOWN = options.known { "device", "local_rank", "prog" }
