@@ -21,6 +21,16 @@ typedef struct ddp_tensor_hooks ddp_tensor_hooks; /* autograd's hook list: opaqu
 int ddp_fail_at(const char *file, int line, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* The thread's error (message and status), saved so that code running where the caller
+ * has not read its error yet (a finalizer: ffi.gc may run ddp_reducer_free between a failing
+ * call and the caller's ddp_last_error(); a drain after a failure) can put it back. */
+typedef struct {
+  int status;
+  char text[2048];
+} ddp_saved_error;
+void ddp_error_save(ddp_saved_error *s);
+void ddp_error_restore(const ddp_saved_error *s);
+
 /* Prefix the current error message with "<prefix>: " (for context added by callers). */
 void ddp_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

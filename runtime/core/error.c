@@ -36,6 +36,17 @@ int ddp_fail_at(const char *file, int line, int status, const char *fmt, ...) {
   return error_status;
 }
 
+void ddp_error_save(ddp_saved_error *s) {
+  _Static_assert(sizeof s->text == DDP_ERROR_CAP, "ddp_saved_error holds a whole message");
+  memcpy(s->text, error_text, sizeof s->text);
+  s->status = error_status;
+}
+
+void ddp_error_restore(const ddp_saved_error *s) {
+  memcpy(error_text, s->text, sizeof s->text);
+  error_status = s->status;
+}
+
 void ddp_error_prefix(const char *fmt, ...) {
   char prefix[512], old[DDP_ERROR_CAP];
   va_list ap;

@@ -372,12 +372,11 @@ static int finalize_backward(ddp_reducer *r) {
 /* Let the launched all-reduces finish with their buffers (bounded by the timeout) before the
  * buffers are reused, keeping this thread's error message (the backward's). */
 static void drain_works(ddp_reducer *r) {
-  char saved[1024];
-  int saved_status = ddp_last_status();
-  snprintf(saved, sizeof saved, "%s", ddp_last_error());
+  ddp_saved_error saved;
+  ddp_error_save(&saved);
   for (int k = 0; k < r->n_buckets; k++)
     if (r->buckets[k].work) ddp_work_wait(r->buckets[k].work, r->timeout_s);
-  if (saved_status) ddp_fail_at(__FILE__, __LINE__, saved_status, "%s", saved);
+  ddp_error_restore(&saved);
 }
 
 static int on_backward_end(void *vctx, int status) {
@@ -506,13 +505,17 @@ fail:
 
 void ddp_reducer_free(ddp_reducer *r) {
   if (!r) return;
+  /* Often a finalizer (ffi.gc), run wherever the collector ran: perhaps between a failing
+   * call and its caller's ddp_last_error(). Removing hooks may set an error: the thread's
+   * error is put back as it was at the end. */
+  ddp_saved_error saved;
+  ddp_error_save(&saved);
   if (r->end_registered) ddp_autograd_remove_backward_end(r->end_handle);
   for (int i = 0; i < r->n; i++) {
     if (ddp_tensor_is_alive(r->params[i]))
       ddp_tensor_remove_hook(r->params[i], r->hook_handles[i]);
     ddp_tensor_release(r->params[i]);
   }
-  ddp_clear_error();
   buckets_free(r->buckets, r->n_buckets);
   reducer_comm_hook_free(r);
   if (r->used_work) ddp_work_free(r->used_work);
@@ -530,6 +533,7 @@ void ddp_reducer_free(ddp_reducer *r) {
   reducer_static_graph_free(r);
   reducer_fused_optim_free(r);
   free(r);
+  ddp_error_restore(&saved);
 }
 
 /* Note [bucket rebuild]. */

@@ -322,6 +322,18 @@ describe("ddplua.distributed.reducer", function()
       assert.matches("not a leaf that requires grad", ffi.string(C.ddp_last_error()))
     end)
 
+    it("leaves the thread's error as it was when freed (ffi.gc may free it between a failing call and ddp_last_error)", function()
+      local a = nn.Parameter(dl.randn({ 2 }))
+      local r = reducer_new({ a })
+      local box = ffi.new("ddp_reducer*[1]")
+      local arr = ffi.new("ddp_tensor*[2]", { a, a })
+      assert.are_not.equal(0, C.ddp_reducer_new(box, nil, arr, 2, MB, MB, 0, 0, 1))
+      ffi.gc(r, nil)
+      C.ddp_reducer_free(r) -- as the collector would, before the caller reads its error
+      assert.matches("parameters 0 and 1 are the same tensor", ffi.string(C.ddp_last_error()))
+      assert.are_not.equal(0, C.ddp_last_status())
+    end)
+
     it("removes its hooks when freed", function()
       local model = mlp()
       local params = model:parameters()
