@@ -6,48 +6,17 @@
 -- difference (max |a - b| over every element) is within 1e-6 and prints it: with the same
 -- kernels on the same gradients it is 0. Optimizer-state sizes are counted in elements of
 -- the local optimizer's state tensors.
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group(INIT or {backend = "gloo", timeout = 30})
+local PRELUDE = ddp_ranks.prelude {
+  init = '{backend = "gloo", timeout = 30}',
+  helpers = { "batches", "shard", "mse", "max_abs", "params_text" },
+} .. [[
 ZeRO = dist.optim.ZeroRedundancyOptimizer
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
 -- 20-64-32-10: parameters of 1280, 64, 2048, 32, 320, 10 elements.
 function mlp()
   dl.manual_seed(1)
   return nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10))
-end
-function batches(k, B)
-  local xs, ys = {}, {}
-  dl.manual_seed(100)
-  for s = 1, k do xs[s], ys[s] = dl.randn({B, 20}), dl.randn({B, 10}) end
-  return xs, ys
-end
-function shard(t) local n = t:size(1) / WORLD; return t:narrow(1, RANK * n + 1, n) end
-function mse(a, b) return (a - b):pow(2):mean() end
-function max_abs(m1, m2)
-  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
-  for i = 1, #p1 do worst = math.max(worst, (p1[i] - p2[i]):abs():max():item()) end
-  return worst
-end
-function params_text(m)
-  local parts = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
-  end
-  return table.concat(parts, ",")
 end
 -- Elements held by an optimizer's state tensors.
 function state_elements(opt)
@@ -68,22 +37,9 @@ end
 local root = io.popen("pwd"):read("*l")
 local SIM = root .. "/build/libddplua_cuda_sim.so"
 
--- Run code on n ranks; opts.init: the init_process_group options (Lua source; default
--- gloo), opts.env: the children's extra environment.
-local function run(code, n, opts)
-  opts = opts or {}
-  local init = opts.init and ("INIT = " .. opts.init .. "\n") or ""
-  local r = mp.run { code = init .. PRELUDE .. code, nprocs = n, timeout = opts.timeout or 60, env = opts.env }
-  if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, n do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks, r
-end
+-- run(code, n, opts): spec/helpers/ddp_ranks.lua's (opts.init: the init_process_group
+-- options, Lua source; opts.env: the children's extra environment).
+local run = ddp_ranks.runner(PRELUDE, { timeout = 60 })
 
 local function num(ranks, i, name)
   local v = tonumber(ranks[i].out[name])
@@ -124,7 +80,7 @@ describe("ddplua.distributed.optim.ZeroRedundancyOptimizer", function()
 
   it("#dist Adam on 2 ranks: each rank holds its shard's state only, and 20 steps equal plain Adam", function()
     local ranks = run([[
-local xs, ys = batches(20, 8)
+local xs, ys = batches(20, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, betas = {0.8, 0.99}})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01, betas = {0.8, 0.99}})
@@ -175,7 +131,7 @@ out("entries", (function() local n = 0; for _ in pairs(zero.optim.state) do n = 
 
   it("#dist with DDP (Adam and SGD with momentum, per-parameter and bucket-view sync) equals DDP with the plain optimizer", function()
     local ranks = run([[
-local xs, ys = batches(20, 8)
+local xs, ys = batches(20, 8, {20}, 10)
 local cases = {
   {"adam", optim.Adam, {lr = 0.01}, false},
   {"sgd", optim.SGD, {lr = 0.05, momentum = 0.9, nesterov = true}, false},
@@ -210,7 +166,7 @@ end
 
   it("#dist consolidate_state_dict / state_dict give plain Adam's state; load_state_dict shards it back", function()
     local ranks = run([[
-local xs, ys = batches(12, 8)
+local xs, ys = batches(12, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, amsgrad = true})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01, amsgrad = true})
@@ -354,7 +310,7 @@ out("state", state_elements(zero.optim))
     local ranks = run([[
 local sub = dist.new_group({1, 2})
 if RANK == 0 then out("skipped", true) return end
-local xs, ys = batches(6, 8)
+local xs, ys = batches(6, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, process_group = sub})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
@@ -376,7 +332,7 @@ out("has_state", ok)
 
   it("#dist join hook: a joined rank's main_hook matches the step of a rank still training", function()
     local ranks = run([[
-local xs, ys = batches(10, 8)
+local xs, ys = batches(10, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
@@ -429,7 +385,7 @@ out("changed", table.concat(changed, ","))
 
   it("#dist on the simulated device with the simulated NCCL: parameters, state and sync on the device", function()
     local ranks = run([[
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 local ma, mb, m2 = mlp():cuda(RANK), mlp():cuda(RANK), mlp():cuda(RANK)
 local za = ZeRO(ma:parameters(), {optimizer_class = optim.Adam, lr = 0.01})
 local zb = ZeRO(mb:parameters(), {optimizer_class = optim.Adam, lr = 0.01, parameters_as_bucket_view = true})
@@ -475,7 +431,7 @@ end
     end
     local ranks = run([[
 local Join = require "ddplua.distributed.algorithms.join"
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 -- (1) PyTorch's _test_zero_join: a first joinable sets, on a joined rank, the gradients of
 -- the step the others run (the full batch: every rank can compute it), so ZeRO's join hook
 -- steps the joined rank's shard with them and the weights equal plain Adam's.
@@ -619,7 +575,7 @@ out("owner_first", first .. "-" .. last)
 
   it("#dist partition = \"elements\" with DDP (SGD momentum, AdamW, Adadelta) equals DDP with the plain optimizer", function()
     local ranks = run([[
-local xs, ys = batches(12, 8)
+local xs, ys = batches(12, 8, {20}, 10)
 local cases = {
   {"sgd", optim.SGD, {lr = 0.05, momentum = 0.9, nesterov = true, weight_decay = 0.01}},
   {"adamw", optim.AdamW, {lr = 0.01, weight_decay = 0.1, maximize = false}},
@@ -655,7 +611,7 @@ end
 
   it("#dist partition = \"elements\": state_dict is plain Adam's, a plain Adam loads it, and a plain state loads back into ranges", function()
     local ranks = run([[
-local xs, ys = batches(12, 8)
+local xs, ys = batches(12, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, amsgrad = true, partition = "elements"})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01, amsgrad = true})
@@ -799,7 +755,7 @@ end
 
   it("#dist partition = \"elements\": the join hook's step, the simulated device, and its errors", function()
     local ranks = run([[
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
@@ -862,7 +818,7 @@ try("mixed_grads", function() z:step() end)
 
   it("#dist partition = \"elements\" on the simulated device with the simulated NCCL", function()
     local ranks = run([[
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 local m1, m2 = mlp():cuda(RANK), mlp():cuda(RANK)
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
