@@ -32,6 +32,27 @@ function train_step(m, opt, x, y)
   mse(m(x), y):backward()
   opt:step()
 end
+-- DDP with a ZeroRedundancyOptimizer (optimizer_class cls with args, plus the ZeRO options
+-- zopts) against DDP with the plain cls(args), one step per batch of xs, ys on this rank's
+-- shards; prints name_max_abs, name_params and name_state (ZeRO's local state elements /
+-- the plain optimizer's).
+function zero_vs_plain(name, cls, args, zopts, xs, ys)
+  local d1, d2 = DDP(mlp()), DDP(mlp())
+  local opts = {optimizer_class = cls}
+  for k, v in pairs(zopts) do opts[k] = v end
+  for k, v in pairs(args) do opts[k] = v end
+  local zero = ZeRO(d1:parameters(), opts)
+  local plain = cls(d2:parameters(), args)
+  for s = 1, #xs do
+    local x, y = shard(xs[s]), shard(ys[s])
+    train_step(d1, zero, x, y)
+    train_step(d2, plain, x, y)
+  end
+  out(name .. "_max_abs", max_abs(d1.module, d2.module))
+  out(name .. "_params", params_text(d1.module))
+  out(name .. "_state", state_elements(zero.optim) .. "/" .. state_elements(plain))
+  d1:verify_sync()
+end
 ]]
 
 local root = io.popen("pwd"):read("*l")
@@ -138,21 +159,7 @@ local cases = {
   {"adam_bucket", optim.Adam, {lr = 0.01, weight_decay = 0.01}, true},
 }
 for _, c in ipairs(cases) do
-  local name, cls, args, bucket = c[1], c[2], c[3], c[4]
-  local d1, d2 = DDP(mlp()), DDP(mlp())
-  local zopts = {optimizer_class = cls, parameters_as_bucket_view = bucket}
-  for k, v in pairs(args) do zopts[k] = v end
-  local zero = ZeRO(d1:parameters(), zopts)
-  local plain = cls(d2:parameters(), args)
-  for s = 1, 20 do
-    local x, y = shard(xs[s]), shard(ys[s])
-    train_step(d1, zero, x, y)
-    train_step(d2, plain, x, y)
-  end
-  out(name .. "_max_abs", max_abs(d1.module, d2.module))
-  out(name .. "_params", params_text(d1.module))
-  out(name .. "_state", state_elements(zero.optim) .. "/" .. state_elements(plain))
-  d1:verify_sync()
+  zero_vs_plain(c[1], c[2], c[3], {parameters_as_bucket_view = c[4]}, xs, ys)
 end
 ]], 2)
     for _, name in ipairs { "adam", "sgd", "adam_bucket" } do
@@ -581,23 +588,7 @@ local cases = {
   {"adamw", optim.AdamW, {lr = 0.01, weight_decay = 0.1, maximize = false}},
   {"adadelta", optim.Adadelta, {lr = 0.5, weight_decay = 0.01}},
 }
-for _, c in ipairs(cases) do
-  local name, cls, args = c[1], c[2], c[3]
-  local d1, d2 = DDP(mlp()), DDP(mlp())
-  local zopts = {optimizer_class = cls, partition = "elements"}
-  for k, v in pairs(args) do zopts[k] = v end
-  local zero = ZeRO(d1:parameters(), zopts)
-  local plain = cls(d2:parameters(), args)
-  for s = 1, 12 do
-    local x, y = shard(xs[s]), shard(ys[s])
-    train_step(d1, zero, x, y)
-    train_step(d2, plain, x, y)
-  end
-  out(name .. "_max_abs", max_abs(d1.module, d2.module))
-  out(name .. "_params", params_text(d1.module))
-  out(name .. "_state", state_elements(zero.optim) .. "/" .. state_elements(plain))
-  d1:verify_sync()
-end
+for _, c in ipairs(cases) do zero_vs_plain(c[1], c[2], c[3], {partition = "elements"}, xs, ys) end
 ]], 2)
     for _, name in ipairs { "sgd", "adamw", "adadelta" } do
       for i = 1, 2 do assert.equal(0, num(ranks, i, name .. "_max_abs")) end
