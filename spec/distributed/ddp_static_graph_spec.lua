@@ -41,6 +41,22 @@ function Ckpt.backward(ctx, g)
   return nil, x.grad
 end
 function checkpoint(fn, x) return Ckpt.apply(fn, x) end
+-- a -> tanh -> checkpoint(b -> tanh) -> head, with b used again outside the checkpoint, so
+-- its hook fires twice in one backward; CheckpointNet(true) also has a layer `unused` that
+-- forward never uses.
+CheckpointNet = nn.Module:extend("Net")
+function CheckpointNet:init(with_unused)
+  dl.manual_seed(3)
+  self.a = nn.Linear(6, 8)
+  self.b = nn.Linear(8, 8)
+  if with_unused then self.unused = nn.Linear(8, 8) end
+  self.head = nn.Linear(8, 4)
+end
+function CheckpointNet:forward(x)
+  local h = dl.tanh(self.a(x))
+  h = checkpoint(function(t) return dl.tanh(self.b(t)) end, h) -- b inside the checkpoint
+  return self.head(h + dl.tanh(self.b(h)))                       -- and outside it
+end
 ]]
 
 local root = io.popen("pwd"):read("*l")
@@ -142,18 +158,7 @@ try("typo", function() DDP(mlp(), {static_graf = true}) end)
 
   it("a parameter whose hook fires twice (used inside and outside a reentrant checkpoint)", function()
     local code = [[
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(3)
-  self.a = nn.Linear(6, 8)
-  self.b = nn.Linear(8, 8)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x)
-  local h = dl.tanh(self.a(x))
-  h = checkpoint(function(t) return dl.tanh(self.b(t)) end, h) -- b inside the checkpoint
-  return self.head(h + dl.tanh(self.b(h)))                       -- and outside it
-end
+local Net = CheckpointNet
 local xs, ys = batches(4, 8, {6}, 4)
 local fwd = function(m, x) return m(x) end
 -- without static_graph the second firing is an error, as in PyTorch
@@ -253,19 +258,7 @@ out("dyn_unused_after", dyn:_get_ddp_logging_data().unused_parameter_size)
   -- NCCL: the used flags of the first iteration go through the group's device.
   it("device parameters (simulated device, nccl): a reentrant checkpoint and an unused branch", function()
     local code = [[
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(3)
-  self.a = nn.Linear(6, 8)
-  self.b = nn.Linear(8, 8)
-  self.unused = nn.Linear(8, 8)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x)
-  local h = dl.tanh(self.a(x))
-  h = checkpoint(function(t) return dl.tanh(self.b(t)) end, h)
-  return self.head(h + dl.tanh(self.b(h)))
-end
+local function Net() return CheckpointNet(true) end
 local xs, ys = batches(4, 8, {6}, 4)
 local model = DDP(module_to(Net(), RANK), {device_ids = {RANK}, static_graph = true, bucket_cap_mb = 0.0005})
 local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
