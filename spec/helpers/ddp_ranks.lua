@@ -18,8 +18,9 @@ local mp = require "multiproc"
 local M = {}
 
 -- The head of every prelude: the front end's modules as locals, RANK and WORLD from the
--- launcher's environment, the default group (INIT, when a run sets it, replaces the
--- options), and the two printers of Note [rank script protocol].
+-- launcher's environment, the default group (%s: the init_process_group line, where INIT,
+-- when a run sets it, replaces the options), and the two printers of Note [rank script
+-- protocol].
 local HEAD = [[
 local dl = require "ddplua"
 local nn = require "ddplua.nn"
@@ -27,8 +28,7 @@ local optim = require "ddplua.optim"
 local dist = require "ddplua.distributed"
 local DDP = require "ddplua.distributed.ddp"
 RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group(INIT or %s)
-
+%s
 function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
 function try(name, fn)
   local ok, err = pcall(fn)
@@ -140,12 +140,17 @@ end
 --- The prelude of a rank script (Lua source): the head (dl, nn, optim, dist and DDP as
 -- locals; RANK and WORLD; init_process_group; out and try, Note [rank script protocol]),
 -- then the named helpers in the order given. opts.init: Lua source of init_process_group's
--- options (default '{backend = "gloo", timeout = 20}'); opts.helpers: names from mlp, cnn,
+-- options (default '{backend = "gloo", timeout = 20}'; false: the rank scripts call
+-- init_process_group themselves); opts.helpers: names from mlp, cnn,
 -- batches, shard, mse, max_rel, max_abs, params_text (also tensors_text), device (to_dev,
 -- module_to). Raises on an unknown helper name.
 function M.prelude(opts)
   opts = opts or {}
-  local parts = { HEAD:format(opts.init or '{backend = "gloo", timeout = 20}') }
+  local init = ""
+  if opts.init ~= false then
+    init = ("dist.init_process_group(INIT or %s)\n"):format(opts.init or '{backend = "gloo", timeout = 20}')
+  end
+  local parts = { HEAD:format(init) }
   for _, name in ipairs(opts.helpers or {}) do
     parts[#parts + 1] = assert(HELPERS[name], "ddp_ranks.prelude: no helper named " .. tostring(name))
   end
