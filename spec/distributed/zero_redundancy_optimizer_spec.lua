@@ -32,6 +32,28 @@ function train_step(m, opt, x, y)
   mse(m(x), y):backward()
   opt:step()
 end
+-- Two Adam state dicts (amsgrad) compared entry by entry: the largest |a - b| of exp_avg,
+-- exp_avg_sq and max_exp_avg_sq and the number of entries; -1 when their entries, steps,
+-- groups, lrs or parameter ids differ, -2 when a state tensor's shape does.
+function same_state_dict(a, b)
+  local worst, entries = 0, 0
+  for id, st in pairs(b.state) do
+    local o = a.state[id]
+    if o == nil or o.step ~= st.step then return -1 end
+    entries = entries + 1
+    for _, k in ipairs{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} do
+      local x, y = o[k], st[k]
+      if table.concat(x:size(), "x") ~= table.concat(y:size(), "x") then return -2 end
+      worst = math.max(worst, (x - y):abs():max():item())
+    end
+  end
+  for id in pairs(a.state) do if b.state[id] == nil then return -1 end end
+  for g, grp in ipairs(b.param_groups) do
+    if #grp.params ~= #a.param_groups[g].params or grp.lr ~= a.param_groups[g].lr then return -1 end
+    for i, id in ipairs(grp.params) do if a.param_groups[g].params[i] ~= id then return -1 end end
+  end
+  return worst, entries
+end
 -- DDP with a ZeroRedundancyOptimizer (optimizer_class cls with args, plus the ZeRO options
 -- zopts) against DDP with the plain cls(args), one step per batch of xs, ys on this rank's
 -- shards; prints name_max_abs, name_params and name_state (ZeRO's local state elements /
@@ -182,25 +204,8 @@ try("before_consolidate", function() zero:state_dict() end)
 zero:consolidate_state_dict() -- to rank 0
 try("not_target", function() zero:state_dict() end)
 -- The consolidated state equals the plain optimizer's, entry by entry, bit for bit.
-local function same_sd(a, b)
-  local worst, entries = 0, 0
-  for id, st in pairs(b.state) do
-    local o = a.state[id]
-    if o == nil or o.step ~= st.step then return -1 end
-    entries = entries + 1
-    for _, k in ipairs{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} do
-      worst = math.max(worst, (o[k] - st[k]):abs():max():item())
-    end
-  end
-  for id in pairs(a.state) do if b.state[id] == nil then return -1 end end
-  for g, grp in ipairs(b.param_groups) do
-    if #grp.params ~= #a.param_groups[g].params or grp.lr ~= a.param_groups[g].lr then return -1 end
-    for i, id in ipairs(grp.params) do if a.param_groups[g].params[i] ~= id then return -1 end end
-  end
-  return worst, entries
-end
 if RANK == 0 then
-  local worst, entries = same_sd(zero:state_dict(), plain:state_dict())
+  local worst, entries = same_state_dict(zero:state_dict(), plain:state_dict())
   out("sd_diff", worst)
   out("sd_entries", entries)
   -- Loaded into a plain Adam over a copy of the weights, it continues as the plain one.
@@ -219,7 +224,7 @@ else
 end
 zero:consolidate_state_dict(1)
 try("after_other_target", function() zero:state_dict() end)
-if RANK == 1 then out("sd1_diff", (same_sd(zero:state_dict(), plain:state_dict()))) else out("sd1_diff", 0) end
+if RANK == 1 then out("sd1_diff", (same_state_dict(zero:state_dict(), plain:state_dict()))) else out("sd1_diff", 0) end
 -- load_state_dict: a fresh ZeRO over a copy of plain's current weights loads plain's state
 -- (the same on every rank) and continues as plain.
 local sd = plain:state_dict()
@@ -608,28 +613,10 @@ local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, ams
 local plain = optim.Adam(m2:parameters(), {lr = 0.01, amsgrad = true})
 for s = 1, 6 do train_step(m1, zero, xs[s], ys[s]); train_step(m2, plain, xs[s], ys[s]) end
 try("before_consolidate", function() zero:state_dict() end)
-local function same_sd(a, b)
-  local worst, entries = 0, 0
-  for id, st in pairs(b.state) do
-    local o = a.state[id]
-    if o == nil or o.step ~= st.step then return -1 end
-    entries = entries + 1
-    for _, k in ipairs{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} do
-      local x, y = o[k], st[k]
-      if table.concat(x:size(), "x") ~= table.concat(y:size(), "x") then return -2 end
-      worst = math.max(worst, (x - y):abs():max():item())
-    end
-  end
-  for id in pairs(a.state) do if b.state[id] == nil then return -1 end end
-  for g, grp in ipairs(b.param_groups) do
-    if #grp.params ~= #a.param_groups[g].params or grp.lr ~= a.param_groups[g].lr then return -1 end
-  end
-  return worst, entries
-end
 for _, to in ipairs{0, 1} do
   zero:consolidate_state_dict(to)
   if RANK == to then
-    local worst, entries = same_sd(zero:state_dict(), plain:state_dict())
+    local worst, entries = same_state_dict(zero:state_dict(), plain:state_dict())
     out("sd_diff_" .. to, worst)
     out("sd_entries_" .. to, entries)
   end
@@ -657,7 +644,7 @@ zero2:load_state_dict(sd)
 out("loaded_lr", zero2.optim.param_groups[1].lr)
 out("loaded_state", state_elements(zero2.optim) .. "/" .. state_elements(plain))
 zero2:consolidate_state_dict(0)
-if RANK == 0 then out("reload_diff", (same_sd(zero2:state_dict(), sd))) end
+if RANK == 0 then out("reload_diff", (same_state_dict(zero2:state_dict(), sd))) end
 for s = 7, 12 do train_step(m5, zero2, xs[s], ys[s]); train_step(m2, plain, xs[s], ys[s]) end
 out("zero_loaded_max_abs", max_abs(m5, m2))
 -- States that one flat shard cannot hold are refused on every rank, before anything changes.
