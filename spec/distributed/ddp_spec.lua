@@ -9,7 +9,7 @@
 local ddp_ranks = require "ddp_ranks"
 
 local PRELUDE = ddp_ranks.prelude {
-  helpers = { "mlp", "cnn", "batches", "shard", "mse", "max_rel", "params_text" },
+  helpers = { "mlp", "cnn", "batches", "shard", "mse", "max_rel", "params_text", "branch_net" },
 } .. [[
 -- k steps of one process on the whole batches (rank 0's reference).
 function reference(make, xs, ys, opt_args, forward)
@@ -139,16 +139,7 @@ l2:backward()
 
   it("find_unused_parameters: a branch unused on some iterations", function()
     local code = [[
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(5)
-  self.a = nn.Linear(6, 8)
-  self.branch = nn.Linear(8, 4)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x, use) local h = dl.tanh(self.a(x)); local o = self.head(h)
-  if use then o = o + self.branch(h) end
-  return o end
+local Net = BranchNet
 local xs, ys = batches(3, 8, {6}, 4)
 local use = {true, false, true}
 local opt_args = {lr = 0.1, momentum = 0.9}

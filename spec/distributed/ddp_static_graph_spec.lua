@@ -7,7 +7,7 @@
 local ddp_ranks = require "ddp_ranks"
 
 local PRELUDE = ddp_ranks.prelude {
-  helpers = { "batches", "shard", "mse", "max_rel", "params_text", "device" },
+  helpers = { "batches", "shard", "mse", "max_rel", "params_text", "device", "branch_net" },
 } .. [[
 local lib = require "ddplua.lib"
 -- k SGD-momentum steps of model `m` (a DDP or a plain module) on the batches (sharded when
@@ -187,20 +187,7 @@ model:verify_sync()
 
   it("unused parameters are skipped without a search; a changed graph raises PyTorch's error", function()
     local code = [[
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(5)
-  self.a = nn.Linear(6, 8)
-  self.branch = nn.Linear(8, 4)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x, use_branch, use_head)
-  local h = dl.tanh(self.a(x))
-  local o = self.head(h)
-  if use_head == false then o = h:narrow(2, 1, 4) * 1 end
-  if use_branch then o = o + self.branch(h) end
-  return o
-end
+local Net = BranchNet
 local xs, ys = batches(3, 8, {6}, 4)
 -- the branch is never used: static_graph learns it in the first iteration
 local fwd = function(m, x) return m(x, false) end

@@ -55,6 +55,25 @@ function cnn()
                        nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 2 * 2, 3))
 end
 ]],
+  -- BranchNet(): x (N, 6) -> tanh(a) -> head (N, 4), seeded; forward(x, use_branch,
+  -- use_head) adds branch's output when use_branch, and skips head (h's first 4 columns
+  -- instead) when use_head is false: parameters unused on some iterations.
+  branch_net = [[
+BranchNet = nn.Module:extend("Net")
+function BranchNet:init()
+  dl.manual_seed(5)
+  self.a = nn.Linear(6, 8)
+  self.branch = nn.Linear(8, 4)
+  self.head = nn.Linear(8, 4)
+end
+function BranchNet:forward(x, use_branch, use_head)
+  local h = dl.tanh(self.a(x))
+  local o = self.head(h)
+  if use_head == false then o = h:narrow(2, 1, 4) * 1 end
+  if use_branch then o = o + self.branch(h) end
+  return o
+end
+]],
   -- k steps of B samples each, x (B, xshape...) and y (B, ydim), the same on every rank.
   batches = [[
 function batches(k, B, xshape, ydim)
@@ -141,7 +160,7 @@ end
 -- locals; RANK and WORLD; init_process_group; out and try, Note [rank script protocol]),
 -- then the named helpers in the order given. opts.init: Lua source of init_process_group's
 -- options (default '{backend = "gloo", timeout = 20}'; false: the rank scripts call
--- init_process_group themselves); opts.helpers: names from mlp, cnn,
+-- init_process_group themselves); opts.helpers: names from mlp, cnn, branch_net (BranchNet),
 -- batches, shard, mse, max_rel, max_abs, params_text (also tensors_text), device (to_dev,
 -- module_to). Raises on an unknown helper name.
 function M.prelude(opts)
