@@ -27,19 +27,8 @@ end
 -- forward, and its backward recomputes it with grad and walks that graph (Note [reentrant
 -- backward] in runtime/autograd/engine.c); the parameters inside get their gradients, and
 -- their DDP hooks fire, inside that inner backward.
-local Ckpt = dl.autograd.Function:extend("Checkpoint")
-function Ckpt.forward(ctx, fn, x)
-  ctx.fn = fn
-  ctx:save_for_backward(x)
-  return fn(x)
-end
-function Ckpt.backward(ctx, g)
-  local x = ctx.saved_tensors[1]:detach()
-  x.requires_grad = true
-  local y = dl.enable_grad(function() return ctx.fn(x) end)
-  y:backward(g)
-  return nil, x.grad
-end
+-- (spec/helpers/reentrant_checkpoint.lua)
+local Ckpt = require("spec.helpers.reentrant_checkpoint")("Checkpoint")
 function checkpoint(fn, x) return Ckpt.apply(fn, x) end
 -- a -> tanh -> checkpoint(b -> tanh) -> head, with b used again outside the checkpoint, so
 -- its hook fires twice in one backward; CheckpointNet(true) also has a layer `unused` that
