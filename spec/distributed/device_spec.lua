@@ -386,17 +386,8 @@ end)
 
 -- ---- a real GPU: the nccl backend ---------------------------------------------------------
 
--- The number of real CUDA devices (0 without a GPU, or when the plug-in is the simulator),
--- probed in a child so this process's plug-in choice is untouched.
-local function real_gpus()
-  local p = io.popen("cd " .. root .. " && env -u DDPLUA_CUDA_PLUGIN ./build/ddplua -e " ..
-    "'local C = require(\"ddplua.lib\").C; local ffi = require(\"ffi\"); " ..
-    "print(C.ddp_cuda_is_available() ~= 0 and ffi.string(C.ddp_cuda_backend_name()) == \"cuda\" " ..
-    "and C.ddp_pg_nccl_available(nil, 0) ~= 0 and C.ddp_cuda_device_count() or 0)' 2>/dev/null")
-  local s = p:read("*a")
-  p:close()
-  return tonumber(s:match("(%d+)%s*$")) or 0
-end
+-- The number of real CUDA devices with NCCL (spec/helpers/cuda.lua).
+local real_gpus = require("cuda").nccl_gpus
 
 describe("nccl collectives on a real GPU #cuda #dist", function()
   local gpus = real_gpus()

@@ -359,17 +359,8 @@ describe("nn.SyncBatchNorm on device tensors #dist", function()
   end)
 end)
 
--- The number of real CUDA devices with NCCL (0 without a GPU or on the simulator), probed
--- in a child so this process's plug-in choice is untouched.
-local function real_gpus()
-  local p = io.popen("env -u DDPLUA_CUDA_PLUGIN " .. exe .. " -e " ..
-    "'local C = require(\"ddplua.lib\").C; local ffi = require(\"ffi\"); " ..
-    "print(C.ddp_cuda_is_available() ~= 0 and ffi.string(C.ddp_cuda_backend_name()) == \"cuda\" " ..
-    "and C.ddp_pg_nccl_available(nil, 0) ~= 0 and C.ddp_cuda_device_count() or 0)' 2>/dev/null")
-  local text = p:read("*a")
-  p:close()
-  return tonumber(text:match("(%d+)%s*$")) or 0
-end
+-- The number of real CUDA devices with NCCL (spec/helpers/cuda.lua).
+local real_gpus = require("cuda").nccl_gpus
 
 describe("nn.SyncBatchNorm on real GPUs #cuda #dist", function()
   it("equals BatchNorm on the whole batch with the nccl backend (two GPUs)", function()
