@@ -54,6 +54,16 @@ function same_state_dict(a, b)
   end
   return worst, entries
 end
+-- One step per batch of xs, ys: zero on m1 and plain on m2; from step `after` + 1 on, rank 1
+-- takes zero's join hook (hook.main_hook) instead of zero:step(), as a joined rank would.
+function shadowed_steps(zero, hook, m1, m2, plain, xs, ys, after)
+  for s = 1, #xs do
+    zero:zero_grad()
+    mse(m1(xs[s]), ys[s]):backward()
+    if RANK == 1 and s > after then hook.main_hook() else zero:step() end
+    train_step(m2, plain, xs[s], ys[s])
+  end
+end
 -- DDP with a ZeroRedundancyOptimizer (optimizer_class cls with args, plus the ZeRO options
 -- zopts) against DDP with the plain cls(args), one step per batch of xs, ys on this rank's
 -- shards; prints name_max_abs, name_params and name_state (ZeRO's local state elements /
@@ -352,14 +362,9 @@ out("join_device", zero:join_device())
 out("join_group", zero:join_process_group() == dist.get_default_group())
 local hook = zero:join_hook({})
 out("post_hook", type(hook.post_hook))
-for s = 1, 10 do
-  -- Rank 1 runs out of data after 4 steps; from then on it shadows rank 0's step with
-  -- main_hook, holding the gradients rank 0 computed (set before the hook, as PyTorch asks).
-  zero:zero_grad()
-  mse(m1(xs[s]), ys[s]):backward()
-  if RANK == 1 and s > 4 then hook.main_hook() else zero:step() end
-  train_step(m2, plain, xs[s], ys[s])
-end
+-- Rank 1 runs out of data after 4 steps; from then on it shadows rank 0's step with
+-- main_hook, holding the gradients rank 0 computed (set before the hook, as PyTorch asks).
+shadowed_steps(zero, hook, m1, m2, plain, xs, ys, 4)
 out("max_abs", max_abs(m1, m2))
 out("params", params_text(m1))
 -- A joined rank without gradients: its own parameters stay, rank 0's step, and the
@@ -738,12 +743,7 @@ local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
 local hook = zero:join_hook({})
-for s = 1, 8 do
-  zero:zero_grad()
-  mse(m1(xs[s]), ys[s]):backward()
-  if RANK == 1 and s > 3 then hook.main_hook() else zero:step() end
-  train_step(m2, plain, xs[s], ys[s])
-end
+shadowed_steps(zero, hook, m1, m2, plain, xs, ys, 3)
 out("join_max_abs", max_abs(m1, m2))
 -- A joined rank without gradients: its range keeps its values, the other rank's moves.
 local before = {}
