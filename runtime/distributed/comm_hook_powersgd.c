@@ -288,6 +288,19 @@ static int plan(ddp_powersgd_state *st, ddp_reducer *r, int k, powersgd_flight *
   return DDP_OK;
 }
 
+/* The double scratch both halves of the step use for one matrix at a time: a copy of its
+ * Q (m * r) or P (n * r), and orthogonalize's work space; sized for the largest of the
+ * bucket's matrices. NULL when out of memory; the caller frees it. */
+static double *matrix_scratch(const powersgd_flight *f) {
+  int64_t scratch = 1;
+  for (int i = 0; i < f->n_mat; i++) {
+    const psgd_matrix *mt = &f->mat[i];
+    if (mt->m * mt->r > scratch) scratch = mt->m * mt->r;
+    if (mt->n * mt->r > scratch) scratch = mt->n * mt->r;
+  }
+  return malloc(sizeof(double) * (size_t)scratch);
+}
+
 int powersgd_launch(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t, ddp_pg *pg,
                     int world, powersgd_flight **out, int64_t *bytes) {
   powersgd_flight *f = calloc(1, sizeof *f);
@@ -328,13 +341,7 @@ int powersgd_launch(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
     DDP_TRY(randomize_qs(st, st->q_mem[k], f));
   }
   ddp_tensor *P = st->p_mem[k], *Q = st->q_mem[k];
-  int64_t scratch = 1;
-  for (int i = 0; i < f->n_mat; i++) {
-    const psgd_matrix *mt = &f->mat[i];
-    if (mt->m * mt->r > scratch) scratch = mt->m * mt->r;
-    if (mt->n * mt->r > scratch) scratch = mt->n * mt->r;
-  }
-  double *w = malloc(sizeof(double) * (size_t)scratch);
+  double *w = matrix_scratch(f);
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "powerSGD_hook: out of memory");
   for (int i = 0; i < f->n_mat; i++) { /* 3., 4.: P = M Q */
     const psgd_matrix *mt = &f->mat[i];
@@ -365,13 +372,7 @@ int powersgd_finish(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
   ddp_tensor_bump_version(t);
   DDP_TRY(comm_hook_wait_work(r, pg, k, f->work_p, "all-reduce of P"));
   ddp_tensor *P = st->p_mem[k], *Q = st->q_mem[k];
-  int64_t scratch = 1;
-  for (int i = 0; i < f->n_mat; i++) {
-    const psgd_matrix *mt = &f->mat[i];
-    if (mt->m * mt->r > scratch) scratch = mt->m * mt->r;
-    if (mt->n * mt->r > scratch) scratch = mt->n * mt->r;
-  }
-  double *w = malloc(sizeof(double) * (size_t)scratch);
+  double *w = matrix_scratch(f);
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "powerSGD_hook: out of memory");
   for (int i = 0; i < f->n_mat; i++) { /* 6.: orthogonalise P, Q = M^T P */
     const psgd_matrix *mt = &f->mat[i];

@@ -74,22 +74,7 @@ describe("ddplua autograd hooks", function()
   -- Note [reentrant backward] in runtime/autograd/engine.c, checked the way PyTorch's
   -- reentrant checkpoint uses it: a Function whose forward runs without grad and whose
   -- backward recomputes the segment with grad and walks it.
-  local function checkpoint_fn()
-    local Ckpt = dl.autograd.Function:extend("Ckpt")
-    function Ckpt.forward(ctx, fn, x)
-      ctx.fn = fn
-      ctx:save_for_backward(x)
-      return fn(x)
-    end
-    function Ckpt.backward(ctx, g)
-      local x = ctx.saved_tensors[1]:detach()
-      x.requires_grad = true
-      local y = dl.enable_grad(function() return ctx.fn(x) end)
-      y:backward(g)
-      return nil, x.grad
-    end
-    return Ckpt
-  end
+  local function checkpoint_fn() return require("reentrant_checkpoint")("Ckpt") end
 
   it("runs a backward inside a Function's backward (reentrant checkpoint): same gradients", function()
     local Ckpt = checkpoint_fn()

@@ -4,58 +4,16 @@
 -- computed in one process from the ranks' own gradients (all-gathered): the default hook
 -- bitwise against no hook, fp16/bf16 against the sum rounded as the hook rounds, PowerSGD
 -- against the same math written here in plain Lua (Note [PowerSGD]).
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
+-- batches (step s: B samples, the same on every rank) and shard (rank r takes rows
+-- r*B/W+1 .. (r+1)*B/W) come from spec/helpers/ddp_ranks.lua.
+local PRELUDE = ddp_ranks.prelude {
+  helpers = { "mlp", "cnn", "batches", "shard", "mse", "params_text" },
+} .. [[
 local futures = require "ddplua.futures"
 local hooks = dist.algorithms.ddp_comm_hooks
 local default = hooks.default_hooks
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 20}
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
-function mlp()
-  dl.manual_seed(1)
-  return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 4))
-end
-function cnn()
-  dl.manual_seed(2)
-  return nn.Sequential(nn.Conv2d(2, 4, 3, {padding = 1}), nn.ReLU(), nn.MaxPool2d(2),
-                       nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 2 * 2, 3))
-end
--- Step s: B samples (the same on every rank); rank r takes rows r*B/W+1 .. (r+1)*B/W.
-function batches(k, B, xshape, ydim)
-  local xs, ys = {}, {}
-  dl.manual_seed(100)
-  for s = 1, k do
-    local shape = {B}
-    for _, d in ipairs(xshape) do shape[#shape + 1] = d end
-    xs[s], ys[s] = dl.randn(shape), dl.randn({B, ydim})
-  end
-  return xs, ys
-end
-function shard(t)
-  local n = t:size(1) / WORLD
-  return t:narrow(1, RANK * n + 1, n)
-end
-function mse(a, b) return (a - b):pow(2):mean() end
-function params_text(m)
-  local parts = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
-  end
-  return table.concat(parts, ",")
-end
 function grads_text(m)
   local parts = {}
   for _, p in ipairs(m:parameters()) do
@@ -95,19 +53,7 @@ function local_grads(make, x, y)
 end
 ]]
 
-local function run(code, n, opts)
-  opts = opts or {}
-  local r = mp.run { code = PRELUDE .. code, nprocs = n or 2, timeout = opts.timeout or 60 }
-  if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, (n or 2) do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks, r
-end
+local run = ddp_ranks.runner(PRELUDE, { timeout = 60 })
 
 describe("ddplua.futures", function()
   local futures = require "ddplua.futures"

@@ -7,36 +7,17 @@
 -- the same weights BIT FOR BIT (digests of the raw bytes, ddp_tensor_digest), and the plain
 -- path itself must match one process on the whole batch (as ddp_spec.lua checks), so the
 -- fused one does too.
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
+local PRELUDE = ddp_ranks.prelude {
+  helpers = { "batches", "shard", "mse", "max_abs", "device" },
+} .. [[
 local lib = require "ddplua.lib"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 20}
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
+-- 6-32-24-4: wider than ddp_ranks' mlp, so a small bucket cap gives several buckets.
 function mlp()
   dl.manual_seed(1)
   return nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 4))
 end
-function batches(k, B)
-  local xs, ys = {}, {}
-  dl.manual_seed(100)
-  for s = 1, k do xs[s], ys[s] = dl.randn({B, 6}), dl.randn({B, 4}) end
-  return xs, ys
-end
-function shard(t) local n = t:size(1) / WORLD; return t:narrow(1, RANK * n + 1, n) end
-function mse(a, b) return (a - b):pow(2):mean() end
 local box = lib.ffi.new("uint64_t[1]")
 -- Digests of the raw bytes of every parameter (bitwise comparison).
 function digests(m)
@@ -47,16 +28,11 @@ function digests(m)
   end
   return table.concat(parts, ",")
 end
-function max_abs(m1, m2)
-  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
-  for i = 1, #p1 do worst = math.max(worst, (p1[i] - p2[i]):abs():max():item()) end
-  return worst
-end
 -- k steps of the plain path and of the fused path with optimizer class cls and options (and
 -- the comm hook `hook` on both, when given); prints whether they are bitwise equal, the
 -- largest difference, and the fused .grad state.
 function compare(tag, cls, args, k, ddp_opts, hook)
-  local xs, ys = batches(k, 8)
+  local xs, ys = batches(k, 8, {6}, 4)
   local plain = DDP(mlp(), ddp_opts)
   local opt = cls(plain:parameters(), args)
   local fused = DDP(mlp(), ddp_opts)
@@ -92,18 +68,7 @@ end
 
 local root = io.popen("pwd"):read("*l")
 
-local function run(code, env, prelude)
-  local r = mp.run { code = (prelude or PRELUDE) .. code, nprocs = 2, timeout = 60, env = env }
-  if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, 2 do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks
-end
+local run = ddp_ranks.runner(PRELUDE, { timeout = 60 })
 
 local function check_same(ranks, tag, k)
   for i = 1, 2 do
@@ -150,24 +115,7 @@ compare("adam_allreduce_hook", optim.Adam, {lr = 0.01}, 3, {bucket_cap_mb = 0.00
   for _, backend in ipairs { "gloo", "nccl" } do
     it("device parameters (simulated device, " .. backend .. "): bitwise the plain path", function()
       local code = [[
-local Parameter = require("ddplua.nn.module").Parameter
-local tbox = lib.ffi.new("ddp_tensor*[1]")
-local function module_to(m, dev)
-  dl.no_grad(function()
-    for _, sub in ipairs(m:modules()) do
-      local d = rawget(sub, "_parameters")
-      for _, n in ipairs(d.names) do
-        local t = d.values[n]
-        if t ~= nil then
-          lib.check(lib.C.ddp_tensor_to_device(tbox, t, dev, 0))
-          d.values[n] = Parameter(lib.wrap(tbox[0]), t.requires_grad)
-        end
-      end
-    end
-  end)
-  return m
-end
-local xs, ys = batches(3, 8)
+local xs, ys = batches(3, 8, {6}, 4)
 local results = {}
 for _, cls in ipairs {optim.SGD, optim.Adam} do
   local args = cls == optim.SGD and {lr = 0.1, momentum = 0.9} or {lr = 0.01}
@@ -187,13 +135,9 @@ end
 out("bitwise", table.concat(results, " "))
 out("backend", dist.get_backend())
 ]]
-      local prelude = PRELUDE
-      if backend == "nccl" then
-        prelude = PRELUDE:gsub('dist.init_process_group{backend = "gloo", timeout = 20}',
-          'dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}')
-      end
-      local ranks = run(code, { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so",
-                                DDPLUA_SIM_NCCL = backend == "nccl" and "1" or nil }, prelude)
+      local init = backend == "nccl" and '{backend = "nccl", device_id = tonumber(os.getenv("RANK")), timeout = 20}' or nil
+      local ranks = run(code, 2, { init = init, env = { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so",
+                                                        DDPLUA_SIM_NCCL = backend == "nccl" and "1" or nil } })
       for i = 1, 2 do
         assert.equal("SGD=true Adam=true", ranks[i].out.bitwise)
         assert.equal("cuda:" .. (i - 1), ranks[i].out.device_SGD)
@@ -204,7 +148,7 @@ out("backend", dist.get_backend())
 
   it("no_sync accumulation, then a synced backward, steps once on the summed gradients", function()
     local code = [[
-local xs, ys = batches(2, 8)
+local xs, ys = batches(2, 8, {6}, 4)
 local plain = DDP(mlp())
 local opt = optim.SGD(plain:parameters(), {lr = 0.1, momentum = 0.9})
 local fused = DDP(mlp()):_register_fused_optim(optim.SGD, {lr = 0.1, momentum = 0.9})

@@ -6,66 +6,11 @@
 -- DDP averages the gradients). Rank 0 trains the single-process reference itself, from the
 -- same seed, and prints the largest relative difference per tensor (max |a - b| / max |b|);
 -- every rank prints a digest of its parameters so the spec checks the replicas agree.
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 20}
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
-
-function mlp()
-  dl.manual_seed(1)
-  return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 4))
-end
-function cnn()
-  dl.manual_seed(2)
-  return nn.Sequential(nn.Conv2d(2, 4, 3, {padding = 1}), nn.ReLU(), nn.MaxPool2d(2),
-                       nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 2 * 2, 3))
-end
--- Batches: step s has B samples, the same on every rank (seeded).
-function batches(k, B, xshape, ydim)
-  local xs, ys = {}, {}
-  dl.manual_seed(100)
-  for s = 1, k do
-    local shape = {B}
-    for _, d in ipairs(xshape) do shape[#shape + 1] = d end
-    xs[s], ys[s] = dl.randn(shape), dl.randn({B, ydim})
-  end
-  return xs, ys
-end
-function shard(t, world, rank)
-  local n = t:size(1) / world
-  return t:narrow(1, rank * n + 1, n)
-end
-function mse(a, b) return (a - b):pow(2):mean() end
--- The largest relative difference of two modules' parameters (over tensors).
-function max_rel(m1, m2)
-  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
-  for i = 1, #p1 do
-    local d = (p1[i] - p2[i]):abs():max():item()
-    local s = p2[i]:abs():max():item()
-    worst = math.max(worst, d / math.max(s, 1e-12))
-  end
-  return worst
-end
-function params_text(m)
-  local parts = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
-  end
-  return table.concat(parts, ",")
-end
+local PRELUDE = ddp_ranks.prelude {
+  helpers = { "mlp", "cnn", "batches", "shard", "mse", "max_rel", "params_text", "branch_net" },
+} .. [[
 -- k steps of one process on the whole batches (rank 0's reference).
 function reference(make, xs, ys, opt_args, forward)
   local m = make()
@@ -80,26 +25,9 @@ function reference(make, xs, ys, opt_args, forward)
 end
 ]]
 
--- Run code on n ranks; returns per-rank {out = {name = value}, err = {name = msg}} and the
--- raw result. Raises with every rank's output unless all ranks exit 0 (or expect_failure).
-local function run(code, n, opts)
-  opts = opts or {}
-  local r = mp.run { code = PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40 }
-  if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  for i = 1, n do -- a sanitizer build's reports fail the spec (UBSan does not abort)
-    if r[i].output:find("runtime error:", 1, true) or r[i].output:find("Sanitizer", 1, true) then
-      error("sanitizer report:\n" .. mp.describe(r), 2)
-    end
-  end
-  local ranks = {}
-  for i = 1, n do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks, r
-end
+-- run(code, n, opts): code after the prelude on n ranks; returns per-rank {out = {name =
+-- value}, err = {name = msg}} and the raw result (spec/helpers/ddp_ranks.lua).
+local run = ddp_ranks.runner(PRELUDE, { timeout = 40 })
 
 -- The equivalence body: train DDP(make()) for k steps on the rank's shards, compare with the
 -- reference on rank 0, print the replicas' parameters.
@@ -211,16 +139,7 @@ l2:backward()
 
   it("find_unused_parameters: a branch unused on some iterations", function()
     local code = [[
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(5)
-  self.a = nn.Linear(6, 8)
-  self.branch = nn.Linear(8, 4)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x, use) local h = dl.tanh(self.a(x)); local o = self.head(h)
-  if use then o = o + self.branch(h) end
-  return o end
+local Net = BranchNet
 local xs, ys = batches(3, 8, {6}, 4)
 local use = {true, false, true}
 local opt_args = {lr = 0.1, momentum = 0.9}

@@ -4,47 +4,12 @@
 -- Each training run is checked against one process trained on the whole batches from the
 -- same seed (rank 0 computes it and prints the largest relative difference per tensor), and
 -- the replicas against each other (their parameters printed in full).
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
+local PRELUDE = ddp_ranks.prelude {
+  helpers = { "batches", "shard", "mse", "max_rel", "params_text", "device", "branch_net" },
+} .. [[
 local lib = require "ddplua.lib"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 20}
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
-function batches(k, B, din, dout)
-  local xs, ys = {}, {}
-  dl.manual_seed(100)
-  for s = 1, k do xs[s], ys[s] = dl.randn({B, din}), dl.randn({B, dout}) end
-  return xs, ys
-end
-function shard(t) local n = t:size(1) / WORLD; return t:narrow(1, RANK * n + 1, n) end
-function mse(a, b) return (a - b):pow(2):mean() end
-function max_rel(m1, m2)
-  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
-  for i = 1, #p1 do
-    local d = (p1[i] - p2[i]):abs():max():item()
-    worst = math.max(worst, d / math.max(p2[i]:abs():max():item(), 1e-12))
-  end
-  return worst
-end
-function params_text(m)
-  local parts = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
-  end
-  return table.concat(parts, ",")
-end
 -- k SGD-momentum steps of model `m` (a DDP or a plain module) on the batches (sharded when
 -- m is a DDP); forward(m, x, s) gives the loss's input.
 function train(m, xs, ys, is_ddp, forward)
@@ -62,36 +27,31 @@ end
 -- forward, and its backward recomputes it with grad and walks that graph (Note [reentrant
 -- backward] in runtime/autograd/engine.c); the parameters inside get their gradients, and
 -- their DDP hooks fire, inside that inner backward.
-local Ckpt = dl.autograd.Function:extend("Checkpoint")
-function Ckpt.forward(ctx, fn, x)
-  ctx.fn = fn
-  ctx:save_for_backward(x)
-  return fn(x)
-end
-function Ckpt.backward(ctx, g)
-  local x = ctx.saved_tensors[1]:detach()
-  x.requires_grad = true
-  local y = dl.enable_grad(function() return ctx.fn(x) end)
-  y:backward(g)
-  return nil, x.grad
-end
+-- (spec/helpers/reentrant_checkpoint.lua)
+local Ckpt = require("spec.helpers.reentrant_checkpoint")("Checkpoint")
 function checkpoint(fn, x) return Ckpt.apply(fn, x) end
+-- a -> tanh -> checkpoint(b -> tanh) -> head, with b used again outside the checkpoint, so
+-- its hook fires twice in one backward; CheckpointNet(true) also has a layer `unused` that
+-- forward never uses.
+CheckpointNet = nn.Module:extend("Net")
+function CheckpointNet:init(with_unused)
+  dl.manual_seed(3)
+  self.a = nn.Linear(6, 8)
+  self.b = nn.Linear(8, 8)
+  if with_unused then self.unused = nn.Linear(8, 8) end
+  self.head = nn.Linear(8, 4)
+end
+function CheckpointNet:forward(x)
+  local h = dl.tanh(self.a(x))
+  h = checkpoint(function(t) return dl.tanh(self.b(t)) end, h) -- b inside the checkpoint
+  return self.head(h + dl.tanh(self.b(h)))                       -- and outside it
+end
 ]]
 
 local root = io.popen("pwd"):read("*l")
 
-local function run(code, n, env, prelude)
-  local r = mp.run { code = (prelude or PRELUDE) .. code, nprocs = n or 2, timeout = 60, env = env }
-  if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, n or 2 do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks
-end
+-- run(code, n, opts): spec/helpers/ddp_ranks.lua's, on 2 ranks by default.
+local run = ddp_ranks.runner(PRELUDE, { timeout = 60 })
 
 local function check_trained(ranks, tol)
   local rel = tonumber(ranks[1].out.max_rel)
@@ -108,7 +68,7 @@ local function mlp()
   dl.manual_seed(1)
   return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 4))
 end
-local xs, ys = batches(4, 8, 6, 4)
+local xs, ys = batches(4, 8, {6}, 4)
 local fwd = function(m, x) return m(x) end
 local model = DDP(mlp(), {static_graph = true, bucket_cap_mb = 0.001})
 local before = model:_get_ddp_logging_data()
@@ -187,19 +147,8 @@ try("typo", function() DDP(mlp(), {static_graf = true}) end)
 
   it("a parameter whose hook fires twice (used inside and outside a reentrant checkpoint)", function()
     local code = [[
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(3)
-  self.a = nn.Linear(6, 8)
-  self.b = nn.Linear(8, 8)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x)
-  local h = dl.tanh(self.a(x))
-  h = checkpoint(function(t) return dl.tanh(self.b(t)) end, h) -- b inside the checkpoint
-  return self.head(h + dl.tanh(self.b(h)))                       -- and outside it
-end
-local xs, ys = batches(4, 8, 6, 4)
+local Net = CheckpointNet
+local xs, ys = batches(4, 8, {6}, 4)
 local fwd = function(m, x) return m(x) end
 -- without static_graph the second firing is an error, as in PyTorch
 local plain = DDP(Net())
@@ -227,21 +176,8 @@ model:verify_sync()
 
   it("unused parameters are skipped without a search; a changed graph raises PyTorch's error", function()
     local code = [[
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(5)
-  self.a = nn.Linear(6, 8)
-  self.branch = nn.Linear(8, 4)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x, use_branch, use_head)
-  local h = dl.tanh(self.a(x))
-  local o = self.head(h)
-  if use_head == false then o = h:narrow(2, 1, 4) * 1 end
-  if use_branch then o = o + self.branch(h) end
-  return o
-end
-local xs, ys = batches(3, 8, 6, 4)
+local Net = BranchNet
+local xs, ys = batches(3, 8, {6}, 4)
 -- the branch is never used: static_graph learns it in the first iteration
 local fwd = function(m, x) return m(x, false) end
 local model = train(DDP(Net(), {static_graph = true}), xs, ys, true, fwd)
@@ -297,41 +233,9 @@ out("dyn_unused_after", dyn:_get_ddp_logging_data().unused_parameter_size)
   -- Device buckets on the simulated device (build/libddplua_cuda_sim.so) with the simulated
   -- NCCL: the used flags of the first iteration go through the group's device.
   it("device parameters (simulated device, nccl): a reentrant checkpoint and an unused branch", function()
-    local prelude = PRELUDE:gsub('dist.init_process_group{backend = "gloo", timeout = 20}',
-      'dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}')
     local code = [[
-local Parameter = require("ddplua.nn.module").Parameter
-local tbox = lib.ffi.new("ddp_tensor*[1]")
-local function to_dev(t, dev)
-  lib.check(lib.C.ddp_tensor_to_device(tbox, t, dev, 0))
-  return lib.wrap(tbox[0])
-end
-local function module_to(m, dev)
-  dl.no_grad(function()
-    for _, sub in ipairs(m:modules()) do
-      local d = rawget(sub, "_parameters")
-      for _, n in ipairs(d.names) do
-        local t = d.values[n]
-        if t ~= nil then d.values[n] = Parameter(to_dev(t, dev), t.requires_grad) end
-      end
-    end
-  end)
-  return m
-end
-local Net = nn.Module:extend("Net")
-function Net:init()
-  dl.manual_seed(3)
-  self.a = nn.Linear(6, 8)
-  self.b = nn.Linear(8, 8)
-  self.unused = nn.Linear(8, 8)
-  self.head = nn.Linear(8, 4)
-end
-function Net:forward(x)
-  local h = dl.tanh(self.a(x))
-  h = checkpoint(function(t) return dl.tanh(self.b(t)) end, h)
-  return self.head(h + dl.tanh(self.b(h)))
-end
-local xs, ys = batches(4, 8, 6, 4)
+local function Net() return CheckpointNet(true) end
+local xs, ys = batches(4, 8, {6}, 4)
 local model = DDP(module_to(Net(), RANK), {device_ids = {RANK}, static_graph = true, bucket_cap_mb = 0.0005})
 local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
 for s = 1, #xs do
@@ -352,8 +256,8 @@ for i = 1, #p1 do
 end
 out("max_rel", worst)
 ]]
-    local ranks = run(code, 2, { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so",
-                                 DDPLUA_SIM_NCCL = "1" }, prelude)
+    local ranks = run(code, 2, { init = '{backend = "nccl", device_id = tonumber(os.getenv("RANK")), timeout = 20}',
+      env = { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so", DDPLUA_SIM_NCCL = "1" } })
     for i = 1, 2 do
       local o = ranks[i].out
       assert.equal("cuda:" .. (i - 1), o.device)

@@ -2,23 +2,9 @@
 -- DDP's device_mesh option, with real ranks on 127.0.0.1 (spec/helpers/multiproc.lua).
 -- DDP over a 1-D mesh must give the same bits as DDP over the world group, and both must
 -- match one process trained on the whole batch; the errors are PyTorch's.
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group{backend = "gloo", timeout = 20}
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
+local PRELUDE = ddp_ranks.prelude { helpers = { "shard", "max_abs", "params_text" } } .. [[
 function mlp()
   dl.manual_seed(1)
   return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4))
@@ -26,10 +12,6 @@ end
 XS, YS = {}, {}
 dl.manual_seed(100)
 for s = 1, 3 do XS[s], YS[s] = dl.randn{8, 6}, dl.randn{8, 4} end
-function shard(t, world, rank)
-  local n = t:size(1) / world
-  return t:narrow(1, rank * n + 1, n)
-end
 -- 3 SGD-momentum steps of `model` (DDP or plain) on this rank's shards of the batches.
 function train(model, world, rank)
   local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
@@ -41,33 +23,9 @@ function train(model, world, rank)
   end
   return model
 end
--- The largest |a - b| over the parameters of two modules (0 means the same bits).
-function max_diff(m1, m2)
-  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
-  for i = 1, #p1 do worst = math.max(worst, (p1[i] - p2[i]):abs():max():item()) end
-  return worst
-end
-function params_text(m)
-  local parts = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
-  end
-  return table.concat(parts, ",")
-end
 ]]
 
-local function run(code, n)
-  local r = mp.run { code = PRELUDE .. code, nprocs = n, timeout = 40 }
-  if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, n do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks
-end
+local run = ddp_ranks.runner(PRELUDE, { timeout = 40 })
 
 describe("ddplua.distributed.device_mesh #dist", function()
   it("a 1-D mesh of the world: its group, ranks and names; DDP over it gives DDP's bits over the world", function()
@@ -83,9 +41,9 @@ dist.all_reduce(t, {group = mesh:get_group("dp")})
 out("allreduce", t:sum():item())
 local with_mesh = train(DDP(mlp(), {device_mesh = mesh}), WORLD, RANK)
 local with_world = train(DDP(mlp()), WORLD, RANK)
-out("mesh_vs_world", max_diff(with_mesh.module, with_world.module))
+out("mesh_vs_world", max_abs(with_mesh.module, with_world.module))
 out("kept", tostring(with_mesh.device_mesh == mesh) .. " " .. tostring(with_mesh.process_group == dist.get_default_group()))
-if RANK == 0 then out("vs_single", max_diff(with_mesh.module, train(mlp(), 1, 0))) end
+if RANK == 0 then out("vs_single", max_abs(with_mesh.module, train(mlp(), 1, 0))) end
 out("params", params_text(with_mesh.module))
 try("both", function() DDP(mlp(), {device_mesh = mesh, process_group = dist.get_default_group()}) end)
 try("not_a_mesh", function() DDP(mlp(), {device_mesh = {ndim = 1}}) end)
@@ -116,7 +74,7 @@ if RANK == 0 then
   out("group", mesh:get_group():size() .. " " .. tostring(mesh:get_group() ~= dist.get_default_group()))
   -- DDP over the one-rank group: rank 1 takes no part, so a reduction over the world would time out.
   local ddp = train(DDP(mlp(), {device_mesh = mesh, timeout = 5}), 1, 0)
-  out("vs_single", max_diff(ddp.module, train(mlp(), 1, 0)))
+  out("vs_single", max_abs(ddp.module, train(mlp(), 1, 0)))
 else
   try("outside", function() mesh:get_group() end)
   try("ddp_outside", function() DDP(mlp(), {device_mesh = mesh}) end)

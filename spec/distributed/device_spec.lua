@@ -8,51 +8,23 @@
 -- buckets allocated and scaled on the device, DDP equivalence), not NCCL: the nccl specs
 -- are tagged `cuda` and skip without a real GPU.
 local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
 local root = io.popen("pwd"):read("*l")
 local SIM = root .. "/build/libddplua_cuda_sim.so"
 
 -- Helpers of every child: moving tensors and modules between devices through the C API
 -- (the front end's own device methods are not needed for these specs).
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
+local PRELUDE = ddp_ranks.prelude { init = false, helpers = { "device" } } .. [[
 local lib = require "ddplua.lib"
 local ffi, C = lib.ffi, lib.C
 local Parameter = require("ddplua.nn.module").Parameter
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-local box = ffi.new("ddp_tensor*[1]")
-function to_dev(t, dev)
-  lib.check(C.ddp_tensor_to_device(box, t, dev, 0))
-  return lib.wrap(box[0])
-end
 function cpu(t) return to_dev(t, -1) end
 function dev_of(t) return t.device end
 function show(t)
   local parts = {}
   for i, v in ipairs(cpu(t):contiguous():view({-1}):tolist()) do parts[i] = string.format("%g", v) end
   return table.concat(parts, ",")
-end
--- Every parameter of m replaced by a device copy (a new leaf), in place.
-function module_to(m, dev)
-  dl.no_grad(function()
-    for _, sub in ipairs(m:modules()) do
-      local d = rawget(sub, "_parameters")
-      for _, n in ipairs(d.names) do
-        local t = d.values[n]
-        if t ~= nil then d.values[n] = Parameter(to_dev(t, dev), t.requires_grad) end
-      end
-    end
-  end)
-  return m
-end
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
 end
 ]]
 
@@ -414,17 +386,8 @@ end)
 
 -- ---- a real GPU: the nccl backend ---------------------------------------------------------
 
--- The number of real CUDA devices (0 without a GPU, or when the plug-in is the simulator),
--- probed in a child so this process's plug-in choice is untouched.
-local function real_gpus()
-  local p = io.popen("cd " .. root .. " && env -u DDPLUA_CUDA_PLUGIN ./build/ddplua -e " ..
-    "'local C = require(\"ddplua.lib\").C; local ffi = require(\"ffi\"); " ..
-    "print(C.ddp_cuda_is_available() ~= 0 and ffi.string(C.ddp_cuda_backend_name()) == \"cuda\" " ..
-    "and C.ddp_pg_nccl_available(nil, 0) ~= 0 and C.ddp_cuda_device_count() or 0)' 2>/dev/null")
-  local s = p:read("*a")
-  p:close()
-  return tonumber(s:match("(%d+)%s*$")) or 0
-end
+-- The number of real CUDA devices with NCCL (spec/helpers/cuda.lua).
+local real_gpus = require("cuda").nccl_gpus
 
 describe("nccl collectives on a real GPU #cuda #dist", function()
   local gpus = real_gpus()

@@ -8,34 +8,12 @@
 -- which is the gradient of sum_{r in P_s} loss_r / D: one process trains on that loss with
 -- the same optimizer and every rank's final weights must equal it (every rank computes the
 -- reference itself, from the same seeds).
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
+local PRELUDE = ddp_ranks.prelude {
+  helpers = { "mlp", "mse", "max_rel", "params_text", "device" },
+} .. [[
 local Join = require "ddplua.distributed.algorithms.join"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-if os.getenv("JOIN_SPEC_NCCL") then -- the simulated NCCL (last describe)
-  dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 20}
-else
-  dist.init_process_group{backend = "gloo", timeout = 20}
-end
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-  return ok
-end
-function mlp()
-  dl.manual_seed(1)
-  return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 4))
-end
-function mse(a, b) return (a - b):pow(2):mean() end
 -- data[r][s] = {x (4, 6), y (4, 4)}: rank r's batch s, the same on every rank.
 function make_data(counts)
   local data = {}
@@ -65,22 +43,6 @@ function reference(make, data, counts, divide_by_initial, opt_args, loss_of)
     opt:step()
   end
   return m
-end
-function max_rel(m1, m2)
-  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
-  for i = 1, #p1 do
-    local d = (p1[i] - p2[i]):abs():max():item()
-    local s = p2[i]:abs():max():item()
-    worst = math.max(worst, d / math.max(s, 1e-12))
-  end
-  return worst
-end
-function tensors_text(list)
-  local parts = {}
-  for _, p in ipairs(list) do
-    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
-  end
-  return table.concat(parts, ",")
 end
 function default_loss(m, batch) return mse(m(batch[1]), batch[2]) end
 -- Train DDP(make()) under ddp:join on this rank's batches; print the replicas' weights, the
@@ -114,20 +76,7 @@ function uneven(counts, join_opts, ddp_opts, make, loss_of)
 end
 ]]
 
-local function run(code, n, opts)
-  opts = opts or {}
-  local r = mp.run { code = PRELUDE .. code, nprocs = n or 2, timeout = opts.timeout or 40,
-                    env = opts.env }
-  if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, (n or 2) do
-    local rk = { out = {}, err = {}, output = r[i].output }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks, r
-end
+local run = ddp_ranks.runner(PRELUDE, { timeout = 40 })
 
 local function check_reference(ranks, tol)
   for i = 1, #ranks do
@@ -682,26 +631,7 @@ describe("ddp:join on the simulated NCCL #dist", function()
   it("ranks with 3 and 5 batches on cuda:0 and cuda:1 equal the CPU reference", function()
     local root = io.popen("pwd"):read("*l")
     local ranks = run([[
-local lib = require "ddplua.lib"
-local Parameter = require("ddplua.nn.module").Parameter
 out("backend", dist.get_backend())
-local box = lib.ffi.new("ddp_tensor*[1]")
-local function to_dev(t, dev)
-  lib.check(lib.C.ddp_tensor_to_device(box, t, dev, 0))
-  return lib.wrap(box[0])
-end
-local function module_to(m, dev)
-  dl.no_grad(function()
-    for _, sub in ipairs(m:modules()) do
-      local d = rawget(sub, "_parameters")
-      for _, n in ipairs(d.names) do
-        local t = d.values[n]
-        if t ~= nil then d.values[n] = Parameter(to_dev(t, dev), t.requires_grad) end
-      end
-    end
-  end)
-  return m
-end
 local counts = {3, 5}
 local data = make_data(counts)
 local model = DDP(module_to(mlp(), RANK), {device_ids = {RANK}, bucket_cap_mb = 0.0002,
@@ -725,8 +655,8 @@ for i = 1, #ref do
   worst = math.max(worst, (host[i] - ref[i]):abs():max():item() / ref[i]:abs():max():item())
 end
 out("max_rel", worst)
-]], 2, { env = { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so", DDPLUA_SIM_NCCL = "1",
-                       JOIN_SPEC_NCCL = "1" } })
+]], 2, { init = '{backend = "nccl", device_id = tonumber(os.getenv("RANK")), timeout = 20}',
+            env = { DDPLUA_CUDA_PLUGIN = root .. "/build/libddplua_cuda_sim.so", DDPLUA_SIM_NCCL = "1" } })
     check_reference(ranks)
     assert.equal("nccl", ranks[1].out.backend)
     assert.equal("cuda:0", ranks[1].out.device)

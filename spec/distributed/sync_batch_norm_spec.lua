@@ -7,28 +7,14 @@
 -- one process; SyncBatchNorm on the slices must give that reference's output, input
 -- gradient, parameter gradients (summed over ranks: they stay local to each rank) and
 -- running statistics, in f64, within 1e-12.
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 local files = require "files"
 local dl = require "ddplua"
 local nn = require "ddplua.nn"
 
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group(INIT or {backend = "gloo", timeout = 20})
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
+local PRELUDE = ddp_ranks.prelude() .. [[
 function maxdiff(a, b)
   if a:numel() == 0 and b:numel() == 0 then return 0 end
   return (a:to("f64") - b:to("f64")):abs():max():item()
@@ -54,23 +40,9 @@ function make(cls, C, opts)
 end
 ]]
 
--- Run code on n ranks; returns per-rank {out = {name = value}, err = {name = msg}} and the
--- raw result. Raises with every rank's output unless all ranks exit 0 (or expect_failure).
--- opts.init: Lua source of init_process_group's options (default gloo).
-local function run(code, n, opts)
-  opts = opts or {}
-  local init = opts.init and ("INIT = " .. opts.init .. "\n") or ""
-  local r = mp.run { code = init .. PRELUDE .. code, nprocs = n, timeout = opts.timeout or 40, env = opts.env }
-  if not opts.expect_failure and not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, n do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks, r
-end
+-- run(code, n, opts): spec/helpers/ddp_ranks.lua's (opts.init: Lua source of
+-- init_process_group's options, default gloo; opts.env; opts.expect_failure).
+local run = ddp_ranks.runner(PRELUDE, { timeout = 40 })
 
 -- The equivalence body: `steps` training steps of SyncBatchNorm on this rank's slice against
 -- BatchNorm (class ref_cls) on the global batch; prints the largest difference of each
@@ -387,17 +359,8 @@ describe("nn.SyncBatchNorm on device tensors #dist", function()
   end)
 end)
 
--- The number of real CUDA devices with NCCL (0 without a GPU or on the simulator), probed
--- in a child so this process's plug-in choice is untouched.
-local function real_gpus()
-  local p = io.popen("env -u DDPLUA_CUDA_PLUGIN " .. exe .. " -e " ..
-    "'local C = require(\"ddplua.lib\").C; local ffi = require(\"ffi\"); " ..
-    "print(C.ddp_cuda_is_available() ~= 0 and ffi.string(C.ddp_cuda_backend_name()) == \"cuda\" " ..
-    "and C.ddp_pg_nccl_available(nil, 0) ~= 0 and C.ddp_cuda_device_count() or 0)' 2>/dev/null")
-  local text = p:read("*a")
-  p:close()
-  return tonumber(text:match("(%d+)%s*$")) or 0
-end
+-- The number of real CUDA devices with NCCL (spec/helpers/cuda.lua).
+local real_gpus = require("cuda").nccl_gpus
 
 describe("nn.SyncBatchNorm on real GPUs #cuda #dist", function()
   it("equals BatchNorm on the whole batch with the nccl backend (two GPUs)", function()

@@ -6,48 +6,17 @@
 -- difference (max |a - b| over every element) is within 1e-6 and prints it: with the same
 -- kernels on the same gradients it is 0. Optimizer-state sizes are counted in elements of
 -- the local optimizer's state tensors.
-local mp = require "multiproc"
+local ddp_ranks = require "ddp_ranks"
 
-local PRELUDE = [[
-local dl = require "ddplua"
-local nn = require "ddplua.nn"
-local optim = require "ddplua.optim"
-local dist = require "ddplua.distributed"
-local DDP = require "ddplua.distributed.ddp"
-RANK, WORLD = tonumber(os.getenv("RANK")), tonumber(os.getenv("WORLD_SIZE"))
-dist.init_process_group(INIT or {backend = "gloo", timeout = 30})
+local PRELUDE = ddp_ranks.prelude {
+  init = '{backend = "gloo", timeout = 30}',
+  helpers = { "batches", "shard", "mse", "max_abs", "params_text" },
+} .. [[
 ZeRO = dist.optim.ZeroRedundancyOptimizer
-
-function out(name, v) io.write("OUT ", name, " ", tostring(v), "\n"); io.flush() end
-function try(name, fn)
-  local ok, err = pcall(fn)
-  io.write("ERR ", name, " ", ok and "no error" or tostring(err):gsub("\n", " | "), "\n")
-  io.flush()
-end
 -- 20-64-32-10: parameters of 1280, 64, 2048, 32, 320, 10 elements.
 function mlp()
   dl.manual_seed(1)
   return nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10))
-end
-function batches(k, B)
-  local xs, ys = {}, {}
-  dl.manual_seed(100)
-  for s = 1, k do xs[s], ys[s] = dl.randn({B, 20}), dl.randn({B, 10}) end
-  return xs, ys
-end
-function shard(t) local n = t:size(1) / WORLD; return t:narrow(1, RANK * n + 1, n) end
-function mse(a, b) return (a - b):pow(2):mean() end
-function max_abs(m1, m2)
-  local p1, p2, worst = m1:parameters(), m2:parameters(), 0
-  for i = 1, #p1 do worst = math.max(worst, (p1[i] - p2[i]):abs():max():item()) end
-  return worst
-end
-function params_text(m)
-  local parts = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p:reshape({-1}):tolist()) do parts[#parts + 1] = string.format("%.9g", v) end
-  end
-  return table.concat(parts, ",")
 end
 -- Elements held by an optimizer's state tensors.
 function state_elements(opt)
@@ -63,27 +32,67 @@ function train_step(m, opt, x, y)
   mse(m(x), y):backward()
   opt:step()
 end
+-- Two Adam state dicts (amsgrad) compared entry by entry: the largest |a - b| of exp_avg,
+-- exp_avg_sq and max_exp_avg_sq and the number of entries; -1 when their entries, steps,
+-- groups, lrs or parameter ids differ, -2 when a state tensor's shape does.
+function same_state_dict(a, b)
+  local worst, entries = 0, 0
+  for id, st in pairs(b.state) do
+    local o = a.state[id]
+    if o == nil or o.step ~= st.step then return -1 end
+    entries = entries + 1
+    for _, k in ipairs{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} do
+      local x, y = o[k], st[k]
+      if table.concat(x:size(), "x") ~= table.concat(y:size(), "x") then return -2 end
+      worst = math.max(worst, (x - y):abs():max():item())
+    end
+  end
+  for id in pairs(a.state) do if b.state[id] == nil then return -1 end end
+  for g, grp in ipairs(b.param_groups) do
+    if #grp.params ~= #a.param_groups[g].params or grp.lr ~= a.param_groups[g].lr then return -1 end
+    for i, id in ipairs(grp.params) do if a.param_groups[g].params[i] ~= id then return -1 end end
+  end
+  return worst, entries
+end
+-- One step per batch of xs, ys: zero on m1 and plain on m2; from step `after` + 1 on, rank 1
+-- takes zero's join hook (hook.main_hook) instead of zero:step(), as a joined rank would.
+function shadowed_steps(zero, hook, m1, m2, plain, xs, ys, after)
+  for s = 1, #xs do
+    zero:zero_grad()
+    mse(m1(xs[s]), ys[s]):backward()
+    if RANK == 1 and s > after then hook.main_hook() else zero:step() end
+    train_step(m2, plain, xs[s], ys[s])
+  end
+end
+-- DDP with a ZeroRedundancyOptimizer (optimizer_class cls with args, plus the ZeRO options
+-- zopts) against DDP with the plain cls(args), one step per batch of xs, ys on this rank's
+-- shards; prints name_max_abs, name_params and name_state (ZeRO's local state elements /
+-- the plain optimizer's).
+function zero_vs_plain(name, cls, args, zopts, xs, ys)
+  local d1, d2 = DDP(mlp()), DDP(mlp())
+  local opts = {optimizer_class = cls}
+  for k, v in pairs(zopts) do opts[k] = v end
+  for k, v in pairs(args) do opts[k] = v end
+  local zero = ZeRO(d1:parameters(), opts)
+  local plain = cls(d2:parameters(), args)
+  for s = 1, #xs do
+    local x, y = shard(xs[s]), shard(ys[s])
+    train_step(d1, zero, x, y)
+    train_step(d2, plain, x, y)
+  end
+  out(name .. "_max_abs", max_abs(d1.module, d2.module))
+  out(name .. "_params", params_text(d1.module))
+  out(name .. "_state", state_elements(zero.optim) .. "/" .. state_elements(plain))
+  d1:verify_sync()
+end
 ]]
 
 local root = io.popen("pwd"):read("*l")
 local SIM = root .. "/build/libddplua_cuda_sim.so"
 
--- Run code on n ranks; opts.init: the init_process_group options (Lua source; default
--- gloo), opts.env: the children's extra environment.
-local function run(code, n, opts)
-  opts = opts or {}
-  local init = opts.init and ("INIT = " .. opts.init .. "\n") or ""
-  local r = mp.run { code = init .. PRELUDE .. code, nprocs = n, timeout = opts.timeout or 60, env = opts.env }
-  if not r.ok then error("ranks failed:\n" .. mp.describe(r), 2) end
-  local ranks = {}
-  for i = 1, n do
-    local rk = { out = {}, err = {} }
-    for name, v in r[i].output:gmatch("OUT (%S+) ([^\n]*)") do rk.out[name] = v end
-    for name, v in r[i].output:gmatch("ERR (%S+) ([^\n]*)") do rk.err[name] = v end
-    ranks[i] = rk
-  end
-  return ranks, r
-end
+-- run(code, n, opts): spec/helpers/ddp_ranks.lua's (opts.init: the init_process_group
+-- options, Lua source; opts.env: the children's extra environment).
+local run = ddp_ranks.runner(PRELUDE, { timeout = 60 })
 
 local function num(ranks, i, name)
   local v = tonumber(ranks[i].out[name])
@@ -124,7 +133,7 @@ describe("ddplua.distributed.optim.ZeroRedundancyOptimizer", function()
 
   it("#dist Adam on 2 ranks: each rank holds its shard's state only, and 20 steps equal plain Adam", function()
     local ranks = run([[
-local xs, ys = batches(20, 8)
+local xs, ys = batches(20, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, betas = {0.8, 0.99}})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01, betas = {0.8, 0.99}})
@@ -175,28 +184,14 @@ out("entries", (function() local n = 0; for _ in pairs(zero.optim.state) do n = 
 
   it("#dist with DDP (Adam and SGD with momentum, per-parameter and bucket-view sync) equals DDP with the plain optimizer", function()
     local ranks = run([[
-local xs, ys = batches(20, 8)
+local xs, ys = batches(20, 8, {20}, 10)
 local cases = {
   {"adam", optim.Adam, {lr = 0.01}, false},
   {"sgd", optim.SGD, {lr = 0.05, momentum = 0.9, nesterov = true}, false},
   {"adam_bucket", optim.Adam, {lr = 0.01, weight_decay = 0.01}, true},
 }
 for _, c in ipairs(cases) do
-  local name, cls, args, bucket = c[1], c[2], c[3], c[4]
-  local d1, d2 = DDP(mlp()), DDP(mlp())
-  local zopts = {optimizer_class = cls, parameters_as_bucket_view = bucket}
-  for k, v in pairs(args) do zopts[k] = v end
-  local zero = ZeRO(d1:parameters(), zopts)
-  local plain = cls(d2:parameters(), args)
-  for s = 1, 20 do
-    local x, y = shard(xs[s]), shard(ys[s])
-    train_step(d1, zero, x, y)
-    train_step(d2, plain, x, y)
-  end
-  out(name .. "_max_abs", max_abs(d1.module, d2.module))
-  out(name .. "_params", params_text(d1.module))
-  out(name .. "_state", state_elements(zero.optim) .. "/" .. state_elements(plain))
-  d1:verify_sync()
+  zero_vs_plain(c[1], c[2], c[3], {parameters_as_bucket_view = c[4]}, xs, ys)
 end
 ]], 2)
     for _, name in ipairs { "adam", "sgd", "adam_bucket" } do
@@ -210,7 +205,7 @@ end
 
   it("#dist consolidate_state_dict / state_dict give plain Adam's state; load_state_dict shards it back", function()
     local ranks = run([[
-local xs, ys = batches(12, 8)
+local xs, ys = batches(12, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, amsgrad = true})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01, amsgrad = true})
@@ -219,25 +214,8 @@ try("before_consolidate", function() zero:state_dict() end)
 zero:consolidate_state_dict() -- to rank 0
 try("not_target", function() zero:state_dict() end)
 -- The consolidated state equals the plain optimizer's, entry by entry, bit for bit.
-local function same_sd(a, b)
-  local worst, entries = 0, 0
-  for id, st in pairs(b.state) do
-    local o = a.state[id]
-    if o == nil or o.step ~= st.step then return -1 end
-    entries = entries + 1
-    for _, k in ipairs{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} do
-      worst = math.max(worst, (o[k] - st[k]):abs():max():item())
-    end
-  end
-  for id in pairs(a.state) do if b.state[id] == nil then return -1 end end
-  for g, grp in ipairs(b.param_groups) do
-    if #grp.params ~= #a.param_groups[g].params or grp.lr ~= a.param_groups[g].lr then return -1 end
-    for i, id in ipairs(grp.params) do if a.param_groups[g].params[i] ~= id then return -1 end end
-  end
-  return worst, entries
-end
 if RANK == 0 then
-  local worst, entries = same_sd(zero:state_dict(), plain:state_dict())
+  local worst, entries = same_state_dict(zero:state_dict(), plain:state_dict())
   out("sd_diff", worst)
   out("sd_entries", entries)
   -- Loaded into a plain Adam over a copy of the weights, it continues as the plain one.
@@ -256,7 +234,7 @@ else
 end
 zero:consolidate_state_dict(1)
 try("after_other_target", function() zero:state_dict() end)
-if RANK == 1 then out("sd1_diff", (same_sd(zero:state_dict(), plain:state_dict()))) else out("sd1_diff", 0) end
+if RANK == 1 then out("sd1_diff", (same_state_dict(zero:state_dict(), plain:state_dict()))) else out("sd1_diff", 0) end
 -- load_state_dict: a fresh ZeRO over a copy of plain's current weights loads plain's state
 -- (the same on every rank) and continues as plain.
 local sd = plain:state_dict()
@@ -354,7 +332,7 @@ out("state", state_elements(zero.optim))
     local ranks = run([[
 local sub = dist.new_group({1, 2})
 if RANK == 0 then out("skipped", true) return end
-local xs, ys = batches(6, 8)
+local xs, ys = batches(6, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, process_group = sub})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
@@ -376,7 +354,7 @@ out("has_state", ok)
 
   it("#dist join hook: a joined rank's main_hook matches the step of a rank still training", function()
     local ranks = run([[
-local xs, ys = batches(10, 8)
+local xs, ys = batches(10, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
@@ -384,14 +362,9 @@ out("join_device", zero:join_device())
 out("join_group", zero:join_process_group() == dist.get_default_group())
 local hook = zero:join_hook({})
 out("post_hook", type(hook.post_hook))
-for s = 1, 10 do
-  -- Rank 1 runs out of data after 4 steps; from then on it shadows rank 0's step with
-  -- main_hook, holding the gradients rank 0 computed (set before the hook, as PyTorch asks).
-  zero:zero_grad()
-  mse(m1(xs[s]), ys[s]):backward()
-  if RANK == 1 and s > 4 then hook.main_hook() else zero:step() end
-  train_step(m2, plain, xs[s], ys[s])
-end
+-- Rank 1 runs out of data after 4 steps; from then on it shadows rank 0's step with
+-- main_hook, holding the gradients rank 0 computed (set before the hook, as PyTorch asks).
+shadowed_steps(zero, hook, m1, m2, plain, xs, ys, 4)
 out("max_abs", max_abs(m1, m2))
 out("params", params_text(m1))
 -- A joined rank without gradients: its own parameters stay, rank 0's step, and the
@@ -429,7 +402,7 @@ out("changed", table.concat(changed, ","))
 
   it("#dist on the simulated device with the simulated NCCL: parameters, state and sync on the device", function()
     local ranks = run([[
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 local ma, mb, m2 = mlp():cuda(RANK), mlp():cuda(RANK), mlp():cuda(RANK)
 local za = ZeRO(ma:parameters(), {optimizer_class = optim.Adam, lr = 0.01})
 local zb = ZeRO(mb:parameters(), {optimizer_class = optim.Adam, lr = 0.01, parameters_as_bucket_view = true})
@@ -475,7 +448,7 @@ end
     end
     local ranks = run([[
 local Join = require "ddplua.distributed.algorithms.join"
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 -- (1) PyTorch's _test_zero_join: a first joinable sets, on a joined rank, the gradients of
 -- the step the others run (the full batch: every rank can compute it), so ZeRO's join hook
 -- steps the joined rank's shard with them and the weights equal plain Adam's.
@@ -619,29 +592,13 @@ out("owner_first", first .. "-" .. last)
 
   it("#dist partition = \"elements\" with DDP (SGD momentum, AdamW, Adadelta) equals DDP with the plain optimizer", function()
     local ranks = run([[
-local xs, ys = batches(12, 8)
+local xs, ys = batches(12, 8, {20}, 10)
 local cases = {
   {"sgd", optim.SGD, {lr = 0.05, momentum = 0.9, nesterov = true, weight_decay = 0.01}},
   {"adamw", optim.AdamW, {lr = 0.01, weight_decay = 0.1, maximize = false}},
   {"adadelta", optim.Adadelta, {lr = 0.5, weight_decay = 0.01}},
 }
-for _, c in ipairs(cases) do
-  local name, cls, args = c[1], c[2], c[3]
-  local d1, d2 = DDP(mlp()), DDP(mlp())
-  local zopts = {optimizer_class = cls, partition = "elements"}
-  for k, v in pairs(args) do zopts[k] = v end
-  local zero = ZeRO(d1:parameters(), zopts)
-  local plain = cls(d2:parameters(), args)
-  for s = 1, 12 do
-    local x, y = shard(xs[s]), shard(ys[s])
-    train_step(d1, zero, x, y)
-    train_step(d2, plain, x, y)
-  end
-  out(name .. "_max_abs", max_abs(d1.module, d2.module))
-  out(name .. "_params", params_text(d1.module))
-  out(name .. "_state", state_elements(zero.optim) .. "/" .. state_elements(plain))
-  d1:verify_sync()
-end
+for _, c in ipairs(cases) do zero_vs_plain(c[1], c[2], c[3], {partition = "elements"}, xs, ys) end
 ]], 2)
     for _, name in ipairs { "sgd", "adamw", "adadelta" } do
       for i = 1, 2 do assert.equal(0, num(ranks, i, name .. "_max_abs")) end
@@ -655,34 +612,16 @@ end
 
   it("#dist partition = \"elements\": state_dict is plain Adam's, a plain Adam loads it, and a plain state loads back into ranges", function()
     local ranks = run([[
-local xs, ys = batches(12, 8)
+local xs, ys = batches(12, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, amsgrad = true, partition = "elements"})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01, amsgrad = true})
 for s = 1, 6 do train_step(m1, zero, xs[s], ys[s]); train_step(m2, plain, xs[s], ys[s]) end
 try("before_consolidate", function() zero:state_dict() end)
-local function same_sd(a, b)
-  local worst, entries = 0, 0
-  for id, st in pairs(b.state) do
-    local o = a.state[id]
-    if o == nil or o.step ~= st.step then return -1 end
-    entries = entries + 1
-    for _, k in ipairs{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} do
-      local x, y = o[k], st[k]
-      if table.concat(x:size(), "x") ~= table.concat(y:size(), "x") then return -2 end
-      worst = math.max(worst, (x - y):abs():max():item())
-    end
-  end
-  for id in pairs(a.state) do if b.state[id] == nil then return -1 end end
-  for g, grp in ipairs(b.param_groups) do
-    if #grp.params ~= #a.param_groups[g].params or grp.lr ~= a.param_groups[g].lr then return -1 end
-  end
-  return worst, entries
-end
 for _, to in ipairs{0, 1} do
   zero:consolidate_state_dict(to)
   if RANK == to then
-    local worst, entries = same_sd(zero:state_dict(), plain:state_dict())
+    local worst, entries = same_state_dict(zero:state_dict(), plain:state_dict())
     out("sd_diff_" .. to, worst)
     out("sd_entries_" .. to, entries)
   end
@@ -710,7 +649,7 @@ zero2:load_state_dict(sd)
 out("loaded_lr", zero2.optim.param_groups[1].lr)
 out("loaded_state", state_elements(zero2.optim) .. "/" .. state_elements(plain))
 zero2:consolidate_state_dict(0)
-if RANK == 0 then out("reload_diff", (same_sd(zero2:state_dict(), sd))) end
+if RANK == 0 then out("reload_diff", (same_state_dict(zero2:state_dict(), sd))) end
 for s = 7, 12 do train_step(m5, zero2, xs[s], ys[s]); train_step(m2, plain, xs[s], ys[s]) end
 out("zero_loaded_max_abs", max_abs(m5, m2))
 -- States that one flat shard cannot hold are refused on every rank, before anything changes.
@@ -799,17 +738,12 @@ end
 
   it("#dist partition = \"elements\": the join hook's step, the simulated device, and its errors", function()
     local ranks = run([[
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 local m1, m2 = mlp(), mlp()
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
 local hook = zero:join_hook({})
-for s = 1, 8 do
-  zero:zero_grad()
-  mse(m1(xs[s]), ys[s]):backward()
-  if RANK == 1 and s > 3 then hook.main_hook() else zero:step() end
-  train_step(m2, plain, xs[s], ys[s])
-end
+shadowed_steps(zero, hook, m1, m2, plain, xs, ys, 3)
 out("join_max_abs", max_abs(m1, m2))
 -- A joined rank without gradients: its range keeps its values, the other rank's moves.
 local before = {}
@@ -862,7 +796,7 @@ try("mixed_grads", function() z:step() end)
 
   it("#dist partition = \"elements\" on the simulated device with the simulated NCCL", function()
     local ranks = run([[
-local xs, ys = batches(8, 8)
+local xs, ys = batches(8, 8, {20}, 10)
 local m1, m2 = mlp():cuda(RANK), mlp():cuda(RANK)
 local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, partition = "elements"})
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})

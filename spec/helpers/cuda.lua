@@ -46,6 +46,20 @@ function M.real_gpu()
   return dl.cuda.is_available() and dl.cuda.backend_name() ~= "cuda-sim"
 end
 
+--- The number of real CUDA devices with NCCL (0 without a GPU, without NCCL, or when the
+-- plug-in is the simulated device), probed in a child ddplua ($DDPLUA_EXE or build/ddplua,
+-- DDPLUA_CUDA_PLUGIN unset) so this process's plug-in choice is untouched.
+function M.nccl_gpus()
+  local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
+  local p = io.popen("cd " .. files.quote(root()) .. " && env -u DDPLUA_CUDA_PLUGIN " .. exe .. " -e " ..
+    "'local C = require(\"ddplua.lib\").C; local ffi = require(\"ffi\"); " ..
+    "print(C.ddp_cuda_is_available() ~= 0 and ffi.string(C.ddp_cuda_backend_name()) == \"cuda\" " ..
+    "and C.ddp_pg_nccl_available(nil, 0) ~= 0 and C.ddp_cuda_device_count() or 0)' 2>/dev/null")
+  local text = p:read("*a")
+  p:close()
+  return tonumber(text:match("(%d+)%s*$")) or 0
+end
+
 --- Mark the running test pending (with the reason) and return true when there is no real
 -- GPU: `if cuda.skip_unless_gpu() then return end`. busted's `pending` lives in the spec
 -- file's environment, so it is taken from the caller's (or pass it: skip_unless_gpu(pending)).

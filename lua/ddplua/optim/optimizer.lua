@@ -24,14 +24,21 @@ function M.subclass(name, defaults)
   return setmetatable(cls, { __index = M, __call = function(c, ...) return c.new(...) end })
 end
 
--- A copy of v: tables deeply, tensors cloned, other values as they are.
-local function copy_value(v)
-  if is_tensor(v) then return v:clone() end
+--- Optimizer.map_tensors(v, fn): a copy of v (a state entry, an option value, a whole
+-- state dict) with every tensor t in it replaced by fn(t): tables copied deeply, other
+-- values as they are. E.g. map_tensors(sd, function(t) return t:cpu() end).
+local function map_tensors(v, fn)
+  if is_tensor(v) then return fn(v) end
   if type(v) ~= "table" then return v end
   local out = {}
-  for k, x in pairs(v) do out[k] = copy_value(x) end
+  for k, x in pairs(v) do out[k] = map_tensors(x, fn) end
   return out
 end
+M.map_tensors = map_tensors
+
+-- A copy of v: tables deeply, tensors cloned, other values as they are.
+local function clone(t) return t:clone() end
+local function copy_value(v) return map_tensors(v, clone) end
 M.copy_value = copy_value
 
 -- Address of a tensor handle's C object: two handles of one tensor give the same key.

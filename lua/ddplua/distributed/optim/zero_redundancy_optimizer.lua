@@ -476,13 +476,8 @@ end
 
 -- ---- state dicts ----------------------------------------------------------------------------
 
-local function to_cpu(v)
-  if is_tensor(v) then return v:cpu() end
-  if type(v) ~= "table" then return v end
-  local out = {}
-  for k, x in pairs(v) do out[k] = to_cpu(x) end
-  return out
-end
+local function cpu(t) return t:cpu() end
+local function to_cpu(v) return Optimizer.map_tensors(v, cpu) end
 
 --- opt:consolidate_state_dict(to): gather every rank's local optimizer state dict on
 -- group rank `to` (default 0), kept there (on the CPU) for state_dict(). Collective: every
