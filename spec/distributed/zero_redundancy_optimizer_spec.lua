@@ -427,7 +427,7 @@ if RANK == 0 then
   for _, st in pairs(sd.state) do n = n + 1; dev = st.exp_avg.device end
   out("consolidated", n .. " " .. dev)
 end
-]], 2, { init = '{backend = "nccl", device_id = RANK, timeout = 30}',
+]], 2, { init = '{backend = "nccl", device_id = tonumber(os.getenv("RANK")), timeout = 30}',
           env = { DDPLUA_CUDA_PLUGIN = SIM, DDPLUA_SIM_NCCL = "1" } })
     assert_close(ranks, 2, "max_abs")
     assert_close(ranks, 2, "bucket_max_abs")
@@ -811,7 +811,7 @@ local z3 = ZeRO(m3:parameters(), {optimizer_class = optim.Adam, lr = 0.01, parti
 z3:load_state_dict(sd)
 for s = 1, 4 do train_step(m3, z3, xs[s]:cuda(RANK), ys[s]:cuda(RANK)); train_step(m2, plain, xs[s]:cuda(RANK), ys[s]:cuda(RANK)) end
 out("loaded_max_abs", max_abs(m3, m2))
-]], 2, { init = '{backend = "nccl", device_id = RANK, timeout = 30}',
+]], 2, { init = '{backend = "nccl", device_id = tonumber(os.getenv("RANK")), timeout = 30}',
           env = { DDPLUA_CUDA_PLUGIN = SIM, DDPLUA_SIM_NCCL = "1" } })
     for i = 1, 2 do
       assert.equal(0, num(ranks, i, "max_abs"))
