@@ -99,11 +99,15 @@ describe("failures across namespace nodes #dist #faults", function()
     assert.are_not.equal(0, s1, n1)
     -- 20 s collective timeout, plus the launchers stopping their workers
     assert.is_true(elapsed < 40, ("the job ended %.1f s after the link was cut"):format(elapsed))
+    -- node0's stall reports name node1's ranks as the ones behind. Which node0 rank reports
+    -- first, whether its node0 peer is in the same collective or one behind ("waits too" or
+    -- "is BEHIND: waiting in collective"), and which rank of a node reaches the timeout first
+    -- (its peer then sees it leave) depend on scheduling, so the patterns allow either.
     for _, r in ipairs { 2, 3 } do
-      assert.matches("%[rank 0%]:   %[host node1%] rank " .. r .. " is BEHIND", n0)
+      assert.matches("%[rank [01]%]:   %[host node1%] rank " .. r .. " is BEHIND", n0)
     end
-    assert.matches("%[rank 0%]:   %[host node0%] rank 1 waits too", n0)
-    assert.matches("timed out on rank 0 after 20 s", n0)
+    assert.matches("%[rank [01]%]:   %[host node0%] rank [01] [wi][as]", n0)
+    assert.matches("timed out on rank [01] after 20 s", n0)
     assert.matches("timed out on rank [23] after 20 s", n1)
   end)
 
