@@ -15,8 +15,11 @@
 -- mutation 0.4, random init 0.1 (ddplua.utils.evolution, Note [breeding]). An individual
 -- is the seed's Net (conv_layers 3×3 convolutions of 10 channels, its activation, one
 -- linear layer) trained with Adadelta(lr) and StepLR(step_size 1, gamma) for up to --epochs
--- epochs, stopping early after 5 epochs without a better validation loss; its loss is the
--- best validation loss (mean cross-entropy over the validation subset).
+-- epochs, stopping early after 5 epochs in a row without a better validation loss (the
+-- seed's counter is never reset, a slip: it stops after 5 non-improving epochs in all); its
+-- loss is the best validation loss: the mean cross-entropy over the validation subset, its
+-- sums reduced over the worker's group (the seed applies NLLLoss to the raw logits and
+-- divides each rank's share by the whole set's size; neither is copied).
 --
 -- Generations are synchronous (Propulate breeds asynchronously): at each generation
 -- boundary world rank 0 breeds workers × --per_worker individuals from all evaluated ones
