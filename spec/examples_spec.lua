@@ -176,7 +176,8 @@ describe("examples/", function()
   -- The seed ddp-in-hpo-propulate.txt's multi-rank workers (hpo.lua) with a tiny budget: 4
   -- ranks = 2 workers × 2 ranks, 2 generations of 2 individuals per worker, 5 steps of 2
   -- epochs each. A second run after "losing" the last round's results resumes from the
-  -- population file and trains exactly those two individuals again, to the same losses.
+  -- population file and trains exactly those two individuals again, to the same losses; a
+  -- run killed with SIGTERM mid-generation resumes with what it had evaluated kept.
   describe("HPO with multi-rank workers (hpo.lua, seed ddp-in-hpo-propulate.txt) #dist", function()
     local dir = files.tmpdir("hpo")
     teardown(function() files.remove(dir) end)
@@ -270,6 +271,49 @@ describe("examples/", function()
       status, out = run()                                            -- nothing left to do
       assert.are.equal(0, status, out)
       assert.matches("hpo: 0 individuals trained in this run, 8 evaluated in all", out, 1, true)
+    end)
+
+    it("resumes a search killed mid-generation: what was evaluated is kept, the rest trained", function()
+      local args = ("--nproc_per_node=4 --standalone examples/hpo.lua --generations 2 --per_worker 2 --epochs 2 "
+        .. "--steps 20 --subset 400 --val_subset 200 --out %s/killed"):format(dir)
+      local status, out = files.run(("%s %s > %s/killed.out 2>&1 & echo $! > %s/killed.pid"):format(exe, args, dir, dir))
+      assert.are.equal(0, status, out)
+      local pid = assert(tonumber(files.read(dir .. "/killed.pid")))
+      local pop_path = dir .. "/killed/population.txt"
+      local function evaluated_rows()                             -- "generation index" -> the whole line
+        local rows, f = {}, io.open(pop_path, "r")
+        if not f then return rows, 0 end
+        local n = 0
+        for line in f:lines() do
+          local c = {}
+          for v in line:gmatch("%S+") do c[#c + 1] = v end
+          if c[1] ~= "generation" and c[7] and c[7] ~= "-" then rows[c[1] .. " " .. c[2]] = line; n = n + 1 end
+        end
+        f:close()
+        return rows, n
+      end
+      local before, n = {}, 0
+      for _ = 1, 600 do                                           -- at most 120 s
+        before, n = evaluated_rows()
+        if n >= 1 then break end
+        os.execute("sleep 0.2")
+      end
+      os.execute("kill -TERM " .. pid)                            -- the launcher stops its workers
+      for _ = 1, 150 do
+        if os.execute("kill -0 " .. pid .. " 2>/dev/null") ~= 0 then break end
+        os.execute("sleep 0.2")
+      end
+      assert.are_not.equal(0, os.execute("kill -0 " .. pid .. " 2>/dev/null"), "the launcher did not stop")
+      before, n = evaluated_rows()                                -- what the killed run left
+      assert.is_true(n >= 1 and n < 8, files.read(dir .. "/killed.out"))
+      status, out = files.run(exe .. " " .. args)
+      assert.are.equal(0, status, out)
+      assert.matches(("hpo: resuming from %s: %%d individuals, %d evaluated"):format(pop_path:gsub("%p", "%%%0"), n), out)
+      local _, trained = out:gsub("hpo: worker %d trained", "")
+      assert.are.equal(8 - n, trained, out)
+      local after, total = evaluated_rows()
+      assert.are.equal(8, total)
+      for key, line in pairs(before) do assert.are.equal(line, after[key]) end -- kept exactly
     end)
 
     it("refuses a world that does not split into workers", function()
