@@ -316,6 +316,19 @@ describe("examples/", function()
       for key, line in pairs(before) do assert.are.equal(line, after[key]) end -- kept exactly
     end)
 
+    it("stops an individual early after 5 epochs without a better validation loss", function()
+      local status, out = files.run(("timeout 300 %s --nproc_per_node=4 --standalone examples/hpo.lua --generations 1 "
+        .. "--per_worker 2 --epochs 40 --steps 2 --subset 64 --val_subset 64 --out %s/early"):format(exe, dir))
+      assert.are.equal(0, status, out)
+      local early = 0
+      for epochs in out:gmatch("hpo: worker %d trained generation 1 individual %d [^\n]*after (%d+) epoch%(s%)") do
+        epochs = tonumber(epochs)
+        assert.is_true(epochs >= 6 and epochs <= 40, out)       -- a stop needs a best epoch and 5 after it
+        if epochs < 40 then early = early + 1 end
+      end
+      assert.is_true(early >= 1, out) -- lr decays by gamma < 1 every epoch: the loss levels off
+    end)
+
     it("refuses a world that does not split into workers", function()
       local status, out = files.run(("timeout 60 %s --nproc_per_node=3 --standalone examples/hpo.lua --out %s/odd"):format(exe, dir))
       assert.are_not.equal(0, status, out)
