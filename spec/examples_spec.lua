@@ -7,7 +7,8 @@ local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 
 -- The examples this spec runs; a new example must be added here (checked below).
 local COVERED = { ["amp_ddp_overview.lua"] = true, ["ddp_minimal.lua"] = true, ["ddp_spawn.lua"] = true, ["single_process.lua"] = true,
-  ["multigpu_demo_v1.lua"] = true, ["multigpu_demo_v2.lua"] = true, ["multigpu_demo_v3.lua"] = true, ["compare_demos.lua"] = true }
+  ["multigpu_demo_v1.lua"] = true, ["multigpu_demo_v2.lua"] = true, ["multigpu_demo_v3.lua"] = true, ["compare_demos.lua"] = true,
+  ["hpo.lua"] = true }
 
 describe("examples/", function()
   it("trains with DDP under `ddplua --nproc_per_node=2` (ddp_minimal.lua) #dist", function()
@@ -169,6 +170,169 @@ describe("examples/", function()
       status, out = files.run(exe .. " examples/compare_demos.lua " .. bad)
       assert.are.equal(1, status, out)
       assert.matches("bad%.csv lacks the column 'processes'", out)
+    end)
+  end)
+
+  -- The seed ddp-in-hpo-propulate.txt's multi-rank workers (hpo.lua) with a tiny budget: 4
+  -- ranks = 2 workers × 2 ranks, 2 generations of 2 individuals per worker, 5 steps of 2
+  -- epochs each. A second run after "losing" the last round's results resumes from the
+  -- population file and trains exactly those two individuals again, to the same losses; a
+  -- run killed with SIGTERM mid-generation resumes with what it had evaluated kept.
+  describe("HPO with multi-rank workers (hpo.lua, seed ddp-in-hpo-propulate.txt) #dist", function()
+    local dir = files.tmpdir("hpo")
+    teardown(function() files.remove(dir) end)
+    local function run()
+      return files.run(("timeout 300 %s --nproc_per_node=4 --standalone examples/hpo.lua --generations 2 --per_worker 2 "
+        .. "--epochs 2 --steps 5 --batch_size 16 --subset 400 --val_subset 200 --out %s/out --save_models %s/models")
+        :format(exe, dir, dir))
+    end
+    local function population()
+      local rows = {}
+      for line in files.read(dir .. "/out/population.txt"):gmatch("[^\n]+") do
+        local c = {}
+        for v in line:gmatch("%S+") do c[#c + 1] = v end
+        rows[#rows + 1] = c
+      end
+      return rows
+    end
+    local first
+
+    it("searches 2 generations on 2 workers × 2 ranks, prints the best and writes the population and the plot", function()
+      local status, out = run()
+      assert.are.equal(0, status, out)
+      first = out
+      assert.matches("[rank 0]: hpo: 2 workers x 2 ranks, 4 individuals per generation, 2 generations", out, 1, true)
+      -- each worker's group rank 0 reports its individuals: worker 0 on world rank 0, worker 1 on rank 2
+      local _, w0 = out:gsub("%[rank 0%]: hpo: worker 0 trained generation %d individual %d", "")
+      local _, w1 = out:gsub("%[rank 2%]: hpo: worker 1 trained generation %d individual %d", "")
+      assert.are.same({ 4, 4 }, { w0, w1 }, out)
+      assert.not_matches("%[rank [13]%]: hpo", out)                  -- group rank 1 stays quiet
+      local _, identical = out:gsub("replicas identical", "")
+      assert.are.equal(8, identical, out)                           -- verify_sync passed in each group
+      assert.matches("[rank 0]: hpo: 8 individuals trained in this run, 8 evaluated in all; best 5:", out, 1, true)
+      assert.matches("| # | generation | conv_layers | activation | lr | gamma | loss | epochs |", out, 1, true)
+      local losses = {}
+      for l in out:gmatch("%[rank 0%]: | %d | [12] | %d+ | %a+ | [%d.e-]+ | [%d.]+ | ([%d.]+) | [12] |") do losses[#losses + 1] = tonumber(l) end
+      assert.are.equal(5, #losses, out)
+      for i = 2, 5 do assert.is_true(losses[i - 1] <= losses[i], out) end -- sorted, best first
+      local pop = population()
+      assert.are.same({ "generation", "index", "conv_layers", "activation", "lr", "gamma", "loss", "epochs" }, pop[1])
+      assert.are.equal(9, #pop)
+      for i = 2, 9 do
+        local c = pop[i]
+        local layers, lr, gamma = tonumber(c[3]), tonumber(c[5]), tonumber(c[6])
+        assert.is_true(layers >= 2 and layers <= 10 and lr >= 1e-4 and lr <= 1e-2 and gamma >= 0.5 and gamma <= 0.999, table.concat(c, " "))
+        assert.is_truthy(({ relu = true, sigmoid = true, tanh = true })[c[4]], c[4])
+        assert.is_true(tonumber(c[7]) > 0 and tonumber(c[8]) == 2, table.concat(c, " "))
+      end
+      assert.is_nil(io.open(dir .. "/out/population.txt.tmp", "r"), "the temporary file is renamed")
+      local dat = files.read(dir .. "/out/loss.dat")
+      assert.matches("^# generation best mean best_so_far\n1 [%d.]+ [%d.]+ [%d.]+\n2 [%d.]+ [%d.]+ [%d.]+\n$", dat)
+      if os.execute("command -v gnuplot >/dev/null 2>&1") == 0 then
+        assert.matches("hpo: wrote " .. dir:gsub("%p", "%%%0") .. "/out/loss.png", out)
+        assert.are.equal("\137PNG", files.read(dir .. "/out/loss.png"):sub(1, 4))
+      else
+        assert.matches("gnuplot is not installed", out)
+      end
+      -- the two ranks of each worker end with the same weights; the two workers do not
+      for w = 0, 1 do
+        local s, v = files.run(("%s verify %s/models/worker%d_rank0.safetensors %s/models/worker%d_rank1.safetensors")
+          :format(exe, dir, w, dir, w))
+        assert.are.equal(0, s, v)
+        assert.matches("tensors identical across 2 files", v)
+      end
+      local s, v = files.run(("%s verify %s/models/worker0_rank0.safetensors %s/models/worker1_rank0.safetensors"):format(exe, dir, dir))
+      assert.are_not.equal(0, s, v)
+    end)
+
+    it("resumes from the population file: trains only what was not evaluated, to the same losses", function()
+      assert.is_truthy(first, "needs the first run")
+      local full = population()
+      local f = assert(io.open(dir .. "/out/population.txt", "w"))   -- the last round's results "lost"
+      for i, c in ipairs(full) do
+        local row = { unpack(c) }
+        if i > 1 and c[1] == "2" and tonumber(c[2]) >= 3 then row[7], row[8] = "-", "-" end
+        f:write(table.concat(row, " "), "\n")
+      end
+      f:close()
+      local status, out = run()
+      assert.are.equal(0, status, out)
+      assert.matches("[rank 0]: hpo: resuming from " .. dir .. "/out/population.txt: 8 individuals, 6 evaluated", out, 1, true)
+      local _, n = out:gsub("hpo: worker %d trained generation 2 individual [34] ", "")
+      local _, all = out:gsub("hpo: worker %d trained", "")
+      assert.are.same({ 2, 2 }, { n, all }, out)
+      assert.matches("hpo: 2 individuals trained in this run, 8 evaluated in all", out, 1, true)
+      local again = population()
+      for i = 2, 9 do
+        for k = 1, 6 do assert.are.equal(full[i][k], again[i][k]) end -- nothing re-bred
+        local a, b = tonumber(full[i][7]), tonumber(again[i][7])
+        assert.is_true(math.abs(a - b) <= 1e-5 * a, full[i][7] .. " vs " .. again[i][7])
+      end
+      status, out = run()                                            -- nothing left to do
+      assert.are.equal(0, status, out)
+      assert.matches("hpo: 0 individuals trained in this run, 8 evaluated in all", out, 1, true)
+    end)
+
+    it("resumes a search killed mid-generation: what was evaluated is kept, the rest trained", function()
+      local args = ("--nproc_per_node=4 --standalone examples/hpo.lua --generations 2 --per_worker 2 --epochs 2 "
+        .. "--steps 20 --subset 400 --val_subset 200 --out %s/killed"):format(dir)
+      local status, out = files.run(("%s %s > %s/killed.out 2>&1 & echo $! > %s/killed.pid"):format(exe, args, dir, dir))
+      assert.are.equal(0, status, out)
+      local pid = assert(tonumber(files.read(dir .. "/killed.pid")))
+      local pop_path = dir .. "/killed/population.txt"
+      local function evaluated_rows()                             -- "generation index" -> the whole line
+        local rows, f = {}, io.open(pop_path, "r")
+        if not f then return rows, 0 end
+        local n = 0
+        for line in f:lines() do
+          local c = {}
+          for v in line:gmatch("%S+") do c[#c + 1] = v end
+          if c[1] ~= "generation" and c[7] and c[7] ~= "-" then rows[c[1] .. " " .. c[2]] = line; n = n + 1 end
+        end
+        f:close()
+        return rows, n
+      end
+      local before, n = {}, 0
+      for _ = 1, 600 do                                           -- at most 120 s
+        before, n = evaluated_rows()
+        if n >= 1 then break end
+        os.execute("sleep 0.2")
+      end
+      os.execute("kill -TERM " .. pid)                            -- the launcher stops its workers
+      for _ = 1, 150 do
+        if os.execute("kill -0 " .. pid .. " 2>/dev/null") ~= 0 then break end
+        os.execute("sleep 0.2")
+      end
+      assert.are_not.equal(0, os.execute("kill -0 " .. pid .. " 2>/dev/null"), "the launcher did not stop")
+      before, n = evaluated_rows()                                -- what the killed run left
+      assert.is_true(n >= 1 and n < 8, files.read(dir .. "/killed.out"))
+      status, out = files.run(exe .. " " .. args)
+      assert.are.equal(0, status, out)
+      assert.matches(("hpo: resuming from %s: %%d individuals, %d evaluated"):format(pop_path:gsub("%p", "%%%0"), n), out)
+      local _, trained = out:gsub("hpo: worker %d trained", "")
+      assert.are.equal(8 - n, trained, out)
+      local after, total = evaluated_rows()
+      assert.are.equal(8, total)
+      for key, line in pairs(before) do assert.are.equal(line, after[key]) end -- kept exactly
+    end)
+
+    it("stops an individual early after 5 epochs without a better validation loss", function()
+      local status, out = files.run(("timeout 300 %s --nproc_per_node=4 --standalone examples/hpo.lua --generations 1 "
+        .. "--per_worker 2 --epochs 40 --steps 2 --subset 64 --val_subset 64 --out %s/early"):format(exe, dir))
+      assert.are.equal(0, status, out)
+      local early = 0
+      for epochs in out:gmatch("hpo: worker %d trained generation 1 individual %d [^\n]*after (%d+) epoch%(s%)") do
+        epochs = tonumber(epochs)
+        assert.is_true(epochs >= 6 and epochs <= 40, out)       -- a stop needs a best epoch and 5 after it
+        if epochs < 40 then early = early + 1 end
+      end
+      assert.is_true(early >= 1, out) -- lr decays by gamma < 1 every epoch: the loss levels off
+    end)
+
+    it("refuses a world that does not split into workers", function()
+      local status, out = files.run(("timeout 60 %s --nproc_per_node=3 --standalone examples/hpo.lua --out %s/odd"):format(exe, dir))
+      assert.are_not.equal(0, status, out)
+      assert.matches("hpo.lua: the world size 3 is not a multiple of %-%-ranks_per_worker 2", out)
     end)
   end)
 
