@@ -2,11 +2,13 @@
 # tools/run_specs.sh: run every spec under busted/LuaJIT in two shards at once, then print
 # the plain line CI reads, "N passed, N failed, N skipped", summed over the shards.
 #
-# Why two shards: most of the suite's wall time is multi-process specs waiting (rendezvous,
-# timeouts, fault injection), not computing, so on 2 cores two busted processes side by side
-# halve the wall time without starving each other. Shard 1 holds the multi-process specs
-# (spec/distributed/); shard 2 the rest. Their outputs are printed one after the other when
-# both are done; each shard's own summary is labelled, and the total comes last.
+# Why shards: most of the suite's wall time is multi-process specs waiting (rendezvous,
+# timeouts, fault injection), not computing, so on 2 cores busted processes side by side
+# cut the wall time without starving each other. Shard "distributed" holds the multi-process
+# specs of spec/distributed/; shard "multinode" the namespace-node, mpirun and Slurm jobs of
+# spec/multinode/ (mostly waiting on collective timeouts and daemons); shard "rest" the
+# others. Their outputs are printed one after the other when all are done; each shard's own
+# summary is labelled, and the total comes last.
 #
 # Usage: tools/run_specs.sh [NAME=VALUE ...]   environment for busted (the sanitizer build
 # passes DDPLUA_LIB, LD_PRELOAD, ...). Exit status 0 when every spec passed.
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 out=$(mktemp -d /tmp/ddplua-specs.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 
-mapfile -t rest < <(find spec -name '*_spec.lua' -not -path 'spec/distributed/*' | sort)
+mapfile -t rest < <(find spec -name '*_spec.lua' -not -path 'spec/distributed/*' -not -path 'spec/multinode/*' | sort)
 run_shard() { # name, files...
   local name=$1
   shift
@@ -26,11 +28,12 @@ run_shard() { # name, files...
 envs=("$@")
 [ ${#envs[@]} -eq 0 ] && envs=(DDPLUA_SPEC_RUNNER=1)
 run_shard distributed spec/distributed &
+run_shard multinode spec/multinode &
 run_shard rest "${rest[@]}" &
 wait
 
 passed=0 failed=0 skipped=0 status=0
-for name in distributed rest; do
+for name in distributed multinode rest; do
   cat "$out/$name.log"
   if read -r p f s < "$out/$name.counts" 2>/dev/null; then
     passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
