@@ -72,13 +72,13 @@
  * before the root's buffer and slot go back to their owners. All-gather: small messages
  * through the small areas, larger ones chunk by chunk through every rank's slot.
  *
- * Waiting spins briefly, then yields, then sleeps with a growing period (ranks share few
- * cores), and every few milliseconds checks that the missing ranks' processes still live. */
+ * Waiting spins briefly, then sleeps on a futex until the peer publishes (Note [shm
+ * wake-ups]), and every few milliseconds checks that the missing ranks' processes still
+ * live. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -90,6 +90,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 #include "distributed/gloo_shim.h"
 #include "distributed/pg_shm.h"
@@ -100,9 +102,6 @@ enum {
   LINE = 128,          /* two cache lines: adjacent-line prefetch must not couple ranks */
   PAGE = 4096,
   SPINS = 200,         /* busy checks before yielding */
-  YIELD_NS = 30000,    /* then sched_yield for this long */
-  SLEEP_MIN_NS = 10000,
-  SLEEP_MAX_NS = 250000,
   CHECK_NS = 3000000,  /* peer liveness check period */
   BLOCK_BYTES = 8192   /* reduction block: stays in L1 */
 };
@@ -114,11 +113,13 @@ typedef struct {
   _Atomic uint64_t seq;
   _Atomic int32_t pid;
   _Atomic int32_t closed;
+  _Atomic uint32_t sleepers; /* ranks asleep on this counter (Note [shm wake-ups]) */
   uint64_t digest[2];   /* of an arrival's fingerprint, by parity, published with seq */
   uint64_t zc_off[2];   /* an arrival's buffer in this rank's arena (from the segment's
                          * start; 0: none), by parity (Note [shm zero copy]) */
 } rank_record;
 _Static_assert(sizeof(rank_record) <= LINE, "rank_record fits its LINE");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the futex word is seq's low half");
 
 /* Note [shm arena]: each rank owns ARENA_BYTES of the segment, past the slots, for tensors
  * it wants its peers to read in place (pg_gloo.c: ddp_pg_shared_zeros). Only the owner
@@ -569,7 +570,7 @@ static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *p
     if (first_missing(s, target) < 0) return DDP_OK;
     cpu_relax();
   }
-  int64_t start = now_ns(), last_check = start, sleep_ns = SLEEP_MIN_NS;
+  int64_t start = now_ns(), last_check = start;
   int64_t limit = (int64_t)((timeout_s < 1e9 ? timeout_s : 1e9) * 1e9); /* no overflow */
   for (;;) {
     if (first_missing(s, target) < 0) return DDP_OK;
@@ -591,18 +592,37 @@ static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *p
                "which did not arrive", s->global[s->rank], timeout_s, phase, who);
       return DDP_ERR_TIMEOUT;
     }
-    if (t - start < YIELD_NS) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, (long)sleep_ns};
-      nanosleep(&ts, NULL);
-      if (sleep_ns < SLEEP_MAX_NS) sleep_ns *= 2;
+    /* Sleep until the first missing rank publishes (Note [shm wake-ups]), at most until the
+     * next liveness check or the timeout. */
+    int r = first_missing(s, target);
+    if (r < 0) return DDP_OK;
+    rank_record *rec = record(s, r);
+    atomic_fetch_add(&rec->sleepers, 1);
+    uint64_t v = atomic_load(&rec->seq);
+    if (v < target) {
+      int64_t ns = CHECK_NS - (t - last_check), left = limit - (t - start);
+      if (left < ns) ns = left;
+      struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+      syscall(SYS_futex, (uint32_t *)&rec->seq, FUTEX_WAIT, (uint32_t)v, &ts, NULL, 0);
     }
+    atomic_fetch_sub(&rec->sleepers, 1);
   }
 }
 
+/* Note [shm wake-ups]: a rank that waited SPINS checks sleeps on a futex over the low 32
+ * bits of the first missing rank's counter, after counting itself in that rank's
+ * `sleepers`; a rank that publishes wakes its counter's sleepers when there are any. Both
+ * sides use sequentially consistent operations (store the counter, then read sleepers;
+ * count in, then read the counter), so either the sleeper sees the new counter or the
+ * publisher sees the sleeper; and FUTEX_WAIT itself returns at once when the counter's
+ * low word already moved. So a waiter wakes as soon as its peer arrives, without
+ * burning a core the peer may need (ranks share few cores), and the fast path costs one
+ * extra load. */
 static void publish(ddp_shm *s) {
-  atomic_store_explicit(&record(s, s->rank)->seq, ++s->seq, memory_order_release);
+  rank_record *rec = record(s, s->rank);
+  atomic_store(&rec->seq, ++s->seq);
+  if (atomic_load(&rec->sleepers))
+    syscall(SYS_futex, (uint32_t *)&rec->seq, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
 }
 
 /* Publish the next step and wait until every rank did. */
