@@ -72,8 +72,9 @@
  * before the root's buffer and slot go back to their owners. All-gather: small messages
  * through the small areas, larger ones chunk by chunk through every rank's slot.
  *
- * Waiting spins briefly, then sleeps on a futex until the peer publishes (Note [shm
- * wake-ups]), and every few milliseconds checks that the missing ranks' processes still
+ * Waiting spins for a while that adapts to what spinning bought lately (Note [shm adaptive
+ * spin]), then sleeps on a futex until the peer publishes (Note [shm wake-ups]), and every
+ * few milliseconds checks that the missing ranks' processes still
  * live. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -101,7 +102,9 @@ enum {
   SMALL_BYTES = 32 << 10, /* Note [shm small messages] */
   LINE = 128,          /* two cache lines: adjacent-line prefetch must not couple ranks */
   PAGE = 4096,
-  SPINS = 200,         /* busy checks before yielding */
+  SPINS = 32,          /* busy checks between clock reads */
+  SPIN_MIN_NS = 1000,  /* spin budget bounds (Note [shm adaptive spin]) */
+  SPIN_MAX_NS = 20000,
   CHECK_NS = 3000000,  /* peer liveness check period */
   BLOCK_BYTES = 8192   /* reduction block: stays in L1 */
 };
@@ -144,6 +147,7 @@ struct ddp_shm {
   uint64_t seq;         /* this rank's last published step */
   uint64_t arrivals;    /* arrival steps so far (Note [shm arrival]) */
   int which;            /* the parity of the last arrival */
+  int64_t spin_ns;      /* Note [shm adaptive spin] */
   const void **ins;     /* size entries: reduction inputs */
   pthread_mutex_t mu;   /* refs and the extents */
   int refs;             /* the group + each live block */
@@ -392,6 +396,7 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
   s->arena_off = reserved;
   s->fd = fd;
   s->ins = ins;
+  s->spin_ns = 2 * SPIN_MIN_NS;
   pthread_mutex_init(&s->mu, NULL);
   s->refs = 1;
   s->ext = ext;
@@ -564,13 +569,32 @@ static int check_peers(ddp_shm *s, uint64_t target, const char *phase, char *err
   return DDP_OK;
 }
 
+/* Note [shm adaptive spin]: how long a waiter spins before it sleeps (Note [shm wake-ups])
+ * follows what spinning bought lately. When the peers arrived during the spin after w ns,
+ * the budget moves a quarter of the way towards 2 w (plus SPIN_MIN_NS); when they did not,
+ * it halves. On idle cores a peer a few microseconds behind is met without a system call
+ * on either side (back-to-back small messages); when the ranks share their cores with
+ * other work, spinning only takes the core the late peer needs, and the budget shrinks to
+ * SPIN_MIN_NS. Only the waiting thread touches it. */
+static void spin_learn(ddp_shm *s, int met, int64_t waited) {
+  int64_t b = s->spin_ns;
+  b = met ? b + (2 * waited + SPIN_MIN_NS - b) / 4 : b / 2;
+  s->spin_ns = b < SPIN_MIN_NS ? SPIN_MIN_NS : b > SPIN_MAX_NS ? SPIN_MAX_NS : b;
+}
+
 static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *phase,
                     char *err, int *peer) {
-  for (int i = 0; i < SPINS; i++) {
-    if (first_missing(s, target) < 0) return DDP_OK;
-    cpu_relax();
-  }
+  if (first_missing(s, target) < 0) return DDP_OK;
   int64_t start = now_ns(), last_check = start;
+  for (int64_t t = start; t - start < s->spin_ns; t = now_ns())
+    for (int i = 0; i < SPINS; i++) {
+      if (first_missing(s, target) < 0) {
+        spin_learn(s, 1, now_ns() - start);
+        return DDP_OK;
+      }
+      cpu_relax();
+    }
+  spin_learn(s, 0, 0);
   int64_t limit = (int64_t)((timeout_s < 1e9 ? timeout_s : 1e9) * 1e9); /* no overflow */
   for (;;) {
     if (first_missing(s, target) < 0) return DDP_OK;
@@ -609,9 +633,9 @@ static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *p
   }
 }
 
-/* Note [shm wake-ups]: a rank that waited SPINS checks sleeps on a futex over the low 32
- * bits of the first missing rank's counter, after counting itself in that rank's
- * `sleepers`; a rank that publishes wakes its counter's sleepers when there are any. Both
+/* Note [shm wake-ups]: a rank that spun its budget (Note [shm adaptive spin]) sleeps on a
+ * futex over the low 32 bits of the first missing rank's counter, after counting itself in
+ * that rank's `sleepers`; a rank that publishes wakes its counter's sleepers when there are any. Both
  * sides use sequentially consistent operations (store the counter, then read sleepers;
  * count in, then read the counter), so either the sleeper sees the new counter or the
  * publisher sees the sleeper; and FUTEX_WAIT itself returns at once when the counter's
