@@ -359,6 +359,23 @@ int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op) {
   return dispatch(work, pg, w);
 }
 
+int ddp_pg_shared_zeros(ddp_tensor **out, ddp_pg *pg, int ndim, const int64_t *shape,
+                        int dtype, int *placed) {
+  *out = NULL;
+  *placed = 0;
+  DDP_TRY(check_group(pg, "shared_buffer"));
+  if (ndim < 0 || ndim > DDP_MAX_DIMS || (ndim > 0 && !shape))
+    DDP_FAIL(DDP_ERR_ARG, "shared_buffer: bad number of dimensions %d", ndim);
+  if (strcmp(ddp_dtype_name(dtype), "?") == 0) DDP_FAIL(DDP_ERR_ARG, "shared_buffer: bad dtype %d", dtype);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0)
+      DDP_FAIL(DDP_ERR_ARG, "shared_buffer: bad size %lld in dimension %d", (long long)shape[i],
+               i + 1);
+  if (!pg->backend->shared_zeros)
+    return ddp_tensor_zeros(out, ndim, shape, dtype, DDP_DEVICE_CPU);
+  return pg->backend->shared_zeros(out, pg, ndim, shape, dtype, placed);
+}
+
 int ddp_pg_broadcast(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root) {
   if (work) *work = NULL;
   DDP_TRY(check_group(pg, "broadcast"));

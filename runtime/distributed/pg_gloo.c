@@ -1,8 +1,10 @@
 /* runtime/distributed/pg_gloo.c: backend "gloo" of the process groups (Note [pg backend] in
  * pg_internal.h): collectives on host memory, run in order on the group's communication
  * thread (pg_queue.c), through the Gloo shim (gloo_shim.h, gloo_shim.cc), and all-reduce of
- * f32/f64 through shared memory instead when every rank is on this host (pg_shm.h;
- * $DDPLUA_SHM=0 turns that off). This file owns the tensor staging (contiguous copies,
+ * f32/f64, broadcast, all-gather and barrier through shared memory instead when every rank is
+ * on this host (pg_shm.h; $DDPLUA_SHM=0 turns that off). Blocking collectives through shared
+ * memory run on the calling thread when the queue is idle (Note [inline collectives] in
+ * pg_queue.c). This file owns the tensor staging (contiguous copies,
  * f16/bf16 through f32, AVG as SUM then divide) and the error messages naming ranks.
  *
  * Note [gloo staging]: the gloo backend given CUDA tensors runs the collective on host
@@ -10,6 +12,7 @@
  * at submission (synchronously, on the caller's current stream, so the copy sees the
  * kernels that produced them), outputs are copied back to their device by the communication
  * thread once the collective succeeded, before the work completes. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,17 +96,30 @@ static size_t nbytes_of(const ddp_tensor *t) {
 
 static int reduce_dtype(int dtype);
 
-/* 1 when w is an all-reduce that goes through the shared-memory segment (its fingerprint
- * then rides on the segment's first step). */
+/* 1 when w goes through the shared-memory segment (pg_shm.h): all-reduce of f32/f64 (and
+ * f16/bf16, staged as f32), broadcast, all-gather, barrier; its fingerprint then rides on
+ * the segment's arrival step. */
 static int via_shm(ddp_pg *pg, const ddp_work *w) {
-  return w->kind == PG_ALLREDUCE && state(pg)->shm && ddp_shm_supports(reduce_dtype(w->t->dtype));
+  if (!state(pg)->shm) return 0;
+  switch (w->kind) {
+    case PG_ALLREDUCE:
+      return ddp_shm_supports(reduce_dtype(w->t->dtype));
+    case PG_BROADCAST:
+    case PG_ALLGATHER:
+    case PG_ALLGATHER_LIST:
+    case PG_BARRIER:
+      return 1;
+    default:
+      return 0;
+  }
 }
 
 /* Exchange w's fingerprint with the group and compare: through the segment's arrival step
- * when the group has one (buf: the staged buffer of an all-reduce through the segment,
- * else NULL), else a fixed-size Gloo all-gather. A mismatch gives DDP_ERR_ARG, the whole
- * message in err and *peer = PEER_MISMATCH. */
-static int agree(ddp_pg *pg, ddp_work *w, ddp_tensor *buf, char *err, int *peer) {
+ * when the group has one (op: the collective through the segment, whose first step rides
+ * on the arrival; NULL for one that goes through Gloo or a barrier), else a fixed-size Gloo
+ * all-gather. A mismatch gives DDP_ERR_ARG, the whole message in err and *peer =
+ * PEER_MISMATCH. */
+static int agree(ddp_pg *pg, ddp_work *w, const ddp_shm_op *op, char *err, int *peer) {
   gloo_state *s = state(pg);
   pg_fp mine, stack[8];
   pg_fp *all = pg->size <= 8 ? stack : malloc(sizeof(pg_fp) * (size_t)pg->size);
@@ -116,8 +132,7 @@ static int agree(ddp_pg *pg, ddp_work *w, ddp_tensor *buf, char *err, int *peer)
   int status, agreed = 0;
   if (s->shm)
     status = ddp_shm_arrive(s->shm, &mine, sizeof mine, pg_fp_digest(&mine), all, &agreed,
-                            buf ? ddp_data(buf) : NULL, buf ? (size_t)buf->numel : 0,
-                            buf ? buf->dtype : DDP_F32, s->applied_timeout_s, err, peer);
+                            op, s->applied_timeout_s, err, peer);
   else
     status = ddp_gloo_allgather(s->gloo, all, &mine, sizeof mine, err, peer);
   if (!status && !agreed && pg_fp_check(pg, all, err, DDP_GLOO_ERR_CAP)) {
@@ -148,6 +163,14 @@ static void describe_failure(ddp_pg *pg, ddp_work *w, int status, const char *gl
     snprintf(msg, PG_MSG_CAP, "%s failed on rank %d: %s", op, me, gloo_msg);
 }
 
+/* Agree on w's fingerprint and run op through the segment (op->kind DDP_SHM_ARRIVE: a
+ * barrier). */
+static int run_shm(ddp_pg *pg, ddp_work *w, const ddp_shm_op *op, char *err, int *peer) {
+  int status = agree(pg, w, op, err, peer);
+  if (!status) status = ddp_shm_run(state(pg)->shm, op, state(pg)->applied_timeout_s, err, peer);
+  return status;
+}
+
 /* The transport part of a work item on staged buffers. */
 static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
   ddp_gloo *g = state(pg)->gloo;
@@ -167,10 +190,9 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
       STAGE(buf, t, reduce_dtype(t->dtype), 1);
       if (via_shm(pg, w)) {
-        status = agree(pg, w, buf, err, peer);
-        if (!status)
-          status = ddp_shm_allreduce(state(pg)->shm, ddp_data(buf), (size_t)buf->numel,
-                                     buf->dtype, op, state(pg)->applied_timeout_s, err, peer);
+        ddp_shm_op so = {DDP_SHM_ALLREDUCE, ddp_data(buf), NULL, (size_t)buf->numel, buf->dtype,
+                         op, 0};
+        status = run_shm(pg, w, &so, err, peer);
       } else
         status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err,
                                     peer);
@@ -222,7 +244,12 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
     }
     case PG_BROADCAST:
       STAGE(buf, t, t->dtype, 1);
-      status = ddp_gloo_broadcast(g, ddp_data(buf), nbytes_of(buf), w->root, err, peer);
+      if (via_shm(pg, w)) {
+        ddp_shm_op so = {DDP_SHM_BROADCAST, ddp_data(buf), NULL, nbytes_of(buf), buf->dtype, 0,
+                         w->root};
+        status = run_shm(pg, w, &so, err, peer);
+      } else
+        status = ddp_gloo_broadcast(g, ddp_data(buf), nbytes_of(buf), w->root, err, peer);
       ok = status == DDP_OK && pg->rank != w->root;
       if (unstage(t, buf, ok) && ok) goto core_failed;
       return status;
@@ -232,7 +259,12 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
         ddp_tensor_release(buf);
         goto staging_failed;
       }
-      status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
+      if (via_shm(pg, w)) {
+        ddp_shm_op so = {DDP_SHM_ALLGATHER, ddp_data(buf), ddp_data(obuf), nbytes_of(buf),
+                         buf->dtype, 0, 0};
+        status = run_shm(pg, w, &so, err, peer);
+      } else
+        status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
       ddp_tensor_release(buf);
       ok = status == DDP_OK;
       if (unstage(w->out, obuf, ok) && ok) goto core_failed;
@@ -243,8 +275,16 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       memcpy(shape + 1, t->shape, sizeof(int64_t) * (size_t)t->ndim);
       if ((status = ddp_tensor_empty(&obuf, t->ndim + 1, shape, t->dtype, DDP_DEVICE_CPU)))
         goto staging_failed;
-      STAGE(buf, t, t->dtype, 1);
-      status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
+      if ((status = stage(&buf, t, t->dtype, 1))) {
+        ddp_tensor_release(obuf);
+        goto staging_failed;
+      }
+      if (via_shm(pg, w)) {
+        ddp_shm_op so = {DDP_SHM_ALLGATHER, ddp_data(buf), ddp_data(obuf), nbytes_of(buf),
+                         buf->dtype, 0, 0};
+        status = run_shm(pg, w, &so, err, peer);
+      } else
+        status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
       ddp_tensor_release(buf);
       for (int i = 0; i < n && status == DDP_OK; i++) {
         ddp_tensor *row = NULL;
@@ -312,6 +352,10 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       w->staged = buf;
       return POSTED;
     case PG_BARRIER:
+      if (via_shm(pg, w)) { /* the arrival is a barrier */
+        ddp_shm_op so = {DDP_SHM_ARRIVE, NULL, NULL, 0, DDP_F32, 0, 0};
+        return run_shm(pg, w, &so, err, peer);
+      }
       return ddp_gloo_barrier(g, err, peer);
     case PG_OP_COUNT:
       break;
@@ -364,8 +408,8 @@ static int gloo_run(ddp_pg *pg, ddp_work *w) {
   int peer = -1;
   int status = DDP_OK;
   pg_rec_start(pg->rec, w); /* Note [flight recorder] (pg_work_finish records the end) */
-  /* Note [collective fingerprints]: before the data (an all-reduce through the segment
-   * agrees inside run_transport, on the staged buffer). */
+  /* Note [collective fingerprints]: before the data (a collective through the segment
+   * agrees inside run_transport, its first data step riding on the arrival). */
   if (pg_fp_applies(w->kind) && !via_shm(pg, w)) status = agree(pg, w, NULL, err, &peer);
   if (!status) status = run_transport(pg, w, err, &peer);
   if (status == POSTED) {
@@ -451,6 +495,35 @@ static int gloo_enqueue(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
     return status;
   }
   return pg_queue_submit(handle, pg, w);
+}
+
+/* Note [inline collectives] (pg_queue.c): the collectives through shared memory. */
+static int gloo_can_inline(ddp_pg *pg, const ddp_work *w) { return via_shm(pg, w); }
+
+/* ddp_pg_shared_zeros: a block of this rank's arena (Note [shm arena] in pg_shm.c). */
+static int gloo_shared_zeros(ddp_tensor **out, ddp_pg *pg, int ndim, const int64_t *shape,
+                             int dtype, int *placed) {
+  ddp_shm *shm = state(pg)->shm;
+  if (!shm) return ddp_tensor_zeros(out, ndim, shape, dtype, DDP_DEVICE_CPU);
+  size_t bytes = ddp_dtype_size(dtype);
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] > 0 && bytes > SIZE_MAX / (size_t)shape[i]) /* sizes >= 0: pg.c */
+      DDP_FAIL(DDP_ERR_ARG, "shared_buffer: bad size %lld in dimension %d", (long long)shape[i],
+               i + 1);
+    bytes *= (size_t)shape[i];
+  }
+  void *p = ddp_shm_alloc(shm, bytes);
+  if (!p)
+    DDP_FAIL(DDP_ERR_MEMORY, "shared_buffer: no room for %zu bytes in the shared memory of "
+             "process group '%s' on rank %d (1 GiB per rank, or /dev/shm is full)", bytes,
+             pg->prefix, pg->global[pg->rank]);
+  int status = ddp_tensor_from_blob(out, p, ndim, shape, NULL, dtype, ddp_shm_dealloc, shm);
+  if (status) {
+    ddp_shm_dealloc(p, shm);
+    return status;
+  }
+  *placed = 1;
+  return DDP_OK;
 }
 
 static void gloo_work_free(ddp_work *w) {
@@ -558,6 +631,8 @@ const pg_backend pg_gloo_backend = {
   .synchronize = pg_queue_wait,
   .is_completed = pg_queue_is_completed,
   .work_free = gloo_work_free,
+  .can_inline = gloo_can_inline,
+  .shared_zeros = gloo_shared_zeros,
   .new_group = gloo_new_group,
   .free = gloo_free,
 };

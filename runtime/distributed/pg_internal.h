@@ -93,6 +93,7 @@ struct ddp_pg {
   pthread_cond_t cv;        /* with lock */
   ddp_work *head, *tail;
   int stop;
+  int busy;                 /* an item is running (on the communication thread or inline) */
   /* Point-to-point messages posted by the communication thread, waited for on a second
    * thread so the queue never blocks on a peer that has not posted its side (irecv then
    * send). */
@@ -131,6 +132,12 @@ struct pg_backend {
                    int *global);
   /* Optional: pg->timeout_s just changed. */
   void (*set_timeout)(ddp_pg *pg, double timeout_s);
+  /* Optional (pg_queue.c): 1 when blocking work w may run on the calling thread when the
+   * queue is idle (Note [inline collectives] in pg_queue.c). */
+  int (*can_inline)(ddp_pg *pg, const ddp_work *w);
+  /* Optional: ddp_pg_shared_zeros (without it: ordinary memory, *placed = 0). */
+  int (*shared_zeros)(ddp_tensor **out, ddp_pg *pg, int ndim, const int64_t *shape, int dtype,
+                      int *placed);
   /* Optional: the first failure's message ("" while healthy); default: pg->failure. */
   const char *(*error)(const ddp_pg *pg);
   /* Stop and release the backend's state (impl); pg_header_free follows. */

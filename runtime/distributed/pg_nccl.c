@@ -148,7 +148,7 @@ static int nccl_agree(ddp_pg *pg, ddp_work *w) {
     char err[DDP_GLOO_ERR_CAP];
     int peer = -1;
     status = ddp_shm_arrive(s->shm, &mine, sizeof mine, pg_fp_digest(&mine), all, &agreed,
-                            NULL, 0, DDP_F32, pg->timeout_s, err, &peer);
+                            NULL, pg->timeout_s, err, &peer);
     if (status) DDP_ERROR(status, "%s", err);
   } else {
     status = agree_on_device(pg, &mine, all);

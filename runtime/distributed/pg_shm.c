@@ -1,29 +1,47 @@
-/* runtime/distributed/pg_shm.c: all-reduce through a POSIX shared-memory segment for a process
- * group whose ranks all run on this host (see pg_shm.h). Loopback TCP costs two kernel
- * copies per byte and a round of wake-ups per message; here each byte is copied in once,
- * read once by the rank that reduces it, and copied out once.
+/* runtime/distributed/pg_shm.c: collectives through a POSIX shared-memory segment for a
+ * process group whose ranks all run on this host (see pg_shm.h). Loopback TCP costs two
+ * kernel copies per byte and a round of wake-ups per message; here a rank reads its peers'
+ * bytes where they lie.
  *
  * Segment layout (created by rank 0, name published through the store, unlinked once every
  * rank mapped it):
- *   header: one LINE-sized record per rank (sequence counter, pid, closed flag), so ranks
+ *   header: one LINE-sized record per rank (sequence counter, pid, closed flag, and per
+ *           arrival parity the fingerprint digest and the zero-copy offset), so ranks
  *           publishing at once never share a cache line; then two DDP_SHM_FP_BYTES
- *           fingerprint records per rank (Note [shm arrival]);
+ *           fingerprint records per rank and two SMALL_BYTES small-message areas per rank
+ *           (Note [shm arrival], Note [shm small messages]);
  *   slots:  one SLOT_BYTES input slot per rank;
- *   result: SLOT_BYTES, each rank writes its 1/world share of the reduced chunk there.
+ *   result: SLOT_BYTES, each rank writes its 1/world share of the reduced chunk there;
+ *   arena:  ARENA_BYTES per rank, sparse: pages exist only under live blocks
+ *           (Note [shm arena]).
+ * The header and slots are reserved when the segment is made; the arena's pages when a
+ * block is allocated.
  *
  * Note [shm arrival]: every collective of the group starts with one arrival step
  * (ddp_shm_arrive): write this rank's fingerprint (Note [collective fingerprints] in
- * pg_fingerprint.h) -- and, for an all-reduce, copy its first chunk into its slot --,
- * and its digest next to its sequence counter, publish seq+1, wait until every rank did,
- * compare the digests (in the cache lines the wait reads anyway); only when they differ
- * are the full records read. So the fingerprint exchange costs next to nothing for an
- * all-reduce (it rides on step 1 below) and one wait of the segment for the collectives
- * that then go through Gloo. Fingerprint records
- * alternate between two buffers per rank (by the parity of the arrival count): a rank
- * writes arrival k+2's record only after every rank published arrival k+1, which each
- * does after it read arrival k's records.
+ * pg_fingerprint.h) -- and the collective's first data step: a small message, the first
+ * chunk of a staged one, or the offset of a buffer in the arena --, and its digest next to
+ * its sequence counter, publish seq+1, wait until every rank did, compare the digests (in
+ * the cache lines the wait reads anyway); only when they differ are the full records read.
+ * So the fingerprint exchange costs next to nothing for a collective through the segment
+ * and one wait of the segment for the collectives that then go through Gloo (a barrier is
+ * the arrival alone). Everything an arrival writes besides the data slots -- fingerprint
+ * record, digest, zero-copy offset, small-message area -- alternates between two copies
+ * per rank by the parity of the arrival count: a rank writes arrival k+2's only after
+ * every rank published arrival k+1, which each does after it finished collective k. (A
+ * rank that returns from arrival k at once, a barrier, may already write arrival k+1's
+ * while a slower peer still reads arrival k's: hence two copies, not one.)
  *
- * Per chunk of at most SLOT_BYTES (every rank runs the same steps; `seq` counts steps):
+ * Note [shm small messages]: a collective of at most SMALL_BYTES per rank travels inside
+ * its arrival: each rank copies its input into its small area of this arrival's parity,
+ * publishes, waits, and then every rank computes the whole result from the areas itself
+ * (all-reduce: over the ranks in order 0 .. world-1, the same computation on every rank,
+ * so the same bits). One wait per collective, one flag per rank, no Gloo: the
+ * back-to-back latency is a cache-line round trip plus the copies. Nothing else is needed
+ * before the areas are reused: see the parity rule above.
+ *
+ * Staged all-reduce (buffers outside the arena), per chunk of at most SLOT_BYTES (every rank
+ * runs the same steps; `seq` counts steps):
  *   1. copy this rank's chunk into its slot; publish seq+1; wait until every rank did
  *      (for the first chunk this is the arrival step);
  *   2. reduce this rank's share [lo, hi) over slots 0 .. world-1 in rank order into the
@@ -35,12 +53,33 @@
  * does after its step 3 copy. Bitwise identical results: each element is reduced exactly
  * once, by one rank, in rank order.
  *
- * Waiting spins briefly, then yields, then sleeps with a growing period (ranks share few
- * cores), and every few milliseconds checks that the missing ranks' processes still live. */
+ * Note [shm zero copy]: when every rank's all-reduce buffer lies in the arena (each rank
+ * published its offset in the arrival), there is no staging: each rank reduces its share
+ * [lo, hi) straight from the peers' buffers, in rank order, into its own buffer (a rank's
+ * share of its own buffer is read by nobody else in this phase); publish, wait; then copies
+ * the peers' reduced shares from their buffers into its own (the share a rank writes in its
+ * own buffer is not the one anybody reads now); publish, wait: the buffer goes back to its
+ * owner only after every peer copied its share out of it. Per rank and byte: one read of
+ * every rank's share and one write for the reduction, one read and one write for the
+ * gather, against two more copies for the staged path. The reduction is the same
+ * computation as the staged one (rank order, same code), so both give the same bits. When
+ * only some ranks' buffers lie in the arena, every rank takes the staged path (those ranks
+ * copy their first chunk in after the arrival, in one extra step for everyone).
+ *
+ * Broadcast: small messages through the root's small area; larger ones from the root's
+ * buffer itself when it lies in the arena, else through the root's slot, chunk by chunk
+ * (root copies in, every rank waits, the others copy out, every rank waits); a last wait
+ * before the root's buffer and slot go back to their owners. All-gather: small messages
+ * through the small areas, larger ones chunk by chunk through every rank's slot.
+ *
+ * Waiting spins for a while that adapts to what spinning bought lately (Note [shm adaptive
+ * spin]), then sleeps on a futex until the peer publishes (Note [shm wake-ups]), and every
+ * few milliseconds checks that the missing ranks' processes still
+ * live. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -52,35 +91,68 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 #include "distributed/gloo_shim.h"
 #include "distributed/pg_shm.h"
 
 enum {
   SLOT_BYTES = 4 << 20,
+  SMALL_BYTES = 32 << 10, /* Note [shm small messages] */
   LINE = 128,          /* two cache lines: adjacent-line prefetch must not couple ranks */
-  SPINS = 200,         /* busy checks before yielding */
-  YIELD_NS = 30000,    /* then sched_yield for this long */
-  SLEEP_MIN_NS = 10000,
-  SLEEP_MAX_NS = 250000,
-  CHECK_NS = 3000000   /* peer liveness check period */
+  PAGE = 4096,
+  SPINS = 32,          /* busy checks between clock reads */
+  SPIN_MIN_NS = 1000,  /* spin budget bounds (Note [shm adaptive spin]) */
+  SPIN_MAX_NS = 20000,
+  CHECK_NS = 3000000,  /* peer liveness check period */
+  BLOCK_BYTES = 8192   /* reduction block: stays in L1 */
 };
+
+/* Each rank's arena: address space only until blocks are allocated (Note [shm arena]). */
+static const size_t ARENA_BYTES = (size_t)1 << 30;
 
 typedef struct {
   _Atomic uint64_t seq;
   _Atomic int32_t pid;
   _Atomic int32_t closed;
-  uint64_t digest;      /* of the last arrival's fingerprint, published with seq */
+  _Atomic uint32_t sleepers; /* ranks asleep on this counter (Note [shm wake-ups]) */
+  uint64_t digest[2];   /* of an arrival's fingerprint, by parity, published with seq */
+  uint64_t zc_off[2];   /* an arrival's buffer in this rank's arena (from the segment's
+                         * start; 0: none), by parity (Note [shm zero copy]) */
 } rank_record;
+_Static_assert(sizeof(rank_record) <= LINE, "rank_record fits its LINE");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the futex word is seq's low half");
+
+/* Note [shm arena]: each rank owns ARENA_BYTES of the segment, past the slots, for tensors
+ * it wants its peers to read in place (pg_gloo.c: ddp_pg_shared_zeros). Only the owner
+ * allocates there (first fit over page-sized extents, under a mutex: tensors die on any
+ * thread); the pages are reserved with fallocate when a block is made (a full /dev/shm
+ * fails the allocation, never a later write) and given back with a hole punched when it is
+ * released. Peers read a block only during a collective whose arrival published its offset.
+ * The mapping lives until the group and every block are gone (refs). */
+typedef struct {
+  size_t off, len;
+  int used;
+} extent;
 
 struct ddp_shm {
   int rank, size;
   int *global;          /* group rank -> global rank, for messages */
   unsigned char *base;
-  size_t len;
+  size_t len;           /* the whole mapping */
   size_t header_bytes;
+  size_t arena_off;     /* rank 0's arena, from base */
+  int fd;               /* kept for the arena's fallocate */
   uint64_t seq;         /* this rank's last published step */
   uint64_t arrivals;    /* arrival steps so far (Note [shm arrival]) */
+  int which;            /* the parity of the last arrival */
+  int64_t spin_ns;      /* Note [shm adaptive spin] */
+  const void **ins;     /* size entries: reduction inputs */
+  pthread_mutex_t mu;   /* refs and the extents */
+  int refs;             /* the group + each live block */
+  extent *ext;
+  int n_ext, cap_ext;
 };
 
 static rank_record *record(ddp_shm *s, int r) {
@@ -96,6 +168,17 @@ static unsigned char *result_area(ddp_shm *s) { return slot(s, s->size); }
 /* Rank r's fingerprint record of parity `which` (Note [shm arrival]). */
 static unsigned char *fp_record(ddp_shm *s, int r, int which) {
   return s->base + (size_t)s->size * LINE + ((size_t)r * 2 + (size_t)which) * DDP_SHM_FP_BYTES;
+}
+
+/* Rank r's small-message area of parity `which` (Note [shm small messages]). */
+static unsigned char *small_area(ddp_shm *s, int r, int which) {
+  return s->base + (size_t)s->size * (LINE + 2 * DDP_SHM_FP_BYTES) +
+         ((size_t)r * 2 + (size_t)which) * SMALL_BYTES;
+}
+
+static size_t header_size(int world_size) {
+  size_t h = (size_t)world_size * (LINE + 2 * DDP_SHM_FP_BYTES + 2 * SMALL_BYTES);
+  return (h + PAGE - 1) & ~(size_t)(PAGE - 1);
 }
 
 /* ---- host identity and setup ------------------------------------------------------- */
@@ -166,29 +249,35 @@ static int name_has_our_form(const char *name) {
   return 1;
 }
 
-/* Map the segment `name` of `len` bytes (create: rank 0 makes and sizes it). Note [shm
- * segment names]. */
-static unsigned char *map_segment(const char *name, size_t len, int create) {
+/* Map the segment `name` of `len` bytes, of which the first `reserved` are given pages now
+ * (create: rank 0 makes and sizes it); *fd_out keeps the descriptor. Note [shm segment
+ * names]. */
+static unsigned char *map_segment(const char *name, size_t len, size_t reserved, int create,
+                                  int *fd_out) {
+  *fd_out = -1;
   if (!create && !name_has_our_form(name)) return NULL;
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
   if (fd < 0) return NULL;
   int ok = 1;
   if (create) {
-    /* Reserve the pages now: a full /dev/shm must fail here, not SIGBUS later. */
+    /* Reserve the header's and slots' pages now: a full /dev/shm must fail here, not
+     * SIGBUS later. The arena stays sparse (Note [shm arena]). */
     ok = fchmod(fd, 0600) == 0 && ftruncate(fd, (off_t)len) == 0 &&
-         posix_fallocate(fd, 0, (off_t)len) == 0;
+         posix_fallocate(fd, 0, (off_t)reserved) == 0;
   } else {
     struct stat st;
     ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
          (st.st_mode & 077) == 0 && (size_t)st.st_size == len;
   }
-  void *p = ok ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
-               : MAP_FAILED;
-  close(fd);
+  void *p = ok ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
   if (p == MAP_FAILED) {
+    close(fd);
     if (create) shm_unlink(name);
     return NULL;
   }
+  /* Fault the reserved pages in now rather than in the first collectives. */
+  for (size_t off = 0; off < reserved; off += PAGE) (void)((volatile unsigned char *)p)[off];
+  *fd_out = fd;
   return p;
 }
 
@@ -230,18 +319,22 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
   ddp_store_free_value(first);
   if (!same) return DDP_OK;
 
-  size_t header = ((size_t)world_size * (LINE + 2 * DDP_SHM_FP_BYTES) + 4095) & ~(size_t)4095;
-  size_t len = header + (size_t)(world_size + 1) * SLOT_BYTES;
+  size_t header = header_size(world_size);
+  size_t reserved = header + (size_t)(world_size + 1) * SLOT_BYTES;
+  size_t len = reserved + (size_t)world_size * ARENA_BYTES;
   char name[256] = "";
   unsigned char *base = NULL;
+  int fd = -1;
   snprintf(key, sizeof key, "%s/ddp_shm/name", prefix);
   if (rank == 0) {
-    base = segment_name(name, sizeof name, prefix) == 0 ? map_segment(name, len, 1) : NULL;
+    base = segment_name(name, sizeof name, prefix) == 0 ? map_segment(name, len, reserved, 1, &fd)
+                                                       : NULL;
     const char *pub = base ? name : ""; /* "": rank 0 could not create it */
     if (ddp_store_set(store, key, pub, strlen(pub))) {
       if (base) {
         shm_unlink(name);
         munmap(base, len);
+        close(fd);
       }
       return setup_failed(prefix, me, "segment name");
     }
@@ -250,7 +343,7 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
     if (store_get_str(store, key, &v)) return setup_failed(prefix, me, "segment name");
     snprintf(name, sizeof name, "%s", v);
     ddp_store_free_value(v);
-    if (name[0]) base = map_segment(name, len, 0);
+    if (name[0]) base = map_segment(name, len, reserved, 0, &fd);
   }
   if (base) {
     rank_record *rec = (rank_record *)(base + (size_t)rank * LINE);
@@ -273,16 +366,24 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
   }
   if (rank == 0 && base) shm_unlink(name);
   if (status || !all) {
-    if (base) munmap(base, len);
+    if (base) {
+      munmap(base, len);
+      close(fd);
+    }
     return status ? setup_failed(prefix, me, "mapping vote") : DDP_OK;
   }
 
   ddp_shm *s = calloc(1, sizeof *s);
   int *g = malloc(sizeof(int) * (size_t)world_size);
-  if (!s || !g) {
+  const void **ins = malloc(sizeof(void *) * (size_t)world_size);
+  extent *ext = malloc(sizeof(extent) * 8);
+  if (!s || !g || !ins || !ext) {
     free(s);
     free(g);
+    free(ins);
+    free(ext);
     munmap(base, len);
+    close(fd);
     DDP_FAIL(DDP_ERR_MEMORY, "init_process_group: out of memory");
   }
   memcpy(g, global, sizeof(int) * (size_t)world_size);
@@ -292,19 +393,127 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
   s->base = base;
   s->len = len;
   s->header_bytes = header;
+  s->arena_off = reserved;
+  s->fd = fd;
+  s->ins = ins;
+  s->spin_ns = 2 * SPIN_MIN_NS;
+  pthread_mutex_init(&s->mu, NULL);
+  s->refs = 1;
+  s->ext = ext;
+  s->cap_ext = 8;
+  s->n_ext = 1;
+  ext[0] = (extent){0, ARENA_BYTES, 0};
   *out = s;
   return DDP_OK;
+}
+
+/* Drop one reference (the group's or a block's); the last unmaps. */
+static void shm_unref(ddp_shm *s) {
+  pthread_mutex_lock(&s->mu);
+  int left = --s->refs;
+  pthread_mutex_unlock(&s->mu);
+  if (left) return;
+  munmap(s->base, s->len);
+  close(s->fd);
+  pthread_mutex_destroy(&s->mu);
+  free(s->ext);
+  free(s->ins);
+  free(s->global);
+  free(s);
 }
 
 void ddp_shm_free(ddp_shm *s) {
   if (!s) return;
   atomic_store_explicit(&record(s, s->rank)->closed, 1, memory_order_release);
-  munmap(s->base, s->len);
-  free(s->global);
-  free(s);
+  shm_unref(s);
 }
 
 int ddp_shm_supports(int dtype) { return dtype == DDP_F32 || dtype == DDP_F64; }
+
+/* ---- the arena (Note [shm arena]) ------------------------------------------------------ */
+
+static unsigned char *my_arena(ddp_shm *s) {
+  return s->base + s->arena_off + (size_t)s->rank * ARENA_BYTES;
+}
+
+void *ddp_shm_alloc(ddp_shm *s, size_t nbytes) {
+  size_t need = (nbytes + PAGE - 1) & ~(size_t)(PAGE - 1);
+  if (need == 0) need = PAGE;
+  void *p = NULL;
+  pthread_mutex_lock(&s->mu);
+  int i = 0;
+  while (i < s->n_ext && (s->ext[i].used || s->ext[i].len < need)) i++;
+  if (i < s->n_ext && s->ext[i].len > need && s->n_ext == s->cap_ext) { /* room to split */
+    extent *grown = realloc(s->ext, sizeof(extent) * (size_t)s->cap_ext * 2);
+    if (grown) {
+      s->ext = grown;
+      s->cap_ext *= 2;
+    } else {
+      i = s->n_ext;
+    }
+  }
+  if (i < s->n_ext) {
+    extent *e = &s->ext[i];
+    off_t at = (off_t)(s->arena_off + (size_t)s->rank * ARENA_BYTES + e->off);
+    if (posix_fallocate(s->fd, at, (off_t)need) == 0) {
+      if (e->len > need) { /* split: the rest stays free */
+        memmove(e + 2, e + 1, sizeof(extent) * (size_t)(s->n_ext - i - 1));
+        e[1] = (extent){e->off + need, e->len - need, 0};
+        e->len = need;
+        s->n_ext++;
+      }
+      e->used = 1;
+      p = my_arena(s) + e->off;
+      s->refs++;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return p;
+}
+
+void ddp_shm_dealloc(void *p, void *ctx) {
+  ddp_shm *s = ctx;
+  size_t off = (size_t)((unsigned char *)p - my_arena(s));
+  pthread_mutex_lock(&s->mu);
+  int i = 0;
+  while (i < s->n_ext && s->ext[i].off != off) i++;
+  if (i < s->n_ext && s->ext[i].used) {
+    extent *e = &s->ext[i];
+    /* Give the pages back; the next block there reads zeros again. */
+    fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              (off_t)(s->arena_off + (size_t)s->rank * ARENA_BYTES + e->off), (off_t)e->len);
+    e->used = 0;
+    if (i + 1 < s->n_ext && !e[1].used) { /* merge with the next */
+      e->len += e[1].len;
+      memmove(e + 1, e + 2, sizeof(extent) * (size_t)(s->n_ext - i - 2));
+      s->n_ext--;
+    }
+    if (i > 0 && !e[-1].used) { /* and with the previous */
+      e[-1].len += e->len;
+      memmove(e, e + 1, sizeof(extent) * (size_t)(s->n_ext - i - 1));
+      s->n_ext--;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  shm_unref(s);
+}
+
+/* The offset from the segment's start of rank r's buffer published at this arrival, and
+ * whether `bytes` from there lie inside rank r's arena (the same answer on every rank: the
+ * layout is the same everywhere). */
+static int zc_buffer(ddp_shm *s, int r, size_t bytes, size_t *off) {
+  uint64_t o = record(s, r)->zc_off[s->which];
+  size_t lo = s->arena_off + (size_t)r * ARENA_BYTES, hi = lo + ARENA_BYTES;
+  *off = (size_t)o;
+  return o != 0 && o >= lo && o <= hi && bytes <= hi - o;
+}
+
+/* This rank's offset for [p, p + bytes) when it lies inside its arena, else 0. */
+static uint64_t arena_offset(ddp_shm *s, const void *p, size_t bytes) {
+  const unsigned char *a = my_arena(s), *q = p;
+  if (!p || q < a || q >= a + ARENA_BYTES || bytes > (size_t)(a + ARENA_BYTES - q)) return 0;
+  return (uint64_t)(q - s->base);
+}
 
 /* ---- waiting ------------------------------------------------------------------------- */
 
@@ -360,13 +569,32 @@ static int check_peers(ddp_shm *s, uint64_t target, const char *phase, char *err
   return DDP_OK;
 }
 
+/* Note [shm adaptive spin]: how long a waiter spins before it sleeps (Note [shm wake-ups])
+ * follows what spinning bought lately. When the peers arrived during the spin after w ns,
+ * the budget moves a quarter of the way towards 2 w (plus SPIN_MIN_NS); when they did not,
+ * it halves. On idle cores a peer a few microseconds behind is met without a system call
+ * on either side (back-to-back small messages); when the ranks share their cores with
+ * other work, spinning only takes the core the late peer needs, and the budget shrinks to
+ * SPIN_MIN_NS. Only the waiting thread touches it. */
+static void spin_learn(ddp_shm *s, int met, int64_t waited) {
+  int64_t b = s->spin_ns;
+  b = met ? b + (2 * waited + SPIN_MIN_NS - b) / 4 : b / 2;
+  s->spin_ns = b < SPIN_MIN_NS ? SPIN_MIN_NS : b > SPIN_MAX_NS ? SPIN_MAX_NS : b;
+}
+
 static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *phase,
                     char *err, int *peer) {
-  for (int i = 0; i < SPINS; i++) {
-    if (first_missing(s, target) < 0) return DDP_OK;
-    cpu_relax();
-  }
-  int64_t start = now_ns(), last_check = start, sleep_ns = SLEEP_MIN_NS;
+  if (first_missing(s, target) < 0) return DDP_OK;
+  int64_t start = now_ns(), last_check = start;
+  for (int64_t t = start; t - start < s->spin_ns; t = now_ns())
+    for (int i = 0; i < SPINS; i++) {
+      if (first_missing(s, target) < 0) {
+        spin_learn(s, 1, now_ns() - start);
+        return DDP_OK;
+      }
+      cpu_relax();
+    }
+  spin_learn(s, 0, 0);
   int64_t limit = (int64_t)((timeout_s < 1e9 ? timeout_s : 1e9) * 1e9); /* no overflow */
   for (;;) {
     if (first_missing(s, target) < 0) return DDP_OK;
@@ -388,72 +616,137 @@ static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *p
                "which did not arrive", s->global[s->rank], timeout_s, phase, who);
       return DDP_ERR_TIMEOUT;
     }
-    if (t - start < YIELD_NS) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, (long)sleep_ns};
-      nanosleep(&ts, NULL);
-      if (sleep_ns < SLEEP_MAX_NS) sleep_ns *= 2;
+    /* Sleep until the first missing rank publishes (Note [shm wake-ups]), at most until the
+     * next liveness check or the timeout. */
+    int r = first_missing(s, target);
+    if (r < 0) return DDP_OK;
+    rank_record *rec = record(s, r);
+    atomic_fetch_add(&rec->sleepers, 1);
+    uint64_t v = atomic_load(&rec->seq);
+    if (v < target) {
+      int64_t ns = CHECK_NS - (t - last_check), left = limit - (t - start);
+      if (left < ns) ns = left;
+      struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+      syscall(SYS_futex, (uint32_t *)&rec->seq, FUTEX_WAIT, (uint32_t)v, &ts, NULL, 0);
     }
+    atomic_fetch_sub(&rec->sleepers, 1);
   }
 }
 
+/* Note [shm wake-ups]: a rank that spun its budget (Note [shm adaptive spin]) sleeps on a
+ * futex over the low 32 bits of the first missing rank's counter, after counting itself in
+ * that rank's `sleepers`; a rank that publishes wakes its counter's sleepers when there are any. Both
+ * sides use sequentially consistent operations (store the counter, then read sleepers;
+ * count in, then read the counter), so either the sleeper sees the new counter or the
+ * publisher sees the sleeper; and FUTEX_WAIT itself returns at once when the counter's
+ * low word already moved. So a waiter wakes as soon as its peer arrives, without
+ * burning a core the peer may need (ranks share few cores), and the fast path costs one
+ * extra load. */
 static void publish(ddp_shm *s) {
-  atomic_store_explicit(&record(s, s->rank)->seq, ++s->seq, memory_order_release);
+  rank_record *rec = record(s, s->rank);
+  atomic_store(&rec->seq, ++s->seq);
+  if (atomic_load(&rec->sleepers))
+    syscall(SYS_futex, (uint32_t *)&rec->seq, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Publish the next step and wait until every rank did. */
+static int step(ddp_shm *s, double timeout_s, const char *phase, char *err, int *peer) {
+  publish(s);
+  return wait_all(s, s->seq, timeout_s, phase, err, peer);
 }
 
 /* ---- reduction ----------------------------------------------------------------------- */
 
-/* out[0 .. n) = op over ranks 0 .. size-1 (in order) of slot r's elements lo .. lo+n. */
+/* out[0 .. n) = op over k inputs in[0] + lo, ..., in[k-1] + lo (in that order), one
+ * BLOCK_BYTES block at a time through a local buffer, so `out` may be one of the inputs
+ * (Note [shm zero copy]). The order of the operations is ((in0 op in1) op in2) ...: the
+ * staged, small and zero-copy paths all run this code, so they agree bit for bit. */
+#define APPLY(OP, dst, src, m)                                                             \
+  switch (OP) {                                                                            \
+    case DDP_REDUCE_SUM:                                                                   \
+      for (size_t i = 0; i < (m); i++) dst[i] += src[i];                                   \
+      break;                                                                               \
+    case DDP_REDUCE_PRODUCT:                                                               \
+      for (size_t i = 0; i < (m); i++) dst[i] *= src[i];                                   \
+      break;                                                                               \
+    case DDP_REDUCE_MIN:                                                                   \
+      for (size_t i = 0; i < (m); i++) dst[i] = src[i] < dst[i] ? src[i] : dst[i];         \
+      break;                                                                               \
+    default: /* MAX */                                                                     \
+      for (size_t i = 0; i < (m); i++) dst[i] = src[i] > dst[i] ? src[i] : dst[i];         \
+      break;                                                                               \
+  }
 #define DEFINE_REDUCE(name, T)                                                             \
-  static void name(ddp_shm *s, T *restrict out, size_t lo, size_t n, int op) {             \
-    memcpy(out, (const T *)slot(s, 0) + lo, n * sizeof(T));                                \
-    for (int r = 1; r < s->size; r++) {                                                    \
-      const T *restrict in = (const T *)slot(s, r) + lo;                                   \
-      switch (op) {                                                                        \
-        case DDP_REDUCE_SUM:                                                               \
-          for (size_t i = 0; i < n; i++) out[i] += in[i];                                  \
-          break;                                                                           \
-        case DDP_REDUCE_PRODUCT:                                                           \
-          for (size_t i = 0; i < n; i++) out[i] *= in[i];                                  \
-          break;                                                                           \
-        case DDP_REDUCE_MIN:                                                               \
-          for (size_t i = 0; i < n; i++) out[i] = in[i] < out[i] ? in[i] : out[i];         \
-          break;                                                                           \
-        default: /* MAX */                                                                 \
-          for (size_t i = 0; i < n; i++) out[i] = in[i] > out[i] ? in[i] : out[i];         \
-          break;                                                                           \
+  static void name(T *out, const void *const *in, int k, size_t lo, size_t n, int op) {    \
+    enum { B = BLOCK_BYTES / sizeof(T) };                                                  \
+    T tmp[B];                                                                              \
+    for (size_t b = 0; b < n; b += B) {                                                    \
+      size_t m = n - b < B ? n - b : B;                                                    \
+      memcpy(tmp, (const T *)in[0] + lo + b, m * sizeof(T));                               \
+      for (int r = 1; r < k; r++) {                                                        \
+        const T *src = (const T *)in[r] + lo + b;                                          \
+        APPLY(op, tmp, src, m)                                                             \
       }                                                                                    \
+      memcpy(out + b, tmp, m * sizeof(T));                                                 \
     }                                                                                      \
   }
 DEFINE_REDUCE(reduce_f32, float)
 DEFINE_REDUCE(reduce_f64, double)
 #undef DEFINE_REDUCE
+#undef APPLY
+
+static void reduce(ddp_shm *s, void *out, size_t lo, size_t n, int dtype, int op) {
+  if (dtype == DDP_F32) reduce_f32(out, s->ins, s->size, lo, n, op);
+  else reduce_f64(out, s->ins, s->size, lo, n, op);
+}
+
+static size_t esize_of(int dtype) { return dtype == DDP_F32 ? sizeof(float) : sizeof(double); }
+
+/* Bytes per rank a collective moves. */
+static size_t op_bytes(const ddp_shm_op *op) {
+  return op->kind == DDP_SHM_ALLREDUCE ? op->n * esize_of(op->dtype) : op->n;
+}
+
+/* ---- arrival (Note [shm arrival]) ------------------------------------------------------ */
 
 int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest, void *all,
-                   int *agreed, const void *buf, size_t n, int dtype, double timeout_s,
-                   char *err, int *peer) {
+                   int *agreed, const ddp_shm_op *op, double timeout_s, char *err, int *peer) {
   *peer = -1;
   *agreed = 0;
-  if (fp_bytes > DDP_SHM_FP_BYTES || (buf && !ddp_shm_supports(dtype))) {
-    snprintf(err, DDP_GLOO_ERR_CAP, "shared memory: bad arrival (%zu fingerprint bytes, dtype %s)",
-             fp_bytes, ddp_dtype_name(dtype));
+  int kind = op ? op->kind : DDP_SHM_ARRIVE;
+  if (fp_bytes > DDP_SHM_FP_BYTES || kind < DDP_SHM_ARRIVE || kind > DDP_SHM_ALLGATHER ||
+      (kind == DDP_SHM_ALLREDUCE && !ddp_shm_supports(op->dtype)) ||
+      (kind == DDP_SHM_BROADCAST && (op->root < 0 || op->root >= s->size))) {
+    snprintf(err, DDP_GLOO_ERR_CAP, "shared memory: bad arrival (%zu fingerprint bytes, kind %d)",
+             fp_bytes, kind);
     return DDP_ERR_STATE;
   }
   int which = (int)(s->arrivals & 1);
+  rank_record *me = record(s, s->rank);
   memcpy(fp_record(s, s->rank, which), fp, fp_bytes);
-  record(s, s->rank)->digest = digest; /* made visible by publish's release */
-  if (buf && n) { /* the all-reduce's first chunk (its step 1) */
-    size_t esize = dtype == DDP_F32 ? sizeof(float) : sizeof(double);
-    size_t m = n < SLOT_BYTES / esize ? n : SLOT_BYTES / esize;
-    memcpy(slot(s, s->rank), buf, m * esize);
+  me->digest[which] = digest; /* made visible by publish's release */
+  me->zc_off[which] = 0;
+  const char *phase = "arriving";
+  if (kind != DDP_SHM_ARRIVE) {
+    size_t bytes = op_bytes(op);
+    int sends = kind != DDP_SHM_BROADCAST || op->root == s->rank; /* puts data in */
+    if (sends && bytes <= SMALL_BYTES) {
+      memcpy(small_area(s, s->rank, which), op->buf, bytes);
+    } else if (sends && kind != DDP_SHM_ALLGATHER &&
+               (me->zc_off[which] = arena_offset(s, op->buf, bytes)) != 0) {
+      /* in place (Note [shm zero copy]) */
+    } else if (sends) { /* the first chunk's step 1 */
+      memcpy(slot(s, s->rank), op->buf, bytes < SLOT_BYTES ? bytes : SLOT_BYTES);
+      phase = "copying in";
+    }
   }
   publish(s);
-  int st = wait_all(s, s->seq, timeout_s, buf ? "copying in" : "arriving", err, peer);
+  int st = wait_all(s, s->seq, timeout_s, phase, err, peer);
   if (st) return st;
   s->arrivals++;
+  s->which = which;
   int same = 1;
-  for (int r = 0; r < s->size && same; r++) same = record(s, r)->digest == digest;
+  for (int r = 0; r < s->size && same; r++) same = record(s, r)->digest[which] == digest;
   if (same) {
     *agreed = 1;
     return DDP_OK;
@@ -463,32 +756,127 @@ int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest,
   return DDP_OK;
 }
 
-int ddp_shm_allreduce(ddp_shm *s, void *buf, size_t n, int dtype, int op, double timeout_s,
-                      char *err, int *peer) {
-  *peer = -1;
-  if (!ddp_shm_supports(dtype)) {
-    snprintf(err, DDP_GLOO_ERR_CAP, "shared memory: dtype %s is not supported", ddp_dtype_name(dtype));
-    return DDP_ERR_STATE;
+/* ---- the collectives after their arrival ----------------------------------------------- */
+
+#define STEP(phase)                                                                        \
+  do {                                                                                     \
+    int st_ = step(s, timeout_s, (phase), err, peer);                                      \
+    if (st_) return st_;                                                                   \
+  } while (0)
+
+static int allreduce(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, int *peer) {
+  size_t esize = esize_of(op->dtype), n = op->n, bytes = n * esize;
+  unsigned char *data = op->buf;
+  if (bytes <= SMALL_BYTES) { /* Note [shm small messages] */
+    for (int r = 0; r < s->size; r++) s->ins[r] = small_area(s, r, s->which);
+    reduce(s, data, 0, n, op->dtype, op->op);
+    return DDP_OK;
   }
-  size_t esize = dtype == DDP_F32 ? sizeof(float) : sizeof(double);
+  int every = 1, some = 0;
+  size_t off;
+  for (int r = 0; r < s->size; r++) {
+    every = every && zc_buffer(s, r, bytes, &off);
+    some = some || record(s, r)->zc_off[s->which] != 0;
+    s->ins[r] = s->base + off;
+  }
+  if (every) { /* Note [shm zero copy] */
+    size_t lo = n * (size_t)s->rank / (size_t)s->size;
+    size_t hi = n * (size_t)(s->rank + 1) / (size_t)s->size;
+    reduce(s, data + lo * esize, lo, hi - lo, op->dtype, op->op);
+    STEP("reducing in place");
+    for (int r = 0; r < s->size; r++) {
+      if (r == s->rank) continue;
+      size_t rlo = n * (size_t)r / (size_t)s->size, rhi = n * (size_t)(r + 1) / (size_t)s->size;
+      memcpy(data + rlo * esize, (const unsigned char *)s->ins[r] + rlo * esize, (rhi - rlo) * esize);
+    }
+    STEP("gathering in place");
+    return DDP_OK;
+  }
+  if (some) { /* the ranks that published an offset copy their first chunk in now */
+    if (record(s, s->rank)->zc_off[s->which] != 0)
+      memcpy(slot(s, s->rank), data, bytes < SLOT_BYTES ? bytes : SLOT_BYTES);
+    STEP("copying in");
+  }
   size_t per_chunk = SLOT_BYTES / esize;
-  unsigned char *data = buf;
-  for (size_t off = 0; off < n; off += per_chunk) {
-    size_t m = n - off < per_chunk ? n - off : per_chunk;
-    if (off > 0) { /* the first chunk's step 1 was the arrival (Note [shm arrival]) */
-      memcpy(slot(s, s->rank), data + off * esize, m * esize);
-      publish(s);
-      int st = wait_all(s, s->seq, timeout_s, "copying in", err, peer);
-      if (st) return st;
+  for (int r = 0; r < s->size; r++) s->ins[r] = slot(s, r);
+  for (size_t at = 0; at < n; at += per_chunk) {
+    size_t m = n - at < per_chunk ? n - at : per_chunk;
+    if (at > 0) { /* the first chunk's step 1 was the arrival (Note [shm arrival]) */
+      memcpy(slot(s, s->rank), data + at * esize, m * esize);
+      STEP("copying in");
     }
     size_t lo = m * (size_t)s->rank / (size_t)s->size;
     size_t hi = m * (size_t)(s->rank + 1) / (size_t)s->size;
-    if (dtype == DDP_F32) reduce_f32(s, (float *)result_area(s) + lo, lo, hi - lo, op);
-    else reduce_f64(s, (double *)result_area(s) + lo, lo, hi - lo, op);
-    publish(s);
-    int st = wait_all(s, s->seq, timeout_s, "reducing", err, peer);
-    if (st) return st;
-    memcpy(data + off * esize, result_area(s), m * esize);
+    reduce(s, result_area(s) + lo * esize, lo, hi - lo, op->dtype, op->op);
+    STEP("reducing");
+    memcpy(data + at * esize, result_area(s), m * esize);
   }
   return DDP_OK;
+}
+
+static int broadcast(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, int *peer) {
+  size_t bytes = op->n, off;
+  int root = op->root, reader = s->rank != root;
+  unsigned char *data = op->buf;
+  if (bytes <= SMALL_BYTES) { /* Note [shm small messages] */
+    if (reader) memcpy(data, small_area(s, root, s->which), bytes);
+    return DDP_OK;
+  }
+  if (zc_buffer(s, root, bytes, &off)) { /* from the root's buffer itself */
+    if (reader) memcpy(data, s->base + off, bytes);
+    STEP("reading the root's buffer");
+    return DDP_OK;
+  }
+  for (size_t at = 0; at < bytes; at += SLOT_BYTES) {
+    size_t m = bytes - at < SLOT_BYTES ? bytes - at : SLOT_BYTES;
+    if (at > 0) { /* the first chunk came with the arrival */
+      STEP("reading the root's slot");
+      if (!reader) memcpy(slot(s, root), data + at, m);
+      STEP("copying in");
+    }
+    if (reader) memcpy(data + at, slot(s, root), m);
+  }
+  STEP("reading the root's slot");
+  return DDP_OK;
+}
+
+static int allgather(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, int *peer) {
+  size_t bytes = op->n;
+  const unsigned char *in = op->buf;
+  unsigned char *out = op->out;
+  if (bytes <= SMALL_BYTES) { /* Note [shm small messages] */
+    for (int r = 0; r < s->size; r++)
+      memcpy(out + (size_t)r * bytes, small_area(s, r, s->which), bytes);
+    return DDP_OK;
+  }
+  for (size_t at = 0; at < bytes; at += SLOT_BYTES) {
+    size_t m = bytes - at < SLOT_BYTES ? bytes - at : SLOT_BYTES;
+    if (at > 0) {
+      STEP("reading the slots");
+      memcpy(slot(s, s->rank), in + at, m);
+      STEP("copying in");
+    }
+    for (int r = 0; r < s->size; r++) memcpy(out + (size_t)r * bytes + at, slot(s, r), m);
+  }
+  STEP("reading the slots");
+  return DDP_OK;
+}
+#undef STEP
+
+int ddp_shm_run(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, int *peer) {
+  *peer = -1;
+  switch (op->kind) {
+    case DDP_SHM_ARRIVE:
+      return DDP_OK;
+    case DDP_SHM_ALLREDUCE:
+      if (!ddp_shm_supports(op->dtype)) break;
+      return allreduce(s, op, timeout_s, err, peer);
+    case DDP_SHM_BROADCAST:
+      return broadcast(s, op, timeout_s, err, peer);
+    case DDP_SHM_ALLGATHER:
+      return allgather(s, op, timeout_s, err, peer);
+  }
+  snprintf(err, DDP_GLOO_ERR_CAP, "shared memory: collective kind %d (dtype %s) is not supported",
+           op->kind, ddp_dtype_name(op->dtype));
+  return DDP_ERR_STATE;
 }

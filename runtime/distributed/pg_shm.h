@@ -1,13 +1,18 @@
-/* runtime/distributed/pg_shm.h: the shared-memory all-reduce of a process group whose ranks all run
- * on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c, and its
- * arrival step, which pg_nccl.c also uses to exchange fingerprints (Note [collective
+/* runtime/distributed/pg_shm.h: the shared-memory collectives of a process group whose ranks
+ * all run on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c,
+ * and its arrival step, which pg_nccl.c also uses to exchange fingerprints (Note [collective
  * fingerprints] in pg_fingerprint.h).
  *
- * pg_gloo.c creates it after the Gloo group is connected and calls it from the group's one
- * communication thread, in the FIFO order of Note [collective order] (ddplua/pg.h), in place
- * of ddp_gloo_allreduce for the dtypes ddp_shm_supports accepts. Everything else keeps going
- * through Gloo. Results are bitwise identical on every rank: each element is reduced by one
- * rank, over the ranks in order 0 .. world-1.
+ * pg_gloo.c creates it after the Gloo group is connected and calls it in the FIFO order of
+ * Note [collective order] (ddplua/pg.h), one collective at a time, in place of Gloo for:
+ * all-reduce of the dtypes ddp_shm_supports accepts, broadcast and all-gather of any dtype,
+ * and barrier (the arrival step alone). Everything else keeps going through Gloo. Results
+ * are bitwise identical on every rank: each element is reduced by one computation over the
+ * ranks in order 0 .. world-1.
+ *
+ * Buffers may lie in the segment's arena (ddp_shm_alloc: DDP's gradient buckets,
+ * dist.shared_buffer); an all-reduce whose buffers all lie there runs without staging copies
+ * (Note [shm zero copy] in pg_shm.c).
  *
  * Errors follow gloo_shim.h: a status, the reason in `err` (DDP_GLOO_ERR_CAP bytes) and the
  * group rank at fault in *peer (-1 when unknown). After a failure the segment's counters no
@@ -32,30 +37,53 @@ typedef struct ddp_shm ddp_shm;
 int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, int world_size,
                 const int *global);
 
-/* 1 when ddp_shm_allreduce takes buffers of this dtype (f32, f64), else 0. */
+/* 1 when ddp_shm_run takes all-reduce buffers of this dtype (f32, f64), else 0. */
 int ddp_shm_supports(int dtype);
 
 enum { DDP_SHM_FP_BYTES = 256 }; /* the largest fingerprint record ddp_shm_arrive takes */
+
+/* What a collective through the segment does (ddp_shm_arrive, then ddp_shm_run). */
+enum ddp_shm_kind {
+  DDP_SHM_ARRIVE = 0, /* only the arrival: fingerprints (barrier, collectives through Gloo) */
+  DDP_SHM_ALLREDUCE,  /* buf: n elements of dtype (f32, f64), in place, op without AVG */
+  DDP_SHM_BROADCAST,  /* buf: n bytes, root's copied into every rank's */
+  DDP_SHM_ALLGATHER   /* buf: n bytes per rank in; out: size * n bytes, rank order */
+};
+
+typedef struct ddp_shm_op {
+  int kind;  /* enum ddp_shm_kind */
+  void *buf;
+  void *out;
+  size_t n;  /* elements (all-reduce) or bytes (broadcast, all-gather) */
+  int dtype, op, root;
+} ddp_shm_op;
 
 /* The arrival step every collective of the group starts with (Note [shm arrival] in
  * pg_shm.c): publish this rank's fingerprint `fp` (fp_bytes <= DDP_SHM_FP_BYTES, the same
  * on every rank) and its digest, wait for every rank; *agreed = 1 when every rank's digest
  * equals `digest`, else 0 and every rank's record is copied into `all` (size * fp_bytes,
- * group-rank order). For an all-reduce through the segment pass its buffer (buf: n
- * elements of dtype, f32 or f64) so the first chunk is copied in in the same step, then
- * call ddp_shm_allreduce; else buf NULL. Errors as ddp_shm_allreduce. */
+ * group-rank order). `op` (NULL: DDP_SHM_ARRIVE) names the collective, so that its first
+ * data step rides on the arrival; when *agreed, call ddp_shm_run with the same op next.
+ * Errors as ddp_shm_run. */
 int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest, void *all,
-                   int *agreed, const void *buf, size_t n, int dtype, double timeout_s,
-                   char *err, int *peer);
+                   int *agreed, const ddp_shm_op *op, double timeout_s, char *err, int *peer);
 
-/* In-place all-reduce of the n contiguous elements at buf (op: enum ddp_reduce_op without
- * AVG), right after ddp_shm_arrive was given the same buf. Waits at most timeout_s for the
- * peers in each phase: DDP_ERR_TIMEOUT naming the ranks that did not arrive; DDP_ERR_PEER
- * when a peer's process died or closed the group. */
-int ddp_shm_allreduce(ddp_shm *s, void *buf, size_t n, int dtype, int op, double timeout_s,
-                      char *err, int *peer);
+/* The rest of collective `op` after its arrival. Waits at most timeout_s for the peers in
+ * each phase: DDP_ERR_TIMEOUT naming the ranks that did not arrive; DDP_ERR_PEER when a peer's
+ * process died or closed the group; DDP_ERR_STATE for an op the segment does not take. */
+int ddp_shm_run(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, int *peer);
 
-/* Tell the peers this rank left, unmap. NULL is ignored. */
+/* `nbytes` of zeroed memory in this rank's part of the segment's arena (Note [shm arena]),
+ * page aligned, or NULL when the arena has no room left (or the kernel gives no pages: a
+ * full /dev/shm). Release it with ddp_shm_dealloc(p, s); it may outlive the group (the
+ * mapping stays until the last block and the group are gone). Thread-safe. */
+void *ddp_shm_alloc(ddp_shm *s, size_t nbytes);
+
+/* Return a block of ddp_shm_alloc (ctx: its ddp_shm); the signature of ddp_deleter_fn. */
+void ddp_shm_dealloc(void *p, void *ctx);
+
+/* Tell the peers this rank left; unmap once no block of the arena is alive. NULL is
+ * ignored. */
 void ddp_shm_free(ddp_shm *s);
 
 #endif /* DDP_PG_SHM_H */

@@ -1,7 +1,7 @@
 /* runtime/distributed/reducer.c: the DDP gradient reducer (ddplua/reducer.h), after PyTorch's c10d
  * Reducer: Bucket, mark_variable_ready, finalize_backward. The invariants are the notes in
  * ddplua/reducer.h: [bucket order], [bucket assignment], [gradient averaging],
- * [bucket rebuild], [unused parameters], [device buckets]. */
+ * [bucket rebuild], [unused parameters], [device buckets], [shared buckets]. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -23,6 +23,18 @@ static void bucket_clear(bucket *b) {
 static void buckets_free(bucket *bs, int n) {
   for (int k = 0; bs && k < n; k++) bucket_clear(&bs[k]);
   free(bs);
+}
+
+/* The flat buffer of bucket b (numel elements). Note [shared buckets]. */
+static int bucket_buffer(ddp_reducer *r, bucket *b, const int64_t *shape) {
+  if (r->pg && r->device == DDP_DEVICE_CPU && (b->dtype == DDP_F32 || b->dtype == DDP_F64)) {
+    int placed = 0;
+    if (ddp_pg_shared_zeros(&b->buffer, r->pg, 1, shape, b->dtype, &placed) == DDP_OK)
+      return DDP_OK;
+    if (ddp_last_status() != DDP_ERR_MEMORY) return ddp_last_status();
+    /* the group's shared memory is full: an ordinary buffer, staged by the all-reduce */
+  }
+  return ddp_tensor_zeros(&b->buffer, 1, shape, b->dtype, r->device);
 }
 
 /* Build the buckets for the walk `order` (NULL: reverse registration order) into *out.
@@ -77,7 +89,7 @@ static int buckets_build(ddp_reducer *r, const int *order, bucket **out, int *n_
   for (int k = 0; k < nb && !status; k++) {
     bucket *b = &bs[k];
     int64_t shape[1] = {b->numel};
-    status = ddp_tensor_zeros(&b->buffer, 1, shape, b->dtype, r->device);
+    status = bucket_buffer(r, b, shape);
     for (int s = 0; s < b->n_vars && !status; s++) {
       ddp_tensor *p = r->params[b->vars[s]];
       int64_t strides[DDP_MAX_DIMS];

@@ -29,11 +29,19 @@ function value(dtype, r, i)
   return round(dtype, ((r * 7919 + i * 104729) % 1000003) / 1000003 * 2 - 1 + (r + 1) * 1e-3)
 end
 local ctype = { f32 = "float *", f64 = "double *" }
-function make(dtype, r, n)
-  local t = dl.empty({ n }, { dtype = dtype })
+-- Fill the contiguous tensor t with rank r's values; returns t.
+function fill(t, dtype, r)
   local p = ffi.cast(ctype[dtype], C.ddp_tensor_data(t))
-  for i = 0, n - 1 do p[i] = value(dtype, r, i) end
+  for i = 0, t:numel() - 1 do p[i] = value(dtype, r, i) end
   return t
+end
+function make(dtype, r, n) return fill(dl.empty({ n }, { dtype = dtype }), dtype, r) end
+-- A hash of the bytes of the contiguous tensor t (esize bytes per element).
+function hash_bytes(t, esize)
+  local p = ffi.cast("const uint8_t *", C.ddp_tensor_data(t))
+  local h = 0
+  for k = 0, t:numel() * esize - 1 do h = bit.bxor(bit.rol(h, 5), p[k]) end
+  return bit.tohex(h)
 end
 local function combine(dtype, op, a, b)
   if op == "sum" or op == "avg" then return round(dtype, a + b)
@@ -247,5 +255,159 @@ describe("shared-memory all_reduce #dist", function()
     assert.matches("all_reduce timed out on rank 0 after 1.5 s waiting for peer rank 1", e.timeout, 1, true)
     assert.matches("shared memory: rank 0 waited 1.5 s", e.timeout, 1, true)
     assert(ranks[1].out.elapsed[1] <= 4, "took " .. ranks[1].out.elapsed[1] .. " s")
+  end)
+end)
+
+describe("shared-memory zero-copy all_reduce (dist.shared_buffer) #dist", function()
+  for _, n in ipairs { 2, 3 } do
+    it(("reduces shared buffers in place, the same bits as the reference, on %d ranks"):format(n), function()
+      local ranks, raw = run([[
+        dist.init_process_group { timeout = 30 }
+        for _, dtype in ipairs { "f32", "f64" } do
+          for k, op in ipairs { "sum", "avg", "min", "max", "product" } do
+            for _, size in ipairs { 7, 9001, k == 1 and 300001 or 20001 } do
+              local t, placed = dist.shared_buffer(size, { dtype = dtype })
+              assert(placed, "not placed in shared memory")
+              fill(t, dtype, RANK)
+              dist.all_reduce(t, { op = op })
+              out(dtype .. "_" .. op .. "_" .. size, check(t, dtype, op))
+            end
+          end
+        end
+        -- a view into a shared buffer, at an offset
+        local s = dist.shared_buffer(20011)
+        local v = s:narrow(1, 5, 20001)
+        fill(v, "f32", RANK)
+        dist.all_reduce(v)
+        out("view", check(v, "f32", "sum"))
+        -- only rank 0's tensor is shared: every rank stages (several chunks)
+        local m = RANK == 0 and fill(dist.shared_buffer(1100003), "f32", RANK) or make("f32", RANK, 1100003)
+        dist.all_reduce(m)
+        out("mixed", check(m, "f32", "sum"))
+        dist.destroy_process_group()
+      ]], n)
+      for _, dtype in ipairs { "f32", "f64" } do
+        for k, op in ipairs { "sum", "avg", "min", "max", "product" } do
+          for _, size in ipairs { 7, 9001, k == 1 and 300001 or 20001 } do
+            assert_results(ranks, dtype .. "_" .. op .. "_" .. size, raw)
+          end
+        end
+      end
+      assert_results(ranks, "view", raw)
+      assert_results(ranks, "mixed", raw)
+    end)
+  end
+
+  it("gives ordinary memory without shared memory, outlives its group, checks its options", function()
+    for _, env in ipairs { {}, { DDPLUA_SHM = "0" } } do
+      local ranks = run([[
+        dist.init_process_group { timeout = 30 }
+        local t, placed = dist.shared_buffer({ 2, 3 }, { dtype = "f64" })
+        out("placed", tostring(placed), t:numel(), t:sum():item())
+        err("unknown", function() dist.shared_buffer(4, { dtpye = "f32" }) end)
+        err("shape", function() dist.shared_buffer({ -1 }) end)
+        t:fill_(RANK + 1)
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        t:add_(1) -- still valid memory after the group is gone
+        out("after", t:sum():item())
+      ]], 2, { env = env })
+      for rank = 1, 2 do
+        local o = ranks[rank].out
+        assert.same({ env.DDPLUA_SHM and "false" or "true", 6, 0 }, o.placed)
+        assert.same({ 24 }, o.after)
+        assert.matches("shared_buffer", ranks[rank].err.unknown, 1, true)
+        assert.matches("dtpye", ranks[rank].err.unknown, 1, true)
+        assert.matches("shared_buffer: bad size -1", ranks[rank].err.shape, 1, true)
+      end
+    end
+  end)
+end)
+
+describe("shared-memory broadcast, all_gather and barrier #dist", function()
+  it("broadcasts and gathers every size path and dtype, bit for bit (3 ranks)", function()
+    local ranks, raw = run(([==[
+      dist.init_process_group { timeout = 30 }
+      local esize = { f32 = 4, f64 = 8 }
+      -- broadcast: small, over the small area, over several slot chunks, from a shared buffer
+      for _, c in ipairs { { "f64", 5 }, { "f32", 9001 }, { "f32", %d }, { "f64", 0 } } do
+        local t = make(c[1], RANK, c[2])
+        dist.broadcast(t, 1)
+        out("bcast_" .. c[1] .. "_" .. c[2], hash_bytes(t, esize[c[1]]), hash_bytes(make(c[1], 1, c[2]), esize[c[1]]))
+      end
+      local sb = fill(dist.shared_buffer(70001), "f32", RANK)
+      dist.broadcast(sb, 2)
+      out("bcast_shared", hash_bytes(sb, 4), hash_bytes(make("f32", 2, 70001), 4))
+      local u8 = dl.full({ 40000 }, RANK + 7, { dtype = "u8" })
+      dist.broadcast(u8, 0)
+      out("bcast_u8", u8:min():item(), u8:max():item())
+      local nc = dl.full({ 3, 4 }, RANK):transpose(1, 2) -- not contiguous
+      dist.broadcast(nc, 2)
+      out("bcast_nc", nc:min():item(), nc:max():item())
+      -- all_gather: small, one slot chunk, several chunks
+      for _, c in ipairs { { "f64", 5 }, { "f32", 9001 }, { "f32", %d } } do
+        local o = dl.empty({ WORLD, c[2] }, { dtype = c[1] })
+        dist.all_gather_into_tensor(o, make(c[1], RANK, c[2]))
+        local hs = {}
+        for r = 0, WORLD - 1 do
+          hs[#hs + 1] = hash_bytes(o:select(1, r + 1):contiguous(), esize[c[1]]) == hash_bytes(make(c[1], r, c[2]), esize[c[1]]) and 1 or 0
+        end
+        out("gather_" .. c[1] .. "_" .. c[2], unpack(hs))
+      end
+      local list = {}
+      for r = 1, WORLD do list[r] = dl.empty({ 20001 }) end
+      dist.all_gather(list, make("f32", RANK, 20001))
+      local hs = {}
+      for r = 0, WORLD - 1 do hs[#hs + 1] = hash_bytes(list[r + 1], 4) == hash_bytes(make("f32", r, 20001), 4) and 1 or 0 end
+      out("gather_list", unpack(hs))
+      for _ = 1, 50 do dist.barrier() end
+      out("barriers", 1)
+      dist.destroy_process_group()
+    ]==]):format(BIG, BIG), 3)
+    for rank = 1, 3 do
+      local o = ranks[rank].out
+      for _, name in ipairs { "bcast_f64_5", "bcast_f32_9001", "bcast_f32_" .. BIG, "bcast_f64_0", "bcast_shared" } do
+        assert(o[name], name .. " missing:\n" .. mp.describe(raw))
+        assert.equal(o[name][2], o[name][1], name .. " on rank " .. (rank - 1))
+      end
+      assert.same({ 7, 7 }, o.bcast_u8)
+      assert.same({ 2, 2 }, o.bcast_nc)
+      for _, name in ipairs { "gather_f64_5", "gather_f32_9001", "gather_f32_" .. BIG, "gather_list" } do
+        assert.same({ 1, 1, 1 }, o[name], name .. " on rank " .. (rank - 1))
+      end
+      assert.same({ 1 }, o.barriers)
+    end
+  end)
+
+  it("fails within seconds naming the rank killed before a broadcast", function()
+    local ranks, raw = run([[
+      dist.init_process_group { timeout = 60 }
+      local t = make("f32", RANK, 100000)
+      dist.broadcast(t, 0)
+      dist.barrier()
+      if RANK == 1 then
+        ffi.cdef "int getpid(void); int kill(int pid, int sig);"
+        ffi.C.kill(ffi.C.getpid(), 9)
+      end
+      local t0 = os.time()
+      err("dead", function() for _ = 1, 1000 do dist.broadcast(t, 0) end end)
+      out("elapsed", os.time() - t0)
+      os.exit(0)
+    ]], 2, { expect_failure = true, kill_on_failure = false, timeout = 40 })
+    assert.is_nil(raw.timed_out, mp.describe(raw))
+    assert.matches("broadcast failed on rank 0: peer rank 1 disconnected", ranks[1].err.dead, 1, true)
+    assert(ranks[1].out.elapsed[1] <= 5, "the survivor took " .. ranks[1].out.elapsed[1] .. " s")
+  end)
+
+  it("times out a barrier naming the rank that did not arrive", function()
+    local ranks = run([[
+      dist.init_process_group { timeout = 1.5 }
+      dist.barrier()
+      if RANK == 1 then os.execute("sleep 4"); os.exit(0) end
+      err("timeout", function() dist.barrier() end)
+      os.exit(0)
+    ]], 2, { timeout = 40 })
+    assert.matches("barrier timed out on rank 0 after 1.5 s waiting for peer rank 1", ranks[1].err.timeout, 1, true)
+    assert.matches("shared memory: rank 0 waited 1.5 s", ranks[1].err.timeout, 1, true)
   end)
 end)

@@ -429,6 +429,27 @@ function M.all_reduce(t, opts)
   return finish(opts, nil, nil, { t })
 end
 
+local SHARED_KNOWN = options.known { "dtype", "group" }
+local placed_box = ffi.new("int[1]")
+
+--- dist.shared_buffer(shape, {dtype = "f32", group =}) -> a zero-filled CPU tensor of
+-- `shape` (a number or a list of sizes) in the shared memory of the group's ranks on this
+-- host, and whether it went there (boolean). All-reduces of such tensors (the same call on
+-- every rank) read the peers' tensors in place, with no staging copy, and a broadcast reads
+-- the root's; any other use is an ordinary tensor. When the group has no shared memory (ranks
+-- on several hosts, DDPLUA_SHM=0, nccl) the tensor is ordinary memory and the second result
+-- false. Up to 1 GiB per rank; no collective (ranks need not call it together). Raises
+-- "shared_buffer: no room ..." when this rank's part is full. DDP's gradient buckets live
+-- there already.
+function M.shared_buffer(shape, opts)
+  opts = options.check("shared_buffer", opts, SHARED_KNOWN)
+  local g = group_of(opts, "shared_buffer")
+  local dims, nd = lib.shape(type(shape) == "number" and { shape } or shape)
+  check(C.ddp_pg_shared_zeros(tbox, g:ptr("shared_buffer"), nd, dims,
+                              lib.dtype(opts and opts.dtype, C.DDP_F32), placed_box))
+  return lib.wrap(tbox[0]), placed_box[0] == 1
+end
+
 --- dist.broadcast(t, src, opts): t of global rank src copied into t on every rank.
 function M.broadcast(t, src, opts)
   set_call_site()

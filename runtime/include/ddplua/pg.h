@@ -31,11 +31,12 @@
  * them. The DDP reducer relies on this: buckets are launched in index order on every rank
  * and therefore reduced in that order everywhere.
  *
- * Transport: Gloo over TCP, except all-reduce of f32/f64 (and f16/bf16, staged as f32)
- * between ranks that all run on this host: it goes through a shared-memory segment
- * (runtime/distributed/pg_shm.c), on the same communication thread and in the same FIFO order,
- * each element reduced once, in rank order 0..world-1, so every rank holds identical bits.
- * DDPLUA_SHM=0 turns it off (every rank then votes for Gloo).
+ * Transport: Gloo over TCP, except all-reduce of f32/f64 (and f16/bf16, staged as f32),
+ * broadcast, all-gather and barrier between ranks that all run on this host: they go
+ * through a shared-memory segment (runtime/distributed/pg_shm.c), in the same FIFO order,
+ * each element reduced in rank order 0..world-1, so every rank holds identical bits. A
+ * blocking one runs on the calling thread when nothing is queued before it (Note [inline
+ * collectives] in pg_queue.c). DDPLUA_SHM=0 turns it off (every rank then votes for Gloo).
  *
  * Note [nccl work]: with the nccl backend there is no communication thread: a collective is
  * enqueued on the communicator's CUDA stream at the call, after the caller's current stream
@@ -167,6 +168,18 @@ void ddp_pg_set_call_site(const char *file, int line);
 
 /* In-place all-reduce: every rank's t becomes op over all ranks' t. Any shape. */
 int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op);
+
+/* A zero-filled CPU tensor of `shape` (ndim dims) and `dtype` whose memory lies in the
+ * shared-memory segment of group `pg` when it has one (all ranks on this host, gloo
+ * backend): all-reduces whose tensors lie there on every rank run without staging copies
+ * (Note [shm zero copy] in runtime/distributed/pg_shm.c), and a broadcast reads the root's
+ * tensor in place. *placed = 1 then; else (no segment: ranks on several hosts,
+ * DDPLUA_SHM=0, nccl) an ordinary tensor and *placed = 0. Each rank may place up to 1 GiB;
+ * the tensor may outlive the group. Any rank may call it any time (no collective).
+ * Errors: DDP_ERR_ARG (no group, bad shape or dtype), DDP_ERR_MEMORY "shared_buffer: no room
+ * ..." when the segment's part of this rank is full or /dev/shm has no pages left. */
+int ddp_pg_shared_zeros(ddp_tensor **out, ddp_pg *pg, int ndim, const int64_t *shape,
+                        int dtype, int *placed);
 
 /* t of rank `root` copied into t of every rank. */
 int ddp_pg_broadcast(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int root);

@@ -63,6 +63,13 @@
  * bucket-rebuild order, which the host reads, go through a device copy and a host wait.
  * With the gloo backend device buckets are staged through the host (pg.h).
  *
+ * Note [shared buckets]: CPU buckets of f32/f64 are allocated with ddp_pg_shared_zeros
+ * (pg.h): with the gloo backend and every rank on this host they lie in the group's
+ * shared-memory segment, so their all-reduce reads the peers' buckets in place with no
+ * staging copy (Note [shm zero copy] in runtime/distributed/pg_shm.c). Elsewhere they are
+ * ordinary memory, as when the segment has no room left (the all-reduce then stages them:
+ * slower, the same bits).
+ *
  * Threads: the hooks and the finalisation run on the thread running ddp_backward; the
  * all-reduces on the process group's communication thread (gloo) or stream (nccl). Use one
  * reducer from one thread.
