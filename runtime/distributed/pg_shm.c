@@ -77,6 +77,7 @@
  * few milliseconds checks that the missing ranks' processes still
  * live. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -530,6 +531,27 @@ static void cpu_relax(void) {
 }
 
 /* 1 when process pid is gone: no such process, or a zombie waiting to be reaped. */
+/* Note [zombie leader]: a multi-threaded process killed by a signal may show its leader
+ * thread as a zombie while its other threads are still exiting; they share the file table,
+ * which is closed only when the last of them exits. The launcher learns of a worker's death
+ * from the end of its report pipe (Note [report pipe] in process.c) and blames the failure
+ * it saw first (Note [first failure] in ddplua/process.h): a peer that called the process
+ * gone at the leader's zombie state could report "rank N exited" before the dead worker's
+ * pipe closed, and the launcher then named the peer instead of the killed rank (seen under
+ * load). So a zombie counts as gone only once its leader is the last thread listed. */
+static int only_leader_left(int pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", pid);
+  DIR *d = opendir(path);
+  if (!d) return 1; /* reaped meanwhile */
+  int threads = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && threads < 2)
+    if (e->d_name[0] != '.') threads++;
+  closedir(d);
+  return threads <= 1;
+}
+
 static int process_gone(int pid) {
   if (pid <= 0) return 0;
   if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
@@ -541,7 +563,7 @@ static int process_gone(int pid) {
   fclose(f);
   buf[n] = 0;
   const char *paren = strrchr(buf, ')'); /* the state follows the command name */
-  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+  return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X') && only_leader_left(pid);
 }
 
 /* The first group rank whose counter is below target; -1 when all reached it. */
