@@ -97,7 +97,7 @@ minutes() { awk -v s="$1" 'BEGIN {printf "%d:%05.2f", int(s / 60), s - 60 * int(
 cell() { # cell KEY -> "epoch | batch" or "failed | failed"
   local e b
   e=$(echo "${epoch[$1]:-}" | median); b=$(echo "${batch_t[$1]:-}" | median)
-  if [ -z "$e" ]; then echo "failed | failed"; else echo "$(minutes "$e") | ${b}s"; fi
+  if [ -z "$e" ]; then echo "failed | failed"; else echo "$(minutes "$e") | $(awk -v b="$b" 'BEGIN {printf "%.3f", b}') s"; fi
 }
 label() {
   case $1 in
@@ -136,11 +136,11 @@ for model in $models; do
   echo
   echo "**$what**: batch $batch, epoch = $n batches (after $(warmup_of "$model") untimed), 1 thread per process, medians of $rounds rounds."
   echo
-  echo "| method | ddplua epoch time | ddplua batch time | PyTorch epoch time | PyTorch batch time | batch time ddplua / PyTorch |"
-  echo "|---|---|---|---|---|---|"
+  echo "| method | ddplua epoch time | ddplua batch time | PyTorch epoch time | PyTorch batch time | batch time ddplua / PyTorch | batch time / single process (ddplua, PyTorch) |"
+  echo "|---|---|---|---|---|---|---|"
   for row in single dp ddp nodes; do
     if [ "$row" = nodes ] && [ -n "$netns_reason" ]; then
-      echo "| $(label nodes) | skipped: $netns_reason | | | | |"
+      echo "| $(label nodes) | skipped: $netns_reason | | | | | |"
       continue
     fi
     d=$(cell "ddplua/$row/$model")
@@ -154,6 +154,9 @@ for model in $models; do
     db=$(echo "${batch_t[ddplua/$row/$model]:-}" | median); tb=$(echo "${batch_t[torch/$row/$model]:-}" | median)
     ratio="-"
     [ -n "$db" ] && [ -n "$tb" ] && [ "$row" != dp ] && ratio=$(awk -v a="$db" -v b="$tb" 'BEGIN {printf "%.2f", a / b}')
-    echo "| $(label "$row") | $d | $t | $ratio |"
+    ds=$(echo "${batch_t[ddplua/single/$model]:-}" | median); ts=$(echo "${batch_t[torch/single/$model]:-}" | median)
+    vs=$(awk -v a="$db" -v b="$ds" 'BEGIN {printf (a != "" && b != "") ? "%.2f" : "-", a / (b ? b : 1)}')
+    if [ "$row" = dp ]; then vs+=", -"; else vs+=", $(awk -v a="$tb" -v b="$ts" 'BEGIN {printf (a != "" && b != "") ? "%.2f" : "-", a / (b ? b : 1)}')"; fi
+    echo "| $(label "$row") | $d | $t | $ratio | $vs |"
   done
 done
