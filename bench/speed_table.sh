@@ -130,6 +130,11 @@ echo "Machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n
   "with other engineers' builds and tests while this ran (load average at the end" \
   "$(cut -d' ' -f1-3 /proc/loadavg)): ratios measured in the same round hold better than" \
   "absolute times. Commit $commit, $(date -u +%F)."
+if [ ${#dp_env[@]} -eq 0 ]; then
+  echo
+  echo "GPUs found: ddplua's rows ran on them (DDP over nccl), PyTorch's on the CPU (Debian's" \
+    "python3-torch has no CUDA), so the ddplua / PyTorch column compares a GPU with a CPU."
+fi
 for model in $models; do
   n=$(batches_of "$model")
   if [ "$model" = cnn ]; then what="CNN (models/cnn.lua) on Fashion-MNIST"; else what="ResNet-20 (models/resnet.lua) on random 32×32×3 data"; fi
