@@ -30,7 +30,16 @@ for part in train allreduce ddp; do
   if [ "${REUSE:-0}" = 1 ] && [ -s "bench/out/$part.md" ]; then continue; fi
   "bench/${part}_compare.sh" > "bench/out/$part.md"
 done
-gpu_section=$(sed -n '/^## GPU/,$p' bench/RESULTS.md 2>/dev/null)
+# The seeds' speed table (bench/speed_table.sh prints its whole section, heading included;
+# ROUNDS, CNN_BATCHES, RESNET_BATCHES set its size).
+if [ "${REUSE:-0}" != 1 ] || [ ! -s bench/out/speed_table.md ]; then
+  bench/speed_table.sh > bench/out/speed_table.md
+fi
+# Everything from the GPU section on is kept as it stands, except the speed table's own
+# section, which is rewritten at the end.
+speed_heading="## The seeds' speed table"
+gpu_section=$(sed -n '/^## GPU/,$p' bench/RESULTS.md 2>/dev/null \
+  | awk -v h="$speed_heading" 'index($0, h) == 1 {skip = 1; next} /^## / {skip = 0} !skip')
 {
   echo "# Benchmark results"
   echo
@@ -92,6 +101,8 @@ NOTES
   # The GPU section comes from bench/run_gpu.sh on a lent GPU machine, not from this run:
   # keep it as it stands.
   printf '%s\n' "$gpu_section"
+  echo
+  cat bench/out/speed_table.md
 } > bench/RESULTS.md.tmp
 mv bench/RESULTS.md.tmp bench/RESULTS.md
 echo "wrote bench/RESULTS.md"
