@@ -171,6 +171,18 @@ static int run_shm(ddp_pg *pg, ddp_work *w, const ddp_shm_op *op, char *err, int
   return status;
 }
 
+/* All-gather the staged bytes of buf into obuf (rank-major): through the segment when the
+ * work goes that way, else Gloo. */
+static int allgather_bytes(ddp_pg *pg, ddp_work *w, ddp_gloo *g, ddp_tensor *obuf,
+                           ddp_tensor *buf, char *err, int *peer) {
+  if (via_shm(pg, w)) {
+    ddp_shm_op so = {DDP_SHM_ALLGATHER, ddp_data(buf), ddp_data(obuf), nbytes_of(buf),
+                     buf->dtype, 0, 0};
+    return run_shm(pg, w, &so, err, peer);
+  }
+  return ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
+}
+
 /* The transport part of a work item on staged buffers. */
 static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
   ddp_gloo *g = state(pg)->gloo;
@@ -259,12 +271,7 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
         ddp_tensor_release(buf);
         goto staging_failed;
       }
-      if (via_shm(pg, w)) {
-        ddp_shm_op so = {DDP_SHM_ALLGATHER, ddp_data(buf), ddp_data(obuf), nbytes_of(buf),
-                         buf->dtype, 0, 0};
-        status = run_shm(pg, w, &so, err, peer);
-      } else
-        status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
+      status = allgather_bytes(pg, w, g, obuf, buf, err, peer);
       ddp_tensor_release(buf);
       ok = status == DDP_OK;
       if (unstage(w->out, obuf, ok) && ok) goto core_failed;
@@ -279,12 +286,7 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
         ddp_tensor_release(obuf);
         goto staging_failed;
       }
-      if (via_shm(pg, w)) {
-        ddp_shm_op so = {DDP_SHM_ALLGATHER, ddp_data(buf), ddp_data(obuf), nbytes_of(buf),
-                         buf->dtype, 0, 0};
-        status = run_shm(pg, w, &so, err, peer);
-      } else
-        status = ddp_gloo_allgather(g, ddp_data(obuf), ddp_data(buf), nbytes_of(buf), err, peer);
+      status = allgather_bytes(pg, w, g, obuf, buf, err, peer);
       ddp_tensor_release(buf);
       for (int i = 0; i < n && status == DDP_OK; i++) {
         ddp_tensor *row = NULL;
