@@ -289,6 +289,14 @@ void ddp_tensor_release(ddp_tensor *t) {
   free(t);
 }
 
+void ddp_tensor_release_indexed(ddp_tensor **table, const int32_t *index, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    ddp_tensor *t = table[index[i]];
+    table[index[i]] = NULL;
+    ddp_tensor_release(t);
+  }
+}
+
 void ddp_tensor_free(ddp_tensor *t) {
   if (t && t->storage) {
     tensor_clear(t);
