@@ -140,7 +140,7 @@ void ddp_free(void *p, size_t nbytes) {
 #define DDP_NO_BLOCK_CACHE /* let ASan see every block */
 #endif
 
-enum { BLOCK_STEP = 64, BLOCK_CLASSES = 16, BLOCK_CLASS_CAP_BYTES = 2 << 20 };
+enum { BLOCK_STEP = 64, BLOCK_CLASSES = 16, BLOCK_CLASS_CAP_BYTES = 8 << 20 };
 
 typedef struct free_block { struct free_block *next; } free_block;
 typedef struct {
