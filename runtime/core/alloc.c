@@ -140,6 +140,13 @@ void ddp_free(void *p, size_t nbytes) {
 #define DDP_NO_BLOCK_CACHE /* let ASan see every block */
 #endif
 
+#ifdef DDP_NO_BLOCK_CACHE
+
+void *ddp_block_alloc(size_t nbytes) { return malloc(nbytes ? nbytes : 1); }
+void ddp_block_free(void *p) { free(p); }
+
+#else
+
 enum { BLOCK_STEP = 64, BLOCK_CLASSES = 16, BLOCK_CLASS_CAP_BYTES = 8 << 20 };
 
 typedef struct free_block { struct free_block *next; } free_block;
@@ -172,28 +179,21 @@ static void blocks_key_init(void) { pthread_key_create(&blocks_key, blocks_flush
 void *ddp_block_alloc(size_t nbytes) {
   if (nbytes == 0) nbytes = 1;
   size_t k = (nbytes + BLOCK_STEP - 1) / BLOCK_STEP - 1; /* class k: (k + 1) * 64 bytes */
-#ifndef DDP_NO_BLOCK_CACHE
-  if (k < BLOCK_CLASSES) {
-    free_block *b = blocks.head[k];
-    if (b) {
-      free_block *next = b->next;
-      blocks.head[k] = next;
-      blocks.count[k]--;
-      /* the block after it serves the next request of this size: have its lines on the
-       * way to the cache by then (it was freed in a batch, long after it was last used) */
-      if (next)
-        for (size_t line = 0; line <= k; line++) __builtin_prefetch((char *)next + line * BLOCK_STEP, 1);
-      return b;
-    }
-    return malloc((k + 1) * BLOCK_STEP);
-  }
-#endif
-  return malloc(nbytes);
+  if (k >= BLOCK_CLASSES) return malloc(nbytes);
+  free_block *b = blocks.head[k];
+  if (!b) return malloc((k + 1) * BLOCK_STEP);
+  free_block *next = b->next;
+  blocks.head[k] = next;
+  blocks.count[k]--;
+  /* the block after it serves the next request of this size: have its lines on the way
+   * to the cache by then (it was freed in a batch, long after it was last used) */
+  if (next)
+    for (size_t line = 0; line <= k; line++) __builtin_prefetch((char *)next + line * BLOCK_STEP, 1);
+  return b;
 }
 
 void ddp_block_free(void *p) {
   if (!p) return;
-#ifndef DDP_NO_BLOCK_CACHE
   /* The class the block can serve, from what malloc says it holds: a block from plain
    * malloc (of any size) is safe to cache too, it only serves requests it can hold. */
   size_t usable = malloc_usable_size(p);
@@ -213,9 +213,10 @@ void ddp_block_free(void *p) {
       return;
     }
   }
-#endif
   free(p);
 }
+
+#endif /* DDP_NO_BLOCK_CACHE */
 
 void *ddp_alloc_block_counted(size_t nbytes) {
   void *p = ddp_block_alloc(nbytes);

@@ -46,7 +46,7 @@ void ddp_free(void *p, size_t nbytes);
  * (Note [handle registry] in lua/ddplua/lib.lua). Served by glibc, whose per-thread cache
  * holds 7 blocks of a size, such a batch went into its bins and the next ops' mallocs
  * sorted them out again: half the time of a small op. Blocks of up to 1 KiB are therefore
- * kept on per-thread free lists, one per 64-byte size class, up to 2 MiB a class, and
+ * kept on per-thread free lists, one per 64-byte size class, up to 8 MiB a class, and
  * handed out last-in first-out (the block freed last is the one in cache). A freed block
  * joins the class that malloc_usable_size says it can serve, so any malloc'd block may be
  * given to ddp_block_free; it may be freed on another thread than the one that made it
