@@ -308,7 +308,7 @@ void ddp_tensor_release_indexed(ddp_tensor **table, const int32_t *index, int64_
     }
     if (i + AHEAD < n) {
       const ddp_tensor *a = table[index[i + AHEAD]];
-      if (a && a->refcount == 1) {
+      if (a && __atomic_load_n(&a->refcount, __ATOMIC_RELAXED) == 1) {
         if (a->storage) __builtin_prefetch(a->storage, 1);
         if (a->grad_fn) {
           __builtin_prefetch(a->grad_fn, 1);
