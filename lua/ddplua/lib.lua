@@ -1,6 +1,6 @@
 --- ddplua.lib: the FFI boundary. Loads build/libddplua.so with the cdef generated from
 -- runtime/include/ddplua.h, and holds the helpers every front-end module uses to call C:
--- status checks that raise at the user's line, handle wrapping with ffi.gc and collector
+-- status checks that raise at the user's line, handle wrapping (Note [handle registry]) and collector
 -- pressure, shape buffers and dimension/dtype conversion.
 local ffi = require "ffi"
 
@@ -57,7 +57,6 @@ end
 -- is still live after it (at least 64 MiB more).
 local MIN_HEADROOM = 64 * 1024 * 1024
 local threshold = MIN_HEADROOM
-local release = C.ddp_tensor_release
 
 local function collect_if_needed()
   local live = tonumber(C.ddp_memory_live_bytes())
@@ -69,12 +68,122 @@ local function collect_if_needed()
 end
 M.collect_if_needed = collect_if_needed
 
---- Wrap a new reference (ddp_tensor*) as a Lua handle that releases it when collected.
--- Returns nil for NULL.
+-- Note [handle registry]: a tensor handle owns one reference, released once the collector
+-- finds the handle unreachable. LuaJIT's per-object finaliser (ffi.gc) costs about 250 ns
+-- per handle here (an insert into its finaliser table, then one protected call per object,
+-- which also aborts any trace being recorded), more than the C side of a small op. So the
+-- handles are registered instead, and released in batches:
+--   slots[i]  (a weak-valued table) the handle of slot i, or false while slot i is free;
+--   owned[i]  (C memory) the reference that handle owns;
+--   free_stack[0 .. n_free - 1]  (C memory) the free slot numbers.
+-- The collector clears slots[i] in the cycle that finds its handle unreachable. Each cycle
+-- also collects one sentinel userdata, whose __gc (run in that cycle's finaliser phase,
+-- like ffi.gc's finalisers) sweeps: every slot in 1 .. high whose value became nil has its
+-- reference released (one C call for all, ddp_tensor_release_indexed) and becomes free;
+-- then a new sentinel is made for the next cycle. So tensors are released in the same
+-- cycle as ffi.gc released them, and collectgarbage("collect") still returns with every
+-- unreachable tensor freed. At lua_close the closer (a userdata this module keeps alive,
+-- finalised only then) releases what is left, as ffi.gc's finalisers did.
+-- A collection step, and so a sweep, may run at any allocation: register() writes a new
+-- slot's handle before `high` covers the slot, and a popped free slot still reads false
+-- until its handle is stored, so a sweep never sees a half-made entry.
+--
+-- Note [collector pacing]: LuaJIT starts a cycle when its own heap has doubled, and a handle
+-- is a few dozen bytes of that heap holding most of a kilobyte of C memory (header,
+-- storage, graph node). Left alone, a loop of small ops on a small Lua heap ran 140 000
+-- ops per cycle: 40-70 MB of dead tensors waiting, released from DRAM long after they were
+-- made, which doubled the cost of an op. So wrap() also runs a full collection once more
+-- than `sweep_every` handles were made since the last sweep: 2048, or one per 128 bytes of
+-- Lua heap when that is more. A full collection costs about 0.5 ns per heap byte here, so
+-- this adds at most ~60 ns per handle, and a small heap keeps a few hundred KB of dead
+-- tensors, which stay in cache and fit the block cache (Note [small block cache]).
+local MIN_SWEEP_EVERY = 2048
+local made_since_sweep, sweep_every = 0, MIN_SWEEP_EVERY
+local slots = setmetatable({}, { __mode = "v" })
+local owned, free_stack, dead  -- ddp_tensor*[cap + 1], int32_t[cap + 1], int32_t[cap + 1]
+local cap, high, n_free = 0, 0, 0
+local closed = false
+local ptr_array = ffi.typeof("ddp_tensor*[?]")
+local int_array = ffi.typeof("int32_t[?]")
+
+-- Release the references of the slots whose handles were collected (all in-use slots
+-- when `all`, at lua_close) and put those slots on the free stack.
+local function sweep(all)
+  local n = 0
+  for i = 1, high do
+    local h = slots[i]
+    if h == nil or (all and h ~= false) then
+      slots[i] = false
+      dead[n] = i
+      n = n + 1
+      free_stack[n_free] = i
+      n_free = n_free + 1
+    end
+  end
+  if n > 0 then C.ddp_tensor_release_indexed(owned, dead, n) end
+  made_since_sweep = 0
+  sweep_every = math.max(MIN_SWEEP_EVERY, collectgarbage("count") * (1024 / 128))
+end
+
+local function arm_sentinel()
+  local sentinel = newproxy(true)
+  getmetatable(sentinel).__gc = function()
+    if closed then return end
+    arm_sentinel()
+    sweep(false)
+  end
+end
+
+local closer = newproxy(true)
+getmetatable(closer).__gc = function()
+  closed = true
+  sweep(true)
+end
+M._handle_registry_closer = closer -- keeps it reachable until lua_close
+
+-- Room for twice as many slots (all arrays keep their entries).
+local function grow()
+  local new_cap = cap == 0 and 1024 or 2 * cap
+  local o, f, d = ptr_array(new_cap + 1), int_array(new_cap + 1), int_array(new_cap + 1)
+  -- nothing allocates from here on, so no sweep runs between the copies and the switch
+  if cap > 0 then
+    ffi.copy(o, owned, (cap + 1) * ffi.sizeof("ddp_tensor*"))
+    ffi.copy(f, free_stack, n_free * 4)
+  end
+  owned, free_stack, dead, cap = o, f, d, new_cap
+end
+grow()
+arm_sentinel()
+
+-- Register handle h (a new reference) so that its reference is released once h is
+-- unreachable.
+local function register(h)
+  if n_free > 0 then
+    local i = free_stack[n_free - 1]
+    n_free = n_free - 1
+    owned[i] = h
+    slots[i] = h
+  else
+    if high == cap then grow() end
+    local i = high + 1
+    owned[i] = h
+    slots[i] = h
+    high = i
+  end
+  return h
+end
+
+--- Wrap a new reference (ddp_tensor*) as a Lua handle that releases it when collected
+-- (Note [handle registry]). Returns nil for NULL.
 function M.wrap(ptr)
   if ptr == nil then return nil end
-  collect_if_needed()
-  return ffi.gc(ptr, release)
+  made_since_sweep = made_since_sweep + 1
+  if made_since_sweep > sweep_every then
+    collectgarbage("collect") -- Note [collector pacing]; its sweep resets the count
+  else
+    collect_if_needed()
+  end
+  return register(ptr)
 end
 
 --- The out-parameter box every call returning a tensor uses (`ddp_tensor*[1]`). Read

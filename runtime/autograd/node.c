@@ -32,7 +32,8 @@ ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
   size_t meta_at = edges_at + (size_t)n_inputs * sizeof(ddp_edge);
   size_t saved_at = meta_at + (size_t)n_inputs * sizeof(ddp_input_meta);
   size_t total = saved_at + (size_t)n_saved * sizeof(ddp_saved);
-  char *block = calloc(1, total);
+  char *block = ddp_block_alloc(total); /* Note [small block cache] */
+  if (block) memset(block, 0, total);
   if (!block) {
     DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory recording the graph", name);
     return NULL;
@@ -140,31 +141,33 @@ void ddp_node_release_saved(ddp_node *n) {
 /* Iterative release: a long chain of nodes (an unrolled loop of 10^5 steps) must not
  * recurse once per node. Nodes reaching refcount 0 go on an explicit stack. */
 void ddp_node_release(ddp_node *node) {
-  if (!node || __atomic_sub_fetch(&node->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
-  size_t cap = 64, top = 0;
-  ddp_node **stack = malloc(cap * sizeof *stack);
+  if (!node || !ddp_ref_drop(&node->refcount)) return;
+  /* the stack starts on the C stack: most releases free one node, or a short chain */
+  ddp_node *local[32];
+  size_t cap = sizeof local / sizeof local[0], top = 0;
+  ddp_node **stack = local;
   ddp_node *cur = node;
   for (;;) {
-    for (int i = 0; i < cur->n_inputs; i++) {
-      ddp_tensor_release(cur->edges[i].leaf);
-      ddp_node *next = cur->edges[i].fn;
-      if (next && __atomic_sub_fetch(&next->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-        if (top == cap) {
-          ddp_node **bigger = stack ? realloc(stack, 2 * cap * sizeof *stack) : NULL;
-          if (bigger) { stack = bigger; cap *= 2; }
-        }
-        if (stack && top < cap) stack[top++] = next;
-        else { next->refcount = 1; ddp_node_release(next); } /* no memory: recurse */
+    for (int i = 0; i < cur->n_inputs + 1; i++) {
+      ddp_node *next;
+      if (i < cur->n_inputs) {
+        ddp_tensor_release(cur->edges[i].leaf);
+        next = cur->edges[i].fn;
+      } else {
+        next = cur->wrapped; /* released like one more edge */
       }
-    }
-    ddp_node *w = cur->wrapped; /* released like one more edge */
-    if (w && __atomic_sub_fetch(&w->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+      if (!next || !ddp_ref_drop(&next->refcount)) continue;
       if (top == cap) {
-        ddp_node **bigger = stack ? realloc(stack, 2 * cap * sizeof *stack) : NULL;
-        if (bigger) { stack = bigger; cap *= 2; }
+        ddp_node **bigger = stack == local ? malloc(2 * cap * sizeof *stack)
+                                           : realloc(stack, 2 * cap * sizeof *stack);
+        if (bigger) {
+          if (stack == local) memcpy(bigger, local, sizeof local);
+          stack = bigger;
+          cap *= 2;
+        }
       }
-      if (stack && top < cap) stack[top++] = w;
-      else { w->refcount = 1; ddp_node_release(w); }
+      if (top < cap) stack[top++] = next;
+      else { next->refcount = 1; ddp_node_release(next); } /* no memory: recurse */
     }
     cur->wrapped = NULL;
     for (int i = 0; i < cur->n_pre_hooks; i++) ddp_autograd_drop_id(cur->pre_hooks[i]);
@@ -173,11 +176,11 @@ void ddp_node_release(ddp_node *node) {
     ddp_node_release_saved(cur);
     if (cur->extra_free) cur->extra_free(cur->extra);
     ddp_tensor_release(cur->grad_sum);
-    free(cur); /* edges, inputs and saved live in the same block */
+    ddp_block_free(cur); /* edges, inputs and saved live in the same block */
     if (top == 0) break;
     cur = stack[--top];
   }
-  free(stack);
+  if (stack != local) free(stack);
 }
 
 /* What a cleared tensor held of autograd's (Note [autograd release hook] in core.h): the

@@ -10,6 +10,7 @@
  * allocation retried, when the system refuses memory. ddp_memory_empty_cache() returns it
  * all. Small blocks come from plain malloc (glibc's per-thread cache is fast; memalign on
  * small blocks made glibc consolidate its fast bins on every call). */
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -130,6 +131,102 @@ void ddp_free(void *p, size_t nbytes) {
   if (!p) return;
   if (nbytes >= CACHE_MIN) cache_put(p, large_size(nbytes));
   else free(p);
+  __atomic_sub_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
+}
+
+/* ---- small blocks (Note [small block cache] in core.h) -------------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__) && !defined(DDP_NO_BLOCK_CACHE)
+#define DDP_NO_BLOCK_CACHE /* let ASan see every block */
+#endif
+
+#ifdef DDP_NO_BLOCK_CACHE
+
+void *ddp_block_alloc(size_t nbytes) { return malloc(nbytes ? nbytes : 1); }
+void ddp_block_free(void *p) { free(p); }
+
+#else
+
+enum { BLOCK_STEP = 64, BLOCK_CLASSES = 16, BLOCK_CLASS_CAP_BYTES = 8 << 20 };
+
+typedef struct free_block { struct free_block *next; } free_block;
+typedef struct {
+  free_block *head[BLOCK_CLASSES];
+  int32_t count[BLOCK_CLASSES];
+  int registered; /* the thread-exit destructor knows this cache */
+} block_cache;
+
+static __thread block_cache blocks;
+static pthread_key_t blocks_key;
+static pthread_once_t blocks_once = PTHREAD_ONCE_INIT;
+
+/* At thread exit: the thread's cached blocks go back to malloc. */
+static void blocks_flush(void *arg) {
+  block_cache *c = arg;
+  for (int k = 0; k < BLOCK_CLASSES; k++) {
+    while (c->head[k]) {
+      free_block *b = c->head[k];
+      c->head[k] = b->next;
+      free(b);
+    }
+    c->count[k] = 0;
+  }
+  c->registered = 0;
+}
+
+static void blocks_key_init(void) { pthread_key_create(&blocks_key, blocks_flush); }
+
+void *ddp_block_alloc(size_t nbytes) {
+  if (nbytes == 0) nbytes = 1;
+  size_t k = (nbytes + BLOCK_STEP - 1) / BLOCK_STEP - 1; /* class k: (k + 1) * 64 bytes */
+  if (k >= BLOCK_CLASSES) return malloc(nbytes);
+  free_block *b = blocks.head[k];
+  if (!b) return malloc((k + 1) * BLOCK_STEP);
+  free_block *next = b->next;
+  blocks.head[k] = next;
+  blocks.count[k]--;
+  /* the block after it serves the next request of this size: have its lines on the way
+   * to the cache by then (it was freed in a batch, long after it was last used) */
+  if (next)
+    for (size_t line = 0; line <= k; line++) __builtin_prefetch((char *)next + line * BLOCK_STEP, 1);
+  return b;
+}
+
+void ddp_block_free(void *p) {
+  if (!p) return;
+  /* The class the block can serve, from what malloc says it holds: a block from plain
+   * malloc (of any size) is safe to cache too, it only serves requests it can hold. */
+  size_t usable = malloc_usable_size(p);
+  if (usable >= BLOCK_STEP) {
+    size_t k = usable / BLOCK_STEP - 1;
+    if (k >= BLOCK_CLASSES) k = BLOCK_CLASSES - 1;
+    if (blocks.count[k] < BLOCK_CLASS_CAP_BYTES / (int32_t)((k + 1) * BLOCK_STEP)) {
+      if (!blocks.registered) {
+        pthread_once(&blocks_once, blocks_key_init);
+        pthread_setspecific(blocks_key, &blocks);
+        blocks.registered = 1;
+      }
+      free_block *b = p;
+      b->next = blocks.head[k];
+      blocks.head[k] = b;
+      blocks.count[k]++;
+      return;
+    }
+  }
+  free(p);
+}
+
+#endif /* DDP_NO_BLOCK_CACHE */
+
+void *ddp_alloc_block_counted(size_t nbytes) {
+  void *p = ddp_block_alloc(nbytes);
+  if (p) count_alloc(nbytes);
+  return p;
+}
+
+void ddp_free_block_counted(void *p, size_t nbytes) {
+  if (!p) return;
+  ddp_block_free(p);
   __atomic_sub_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
 }
 

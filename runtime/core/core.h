@@ -51,6 +51,27 @@ enum { DDP_ALIGNMENT = 64 };
 void *ddp_alloc(size_t nbytes);
 void ddp_free(void *p, size_t nbytes);
 
+/* Note [small block cache]: a small op makes a tensor header, a small storage and a graph
+ * node, and the Lua front end releases them in batches of thousands after a collection
+ * (Note [handle registry] in lua/ddplua/lib.lua). Served by glibc, whose per-thread cache
+ * holds 7 blocks of a size, such a batch went into its bins and the next ops' mallocs
+ * sorted them out again: half the time of a small op. Blocks of up to 1 KiB are therefore
+ * kept on per-thread free lists, one per 64-byte size class, up to 8 MiB a class, and
+ * handed out last-in first-out (the block freed last is the one in cache). A freed block
+ * joins the class that malloc_usable_size says it can serve, so any malloc'd block may be
+ * given to ddp_block_free; it may be freed on another thread than the one that made it
+ * (it joins that thread's lists), and a thread's lists go back to malloc when it exits.
+ * In AddressSanitizer builds (or with -DDDP_NO_BLOCK_CACHE) every block is plain
+ * malloc/free, so the sanitizer sees each one.
+ *
+ * ddp_block_alloc: an uninitialised block of at least nbytes (NULL when out of memory),
+ * 16-byte aligned, to be freed with ddp_block_free (or free). The _counted pair also counts
+ * nbytes as live (ddp_memory_live_bytes): free with the same nbytes. */
+void *ddp_block_alloc(size_t nbytes);
+void ddp_block_free(void *p);
+void *ddp_alloc_block_counted(size_t nbytes);
+void ddp_free_block_counted(void *p, size_t nbytes);
+
 /* ---- storage and tensor ------------------------------------------------------------- */
 
 /* Who owns a storage's memory. */
@@ -96,6 +117,15 @@ struct ddp_tensor {
   ddp_tensor *view_base;       /* owned; never itself a view; NULL for non-views */
   ddp_node *view_base_fn;      /* weak: view_base->grad_fn when this view's grad_fn was made */
 };
+
+/* Note [last reference]: drop one reference from the count *rc; 1 when it was the last.
+ * A count of 1 read with acquire ordering belongs to the caller alone (no other thread
+ * holds a reference through which it could add one), so the locked decrement, a good part
+ * of releasing a temporary, is skipped; the count is left at 1 on an object about to go. */
+static inline int ddp_ref_drop(int64_t *rc) {
+  return __atomic_load_n(rc, __ATOMIC_ACQUIRE) == 1 ||
+         __atomic_sub_fetch(rc, 1, __ATOMIC_ACQ_REL) == 0;
+}
 
 /* Element address of t at storage offset t->offset (no checks). */
 static inline char *ddp_data(const ddp_tensor *t) {

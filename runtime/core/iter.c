@@ -98,27 +98,27 @@ void ddp_foreach(int nops, ddp_tensor *const *ops, int ndim, const int64_t *shap
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   if (numel == 0) return;
-  for (int o = 0; o < nops; o++) p.base[o] = ddp_data(ops[o]);
+  int64_t es[DDP_ITER_MAX_OPERANDS]; /* element sizes, bytes */
+  for (int o = 0; o < nops; o++) {
+    p.base[o] = ddp_data(ops[o]);
+    es[o] = (int64_t)ddp_dtype_size(ops[o]->dtype);
+  }
   /* drop size-1 dims, then merge neighbours whose strides chain for every operand */
   int nd = 0;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] == 1) continue;
     if (nd > 0) {
       int mergeable = 1;
-      for (int o = 0; o < nops; o++) {
-        int64_t es = (int64_t)ddp_dtype_size(ops[o]->dtype);
-        if (p.strides[nd - 1][o] != shape[d] * ops[o]->strides[d] * es) mergeable = 0;
-      }
+      for (int o = 0; o < nops; o++)
+        if (p.strides[nd - 1][o] != shape[d] * ops[o]->strides[d] * es[o]) mergeable = 0;
       if (mergeable) {
         p.shape[nd - 1] *= shape[d];
-        for (int o = 0; o < nops; o++)
-          p.strides[nd - 1][o] = ops[o]->strides[d] * (int64_t)ddp_dtype_size(ops[o]->dtype);
+        for (int o = 0; o < nops; o++) p.strides[nd - 1][o] = ops[o]->strides[d] * es[o];
         continue;
       }
     }
     p.shape[nd] = shape[d];
-    for (int o = 0; o < nops; o++)
-      p.strides[nd][o] = ops[o]->strides[d] * (int64_t)ddp_dtype_size(ops[o]->dtype);
+    for (int o = 0; o < nops; o++) p.strides[nd][o] = ops[o]->strides[d] * es[o];
     nd++;
   }
   if (nd == 0) { /* a single element */

@@ -21,7 +21,7 @@ static ddp_storage *storage_new(size_t nbytes, int device) {
     s->kind = DDP_STORAGE_DEVICE;
   } else if (nbytes <= INLINE_MAX) {
     _Static_assert(sizeof(ddp_storage) <= INLINE_OFFSET, "storage header outgrew its slot");
-    s = ddp_alloc(INLINE_OFFSET + nbytes);
+    s = ddp_alloc_block_counted(INLINE_OFFSET + nbytes); /* Note [small block cache] */
     if (!s) return NULL;
     memset(s, 0, sizeof *s);
     s->data = (char *)s + INLINE_OFFSET;
@@ -43,10 +43,10 @@ static ddp_storage *storage_new(size_t nbytes, int device) {
 }
 
 static void storage_release(ddp_storage *s) {
-  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (!s || !ddp_ref_drop(&s->refcount)) return;
   switch (s->kind) {
   case DDP_STORAGE_INLINE:
-    ddp_free(s, INLINE_OFFSET + s->nbytes);
+    ddp_free_block_counted(s, INLINE_OFFSET + s->nbytes);
     return;
   case DDP_STORAGE_ALLOC:
     ddp_free(s->data, s->nbytes);
@@ -77,8 +77,9 @@ int64_t ddp_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
 
 static ddp_tensor *header_new(ddp_storage *s, int dtype, int ndim, const int64_t *shape,
                               const int64_t *strides, int64_t offset) {
-  ddp_tensor *t = calloc(1, sizeof *t);
+  ddp_tensor *t = ddp_block_alloc(sizeof *t); /* Note [small block cache] */
   if (!t) return NULL;
+  memset(t, 0, sizeof *t);
   t->refcount = 1;
   t->storage = s;
   t->dtype = dtype;
@@ -284,9 +285,41 @@ static void tensor_clear(ddp_tensor *t) {
 }
 
 void ddp_tensor_release(ddp_tensor *t) {
-  if (!t || __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (!t || !ddp_ref_drop(&t->refcount)) return;
   tensor_clear(t);
-  free(t);
+  ddp_block_free(t);
+}
+
+/* Note [prefetched batch release]: the references a batch releases were made long before
+ * (a collection cycle ago), so their headers, storages and graph nodes have left the cache;
+ * released one after another, each waits for several memory loads in turn. Knowing the
+ * whole batch, the loop asks for the header of the tensor 2 * AHEAD places on and for the
+ * storage and node of the one AHEAD places on (whose header has arrived by then), so the
+ * loads of many tensors overlap. */
+void ddp_tensor_release_indexed(ddp_tensor **table, const int32_t *index, int64_t n) {
+  enum { AHEAD = 8 };
+  for (int64_t i = 0; i < n; i++) {
+    if (i + 2 * AHEAD < n) {
+      const char *h = (const char *)table[index[i + 2 * AHEAD]];
+      if (h) {
+        __builtin_prefetch(h, 1);
+        __builtin_prefetch(h + offsetof(ddp_tensor, grad), 1);
+      }
+    }
+    if (i + AHEAD < n) {
+      const ddp_tensor *a = table[index[i + AHEAD]];
+      if (a && __atomic_load_n(&a->refcount, __ATOMIC_RELAXED) == 1) {
+        if (a->storage) __builtin_prefetch(a->storage, 1);
+        if (a->grad_fn) {
+          __builtin_prefetch(a->grad_fn, 1);
+          __builtin_prefetch((const char *)a->grad_fn + 192, 1);
+        }
+      }
+    }
+    ddp_tensor *t = table[index[i]];
+    table[index[i]] = NULL;
+    ddp_tensor_release(t);
+  }
 }
 
 void ddp_tensor_free(ddp_tensor *t) {

@@ -165,6 +165,11 @@ void ddp_tensor_retain(ddp_tensor *t);
  * last one. NULL is ignored. */
 void ddp_tensor_release(ddp_tensor *t);
 
+/* Release the n tensors table[index[0]], ..., table[index[n - 1]] and set those entries to
+ * NULL (NULL entries are skipped): one call for a batch of references whose owners went
+ * away (the Lua front end's handle registry, Note [handle registry] in lua/ddplua/lib.lua). */
+void ddp_tensor_release_indexed(ddp_tensor **table, const int32_t *index, int64_t n);
+
 /* Free what this handle holds now (its storage reference, gradient and graph), leaving an
  * empty "freed" tensor: any later use is an error naming it as freed, never a crash.
  * Calling it twice is harmless. The handle itself still needs its ddp_tensor_release(). */

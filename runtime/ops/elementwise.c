@@ -324,17 +324,28 @@ static int binary_op(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, int op, dou
   const char *name = BIN_NAMES[op];
   *out = NULL;
   DDP_TRY(check_pair(a, b, name));
-  int64_t shape[DDP_MAX_DIMS];
-  int nd;
-  DDP_TRY(broadcast_pair(a, b, name, shape, &nd));
+  /* operands of one shape are their own broadcast views (a size-1 dimension keeps its
+   * stride, which no kernel reads: the iterators drop such dimensions) */
+  int same = a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
+  const int64_t *shape = a->shape;
+  int64_t bshape[DDP_MAX_DIMS];
+  int nd = a->ndim;
+  if (!same) {
+    DDP_TRY(broadcast_pair(a, b, name, bshape, &nd));
+    shape = bshape;
+  }
   int dt = binary_result(op, promote_tensors(a, b), name);
   if (dt < 0) return ddp_last_status();
   ddp_tensor *pair[2] = {a, b};
   DDP_TRY(ddp_tensor_empty(out, nd, shape, dt, operands_device(2, pair)));
-  ddp_tensor va, vb;
-  bcast_view(&va, a, nd, shape);
-  bcast_view(&vb, b, nd, shape);
-  int status = run_binary(*out, &va, &vb, op, alpha, name);
+  ddp_tensor va, vb, *pa = a, *pb = b;
+  if (!same) {
+    bcast_view(&va, a, nd, shape);
+    bcast_view(&vb, b, nd, shape);
+    pa = &va;
+    pb = &vb;
+  }
+  int status = run_binary(*out, pa, pb, op, alpha, name);
   if (status) return drop(out, status);
   ddp_tensor *inputs[2] = {a, b};
   if (!ddp_autograd_needed(2, inputs) || !ddp_dtype_is_floating(dt)) return DDP_OK;

@@ -153,14 +153,24 @@ end
 --
 -- Note [pointer plus number]: a tensor handle is a pointer to an opaque struct, so for
 -- `t + 2`, `2 + t` and `t - 2` LuaJIT first considers pointer arithmetic; its trace recorder
--- (Debian's 2.1.0-beta3) then compiles the fallback to the metamethod wrongly and the
--- process crashes once the loop is hot (reproduced with a bare opaque struct, no ddplua).
--- Keeping __add and __sub out of the JIT avoids it; they run interpreted (a few hundred ns
--- more per call). t:add(u) and dl.add(a, b) are unaffected and stay compiled.
-meta.__add = function(a, b) return add(a, b) end
-meta.__sub = function(a, b) return sub(a, b) end
-jit.off(meta.__add)
-jit.off(meta.__sub)
+-- (Debian's 2.1.0-beta3) then compiled the fallback to the metamethod wrongly and the
+-- process crashed once the loop was hot (reproduced with a bare opaque struct, no ddplua,
+-- while every handle still had its own ffi.gc finaliser). A number operand therefore goes
+-- through a function kept out of the JIT, so a trace that records pointer-plus-number
+-- arithmetic always aborts and that form runs interpreted; tensor + tensor never takes
+-- that path and is compiled like t:add(u).
+local function add_number(a, b) return add(a, b) end
+local function sub_number(a, b) return sub(a, b) end
+jit.off(add_number)
+jit.off(sub_number)
+meta.__add = function(a, b)
+  if type(a) == "number" or type(b) == "number" then return add_number(a, b) end
+  return add(a, b)
+end
+meta.__sub = function(a, b)
+  if type(a) == "number" or type(b) == "number" then return sub_number(a, b) end
+  return sub(a, b)
+end
 meta.__mul = mul
 meta.__div = div
 meta.__pow = pow
