@@ -2,9 +2,10 @@
  * pg_internal.h): collectives on host memory, run in order on the group's communication
  * thread (pg_queue.c), through the Gloo shim (gloo_shim.h, gloo_shim.cc), and all-reduce of
  * f32/f64, broadcast, all-gather and barrier through shared memory instead when every rank is
- * on this host (pg_shm.h; $DDPLUA_SHM=0 turns that off). Blocking collectives through shared
- * memory run on the calling thread when the queue is idle (Note [inline collectives] in
- * pg_queue.c). This file owns the tensor staging (contiguous copies,
+ * on this host (pg_shm.h; $DDPLUA_SHM=0 turns that off); a group whose ranks span hosts, with
+ * several on some host, all-reduces hierarchically (Note [hierarchical all-reduce]). Blocking
+ * collectives through shared memory run on the calling thread when the queue is idle (Note
+ * [inline collectives] in pg_queue.c). This file owns the tensor staging (contiguous copies,
  * f16/bf16 through f32, AVG as SUM then divide) and the error messages naming ranks.
  *
  * Note [gloo staging]: the gloo backend given CUDA tensors runs the collective on host
@@ -32,6 +33,12 @@ enum { PEER_LOCAL = -2, PEER_MISMATCH = -3 };
 typedef struct gloo_state {
   ddp_gloo *gloo;
   ddp_shm *shm;             /* NULL: all-reduce goes through Gloo too */
+  /* Note [hierarchical all-reduce]: set when the ranks span hosts and some host has several */
+  int hier;                 /* 1: all-reduce of f32/f64 goes node, leaders, node */
+  ddp_shm *node_shm;        /* this host's ranks (NULL when this rank is alone on its host) */
+  ddp_gloo *leaders;        /* the hosts' leaders (NULL on other ranks) */
+  int *node_members;        /* group ranks on this host, ascending (node_shm's rank order) */
+  int *leader_ranks;        /* group rank of each leader, ascending (leaders' rank order) */
   ddp_gloo_store store_ops;
   double applied_timeout_s; /* the Gloo context's, touched by the communication thread only */
 } gloo_state;
@@ -114,6 +121,11 @@ static int via_shm(ddp_pg *pg, const ddp_work *w) {
   }
 }
 
+/* 1 when w goes the hierarchical way (Note [hierarchical all-reduce]). */
+static int via_hier(ddp_pg *pg, const ddp_work *w) {
+  return state(pg)->hier && w->kind == PG_ALLREDUCE && ddp_shm_supports(reduce_dtype(w->t->dtype));
+}
+
 /* Exchange w's fingerprint with the group and compare: through the segment's arrival step
  * when the group has one (op: the collective through the segment, whose first step rides
  * on the arrival; NULL for one that goes through Gloo or a barrier), else a fixed-size Gloo
@@ -171,6 +183,77 @@ static int run_shm(ddp_pg *pg, ddp_work *w, const ddp_shm_op *op, char *err, int
   return status;
 }
 
+/* Note [hierarchical all-reduce]: a gloo group whose ranks span several hosts, some host
+ * holding more than one of them, all-reduces f32/f64 in three steps, after the two-level scheme
+ * of Horovod's hierarchical allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE,
+ * NCCLHierarchicalAllreduce: within the node, between one rank per node, back within it): (1)
+ * the ranks of each host all-reduce through that host's shared-memory segment; (2) the lowest
+ * group rank on each host (its leader) all-reduces the host sums with the other leaders through
+ * a Gloo context of the leaders alone; (3) each host's segment broadcasts its leader's result.
+ * Each element then crosses the network once per host instead of once per rank (a 4-rank ring
+ * over 2 hosts sends 1.5 tensor sizes across each host boundary, the leaders' ring of 2 one).
+ * Bits: the leaders' Gloo ring computes each chunk once and copies it, so the leaders agree
+ * bitwise, and the broadcast copies their bits, so every rank ends with the same bits (though
+ * summed in another order than the flat ring: results may differ from $DDPLUA_HIERARCHICAL=0 in
+ * the last bits). Chosen at group creation from the host identities ddp_shm_new published
+ * (pg_create): only when every rank's identity is known, there are >= 2 hosts and one holds >=
+ * 2 ranks, every host of >= 2 ranks got its segment, and $DDPLUA_HIERARCHICAL is not "0" on any
+ * rank (a user's switch for comparing with the flat ring; the ranks vote, so none splits off).
+ * Everything else (other collectives, other dtypes, single-host groups) is as before; the
+ * fingerprint check stays the group's (a Gloo all-gather before the data), the work item and
+ * its flight-recorder entry are the group's one all_reduce, every step waits at most the
+ * group's timeout, and a failure names the group rank at fault and breaks the group. */
+
+/* One step of run_hier through this host's segment: arrival (with the group's fingerprint,
+ * already agreed by the whole group) then op; a failing peer as a group rank. */
+static int node_step(gloo_state *s, const pg_fp *mine, const ddp_shm_op *so, char *err,
+                     int *peer) {
+  int nn = 0, agreed = 0, status;
+  while (s->node_members[nn] >= 0) nn++;
+  pg_fp *all = malloc(sizeof(pg_fp) * (size_t)nn);
+  if (!all) {
+    snprintf(err, DDP_GLOO_ERR_CAP, "out of memory for the fingerprints");
+    *peer = PEER_LOCAL;
+    return DDP_ERR_MEMORY;
+  }
+  status = ddp_shm_arrive(s->node_shm, mine, sizeof *mine, pg_fp_digest(mine), all, &agreed, so,
+                          s->applied_timeout_s, err, peer);
+  free(all);
+  if (!status && !agreed) { /* cannot happen: the group's fingerprints agreed just before */
+    snprintf(err, DDP_GLOO_ERR_CAP, "the ranks of this host disagree on the all_reduce");
+    *peer = -1;
+    return DDP_ERR_STATE;
+  }
+  if (!status) status = ddp_shm_run(s->node_shm, so, s->applied_timeout_s, err, peer);
+  if (status && *peer >= 0) *peer = s->node_members[*peer];
+  return status;
+}
+
+/* Note [hierarchical all-reduce] on the staged buffer buf (op without AVG). */
+static int run_hier(ddp_pg *pg, ddp_work *w, ddp_tensor *buf, int op, char *err, int *peer) {
+  gloo_state *s = state(pg);
+  int status = DDP_OK;
+  pg_fp mine;
+  pg_fp_make(&mine, pg, w, w->seq);
+  if (s->node_shm) {
+    ddp_shm_op so = {DDP_SHM_ALLREDUCE, ddp_data(buf), NULL, (size_t)buf->numel, buf->dtype, op, 0};
+    if ((status = node_step(s, &mine, &so, err, peer))) return status;
+  }
+  if (s->leaders) {
+    status = ddp_gloo_allreduce(s->leaders, ddp_data(buf), (size_t)buf->numel, buf->dtype, op,
+                                err, peer);
+    if (status) {
+      if (*peer >= 0) *peer = s->leader_ranks[*peer];
+      return status;
+    }
+  }
+  if (s->node_shm) {
+    ddp_shm_op so = {DDP_SHM_BROADCAST, ddp_data(buf), NULL, nbytes_of(buf), buf->dtype, 0, 0};
+    status = node_step(s, &mine, &so, err, peer);
+  }
+  return status;
+}
+
 /* All-gather the staged bytes of buf into obuf (rank-major): through the segment when the
  * work goes that way, else Gloo. */
 static int allgather_bytes(ddp_pg *pg, ddp_work *w, ddp_gloo *g, ddp_tensor *obuf,
@@ -205,7 +288,9 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
         ddp_shm_op so = {DDP_SHM_ALLREDUCE, ddp_data(buf), NULL, (size_t)buf->numel, buf->dtype,
                          op, 0};
         status = run_shm(pg, w, &so, err, peer);
-      } else
+      } else if (via_hier(pg, w))
+        status = run_hier(pg, w, buf, op, err, peer);
+      else
         status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err,
                                     peer);
       if (!status && w->op == DDP_REDUCE_AVG) divide(buf, n);
@@ -404,6 +489,7 @@ static int gloo_run(ddp_pg *pg, ddp_work *w) {
   gloo_state *s = state(pg);
   if (timeout_s != s->applied_timeout_s) { /* ddp_pg_set_timeout since the last item */
     ddp_gloo_set_timeout(s->gloo, timeout_s);
+    if (s->leaders) ddp_gloo_set_timeout(s->leaders, timeout_s);
     s->applied_timeout_s = timeout_s;
   }
   char err[DDP_GLOO_ERR_CAP];
@@ -540,8 +626,94 @@ static void gloo_work_free(ddp_work *w) {
 static void gloo_state_free(gloo_state *s) {
   if (!s) return;
   ddp_shm_free(s->shm);
+  ddp_shm_free(s->node_shm);
+  ddp_gloo_free(s->leaders);
   ddp_gloo_free(s->gloo);
+  free(s->node_members);
+  free(s->leader_ranks);
   free(s);
+}
+
+/* The group's minimum of v over Gloo (a creation-time vote: every rank gets the same). */
+static int vote_min(gloo_state *s, int64_t *v, int me, const char *what) {
+  char err[DDP_GLOO_ERR_CAP];
+  int peer = -1;
+  int status = ddp_gloo_allreduce(s->gloo, v, 1, DDP_I64, DDP_REDUCE_MIN, err, &peer);
+  if (status) DDP_FAIL(status, "init_process_group: rank %d, %s: %s", me, what, err);
+  return DDP_OK;
+}
+
+/* Set up Note [hierarchical all-reduce] for a connected group without a segment; leaves
+ * s->hier 0 (every rank alike) when it does not apply. Errors: a failed vote, or a leader's
+ * Gloo context that could not connect (on every rank: the vote tells them). */
+static int hier_setup(gloo_state *s, ddp_store *store, const char *prefix, int rank, int size,
+                      const int *global, const char *host, const char *iface, double timeout_s) {
+  int me = global[rank], known = 0, nhosts = 0, nn = 0, node_rank = 0, li = -1;
+  int *leader = malloc(sizeof(int) * (size_t)size);
+  int *node_global = malloc(sizeof(int) * (size_t)size);
+  s->node_members = malloc(sizeof(int) * (size_t)(size + 1));
+  s->leader_ranks = malloc(sizeof(int) * (size_t)size);
+  int status = DDP_OK;
+  if (!leader || !node_global || !s->node_members || !s->leader_ranks) {
+    status = DDP_ERROR(DDP_ERR_MEMORY, "init_process_group: out of memory");
+    goto done;
+  }
+  if ((status = ddp_shm_hosts(store, prefix, rank, size, global, leader, &known))) goto done;
+  for (int r = 0; r < size; r++) {
+    if (leader[r] == r) {
+      if (r == rank) li = nhosts;
+      s->leader_ranks[nhosts++] = r;
+    }
+    if (leader[r] == leader[rank]) {
+      if (r == rank) node_rank = nn;
+      node_global[nn] = global[r];
+      s->node_members[nn++] = r;
+    }
+  }
+  s->node_members[nn] = -1;
+  const char *env = getenv("DDPLUA_HIERARCHICAL");
+  int64_t want = known && nhosts >= 2 && nhosts < size && !(env && strcmp(env, "0") == 0);
+  if ((status = vote_min(s, &want, me, "hierarchical all-reduce vote"))) goto done;
+  if (!want) goto done;
+
+  /* 2: ready; 1: this host's ranks got no segment (all go flat, as ddp_shm_new's own
+   * fallback); 0: this rank failed (every rank fails the group). */
+  int64_t ready = 2;
+  char sub[600], err[DDP_GLOO_ERR_CAP] = "";
+  if (nn >= 2) {
+    snprintf(sub, sizeof sub, "%s/hier/node%d", prefix, leader[rank]);
+    if ((status = ddp_shm_new(&s->node_shm, store, sub, node_rank, nn, node_global))) ready = 0;
+    else if (!s->node_shm) ready = 1;
+  }
+  if (ready && li >= 0) {
+    snprintf(sub, sizeof sub, "%s/hier/leaders", prefix);
+    status = ddp_gloo_new(&s->leaders, &s->store_ops, sub, li, nhosts, iface ? NULL : host, iface,
+                          timeout_s, err);
+    if (status) {
+      ready = 0;
+      DDP_ERROR(status, "init_process_group: rank %d could not connect the Gloo context of the "
+                "hosts' leaders '%s': %s", me, sub, err);
+    }
+  }
+  int64_t all_ready = ready;
+  int vote = vote_min(s, &all_ready, me, "hierarchical all-reduce setup");
+  if (!status) status = vote;
+  if (!status && all_ready == 0)
+    status = DDP_ERROR(DDP_ERR_STATE, "init_process_group: rank %d: another rank failed to set "
+                       "up the hierarchical all-reduce of group '%s' ($DDPLUA_HIERARCHICAL=0 "
+                       "turns it off)", me, prefix);
+  if (!status && all_ready == 2) s->hier = 1;
+
+done:
+  if (!s->hier) {
+    ddp_shm_free(s->node_shm);
+    ddp_gloo_free(s->leaders);
+    s->node_shm = NULL;
+    s->leaders = NULL;
+  }
+  free(leader);
+  free(node_global);
+  return status;
 }
 
 /* Build a group: rendezvous, connect, sanity check, start the threads. `global` (size
@@ -595,6 +767,8 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
 
   /* After the sanity all-reduce: every rank is connected, so the vote cannot split. */
   status = ddp_shm_new(&s->shm, store, prefix, rank, size, global);
+  if (!status && !s->shm && size >= 2)
+    status = hier_setup(s, store, prefix, rank, size, global, host, iface, timeout_s);
   if (!status) status = pg_queue_start(pg, gloo_run, gloo_complete);
   if (status) goto failed;
   *out = pg;

@@ -288,6 +288,34 @@ static int setup_failed(const char *prefix, int me, const char *what) {
   return ddp_last_status();
 }
 
+int ddp_shm_hosts(ddp_store *store, const char *prefix, int rank, int world_size,
+                  const int *global, int *leader, int *known) {
+  char **ids = calloc((size_t)world_size, sizeof *ids), key[768];
+  if (!ids) return DDP_ERROR(DDP_ERR_MEMORY, "init_process_group: out of memory");
+  int status = DDP_OK;
+  *known = 1;
+  for (int r = 0; r < world_size; r++) {
+    leader[r] = r;
+    snprintf(key, sizeof key, "%s/ddp_shm/host/%d", prefix, r);
+    if (store_get_str(store, key, &ids[r])) {
+      status = setup_failed(prefix, global[rank], "host identity");
+      break;
+    }
+    if (strcmp(ids[r], "off") == 0) *known = 0;
+  }
+  for (int r = 0; !status && *known && r < world_size; r++)
+    for (int l = 0; l < r; l++)
+      if (strcmp(ids[l], ids[r]) == 0) {
+        leader[r] = l;
+        break;
+      }
+  if (!*known)
+    for (int r = 0; r < world_size; r++) leader[r] = r;
+  for (int r = 0; r < world_size; r++) ddp_store_free_value(ids[r]);
+  free(ids);
+  return status;
+}
+
 int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, int world_size,
                 const int *global) {
   *out = NULL;

@@ -37,6 +37,15 @@ typedef struct ddp_shm ddp_shm;
 int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, int world_size,
                 const int *global);
 
+/* The hosts of a group whose ranks ddp_shm_new (called first, on every rank) found on
+ * different hosts: leader[r] = the lowest group rank on the same host as group rank r,
+ * from the host identities ddp_shm_new published under `prefix`. *known = 0 (and leader[r]
+ * = r) when some rank published no identity ($DDPLUA_SHM=0 there, or unreadable): nobody
+ * may then assume shared memory with anyone. Every rank reads the same values, so every
+ * rank gets the same answer. Fails (core error set) only when the store does. */
+int ddp_shm_hosts(ddp_store *store, const char *prefix, int rank, int world_size,
+                  const int *global, int *leader, int *known);
+
 /* 1 when ddp_shm_run takes all-reduce buffers of this dtype (f32, f64), else 0. */
 int ddp_shm_supports(int dtype);
 
