@@ -21,12 +21,7 @@ describe("README.md", function()
   before_each(function() dir = files.tmpdir("readme") end)
   after_each(function() files.remove(dir) end)
 
-  local function write(name, text)
-    local f = assert(io.open(dir .. "/" .. name, "w"))
-    f:write(text)
-    f:close()
-    return dir .. "/" .. name
-  end
+  local function write(name, text) return files.write(dir, name, text) end
 
   it("has Lua snippets that run as written #dist", function()
     local n = 0

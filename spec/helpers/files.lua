@@ -26,6 +26,15 @@ function M.read(path)
   return s
 end
 
+--- Write `text` to dir/name (replacing it); returns the path.
+function M.write(dir, name, text)
+  local path = dir .. "/" .. name
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+  return path
+end
+
 --- Run a shell command with stderr merged into stdout; returns (exit status, output).
 -- LuaJIT's popen:close() does not report the exit status, so the shell prints it last.
 function M.run(cmd)

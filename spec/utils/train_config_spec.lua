@@ -8,12 +8,7 @@ describe("ddplua.utils.train_config", function()
   before_each(function() dir = files.tmpdir("config") end)
   after_each(function() files.remove(dir) end)
 
-  local function write(name, text)
-    local f = assert(io.open(dir .. "/" .. name, "w"))
-    f:write(text)
-    f:close()
-    return dir .. "/" .. name
-  end
+  local function write(name, text) return files.write(dir, name, text) end
 
   it("fills defaults and applies overrides", function()
     local path = write("tiny.lua", 'return { model = "mlp", optimizer = { name = "Adam", lr = 0.001 } }')
