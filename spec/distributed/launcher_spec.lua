@@ -21,21 +21,11 @@ local function temp_file(text)
   return path
 end
 
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local files = require "files"
+local read_file = files.read_if_exists
 
 -- A fresh directory (removed by the caller).
-local function temp_dir()
-  local path = os.tmpname()
-  os.remove(path)
-  assert(os.execute("mkdir -p " .. sh(path)) == 0)
-  return path
-end
+local function temp_dir() return files.tmpdir("launcher") end
 
 -- Run the executable with `args` (already quoted) and the environment prefix `env` (e.g.
 -- "env -u X"). Returns stdout, stderr, exit status and the wall time in seconds.

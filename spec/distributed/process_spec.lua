@@ -4,20 +4,10 @@
 local lib = require "ddplua.lib"
 local ffi, C = lib.ffi, lib.C
 
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local files = require "files"
+local read_file = files.read_if_exists
 
-local function temp_dir()
-  local path = os.tmpname()
-  os.remove(path)
-  assert(os.execute("mkdir -p '" .. path .. "'") == 0)
-  return path
-end
+local function temp_dir() return files.tmpdir("process") end
 
 local function new_group(fields)
   local cfg = ffi.new("ddp_procs_config", fields)

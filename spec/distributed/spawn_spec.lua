@@ -8,13 +8,8 @@ pcall(ffi.cdef, "int kill(int pid, int sig);")
 pcall(ffi.cdef, "int usleep(unsigned int usec);")
 pcall(ffi.cdef, "long sysconf(int name);")
 
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local files = require "files"
+local read_file = files.read_if_exists
 
 local function write_file(path, text)
   local f = assert(io.open(path .. ".tmp", "w"))
@@ -23,12 +18,7 @@ local function write_file(path, text)
   assert(os.rename(path .. ".tmp", path))
 end
 
-local function temp_dir()
-  local path = os.tmpname()
-  os.remove(path)
-  assert(os.execute("mkdir -p '" .. path .. "'") == 0)
-  return path
-end
+local function temp_dir() return files.tmpdir("spawn") end
 
 -- Running, not a zombie left to an init that does not reap.
 local function alive(pid)

@@ -26,6 +26,15 @@ function M.read(path)
   return s
 end
 
+--- The whole content of a file, or nil when it cannot be opened (not there yet).
+function M.read_if_exists(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
 --- Write `text` to dir/name (replacing it); returns the path.
 function M.write(dir, name, text)
   local path = dir .. "/" .. name

@@ -43,13 +43,7 @@ local function sleep(seconds) C.usleep(math.floor(seconds * 1e6)) end
 
 local function quote(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
 
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_file = require("files").read_if_exists
 
 local function write_file(path, text)
   local f = assert(io.open(path, "w"))
