@@ -477,6 +477,9 @@ function M.all_gather(out, t, opts)
   check(C.ddp_pg_allgather_list(wbox(opts), h, arr, n, t))
   return finish(opts, out, nil, out)
 end
+--- dist.all_gather_into_tensor(out, t, opts): PyTorch's name for dist.all_gather into one
+-- output tensor out (world, ...t's shape) of t's dtype (row r+1 receives group rank r's t);
+-- same opts, errors and return as dist.all_gather.
 M.all_gather_into_tensor = function(out, t, opts) return M.all_gather(out, t, opts) end
 
 --- dist.reduce_scatter(out, input, opts): input is one tensor (world * m, ...) or a list of

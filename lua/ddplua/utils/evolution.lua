@@ -122,7 +122,7 @@ function M.breed(evaluated, space, rng, opts)
     end
   end
   local pop_size = opts.pop_size
-  if type(pop_size) ~= "number" or pop_size < 1 then error("evolution.breed: pop_size must be >= 1", 2) end
+  if type(pop_size) ~= "number" or pop_size < 1 then error("evolution.breed: pop_size must be a number >= 1, got " .. tostring(pop_size), 2) end
   local pool = {}
   for _, ind in ipairs(evaluated) do
     if type(ind.loss) == "number" and ind.loss == ind.loss then pool[#pool + 1] = ind end
