@@ -14,11 +14,7 @@ local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 local nodes = "tools/netns_nodes.sh"
 local q = files.quote
 
-local unavailable
-do
-  local status, out = files.run(nodes .. " check")
-  if status ~= 0 then unavailable = (out:gsub("%s+$", "")) end
-end
+local unavailable = require("tool_check").unavailable(nodes)
 
 -- Each rank: an all-reduce of rank-dependent values whose sums are exact in f32 (wrong:
 -- elements that differ from the sum over ranks), one of random values (differ: elements

@@ -12,11 +12,7 @@ local nodes = "tools/netns_nodes.sh"
 local q = files.quote
 
 -- nil when namespace nodes work here, else why not.
-local unavailable
-do
-  local status, out = files.run(nodes .. " check")
-  if status ~= 0 then unavailable = (out:gsub("%s+$", "")) end
-end
+local unavailable = require("tool_check").unavailable(nodes)
 
 local function skip()
   if unavailable then

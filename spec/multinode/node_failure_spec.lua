@@ -11,11 +11,7 @@ local files = require "files"
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 local q = files.quote
 
-local unavailable
-do
-  local status, out = files.run("tools/netns_nodes.sh check")
-  if status ~= 0 then unavailable = out:gsub("%s+$", "") end
-end
+local unavailable = require("tool_check").unavailable("tools/netns_nodes.sh")
 
 local LOOP = [[
 local dl = require "ddplua"

@@ -11,14 +11,11 @@ local files = require "files"
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 local q = files.quote
 
-local unavailable
-do
-  local status, out = files.run("tools/slurm_local.sh check")
-  if status ~= 0 then unavailable = out:gsub("%s+$", "") end
-  if not unavailable then
-    status, out = files.run("tools/netns_nodes.sh check")
-    if status ~= 0 then unavailable = "namespace nodes: " .. out:gsub("%s+$", "") end
-  end
+local tool_check = require "tool_check"
+local unavailable = tool_check.unavailable("tools/slurm_local.sh")
+if not unavailable then
+  local why = tool_check.unavailable("tools/netns_nodes.sh")
+  unavailable = why and "namespace nodes: " .. why
 end
 
 -- The README's sbatch script (the ```bash block with #SBATCH lines).
