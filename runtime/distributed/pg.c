@@ -319,6 +319,23 @@ static int check_stacked(const ddp_pg *pg, const ddp_tensor *out, const ddp_tens
   return DDP_OK;
 }
 
+/* Gather/scatter: the root rank alone passes the stacked (world, ...t's shape) tensor; every
+ * other rank passes NULL. role names the root ("destination"/"source"). */
+static int check_root_stacked(const ddp_pg *pg, int root, const ddp_tensor *stacked,
+                              const ddp_tensor *t, const char *op, const char *role,
+                              const char *stacked_name, const char *t_name) {
+  if (pg->rank != root) {
+    if (stacked)
+      DDP_FAIL(DDP_ERR_ARG, "%s: only the %s rank %d takes an %s tensor (this is rank %d)", op,
+               role, root, stacked_name, pg->rank);
+    return DDP_OK;
+  }
+  if (!stacked)
+    DDP_FAIL(DDP_ERR_ARG, "%s: the %s rank %d needs an %s tensor", op, role, root, stacked_name);
+  DDP_TRY(check_tensor(pg, stacked, op, stacked_name, 0));
+  return check_stacked(pg, stacked, t, op, stacked_name, t_name);
+}
+
 static int check_p2p(const ddp_pg *pg, int other, int tag, const char *op, const char *what) {
   DDP_TRY(check_root(pg, other, op, what));
   if (other == pg->rank)
@@ -465,14 +482,7 @@ int ddp_pg_gather(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *t, i
   DDP_TRY(check_group(pg, "gather"));
   DDP_TRY(check_tensor(pg, t, "gather", "tensor", 0));
   DDP_TRY(check_root(pg, root, "gather", "dst"));
-  if (pg->rank == root) {
-    if (!out) DDP_FAIL(DDP_ERR_ARG, "gather: the destination rank %d needs an output tensor", root);
-    DDP_TRY(check_tensor(pg, out, "gather", "output", 0));
-    DDP_TRY(check_stacked(pg, out, t, "gather", "output", "tensor"));
-  } else if (out) {
-    DDP_FAIL(DDP_ERR_ARG, "gather: only the destination rank %d takes an output tensor (this is "
-             "rank %d)", root, pg->rank);
-  }
+  DDP_TRY(check_root_stacked(pg, root, out, t, "gather", "destination", "output", "tensor"));
   NEW_WORK(w, pg, PG_GATHER);
   w->t = keep(t);
   w->out = out ? keep(out) : NULL;
@@ -485,14 +495,7 @@ int ddp_pg_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
   DDP_TRY(check_group(pg, "scatter"));
   DDP_TRY(check_tensor(pg, out, "scatter", "output", 0));
   DDP_TRY(check_root(pg, root, "scatter", "src"));
-  if (pg->rank == root) {
-    if (!in) DDP_FAIL(DDP_ERR_ARG, "scatter: the source rank %d needs an input tensor", root);
-    DDP_TRY(check_tensor(pg, in, "scatter", "input", 0));
-    DDP_TRY(check_stacked(pg, in, out, "scatter", "input", "output"));
-  } else if (in) {
-    DDP_FAIL(DDP_ERR_ARG, "scatter: only the source rank %d takes an input tensor (this is rank %d)",
-             root, pg->rank);
-  }
+  DDP_TRY(check_root_stacked(pg, root, in, out, "scatter", "source", "input", "output"));
   NEW_WORK(w, pg, PG_SCATTER);
   w->t = in ? keep(in) : NULL;
   w->out = keep(out);

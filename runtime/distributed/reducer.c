@@ -325,7 +325,9 @@ int reducer_copy_back(ddp_reducer *r) {
 static int finalize_backward(ddp_reducer *r) {
   if (r->failed) {
     int status = r->failure_status;
-    ddp_fail_at(__FILE__, __LINE__, status, "%s", r->failure);
+    /* r->failure is NULL when strdup ran out of memory keeping the hook's message. */
+    ddp_fail_at(__FILE__, __LINE__, status, "%s",
+                r->failure ? r->failure : "DistributedDataParallel: a gradient hook failed");
     return status;
   }
   reducer_stats_backward_end(r);
