@@ -2,31 +2,69 @@
  * can tell its collector how much C memory its handles hold (DESIGN.md).
  *
  * Note [block cache]: a training step allocates the same large sizes every iteration
- * (activations, gradients, im2col buffers). Served by glibc, each large block is a fresh
- * mmap whose pages fault in on first touch, which once made an out-of-place add on 16 MiB
- * four times slower than the same add in place. Freed blocks above CACHE_MIN are therefore
- * kept in a small cache and handed out again to a request of the same rounded size; the
- * cache holds at most DDPLUA_CPU_CACHE_MB (default 1024) MiB and is emptied, and the
- * allocation retried, when the system refuses memory. ddp_memory_empty_cache() returns it
- * all. Small blocks come from plain malloc (glibc's per-thread cache is fast; memalign on
- * small blocks made glibc consolidate its fast bins on every call). */
+ * (activations, gradients, im2col buffers). Each large block is a fresh mapping whose pages
+ * fault in on first touch, which once made an out-of-place add on 16 MiB four times slower
+ * than the same add in place. Freed blocks of CACHE_MIN bytes and more are therefore kept
+ * in a cache of page ranges and handed out again, in this order of preference:
+ *   1. a cached range of the request's page-rounded size;
+ *   2. the head of the smallest larger range (the tail stays cached);
+ *   3. when a new mapping would take the process's tensor memory (live plus cached) past
+ *      the most that was ever live: new address space into which the cached ranges' pages
+ *      are moved (mremap moves page-table entries: no copy, no page fault), largest first,
+ *      fresh pages covering what they do not;
+ *   4. a new mapping (mmap).
+ * A freed block merges with the cached ranges right before and after it, so pieces carved
+ * from one range grow back into it. An exact-size cache (as before) kept blocks of sizes
+ * that no request of the moment wanted: 44 MiB in a CNN step whose tensors never passed
+ * 26 MiB, the largest part of `ddplua train.lua`'s peak RSS (issue 16 part 4); with carving
+ * and merging the cache settles at what the step needs (27 MiB there) and a training loop
+ * reaches a state with no system call and no page fault per step (steps 3 and the
+ * mremap are for the first steps, while the sizes settle). Large blocks are mapped
+ * directly rather than taken from malloc: glibc raises its mmap threshold after a large
+ * free and then serves blocks of up to 32 MiB from its heaps, where freed ones stay
+ * resident and cannot be carved. The cache holds at most DDPLUA_CPU_CACHE_MB (default
+ * 1024) MiB and is emptied, and the allocation retried, when the system refuses memory.
+ * ddp_memory_empty_cache() returns it all. Small blocks come from plain malloc (glibc's
+ * per-thread cache is fast; memalign on small blocks made glibc consolidate its fast bins
+ * on every call). Under AddressSanitizer large blocks come from malloc (so that ASan sees
+ * each one) and only exact sizes are reused. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* mremap */
+#endif
 #include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "core/core.h"
 
 static int64_t live_bytes, peak_bytes;
+static int64_t most_live_bytes; /* the highest live_bytes ever (peak_bytes may be reset) */
 
 enum { SMALL_BLOCK = 1024 };                 /* up to this: malloc, 16-byte aligned */
-enum { CACHE_MIN = 64 * 1024 };              /* from this size up: cached when freed */
-enum { CACHE_SLOTS = 64, PAGE = 4096 };
+enum { CACHE_MIN = 64 * 1024 };              /* from this size up: mapped, cached when freed */
+enum { CACHE_SLOTS = 64, PAGE = 4096 };      /* PAGE >= DDP_ALIGNMENT: mappings are aligned */
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct { void *p; size_t size; } cache[CACHE_SLOTS];
 static int cache_count;
 static size_t cache_bytes, cache_cap;
 static int cache_ready;
+
+/* ---- large blocks: whole pages, mapped (Note [block cache]) ---- */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CARVE 0 /* ASan sees malloc's blocks: exact-size reuse only */
+static void *map_block(size_t size) { return aligned_alloc(DDP_ALIGNMENT, size); }
+static void unmap_block(void *p, size_t size) { (void)size; free(p); }
+#else
+#define CARVE 1
+static void *map_block(size_t size) {
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+static void unmap_block(void *p, size_t size) { munmap(p, size); }
+#endif
 
 static void cache_child_after_fork(void) { pthread_mutex_init(&cache_lock, NULL); }
 
@@ -43,49 +81,105 @@ static void cache_init(void) {
 /* The size a large request really takes: whole pages, so near sizes share blocks. */
 static size_t large_size(size_t nbytes) { return (nbytes + PAGE - 1) / PAGE * PAGE; }
 
+/* Under cache_lock: drop entry i. */
+static void cache_remove(int i) {
+  cache_bytes -= cache[i].size;
+  memmove(&cache[i], &cache[i + 1], (size_t)(cache_count - i - 1) * sizeof cache[0]);
+  cache_count--;
+}
+
+/* A block of `size` bytes of cached pages, or NULL when no cached block is that large
+ * (Note [block cache]): a cached block of that size, else the head of the smallest larger
+ * one (its tail stays cached). */
 static void *cache_take(size_t size) {
-  void *p = NULL;
   pthread_mutex_lock(&cache_lock);
   cache_init();
+  int exact = -1, larger = -1;
   for (int i = cache_count - 1; i >= 0; i--) {
-    if (cache[i].size != size) continue;
-    p = cache[i].p;
+    if (cache[i].size == size) {
+      exact = i;
+      break;
+    }
+    if (cache[i].size > size && (larger < 0 || cache[i].size < cache[larger].size)) larger = i;
+  }
+  void *p = NULL;
+  if (exact >= 0) {
+    p = cache[exact].p;
+    cache_remove(exact);
+  } else if (CARVE && larger >= 0) {
+    p = cache[larger].p;
+    cache[larger].p = (char *)p + size; /* the tail stays cached, its pages in place */
+    cache[larger].size -= size;
     cache_bytes -= size;
-    cache[i] = cache[--cache_count];
-    break;
+  } else if (CARVE && cache_count > 0 &&
+             __atomic_load_n(&live_bytes, __ATOMIC_RELAXED) + (int64_t)(cache_bytes + size) >
+                 __atomic_load_n(&most_live_bytes, __ATOMIC_RELAXED)) {
+    /* new pages would take the process past the most it ever had live: move the cached
+     * blocks' pages into new address space instead, largest first (mremap moves page-table
+     * entries: no copy, no page faults); fresh pages fill what they do not cover */
+    p = map_block(size);
+    size_t filled = 0;
+    while (p && filled < size && cache_count > 0) {
+      int big = 0;
+      for (int i = 1; i < cache_count; i++)
+        if (cache[i].size > cache[big].size) big = i;
+      size_t part = cache[big].size < size - filled ? cache[big].size : size - filled;
+      if (mremap(cache[big].p, part, part, MREMAP_MAYMOVE | MREMAP_FIXED, (char *)p + filled) ==
+          MAP_FAILED)
+        break; /* the rest stays fresh pages */
+      filled += part;
+      if (part == cache[big].size) cache_remove(big);
+      else {
+        cache[big].p = (char *)cache[big].p + part;
+        cache[big].size -= part;
+        cache_bytes -= part;
+      }
+    }
   }
   pthread_mutex_unlock(&cache_lock);
   return p;
 }
 
-/* Keep p for reuse when there is room; else free it. When full, the oldest entry goes. */
+/* Keep p for reuse when there is room, merged with the cached blocks right before and after
+ * it (pieces carved from one block grow back into it); else unmap it. When full, the
+ * oldest entry goes. */
 static void cache_put(void *p, size_t size) {
   pthread_mutex_lock(&cache_lock);
   cache_init();
   if (size > cache_cap) {
     pthread_mutex_unlock(&cache_lock);
-    free(p);
+    unmap_block(p, size);
     return;
   }
-  void *evicted[CACHE_SLOTS];
+  for (int i = CARVE ? cache_count - 1 : -1; i >= 0; i--) {
+    if ((char *)cache[i].p + cache[i].size == (char *)p) { /* a cached block just before */
+      p = cache[i].p;
+      size += cache[i].size;
+      cache_remove(i);
+    } else if ((char *)p + size == (char *)cache[i].p) { /* one just after */
+      size += cache[i].size;
+      cache_remove(i);
+    } else continue;
+    i = cache_count; /* the merged block may now touch another: look again */
+  }
+  struct { void *p; size_t size; } evicted[CACHE_SLOTS];
   int n_evicted = 0;
   while (cache_count > 0 && (cache_count == CACHE_SLOTS || cache_bytes + size > cache_cap)) {
-    evicted[n_evicted++] = cache[0].p;
-    cache_bytes -= cache[0].size;
-    memmove(&cache[0], &cache[1], (size_t)(cache_count - 1) * sizeof cache[0]);
-    cache_count--;
+    evicted[n_evicted].p = cache[0].p;
+    evicted[n_evicted++].size = cache[0].size;
+    cache_remove(0);
   }
   cache[cache_count].p = p;
   cache[cache_count].size = size;
   cache_count++;
   cache_bytes += size;
   pthread_mutex_unlock(&cache_lock);
-  for (int i = 0; i < n_evicted; i++) free(evicted[i]);
+  for (int i = 0; i < n_evicted; i++) unmap_block(evicted[i].p, evicted[i].size);
 }
 
 void ddp_memory_empty_cache(void) {
   pthread_mutex_lock(&cache_lock);
-  for (int i = 0; i < cache_count; i++) free(cache[i].p);
+  for (int i = 0; i < cache_count; i++) unmap_block(cache[i].p, cache[i].size);
   cache_count = 0;
   cache_bytes = 0;
   pthread_mutex_unlock(&cache_lock);
@@ -105,6 +199,11 @@ static void count_alloc(size_t nbytes) {
          !__atomic_compare_exchange_n(&peak_bytes, &peak, live, 1, __ATOMIC_RELAXED,
                                       __ATOMIC_RELAXED)) {
   }
+  int64_t most = __atomic_load_n(&most_live_bytes, __ATOMIC_RELAXED);
+  while (live > most &&
+         !__atomic_compare_exchange_n(&most_live_bytes, &most, live, 1, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+  }
 }
 
 void *ddp_alloc(size_t nbytes) {
@@ -116,10 +215,10 @@ void *ddp_alloc(size_t nbytes) {
   } else {
     size_t size = large_size(nbytes);
     p = cache_take(size);
-    if (!p) p = aligned_alloc(DDP_ALIGNMENT, size);
+    if (!p) p = map_block(size);
     if (!p) { /* the system refused: give the cache back and try once more */
       ddp_memory_empty_cache();
-      p = aligned_alloc(DDP_ALIGNMENT, size);
+      p = map_block(size);
     }
   }
   if (!p) return NULL;
