@@ -106,6 +106,54 @@ static void mm_range(void *vctx, int64_t begin, int64_t end) {
   }
 }
 
+/* Note [small GEMM split]: one product of a training step at batch 64 is small (the MLP's
+ * 64x784 · 784x256 is 13 M multiply-adds, ~0.1 ms): OpenBLAS splits it over its own
+ * threads, which then spin in sched_yield between products, and its partition of such
+ * sizes kept the second core busy less than half the time (an MLP step with 2 threads ran
+ * 11% faster than with 1). From SPLIT_MIN_MNK to SPLIT_MAX_MNK multiply-adds a single
+ * product is therefore cut in two by us: the columns of the result (its rows, when there
+ * are more of those), the first part a multiple of SPLIT_ALIGN, each part one
+ * single-threaded GEMM, the two on the thread pool. The parts do not depend on the number
+ * of threads (one thread computes them one after the other), so the result is bitwise the
+ * same for any thread count; OpenBLAS's own threading gave other bits with 2 threads than
+ * with 1 for most of these shapes, and its single-threaded small-size kernels give bits
+ * that depend on where a column sits in the block, so whole-product and split results
+ * differ by rounding (sums over the same k, in f32, each element within k * 2^-24 of exact
+ * in relative terms). Two parts only: beyond 16 M multiply-adds OpenBLAS threads itself. */
+enum { SPLIT_ALIGN = 32 };
+#define SPLIT_MIN_MNK (256.0 * 1024)       /* below: one GEMM (a fork-join would dominate) */
+#define SPLIT_MAX_MNK (16.0 * 1024 * 1024) /* above: OpenBLAS's own threading */
+
+/* Where part 1 of a dimension of `size` starts: half of it, rounded up to SPLIT_ALIGN. */
+static int64_t split_at(int64_t size) {
+  int64_t half = (size + 1) / 2;
+  return (half + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
+}
+
+/* Parts [begin, end) (of 0, 1) of the single product j, cut by columns. */
+static void mm_cols(void *vctx, int64_t begin, int64_t end) {
+  const mm_job *j = vctx;
+  for (int64_t part = begin; part < end; part++) {
+    int64_t c0 = part ? split_at(j->m) : 0, c1 = part ? j->m : split_at(j->m);
+    /* column c0 of b: (k, m) row-major starts at c0; stored transposed (m, k) at row c0 */
+    const char *pb = j->b + (j->lb.trans ? c0 * j->lb.ld : c0) * j->esize;
+    j->kern->gemm(j->dtype, j->la.trans, j->lb.trans, j->n, c1 - c0, j->k, 1.0, j->a, j->la.ld,
+                  pb, j->lb.ld, 0.0, j->c + c0 * j->esize, j->m);
+  }
+}
+
+/* Parts [begin, end) (of 0, 1) of the single product j, cut by rows. */
+static void mm_rows(void *vctx, int64_t begin, int64_t end) {
+  const mm_job *j = vctx;
+  for (int64_t part = begin; part < end; part++) {
+    int64_t r0 = part ? split_at(j->n) : 0, r1 = part ? j->n : split_at(j->n);
+    /* row r0 of a: (n, k) row-major at row r0; stored transposed (k, n) at column r0 */
+    const char *pa = j->a + (j->la.trans ? r0 : r0 * j->la.ld) * j->esize;
+    j->kern->gemm(j->dtype, j->la.trans, j->lb.trans, r1 - r0, j->m, j->k, 1.0, pa, j->la.ld,
+                  j->b, j->lb.ld, 0.0, j->c + r0 * j->m * j->esize, j->m);
+  }
+}
+
 /* out (batch..., N, M), new and contiguous = a (..., N, K) · b (..., K, M), the batch
  * dimensions broadcast. a and b: detached, ndim >= 2, on one device, the same dtype (f32,
  * f64 or an integer type; f16 and bf16 too on a CUDA device), inner sizes already
@@ -182,10 +230,16 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
    * each threaded by OpenBLAS. */
   double mnk = (double)j.n * (double)j.m * (double)j.k;
   int64_t grain = (int64_t)(65536.0 / (mnk + 1.0)) + 1;
-  if (a->device == DDP_DEVICE_CPU && j.kern->gemm_threads_hold && batches >= 2 * grain &&
-      mnk <= 262144.0 && ddp_get_num_threads() > 1) {
+  int cpu_pool = a->device == DDP_DEVICE_CPU && j.kern->gemm_threads_hold;
+  if (cpu_pool && ddp_get_num_threads() > 1 && batches >= 2 * grain && mnk <= 262144.0) {
     int blas_threads = j.kern->gemm_threads_hold();
     ddp_parallel_for(batches, grain, mm_range, &j);
+    j.kern->gemm_threads_restore(blas_threads);
+  } else if (cpu_pool && batches == 1 && floating && mnk >= SPLIT_MIN_MNK && mnk <= SPLIT_MAX_MNK &&
+             (j.m > SPLIT_ALIGN || j.n > SPLIT_ALIGN)) {
+    /* Note [small GEMM split]: two parts, whatever the thread count */
+    int blas_threads = j.kern->gemm_threads_hold();
+    ddp_parallel_for(2, 1, j.m >= j.n ? mm_cols : mm_rows, &j);
     j.kern->gemm_threads_restore(blas_threads);
   } else {
     /* on a device: this thread, whose current stream and library handles are the ones */
