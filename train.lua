@@ -65,10 +65,11 @@ end
 -- of dead activations wait for it, or as much again as is live (the dataset's 55 MB). So
 -- the test pass starts and ends by collecting and emptying the CPU block cache, and
 -- collects after each batch (a full collection of this small Lua heap takes ~0.2 ms). The
--- test batches are as large as the training ones (64): a forward of the CNN on 256 samples
--- held ~90 MB of activations, the run's peak RSS, against ~20 MB for 64 (the test metrics
--- are sums over the same samples; only the f32 rounding of each batch's loss sum changes
--- with the grouping). The short last batch of either phase needs blocks of sizes the cache
+-- test batches are each process's training batch (64 in one process, 32 per rank of 2): a
+-- forward of the CNN on 256 samples held ~90 MB of activations, the run's peak RSS, and
+-- one on 64 per rank still passed the training step of 32 (the test metrics are sums over
+-- the same samples; only the f32 rounding of each batch's loss sum changes with the
+-- grouping). The short last batch of either phase needs blocks of sizes the cache
 -- does not hold, so it also starts with a release. Values are untouched: only when memory
 -- returns changes.
 --
@@ -83,21 +84,21 @@ end
 -- carving. The collection of this ~0.9 MB Lua heap costs ~2% of a CNN step (measured: 76 ms
 -- of 3.6 s over 100 steps); the MLP's forward (~0.3 MB) never reaches the bound, so its
 -- fast steps pay nothing.
-local EVAL_BATCH = 64
 local STEP_COLLECT_BYTES = 4 * 2 ^ 20
 local function release_memory()
   collectgarbage()
   dl.empty_cache()
 end
 
---- Sums of (loss, correct, count) over the test samples of every rank.
-local function evaluate(model, loader, dist, device)
+--- Sums of (loss, correct, count) over the test samples of every rank; `loader` makes
+-- batches of `eval_batch` (the last may be shorter).
+local function evaluate(model, loader, dist, device, eval_batch)
   model:eval()
   release_memory() -- Note [evaluation memory]
   local loss_sum, correct, count = 0, 0, 0
   dl.no_grad(function()
     for x, y in loader:iter() do
-      if y:numel() ~= EVAL_BATCH then release_memory() end -- Note [evaluation memory]
+      if y:numel() ~= eval_batch then release_memory() end -- Note [evaluation memory]
       x, y = x:to(device, { non_blocking = true }), y:to(device, { non_blocking = true })
       local logits = model(x)
       loss_sum = loss_sum + dl.cross_entropy(logits, y, { reduction = "sum" }):item()
@@ -147,7 +148,7 @@ local function main(argv)
   local pin = device ~= "cpu"
   local loader = data.DataLoader(train_set, { batch_size = local_batch, sampler = sampler, generator = data_gen,
     pin_memory = pin })
-  local test_loader = data.DataLoader(test_set, { batch_size = EVAL_BATCH, pin_memory = pin,
+  local test_loader = data.DataLoader(test_set, { batch_size = local_batch, pin_memory = pin,
     sampler = DistributedSampler.DistributedEvalSampler(n_test, { num_replicas = world, rank = rank }) })
 
   local model = train_config.model(cfg)
@@ -210,7 +211,7 @@ local function main(argv)
     bar:close()
     if dist then loss_sum, correct, seen = unpack(dist.sum_over_ranks({ loss_sum, correct, seen }, { device = device })) end
     local test_loss
-    test_loss, test_acc = evaluate(model, test_loader, dist, device)
+    test_loss, test_acc = evaluate(model, test_loader, dist, device, local_batch)
     local row = { epoch = epoch, step = step, lr = opt.param_groups[1].lr, train_loss = loss_sum / seen,
       train_acc = correct / seen, test_loss = test_loss, test_acc = test_acc, seconds = seconds,
       samples_per_s = seen / seconds }
