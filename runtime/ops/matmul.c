@@ -108,18 +108,19 @@ static void mm_range(void *vctx, int64_t begin, int64_t end) {
 
 /* Note [small GEMM split]: one product of a training step at batch 64 is small (the MLP's
  * 64x784 · 784x256 is 13 M multiply-adds, ~0.1 ms): OpenBLAS splits it over its own
- * threads, which then spin in sched_yield between products, and its partition of such
- * sizes kept the second core busy less than half the time (an MLP step with 2 threads ran
- * 11% faster than with 1). From SPLIT_MIN_MNK to SPLIT_MAX_MNK multiply-adds a single
- * product is therefore cut in two by us: the columns of the result (its rows, when there
- * are more of those), the first part a multiple of SPLIT_ALIGN, each part one
- * single-threaded GEMM, the two on the thread pool. The parts do not depend on the number
- * of threads (one thread computes them one after the other), so the result is bitwise the
- * same for any thread count; OpenBLAS's own threading gave other bits with 2 threads than
- * with 1 for most of these shapes, and its single-threaded small-size kernels give bits
- * that depend on where a column sits in the block, so whole-product and split results
- * differ by rounding (sums over the same k, in f32, each element within k * 2^-24 of exact
- * in relative terms). Two parts only: beyond 16 M multiply-adds OpenBLAS threads itself. */
+ * threads, which then spin in sched_yield between products (~10% of a 2-thread MLP profile),
+ * and its partition of such sizes kept the second core busy less than half the time (an
+ * MLP step with 2 threads ran 11% faster than with 1). With more than one thread, a single
+ * product of SPLIT_MIN_MNK to SPLIT_MAX_MNK multiply-adds is therefore cut in two by us: the
+ * columns of the result (its rows, when there are more of those), the first part a multiple
+ * of SPLIT_ALIGN, each part one single-threaded GEMM, the two on the thread pool. The parts
+ * do not depend on the number of threads (2 or more), so the result is bitwise the same
+ * for any count above one, and it is the two half products as one thread computes them. One
+ * thread keeps the whole product in one GEMM: cut in two there it re-packs an operand and
+ * ran ~5% slower; its bits may differ from the split's by rounding (as OpenBLAS's threading
+ * made them differ before: its small-size kernels' sums depend on a column's place in the
+ * block), each element within k * 2^-24 of exact relative to the size of its terms. Two
+ * parts only: beyond 16 M multiply-adds OpenBLAS threads itself. */
 enum { SPLIT_ALIGN = 32 };
 #define SPLIT_MIN_MNK (256.0 * 1024)       /* below: one GEMM (a fork-join would dominate) */
 #define SPLIT_MAX_MNK (16.0 * 1024 * 1024) /* above: OpenBLAS's own threading */
@@ -130,7 +131,8 @@ static int64_t split_at(int64_t size) {
   return (half + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
 }
 
-/* Parts [begin, end) (of 0, 1) of the single product j, cut by columns. */
+/* Parts [begin, end) (of 0, 1) of the single product j, cut by columns (Note [small GEMM
+ * split]). */
 static void mm_cols(void *vctx, int64_t begin, int64_t end) {
   const mm_job *j = vctx;
   for (int64_t part = begin; part < end; part++) {
@@ -142,7 +144,8 @@ static void mm_cols(void *vctx, int64_t begin, int64_t end) {
   }
 }
 
-/* Parts [begin, end) (of 0, 1) of the single product j, cut by rows. */
+/* Parts [begin, end) (of 0, 1) of the single product j, cut by rows (Note [small GEMM
+ * split]). */
 static void mm_rows(void *vctx, int64_t begin, int64_t end) {
   const mm_job *j = vctx;
   for (int64_t part = begin; part < end; part++) {
@@ -235,9 +238,9 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
     int blas_threads = j.kern->gemm_threads_hold();
     ddp_parallel_for(batches, grain, mm_range, &j);
     j.kern->gemm_threads_restore(blas_threads);
-  } else if (cpu_pool && batches == 1 && floating && mnk >= SPLIT_MIN_MNK && mnk <= SPLIT_MAX_MNK &&
-             (j.m > SPLIT_ALIGN || j.n > SPLIT_ALIGN)) {
-    /* Note [small GEMM split]: two parts, whatever the thread count */
+  } else if (cpu_pool && ddp_get_num_threads() > 1 && batches == 1 && floating &&
+             mnk >= SPLIT_MIN_MNK && mnk <= SPLIT_MAX_MNK && (j.m > SPLIT_ALIGN || j.n > SPLIT_ALIGN)) {
+    /* Note [small GEMM split]: two parts, whatever the thread count above one */
     int blas_threads = j.kern->gemm_threads_hold();
     ddp_parallel_for(2, 1, j.m >= j.n ? mm_cols : mm_rows, &j);
     j.kern->gemm_threads_restore(blas_threads);
