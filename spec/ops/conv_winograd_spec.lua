@@ -52,7 +52,11 @@ local cases = {
   { { 2, 10, 17, 33 }, 8, 1 },   -- 17 tiles a row: three 8-tile vectors, the last partial
   { { 1, 8, 9, 16 }, 8, 2 },     -- padding 2: whole tiles of zeros at the border
   { { 2, 11, 7, 6 }, 13, { 2, 0 } }, -- unequal padding
-  { { 4, 16, 8, 8 }, 16, 1 },    -- ResNet-20's last stage, scaled down
+  { { 4, 16, 8, 8 }, 16, 1 },    -- ResNet-20's last stage, scaled down: 4-tile rows in pairs
+  { { 3, 8, 5, 7 }, 9, 1 },      -- 4-tile rows, an odd count: the last one unpaired
+  { { 2, 9, 7, 8 }, 8, 1 },      -- 4-tile rows, the last output line missing
+  { { 1, 8, 10, 9 }, 8, 0 },     -- 4-tile rows without padding
+  { { 72, 128, 7, 7 }, 128, 1 }, -- 4-tile rows, chunks of 21 tile rows: pairs split by chunks
   { { 2, 16, 66, 70 }, 24, 1 },  -- chunks of ~17 tile rows: a sample spans several chunks
 }
 

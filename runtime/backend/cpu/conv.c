@@ -292,13 +292,12 @@ done:
  * (medians of 7 runs, alternating builds; 2-core Xeon, 2026-11-25):
  *
  *   shape (N x C x H x W -> O)     im2col   Winograd
- *   128 x 16 x 32 x 32 -> 16        40.2      21.9
- *   128 x 32 x 16 x 16 -> 32        30.0      15.4
- *   128 x 64 x 8 x 8 -> 64          25.9      17.4
- *   64 x 32 x 14 x 14 -> 64         18.5      11.8
+ *   128 x 16 x 32 x 32 -> 16        40.2      21.0
+ *   128 x 32 x 16 x 16 -> 32        30.0      14.0
+ *   128 x 64 x 8 x 8 -> 64          25.9      12.5
+ *   64 x 32 x 14 x 14 -> 64         18.5      10.6
  *
- * Winograd wins at every shape of ResNet-20 and the CNN, the 8 x 8 planes included (there
- * only half of each 8-tile vector holds tiles, but the GEMMs are 2.25x smaller), so no
+ * Winograd wins at every shape of ResNet-20 and the CNN, the 8 x 8 planes included, so no
  * table is consulted: below 8 channels the GEMMs over the channels are too short to pay for
  * the transforms, which is the one cut-off kept from the earlier measurements. */
 static int use_winograd(int dtype, const ddp_conv2d_geom *g) {

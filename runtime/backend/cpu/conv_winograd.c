@@ -18,8 +18,11 @@
  * channels-last copies. A tile row of tw tiles takes ceil(tw / 8) vectors; when tw is not a
  * multiple of 8 the last vector's extra lanes are written past the row's tiles and
  * overwritten by the next tile row (or land in 8 spare columns after the chunk's last
- * tile), so the GEMMs see the tiles packed. Borders (padding, odd sizes) are masked loads
- * and stores: columns outside the plane read as 0 and are never written.
+ * tile), so the GEMMs see the tiles packed. Rows of exactly 4 tiles (8 x 8 planes, as in
+ * ResNet-20's last stage) would leave half of each vector idle: there one vector holds two
+ * tile rows (`paired`: lanes 0-3 tile row ty, lanes 4-7 tile row ty + 1, which are
+ * consecutive tiles too). Borders (padding, odd sizes) are masked loads and stores:
+ * columns outside the plane read as 0 and are never written.
  *
  * Note [Winograd chunks and determinism]: the samples are cut into at most WG_UNITS units
  * (contiguous sample ranges fixed by the batch size alone); the thread pool takes whole
@@ -92,6 +95,7 @@ static char *scratch_get(size_t n) {
 typedef struct {
   const ddp_conv2d_geom *g;
   int64_t th, tw, ng;   /* tile rows and columns of a sample; 8-tile vectors per tile row */
+  int paired;           /* tw == 4: one vector holds 2 tile rows (Note [Winograd layout]) */
   int64_t rows_chunk;   /* tile rows per chunk */
   int64_t ld;           /* row stride of V, M, Z, dV: tiles of a chunk + 8 spare */
   int64_t units;        /* work units (sample ranges) */
@@ -114,6 +118,7 @@ static void plan(wg_job *j, const ddp_conv2d_geom *g, int backward) {
   j->g = g;
   j->th = (g->oh + 1) / 2, j->tw = (g->ow + 1) / 2;
   j->ng = (j->tw + 7) / 8;
+  j->paired = j->tw == 4;
   int64_t per_tile = 16 * 4 * (backward ? g->o + 2 * g->c : g->o + g->c);
   int64_t tiles = WG_CHUNK_BYTES / per_tile;
   j->rows_chunk = tiles / j->tw < 1 ? 1 : tiles / j->tw;
@@ -235,14 +240,21 @@ static inline void column_masks(int64_t q, int64_t pw, int64_t W, __m256i *m) {
 static inline __m256 load_and(const float *p, __m256i m) {
   return _mm256_and_ps(_mm256_loadu_ps(p), _mm256_castsi256_ps(m));
 }
-static inline void input_line(const float *p, const __m256i *m, int plain, __m256 *h) {
+/* The 4 row-transformed vectors h[0..3] of input lines for 8 tiles: 16 floats from f
+ * (lanes 0-3 of the deinterleaved vectors) and s (lanes 4-7), s = f + 8 for one line, or
+ * the 8 floats at f and at s for two lines of 4 tiles (Note [Winograd layout]); masks m for
+ * f, s, f + 2 and s + 2 (columns outside the plane read as 0). plain: the columns read lie
+ * inside the tensor, so plain loads masked afterwards are safe (cheaper than maskload).
+ * h0 = d0 - d2, h1 = d1 + d2, h2 = d2 - d1, h3 = d1 - d3. */
+static inline void input_line(const float *f, const float *s, const __m256i *m, int plain,
+                              __m256 *h) {
   __m256 d0, d1, d2, d3;
   if (plain) {
-    deinterleave(load_and(p, m[0]), load_and(p + 8, m[1]), &d0, &d1);
-    deinterleave(load_and(p + 2, m[2]), load_and(p + 10, m[3]), &d2, &d3);
+    deinterleave(load_and(f, m[0]), load_and(s, m[1]), &d0, &d1);
+    deinterleave(load_and(f + 2, m[2]), load_and(s + 2, m[3]), &d2, &d3);
   } else {
-    deinterleave(_mm256_maskload_ps(p, m[0]), _mm256_maskload_ps(p + 8, m[1]), &d0, &d1);
-    deinterleave(_mm256_maskload_ps(p + 2, m[2]), _mm256_maskload_ps(p + 10, m[3]), &d2, &d3);
+    deinterleave(_mm256_maskload_ps(f, m[0]), _mm256_maskload_ps(s, m[1]), &d0, &d1);
+    deinterleave(_mm256_maskload_ps(f + 2, m[2]), _mm256_maskload_ps(s + 2, m[3]), &d2, &d3);
   }
   h[0] = _mm256_sub_ps(d0, d2);
   h[1] = _mm256_add_ps(d1, d2);
@@ -250,21 +262,22 @@ static inline void input_line(const float *p, const __m256i *m, int plain, __m25
   h[3] = _mm256_sub_ps(d1, d3);
 }
 
-/* V[ξ] at v + ξ * vs for 8 tiles whose 4 input lines start at p[0..3] with masks m[0..3]
- * (all-zero masks for lines outside the plane). */
-static inline void input_tiles(float *v, int64_t vs, const float *const *p,
-                               const __m256i (*m)[4], const int *plain) {
+/* V[ξ] at v + ξ * vs for 8 tiles whose 4 input lines are read from f[i], s[i] with masks
+ * m[i] (input_line). */
+static inline void input_tiles(float *v, int64_t vs, const float *const *f,
+                               const float *const *s, const __m256i (*m)[4],
+                               const int *plain) {
   __m256 a[4], b[4], c[4];
-  input_line(p[2], m[2], plain[2], b);
-  input_line(p[0], m[0], plain[0], a);
-  for (int s = 0; s < 4; s++) _mm256_storeu_ps(v + s * vs, _mm256_sub_ps(a[s], b[s]));
-  input_line(p[1], m[1], plain[1], c);
-  for (int s = 0; s < 4; s++) {
-    _mm256_storeu_ps(v + (4 + s) * vs, _mm256_add_ps(c[s], b[s]));
-    _mm256_storeu_ps(v + (8 + s) * vs, _mm256_sub_ps(b[s], c[s]));
+  input_line(f[2], s[2], m[2], plain[2], b);
+  input_line(f[0], s[0], m[0], plain[0], a);
+  for (int k = 0; k < 4; k++) _mm256_storeu_ps(v + k * vs, _mm256_sub_ps(a[k], b[k]));
+  input_line(f[1], s[1], m[1], plain[1], c);
+  for (int k = 0; k < 4; k++) {
+    _mm256_storeu_ps(v + (4 + k) * vs, _mm256_add_ps(c[k], b[k]));
+    _mm256_storeu_ps(v + (8 + k) * vs, _mm256_sub_ps(b[k], c[k]));
   }
-  input_line(p[3], m[3], plain[3], a);
-  for (int s = 0; s < 4; s++) _mm256_storeu_ps(v + (12 + s) * vs, _mm256_sub_ps(c[s], a[s]));
+  input_line(f[3], s[3], m[3], plain[3], a);
+  for (int k = 0; k < 4; k++) _mm256_storeu_ps(v + (12 + k) * vs, _mm256_sub_ps(c[k], a[k]));
 }
 
 /* The tile rows [r0, r1) of the batch as runs of one sample: *n, tile rows [*ty0, *ty1) and
@@ -288,6 +301,28 @@ static void input_transform(const wg_job *j, float *V, int64_t r0, int64_t r1) {
     r = sample_run(j, r, r0, r1, &n, &ty0, &ty1, &t0);
     for (int64_t c = 0; c < C; c++) {
       const float *plane = j->in + (n * C + c) * H * W;
+      if (j->paired) {
+        __m256i cm[4], zero = _mm256_setzero_si256();
+        column_masks(0, g->pw, W, cm);
+        for (int64_t ty = ty0; ty < ty1; ty += 2) {
+          const float *f[4], *s[4];
+          __m256i m[4][4];
+          int plain[4];
+          for (int i = 0; i < 4; i++) {
+            int64_t ya = 2 * ty - g->ph + i, yb = ya + 2;
+            int ia = ya >= 0 && ya < H, ib = ty + 1 < ty1 && yb >= 0 && yb < H;
+            f[i] = plane + (ia ? ya * W : 0) - g->pw;
+            s[i] = plane + (ib ? yb * W : 0) - g->pw;
+            m[i][0] = ia ? cm[0] : zero, m[i][2] = ia ? cm[2] : zero;
+            m[i][1] = ib ? cm[0] : zero, m[i][3] = ib ? cm[2] : zero;
+            plain[i] = f[i] >= j->in && f[i] + 10 <= in_end && s[i] >= j->in &&
+                       s[i] + 10 <= in_end;
+          }
+          input_tiles(V + c * j->ld + t0 + (ty - ty0) * tw, vs, f, s,
+                      (const __m256i(*)[4])m, plain);
+        }
+        continue;
+      }
       for (int64_t ty = ty0; ty < ty1; ty++) {
         const float *p[4];
         int inside[4];
@@ -302,10 +337,11 @@ static void input_transform(const wg_job *j, float *V, int64_t r0, int64_t r1) {
           column_masks(q, g->pw, W, cm);
           for (int i = 0; i < 4; i++)
             for (int k = 0; k < 4; k++) m[i][k] = inside[i] ? cm[k] : _mm256_setzero_si256();
-          const float *pq[4] = {p[0] + 16 * q, p[1] + 16 * q, p[2] + 16 * q, p[3] + 16 * q};
-          int plain[4]; /* the 18 columns lie inside the tensor: plain loads, masked after */
-          for (int i = 0; i < 4; i++) plain[i] = pq[i] >= j->in && pq[i] + 18 <= in_end;
-          input_tiles(v, vs, pq, (const __m256i(*)[4])m, plain);
+          const float *f[4] = {p[0] + 16 * q, p[1] + 16 * q, p[2] + 16 * q, p[3] + 16 * q};
+          const float *s[4] = {f[0] + 8, f[1] + 8, f[2] + 8, f[3] + 8};
+          int plain[4]; /* the 18 columns lie inside the tensor */
+          for (int i = 0; i < 4; i++) plain[i] = f[i] >= j->in && f[i] + 18 <= in_end;
+          input_tiles(v, vs, f, s, (const __m256i(*)[4])m, plain);
         }
       }
     }
@@ -316,37 +352,57 @@ static void input_transform(const wg_job *j, float *V, int64_t r0, int64_t r1) {
  * Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]. */
 
 /* out (N, O, OH, OW) for the tile rows [r0, r1) from M (16, O, ld). */
+/* The 4 output vectors of 8 tiles from m[ξ] at m + ξ ms: y[0], y[1] the even and odd
+ * columns of the tiles' first output line, y[2], y[3] of their second. */
+static inline void output_tiles(const float *m, int64_t ms, __m256 b, __m256 *y) {
+  __m256 s0[4], s1[4];
+  for (int k = 0; k < 4; k++) {
+    __m256 m0 = _mm256_loadu_ps(m + k * ms), m1 = _mm256_loadu_ps(m + (4 + k) * ms);
+    __m256 m2 = _mm256_loadu_ps(m + (8 + k) * ms), m3 = _mm256_loadu_ps(m + (12 + k) * ms);
+    s0[k] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
+    s1[k] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+  }
+  y[0] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0[0], s0[1]), s0[2]), b);
+  y[1] = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s0[1], s0[2]), s0[3]), b);
+  y[2] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s1[0], s1[1]), s1[2]), b);
+  y[3] = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s1[1], s1[2]), s1[3]), b);
+}
+
+/* out (N, O, OH, OW) for the tile rows [r0, r1) from M (16, O, ld). */
 static void output_transform(const wg_job *j, const float *M, int64_t r0, int64_t r1) {
   const ddp_conv2d_geom *g = j->g;
   int64_t O = g->o, OH = g->oh, OW = g->ow, tw = j->tw;
-  int64_t ms = O * j->ld;
+  int64_t ms = O * j->ld, step = j->paired ? 2 : 1;
+  __m256 zero = _mm256_setzero_ps();
   for (int64_t r = r0, n, ty0, ty1, t0; r < r1;) {
     r = sample_run(j, r, r0, r1, &n, &ty0, &ty1, &t0);
-    for (int64_t o = 0; o < O; o++)
-    for (int64_t ty = ty0; ty < ty1; ty++) {
-      int second_row = 2 * ty + 1 < OH;
+    for (int64_t o = 0; o < O; o++) {
       __m256 b = _mm256_set1_ps(j->bias ? j->bias[o] : 0.0f);
-      float *y0 = j->out + ((n * O + o) * OH + 2 * ty) * OW, *y1 = y0 + OW;
-      const float *m = M + o * j->ld + t0 + (ty - ty0) * tw;
-      for (int64_t q = 0; q < j->ng; q++, m += 8) {
-        __m256 s0[4], s1[4];
-        for (int k = 0; k < 4; k++) {
-          __m256 m0 = _mm256_loadu_ps(m + k * ms), m1 = _mm256_loadu_ps(m + (4 + k) * ms);
-          __m256 m2 = _mm256_loadu_ps(m + (8 + k) * ms), m3 = _mm256_loadu_ps(m + (12 + k) * ms);
-          s0[k] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
-          s1[k] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+      float *plane = j->out + (n * O + o) * OH * OW;
+      for (int64_t ty = ty0; ty < ty1; ty += step) {
+        float *y0 = plane + 2 * ty * OW;
+        const float *m = M + o * j->ld + t0 + (ty - ty0) * tw;
+        __m256 y[4], f, s;
+        if (j->paired) { /* lanes 0-3: tile row ty, lanes 4-7: ty + 1 */
+          int has_b = ty + 1 < ty1;
+          output_tiles(m, ms, b, y);
+          interleave(y[0], y[1], &f, &s);
+          store_first(y0, f, zero, OW);
+          if (has_b) store_first(y0 + 2 * OW, s, zero, OW);
+          interleave(y[2], y[3], &f, &s);
+          if (2 * ty + 1 < OH) store_first(y0 + OW, f, zero, OW);
+          if (has_b && 2 * ty + 3 < OH) store_first(y0 + 3 * OW, s, zero, OW);
+          continue;
         }
-        __m256 a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0[0], s0[1]), s0[2]), b);
-        __m256 a1 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s0[1], s0[2]), s0[3]), b);
-        __m256 c0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s1[0], s1[1]), s1[2]), b);
-        __m256 c1 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s1[1], s1[2]), s1[3]), b);
-        int64_t k = OW - 16 * q;
-        __m256 f, s;
-        interleave(a0, a1, &f, &s);
-        store_first(y0 + 16 * q, f, s, k);
-        if (second_row) {
-          interleave(c0, c1, &f, &s);
-          store_first(y1 + 16 * q, f, s, k);
+        for (int64_t q = 0; q < j->ng; q++, m += 8) {
+          int64_t k = OW - 16 * q;
+          output_tiles(m, ms, b, y);
+          interleave(y[0], y[1], &f, &s);
+          store_first(y0 + 16 * q, f, s, k);
+          if (2 * ty + 1 < OH) {
+            interleave(y[2], y[3], &f, &s);
+            store_first(y0 + OW + 16 * q, f, s, k);
+          }
         }
       }
     }
@@ -356,36 +412,60 @@ static void output_transform(const wg_job *j, const float *M, int64_t r0, int64_
 /* ---- gradient transform: Z = A dY Aᵀ ----------------------------------------------------- */
 
 /* Z (16, O, ld) for the tile rows [r0, r1) from grad_out (N, O, OH, OW). */
+/* Z[ξ] at z + ξ zs for 8 tiles from the even (a0, b0) and odd (a1, b1) columns of their
+ * first (a) and second (b) gradient lines. */
+static inline void grad_tiles(float *z, int64_t zs, __m256 a0, __m256 a1, __m256 b0, __m256 b1) {
+  /* rows of A dY: (a), (a + b), (a - b), (-b); then the same over columns */
+  __m256 zero = _mm256_setzero_ps();
+  __m256 q0[4] = {a0, _mm256_add_ps(a0, b0), _mm256_sub_ps(a0, b0), _mm256_sub_ps(zero, b0)};
+  __m256 q1[4] = {a1, _mm256_add_ps(a1, b1), _mm256_sub_ps(a1, b1), _mm256_sub_ps(zero, b1)};
+  for (int i = 0; i < 4; i++) {
+    _mm256_storeu_ps(z + (4 * i + 0) * zs, q0[i]);
+    _mm256_storeu_ps(z + (4 * i + 1) * zs, _mm256_add_ps(q0[i], q1[i]));
+    _mm256_storeu_ps(z + (4 * i + 2) * zs, _mm256_sub_ps(q0[i], q1[i]));
+    _mm256_storeu_ps(z + (4 * i + 3) * zs, _mm256_sub_ps(zero, q1[i]));
+  }
+}
+
+/* The first k (<= 8) floats at p, the rest 0; all 0 when p is NULL. */
+static inline __m256 load8(const float *p, int64_t k) {
+  if (!p) return _mm256_setzero_ps();
+  return k >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, first_lanes(k));
+}
+
+/* Z (16, O, ld) for the tile rows [r0, r1) from grad_out (N, O, OH, OW). */
 static void grad_transform(const wg_job *j, float *Z, int64_t r0, int64_t r1) {
   const ddp_conv2d_geom *g = j->g;
   int64_t O = g->o, OH = g->oh, OW = g->ow, tw = j->tw;
-  int64_t zs = O * j->ld;
+  int64_t zs = O * j->ld, step = j->paired ? 2 : 1;
   for (int64_t r = r0, n, ty0, ty1, t0; r < r1;) {
     r = sample_run(j, r, r0, r1, &n, &ty0, &ty1, &t0);
-    for (int64_t o = 0; o < O; o++)
-    for (int64_t ty = ty0; ty < ty1; ty++) {
-      int second_row = 2 * ty + 1 < OH;
-      const float *g0 = j->grad_out + ((n * O + o) * OH + 2 * ty) * OW, *g1 = g0 + OW;
-      float *z = Z + o * j->ld + t0 + (ty - ty0) * tw;
-      for (int64_t q = 0; q < j->ng; q++, z += 8) {
-        __m256 a, b, a0, a1, b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-        int64_t k = OW - 16 * q;
-        load_first(g0 + 16 * q, k, &a, &b);
-        deinterleave(a, b, &a0, &a1);
-        if (second_row) {
-          load_first(g1 + 16 * q, k, &a, &b);
-          deinterleave(a, b, &b0, &b1);
+    for (int64_t o = 0; o < O; o++) {
+      const float *plane = j->grad_out + (n * O + o) * OH * OW;
+      for (int64_t ty = ty0; ty < ty1; ty += step) {
+        const float *g0 = plane + 2 * ty * OW, *g1 = 2 * ty + 1 < OH ? g0 + OW : NULL;
+        float *z = Z + o * j->ld + t0 + (ty - ty0) * tw;
+        __m256 a0, a1, b0, b1;
+        if (j->paired) { /* lanes 0-3: tile row ty, lanes 4-7: ty + 1 */
+          int has_b = ty + 1 < ty1;
+          const float *g2 = has_b ? g0 + 2 * OW : NULL;
+          const float *g3 = has_b && 2 * ty + 3 < OH ? g0 + 3 * OW : NULL;
+          deinterleave(load8(g0, OW), load8(g2, OW), &a0, &a1);
+          deinterleave(load8(g1, OW), load8(g3, OW), &b0, &b1);
+          grad_tiles(z, zs, a0, a1, b0, b1);
+          continue;
         }
-        /* rows of A dY: (a), (a + b), (a - b), (-b); then the same over columns */
-        __m256 q0[4] = {a0, _mm256_add_ps(a0, b0), _mm256_sub_ps(a0, b0),
-                        _mm256_sub_ps(_mm256_setzero_ps(), b0)};
-        __m256 q1[4] = {a1, _mm256_add_ps(a1, b1), _mm256_sub_ps(a1, b1),
-                        _mm256_sub_ps(_mm256_setzero_ps(), b1)};
-        for (int i = 0; i < 4; i++) {
-          _mm256_storeu_ps(z + (4 * i + 0) * zs, q0[i]);
-          _mm256_storeu_ps(z + (4 * i + 1) * zs, _mm256_add_ps(q0[i], q1[i]));
-          _mm256_storeu_ps(z + (4 * i + 2) * zs, _mm256_sub_ps(q0[i], q1[i]));
-          _mm256_storeu_ps(z + (4 * i + 3) * zs, _mm256_sub_ps(_mm256_setzero_ps(), q1[i]));
+        for (int64_t q = 0; q < j->ng; q++, z += 8) {
+          __m256 a, b;
+          int64_t k = OW - 16 * q;
+          load_first(g0 + 16 * q, k, &a, &b);
+          deinterleave(a, b, &a0, &a1);
+          b0 = b1 = _mm256_setzero_ps();
+          if (g1) {
+            load_first(g1 + 16 * q, k, &a, &b);
+            deinterleave(a, b, &b0, &b1);
+          }
+          grad_tiles(z, zs, a0, a1, b0, b1);
         }
       }
     }
@@ -446,23 +526,70 @@ static void input_grad_tiles(float *const *line, const float *v, int64_t vs, int
   }
 }
 
+/* input_grad_tiles for two tile rows of 4 tiles in one vector (Note [Winograd layout]):
+ * lanes 0-3 go to the lines la (tile row ty), lanes 4-7 to lb (ty + 1; NULL entries: no
+ * such line or no such tile row). Each row's tiles k = 0..3 cover columns 2k .. 2k + 3
+ * (from -pw); columns 8 and 9 get the last tile's e2, e3. */
+static void input_grad_pair(float *const *la, float *const *lb, const float *v, int64_t vs,
+                            int64_t pw, int64_t W) {
+  const __m256i rot = _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6);
+  __m256 p[4][4];
+  for (int s = 0; s < 4; s++) {
+    __m256 v0 = _mm256_loadu_ps(v + s * vs), v1 = _mm256_loadu_ps(v + (4 + s) * vs);
+    __m256 v2 = _mm256_loadu_ps(v + (8 + s) * vs), v3 = _mm256_loadu_ps(v + (12 + s) * vs);
+    p[0][s] = v0;
+    p[1][s] = _mm256_add_ps(_mm256_sub_ps(v1, v2), v3);
+    p[2][s] = _mm256_sub_ps(_mm256_add_ps(v1, v2), v0);
+    p[3][s] = _mm256_sub_ps(_mm256_setzero_ps(), v3);
+  }
+  __m256i cm[4];
+  column_masks(0, pw, W, cm);
+  int64_t x = 8 - pw; /* the column of the carries */
+  for (int i = 0; i < 4; i++) {
+    __m256 e0 = p[i][0];
+    __m256 e1 = _mm256_add_ps(_mm256_sub_ps(p[i][1], p[i][2]), p[i][3]);
+    __m256 e2 = _mm256_sub_ps(_mm256_add_ps(p[i][1], p[i][2]), p[i][0]);
+    __m256 e3 = _mm256_sub_ps(_mm256_setzero_ps(), p[i][3]);
+    /* tile k - 1's e2, e3 in lane k of each half; lanes 0 and 4 start a row */
+    __m256 r2 = _mm256_blend_ps(_mm256_permutevar8x32_ps(e2, rot), _mm256_setzero_ps(), 0x11);
+    __m256 r3 = _mm256_blend_ps(_mm256_permutevar8x32_ps(e3, rot), _mm256_setzero_ps(), 0x11);
+    __m256 f, s;
+    interleave(_mm256_add_ps(e0, r2), _mm256_add_ps(e1, r3), &f, &s);
+    float c2[8], c3[8];
+    _mm256_storeu_ps(c2, e2);
+    _mm256_storeu_ps(c3, e3);
+    float *lines[2] = {la[i], lb[i]};
+    __m256 vals[2] = {f, s};
+    for (int h = 0; h < 2; h++) {
+      float *d = lines[h];
+      if (!d) continue;
+      _mm256_maskstore_ps(d, cm[0], _mm256_add_ps(_mm256_maskload_ps(d, cm[0]), vals[h]));
+      if (x >= 0 && x < W) d[8] += c2[4 * h + 3];
+      if (x + 1 >= 0 && x + 1 < W) d[9] += c3[4 * h + 3];
+    }
+  }
+}
+
 /* d_in (N, C, H, W) += B dV Bᵀ over the tile rows [r0, r1), from dV (16, C, ld). */
 static void input_grad_transform(const wg_job *j, const float *dV, int64_t r0, int64_t r1) {
   const ddp_conv2d_geom *g = j->g;
   int64_t C = g->c, H = g->h, W = g->w, tw = j->tw;
-  int64_t vs = C * j->ld;
+  int64_t vs = C * j->ld, step = j->paired ? 2 : 1;
   for (int64_t r = r0, n, ty0, ty1, t0; r < r1;) {
     r = sample_run(j, r, r0, r1, &n, &ty0, &ty1, &t0);
-    for (int64_t c = 0; c < C; c++)
-    for (int64_t ty = ty0; ty < ty1; ty++) {
+    for (int64_t c = 0; c < C; c++) {
       float *plane = j->d_in + (n * C + c) * H * W;
-      const float *v = dV + c * j->ld + t0 + (ty - ty0) * tw;
-      float *line[4];
-      for (int i = 0; i < 4; i++) {
-        int64_t y = 2 * ty - g->ph + i;
-        line[i] = y >= 0 && y < H ? plane + y * W - g->pw : NULL;
+      for (int64_t ty = ty0; ty < ty1; ty += step) {
+        const float *v = dV + c * j->ld + t0 + (ty - ty0) * tw;
+        float *line[4], *next[4];
+        for (int i = 0; i < 4; i++) {
+          int64_t y = 2 * ty - g->ph + i;
+          line[i] = y >= 0 && y < H ? plane + y * W - g->pw : NULL;
+          next[i] = ty + 1 < ty1 && y + 2 >= 0 && y + 2 < H ? plane + (y + 2) * W - g->pw : NULL;
+        }
+        if (j->paired) input_grad_pair(line, next, v, vs, g->pw, W);
+        else input_grad_tiles(line, v, vs, j->ng, tw, g->pw, W);
       }
-      input_grad_tiles(line, v, vs, j->ng, tw, g->pw, W);
     }
   }
 }
