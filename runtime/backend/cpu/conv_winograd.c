@@ -318,6 +318,8 @@ static void input_transform(const wg_job *j, float *V, int64_t r0, int64_t r1) {
             plain[i] = f[i] >= j->in && f[i] + 10 <= in_end && s[i] >= j->in &&
                        s[i] + 10 <= in_end;
           }
+          _mm_prefetch((const char *)(plane + (2 * ty + 8 - g->ph) * W), _MM_HINT_T0);
+          _mm_prefetch((const char *)(plane + (2 * ty + 10 - g->ph) * W), _MM_HINT_T0);
           input_tiles(V + c * j->ld + t0 + (ty - ty0) * tw, vs, f, s,
                       (const __m256i(*)[4])m, plain);
         }
@@ -341,6 +343,10 @@ static void input_transform(const wg_job *j, float *V, int64_t r0, int64_t r1) {
           const float *s[4] = {f[0] + 8, f[1] + 8, f[2] + 8, f[3] + 8};
           int plain[4]; /* the 18 columns lie inside the tensor */
           for (int i = 0; i < 4; i++) plain[i] = f[i] >= j->in && f[i] + 18 <= in_end;
+          /* the lines two tile rows on (the next plane's first ones at the end): the loads
+           * wait on memory otherwise (prefetches never fault) */
+          _mm_prefetch((const char *)(f[2] + 4 * W), _MM_HINT_T0);
+          _mm_prefetch((const char *)(f[3] + 4 * W), _MM_HINT_T0);
           input_tiles(v, vs, f, s, (const __m256i(*)[4])m, plain);
         }
       }
@@ -455,6 +461,8 @@ static void grad_transform(const wg_job *j, float *Z, int64_t r0, int64_t r1) {
           grad_tiles(z, zs, a0, a1, b0, b1);
           continue;
         }
+        _mm_prefetch((const char *)(g0 + 4 * OW), _MM_HINT_T0);
+        _mm_prefetch((const char *)(g0 + 5 * OW), _MM_HINT_T0);
         for (int64_t q = 0; q < j->ng; q++, z += 8) {
           __m256 a, b;
           int64_t k = OW - 16 * q;
