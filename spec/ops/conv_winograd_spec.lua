@@ -56,8 +56,8 @@ local cases = {
   { { 3, 8, 5, 7 }, 9, 1 },      -- 4-tile rows, an odd count: the last one unpaired
   { { 2, 9, 7, 8 }, 8, 1 },      -- 4-tile rows, the last output line missing
   { { 1, 8, 10, 9 }, 8, 0 },     -- 4-tile rows without padding
-  { { 72, 128, 7, 7 }, 128, 1 }, -- 4-tile rows, chunks of 21 tile rows: pairs split by chunks
-  { { 2, 16, 66, 70 }, 24, 1 },  -- chunks of ~17 tile rows: a sample spans several chunks
+  { { 72, 80, 7, 7 }, 80, 1 },   -- 4-tile rows, backward chunks of 17 tile rows: pairs split
+  { { 2, 16, 66, 70 }, 24, 1 },  -- chunks of ~8 tile rows: a sample spans several chunks
 }
 
 describe("conv2d f32 by Winograd F(2x2, 3x3)", function()
