@@ -34,9 +34,13 @@
  * between calls (no allocation, zeroing or page faults per call).
  *
  * Numerics: the transforms only add, subtract and halve, so the f32 error stays within a
- * few ulps of the products' sums (the specs compare with f64 im2col); sums run in another
- * order than im2col's (by tile element ξ and channel, then transforms), which is why f32
- * results differ from the im2col path by rounding only. */
+ * few ulps of the products' sums; sums run in another order than im2col's (by tile element
+ * ξ and channel, then transforms, and the input gradient tile by tile), so f32 results
+ * differ from the im2col path by rounding only. spec/ops/conv_winograd_spec.lua compares
+ * with the f64 convolution: the largest error seen is below 5e-7 of the largest value
+ * (output and all three gradients), the bound checked 1e-5. F(4x4, 3x3) would cut the
+ * products further (4x instead of 2.25x) but its transforms carry factors up to 8 and
+ * lose about two more digits in f32; it is not used. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdlib.h>
