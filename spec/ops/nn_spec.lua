@@ -549,7 +549,7 @@ describe("ddplua.ops.nn", function()
         { x = { 1, 2, 6, 5 }, w = { 2, 2, 2, 3 }, o = { stride = { 2, 1 }, padding = { 1, 0 }, dilation = { 1, 2 } } },
         { x = { 1, 4, 4, 4 }, w = { 4, 2, 2, 2 }, o = { groups = 2, dilation = 2, padding = 1 } },
         { x = { 2, 2, 3, 3 }, w = { 3, 2, 1, 1 }, o = {} },
-        { x = { 2, 8, 3, 4 }, w = { 8, 8, 3, 3 }, o = { padding = 1 } }, -- Winograd
+        { x = { 2, 8, 3, 4 }, w = { 8, 8, 3, 3 }, o = { padding = 1 } }, -- Winograd's shape (f64: im2col)
       }
       for _, c in ipairs(gcases) do
         assert.is_true(gradcheck(function(x, w, b) return dl.conv2d(x, w, b, c.o) end,
@@ -559,7 +559,8 @@ describe("ddplua.ops.nn", function()
       local x = randn({ 2, 1, 4, 4 })
       assert.is_true(gradcheck(function(xx, w) return dl.conv2d(xx, w, { padding = 1 }) end,
         { x, randn({ 2, 1, 3, 3 }) }, { skip = { [1] = true } }))
-      -- Winograd with only the weight, then only the input needing a gradient
+      -- Winograd's shapes (in f32; f64 takes im2col) with only the weight, then only the
+      -- input needing a gradient; spec/ops/conv_winograd_spec.lua checks f32 against these
       local x8 = randn({ 1, 8, 3, 3 })
       assert.is_true(gradcheck(function(xx, w) return dl.conv2d(xx, w, { padding = 1 }) end,
         { x8, randn({ 8, 8, 3, 3 }) }, { skip = { [1] = true } }))

@@ -1,4 +1,5 @@
-/* runtime/backend/cpu/conv.h: 2-d convolution kernels (im2col + GEMM). Internal. */
+/* runtime/backend/cpu/conv.h: 2-d convolution kernels (im2col + GEMM, and Winograd F(2x2, 3x3)
+ * from conv_winograd.h where it pays: Note [conv algorithm per shape] in conv.c). Internal. */
 #ifndef DDP_CPU_CONV_H
 #define DDP_CPU_CONV_H
 

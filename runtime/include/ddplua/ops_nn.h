@@ -33,9 +33,10 @@ int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
  *   NULL; out (N, O, OH, OW) (or (O, OH, OW)) with
  *   OH = floor((H + 2 padding_h - dilation_h (kH - 1) - 1) / stride_h) + 1 (the same for W).
  * stride and dilation >= 1, padding >= 0, groups >= 1 dividing both C and O.
- * Computed by im2col + GEMM, or for 3x3 kernels with stride 1, dilation 1, one group and
- * >= 8 channels in and out by Winograd F(2x2, 3x3) (Lavin, Gray, CVPR 2016); samples are
- * spread over the runtime's threads with OpenBLAS held at one thread meanwhile.
+ * Computed by im2col + GEMM, or in f32 for 3x3 kernels with stride 1, dilation 1, one group
+ * and >= 8 channels in and out by Winograd F(2x2, 3x3) (Lavin, Gray, CVPR 2016); samples are
+ * spread over the runtime's threads with OpenBLAS held at one thread meanwhile, with results
+ * independent of the thread count.
  * Errors: bad ranks, channels not matching weight (shape named), C or O not divisible by
  * groups, dilated kernel larger than the padded input (sizes named), bad options, dtypes. */
 int ddp_conv2d(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tensor *bias,
