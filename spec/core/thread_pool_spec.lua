@@ -1,6 +1,7 @@
 -- Specs for the runtime's fork-join pool (runtime/core/threads.c) and what splits over it
 -- outside the kernel areas' own specs: large products cut into row or column blocks
--- (runtime/backend/cpu/gemm_parallel.c), large zero fills (ddp_device_memset) and fills.
+-- (runtime/backend/cpu/gemm_parallel.c), large zero fills (ddp_device_memset), fills, and
+-- pooling backward kernels that write all of d_input themselves (no zeros() first).
 -- Each is run at 1 to 4 threads (more threads than this machine's cores is fine: the pool
 -- does not care) and compared with a plain-Lua f64 reference, and with itself across thread
 -- counts: bitwise where the kernel promises it (fixed-chunk sums), within rounding for
@@ -145,6 +146,110 @@ describe("thread pool", function()
           local negz = dl.ones({ 300, 700 }):t():fill_(-0.0)
           assert.equal(-math.huge, 1 / negz:min():item())
           assert.equal(-math.huge, 1 / dl.ones({ 300, 700 }):fill_(-0.0):max():item())
+        end)
+      end
+    end)
+  end)
+
+  describe("pooling backward", function()
+    -- Freed blocks of the size d_input will take, filled with NaN, so that a cell the
+    -- kernel fails to write shows (the allocator hands recycled blocks back).
+    local function poison(shape, dtype)
+      for _ = 1, 4 do
+        local t = dl.zeros(shape, { dtype = dtype }):fill_(0 / 0)
+        t = nil
+      end
+      collectgarbage()
+      collectgarbage()
+    end
+
+    -- x.grad of sum(pool(x) * g) for x of shape (N, C, H, W), by its definition: windows
+    -- of (oh, ow) listed by window(oh, ow) -> {{ih, iw, weight}, ...} (1-based cells)
+    local function ref_grad(shape, g, window)
+      local N, C, H, W = shape[1], shape[2], shape[3], shape[4]
+      local G = g:to("f64"):tolist()
+      local out = {}
+      for n = 1, N do
+        out[n] = {}
+        for c = 1, C do
+          local plane = {}
+          for ih = 1, H do plane[ih] = {} for iw = 1, W do plane[ih][iw] = 0 end end
+          local gp = G[n][c]
+          for oh = 1, #gp do
+            for ow = 1, #gp[1] do
+              for _, cell in ipairs(window(n, c, oh, ow)) do
+                plane[cell[1]][cell[2]] = plane[cell[1]][cell[2]] + gp[oh][ow] * cell[3]
+              end
+            end
+          end
+          out[n][c] = plane
+        end
+      end
+      return out
+    end
+
+    it("max 2x2 writes every cell (odd sizes, stray indices from a dilated window) at 1 and 2 threads", function()
+      for _, c in ipairs {
+        { shape = { 3, 5, 7, 9 }, opts = {} },                      -- the 2x2 fast path, odd H and W
+        { shape = { 2, 3, 8, 8 }, opts = {} },
+        { shape = { 2, 3, 9, 9 }, opts = { dilation = 2 } },        -- windows overlap: generic path
+        { shape = { 2, 2, 7, 7 }, opts = { kernel = 3, stride = 2 } },
+      } do
+        local x = randn(c.shape)
+        for threads = 1, 2 do
+          for _, dtype in ipairs { "f64", "f32" } do
+            with_threads(threads, function()
+              local xx = x:detach():to(dtype)
+              xx:requires_grad_()
+              local opts = { return_indices = true, dilation = c.opts.dilation, stride = c.opts.stride }
+              local out, idx = dl.max_pool2d(xx, c.opts.kernel or 2, opts)
+              local g = randn(out:size()):to(dtype)
+              poison(c.shape, dtype)
+              out:backward(g)
+              local I = idx:tolist()
+              local W = c.shape[4]
+              local want = ref_grad(c.shape, g, function(n, ch, oh, ow)
+                local flat = I[n][ch][oh][ow]
+                return { { math.floor(flat / W) + 1, flat % W + 1, 1 } }
+              end)
+              close.assert_close(xx.grad, want, { atol = 0 })
+            end)
+          end
+        end
+      end
+    end)
+
+    it("average and adaptive average write every cell at 1 and 2 threads", function()
+      local shape = { 2, 3, 7, 9 }
+      local x = randn(shape)
+      for threads = 1, 2 do
+        with_threads(threads, function()
+          -- avg_pool2d kernel 3 stride 2, no padding: each window 3x3, weight 1/9
+          local xx = x:detach()
+          xx:requires_grad_()
+          local out = dl.avg_pool2d(xx, 3, { stride = 2 })
+          local g = randn(out:size())
+          poison(shape, "f64")
+          out:backward(g)
+          close.assert_close(xx.grad, ref_grad(shape, g, function(_, _, oh, ow)
+            local cells = {}
+            for i = 0, 2 do for j = 0, 2 do cells[#cells + 1] = { 2 * (oh - 1) + i + 1, 2 * (ow - 1) + j + 1, 1 / 9 } end end
+            return cells
+          end), { atol = 1e-12 })
+          -- adaptive to (3, 4): PyTorch's windows [floor(i in / out), ceil((i + 1) in / out))
+          xx = x:detach()
+          xx:requires_grad_()
+          out = dl.adaptive_avg_pool2d(xx, { 3, 4 })
+          g = randn(out:size())
+          poison(shape, "f64")
+          out:backward(g)
+          close.assert_close(xx.grad, ref_grad(shape, g, function(_, _, oh, ow)
+            local hs, he = math.floor((oh - 1) * 7 / 3), math.ceil(oh * 7 / 3)
+            local ws, we = math.floor((ow - 1) * 9 / 4), math.ceil(ow * 9 / 4)
+            local cells = {}
+            for i = hs, he - 1 do for j = ws, we - 1 do cells[#cells + 1] = { i + 1, j + 1, 1 / ((he - hs) * (we - ws)) } end end
+            return cells
+          end), { atol = 1e-12 })
         end)
       end
     end)
