@@ -188,11 +188,11 @@ describe("thread pool", function()
       return out
     end
 
-    it("max 2x2 writes every cell (odd sizes, stray indices from a dilated window) at 1 and 2 threads", function()
+    it("max writes every cell (2x2 with odd sizes, dilated and 3x3 windows) at 1 and 2 threads", function()
       for _, c in ipairs {
-        { shape = { 3, 5, 7, 9 }, opts = {} },                      -- the 2x2 fast path, odd H and W
+        { shape = { 3, 5, 7, 9 }, opts = {} },                      -- 2x2, odd H and W: uncovered cells
         { shape = { 2, 3, 8, 8 }, opts = {} },
-        { shape = { 2, 3, 9, 9 }, opts = { dilation = 2 } },        -- windows overlap: generic path
+        { shape = { 2, 3, 9, 9 }, opts = { dilation = 2 } },        -- windows overlap
         { shape = { 2, 2, 7, 7 }, opts = { kernel = 3, stride = 2 } },
       } do
         local x = randn(c.shape)
