@@ -250,7 +250,8 @@ end
 function M.is_grad_enabled() return C.ddp_grad_enabled() ~= 0 end
 function M.set_grad_enabled(flag) return C.ddp_set_grad_enabled(flag and 1 or 0) ~= 0 end
 
---- Threads for the runtime's kernels and OpenBLAS.
+--- Threads for the runtime's kernels, matrix products included (they split over the runtime's
+-- pool; OpenBLAS itself stays at one thread: Note [pool and OpenBLAS threads], threads.c).
 function M.set_num_threads(n) check(C.ddp_set_num_threads(n)) end
 function M.get_num_threads() return C.ddp_get_num_threads() end
 

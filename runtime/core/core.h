@@ -311,9 +311,11 @@ void ddp_generator_take(ddp_generator *g, uint64_t blocks, uint64_t *seed, uint6
 
 /* ---- threads ------------------------------------------------------------------------ */
 
-/* Split [0, n) into chunks of at least `grain` and run fn(ctx, begin, end) on the pool
- * (the calling thread takes part). Runs inline when n < 2 * grain or one thread is set.
- * Not reentrant: a nested call runs inline. */
+/* Split [0, n) into at most `threads` equal contiguous chunks of at least `grain` and run
+ * fn(ctx, begin, end) once per chunk on the pool (the calling thread takes chunk 0); the
+ * chunks depend only on n, grain and the thread count. Runs inline (one call, [0, n)) when
+ * n < 2 * grain, one thread is set, the call is nested in another's fn, or another thread's
+ * job holds the pool. Note [fork-join pool] in runtime/core/threads.c. */
 typedef void (*ddp_range_fn)(void *ctx, int64_t begin, int64_t end);
 void ddp_parallel_for(int64_t n, int64_t grain, ddp_range_fn fn, void *ctx);
 

@@ -86,9 +86,27 @@ void ddp_pinned_free(void *p) {
   if (iface) iface->host_free(p);
 }
 
+/* A large host memset (a zeros() of a pooling or convolution gradient) split over the
+ * thread pool in 64 KiB blocks: two cores fill memory ~1.6x as fast as one here, and the
+ * other core is not left idle meanwhile. */
+enum { MEMSET_BLOCK = 1 << 16, MEMSET_PARALLEL = 1 << 20 };
+typedef struct { char *dst; int byte; size_t nbytes; } memset_job;
+
+static void memset_blocks(void *vctx, int64_t begin, int64_t end) {
+  const memset_job *j = vctx;
+  size_t lo = (size_t)begin * MEMSET_BLOCK, hi = (size_t)end * MEMSET_BLOCK;
+  if (hi > j->nbytes) hi = j->nbytes;
+  memset(j->dst + lo, j->byte, hi - lo);
+}
+
 int ddp_device_memset(void *dst, int device, int byte, size_t nbytes, const char *op) {
   if (device == DDP_DEVICE_CPU) {
-    memset(dst, byte, nbytes);
+    if (nbytes >= MEMSET_PARALLEL) {
+      memset_job j = {dst, byte, nbytes};
+      ddp_parallel_for((int64_t)((nbytes + MEMSET_BLOCK - 1) / MEMSET_BLOCK), 4, memset_blocks, &j);
+    } else {
+      memset(dst, byte, nbytes);
+    }
     return DDP_OK;
   }
   NEED_DEVICE(op);

@@ -83,15 +83,32 @@ void ddp_cpu_copy(ddp_tensor *dst, const ddp_tensor *src) {
   ddp_foreach(2, ops, dst->ndim, dst->shape, copy_loop, &c, COPY_GRAIN);
 }
 
-typedef struct { char value[8]; size_t esize; } fill_ctx;
+typedef struct { char value[8]; size_t esize; int zero; } fill_ctx;
 
+/* typed stores per element size (a memcpy of a run-time size per element is a call each);
+ * a contiguous fill with zero bytes is one memset */
 static void fill_loop(void *vctx, char **p, const int64_t *s, int64_t n) {
   const fill_ctx *c = vctx;
-  for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], c->value, c->esize);
+  char *d = p[0];
+  if (s[0] == (int64_t)c->esize && c->zero) {
+    memset(d, 0, (size_t)n * c->esize);
+    return;
+  }
+  uint64_t v8;
+  uint32_t v4;
+  uint16_t v2;
+  switch (c->esize) {
+  case 8: memcpy(&v8, c->value, 8); for (int64_t i = 0; i < n; i++) *(uint64_t *)(d + i * s[0]) = v8; return;
+  case 4: memcpy(&v4, c->value, 4); for (int64_t i = 0; i < n; i++) *(uint32_t *)(d + i * s[0]) = v4; return;
+  case 2: memcpy(&v2, c->value, 2); for (int64_t i = 0; i < n; i++) *(uint16_t *)(d + i * s[0]) = v2; return;
+  default: for (int64_t i = 0; i < n; i++) d[i * s[0]] = c->value[0]; return;
+  }
 }
 
 void ddp_cpu_fill(ddp_tensor *t, double value) {
   fill_ctx c = {.esize = ddp_dtype_size(t->dtype)};
   ddp_store_f64(c.value, t->dtype, value);
+  static const char zeros[8];
+  c.zero = !memcmp(c.value, zeros, c.esize);
   ddp_foreach(1, &t, t->ndim, t->shape, fill_loop, &c, COPY_GRAIN);
 }

@@ -6,6 +6,7 @@
 #include "backend/cpu/conv.h"
 #include "backend/cpu/copy.h"
 #include "backend/cpu/elementwise.h"
+#include "backend/cpu/gemm_parallel.h"
 #include "backend/cpu/loss.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/norm.h"
@@ -28,7 +29,7 @@ const ddp_kernels ddp_cpu_kernels = {
     .argext = ddp_cpu_argext,
     .softmax = ddp_cpu_softmax,
     .softmax_backward = ddp_cpu_softmax_backward,
-    .gemm = ddp_cpu_gemm,
+    .gemm = ddp_cpu_gemm_parallel,
     .matmul_int = ddp_cpu_matmul_int,
     .gemm_threads_hold = ddp_cpu_blas_hold_single,
     .gemm_threads_restore = ddp_cpu_blas_restore,

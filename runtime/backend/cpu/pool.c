@@ -3,6 +3,7 @@
  * (aten/src/ATen/native/cpu/{MaxPoolKernel,AvgPoolKernel,AdaptiveAvgPoolKernel}.cpp). */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/pool.h"
 #include "core/core.h"
@@ -106,6 +107,8 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
       }                                                                                    \
     }                                                                                      \
   }                                                                                        \
+  /* each plane zeroed right before its scatter, while it is in cache (faster here than    \
+   * writing each cell of a 2x2 block once with selects, and than one zeros() up front) */ \
   static void max_bwd_##T(void *vctx, int64_t begin, int64_t end) {                        \
     const pool_job *j = vctx;                                                              \
     const ddp_pool2d_geom *g = j->g;                                                       \
@@ -114,6 +117,7 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
       T *d = (T *)j->d_in + p * g->h * g->w;                                               \
       const T *go = (const T *)j->grad_out + p * L;                                        \
       const int64_t *idx = j->cindices + p * L;                                            \
+      memset(d, 0, sizeof(T) * (size_t)(g->h * g->w));                                     \
       for (int64_t l = 0; l < L; l++) d[idx[l]] += go[l];                                  \
     }                                                                                      \
   }                                                                                        \
@@ -152,6 +156,7 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
     for (int64_t p = begin; p < end; p++) {                                                \
       T *d = (T *)j->d_in + p * g->h * g->w;                                               \
       const T *go = (const T *)j->grad_out + p * g->oh * g->ow;                            \
+      memset(d, 0, sizeof(T) * (size_t)(g->h * g->w));                                     \
       for (int64_t oh = 0; oh < g->oh; oh++)                                               \
         for (int64_t ow = 0; ow < g->ow; ow++) {                                           \
           int64_t hs, he, ws, we;                                                          \
@@ -185,6 +190,7 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
     for (int64_t p = begin; p < end; p++) {                                                \
       T *d = (T *)j->d_in + p * g->h * g->w;                                               \
       const T *go = (const T *)j->grad_out + p * g->oh * g->ow;                            \
+      memset(d, 0, sizeof(T) * (size_t)(g->h * g->w));                                     \
       for (int64_t oh = 0; oh < g->oh; oh++) {                                             \
         int64_t hs = start_index(oh, g->oh, g->h), he = end_index(oh, g->oh, g->h);        \
         for (int64_t ow = 0; ow < g->ow; ow++) {                                           \

@@ -6,7 +6,8 @@
 
 /* Geometry: ddp_pool2d_geom (runtime/backend/kernels.h). */
 /* Contiguous buffers of dtype DDP_F32 or DDP_F64 (indices: int64_t); planes spread over the
- * runtime's threads. Backward kernels accumulate into d_in. */
+ * runtime's threads. Backward kernels write all of d_in (uninitialised on entry): each plane
+ * is zeroed, then the windows' shares are added in (oh, ow) order. */
 void ddp_cpu_max_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
                                 int64_t *indices /* (P, OH, OW) */, const void *in /* (P, H, W) */,
                                 const ddp_pool2d_geom *g);

@@ -9,14 +9,15 @@
 // Launches go through DDP_CUDA_LAUNCH (cuda_internal.h), so the file also
 // runs unchanged on the host in the emulated device (runtime/backend/sim/cuda_emulation.h).
 //
-// Backward kernels accumulate into d_in, as the CPU's do:
-//  - max: one thread per output cell adds its gradient at the saved index with atomicAdd.
+// Backward kernels write all of d_in (uninitialised on entry), as the CPU's do:
+//  - max: d_in zeroed on the stream, then one thread per output cell adds its gradient at
+//    the saved index with atomicAdd.
 //    Indices repeat whenever windows overlap (stride below the dilated kernel), and the
 //    backward geometry does not carry the dilation, so the adds are always atomic; with
 //    distinct indices there is no contention and the sums are exact.
-//  - average and adaptive average: a gather, no atomics. Each input element visits the
-//    output windows that contain it, in increasing (oh, ow) order, adding each share to
-//    its value one at a time: the same additions in the same order as the CPU's scatter
+//  - average and adaptive average: a gather, no atomics. Each input element starts from 0
+//    and visits the output windows that contain it, in increasing (oh, ow) order, adding
+//    each share one at a time: the same additions in the same order as the CPU's scatter
 //    (results may still differ in the last bit where the compilers fuse a multiply-add).
 //    The forward kernels sum in the CPU's order and match it exactly.
 #include <math.h>
@@ -131,7 +132,7 @@ __global__ void avg_bwd(T *__restrict__ d_in, const T *__restrict__ grad_out, dd
     int64_t oh0, oh1, ow0, ow1;
     covering(ih, g.kh, g.sh, g.ph, g.oh, &oh0, &oh1);
     covering(iw, g.kw, g.sw, g.pw, g.ow, &ow0, &ow1);
-    T d = d_in[e];
+    T d = 0;
     for (int64_t oh = oh0; oh <= oh1; oh++)
       for (int64_t ow = ow0; ow <= ow1; ow++) {
         int64_t hs, he, ws, we;
@@ -187,7 +188,7 @@ __global__ void adaptive_bwd(T *__restrict__ d_in, const T *__restrict__ grad_ou
     int64_t oh0, oh1, ow0, ow1;
     adaptive_covering(ih, g.oh, g.h, &oh0, &oh1);
     adaptive_covering(iw, g.ow, g.w, &ow0, &ow1);
-    T d = d_in[e];
+    T d = 0;
     for (int64_t oh = oh0; oh <= oh1; oh++) {
       const int64_t hs = start_index(oh, g.oh, g.h), he = end_index(oh, g.oh, g.h);
       if (ih < hs || ih >= he) continue;
@@ -228,6 +229,7 @@ static void cuda_max_pool2d_forward(int dtype, void *out, int64_t *indices, cons
 
 static void cuda_max_pool2d_backward(int dtype, void *d_in, const void *grad_out,
                                      const int64_t *indices, const ddp_pool2d_geom *g) {
+  cudaMemsetAsync(d_in, 0, (size_t)inputs(g) * (dtype == DDP_F32 ? 4 : 8), ddp_cuda_stream());
   if (dtype == DDP_F32)
     POOL_KERNEL(max_bwd, float, outputs(g), (float *)d_in, (const float *)grad_out, indices, *g);
   else
