@@ -1,7 +1,7 @@
 /* runtime/backend/cpu/conv_direct.c: direct f32 conv2d kernels with register blocking, for
  * the shapes where im2col + GEMM is poor (ddp_cpu_conv_direct_applies): few input channels
  * (a network's first layer: the GEMM's inner dimension is only C kH kW = 9 or 27), and
- * stride 2 (ResNet downsampling and its 1x1 shortcuts: im2col copies, then small GEMMs).
+ * 3x3 stride 2 (ResNet downsampling: im2col copies, then small GEMMs).
  *
  * Each pass is written as loops of AVX2 FMAs on tiles of accumulators held in registers
  * (the blocking of Goto and van de Geijn's GEMM kernels applied to the convolution's own
@@ -31,7 +31,7 @@
  * rows), so R = OH + (kH - 1) / s and Wr = OWv + (kW - 1) / s. Lanes past OW compute
  * garbage that the forward store masks off; the gradient read by the backward kernels has
  * zeros there (a padded copy when OW is not a multiple of 8), so they add nothing. Only the
- * phases some tap reads are stored (one for 1x1 stride 2).
+ * phases some tap reads are stored (all four for 3x3 stride 2).
  *
  * Note [direct determinism]: DDP specs compare replicas bit for bit, and one process with
  * any thread count must give the same bits. The forward and the input gradient are per
@@ -71,13 +71,12 @@ typedef struct {
   size_t tables_bytes;
 } dplan;
 
-int ddp_cpu_conv_direct_applies(int dtype, const ddp_conv2d_geom *g, int backward) {
-  (void)backward;
+int ddp_cpu_conv_direct_applies(int dtype, const ddp_conv2d_geom *g) {
   if (dtype != DDP_F32 || g->groups != 1 || g->dh != 1 || g->dw != 1) return 0;
   if (g->n < 1 || g->c < 1 || g->o < 1 || g->oh < 1 || g->ow < 1) return 0;
   if (g->sh != g->sw) return 0;
   if (g->kh == 3 && g->kw == 3 && g->sh == 1) return g->c <= 4;
-  if (g->kh == 3 && g->kw == 3 && g->sh == 2) return 1;
+  if (g->kh == 3 && g->kw == 3 && g->sh == 2) return g->c <= 64 && g->o <= 128;
   return 0;
 }
 
