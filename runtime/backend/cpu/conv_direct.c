@@ -133,6 +133,12 @@ static int plan_init(dplan *p, const ddp_conv2d_geom *g) {
 
 /* ---- panels ---------------------------------------------------------------------------- */
 
+/* The lanes < n of a vector. */
+static __m256i lanes_below(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > VL ? VL : n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+
 /* Columns [*lo, *hi) of a phase row whose input column j = col s + px - pw lies in [0, W). */
 static void phase_cols(const dplan *p, int64_t px, int64_t *lo, int64_t *hi) {
   int64_t s = p->s, pw = p->g->pw, W = p->g->w;
@@ -191,34 +197,45 @@ static void panel_fill(float *restrict X, const float *restrict x, const dplan *
 }
 
 /* dst[2 k] += a[k], dst[2 k + 1] += b[k] for k < n (b NULL: zeros), except that dst[2 n - 1]
- * is left alone when `odd_end` (the row ends on an even column). */
+ * is left alone when `odd_end` (the row ends on an even column). Eight pairs a step; the
+ * last step masked, so that nothing outside the pairs is read or written. */
 static void interleave_add(float *restrict dst, const float *restrict a, const float *restrict b,
                            int64_t n, int odd_end) {
-  int64_t k = 0, full = odd_end ? n - 1 : n;
+  int64_t m = 2 * n - (odd_end ? 1 : 0); /* floats of dst to update */
   __m256 zero = _mm256_setzero_ps();
-  for (; k + VL <= full; k += VL) {
-    __m256 va = _mm256_loadu_ps(a + k), vb = b ? _mm256_loadu_ps(b + k) : zero;
+  for (int64_t k = 0; k < n; k += VL) {
+    __m256 va, vb;
+    if (n - k >= VL) {
+      va = _mm256_loadu_ps(a + k), vb = b ? _mm256_loadu_ps(b + k) : zero;
+    } else {
+      __m256i mr = lanes_below(n - k);
+      va = _mm256_maskload_ps(a + k, mr), vb = b ? _mm256_maskload_ps(b + k, mr) : zero;
+    }
     __m256 lo = _mm256_unpacklo_ps(va, vb), hi = _mm256_unpackhi_ps(va, vb);
     __m256 o0 = _mm256_permute2f128_ps(lo, hi, 0x20), o1 = _mm256_permute2f128_ps(lo, hi, 0x31);
-    _mm256_storeu_ps(dst + 2 * k, _mm256_add_ps(_mm256_loadu_ps(dst + 2 * k), o0));
-    _mm256_storeu_ps(dst + 2 * k + VL, _mm256_add_ps(_mm256_loadu_ps(dst + 2 * k + VL), o1));
-  }
-  for (; k < n; k++) {
-    dst[2 * k] += a[k];
-    if (b && (k < full)) dst[2 * k + 1] += b[k];
+    float *d = dst + 2 * k;
+    if (m - 2 * k >= 2 * VL) {
+      _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), o0));
+      _mm256_storeu_ps(d + VL, _mm256_add_ps(_mm256_loadu_ps(d + VL), o1));
+    } else {
+      __m256i m0 = lanes_below(m - 2 * k), m1 = lanes_below(m - 2 * k - VL);
+      _mm256_maskstore_ps(d, m0, _mm256_add_ps(_mm256_maskload_ps(d, m0), o0));
+      _mm256_maskstore_ps(d + VL, m1, _mm256_add_ps(_mm256_maskload_ps(d + VL, m1), o1));
+    }
   }
 }
 
 /* d_in (C, H, W) of one sample += the gradient panel dX folded back (Note [direct panel]):
- * every input pixel some tap reads takes the value of its slot; padding is dropped. */
+ * every input pixel some tap reads takes the value of its slot; padding is dropped. For
+ * stride 2 a row of d_in interleaves the rows of two phases. */
 static void panel_fold(float *restrict d, const float *restrict dX, const dplan *p) {
   const ddp_conv2d_geom *g = p->g;
   int64_t s = p->s;
   for (int64_t c = 0; c < g->c; c++)
-    for (int64_t py = 0; py < s; py++) {
-      for (int64_t r = 0; r < p->R; r++) {
-        int64_t i = r * s + py - g->ph;
-        if (i < 0 || i >= g->h) continue;
+    for (int64_t i = 0; i < g->h; i++) { /* d_in's rows in order: one pass over its memory */
+      {
+        int64_t ip = i + g->ph, py = ip % s, r = ip / s;
+        if (r >= p->R) continue; /* read by no tap */
         float *row = d + (c * g->h + i) * g->w;
         if (s == 2) {
           /* both phases of this row at once: padded columns 2 col and 2 col + 1 */
@@ -275,11 +292,6 @@ static float hsum8(__m256 v) {
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
   return _mm_cvtss_f32(x);
-}
-
-/* The lanes < n of a vector. */
-static __m256i lanes_below(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /* ---- forward tiles ------------------------------------------------------------------------ */
