@@ -132,8 +132,10 @@ local function conv_case_resnet(name, n, cin, cout, hw, stride, x_grad)
   row(name, conv_flops / t / 1e9, "GFLOP/s", raw_gflops, "raw cblas_sgemm 1024³")
 end
 conv_case_resnet("conv2d fwd+bwd 128×3×32×32 → 16, 3×3 pad 1", 128, 3, 16, 32, 1, false)
-conv_case_resnet("conv2d fwd+bwd 128×16×32×32 → 32, 3×3 stride 2 pad 1", 128, 16, 32, 32, 2, true)
-conv_case_resnet("conv2d fwd+bwd 128×32×16×16 → 64, 3×3 stride 2 pad 1", 128, 32, 64, 16, 2, true)
+conv_case_resnet("conv2d fwd+bwd 128×16×32×32 → 32, 3×3 stride 2 pad 1", 128, 16, 32, 32, 2,
+  true)
+conv_case_resnet("conv2d fwd+bwd 128×32×16×16 → 64, 3×3 stride 2 pad 1", 128, 32, 64, 16, 2,
+  true)
 
 local header = {
   "| benchmark | ddplua | machine limit (same run) | ratio |",

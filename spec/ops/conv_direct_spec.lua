@@ -74,9 +74,12 @@ describe("conv2d direct kernels (f32)", function()
       { x = { 64, 1, 28, 28 }, w = { 32, 1, 3, 3 }, o = { padding = 1 }, x_grad = false },
       { x = { 64, 1, 28, 28 }, w = { 32, 1, 3, 3 }, o = { padding = 1 } },
       -- ResNet-20: first layer, then the two downsampling convolutions
-      { x = { 128, 3, 32, 32 }, w = { 16, 3, 3, 3 }, o = { padding = 1 }, bias = false, x_grad = false },
-      { x = { 128, 16, 32, 32 }, w = { 32, 16, 3, 3 }, o = { padding = 1, stride = 2 }, bias = false },
-      { x = { 128, 32, 16, 16 }, w = { 64, 32, 3, 3 }, o = { padding = 1, stride = 2 }, bias = false },
+      { x = { 128, 3, 32, 32 }, w = { 16, 3, 3, 3 }, o = { padding = 1 }, bias = false,
+        x_grad = false },
+      { x = { 128, 16, 32, 32 }, w = { 32, 16, 3, 3 }, o = { padding = 1, stride = 2 },
+        bias = false },
+      { x = { 128, 32, 16, 16 }, w = { 64, 32, 3, 3 }, o = { padding = 1, stride = 2 },
+        bias = false },
     } do
       check_case(c)
     end
@@ -112,7 +115,8 @@ describe("conv2d direct kernels (f32)", function()
     for _, c in ipairs {
       { x = { 37, 1, 28, 28 }, w = { 32, 1, 3, 3 }, o = { padding = 1 }, bias = true },
       { x = { 19, 3, 32, 32 }, w = { 16, 3, 3, 3 }, o = { padding = 1 } },
-      { x = { 35, 32, 16, 16 }, w = { 64, 32, 3, 3 }, o = { padding = 1, stride = 2 }, bias = true },
+      { x = { 35, 32, 16, 16 }, w = { 64, 32, 3, 3 }, o = { padding = 1, stride = 2 },
+        bias = true },
       { x = { 21, 16, 17, 15 }, w = { 12, 16, 3, 3 }, o = { padding = 1, stride = 2 } },
     } do
       local x, w = randn(c.x), randn(c.w)

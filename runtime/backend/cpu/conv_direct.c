@@ -29,9 +29,10 @@
  * load serves a tap. A tap's place in the panel is a constant offset (qoff), the output
  * vector's another. Output rows are covered by OWv = OW rounded up to 8 (vectors never span
  * rows), so R = OH + (kH - 1) / s and Wr = OWv + (kW - 1) / s. Lanes past OW compute
- * garbage that the forward store masks off; the gradient read by the backward kernels has
- * zeros there (a padded copy when OW is not a multiple of 8), so they add nothing. Only the
- * phases some tap reads are stored (all four for 3x3 stride 2).
+ * garbage that the forward store masks off; the output gradient the backward kernels read
+ * has zeros there (when OW is not a multiple of 8: a padded copy for the input gradient,
+ * masked loads for the weight gradient), so they add nothing. Only the phases some tap
+ * reads are stored (all four for 3x3 stride 2).
  *
  * Note [direct determinism]: DDP specs compare replicas bit for bit, and one process with
  * any thread count must give the same bits. The forward and the input gradient are per
@@ -135,7 +136,8 @@ static int plan_init(dplan *p, const ddp_conv2d_geom *g) {
 
 /* The lanes < n of a vector. */
 static __m256i lanes_below(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > VL ? VL : n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  int k = (int)(n < 0 ? 0 : n > VL ? VL : n);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 
@@ -255,7 +257,8 @@ static void panel_fold(float *restrict d, const float *restrict dX, const dplan 
           int odd_end = j + 2 * pairs > g->w;
           if (a) interleave_add(row + j, a + col, b ? b + col : NULL, pairs, odd_end);
           else {
-            for (int64_t k = 0; k < pairs && j + 2 * k + 1 < g->w; k++) row[j + 2 * k + 1] += b[col + k];
+            for (int64_t k = 0; k < pairs && j + 2 * k + 1 < g->w; k++)
+              row[j + 2 * k + 1] += b[col + k];
           }
           continue;
         }
