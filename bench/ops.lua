@@ -110,10 +110,11 @@ small("`a:add(b)` of (4,) tensors, no grad", function() local _ = s1:add(s1) end
 small("`a + b` of (4,) tensors, tape on", function() local _ = s1 + s2 end)
 small("`a + b` of (4,) tensors, no grad", function() local _ = s1 + s1 end)
 
--- conv2d forward + backward at ResNet-20's shapes that take the direct kernels
--- (runtime/backend/cpu/conv_direct.c): the first layer (batch 128, 3 -> 16 at 32x32, the
--- input needs no gradient) and the two 3x3 stride-2 downsampling convolutions (input
--- gradient too). FLOPs: 2 per multiply-add, forward + one GEMM-equivalent per gradient.
+-- conv2d forward + backward at ResNet-20's first layer (batch 128, 3 -> 16 at 32x32, the
+-- input needs no gradient; im2col + GEMM) and its two 3x3 stride-2 downsampling
+-- convolutions (input gradient too; the direct kernels of runtime/backend/cpu/conv_direct.c
+-- for the forwards and the first one's backward). FLOPs: 2 per multiply-add, forward + one
+-- GEMM-equivalent per gradient.
 local function conv_case_resnet(name, n, cin, cout, hw, stride, x_grad)
   local x = dl.randn { n, cin, hw, hw }
   local w = dl.randn({ cout, cin, 3, 3 }, { requires_grad = true })

@@ -1,7 +1,9 @@
 /* runtime/backend/cpu/conv_direct.c: direct f32 conv2d kernels with register blocking, for
- * the shapes where im2col + GEMM is poor (ddp_cpu_conv_direct_applies): few input channels
- * (a network's first layer: the GEMM's inner dimension is only C kH kW = 9 or 27), and
- * 3x3 stride 2 (ResNet downsampling: im2col copies, then small GEMMs).
+ * the shapes where im2col + GEMM is poor (ddp_cpu_conv_direct_applies): one input channel
+ * (a network's first layer: the GEMM's inner dimension is only C kH kW = 9), and 3x3
+ * stride 2 (ResNet downsampling: im2col copies, then small GEMMs). The kernels themselves
+ * take any channel count, padding and stride (spec/ops/conv_direct_spec.lua); the choice
+ * of shapes is a measured one.
  *
  * Each pass is written as loops of AVX2 FMAs on tiles of accumulators held in registers
  * (the blocking of Goto and van de Geijn's GEMM kernels applied to the convolution's own
@@ -72,12 +74,12 @@ typedef struct {
   size_t tables_bytes;
 } dplan;
 
-int ddp_cpu_conv_direct_applies(int dtype, const ddp_conv2d_geom *g) {
+int ddp_cpu_conv_direct_applies(int dtype, const ddp_conv2d_geom *g, int backward) {
   if (dtype != DDP_F32 || g->groups != 1 || g->dh != 1 || g->dw != 1) return 0;
   if (g->n < 1 || g->c < 1 || g->o < 1 || g->oh < 1 || g->ow < 1) return 0;
-  if (g->sh != g->sw) return 0;
-  if (g->kh == 3 && g->kw == 3 && g->sh == 1) return g->c <= 4;
-  if (g->kh == 3 && g->kw == 3 && g->sh == 2) return g->c <= 64 && g->o <= 128;
+  if (g->sh != g->sw || g->kh != 3 || g->kw != 3) return 0;
+  if (g->sh == 1) return g->c == 1;
+  if (g->sh == 2) return backward ? g->c <= 16 && g->o <= 32 : g->c <= 64 && g->o <= 128;
   return 0;
 }
 

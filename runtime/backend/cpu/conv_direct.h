@@ -7,15 +7,17 @@
 #include "backend/kernels.h"
 
 /* 1 when the direct kernels take conv2d of this dtype and geometry, 0 when the caller keeps
- * its own algorithms (the same answer serves the forward and the backward passes).
- * Taken: DDP_F32, one group, dilation 1, and one of the shapes where the direct kernels
- * measured faster than im2col + GEMM on this project's 2-core machines (bench/ops.lua):
- *  - 3x3 stride 1 with at most 4 input channels (the first layer of a network);
- *  - 3x3 stride 2 with at most 64 input and 128 output channels (ResNet-20's downsampling;
- *    wider layers stay with the GEMMs, where the direct kernels were not measured).
+ * its own algorithms; `backward` 0 asks for the forward pass, 1 for the backward passes.
+ * Taken: DDP_F32, one group, dilation 1, 3x3 kernels, where the direct kernels measured
+ * faster than im2col + GEMM on this project's 2-core machine (bench/RESULTS.md, "Direct
+ * convolution kernels"):
+ *  - stride 1 with one input channel (the Fashion-MNIST CNN's first layer; with 3, ResNet's
+ *    first layer, OpenBLAS's GEMM was as fast);
+ *  - stride 2: forward up to 64 input and 128 output channels, backward up to 16 and 32
+ *    (ResNet-20's downsampling; 32 -> 64 backward measured level with im2col).
  * 1x1 stride 2 (ResNet's option-B shortcuts) measured no faster: its cost is memory traffic.
  * Never fails. */
-int ddp_cpu_conv_direct_applies(int dtype, const ddp_conv2d_geom *g);
+int ddp_cpu_conv_direct_applies(int dtype, const ddp_conv2d_geom *g, int backward);
 
 /* out = conv2d(in, w) + bias for a geometry ddp_cpu_conv_direct_applies() took. Contiguous
  * DDP_F32 buffers; bias may be NULL. Samples are spread over the runtime's threads; the
