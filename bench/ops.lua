@@ -1,7 +1,8 @@
 --- bench/ops.lua: engine-core benchmarks (issue 2). Prints a Markdown table and, with
 -- --out FILE, writes it there.
 --   matmul 1024^3 f32 against raw cblas_sgemm measured in the same run;
---   conv2d forward+backward at the Fashion-MNIST CNN's shapes (batch 64);
+--   conv2d forward+backward at the Fashion-MNIST CNN's shapes (batch 64), and at the end
+--   at ResNet-20's first and downsampling layers (batch 128);
 --   element-wise ops on 16 MiB tensors against memcpy bandwidth measured in the same run;
 --   the cost of one small op called from Lua (dispatch, tape, allocation, release) over
 --   10^6 calls.
@@ -108,6 +109,34 @@ small("`a:add(b)` of (4,) tensors, tape on", function() local _ = s1:add(s2) end
 small("`a:add(b)` of (4,) tensors, no grad", function() local _ = s1:add(s1) end)
 small("`a + b` of (4,) tensors, tape on", function() local _ = s1 + s2 end)
 small("`a + b` of (4,) tensors, no grad", function() local _ = s1 + s1 end)
+
+-- conv2d forward + backward at ResNet-20's first layer (batch 128, 3 -> 16 at 32x32, the
+-- input needs no gradient; im2col + GEMM) and its two 3x3 stride-2 downsampling
+-- convolutions (input gradient too; the direct kernels of runtime/backend/cpu/conv_direct.c
+-- for the forwards and the first one's backward). FLOPs: 2 per multiply-add, forward + one
+-- GEMM-equivalent per gradient.
+local function conv_case_resnet(name, n, cin, cout, hw, stride, x_grad)
+  local x = dl.randn { n, cin, hw, hw }
+  local w = dl.randn({ cout, cin, 3, 3 }, { requires_grad = true })
+  x:requires_grad_(x_grad)
+  local o = { padding = 1, stride = stride }
+  local ohw = math.floor((hw + 2 - 3) / stride) + 1
+  local gout = dl.randn { n, cout, ohw, ohw }
+  local passes = x_grad and 3 or 2
+  local conv_flops = passes * 2 * n * cout * cin * 9 * ohw * ohw
+  local t = clock.median_time(function()
+    local y = dl.conv2d(x, w, nil, o)
+    y:backward(gout)
+    w.grad = nil
+    if x_grad then x.grad = nil end
+  end, 3, 5)
+  row(name, conv_flops / t / 1e9, "GFLOP/s", raw_gflops, "raw cblas_sgemm 1024³")
+end
+conv_case_resnet("conv2d fwd+bwd 128×3×32×32 → 16, 3×3 pad 1", 128, 3, 16, 32, 1, false)
+conv_case_resnet("conv2d fwd+bwd 128×16×32×32 → 32, 3×3 stride 2 pad 1", 128, 16, 32, 32, 2,
+  true)
+conv_case_resnet("conv2d fwd+bwd 128×32×16×16 → 64, 3×3 stride 2 pad 1", 128, 32, 64, 16, 2,
+  true)
 
 local header = {
   "| benchmark | ddplua | machine limit (same run) | ratio |",

@@ -21,6 +21,7 @@
 #include <pthread.h>
 
 #include "backend/cpu/conv.h"
+#include "backend/cpu/conv_direct.h"
 #include "backend/cpu/conv_winograd.h"
 #include "backend/cpu/matmul.h"
 #include "core/core.h"
@@ -320,6 +321,8 @@ static void run_samples(conv_job *j, ddp_range_fn fn) {
 int ddp_cpu_conv2d_forward(int dtype, void *out, const void *in, const void *w,
                            const void *bias, const ddp_conv2d_geom *g) {
   if (use_winograd(dtype, g)) return ddp_cpu_winograd_forward(out, in, w, bias, g);
+  if (ddp_cpu_conv_direct_applies(dtype, g, 0)) /* one channel, stride 2: conv_direct.c */
+    return ddp_cpu_conv_direct_forward(out, in, w, bias, g);
   conv_job j = {.dtype = dtype, .es = ddp_dtype_size(dtype), .g = g, .out = out, .in = in,
                 .w = w, .bias = bias};
   pthread_mutex_init(&j.lock, NULL);
@@ -332,6 +335,8 @@ int ddp_cpu_conv2d_backward(int dtype, void *d_in, void *d_w, void *d_b, const v
                             const void *in, const void *w, const ddp_conv2d_geom *g) {
   if (use_winograd(dtype, g))
     return ddp_cpu_winograd_backward(d_in, d_w, d_b, grad_out, in, w, g);
+  if (ddp_cpu_conv_direct_applies(dtype, g, 1))
+    return ddp_cpu_conv_direct_backward(d_in, d_w, d_b, grad_out, in, w, g);
   conv_job j = {.dtype = dtype, .es = ddp_dtype_size(dtype), .g = g, .d_in = d_in, .d_w = d_w,
                 .d_b = d_b, .grad_out = grad_out, .in = in, .w = w};
   pthread_mutex_init(&j.lock, NULL);
