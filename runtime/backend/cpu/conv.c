@@ -1,6 +1,6 @@
 /* runtime/backend/cpu/conv.c: conv2d forward and backward.
  *
- * Two algorithms, both ending in GEMMs:
+ * Three algorithms; the first two end in GEMMs:
  *  - im2col (Chellapilla, Puri, Simard: "High performance convolutional neural networks for
  *    document processing", 2006), any geometry: for one sample and one group the input
  *    patches are unfolded into cols (C/g kH kW, OH OW), so that
@@ -10,6 +10,8 @@
  *    A 1x1 kernel with stride 1 and no padding needs no unfolding: cols is the input.
  *  - Winograd F(2x2, 3x3) in f32 for 3x3 kernels, stride 1, dilation 1, one group and at
  *    least 8 channels in and out: conv_winograd.c (Note [conv algorithm per shape]).
+ *  - direct f32 kernels for 3x3 kernels with one input channel or stride 2, where they
+ *    measured faster than im2col: conv_direct.c (ddp_cpu_conv_direct_applies).
  *
  * Threads: samples are split over the runtime's pool, each thread with its own scratch and
  * its own weight-gradient sum (added up under a lock at the end), while OpenBLAS is held at
