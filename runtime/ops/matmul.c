@@ -120,7 +120,9 @@ static void mm_range(void *vctx, int64_t begin, int64_t end) {
  * ran ~5% slower; its bits may differ from the split's by rounding (as OpenBLAS's threading
  * made them differ before: its small-size kernels' sums depend on a column's place in the
  * block), each element within k * 2^-24 of exact relative to the size of its terms. Two
- * parts only: beyond 16 M multiply-adds OpenBLAS threads itself. */
+ * parts only: beyond 16 M multiply-adds the backend's gemm splits the product over the pool
+ * itself (ddp_cpu_gemm_parallel, runtime/backend/cpu/gemm_parallel.h); inside this split
+ * each part runs whole on its thread (a nested parallel call runs inline). */
 enum { SPLIT_ALIGN = 32 };
 #define SPLIT_MIN_MNK (256.0 * 1024)       /* below: one GEMM (a fork-join would dominate) */
 #define SPLIT_MAX_MNK (16.0 * 1024 * 1024) /* above: OpenBLAS's own threading */
