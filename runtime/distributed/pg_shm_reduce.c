@@ -5,7 +5,9 @@
  * value in registers (four vectors, 128 bytes of f32 or f64 per step) -- no block copied
  * through a local buffer first. The peers' inputs are read where they lie: the hardware
  * prefetcher follows the k + 1 streams. Non-temporal stores were measured slower here (the
- * output is read again soon: by the peers' gather, or by the owner). */
+ * output is read again soon: by the peers' gather, or by the owner); so was a non-temporal
+ * gather copy (64 MiB, 2 ranks, 2-core Xeon: best of 6 alternating runs 17.7 ms against
+ * 12.1 ms with memcpy; 256 MiB: 71 against 56 ms). */
 #include "distributed/pg_shm_reduce.h"
 
 #include <immintrin.h>
