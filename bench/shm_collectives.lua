@@ -1,13 +1,18 @@
 --- bench/shm_collectives.lua: the collectives between the ranks of one host (shared memory
--- when the group has it): all-reduce bus bandwidth from 4 KiB to --max-mb (f32, SUM) for an
--- ordinary tensor and for a dist.shared_buffer tensor (zero copy, Note [shm zero copy] in
--- runtime/distributed/pg_shm.c), back-to-back all-reduce latency at 4 KiB next to the
--- barrier-synchronised one, broadcast and barrier latency, and a single-process memcpy of the
--- largest size for reference (the machine's copy rate at the time).
+-- when the group has it): all-reduce from 4 KiB to --max-mb (f32, SUM) for an ordinary
+-- tensor (staged through the segment) and for a dist.shared_buffer tensor (zero copy, Note
+-- [shm pipelined all-reduce] in runtime/distributed/pg_shm.c), each size both
+-- barrier-synchronised and back to back; broadcast and barrier latency; and plain memcpy of
+-- the same bytes for reference (the machine's copy rate at the time: rank 0 alone, and every
+-- rank at once).
 --   build/ddplua --nproc_per_node=2 --standalone bench/shm_collectives.lua [--max-mb 64]
 -- Rank 0 prints one line per figure: "what=<name> bytes=<b> time_us=<t> busbw_gbs=<g>"
--- (busbw as nccl-tests: bytes / time * 2 (n - 1) / n; medians). Builds without
--- dist.shared_buffer skip the shared rows.
+-- (busbw as nccl-tests: bytes / time * 2 (n - 1) / n; medians). Names: allreduce[_shared]
+-- (barrier-synchronised: the median of up to 200 calls, each right after a barrier),
+-- allreduce[_shared]_b2b (back to back: the mean over a run of calls with nothing between
+-- them, median of 5 runs), broadcast, barrier_b2b, memcpy (rank 0 copies while the others
+-- wait; busbw column = bytes copied per second) and memcpy_all (every rank copies its own
+-- buffer at once; per rank). Builds without dist.shared_buffer skip the shared rows.
 local dl = require "ddplua"
 local dist = require "ddplua.distributed"
 local clock = require "ddplua.clock"
@@ -24,8 +29,9 @@ end
 
 local function report(what, bytes, sec, bus)
   if rank ~= 0 then return end
-  print(("what=%s bytes=%d time_us=%.2f busbw_gbs=%.3f"):format(what, bytes, sec * 1e6,
-    bus and bytes / sec / 1e9 * 2 * (n - 1) / n or 0))
+  local bw = 0
+  if bus == "copy" then bw = bytes / sec / 1e9 elseif bus then bw = bytes / sec / 1e9 * 2 * (n - 1) / n end
+  print(("what=%s bytes=%d time_us=%.2f busbw_gbs=%.3f"):format(what, bytes, sec * 1e6, bw))
 end
 
 -- Median of reps barrier-synchronised calls of f.
@@ -69,10 +75,24 @@ while bytes <= max_mb * 1024 * 1024 do
     local reps = math.max(5, math.min(200, math.floor(64 * 1024 * 1024 / bytes)))
     for _ = 1, 3 do dist.all_reduce(t) end -- warm-up
     report(e[1], bytes, synced(reps, function() dist.all_reduce(t) end), true)
-    if bytes == 4096 then
-      report(e[1] .. "_b2b", bytes, back_to_back(7, 2000, function() dist.all_reduce(t) end), true)
-    end
+    local k = math.max(3, math.min(2000, math.floor(256 * 1024 * 1024 / bytes)))
+    report(e[1] .. "_b2b", bytes, back_to_back(5, k, function() dist.all_reduce(t) end), true)
   end
+  if bytes >= 1048576 then -- the machine's copy rate for these bytes now
+    local src, dst = dl.ones { bytes / 4 }, dl.zeros { bytes / 4 }
+    dst:copy_(src)
+    local reps = math.max(5, math.min(50, math.floor(256 * 1024 * 1024 / bytes)))
+    local times = {}
+    for r = 1, reps do
+      dist.barrier()
+      local t0 = clock.now()
+      if rank == 0 then dst:copy_(src) end
+      times[r] = clock.now() - t0
+    end
+    report("memcpy", bytes, median(times), "copy")
+    report("memcpy_all", bytes, synced(reps, function() dst:copy_(src) end), "copy")
+  end
+  collectgarbage()
   bytes = bytes * 4
 end
 for _, b in ipairs { 4096, 65536, 1048576, 16777216 } do
@@ -81,21 +101,6 @@ for _, b in ipairs { 4096, 65536, 1048576, 16777216 } do
   report("broadcast", b, synced(math.max(5, math.min(200, math.floor(64 * 1024 * 1024 / b))),
     function() dist.broadcast(t, 0) end))
 end
-report("barrier_b2b", 0, back_to_back(7, 2000, function() dist.barrier() end))
--- The machine's copy rate now (rank 0 alone, the others wait in the barrier): what the
--- large all-reduces are bound by. busbw column: bytes copied per second.
-local big = math.min(max_mb, 64) * 1024 * 1024
-local src, dst = dl.ones { big / 4 }, dl.zeros { big / 4 }
-if rank == 0 then
-  dst:copy_(src)
-  local times = {}
-  for r = 1, 7 do
-    local t0 = clock.now()
-    dst:copy_(src)
-    times[r] = clock.now() - t0
-  end
-  local sec = median(times)
-  print(("what=memcpy bytes=%d time_us=%.2f busbw_gbs=%.3f"):format(big, sec * 1e6, big / sec / 1e9))
-end
+report("barrier_b2b", 0, back_to_back(5, 2000, function() dist.barrier() end))
 dist.barrier()
 dist.destroy_process_group()

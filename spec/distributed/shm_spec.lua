@@ -28,7 +28,7 @@ end
 function value(dtype, r, i)
   return round(dtype, ((r * 7919 + i * 104729) % 1000003) / 1000003 * 2 - 1 + (r + 1) * 1e-3)
 end
-local ctype = { f32 = "float *", f64 = "double *" }
+ctype = { f32 = "float *", f64 = "double *" }
 -- Fill the contiguous tensor t with rank r's values; returns t.
 function fill(t, dtype, r)
   local p = ffi.cast(ctype[dtype], C.ddp_tensor_data(t))
@@ -322,6 +322,97 @@ describe("shared-memory zero-copy all_reduce (dist.shared_buffer) #dist", functi
       end
     end
   end)
+end)
+
+-- Note [shm pipelined all-reduce] in runtime/distributed/pg_shm.c: above 32 KiB an all-reduce
+-- runs in chunks cut into one slice per rank. The sizes below give many chunks with an odd
+-- tail, exact multiples of the chunk (for 3 and 4 ranks, staged and in place), and just
+-- over the small-message limit; slices of odd lengths come with them.
+local PIPE_CASES = {
+  { "f32", "sum", 1000003 }, { "f32", "product", 786432 }, { "f32", "min", 8193 },
+  { "f64", "sum", 500009 }, { "f64", "max", 393216 }, { "f64", "sum", 4097 },
+}
+
+describe("shared-memory pipelined all_reduce #dist", function()
+  for _, n in ipairs { 3, 4 } do
+    it(("staged, in place and mixed, every dtype, the reference's bits on %d ranks"):format(n), function()
+      local cases = {}
+      for i, c in ipairs(PIPE_CASES) do cases[i] = ("{ %q, %q, %d }"):format(c[1], c[2], c[3]) end
+      local ranks, raw = run(([[
+        dist.init_process_group { timeout = 30 }
+        for _, c in ipairs { %s } do
+          local dtype, op, size = c[1], c[2], c[3]
+          local t = make(dtype, RANK, size)
+          dist.all_reduce(t, { op = op })
+          out("staged_" .. dtype .. "_" .. op .. "_" .. size, check(t, dtype, op))
+          local s, placed = dist.shared_buffer(size, { dtype = dtype })
+          assert(placed, "not placed in shared memory")
+          fill(s, dtype, RANK)
+          dist.all_reduce(s, { op = op })
+          out("shared_" .. dtype .. "_" .. op .. "_" .. size, check(s, dtype, op))
+        end
+        -- half the ranks' tensors shared: every rank stages
+        local m = RANK %% 2 == 0 and fill(dist.shared_buffer(1000003), "f32", RANK) or make("f32", RANK, 1000003)
+        dist.all_reduce(m)
+        out("mixed", check(m, "f32", "sum"))
+        -- min / max keep x < acc ? x : acc and x > acc ? x : acc (x the next rank's value)
+        -- over NaNs and signed zeros: compared bit for bit
+        local special = { 0 / 0, 0.0, -0.0, 1.5, -1.5 }
+        local function sv(r, i) return special[(r * 3 + i * 7 + math.floor(i / 5)) %% 5 + 1] end
+        local bits = { f32 = ffi.new("float[1]"), f64 = ffi.new("double[1]") }
+        local view = { f32 = "uint32_t *", f64 = "uint64_t *" }
+        for _, dtype in ipairs { "f32", "f64" } do
+          for _, op in ipairs { "min", "max" } do
+            for _, kind in ipairs { "staged", "shared" } do
+              local size = 100003
+              local t = kind == "shared" and dist.shared_buffer(size, { dtype = dtype }) or dl.empty({ size }, { dtype = dtype })
+              local p = ffi.cast(ctype[dtype], C.ddp_tensor_data(t))
+              for i = 0, size - 1 do p[i] = sv(RANK, i) end
+              dist.all_reduce(t, { op = op })
+              local w, bad, first = ffi.cast(view[dtype], p), 0, -1
+              for i = 0, size - 1 do
+                local acc = sv(0, i)
+                for r = 1, WORLD - 1 do
+                  local x = sv(r, i)
+                  if op == "min" then acc = x < acc and x or acc else acc = x > acc and x or acc end
+                end
+                bits[dtype][0] = acc
+                if ffi.cast(view[dtype], bits[dtype])[0] ~= w[i] then
+                  bad = bad + 1
+                  if first < 0 then first = i end
+                end
+              end
+              out(("nan_%%s_%%s_%%s"):format(kind, dtype, op), bad, first, hash_bytes(t, dtype == "f32" and 4 or 8))
+            end
+          end
+        end
+        -- f16 and bf16 are reduced as f32 (pg_gloo.c stages them) and rounded back once
+        for _, dtype in ipairs { "f16", "bf16" } do
+          local size = 100003
+          local t = make("f32", RANK, size):to(dtype)
+          dist.all_reduce(t)
+          local ref = make("f32", 0, size):to(dtype):to("f32")
+          for r = 1, WORLD - 1 do ref = ref + make("f32", r, size):to(dtype):to("f32") end
+          local bad = t:to("f32"):ne(ref:to(dtype):to("f32")):sum():item()
+          out(dtype, bad, 0, hash_bytes(t, 2))
+        end
+        dist.destroy_process_group()
+      ]]):format(table.concat(cases, ", ")), n, { timeout = 120 })
+      for _, c in ipairs(PIPE_CASES) do
+        assert_results(ranks, "staged_" .. c[1] .. "_" .. c[2] .. "_" .. c[3], raw)
+        assert_results(ranks, "shared_" .. c[1] .. "_" .. c[2] .. "_" .. c[3], raw)
+      end
+      assert_results(ranks, "mixed", raw)
+      for _, dtype in ipairs { "f32", "f64" } do
+        for _, op in ipairs { "min", "max" } do
+          assert_results(ranks, "nan_staged_" .. dtype .. "_" .. op, raw)
+          assert_results(ranks, "nan_shared_" .. dtype .. "_" .. op, raw)
+        end
+      end
+      assert_results(ranks, "f16", raw)
+      assert_results(ranks, "bf16", raw)
+    end)
+  end
 end)
 
 describe("shared-memory broadcast, all_gather and barrier #dist", function()

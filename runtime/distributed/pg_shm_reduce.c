@@ -1,0 +1,99 @@
+/* runtime/distributed/pg_shm_reduce.c: see pg_shm_reduce.h.
+ *
+ * Memory bound: a rank reduces its slice straight from every rank's buffer into one output,
+ * so each input byte is loaded once and each output byte stored once, with the running
+ * value in registers (four vectors, 128 bytes of f32 or f64 per step) -- no block copied
+ * through a local buffer first. The peers' inputs are read where they lie: the hardware
+ * prefetcher follows the k + 1 streams. Non-temporal stores were measured slower here (the
+ * output is read again soon: by the peers' gather, or by the owner); so was a non-temporal
+ * gather copy (64 MiB, 2 ranks, 2-core Xeon: best of 6 alternating runs 17.7 ms against
+ * 12.1 ms with memcpy; 256 MiB: 71 against 56 ms). */
+#include "distributed/pg_shm_reduce.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "core/core.h"
+
+/* The scalar step: acc op x, with x the next rank's input (see pg_shm_reduce.h). */
+#define S_SUM(x, acc) ((acc) + (x))
+#define S_PRODUCT(x, acc) ((acc) * (x))
+#define S_MIN(x, acc) ((x) < (acc) ? (x) : (acc))
+#define S_MAX(x, acc) ((x) > (acc) ? (x) : (acc))
+
+/* The same step on vectors: addition and multiplication are commutative in IEEE arithmetic
+ * (the same bits either way round); _mm256_min_ps(x, acc) is x < acc ? x : acc and
+ * _mm256_max_ps(x, acc) is x > acc ? x : acc, lane by lane, exactly the scalar rule. */
+#define V_SUM_ps(x, acc) _mm256_add_ps((acc), (x))
+#define V_PRODUCT_ps(x, acc) _mm256_mul_ps((acc), (x))
+#define V_MIN_ps(x, acc) _mm256_min_ps((x), (acc))
+#define V_MAX_ps(x, acc) _mm256_max_ps((x), (acc))
+#define V_SUM_pd(x, acc) _mm256_add_pd((acc), (x))
+#define V_PRODUCT_pd(x, acc) _mm256_mul_pd((acc), (x))
+#define V_MIN_pd(x, acc) _mm256_min_pd((x), (acc))
+#define V_MAX_pd(x, acc) _mm256_max_pd((x), (acc))
+
+#ifdef __AVX__
+/* Four vectors per step: enough loads in flight to keep the memory system busy. */
+#define VEC_PART(T, VT, W, SFX, OP)                                                        \
+  for (; i + 4 * (W) <= n; i += 4 * (W)) {                                                 \
+    const T *p = in[0] + lo + i;                                                           \
+    VT a0 = _mm256_loadu_##SFX(p), a1 = _mm256_loadu_##SFX(p + (W));                       \
+    VT a2 = _mm256_loadu_##SFX(p + 2 * (W)), a3 = _mm256_loadu_##SFX(p + 3 * (W));         \
+    for (int r = 1; r < k; r++) {                                                          \
+      const T *q = in[r] + lo + i;                                                         \
+      a0 = V_##OP##_##SFX(_mm256_loadu_##SFX(q), a0);                                      \
+      a1 = V_##OP##_##SFX(_mm256_loadu_##SFX(q + (W)), a1);                               \
+      a2 = V_##OP##_##SFX(_mm256_loadu_##SFX(q + 2 * (W)), a2);                            \
+      a3 = V_##OP##_##SFX(_mm256_loadu_##SFX(q + 3 * (W)), a3);                            \
+    }                                                                                      \
+    _mm256_storeu_##SFX(out + i, a0);                                                      \
+    _mm256_storeu_##SFX(out + i + (W), a1);                                                \
+    _mm256_storeu_##SFX(out + i + 2 * (W), a2);                                            \
+    _mm256_storeu_##SFX(out + i + 3 * (W), a3);                                            \
+  }
+#else
+#define VEC_PART(T, VT, W, SFX, OP)
+#endif
+
+#define DEFINE_REDUCE(name, T, VT, W, SFX, OP)                                             \
+  static void name(T *out, const T *const *in, int k, size_t lo, size_t n) {               \
+    size_t i = 0;                                                                          \
+    VEC_PART(T, VT, W, SFX, OP)                                                            \
+    for (; i < n; i++) {                                                                   \
+      T acc = in[0][lo + i];                                                               \
+      for (int r = 1; r < k; r++) acc = S_##OP(in[r][lo + i], acc);                        \
+      out[i] = acc;                                                                        \
+    }                                                                                      \
+  }
+DEFINE_REDUCE(sum_f32, float, __m256, 8, ps, SUM)
+DEFINE_REDUCE(product_f32, float, __m256, 8, ps, PRODUCT)
+DEFINE_REDUCE(min_f32, float, __m256, 8, ps, MIN)
+DEFINE_REDUCE(max_f32, float, __m256, 8, ps, MAX)
+DEFINE_REDUCE(sum_f64, double, __m256d, 4, pd, SUM)
+DEFINE_REDUCE(product_f64, double, __m256d, 4, pd, PRODUCT)
+DEFINE_REDUCE(min_f64, double, __m256d, 4, pd, MIN)
+DEFINE_REDUCE(max_f64, double, __m256d, 4, pd, MAX)
+#undef DEFINE_REDUCE
+#undef VEC_PART
+
+void ddp_shm_reduce(void *out, const void *const *in, int k, size_t lo, size_t n, int dtype,
+                    int op) {
+  if (dtype == DDP_F32) {
+    const float *const *x = (const float *const *)in;
+    switch (op) {
+      case DDP_REDUCE_PRODUCT: product_f32(out, x, k, lo, n); break;
+      case DDP_REDUCE_MIN: min_f32(out, x, k, lo, n); break;
+      case DDP_REDUCE_MAX: max_f32(out, x, k, lo, n); break;
+      default: sum_f32(out, x, k, lo, n); break; /* SUM (AVG: the caller divides) */
+    }
+  } else if (dtype == DDP_F64) {
+    const double *const *x = (const double *const *)in;
+    switch (op) {
+      case DDP_REDUCE_PRODUCT: product_f64(out, x, k, lo, n); break;
+      case DDP_REDUCE_MIN: min_f64(out, x, k, lo, n); break;
+      case DDP_REDUCE_MAX: max_f64(out, x, k, lo, n); break;
+      default: sum_f64(out, x, k, lo, n); break;
+    }
+  }
+}
