@@ -144,9 +144,11 @@ static int bn_moments(ddp_tensor **mean, ddp_tensor **var, const ddp_kernels *k,
   return status;
 }
 
-/* Saved slots of BatchNormBackward (and BatchNormReluBackward, which also saves its output);
- * iattr[0] training, iattr[1] has weight, iattr[2] fused ReLU (Note [fused batch norm relu]). */
-enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_OUTPUT, BN_SAVED };
+/* Saved slots of BatchNormBackward and BatchNormReluBackward; the fused node also saves its
+ * output (with a residual) or the per-channel scale and shift (without: the ReLU mask is
+ * recomputed from x). iattr[0] training, iattr[1] has weight, iattr[2] fused ReLU, iattr[3] with a residual
+ * (Note [fused batch norm relu]). */
+enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_OUTPUT, BN_SCALE, BN_SHIFT, BN_SAVED };
 
 /* Every per-channel value (statistics, coefficients) lives in a small tensor on the
  * input's device and is computed there by the bn_* kernels, so the batch norm of a device
@@ -155,9 +157,13 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   ddp_tensor *x0 = ddp_node_saved(n, BN_INPUT);
   ddp_tensor *w0 = n->iattr[1] ? ddp_node_saved(n, BN_WEIGHT) : NULL;
   ddp_tensor *mean = ddp_node_saved(n, BN_MEAN), *invstd = ddp_node_saved(n, BN_INVSTD);
-  int relu = (int)n->iattr[2];
-  ddp_tensor *y = relu ? ddp_node_saved(n, BN_OUTPUT) : NULL;
-  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd || (relu && !y)) return ddp_last_status();
+  int relu = (int)n->iattr[2], has_res = relu && n->iattr[3];
+  ddp_tensor *y = has_res ? ddp_node_saved(n, BN_OUTPUT) : NULL;
+  ddp_tensor *scale = relu && !has_res ? ddp_node_saved(n, BN_SCALE) : NULL;
+  ddp_tensor *shift = relu && !has_res ? ddp_node_saved(n, BN_SHIFT) : NULL;
+  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd || (has_res && !y) ||
+      (relu && !has_res && (!scale || !shift)))
+    return ddp_last_status();
   int dt = n->inputs[0].dtype, training = (int)n->iattr[0], dev = x0->device;
   const ddp_kernels *k;
   DDP_TRY(bn_kernels(&k, dev, "BatchNormBackward"));
@@ -195,15 +201,18 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
    * dx = k (M dy - sum dy - xhat sum(dy xhat)), k = w invstd / M, xhat = (x - mean) invstd;
    * dweight = sum(dy * xhat), dbias = sum(dy) */
   if (relu) /* the same with g = (y > 0 ? dy : 0), the gradient through the ReLU */
-    k->bn_backward_reduce_relu(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(y), dptr(x),
-                               dptr(mean), N, C, S);
+    k->bn_backward_reduce_relu(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g), y ? dptr(y) : NULL,
+                               dptr(x), dptr(mean), scale ? dptr(scale) : NULL,
+                               shift ? dptr(shift) : NULL, N, C, S);
   else
     k->bn_backward_reduce(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
   k->bn_backward_coef(dt, a, b, d, dw, db, dptr(tmp[3]), dptr(tmp[4]), dptr(invstd), w, C, M,
                       training);
   if (relu && (gi[0] || gi[3]))
     k->bn_backward_elemt_relu(dt, gi[0] ? dptr(gi[0]) : NULL, gi[3] ? dptr(gi[3]) : NULL,
-                              dptr(g), dptr(y), dptr(x), dptr(mean), a, b, d, N, C, S);
+                              dptr(g), y ? dptr(y) : NULL, dptr(x), dptr(mean),
+                              scale ? dptr(scale) : NULL, shift ? dptr(shift) : NULL, a, b, d,
+                              N, C, S);
   else if (!relu && gi[0])
     k->bn_backward_elemt(dt, dptr(gi[0]), dptr(g), dptr(x), dptr(mean), a, b, d, N, C, S);
   status = ddp_device_check(dev, "BatchNormBackward");
@@ -296,11 +305,14 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
     n->iattr[0] = training;
     n->iattr[1] = weight != NULL;
     n->iattr[2] = relu;
+    n->iattr[3] = residual != NULL;
     if ((status = ddp_node_save(n, BN_INPUT, input)) ||
         (status = ddp_node_save(n, BN_WEIGHT, weight)) ||
         (status = ddp_node_save(n, BN_MEAN, tmp[5])) ||
         (status = ddp_node_save(n, BN_INVSTD, tmp[8])) ||
-        (relu && (status = ddp_node_save(n, BN_OUTPUT, *out)))) {
+        (relu && residual && (status = ddp_node_save(n, BN_OUTPUT, *out))) ||
+        (relu && !residual && ((status = ddp_node_save(n, BN_SCALE, tmp[6])) ||
+                               (status = ddp_node_save(n, BN_SHIFT, tmp[7]))))) {
       ddp_node_release(n);
       goto done;
     }
@@ -381,8 +393,10 @@ int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean
 
 /* Note [fused batch norm relu]: batch_norm_relu computes relu(batch_norm(x) + residual) in
  * one pass over the data and records one node, BatchNormReluBackward, that saves x (as
- * batch norm does) and the output y (as relu does) and nothing in between, so neither the
- * batch norm output nor the sum is ever written to memory. The forward rounds each step as
+ * batch norm does) and the output y (as relu does; without a residual the per-channel scale
+ * and shift instead, Note [fused batch norm relu mask] in runtime/backend/cpu/batch_norm.c)
+ * and nothing in between, so neither the batch norm output nor the sum is ever written to
+ * memory. The forward rounds each step as
  * the separate ops do (the batch norm FMA, the f32 add, relu as x < 0 ? 0 : x), and the
  * backward takes g = (y > 0 ? dy : 0) (relu's backward), hands g to the residual (the add's
  * backward) and feeds g to the same batch norm reduction and element-wise arithmetic, so

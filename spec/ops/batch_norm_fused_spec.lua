@@ -168,6 +168,26 @@ describe("dl.batch_norm_relu", function()
     assert_same_bits(x.grad, gref, "grad")
     local y2 = dl.batch_norm_relu(dl.tensor { { -3 }, { 3 } }, nil, nil, { training = true, eps = 0 })
     assert_same_bits(y2, dl.tensor { { 0 }, { 1 } }, "relu of the normalised values")
+    -- weight 0: every pre-activation is +-0 (relu keeps -0), the mask is off everywhere
+    for _, res in ipairs { false, true } do
+      local xz = randn({ 4, 2, 9 }, 77):requires_grad_()
+      local w = dl.zeros({ 2 }):requires_grad_()
+      local r = res and dl.zeros({ 4, 2, 9 }):requires_grad_() or nil
+      local g = randn({ 4, 2, 9 }, 78)
+      local yz = dl.batch_norm(xz, nil, nil, { weight = w, training = true })
+      if r then yz = yz + r end
+      yz = yz:relu()
+      yz:backward(g)
+      local gx, gw, gr = xz.grad, w.grad, r and r.grad
+      xz.grad, w.grad = nil, nil
+      if r then r.grad = nil end
+      local yf = dl.batch_norm_relu(xz, nil, nil, { weight = w, training = true, residual = r })
+      yf:backward(g)
+      assert_same_bits(yf, yz, "zero weight y")
+      assert_same_bits(xz.grad, gx, "zero weight gx")
+      assert_same_bits(w.grad, gw, "zero weight gw")
+      if r then assert_same_bits(r.grad, gr, "zero weight gr") end
+    end
   end)
 
   it("has gradients matching finite differences in f64", function()

@@ -51,10 +51,13 @@ static int64_t grain_for(int64_t per_slice) {
 /* Context of every pass: buffers as void pointers, cast by the typed range function. */
 typedef struct {
   void *out0, *out1; /* y; dx, dresidual; or the two f64 per-channel sums */
-  const void *x, *dy, *y, *res, *mean, *a, *b, *d;
+  const void *x, *dy, *y, *res, *mean, *a, *b, *d, *scale, *shift;
   int64_t N, C, S;
-  int relu;
+  int relu; /* backward: RELU_NONE, RELU_FROM_Y or RELU_FROM_X (forward: 0 or 1) */
 } bn_pass;
+
+/* Where the backward passes take the ReLU's mask from (Note [fused batch norm relu mask]). */
+enum { RELU_NONE, RELU_FROM_Y, RELU_FROM_X };
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -176,23 +179,37 @@ static void bn_sums_range_f32(void *vctx, int64_t c0, int64_t c1) {
   }
 }
 
+/* Note [fused batch norm relu mask]: the backward of relu(v) needs the mask y > 0, with
+ * y = relu(v) the fused op's output. Without a residual, v = (x - mean) * scale + shift is
+ * the same single FMA the forward rounded, so the mask is recomputed from x (already read
+ * for the reduction) as v > 0 instead of reading y: one stream less. y > 0 exactly when
+ * v > 0 (relu keeps v when v is not < 0; -0, +0 and NaN give y not > 0 as they give v not
+ * > 0). With a residual, v also needs the residual, so y is read instead. */
+
 /* sum_dy[c] = sum g, sum_dy_xmu[c] = sum g (x - mean[c]) with g = dy, or (relu) g = dy where
- * y > 0 else 0: the gradient through the ReLU whose output y is (Note [fused batch norm
- * relu]). Written once so that the fused and the plain reduction are the same arithmetic. */
+ * the ReLU's output is > 0 else 0 (Note [fused batch norm relu mask]). Written once so that
+ * the fused and the plain reduction are the same arithmetic. */
 ALWAYS_INLINE void bn_backward_reduce_f32_body(const bn_pass *k, int64_t c0, int64_t c1, int relu) {
   double *sum_dy = k->out0, *sum_dy_xmu = k->out1;
   const float *x = k->x, *dy = k->dy, *y = k->y, *mean = k->mean;
+  const float *scale = k->scale, *shift = k->shift;
   int64_t N = k->N, C = k->C, S = k->S;
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t c = c0; c < c1; c++) {
     double m = mean[c], t1 = 0, t2 = 0;
+    float mf = mean[c], sc = relu == RELU_FROM_X ? scale[c] : 0, sh = relu == RELU_FROM_X ? shift[c] : 0;
+    __m256 vmf = _mm256_set1_ps(mf), vsc = _mm256_set1_ps(sc), vsh = _mm256_set1_ps(sh);
     __m256d vm = _mm256_set1_pd(m), s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
     for (int64_t n = 0; n < N; n++) {
       int64_t base = (n * C + c) * S, s = 0;
-      const float *px = x + base, *pg = dy + base, *py = relu ? y + base : NULL;
+      const float *px = x + base, *pg = dy + base, *py = relu == RELU_FROM_Y ? y + base : NULL;
       for (; s + 8 <= S; s += 8) {
         __m256 g = _mm256_loadu_ps(pg + s), xv = _mm256_loadu_ps(px + s);
-        if (relu) g = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(py + s), zero, _CMP_GT_OQ), g);
+        if (relu == RELU_FROM_Y)
+          g = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(py + s), zero, _CMP_GT_OQ), g);
+        else if (relu == RELU_FROM_X)
+          g = _mm256_and_ps(_mm256_cmp_ps(_mm256_fmadd_ps(_mm256_sub_ps(xv, vmf), vsc, vsh), zero,
+                                          _CMP_GT_OQ), g);
         __m256d glo = _mm256_cvtps_pd(_mm256_castps256_ps128(g));
         __m256d ghi = _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1));
         __m256d xlo = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(xv)), vm);
@@ -203,7 +220,9 @@ ALWAYS_INLINE void bn_backward_reduce_f32_body(const bn_pass *k, int64_t c0, int
         q1 = _mm256_fmadd_pd(ghi, xhi, q1);
       }
       for (; s < S; s++) {
-        double g = relu && !(py[s] > 0) ? 0.0 : (double)pg[s];
+        int off = relu == RELU_FROM_Y ? !(py[s] > 0)
+                  : relu == RELU_FROM_X ? !(fmaf(px[s] - mf, sc, sh) > 0) : 0;
+        double g = off ? 0.0 : (double)pg[s];
         t1 += g;
         t2 = fma(g, (double)px[s] - m, t2);
       }
@@ -215,8 +234,11 @@ ALWAYS_INLINE void bn_backward_reduce_f32_body(const bn_pass *k, int64_t c0, int
 static void bn_backward_reduce_range_f32(void *vctx, int64_t c0, int64_t c1) {
   bn_backward_reduce_f32_body(vctx, c0, c1, 0);
 }
-static void bn_backward_reduce_relu_range_f32(void *vctx, int64_t c0, int64_t c1) {
-  bn_backward_reduce_f32_body(vctx, c0, c1, 1);
+static void bn_backward_reduce_relu_y_range_f32(void *vctx, int64_t c0, int64_t c1) {
+  bn_backward_reduce_f32_body(vctx, c0, c1, RELU_FROM_Y);
+}
+static void bn_backward_reduce_relu_x_range_f32(void *vctx, int64_t c0, int64_t c1) {
+  bn_backward_reduce_f32_body(vctx, c0, c1, RELU_FROM_X);
 }
 
 /* ---- f32 element-wise passes (batch rows [n0, n1)) ----------------------------------------- */
@@ -260,35 +282,43 @@ static void bn_apply_add_relu_range_f32(void *vctx, int64_t n0, int64_t n1) {
   bn_apply_f32_body(vctx, n0, n1, 1, 1);
 }
 
-/* g = dy, or (relu) dy where y > 0 else +0; dresidual = g (when wanted);
+/* g = dy, or (relu) dy where the ReLU's output is > 0 else +0 (Note [fused batch norm relu
+ * mask]); dresidual = g (when wanted);
  * dx += a[c] g + (b[c] (x - mean[c]) + d[c]) (when wanted), as two FMAs. The fused form
  * (relu) writes dx = 0 + v instead: bitwise what accumulating into a zero-filled dx gives
  * (a -0 becomes +0), without the fill and the read. */
 ALWAYS_INLINE void bn_backward_elemt_f32_body(const bn_pass *k, int64_t n0, int64_t n1, int relu) {
   float *restrict dx = k->out0, *restrict dr = k->out1;
   const float *restrict x = k->x, *restrict dy = k->dy, *restrict y = k->y;
-  const float *mean = k->mean, *a = k->a, *b = k->b, *d = k->d;
+  const float *mean = k->mean, *a = k->a, *b = k->b, *d = k->d, *scale = k->scale,
+              *shift = k->shift;
   int64_t C = k->C, S = k->S;
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t n = n0; n < n1; n++)
     for (int64_t c = 0; c < C; c++) {
       int64_t base = (n * C + c) * S, s = 0;
       float m = mean[c], ac = a[c], bc = b[c], dc = d[c];
+      float sc = relu == RELU_FROM_X ? scale[c] : 0, sh = relu == RELU_FROM_X ? shift[c] : 0;
       __m256 vm = _mm256_set1_ps(m), va = _mm256_set1_ps(ac), vb = _mm256_set1_ps(bc),
-             vd = _mm256_set1_ps(dc);
+             vd = _mm256_set1_ps(dc), vsc = _mm256_set1_ps(sc), vsh = _mm256_set1_ps(sh);
       for (; s + 8 <= S; s += 8) {
         __m256 g = _mm256_loadu_ps(dy + base + s);
-        if (relu) g = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y + base + s), zero, _CMP_GT_OQ), g);
+        __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + base + s), vm);
+        if (relu == RELU_FROM_Y)
+          g = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y + base + s), zero, _CMP_GT_OQ), g);
+        else if (relu == RELU_FROM_X)
+          g = _mm256_and_ps(_mm256_cmp_ps(_mm256_fmadd_ps(t, vsc, vsh), zero, _CMP_GT_OQ), g);
         if (dr) _mm256_storeu_ps(dr + base + s, g);
         if (dx) {
-          __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + base + s), vm);
           __m256 v = _mm256_fmadd_ps(va, g, _mm256_fmadd_ps(vb, t, vd));
           __m256 prev = relu ? zero : _mm256_loadu_ps(dx + base + s);
           _mm256_storeu_ps(dx + base + s, _mm256_add_ps(prev, v));
         }
       }
       for (; s < S; s++) {
-        float g = relu && !(y[base + s] > 0) ? 0.0f : dy[base + s];
+        int off = relu == RELU_FROM_Y ? !(y[base + s] > 0)
+                  : relu == RELU_FROM_X ? !(fmaf(x[base + s] - m, sc, sh) > 0) : 0;
+        float g = off ? 0.0f : dy[base + s];
         if (dr) dr[base + s] = g;
         if (dx)
           dx[base + s] = (relu ? 0.0f : dx[base + s]) + fmaf(ac, g, fmaf(bc, x[base + s] - m, dc));
@@ -298,11 +328,23 @@ ALWAYS_INLINE void bn_backward_elemt_f32_body(const bn_pass *k, int64_t n0, int6
 static void bn_backward_elemt_range_f32(void *vctx, int64_t n0, int64_t n1) {
   bn_backward_elemt_f32_body(vctx, n0, n1, 0);
 }
-static void bn_backward_elemt_relu_range_f32(void *vctx, int64_t n0, int64_t n1) {
-  bn_backward_elemt_f32_body(vctx, n0, n1, 1);
+static void bn_backward_elemt_relu_y_range_f32(void *vctx, int64_t n0, int64_t n1) {
+  bn_backward_elemt_f32_body(vctx, n0, n1, RELU_FROM_Y);
+}
+static void bn_backward_elemt_relu_x_range_f32(void *vctx, int64_t n0, int64_t n1) {
+  bn_backward_elemt_f32_body(vctx, n0, n1, RELU_FROM_X);
 }
 
 /* ---- f64: plain loops, the same formulas ---------------------------------------------------- */
+
+/* 1 when the ReLU of the fused op zeroed element i (channel c) (Note [fused batch norm relu
+ * mask]). */
+static int relu_off_f64(const bn_pass *k, int64_t i, int64_t c) {
+  const double *x = k->x, *y = k->y, *mean = k->mean, *scale = k->scale, *shift = k->shift;
+  if (k->relu == RELU_FROM_Y) return !(y[i] > 0);
+  if (k->relu == RELU_FROM_X) return !(fma(x[i] - mean[c], scale[c], shift[c]) > 0);
+  return 0;
+}
 
 static void bn_moments_range_f64(void *vctx, int64_t c0, int64_t c1) {
   const bn_pass *k = vctx;
@@ -346,14 +388,14 @@ static void bn_sums_range_f64(void *vctx, int64_t c0, int64_t c1) {
 static void bn_backward_reduce_range_f64(void *vctx, int64_t c0, int64_t c1) {
   const bn_pass *k = vctx;
   double *sum_dy = k->out0, *sum_dy_xmu = k->out1;
-  const double *x = k->x, *dy = k->dy, *y = k->y, *mean = k->mean;
+  const double *x = k->x, *dy = k->dy, *mean = k->mean;
   int64_t N = k->N, C = k->C, S = k->S;
   for (int64_t c = c0; c < c1; c++) {
     double m = mean[c], a1 = 0, a2 = 0;
     for (int64_t n = 0; n < N; n++)
       for (int64_t s = 0; s < S; s++) {
         int64_t i = (n * C + c) * S + s;
-        double g = k->relu && !(y[i] > 0) ? 0.0 : dy[i];
+        double g = relu_off_f64(k, i, c) ? 0.0 : dy[i];
         a1 += g;
         a2 += g * (x[i] - m);
       }
@@ -381,16 +423,16 @@ static void bn_apply_range_f64(void *vctx, int64_t n0, int64_t n1) {
 static void bn_backward_elemt_range_f64(void *vctx, int64_t n0, int64_t n1) {
   const bn_pass *k = vctx;
   double *dx = k->out0, *dr = k->out1;
-  const double *x = k->x, *dy = k->dy, *y = k->y, *mean = k->mean, *a = k->a, *b = k->b,
+  const double *x = k->x, *dy = k->dy, *mean = k->mean, *a = k->a, *b = k->b,
                *d = k->d;
   int64_t C = k->C, S = k->S;
   for (int64_t n = n0; n < n1; n++)
     for (int64_t c = 0; c < C; c++)
       for (int64_t s = 0; s < S; s++) {
         int64_t i = (n * C + c) * S + s;
-        double g = k->relu && !(y[i] > 0) ? 0.0 : dy[i];
+        double g = relu_off_f64(k, i, c) ? 0.0 : dy[i];
         if (dr) dr[i] = g;
-        if (dx) dx[i] = (k->relu ? 0.0 : dx[i]) + fma(a[c], g, fma(b[c], x[i] - mean[c], d[c]));
+        if (dx) dx[i] = (k->relu != RELU_NONE ? 0.0 : dx[i]) + fma(a[c], g, fma(b[c], x[i] - mean[c], d[c]));
       }
 }
 
@@ -441,11 +483,14 @@ void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, c
 
 void ddp_cpu_bn_backward_reduce_relu(int dtype, double *sum_dy, double *sum_dy_xmu,
                                      const void *dy, const void *y, const void *x,
-                                     const void *mean, int64_t N, int64_t C, int64_t S) {
+                                     const void *mean, const void *scale, const void *shift,
+                                     int64_t N, int64_t C, int64_t S) {
   bn_pass k = {.out0 = sum_dy, .out1 = sum_dy_xmu, .x = x, .dy = dy, .y = y, .mean = mean,
-               .N = N, .C = C, .S = S, .relu = 1};
-  run_pass(&k, 0,
-           dtype == DDP_F64 ? bn_backward_reduce_range_f64 : bn_backward_reduce_relu_range_f32);
+               .scale = scale, .shift = shift, .N = N, .C = C, .S = S,
+               .relu = y ? RELU_FROM_Y : RELU_FROM_X};
+  run_pass(&k, 0, dtype == DDP_F64 ? bn_backward_reduce_range_f64
+                  : y              ? bn_backward_reduce_relu_y_range_f32
+                                   : bn_backward_reduce_relu_x_range_f32);
 }
 
 void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *x,
@@ -457,11 +502,14 @@ void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *
 }
 
 void ddp_cpu_bn_backward_elemt_relu(int dtype, void *dx, void *dresidual, const void *dy,
-                                    const void *y, const void *x, const void *mean, const void *a,
+                                    const void *y, const void *x, const void *mean,
+                                    const void *scale, const void *shift, const void *a,
                                     const void *b, const void *d, int64_t N, int64_t C,
                                     int64_t S) {
-  bn_pass k = {.out0 = dx, .out1 = dresidual, .x = x, .dy = dy, .y = y, .mean = mean, .a = a,
-               .b = b, .d = d, .N = N, .C = C, .S = S, .relu = 1};
-  run_pass(&k, 1,
-           dtype == DDP_F64 ? bn_backward_elemt_range_f64 : bn_backward_elemt_relu_range_f32);
+  bn_pass k = {.out0 = dx, .out1 = dresidual, .x = x, .dy = dy, .y = y, .mean = mean,
+               .scale = scale, .shift = shift, .a = a, .b = b, .d = d, .N = N, .C = C, .S = S,
+               .relu = y ? RELU_FROM_Y : RELU_FROM_X};
+  run_pass(&k, 1, dtype == DDP_F64 ? bn_backward_elemt_range_f64
+                  : y              ? bn_backward_elemt_relu_y_range_f32
+                                   : bn_backward_elemt_relu_x_range_f32);
 }

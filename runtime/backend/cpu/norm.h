@@ -44,10 +44,13 @@ void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, c
                                 const void *x, const void *mean, int64_t N, int64_t C, int64_t S);
 
 /* The same sums of g = (y > 0 ? dy : 0), the gradient through the ReLU of the fused op whose
- * output is y: sum_dy (C), sum_dy_xmu (C) <- dy, y, x (N, C, S), mean (C). */
+ * output is y; with y NULL (no residual), the mask is recomputed as (x - mean) * scale +
+ * shift > 0 (Note [fused batch norm relu mask] in batch_norm.c): sum_dy (C), sum_dy_xmu (C)
+ * <- dy, y or NULL, x (N, C, S), mean, scale, shift (C; scale, shift used when y is NULL). */
 void ddp_cpu_bn_backward_reduce_relu(int dtype, double *sum_dy, double *sum_dy_xmu,
                                      const void *dy, const void *y, const void *x,
-                                     const void *mean, int64_t N, int64_t C, int64_t S);
+                                     const void *mean, const void *scale, const void *shift,
+                                     int64_t N, int64_t C, int64_t S);
 
 /* dx += a[c] * dy + (b[c] * (x - mean[c]) + d[c]), the per-channel affine form both the
  * training and the eval backward of batch norm reduce to:
@@ -56,12 +59,14 @@ void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *
                                const void *mean, const void *a, const void *b, const void *d,
                                int64_t N, int64_t C, int64_t S);
 
-/* The fused op's backward: g = (y > 0 ? dy : 0); dresidual = g and dx = 0 + (a[c] g + (b[c]
- * (x - mean[c]) + d[c])), WRITTEN (not accumulated: bitwise the accumulation into a zero
- * fill); dx and dresidual (N, C, S) may each be NULL (not wanted)
- * <- dy, y, x (N, C, S), mean, a, b, d (C). */
+/* The fused op's backward: g = (y > 0 ? dy : 0) (mask from y, or from x, scale and shift
+ * when y is NULL, as above); dresidual = g and dx = 0 + (a[c] g + (b[c] (x - mean[c]) +
+ * d[c])), WRITTEN (not accumulated: bitwise the accumulation into a zero fill); dx and
+ * dresidual (N, C, S) may each be NULL (not wanted)
+ * <- dy, y or NULL, x (N, C, S), mean, scale, shift, a, b, d (C). */
 void ddp_cpu_bn_backward_elemt_relu(int dtype, void *dx, void *dresidual, const void *dy,
-                                    const void *y, const void *x, const void *mean, const void *a,
+                                    const void *y, const void *x, const void *mean,
+                                    const void *scale, const void *shift, const void *a,
                                     const void *b, const void *d, int64_t N, int64_t C,
                                     int64_t S);
 
