@@ -105,11 +105,14 @@ describe("batch norm passes (f32, vectorised)", function()
       local dy, r = randn(shape, 80 + i), randn(shape, 90 + i)
       dl.set_num_threads(1)
       local one, onef = bn_run(x, w, b, dy, "f32"), bn_run(x, w, b, dy, "f32", true, r)
+      local onen = bn_run(x, w, b, dy, "f32", true)
       dl.set_num_threads(2)
       local two, twof = bn_run(x, w, b, dy, "f32"), bn_run(x, w, b, dy, "f32", true, r)
+      local twon = bn_run(x, w, b, dy, "f32", true)
       for _, k in ipairs { "y", "rm", "rv", "gx", "gw", "gb" } do
         assert_same_bits(two[k], one[k], "batch_norm " .. k)
         assert_same_bits(twof[k], onef[k], "batch_norm_relu " .. k)
+        assert_same_bits(twon[k], onen[k], "batch_norm_relu (no residual) " .. k)
       end
       assert_same_bits(twof.gr, onef.gr, "batch_norm_relu residual grad")
     end
@@ -188,6 +191,22 @@ describe("dl.batch_norm_relu", function()
       assert_same_bits(w.grad, gw, "zero weight gw")
       if r then assert_same_bits(r.grad, gr, "zero weight gr") end
     end
+  end)
+
+  it("takes strided inputs and a residual alone requiring grad as the composition does", function()
+    local base, rbase = randn({ 4, 5, 6, 3 }, 61), randn({ 4, 5, 6, 3 }, 62)
+    local x = base:permute(1, 4, 2, 3) -- (4, 3, 5, 6), not contiguous
+    local r = rbase:permute(1, 4, 2, 3):requires_grad_()
+    local dy = randn({ 4, 3, 5, 6 }, 63)
+    local ref = (dl.batch_norm(x, nil, nil, { training = true }) + r):relu()
+    ref:backward(dy)
+    local gr = r.grad
+    r.grad = nil
+    local y = dl.batch_norm_relu(x, nil, nil, { training = true, residual = r })
+    y:backward(dy)
+    assert_same_bits(y, ref, "y")
+    assert_same_bits(r.grad, gr, "residual grad")
+    assert.is_nil(x.grad)
   end)
 
   it("has gradients matching finite differences in f64", function()
