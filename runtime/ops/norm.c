@@ -144,11 +144,12 @@ static int bn_moments(ddp_tensor **mean, ddp_tensor **var, const ddp_kernels *k,
   return status;
 }
 
-/* Saved slots of BatchNormBackward and BatchNormReluBackward; the fused node also saves its
- * output (with a residual) or the per-channel scale and shift (without: the ReLU mask is
- * recomputed from x). iattr[0] training, iattr[1] has weight, iattr[2] fused ReLU, iattr[3] with a residual
- * (Note [fused batch norm relu]). */
-enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_OUTPUT, BN_SCALE, BN_SHIFT, BN_SAVED };
+/* Saved slots of BatchNormBackward and BatchNormReluBackward; for the ReLU's mask the fused
+ * node also saves, with a residual, the mask's bits (f32, spatial size a multiple of 8) or
+ * else its output, and without one the per-channel scale and shift (the mask is recomputed
+ * from x). iattr[0] training, iattr[1] has weight, iattr[2] fused ReLU, iattr[3] with a
+ * residual, iattr[4] mask bits saved (Note [fused batch norm relu]). */
+enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_OUTPUT, BN_SCALE, BN_SHIFT, BN_MASK, BN_SAVED };
 
 /* Every per-channel value (statistics, coefficients) lives in a small tensor on the
  * input's device and is computed there by the bn_* kernels, so the batch norm of a device
@@ -157,11 +158,12 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   ddp_tensor *x0 = ddp_node_saved(n, BN_INPUT);
   ddp_tensor *w0 = n->iattr[1] ? ddp_node_saved(n, BN_WEIGHT) : NULL;
   ddp_tensor *mean = ddp_node_saved(n, BN_MEAN), *invstd = ddp_node_saved(n, BN_INVSTD);
-  int relu = (int)n->iattr[2], has_res = relu && n->iattr[3];
-  ddp_tensor *y = has_res ? ddp_node_saved(n, BN_OUTPUT) : NULL;
+  int relu = (int)n->iattr[2], has_res = relu && n->iattr[3], has_bits = has_res && n->iattr[4];
+  ddp_tensor *y = has_res && !has_bits ? ddp_node_saved(n, BN_OUTPUT) : NULL;
+  ddp_tensor *bits = has_bits ? ddp_node_saved(n, BN_MASK) : NULL;
   ddp_tensor *scale = relu && !has_res ? ddp_node_saved(n, BN_SCALE) : NULL;
   ddp_tensor *shift = relu && !has_res ? ddp_node_saved(n, BN_SHIFT) : NULL;
-  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd || (has_res && !y) ||
+  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd || (has_res && !y && !bits) ||
       (relu && !has_res && (!scale || !shift)))
     return ddp_last_status();
   int dt = n->inputs[0].dtype, training = (int)n->iattr[0], dev = x0->device;
@@ -201,7 +203,8 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
    * dx = k (M dy - sum dy - xhat sum(dy xhat)), k = w invstd / M, xhat = (x - mean) invstd;
    * dweight = sum(dy * xhat), dbias = sum(dy) */
   if (relu) /* the same with g = (y > 0 ? dy : 0), the gradient through the ReLU */
-    k->bn_backward_reduce_relu(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g), y ? dptr(y) : NULL,
+    k->bn_backward_reduce_relu(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g),
+                               bits ? dptr(bits) : NULL, y ? dptr(y) : NULL,
                                dptr(x), dptr(mean), scale ? dptr(scale) : NULL,
                                shift ? dptr(shift) : NULL, N, C, S);
   else
@@ -210,7 +213,8 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
                       training);
   if (relu && (gi[0] || gi[3]))
     k->bn_backward_elemt_relu(dt, gi[0] ? dptr(gi[0]) : NULL, gi[3] ? dptr(gi[3]) : NULL,
-                              dptr(g), y ? dptr(y) : NULL, dptr(x), dptr(mean),
+                              dptr(g), bits ? dptr(bits) : NULL, y ? dptr(y) : NULL, dptr(x),
+                              dptr(mean),
                               scale ? dptr(scale) : NULL, shift ? dptr(shift) : NULL, a, b, d,
                               N, C, S);
   else if (!relu && gi[0])
@@ -263,11 +267,15 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
   double M = (double)N * (double)S;
   const ddp_kernels *k;
   DDP_TRY(bn_kernels(&k, dev, "batch_norm"));
-  /* x, mean (f64), var (f64), w, b, mean, scale, shift, invstd (dt), residual (dt) */
-  ddp_tensor *tmp[10] = {0};
+  /* x, mean (f64), var (f64), w, b, mean, scale, shift, invstd (dt), residual (dt), the
+   * ReLU's mask bits (u8, (N C S / 8): with a residual in f32 when S % 8 == 0) */
+  ddp_tensor *tmp[11] = {0};
   int status;
+  int64_t mask_bytes = N * C * S / 8;
   if ((status = detached_as(&tmp[0], input, dt)) ||
-      (residual && (status = detached_as(&tmp[9], residual, dt))))
+      (residual && (status = detached_as(&tmp[9], residual, dt))) ||
+      (relu && residual && dt == DDP_F32 && S % 8 == 0 &&
+       (status = ddp_tensor_empty(&tmp[10], 1, &mask_bytes, DDP_U8, dev))))
     goto done;
   ddp_tensor *x = tmp[0];
   if (training)
@@ -284,8 +292,9 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
   k->bn_finalize(dt, dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[1]),
                  dptr(tmp[2]), w, b, C, eps);
   if (relu)
-    k->bn_apply_relu(dt, dptr(*out), dptr(x), tmp[9] ? dptr(tmp[9]) : NULL, dptr(tmp[5]),
-                     dptr(tmp[6]), dptr(tmp[7]), N, C, S);
+    k->bn_apply_relu(dt, dptr(*out), tmp[10] ? dptr(tmp[10]) : NULL, dptr(x),
+                     tmp[9] ? dptr(tmp[9]) : NULL, dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N,
+                     C, S);
   else
     k->bn_apply(dt, dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
   if ((status = ddp_device_check(dev, "batch_norm"))) goto done;
@@ -306,11 +315,13 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
     n->iattr[1] = weight != NULL;
     n->iattr[2] = relu;
     n->iattr[3] = residual != NULL;
+    n->iattr[4] = tmp[10] != NULL;
     if ((status = ddp_node_save(n, BN_INPUT, input)) ||
         (status = ddp_node_save(n, BN_WEIGHT, weight)) ||
         (status = ddp_node_save(n, BN_MEAN, tmp[5])) ||
         (status = ddp_node_save(n, BN_INVSTD, tmp[8])) ||
-        (relu && residual && (status = ddp_node_save(n, BN_OUTPUT, *out))) ||
+        (tmp[10] && (status = ddp_node_save(n, BN_MASK, tmp[10]))) ||
+        (relu && residual && !tmp[10] && (status = ddp_node_save(n, BN_OUTPUT, *out))) ||
         (relu && !residual && ((status = ddp_node_save(n, BN_SCALE, tmp[6])) ||
                                (status = ddp_node_save(n, BN_SHIFT, tmp[7]))))) {
       ddp_node_release(n);
@@ -323,7 +334,7 @@ done:
     ddp_tensor_release(*out);
     *out = NULL;
   }
-  release_all(tmp, 10);
+  release_all(tmp, 11);
   return status;
 }
 

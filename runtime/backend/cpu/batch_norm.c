@@ -52,14 +52,27 @@ static int64_t grain_for(int64_t per_slice) {
 typedef struct {
   void *out0, *out1; /* y; dx, dresidual; or the two f64 per-channel sums */
   const void *x, *dy, *y, *res, *mean, *a, *b, *d, *scale, *shift;
+  uint8_t *mask_out;    /* forward: the ReLU's bit mask, or NULL */
+  const uint8_t *mask;  /* backward: the same, or NULL */
   int64_t N, C, S;
-  int relu; /* backward: RELU_NONE, RELU_FROM_Y or RELU_FROM_X (forward: 0 or 1) */
+  int relu; /* backward: RELU_NONE, RELU_FROM_Y, RELU_FROM_X, RELU_FROM_BITS (forward: 0/1) */
 } bn_pass;
 
 /* Where the backward passes take the ReLU's mask from (Note [fused batch norm relu mask]). */
-enum { RELU_NONE, RELU_FROM_Y, RELU_FROM_X };
+enum { RELU_NONE, RELU_FROM_Y, RELU_FROM_X, RELU_FROM_BITS };
+
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* The 8 lanes of bit mask byte `bits` (lane j set when bit j is) as a float mask. */
+ALWAYS_INLINE __m256 lanes_of(uint8_t bits) {
+  const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  __m256i v = _mm256_and_si256(_mm256_set1_epi32(bits), lane_bit);
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, lane_bit));
+}
+
+/* Bit i of the bit mask (element i of the tensor). */
+static inline int bit_of(const uint8_t *mask, int64_t i) { return (mask[i >> 3] >> (i & 7)) & 1; }
 
 /* ---- f32 helpers ------------------------------------------------------------------------ */
 
@@ -184,7 +197,10 @@ static void bn_sums_range_f32(void *vctx, int64_t c0, int64_t c1) {
  * the same single FMA the forward rounded, so the mask is recomputed from x (already read
  * for the reduction) as v > 0 instead of reading y: one stream less. y > 0 exactly when
  * v > 0 (relu keeps v when v is not < 0; -0, +0 and NaN give y not > 0 as they give v not
- * > 0). With a residual, v also needs the residual, so y is read instead. */
+ * > 0). With a residual, v also needs the residual: the f32 forward then writes the mask as
+ * bits (one byte per 8 elements, 1/32 of y; bit j of byte i is y[8 i + j] > 0, from
+ * _mm256_movemask_ps, when S is a multiple of 8 so that no byte spans two rows), and the
+ * backward reads those bits instead of y; otherwise it reads y. */
 
 /* sum_dy[c] = sum g, sum_dy_xmu[c] = sum g (x - mean[c]) with g = dy, or (relu) g = dy where
  * the ReLU's output is > 0 else 0 (Note [fused batch norm relu mask]). Written once so that
@@ -205,7 +221,9 @@ ALWAYS_INLINE void bn_backward_reduce_f32_body(const bn_pass *k, int64_t c0, int
       const float *px = x + base, *pg = dy + base, *py = relu == RELU_FROM_Y ? y + base : NULL;
       for (; s + 8 <= S; s += 8) {
         __m256 g = _mm256_loadu_ps(pg + s), xv = _mm256_loadu_ps(px + s);
-        if (relu == RELU_FROM_Y)
+        if (relu == RELU_FROM_BITS)
+          g = _mm256_and_ps(lanes_of(k->mask[(base + s) >> 3]), g);
+        else if (relu == RELU_FROM_Y)
           g = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(py + s), zero, _CMP_GT_OQ), g);
         else if (relu == RELU_FROM_X)
           g = _mm256_and_ps(_mm256_cmp_ps(_mm256_fmadd_ps(_mm256_sub_ps(xv, vmf), vsc, vsh), zero,
@@ -220,8 +238,10 @@ ALWAYS_INLINE void bn_backward_reduce_f32_body(const bn_pass *k, int64_t c0, int
         q1 = _mm256_fmadd_pd(ghi, xhi, q1);
       }
       for (; s < S; s++) {
-        int off = relu == RELU_FROM_Y ? !(py[s] > 0)
-                  : relu == RELU_FROM_X ? !(fmaf(px[s] - mf, sc, sh) > 0) : 0;
+        int off = relu == RELU_FROM_BITS ? !bit_of(k->mask, base + s)
+                  : relu == RELU_FROM_Y  ? !(py[s] > 0)
+                  : relu == RELU_FROM_X  ? !(fmaf(px[s] - mf, sc, sh) > 0)
+                                         : 0;
         double g = off ? 0.0 : (double)pg[s];
         t1 += g;
         t2 = fma(g, (double)px[s] - m, t2);
@@ -240,6 +260,9 @@ static void bn_backward_reduce_relu_y_range_f32(void *vctx, int64_t c0, int64_t 
 static void bn_backward_reduce_relu_x_range_f32(void *vctx, int64_t c0, int64_t c1) {
   bn_backward_reduce_f32_body(vctx, c0, c1, RELU_FROM_X);
 }
+static void bn_backward_reduce_relu_bits_range_f32(void *vctx, int64_t c0, int64_t c1) {
+  bn_backward_reduce_f32_body(vctx, c0, c1, RELU_FROM_BITS);
+}
 
 /* ---- f32 element-wise passes (batch rows [n0, n1)) ----------------------------------------- */
 
@@ -251,6 +274,7 @@ ALWAYS_INLINE void bn_apply_f32_body(const bn_pass *k, int64_t n0, int64_t n1, i
   float *restrict y = k->out0;
   const float *restrict x = k->x, *restrict r = k->res;
   const float *mean = k->mean, *scale = k->a, *shift = k->b;
+  uint8_t *bits = relu ? k->mask_out : NULL; /* S % 8 == 0: no tail below */
   int64_t C = k->C, S = k->S;
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t n = n0; n < n1; n++)
@@ -262,6 +286,7 @@ ALWAYS_INLINE void bn_apply_f32_body(const bn_pass *k, int64_t n0, int64_t n1, i
         __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(x + base + s), vm), vsc, vsh);
         if (has_res) v = _mm256_add_ps(v, _mm256_loadu_ps(r + base + s));
         if (relu) v = _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v);
+        if (bits) bits[(base + s) >> 3] = (uint8_t)_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_GT_OQ));
         _mm256_storeu_ps(y + base + s, v);
       }
       for (; s < S; s++) {
@@ -304,7 +329,9 @@ ALWAYS_INLINE void bn_backward_elemt_f32_body(const bn_pass *k, int64_t n0, int6
       for (; s + 8 <= S; s += 8) {
         __m256 g = _mm256_loadu_ps(dy + base + s);
         __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + base + s), vm);
-        if (relu == RELU_FROM_Y)
+        if (relu == RELU_FROM_BITS)
+          g = _mm256_and_ps(lanes_of(k->mask[(base + s) >> 3]), g);
+        else if (relu == RELU_FROM_Y)
           g = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y + base + s), zero, _CMP_GT_OQ), g);
         else if (relu == RELU_FROM_X)
           g = _mm256_and_ps(_mm256_cmp_ps(_mm256_fmadd_ps(t, vsc, vsh), zero, _CMP_GT_OQ), g);
@@ -316,8 +343,10 @@ ALWAYS_INLINE void bn_backward_elemt_f32_body(const bn_pass *k, int64_t n0, int6
         }
       }
       for (; s < S; s++) {
-        int off = relu == RELU_FROM_Y ? !(y[base + s] > 0)
-                  : relu == RELU_FROM_X ? !(fmaf(x[base + s] - m, sc, sh) > 0) : 0;
+        int off = relu == RELU_FROM_BITS ? !bit_of(k->mask, base + s)
+                  : relu == RELU_FROM_Y  ? !(y[base + s] > 0)
+                  : relu == RELU_FROM_X  ? !(fmaf(x[base + s] - m, sc, sh) > 0)
+                                         : 0;
         float g = off ? 0.0f : dy[base + s];
         if (dr) dr[base + s] = g;
         if (dx)
@@ -334,6 +363,9 @@ static void bn_backward_elemt_relu_y_range_f32(void *vctx, int64_t n0, int64_t n
 static void bn_backward_elemt_relu_x_range_f32(void *vctx, int64_t n0, int64_t n1) {
   bn_backward_elemt_f32_body(vctx, n0, n1, RELU_FROM_X);
 }
+static void bn_backward_elemt_relu_bits_range_f32(void *vctx, int64_t n0, int64_t n1) {
+  bn_backward_elemt_f32_body(vctx, n0, n1, RELU_FROM_BITS);
+}
 
 /* ---- f64: plain loops, the same formulas ---------------------------------------------------- */
 
@@ -341,6 +373,7 @@ static void bn_backward_elemt_relu_x_range_f32(void *vctx, int64_t n0, int64_t n
  * mask]). */
 static int relu_off_f64(const bn_pass *k, int64_t i, int64_t c) {
   const double *x = k->x, *y = k->y, *mean = k->mean, *scale = k->scale, *shift = k->shift;
+  if (k->relu == RELU_FROM_BITS) return !bit_of(k->mask, i);
   if (k->relu == RELU_FROM_Y) return !(y[i] > 0);
   if (k->relu == RELU_FROM_X) return !(fma(x[i] - mean[c], scale[c], shift[c]) > 0);
   return 0;
@@ -463,11 +496,11 @@ void ddp_cpu_bn_apply(int dtype, void *y, const void *x, const void *mean, const
   run_pass(&k, 1, dtype == DDP_F64 ? bn_apply_range_f64 : bn_apply_range_f32);
 }
 
-void ddp_cpu_bn_apply_relu(int dtype, void *y, const void *x, const void *residual,
-                           const void *mean, const void *scale, const void *shift, int64_t N,
-                           int64_t C, int64_t S) {
+void ddp_cpu_bn_apply_relu(int dtype, void *y, uint8_t *mask, const void *x,
+                           const void *residual, const void *mean, const void *scale,
+                           const void *shift, int64_t N, int64_t C, int64_t S) {
   bn_pass k = {.out0 = y, .x = x, .res = residual, .mean = mean, .a = scale, .b = shift,
-               .N = N, .C = C, .S = S, .relu = 1};
+               .mask_out = mask, .N = N, .C = C, .S = S, .relu = 1};
   ddp_range_fn fn = dtype == DDP_F64 ? bn_apply_range_f64
                     : residual       ? bn_apply_add_relu_range_f32
                                      : bn_apply_relu_range_f32;
@@ -481,16 +514,22 @@ void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, c
   run_pass(&k, 0, dtype == DDP_F64 ? bn_backward_reduce_range_f64 : bn_backward_reduce_range_f32);
 }
 
+/* The backward's mask source: the bits, else y, else x (Note [fused batch norm relu mask]). */
+static int relu_source(const uint8_t *mask, const void *y) {
+  return mask ? RELU_FROM_BITS : y ? RELU_FROM_Y : RELU_FROM_X;
+}
+
 void ddp_cpu_bn_backward_reduce_relu(int dtype, double *sum_dy, double *sum_dy_xmu,
-                                     const void *dy, const void *y, const void *x,
-                                     const void *mean, const void *scale, const void *shift,
-                                     int64_t N, int64_t C, int64_t S) {
+                                     const void *dy, const uint8_t *mask, const void *y,
+                                     const void *x, const void *mean, const void *scale,
+                                     const void *shift, int64_t N, int64_t C, int64_t S) {
   bn_pass k = {.out0 = sum_dy, .out1 = sum_dy_xmu, .x = x, .dy = dy, .y = y, .mean = mean,
-               .scale = scale, .shift = shift, .N = N, .C = C, .S = S,
-               .relu = y ? RELU_FROM_Y : RELU_FROM_X};
-  run_pass(&k, 0, dtype == DDP_F64 ? bn_backward_reduce_range_f64
-                  : y              ? bn_backward_reduce_relu_y_range_f32
-                                   : bn_backward_reduce_relu_x_range_f32);
+               .scale = scale, .shift = shift, .mask = mask, .N = N, .C = C, .S = S,
+               .relu = relu_source(mask, y)};
+  static const ddp_range_fn f32[] = {NULL, bn_backward_reduce_relu_y_range_f32,
+                                     bn_backward_reduce_relu_x_range_f32,
+                                     bn_backward_reduce_relu_bits_range_f32};
+  run_pass(&k, 0, dtype == DDP_F64 ? bn_backward_reduce_range_f64 : f32[k.relu]);
 }
 
 void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *x,
@@ -502,14 +541,15 @@ void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *
 }
 
 void ddp_cpu_bn_backward_elemt_relu(int dtype, void *dx, void *dresidual, const void *dy,
-                                    const void *y, const void *x, const void *mean,
-                                    const void *scale, const void *shift, const void *a,
-                                    const void *b, const void *d, int64_t N, int64_t C,
-                                    int64_t S) {
+                                    const uint8_t *mask, const void *y, const void *x,
+                                    const void *mean, const void *scale, const void *shift,
+                                    const void *a, const void *b, const void *d, int64_t N,
+                                    int64_t C, int64_t S) {
   bn_pass k = {.out0 = dx, .out1 = dresidual, .x = x, .dy = dy, .y = y, .mean = mean,
-               .scale = scale, .shift = shift, .a = a, .b = b, .d = d, .N = N, .C = C, .S = S,
-               .relu = y ? RELU_FROM_Y : RELU_FROM_X};
-  run_pass(&k, 1, dtype == DDP_F64 ? bn_backward_elemt_range_f64
-                  : y              ? bn_backward_elemt_relu_y_range_f32
-                                   : bn_backward_elemt_relu_x_range_f32);
+               .scale = scale, .shift = shift, .mask = mask, .a = a, .b = b, .d = d, .N = N,
+               .C = C, .S = S, .relu = relu_source(mask, y)};
+  static const ddp_range_fn f32[] = {NULL, bn_backward_elemt_relu_y_range_f32,
+                                     bn_backward_elemt_relu_x_range_f32,
+                                     bn_backward_elemt_relu_bits_range_f32};
+  run_pass(&k, 1, dtype == DDP_F64 ? bn_backward_elemt_range_f64 : f32[k.relu]);
 }

@@ -33,10 +33,12 @@ void ddp_cpu_bn_apply(int dtype, void *y, const void *x, const void *mean, const
 /* Fused batch norm + ReLU (+ residual add), Note [fused batch norm relu] in
  * runtime/ops/norm.c: y = relu(bn_apply(x) + residual), each step rounded as the separate
  * ops round it, so y is bitwise what bn_apply, add and relu give.
- * y (N, C, S) <- x (N, C, S), residual (N, C, S) or NULL (none), mean, scale, shift (C). */
-void ddp_cpu_bn_apply_relu(int dtype, void *y, const void *x, const void *residual,
-                           const void *mean, const void *scale, const void *shift, int64_t N,
-                           int64_t C, int64_t S);
+ * y (N, C, S), mask (N C S / 8 bytes) or NULL <- x (N, C, S), residual (N, C, S) or NULL
+ * (none), mean, scale, shift (C). mask, only for DDP_F32 with S % 8 == 0: bit j of byte i
+ * is y[8 i + j] > 0, the ReLU's mask for the backward (Note [fused batch norm relu mask]). */
+void ddp_cpu_bn_apply_relu(int dtype, void *y, uint8_t *mask, const void *x,
+                           const void *residual, const void *mean, const void *scale,
+                           const void *shift, int64_t N, int64_t C, int64_t S);
 
 /* Per-channel sums for the backward: sum_dy[c] = sum dy, sum_dy_xmu[c] = sum dy * (x - mean[c]):
  * sum_dy (C), sum_dy_xmu (C) <- dy (N, C, S), x (N, C, S), mean (C). */
@@ -44,13 +46,14 @@ void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, c
                                 const void *x, const void *mean, int64_t N, int64_t C, int64_t S);
 
 /* The same sums of g = (y > 0 ? dy : 0), the gradient through the ReLU of the fused op whose
- * output is y; with y NULL (no residual), the mask is recomputed as (x - mean) * scale +
- * shift > 0 (Note [fused batch norm relu mask] in batch_norm.c): sum_dy (C), sum_dy_xmu (C)
- * <- dy, y or NULL, x (N, C, S), mean, scale, shift (C; scale, shift used when y is NULL). */
+ * output is y. The mask comes from the bits of bn_apply_relu when mask is given, else from
+ * y when given, else (no residual) it is recomputed as (x - mean) * scale + shift > 0
+ * (Note [fused batch norm relu mask] in batch_norm.c): sum_dy (C), sum_dy_xmu (C)
+ * <- dy (N, C, S), mask or NULL, y or NULL, x (N, C, S), mean, scale, shift (C). */
 void ddp_cpu_bn_backward_reduce_relu(int dtype, double *sum_dy, double *sum_dy_xmu,
-                                     const void *dy, const void *y, const void *x,
-                                     const void *mean, const void *scale, const void *shift,
-                                     int64_t N, int64_t C, int64_t S);
+                                     const void *dy, const uint8_t *mask, const void *y,
+                                     const void *x, const void *mean, const void *scale,
+                                     const void *shift, int64_t N, int64_t C, int64_t S);
 
 /* dx += a[c] * dy + (b[c] * (x - mean[c]) + d[c]), the per-channel affine form both the
  * training and the eval backward of batch norm reduce to:
@@ -59,16 +62,16 @@ void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *
                                const void *mean, const void *a, const void *b, const void *d,
                                int64_t N, int64_t C, int64_t S);
 
-/* The fused op's backward: g = (y > 0 ? dy : 0) (mask from y, or from x, scale and shift
- * when y is NULL, as above); dresidual = g and dx = 0 + (a[c] g + (b[c] (x - mean[c]) +
- * d[c])), WRITTEN (not accumulated: bitwise the accumulation into a zero fill); dx and
- * dresidual (N, C, S) may each be NULL (not wanted)
- * <- dy, y or NULL, x (N, C, S), mean, scale, shift, a, b, d (C). */
+/* The fused op's backward: g = (y > 0 ? dy : 0) (mask from the bits, y, or x, scale and
+ * shift, as above); dresidual = g and dx = 0 + (a[c] g + (b[c] (x - mean[c]) + d[c])),
+ * WRITTEN (not accumulated: bitwise the accumulation into a zero fill); dx and dresidual
+ * (N, C, S) may each be NULL (not wanted)
+ * <- dy (N, C, S), mask or NULL, y or NULL, x (N, C, S), mean, scale, shift, a, b, d (C). */
 void ddp_cpu_bn_backward_elemt_relu(int dtype, void *dx, void *dresidual, const void *dy,
-                                    const void *y, const void *x, const void *mean,
-                                    const void *scale, const void *shift, const void *a,
-                                    const void *b, const void *d, int64_t N, int64_t C,
-                                    int64_t S);
+                                    const uint8_t *mask, const void *y, const void *x,
+                                    const void *mean, const void *scale, const void *shift,
+                                    const void *a, const void *b, const void *d, int64_t N,
+                                    int64_t C, int64_t S);
 
 /* Per-channel coefficients of the batch-norm forward from double statistics:
  * invstd = 1 / sqrt(var + eps), scale = w * invstd, shift = b, mean_out = mean, computed in
