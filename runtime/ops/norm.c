@@ -272,9 +272,11 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
   ddp_tensor *tmp[11] = {0};
   int status;
   int64_t mask_bytes = N * C * S / 8;
+  ddp_tensor *inputs[4] = {input, weight, bias, residual};
+  int n_in = relu ? 4 : 3, record = ddp_autograd_needed(n_in, inputs);
   if ((status = detached_as(&tmp[0], input, dt)) ||
       (residual && (status = detached_as(&tmp[9], residual, dt))) ||
-      (relu && residual && dt == DDP_F32 && S % 8 == 0 &&
+      (record && relu && residual && dt == DDP_F32 && S % 8 == 0 &&
        (status = ddp_tensor_empty(&tmp[10], 1, &mask_bytes, DDP_U8, dev))))
     goto done;
   ddp_tensor *x = tmp[0];
@@ -302,9 +304,7 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
     if (rm && (status = update_running(k, rm, tmp[1], C, momentum, 1.0))) goto done;
     if (rv && (status = update_running(k, rv, tmp[2], C, momentum, M / (M - 1)))) goto done;
   }
-  ddp_tensor *inputs[4] = {input, weight, bias, residual};
-  int n_in = relu ? 4 : 3;
-  if (ddp_autograd_needed(n_in, inputs)) {
+  if (record) {
     ddp_node *n = ddp_node_new(relu ? "BatchNormReluBackward" : "BatchNormBackward",
                                batch_norm_backward, n_in, inputs, BN_SAVED);
     if (!n) {
