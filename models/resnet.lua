@@ -24,10 +24,11 @@ function BasicBlock:init(in_planes, planes, stride)
   end
 end
 
+-- relu(bn(conv)) and relu(bn(conv) + shortcut) run as fused batch norm + ReLU (+ add)
+-- (BatchNorm:forward_relu): the same values and parameters as the three separate layers.
 function BasicBlock:forward(x)
-  local out = self.bn1(self.conv1(x)):relu()
-  out = self.bn2(self.conv2(out))
-  return (out + self.shortcut(x)):relu()
+  local out = self.bn1:forward_relu(self.conv1(x))
+  return self.bn2:forward_relu(self.conv2(out), self.shortcut(x))
 end
 
 local ResNet = nn.Module:extend("ResNet")
@@ -62,7 +63,7 @@ function ResNet:init(opts)
 end
 
 function ResNet:forward(x)
-  local out = self.bn1(self.conv1(x)):relu()
+  local out = self.bn1:forward_relu(self.conv1(x))
   out = self.layer3(self.layer2(self.layer1(out)))
   return self.fc(self.flatten(self.pool(out)))
 end

@@ -214,6 +214,23 @@ typedef struct ddp_kernels {
   void (*bn_backward_elemt)(int dtype, void *dx, const void *dy, const void *x, const void *mean,
                             const void *a, const void *b, const void *d, int64_t N, int64_t C,
                             int64_t S);
+  /* Optional, fused batch norm + ReLU (+ residual add) (Note [fused batch norm relu] in
+   * runtime/ops/norm.c); a table without them gets the composition batch_norm, add, relu.
+   * The forward may also write the ReLU mask as bits (f32, S % 8 == 0); the backward takes
+   * the mask from those bits, else from y, else (no residual) recomputes it from x, scale
+   * and shift; bn_backward_elemt_relu writes dx (it does not accumulate). */
+  void (*bn_apply_relu)(int dtype, void *y, uint8_t *mask, const void *x, const void *residual,
+                        const void *mean, const void *scale, const void *shift, int64_t N,
+                        int64_t C, int64_t S);
+  void (*bn_backward_reduce_relu)(int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
+                                  const uint8_t *mask, const void *y, const void *x,
+                                  const void *mean, const void *scale, const void *shift,
+                                  int64_t N, int64_t C, int64_t S);
+  void (*bn_backward_elemt_relu)(int dtype, void *dx, void *dresidual, const void *dy,
+                                 const uint8_t *mask, const void *y, const void *x,
+                                 const void *mean, const void *scale, const void *shift,
+                                 const void *a, const void *b, const void *d, int64_t N,
+                                 int64_t C, int64_t S);
   void (*bn_finalize)(int dtype, void *mean_out, void *scale, void *shift, void *invstd,
                       const double *mean, const double *var, const void *w, const void *b,
                       int64_t C, double eps);

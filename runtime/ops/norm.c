@@ -78,10 +78,12 @@ static int check_channel_arg_of(const char *op, const ddp_tensor *t, const char 
   return DDP_OK;
 }
 
-/* The same for batch_norm's own arguments. */
-static int check_channel_arg(const ddp_tensor *t, const char *arg, int64_t C, int dtype,
-                             const ddp_tensor *input) {
-  return check_channel_arg_of("batch_norm", t, arg, C, dtype, input);
+/* 1 when a and b have the same shape. */
+static int same_shape_as(const ddp_tensor *a, const ddp_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
 }
 
 /* Check input (N, C, *): rank >= 2 and floating; returns C, and N and S (spatial size). */
@@ -142,8 +144,12 @@ static int bn_moments(ddp_tensor **mean, ddp_tensor **var, const ddp_kernels *k,
   return status;
 }
 
-/* Saved slots of BatchNormBackward; iattr[0] training, iattr[1] has weight. */
-enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_SAVED };
+/* Saved slots of BatchNormBackward and BatchNormReluBackward; for the ReLU's mask the fused
+ * node also saves, with a residual, the mask's bits (f32, spatial size a multiple of 8) or
+ * else its output, and without one the per-channel scale and shift (the mask is recomputed
+ * from x). iattr[0] training, iattr[1] has weight, iattr[2] fused ReLU, iattr[3] with a
+ * residual, iattr[4] mask bits saved (Note [fused batch norm relu]). */
+enum { BN_INPUT, BN_WEIGHT, BN_MEAN, BN_INVSTD, BN_OUTPUT, BN_SCALE, BN_SHIFT, BN_MASK, BN_SAVED };
 
 /* Every per-channel value (statistics, coefficients) lives in a small tensor on the
  * input's device and is computed there by the bn_* kernels, so the batch norm of a device
@@ -152,7 +158,14 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   ddp_tensor *x0 = ddp_node_saved(n, BN_INPUT);
   ddp_tensor *w0 = n->iattr[1] ? ddp_node_saved(n, BN_WEIGHT) : NULL;
   ddp_tensor *mean = ddp_node_saved(n, BN_MEAN), *invstd = ddp_node_saved(n, BN_INVSTD);
-  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd) return ddp_last_status();
+  int relu = (int)n->iattr[2], has_res = relu && n->iattr[3], has_bits = has_res && n->iattr[4];
+  ddp_tensor *y = has_res && !has_bits ? ddp_node_saved(n, BN_OUTPUT) : NULL;
+  ddp_tensor *bits = has_bits ? ddp_node_saved(n, BN_MASK) : NULL;
+  ddp_tensor *scale = relu && !has_res ? ddp_node_saved(n, BN_SCALE) : NULL;
+  ddp_tensor *shift = relu && !has_res ? ddp_node_saved(n, BN_SHIFT) : NULL;
+  if (!x0 || (n->iattr[1] && !w0) || !mean || !invstd || (has_res && !y && !bits) ||
+      (relu && !has_res && (!scale || !shift)))
+    return ddp_last_status();
   int dt = n->inputs[0].dtype, training = (int)n->iattr[0], dev = x0->device;
   const ddp_kernels *k;
   DDP_TRY(bn_kernels(&k, dev, "BatchNormBackward"));
@@ -169,11 +182,16 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   if ((status = channel_empty(&tmp[3], C, DDP_F64, dev)) ||
       (status = channel_empty(&tmp[4], C, DDP_F64, dev)))
     goto done;
-  if (wanted(n, 0) && ((status = channel_empty(&tmp[5], C, dt, dev)) ||
-                       (status = channel_empty(&tmp[6], C, dt, dev)) ||
-                       (status = channel_empty(&tmp[7], C, dt, dev)) ||
-                       (status = ddp_tensor_zeros(&gi[0], x->ndim, x->shape, dt, dev))))
+  /* the fused backward writes dx (no zero fill first), the plain one accumulates into it */
+  int want_dr = relu && n->n_inputs > 3 && wanted(n, 3);
+  if ((wanted(n, 0) || want_dr) && ((status = channel_empty(&tmp[5], C, dt, dev)) ||
+                                    (status = channel_empty(&tmp[6], C, dt, dev)) ||
+                                    (status = channel_empty(&tmp[7], C, dt, dev))))
     goto done;
+  if (wanted(n, 0) && (status = relu ? ddp_tensor_empty(&gi[0], x->ndim, x->shape, dt, dev)
+                                     : ddp_tensor_zeros(&gi[0], x->ndim, x->shape, dt, dev)))
+    goto done;
+  if (want_dr && (status = ddp_tensor_empty(&gi[3], x->ndim, x->shape, dt, dev))) goto done;
   /* dweight and dbias in dt: check_channel_arg gives weight and bias the input's dtype */
   if (wanted(n, 1) && (status = channel_empty(&gi[1], C, dt, dev))) goto done;
   if (wanted(n, 2) && (status = channel_empty(&gi[2], C, dt, dev))) goto done;
@@ -184,10 +202,22 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   /* dx = a dy + b (x - mean) + d, from the closed form of d(BN)/dx (training):
    * dx = k (M dy - sum dy - xhat sum(dy xhat)), k = w invstd / M, xhat = (x - mean) invstd;
    * dweight = sum(dy * xhat), dbias = sum(dy) */
-  k->bn_backward_reduce(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
+  if (relu) /* the same with g = (y > 0 ? dy : 0), the gradient through the ReLU */
+    k->bn_backward_reduce_relu(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g),
+                               bits ? dptr(bits) : NULL, y ? dptr(y) : NULL,
+                               dptr(x), dptr(mean), scale ? dptr(scale) : NULL,
+                               shift ? dptr(shift) : NULL, N, C, S);
+  else
+    k->bn_backward_reduce(dt, dptr(tmp[3]), dptr(tmp[4]), dptr(g), dptr(x), dptr(mean), N, C, S);
   k->bn_backward_coef(dt, a, b, d, dw, db, dptr(tmp[3]), dptr(tmp[4]), dptr(invstd), w, C, M,
                       training);
-  if (gi[0])
+  if (relu && (gi[0] || gi[3]))
+    k->bn_backward_elemt_relu(dt, gi[0] ? dptr(gi[0]) : NULL, gi[3] ? dptr(gi[3]) : NULL,
+                              dptr(g), bits ? dptr(bits) : NULL, y ? dptr(y) : NULL, dptr(x),
+                              dptr(mean),
+                              scale ? dptr(scale) : NULL, shift ? dptr(shift) : NULL, a, b, d,
+                              N, C, S);
+  else if (!relu && gi[0])
     k->bn_backward_elemt(dt, dptr(gi[0]), dptr(g), dptr(x), dptr(mean), a, b, d, N, C, S);
   status = ddp_device_check(dev, "BatchNormBackward");
 done:
@@ -231,15 +261,24 @@ static int update_running(const ddp_kernels *k, ddp_tensor *running, const ddp_t
  * arithmetic is the same on every device (double, rounded to the dtype at the end). */
 static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *rm, ddp_tensor *rv,
                               ddp_tensor *weight, ddp_tensor *bias, int training, double momentum,
-                              double eps, int64_t N, int64_t C, int64_t S) {
+                              double eps, int64_t N, int64_t C, int64_t S, int relu,
+                              ddp_tensor *residual) {
   int dt = input->dtype, dev = input->device;
   double M = (double)N * (double)S;
   const ddp_kernels *k;
   DDP_TRY(bn_kernels(&k, dev, "batch_norm"));
-  /* x, mean (f64), var (f64), w, b, mean, scale, shift, invstd (dt) */
-  ddp_tensor *tmp[9] = {0};
+  /* x, mean (f64), var (f64), w, b, mean, scale, shift, invstd (dt), residual (dt), the
+   * ReLU's mask bits (u8, (N C S / 8): with a residual in f32 when S % 8 == 0) */
+  ddp_tensor *tmp[11] = {0};
   int status;
-  if ((status = detached_as(&tmp[0], input, dt))) goto done;
+  int64_t mask_bytes = N * C * S / 8;
+  ddp_tensor *inputs[4] = {input, weight, bias, residual};
+  int n_in = relu ? 4 : 3, record = ddp_autograd_needed(n_in, inputs);
+  if ((status = detached_as(&tmp[0], input, dt)) ||
+      (residual && (status = detached_as(&tmp[9], residual, dt))) ||
+      (record && relu && residual && dt == DDP_F32 && S % 8 == 0 &&
+       (status = ddp_tensor_empty(&tmp[10], 1, &mask_bytes, DDP_U8, dev))))
+    goto done;
   ddp_tensor *x = tmp[0];
   if (training)
     status = bn_moments(&tmp[1], &tmp[2], k, x, N, C, S);
@@ -254,42 +293,84 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
   void *w = tmp[3] ? dptr(tmp[3]) : NULL, *b = tmp[4] ? dptr(tmp[4]) : NULL;
   k->bn_finalize(dt, dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), dptr(tmp[8]), dptr(tmp[1]),
                  dptr(tmp[2]), w, b, C, eps);
-  k->bn_apply(dt, dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
+  if (relu)
+    k->bn_apply_relu(dt, dptr(*out), tmp[10] ? dptr(tmp[10]) : NULL, dptr(x),
+                     tmp[9] ? dptr(tmp[9]) : NULL, dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N,
+                     C, S);
+  else
+    k->bn_apply(dt, dptr(*out), dptr(x), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
   if ((status = ddp_device_check(dev, "batch_norm"))) goto done;
   if (training) { /* PyTorch: the running variance takes the unbiased batch variance */
     if (rm && (status = update_running(k, rm, tmp[1], C, momentum, 1.0))) goto done;
     if (rv && (status = update_running(k, rv, tmp[2], C, momentum, M / (M - 1)))) goto done;
   }
-  ddp_tensor *inputs[3] = {input, weight, bias};
-  if (ddp_autograd_needed(3, inputs)) {
-    ddp_node *n = ddp_node_new("BatchNormBackward", batch_norm_backward, 3, inputs, BN_SAVED);
+  if (record) {
+    ddp_node *n = ddp_node_new(relu ? "BatchNormReluBackward" : "BatchNormBackward",
+                               batch_norm_backward, n_in, inputs, BN_SAVED);
     if (!n) {
       status = ddp_last_status();
       goto done;
     }
     n->iattr[0] = training;
     n->iattr[1] = weight != NULL;
-    ddp_autograd_set_output(*out, n);
+    n->iattr[2] = relu;
+    n->iattr[3] = residual != NULL;
+    n->iattr[4] = tmp[10] != NULL;
     if ((status = ddp_node_save(n, BN_INPUT, input)) ||
         (status = ddp_node_save(n, BN_WEIGHT, weight)) ||
         (status = ddp_node_save(n, BN_MEAN, tmp[5])) ||
-        (status = ddp_node_save(n, BN_INVSTD, tmp[8])))
+        (status = ddp_node_save(n, BN_INVSTD, tmp[8])) ||
+        (tmp[10] && (status = ddp_node_save(n, BN_MASK, tmp[10]))) ||
+        (relu && residual && !tmp[10] && (status = ddp_node_save(n, BN_OUTPUT, *out))) ||
+        (relu && !residual && ((status = ddp_node_save(n, BN_SCALE, tmp[6])) ||
+                               (status = ddp_node_save(n, BN_SHIFT, tmp[7]))))) {
+      ddp_node_release(n);
       goto done;
+    }
+    ddp_autograd_set_output(*out, n);
   }
 done:
   if (status) {
     ddp_tensor_release(*out);
     *out = NULL;
   }
-  release_all(tmp, 9);
+  release_all(tmp, 11);
   return status;
 }
 
 /* Refuse an in-place update of a running stat that is a leaf requiring grad (grad mode on). */
-static int check_running_writable(const ddp_tensor *t, const char *arg) {
+static int check_running_writable(const char *op, const ddp_tensor *t, const char *arg) {
   if (t && t->requires_grad && !t->grad_fn && ddp_grad_enabled())
-    DDP_FAIL(DDP_ERR_ARG, "batch_norm: %s is a leaf tensor that requires grad and would be "
-             "updated in place in training mode (wrap it in no_grad or detach it)", arg);
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s is a leaf tensor that requires grad and would be "
+             "updated in place in training mode (wrap it in no_grad or detach it)", op, arg);
+  return DDP_OK;
+}
+
+/* The checks of batch_norm and batch_norm_relu (errors name op); N, C, S of input. */
+static int check_batch_norm_args(const char *op, ddp_tensor *input, ddp_tensor *running_mean,
+                                 ddp_tensor *running_var, ddp_tensor *weight, ddp_tensor *bias,
+                                 int training, double eps, int64_t *N, int64_t *C, int64_t *S) {
+  DDP_TRY(check_bn_input(input, op, N, C, S));
+  {
+    ddp_tensor *ts[5] = {input, running_mean, running_var, weight, bias};
+    const char *names[5] = {"input", "running_mean", "running_var", "weight", "bias"};
+    DDP_TRY(ddp_check_same_device(op, 5, ts, names));
+  }
+  DDP_TRY(check_channel_arg_of(op, running_mean, "running_mean", *C, -1, input));
+  DDP_TRY(check_channel_arg_of(op, running_var, "running_var", *C, -1, input));
+  DDP_TRY(check_channel_arg_of(op, weight, "weight", *C, input->dtype, input));
+  DDP_TRY(check_channel_arg_of(op, bias, "bias", *C, input->dtype, input));
+  if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "%s: eps must be >= 0, got %g", op, eps);
+  if (!training && (!running_mean || !running_var))
+    DDP_FAIL(DDP_ERR_ARG, "%s: running_mean and running_var are required in eval mode "
+             "(training = false) for input %s", op, DDP_SHAPE(input));
+  if (training && (double)*N * (double)*S <= 1)
+    DDP_FAIL(DDP_ERR_ARG, "%s: expected more than 1 value per channel when training, "
+             "got input %s", op, DDP_SHAPE(input));
+  if (training) {
+    DDP_TRY(check_running_writable(op, running_mean, "running_mean"));
+    DDP_TRY(check_running_writable(op, running_var, "running_var"));
+  }
   return DDP_OK;
 }
 
@@ -304,27 +385,8 @@ int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean
                        ddp_batch_norm(out, ac[0], running_mean, running_var, ac[1], ac[2],
                                       training, momentum, eps));
   int64_t N = 0, C = 0, S = 1;
-  DDP_TRY(check_bn_input(input, "batch_norm", &N, &C, &S));
-  {
-    ddp_tensor *ts[5] = {input, running_mean, running_var, weight, bias};
-    const char *names[5] = {"input", "running_mean", "running_var", "weight", "bias"};
-    DDP_TRY(ddp_check_same_device("batch_norm", 5, ts, names));
-  }
-  DDP_TRY(check_channel_arg(running_mean, "running_mean", C, -1, input));
-  DDP_TRY(check_channel_arg(running_var, "running_var", C, -1, input));
-  DDP_TRY(check_channel_arg(weight, "weight", C, input->dtype, input));
-  DDP_TRY(check_channel_arg(bias, "bias", C, input->dtype, input));
-  if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "batch_norm: eps must be >= 0, got %g", eps);
-  if (!training && (!running_mean || !running_var))
-    DDP_FAIL(DDP_ERR_ARG, "batch_norm: running_mean and running_var are required in eval mode "
-             "(training = false) for input %s", DDP_SHAPE(input));
-  if (training && (double)N * (double)S <= 1)
-    DDP_FAIL(DDP_ERR_ARG, "batch_norm: expected more than 1 value per channel when training, "
-             "got input %s", DDP_SHAPE(input));
-  if (training) {
-    DDP_TRY(check_running_writable(running_mean, "running_mean"));
-    DDP_TRY(check_running_writable(running_var, "running_var"));
-  }
+  DDP_TRY(check_batch_norm_args("batch_norm", input, running_mean, running_var, weight, bias,
+                                training, eps, &N, &C, &S));
   if (is_half(input->dtype)) {
     ddp_tensor *t[4] = {0}, *r32 = NULL;
     int status;
@@ -337,7 +399,56 @@ int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean
     return status ? status : back_to(out, r32, input->dtype);
   }
   return batch_norm_compute(out, input, running_mean, running_var, weight, bias, training,
-                            momentum, eps, N, C, S);
+                            momentum, eps, N, C, S, 0, NULL);
+}
+
+/* Note [fused batch norm relu]: batch_norm_relu computes relu(batch_norm(x) + residual) in
+ * one pass over the data and records one node, BatchNormReluBackward, that saves x (as
+ * batch norm does) and the output y (as relu does; without a residual the per-channel scale
+ * and shift instead, Note [fused batch norm relu mask] in runtime/backend/cpu/batch_norm.c)
+ * and nothing in between, so neither the batch norm output nor the sum is ever written to
+ * memory. The forward rounds each step as
+ * the separate ops do (the batch norm FMA, the f32 add, relu as x < 0 ? 0 : x), and the
+ * backward takes g = (y > 0 ? dy : 0) (relu's backward), hands g to the residual (the add's
+ * backward) and feeds g to the same batch norm reduction and element-wise arithmetic, so
+ * values and gradients are bitwise those of the composition on the same kernels. A device
+ * whose kernel table lacks the fused entries (bn_apply_relu, bn_backward_reduce_relu,
+ * bn_backward_elemt_relu: CUDA today), half dtypes and autocast run the composition
+ * batch_norm, add, relu instead: the same values, separate nodes. */
+int ddp_batch_norm_relu(ddp_tensor **out, ddp_tensor *input, ddp_tensor *residual,
+                        ddp_tensor *running_mean, ddp_tensor *running_var, ddp_tensor *weight,
+                        ddp_tensor *bias, int training, double momentum, double eps) {
+  *out = NULL;
+  const char *op = "batch_norm_relu";
+  int64_t N = 0, C = 0, S = 1;
+  DDP_TRY(check_batch_norm_args(op, input, running_mean, running_var, weight, bias, training,
+                                eps, &N, &C, &S));
+  if (residual) {
+    DDP_TRY(ddp_check_alive(residual, op, "residual"));
+    if (!same_shape_as(residual, input))
+      DDP_FAIL(DDP_ERR_ARG, "%s: residual of shape %s must have the shape of input %s", op,
+               DDP_SHAPE(residual), DDP_SHAPE(input));
+    if (residual->dtype != input->dtype)
+      DDP_FAIL(DDP_ERR_ARG, "%s: residual has dtype %s but input has dtype %s", op,
+               ddp_dtype_name(residual->dtype), ddp_dtype_name(input->dtype));
+    ddp_tensor *ts[2] = {input, residual};
+    const char *names[2] = {"input", "residual"};
+    DDP_TRY(ddp_check_same_device(op, 2, ts, names));
+  }
+  const ddp_kernels *k = ddp_kernels_for(input->device);
+  ddp_tensor *ac_in[4] = {input, weight, bias, residual};
+  int fused = k && k->bn_apply_relu && k->bn_backward_reduce_relu && k->bn_backward_elemt_relu &&
+              !is_half(input->dtype) && !ddp_autocast_needed(DDP_AUTOCAST_PROMOTE, 4, ac_in);
+  if (fused)
+    return batch_norm_compute(out, input, running_mean, running_var, weight, bias, training,
+                              momentum, eps, N, C, S, 1, residual);
+  ddp_tensor *t[2] = {0};
+  int status = ddp_batch_norm(&t[0], input, running_mean, running_var, weight, bias, training,
+                              momentum, eps);
+  if (!status && residual) status = ddp_add(&t[1], t[0], residual);
+  if (!status) status = ddp_relu(out, residual ? t[1] : t[0]);
+  release_all(t, 2);
+  return status;
 }
 
 int ddp_batch_norm_stats(ddp_tensor **out_mean, ddp_tensor **out_invstd, ddp_tensor *input,
@@ -396,13 +507,6 @@ int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor
 
 /* ---- the elementwise steps of a synchronised batch norm ------------------------------------ */
 
-/* 1 when a and b have the same shape. */
-static int same_shape_as(const ddp_tensor *a, const ddp_tensor *b) {
-  if (a->ndim != b->ndim) return 0;
-  for (int d = 0; d < a->ndim; d++)
-    if (a->shape[d] != b->shape[d]) return 0;
-  return 1;
-}
 
 /* Checks shared by the three ops below: input (N, C, *) floating, the per-channel tensors
  * (C) floating, all on one device (names[0] is the input). */

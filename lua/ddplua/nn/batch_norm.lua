@@ -69,7 +69,9 @@ end
 
 function BatchNorm:_check_input_dim() end
 
-function BatchNorm:forward(x)
+-- The running stats to use and the options of dl.batch_norm for input x; counts the batch
+-- in num_batches_tracked (training with tracked stats).
+function BatchNorm:_batch_norm_args(x)
   self:_check_input_dim(x)
   local factor = self.momentum or 0
   if self.training and self.track_running_stats and self.num_batches_tracked ~= nil then
@@ -79,8 +81,29 @@ function BatchNorm:forward(x)
   end
   local bn_training = self.training or (self.running_mean == nil and self.running_var == nil)
   local use_stats = not self.training or self.track_running_stats
-  return dl.batch_norm(x, use_stats and self.running_mean or nil, use_stats and self.running_var or nil,
-    { weight = self.weight, bias = self.bias, training = bn_training, momentum = factor, eps = self.eps })
+  return use_stats and self.running_mean or nil, use_stats and self.running_var or nil,
+    { weight = self.weight, bias = self.bias, training = bn_training, momentum = factor, eps = self.eps }
+end
+
+function BatchNorm:forward(x)
+  local rm, rv, opts = self:_batch_norm_args(x)
+  return dl.batch_norm(x, rm, rv, opts)
+end
+
+--- bn:forward_relu(x[, residual]) -> relu(bn(x) + residual), the tail of a ResNet block, with
+-- batch norm, the add and the ReLU fused into one pass (dl.batch_norm_relu): the same values,
+-- gradients and running-stat updates as `(bn(x) + residual):relu()`, less memory traffic.
+-- residual: nil or a tensor of x's shape. A subclass that overrides forward (SyncBatchNorm)
+-- gets that composition with its own forward.
+function BatchNorm:forward_relu(x, residual)
+  if self.forward ~= BatchNorm.forward then
+    local y = self:forward(x)
+    if residual ~= nil then y = y + residual end
+    return y:relu()
+  end
+  local rm, rv, opts = self:_batch_norm_args(x)
+  opts.residual = residual
+  return dl.batch_norm_relu(x, rm, rv, opts)
 end
 
 function BatchNorm:extra_repr()

@@ -56,6 +56,13 @@ function F.batch_norm(x, running_mean, running_var, opts)
   return dl.batch_norm(x, running_mean, running_var, opts)
 end
 
+--- F.batch_norm_relu(x, running_mean, running_var[, opts]): relu(F.batch_norm(x, ...) +
+-- opts.residual) fused (dl.batch_norm_relu); F.batch_norm's options plus opts.residual
+-- (nil, or x's shape).
+function F.batch_norm_relu(x, running_mean, running_var, opts)
+  return dl.batch_norm_relu(x, running_mean, running_var, opts)
+end
+
 --- F.layer_norm(x, normalized_shape[, opts]): opts.weight, opts.bias, opts.eps (1e-5).
 function F.layer_norm(x, normalized_shape, opts) return dl.layer_norm(x, normalized_shape, opts) end
 

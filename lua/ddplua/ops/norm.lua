@@ -30,6 +30,26 @@ function functions.batch_norm(x, running_mean, running_var, opts)
 end
 methods.batch_norm = functions.batch_norm
 
+--- dl.batch_norm_relu(x, running_mean, running_var, opts) -> y = relu(batch_norm(x) +
+-- opts.residual): batch norm, the residual add and the ReLU fused into one pass and one
+-- autograd node (the tail of a ResNet block). Arguments and running-stat updates as
+-- dl.batch_norm; opts.residual: nil or a tensor of x's shape, dtype and device. Values and
+-- gradients are bitwise those of dl.batch_norm, + and :relu() in a row on the CPU; other
+-- devices, f16/bf16 and autocast run that composition. Differentiable w.r.t. x, weight,
+-- bias and residual. Raises as dl.batch_norm (naming batch_norm_relu), and for a residual
+-- whose shape, dtype or device differs from x's.
+function functions.batch_norm_relu(x, running_mean, running_var, opts)
+  local weight, bias, training, momentum, eps, residual
+  if opts then
+    weight, bias, training, momentum, eps = opts.weight, opts.bias, opts.training, opts.momentum, opts.eps
+    residual = opts.residual
+  end
+  check(C.ddp_batch_norm_relu(box, x, residual, running_mean, running_var, weight, bias,
+    training and 1 or 0, momentum or 0.1, eps or 1e-5))
+  return wrap(box[0])
+end
+methods.batch_norm_relu = functions.batch_norm_relu
+
 --- dl.batch_norm_stats(x, eps) -> mean (C), invstd (C): per-channel batch mean and
 -- 1 / sqrt(biased var + eps) of x (N, C, *) (f64 for f64 x, else f32); no autograd.
 function functions.batch_norm_stats(x, eps)

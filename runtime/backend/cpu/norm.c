@@ -1,8 +1,9 @@
-/* runtime/backend/cpu/norm.c: CPU kernels of batch norm, layer norm, dropout and
- * embedding. See norm.h for the shapes. Each typed kernel is written once as a macro body
+/* runtime/backend/cpu/norm.c: CPU kernels of batch norm's per-channel steps (finalize,
+ * running update, backward coefficients), layer norm, dropout and embedding; batch norm's
+ * passes over the data are in batch_norm.c. See norm.h for the shapes. Each typed kernel is written once as a macro body
  * instantiated for float and double (NORM_KERNELS at the bottom); the work is split over
  * the thread pool with ddp_parallel_for on the dimension whose slices are independent
- * (channels for batch norm, rows or columns for layer norm, columns for embedding grads). */
+ * (rows or columns for layer norm, columns for embedding grads). */
 #include "backend/cpu/norm.h"
 
 #include <math.h>
@@ -19,14 +20,6 @@ static int64_t grain_for(int64_t per_slice) {
   return g < 1 ? 1 : g;
 }
 
-/* Context of every batch-norm range function: buffers as void pointers, cast by the
- * typed function. */
-typedef struct {
-  void *out0, *out1;
-  const void *x, *dy, *mean, *a, *b, *d;
-  int64_t N, C, S;
-} bn_ctx;
-
 typedef struct {
   void *y, *mean, *rstd, *dx, *dw, *db;
   const void *x, *w, *b, *dy, *cmean, *crstd;
@@ -42,130 +35,6 @@ typedef struct {
 } emb_ctx;
 
 #define NORM_KERNELS(T, SFX)                                                                   \
-  /* channels [c0, c1): mean, then biased variance around it (two passes, double sums) */     \
-  static void bn_moments_range_##SFX(void *vctx, int64_t c0, int64_t c1) {                   \
-    const bn_ctx *k = vctx;                                                                    \
-    double *mean = k->out0, *var = k->out1;                                                    \
-    const T *x = k->x;                                                                         \
-    int64_t N = k->N, C = k->C, S = k->S;                                                      \
-    double M = (double)N * (double)S;                                                          \
-    for (int64_t c = c0; c < c1; c++) mean[c] = var[c] = 0;                                    \
-    for (int64_t n = 0; n < N; n++)                                                            \
-      for (int64_t c = c0; c < c1; c++) {                                                      \
-        const T *p = x + (n * C + c) * S;                                                      \
-        double acc = 0;                                                                        \
-        for (int64_t s = 0; s < S; s++) acc += p[s];                                           \
-        mean[c] += acc;                                                                        \
-      }                                                                                        \
-    for (int64_t c = c0; c < c1; c++) mean[c] /= M;                                            \
-    for (int64_t n = 0; n < N; n++)                                                            \
-      for (int64_t c = c0; c < c1; c++) {                                                      \
-        const T *p = x + (n * C + c) * S;                                                      \
-        double m = mean[c], acc = 0;                                                           \
-        for (int64_t s = 0; s < S; s++) acc += (p[s] - m) * (p[s] - m);                        \
-        var[c] += acc;                                                                         \
-      }                                                                                        \
-    for (int64_t c = c0; c < c1; c++) var[c] /= M;                                             \
-  }                                                                                            \
-  void ddp_cpu_bn_moments_##SFX(double *mean, double *var, const T *x, int64_t N, int64_t C,   \
-                                int64_t S) {                                                   \
-    bn_ctx k = {.out0 = mean, .out1 = var, .x = x, .N = N, .C = C, .S = S};                    \
-    ddp_parallel_for(C, grain_for(N * S), bn_moments_range_##SFX, &k);                         \
-  }                                                                                            \
-                                                                                               \
-  static void bn_sums_range_##SFX(void *vctx, int64_t c0, int64_t c1) {                      \
-    const bn_ctx *k = vctx;                                                                    \
-    double *sum = k->out0, *sumsq = k->out1;                                                   \
-    const T *x = k->x;                                                                         \
-    int64_t N = k->N, C = k->C, S = k->S;                                                      \
-    for (int64_t c = c0; c < c1; c++) sum[c] = sumsq[c] = 0;                                   \
-    for (int64_t n = 0; n < N; n++)                                                            \
-      for (int64_t c = c0; c < c1; c++) {                                                      \
-        const T *p = x + (n * C + c) * S;                                                      \
-        double a1 = 0, a2 = 0;                                                                 \
-        for (int64_t s = 0; s < S; s++) {                                                      \
-          a1 += p[s];                                                                          \
-          a2 += (double)p[s] * p[s];                                                           \
-        }                                                                                      \
-        sum[c] += a1;                                                                          \
-        sumsq[c] += a2;                                                                        \
-      }                                                                                        \
-  }                                                                                            \
-  void ddp_cpu_bn_sums_##SFX(double *sum, double *sumsq, const T *x, int64_t N, int64_t C,     \
-                             int64_t S) {                                                      \
-    bn_ctx k = {.out0 = sum, .out1 = sumsq, .x = x, .N = N, .C = C, .S = S};                   \
-    ddp_parallel_for(C, grain_for(N * S), bn_sums_range_##SFX, &k);                            \
-  }                                                                                            \
-                                                                                               \
-  /* batch rows [n0, n1): each (n, c) slice is S contiguous elements */                        \
-  static void bn_apply_range_##SFX(void *vctx, int64_t n0, int64_t n1) {                     \
-    const bn_ctx *k = vctx;                                                                    \
-    T *restrict y = k->out0;                                                                   \
-    const T *restrict x = k->x;                                                                \
-    const T *mean = k->mean, *scale = k->a, *shift = k->b;                                     \
-    int64_t C = k->C, S = k->S;                                                                \
-    for (int64_t n = n0; n < n1; n++)                                                          \
-      for (int64_t c = 0; c < C; c++) {                                                        \
-        int64_t base = (n * C + c) * S;                                                        \
-        T m = mean[c], sc = scale[c], sh = shift[c];                                           \
-        for (int64_t s = 0; s < S; s++) y[base + s] = (x[base + s] - m) * sc + sh;             \
-      }                                                                                        \
-  }                                                                                            \
-  void ddp_cpu_bn_apply_##SFX(T *y, const T *x, const T *mean, const T *scale, const T *shift, \
-                              int64_t N, int64_t C, int64_t S) {                               \
-    bn_ctx k = {.out0 = y, .x = x, .mean = mean, .a = scale, .b = shift, .N = N, .C = C,       \
-                .S = S};                                                                       \
-    ddp_parallel_for(N, grain_for(C * S), bn_apply_range_##SFX, &k);                           \
-  }                                                                                            \
-                                                                                               \
-  static void bn_backward_reduce_range_##SFX(void *vctx, int64_t c0, int64_t c1) {           \
-    const bn_ctx *k = vctx;                                                                    \
-    double *sum_dy = k->out0, *sum_dy_xmu = k->out1;                                           \
-    const T *x = k->x, *dy = k->dy, *mean = k->mean;                                           \
-    int64_t N = k->N, C = k->C, S = k->S;                                                      \
-    for (int64_t c = c0; c < c1; c++) sum_dy[c] = sum_dy_xmu[c] = 0;                           \
-    for (int64_t n = 0; n < N; n++)                                                            \
-      for (int64_t c = c0; c < c1; c++) {                                                      \
-        int64_t base = (n * C + c) * S;                                                        \
-        double m = mean[c], a1 = 0, a2 = 0;                                                    \
-        for (int64_t s = 0; s < S; s++) {                                                      \
-          a1 += dy[base + s];                                                                  \
-          a2 += dy[base + s] * (x[base + s] - m);                                              \
-        }                                                                                      \
-        sum_dy[c] += a1;                                                                       \
-        sum_dy_xmu[c] += a2;                                                                   \
-      }                                                                                        \
-  }                                                                                            \
-  void ddp_cpu_bn_backward_reduce_##SFX(double *sum_dy, double *sum_dy_xmu, const T *dy,       \
-                                        const T *x, const T *mean, int64_t N, int64_t C,       \
-                                        int64_t S) {                                           \
-    bn_ctx k = {.out0 = sum_dy, .out1 = sum_dy_xmu, .x = x, .dy = dy, .mean = mean, .N = N,    \
-                .C = C, .S = S};                                                               \
-    ddp_parallel_for(C, grain_for(N * S), bn_backward_reduce_range_##SFX, &k);                 \
-  }                                                                                            \
-                                                                                               \
-  static void bn_backward_elemt_range_##SFX(void *vctx, int64_t n0, int64_t n1) {            \
-    const bn_ctx *k = vctx;                                                                    \
-    T *restrict dx = k->out0;                                                                  \
-    const T *restrict x = k->x, *restrict dy = k->dy;                                          \
-    const T *mean = k->mean, *a = k->a, *b = k->b, *d = k->d;                                  \
-    int64_t C = k->C, S = k->S;                                                                \
-    for (int64_t n = n0; n < n1; n++)                                                          \
-      for (int64_t c = 0; c < C; c++) {                                                        \
-        int64_t base = (n * C + c) * S;                                                        \
-        T m = mean[c], ac = a[c], bc = b[c], dc = d[c];                                        \
-        for (int64_t s = 0; s < S; s++)                                                        \
-          dx[base + s] += ac * dy[base + s] + bc * (x[base + s] - m) + dc;                     \
-      }                                                                                        \
-  }                                                                                            \
-  void ddp_cpu_bn_backward_elemt_##SFX(T *dx, const T *dy, const T *x, const T *mean,          \
-                                       const T *a, const T *b, const T *d, int64_t N,          \
-                                       int64_t C, int64_t S) {                                 \
-    bn_ctx k = {.out0 = dx, .x = x, .dy = dy, .mean = mean, .a = a, .b = b, .d = d, .N = N,    \
-                .C = C, .S = S};                                                               \
-    ddp_parallel_for(N, grain_for(C * S), bn_backward_elemt_range_##SFX, &k);                  \
-  }                                                                                            \
-                                                                                               \
   void ddp_cpu_bn_finalize_##SFX(T *mean_out, T *scale, T *shift, T *invstd, const double *mean, \
                                  const double *var, const T *w, const T *b, int64_t C,          \
                                  double eps) {                                                  \
@@ -349,37 +218,6 @@ void ddp_cpu_embedding_forward(char *out, const char *weight, const int64_t *idx
 }
 
 /* ---- table entries: one dtype switch per call (Note [one dispatch path]) ---------------- */
-
-void ddp_cpu_bn_moments(int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
-                        int64_t S) {
-  if (dtype == DDP_F64) ddp_cpu_bn_moments_f64(mean, var, x, N, C, S);
-  else ddp_cpu_bn_moments_f32(mean, var, x, N, C, S);
-}
-
-void ddp_cpu_bn_sums(int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,
-                     int64_t S) {
-  if (dtype == DDP_F64) ddp_cpu_bn_sums_f64(sum, sumsq, x, N, C, S);
-  else ddp_cpu_bn_sums_f32(sum, sumsq, x, N, C, S);
-}
-
-void ddp_cpu_bn_apply(int dtype, void *y, const void *x, const void *mean, const void *scale,
-                      const void *shift, int64_t N, int64_t C, int64_t S) {
-  if (dtype == DDP_F64) ddp_cpu_bn_apply_f64(y, x, mean, scale, shift, N, C, S);
-  else ddp_cpu_bn_apply_f32(y, x, mean, scale, shift, N, C, S);
-}
-
-void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
-                                const void *x, const void *mean, int64_t N, int64_t C, int64_t S) {
-  if (dtype == DDP_F64) ddp_cpu_bn_backward_reduce_f64(sum_dy, sum_dy_xmu, dy, x, mean, N, C, S);
-  else ddp_cpu_bn_backward_reduce_f32(sum_dy, sum_dy_xmu, dy, x, mean, N, C, S);
-}
-
-void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *x,
-                               const void *mean, const void *a, const void *b, const void *d,
-                               int64_t N, int64_t C, int64_t S) {
-  if (dtype == DDP_F64) ddp_cpu_bn_backward_elemt_f64(dx, dy, x, mean, a, b, d, N, C, S);
-  else ddp_cpu_bn_backward_elemt_f32(dx, dy, x, mean, a, b, d, N, C, S);
-}
 
 void ddp_cpu_bn_finalize(int dtype, void *mean_out, void *scale, void *shift, void *invstd,
                          const double *mean, const double *var, const void *w, const void *b,

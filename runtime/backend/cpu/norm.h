@@ -11,38 +11,67 @@
 
 #include <stdint.h>
 
-/* Per-channel mean and biased variance:
- * mean (C), var (C) <- x (N, C, S). Two passes (mean, then squared deviations). */
-void ddp_cpu_bn_moments_f32(double *mean, double *var, const float *x, int64_t N, int64_t C, int64_t S);
-void ddp_cpu_bn_moments_f64(double *mean, double *var, const double *x, int64_t N, int64_t C, int64_t S);
+/* The passes of batch norm over the data (runtime/backend/cpu/batch_norm.c), one entry per
+ * pass taking the dtype (DDP_F32: AVX2/FMA loops, DDP_F64: plain loops). Reductions
+ * accumulate in double (Note [batch norm f32 accumulation]) and split the channels over the
+ * thread pool, so their results do not depend on the thread count.
+ *
+ * Per-channel mean and biased variance: mean (C), var (C) <- x (N, C, S)
+ * (Note [batch norm moments by slices]). */
+void ddp_cpu_bn_moments(int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
+                        int64_t S);
 
 /* Per-channel sum and sum of squares: sum (C), sumsq (C) <- x (N, C, S). */
-void ddp_cpu_bn_sums_f32(double *sum, double *sumsq, const float *x, int64_t N, int64_t C, int64_t S);
-void ddp_cpu_bn_sums_f64(double *sum, double *sumsq, const double *x, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_sums(int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,
+                     int64_t S);
 
-/* y = (x - mean[c]) * scale[c] + shift[c]:
+/* y = (x - mean[c]) * scale[c] + shift[c] (one fused multiply-add):
  * y (N, C, S) <- x (N, C, S), mean (C), scale (C), shift (C). */
-void ddp_cpu_bn_apply_f32(float *y, const float *x, const float *mean, const float *scale,
-                          const float *shift, int64_t N, int64_t C, int64_t S);
-void ddp_cpu_bn_apply_f64(double *y, const double *x, const double *mean, const double *scale,
-                          const double *shift, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_apply(int dtype, void *y, const void *x, const void *mean, const void *scale,
+                      const void *shift, int64_t N, int64_t C, int64_t S);
+
+/* Fused batch norm + ReLU (+ residual add), Note [fused batch norm relu] in
+ * runtime/ops/norm.c: y = relu(bn_apply(x) + residual), each step rounded as the separate
+ * ops round it, so y is bitwise what bn_apply, add and relu give.
+ * y (N, C, S), mask (N C S / 8 bytes) or NULL <- x (N, C, S), residual (N, C, S) or NULL
+ * (none), mean, scale, shift (C). mask, only for DDP_F32 with S % 8 == 0: bit j of byte i
+ * is y[8 i + j] > 0, the ReLU's mask for the backward (Note [fused batch norm relu mask]). */
+void ddp_cpu_bn_apply_relu(int dtype, void *y, uint8_t *mask, const void *x,
+                           const void *residual, const void *mean, const void *scale,
+                           const void *shift, int64_t N, int64_t C, int64_t S);
 
 /* Per-channel sums for the backward: sum_dy[c] = sum dy, sum_dy_xmu[c] = sum dy * (x - mean[c]):
  * sum_dy (C), sum_dy_xmu (C) <- dy (N, C, S), x (N, C, S), mean (C). */
-void ddp_cpu_bn_backward_reduce_f32(double *sum_dy, double *sum_dy_xmu, const float *dy,
-                                    const float *x, const float *mean, int64_t N, int64_t C, int64_t S);
-void ddp_cpu_bn_backward_reduce_f64(double *sum_dy, double *sum_dy_xmu, const double *dy,
-                                    const double *x, const double *mean, int64_t N, int64_t C, int64_t S);
+void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
+                                const void *x, const void *mean, int64_t N, int64_t C, int64_t S);
 
-/* dx += a[c] * dy + b[c] * (x - mean[c]) + d[c], the per-channel affine form both the
+/* The same sums of g = (y > 0 ? dy : 0), the gradient through the ReLU of the fused op whose
+ * output is y. The mask comes from the bits of bn_apply_relu when mask is given, else from
+ * y when given, else (no residual) it is recomputed as (x - mean) * scale + shift > 0
+ * (Note [fused batch norm relu mask] in batch_norm.c): sum_dy (C), sum_dy_xmu (C)
+ * <- dy (N, C, S), mask or NULL, y or NULL, x (N, C, S), mean, scale, shift (C). */
+void ddp_cpu_bn_backward_reduce_relu(int dtype, double *sum_dy, double *sum_dy_xmu,
+                                     const void *dy, const uint8_t *mask, const void *y,
+                                     const void *x, const void *mean, const void *scale,
+                                     const void *shift, int64_t N, int64_t C, int64_t S);
+
+/* dx += a[c] * dy + (b[c] * (x - mean[c]) + d[c]), the per-channel affine form both the
  * training and the eval backward of batch norm reduce to:
  * dx (N, C, S) <- dy (N, C, S), x (N, C, S), mean (C), a (C), b (C), d (C). */
-void ddp_cpu_bn_backward_elemt_f32(float *dx, const float *dy, const float *x, const float *mean,
-                                   const float *a, const float *b, const float *d, int64_t N,
-                                   int64_t C, int64_t S);
-void ddp_cpu_bn_backward_elemt_f64(double *dx, const double *dy, const double *x, const double *mean,
-                                   const double *a, const double *b, const double *d, int64_t N,
-                                   int64_t C, int64_t S);
+void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *x,
+                               const void *mean, const void *a, const void *b, const void *d,
+                               int64_t N, int64_t C, int64_t S);
+
+/* The fused op's backward: g = (y > 0 ? dy : 0) (mask from the bits, y, or x, scale and
+ * shift, as above); dresidual = g and dx = 0 + (a[c] g + (b[c] (x - mean[c]) + d[c])),
+ * WRITTEN (not accumulated: bitwise the accumulation into a zero fill); dx and dresidual
+ * (N, C, S) may each be NULL (not wanted)
+ * <- dy (N, C, S), mask or NULL, y or NULL, x (N, C, S), mean, scale, shift, a, b, d (C). */
+void ddp_cpu_bn_backward_elemt_relu(int dtype, void *dx, void *dresidual, const void *dy,
+                                    const uint8_t *mask, const void *y, const void *x,
+                                    const void *mean, const void *scale, const void *shift,
+                                    const void *a, const void *b, const void *d, int64_t N,
+                                    int64_t C, int64_t S);
 
 /* Per-channel coefficients of the batch-norm forward from double statistics:
  * invstd = 1 / sqrt(var + eps), scale = w * invstd, shift = b, mean_out = mean, computed in
@@ -112,17 +141,6 @@ void ddp_cpu_embedding_backward_f64(double *dweight, const double *dy, const int
 
 /* The table entries (runtime/backend/kernels.h): the kernels above chosen by dtype
  * (DDP_F32 or DDP_F64; masked_scale rounds scale to the dtype). */
-void ddp_cpu_bn_moments(int dtype, double *mean, double *var, const void *x, int64_t N, int64_t C,
-                        int64_t S);
-void ddp_cpu_bn_sums(int dtype, double *sum, double *sumsq, const void *x, int64_t N, int64_t C,
-                     int64_t S);
-void ddp_cpu_bn_apply(int dtype, void *y, const void *x, const void *mean, const void *scale,
-                      const void *shift, int64_t N, int64_t C, int64_t S);
-void ddp_cpu_bn_backward_reduce(int dtype, double *sum_dy, double *sum_dy_xmu, const void *dy,
-                                const void *x, const void *mean, int64_t N, int64_t C, int64_t S);
-void ddp_cpu_bn_backward_elemt(int dtype, void *dx, const void *dy, const void *x,
-                               const void *mean, const void *a, const void *b, const void *d,
-                               int64_t N, int64_t C, int64_t S);
 void ddp_cpu_bn_finalize(int dtype, void *mean_out, void *scale, void *shift, void *invstd,
                          const double *mean, const double *var, const void *w, const void *b,
                          int64_t C, double eps);

@@ -31,6 +31,20 @@ int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean
                    ddp_tensor *running_var, ddp_tensor *weight, ddp_tensor *bias, int training,
                    double momentum, double eps);
 
+/* Fused batch norm + ReLU (+ residual add): out = relu(batch_norm(input, ...) + residual),
+ * the two steps of a ResNet block's tail, in one pass over the data and one autograd node
+ * (BatchNormReluBackward) that saves input and out only (Note [fused batch norm relu] in
+ * runtime/ops/norm.c). The arguments and the running-stat updates are batch_norm's;
+ *   residual: NULL (out = relu(batch_norm(input))) or input's shape, dtype and device.
+ * Values and gradients (to input, weight, bias and residual) are bitwise those of
+ * ddp_batch_norm, ddp_add and ddp_relu in a row on the CPU; relu's gradient is 0 where
+ * out is 0. Devices without the fused kernels (CUDA), f16/bf16 inputs and autocast run that
+ * composition. Errors: batch_norm's (naming batch_norm_relu), and DDP_ERR_ARG for a
+ * residual whose shape, dtype or device differs from input's. */
+int ddp_batch_norm_relu(ddp_tensor **out, ddp_tensor *input, ddp_tensor *residual,
+                        ddp_tensor *running_mean, ddp_tensor *running_var, ddp_tensor *weight,
+                        ddp_tensor *bias, int training, double momentum, double eps);
+
 /* Per-channel batch statistics of input (N, C, *) (rank >= 2, floating): out_mean (C) the
  * mean and out_invstd (C) = 1 / sqrt(biased var + eps), over N and the spatial dims; f64
  * for an f64 input, else f32. Not differentiable (records nothing): the building block of
