@@ -6,14 +6,19 @@
 --   the cost of one small op called from Lua (dispatch, tape, allocation, release) over
 --   10^6 calls.
 -- Run: build/ddplua bench/ops.lua [--threads N] [--out FILE]
+--      build/ddplua bench/ops.lua --threads N --sgemm-only
+-- --sgemm-only times raw cblas_sgemm 1024^3 alone (median of 7 runs of 3 calls) and prints
+-- "sgemm_gflops=<g> threads=<n> core=<OpenBLAS kernel set>": the FMA-peak reference of
+-- bench/reference_table.sh (OPENBLAS_CORETYPE=Haswell picks OpenBLAS's AVX2 kernels).
 local dl = require "ddplua"
 local clock = require "ddplua.clock"
 local ffi = require "ffi"
 
-local threads, out_path = nil, nil
+local threads, out_path, sgemm_only = nil, nil, false
 for i = 1, #arg do
   if arg[i] == "--threads" then threads = tonumber(arg[i + 1]) end
   if arg[i] == "--out" then out_path = arg[i + 1] end
+  if arg[i] == "--sgemm-only" then sgemm_only = true end
 end
 if threads then dl.set_num_threads(threads) end
 
@@ -22,8 +27,25 @@ if threads then dl.set_num_threads(threads) end
 pcall(ffi.cdef, [[
   void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
                    const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+  char *openblas_get_corename(void);
 ]])
 local blas = ffi.load("libopenblas.so.0")
+
+if sgemm_only then
+  local n = 1024
+  local a, b, c = dl.randn { n, n }, dl.randn { n, n }, dl.zeros { n, n }
+  local C = require("ddplua.lib").C
+  local pa = ffi.cast("float*", C.ddp_tensor_data(a))
+  local pb = ffi.cast("float*", C.ddp_tensor_data(b))
+  local pc = ffi.cast("float*", C.ddp_tensor_data(c))
+  local t = clock.median_time(function()
+    blas.cblas_sgemm(101, 111, 111, n, n, n, 1, pa, n, pb, n, 0, pc, n)
+  end, 3, 7)
+  local ok, core = pcall(function() return ffi.string(blas.openblas_get_corename()) end)
+  print(("sgemm_gflops=%.1f threads=%d core=%s"):format(2 * n ^ 3 / t / 1e9, dl.get_num_threads(),
+    ok and core or "?"))
+  os.exit(0)
+end
 
 local rows = {}
 local function row(name, value, unit, limit, limit_name)
