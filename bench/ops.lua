@@ -7,9 +7,13 @@
 --   10^6 calls.
 -- Run: build/ddplua bench/ops.lua [--threads N] [--out FILE]
 --      build/ddplua bench/ops.lua --threads N --sgemm-only
--- --sgemm-only times raw cblas_sgemm 1024^3 alone (median of 7 runs of 3 calls) and prints
--- "sgemm_gflops=<g> threads=<n> core=<OpenBLAS kernel set>": the FMA-peak reference of
--- bench/reference_table.sh (OPENBLAS_CORETYPE=Haswell picks OpenBLAS's AVX2 kernels).
+-- --sgemm-only times raw cblas_sgemm 1024^3 alone (7 runs of 3 calls, after one) and prints
+-- "sgemm_gflops=<median> sgemm_best_gflops=<fastest run> sgemm_cpu_gflops=<median by CPU
+-- time> threads=<n> core=<OpenBLAS kernel set>": the FMA-peak reference of
+-- bench/reference_table.sh (OPENBLAS_CORETYPE=Haswell picks OpenBLAS's AVX2 kernels). The
+-- CPU-time rate (FLOP / the process's user + system seconds) counts only the time the
+-- threads ran, so other processes on the machine barely move it; with --threads 1 it is
+-- one core's rate.
 local dl = require "ddplua"
 local clock = require "ddplua.clock"
 local ffi = require "ffi"
@@ -38,11 +42,23 @@ if sgemm_only then
   local pa = ffi.cast("float*", C.ddp_tensor_data(a))
   local pb = ffi.cast("float*", C.ddp_tensor_data(b))
   local pc = ffi.cast("float*", C.ddp_tensor_data(c))
-  local t = clock.median_time(function()
-    blas.cblas_sgemm(101, 111, 111, n, n, n, 1, pa, n, pb, n, 0, pc, n)
-  end, 3, 7)
+  local os_ = require "ddplua.os"
+  local function cpu()
+    local u = os_.resource_usage()
+    return u.user_seconds + u.system_seconds
+  end
+  local times, cpu_times = {}, {}
+  for r = 0, 7 do
+    local t0, c0 = clock.now(), cpu()
+    for _ = 1, 3 do blas.cblas_sgemm(101, 111, 111, n, n, n, 1, pa, n, pb, n, 0, pc, n) end
+    if r > 0 then times[r], cpu_times[r] = (clock.now() - t0) / 3, (cpu() - c0) / 3 end
+  end
+  table.sort(times)
+  table.sort(cpu_times)
   local ok, core = pcall(function() return ffi.string(blas.openblas_get_corename()) end)
-  print(("sgemm_gflops=%.1f threads=%d core=%s"):format(2 * n ^ 3 / t / 1e9, dl.get_num_threads(),
+  local flop = 2 * n ^ 3
+  print(("sgemm_gflops=%.1f sgemm_best_gflops=%.1f sgemm_cpu_gflops=%.1f threads=%d core=%s"):format(
+    flop / times[4] / 1e9, flop / times[1] / 1e9, flop / cpu_times[4] / 1e9, dl.get_num_threads(),
     ok and core or "?"))
   os.exit(0)
 end

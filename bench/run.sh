@@ -10,7 +10,9 @@
 #                   quiet 2-core machine): proves the scripts, not final figures (the file
 #                   says so at the top)
 #   REUSE=1         keep the comparison tables of an earlier run (bench/out/), rerun the rest
-#   RUNS, STEPS, ROUNDS, MAX_MB, ...   passed on to the scripts (see each one's header)
+#   RUNS, STEPS, ROUNDS, MAX_MB, ...   passed on to the scripts (see each one's header):
+#                   RUNS: *_compare.sh runs; ROUNDS: reference_table.sh and speed_table.sh
+#                   rounds; STEPS: timed training steps of train.lua in all of them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bench/out
@@ -22,9 +24,9 @@ quick=${BENCH_QUICK:-0}
 if [ "$quick" = 1 ]; then
   # One round of short runs (callers' own settings win).
   export RUNS=${RUNS:-1} ROUNDS=${ROUNDS:-1} MAX_MB=${MAX_MB:-16}
-  export CNN_BATCHES=${CNN_BATCHES:-4} RESNET_BATCHES=${RESNET_BATCHES:-2}
-  export RESNET_STEPS=${RESNET_STEPS:-5} RESNET_WARMUP=${RESNET_WARMUP:-2} AR_ROUNDS=${AR_ROUNDS:-3}
-  export SMALL_RUNS=${SMALL_RUNS:-3}
+  export CNN_BATCHES=${CNN_BATCHES:-3} RESNET_BATCHES=${RESNET_BATCHES:-1} WARMUP=${WARMUP:-1}
+  export TRAIN_WARMUP=${TRAIN_WARMUP:-10} RESNET_STEPS=${RESNET_STEPS:-5} RESNET_WARMUP=${RESNET_WARMUP:-2}
+  export AR_ROUNDS=${AR_ROUNDS:-3} SMALL_RUNS=${SMALL_RUNS:-3}
   quick_steps=${STEPS:-60}
   profile_subset=3200
 else
