@@ -40,7 +40,7 @@ for threads in 1 2; do
   build/ddplua bench/ops.lua --threads "$threads" --out "bench/out/ops_t$threads.md"
 done
 
-# Training throughput against PyTorch (Debian's python3-torch), same run, medians of 3.
+# PyTorch (Debian's python3-torch) is the reference of every comparison below.
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "bench: installing python3-torch for the PyTorch side"
   ${SUDO:-} env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null
