@@ -3,7 +3,7 @@
 -- bench/run_gpu.sh alternates the two and takes medians).
 --
 --   build/ddplua bench/gpu_train.lua --model cnn|resnet20 [--batch N] [--steps 50]
---       [--warmup 10] [--device cuda:0] [--tf32] [--max-seconds 60]
+--       [--warmup 10] [--device cuda:0] [--tf32] [--max-seconds 60] [--threads N]
 --   build/ddplua bench/gpu_train.lua --dry      # 1 tiny step on the CPU: proves the script runs
 --
 -- Models: cnn = configs/fashion_mnist_cnn.lua's model (models/cnn.lua), input (N, 1, 28, 28),
@@ -15,7 +15,9 @@
 -- are not timed; the timed steps are bracketed by device synchronisations and read with a
 -- host clock. TF32 is off unless --tf32 (then f32 matmuls and convolutions may use it).
 -- --max-seconds stops the timed loop early (at least 3 steps) so a slow build cannot eat
--- the device lease; the line says how many steps were timed.
+-- the device lease; the line says how many steps were timed. --threads sets the CPU threads
+-- (dl.set_num_threads; default: DDP_NUM_THREADS, else the cores), which is what the CPU rows
+-- of bench/reference_table.sh (--device cpu) measure.
 --
 -- Prints one line:
 --   framework=ddplua model=cnn batch=256 device=cuda:0 tf32=0 steps=50 samples_per_s=...
@@ -49,6 +51,13 @@ local spec = MODELS[opts.model]
 if not spec then
   io.stderr:write(("gpu_train: unknown model '%s' (cnn, resnet20)\n"):format(tostring(opts.model)))
   os.exit(2)
+end
+if opts.threads ~= nil then
+  if type(opts.threads) ~= "number" or opts.threads < 1 or opts.threads % 1 ~= 0 then
+    io.stderr:write(("gpu_train: --threads must be a positive integer, got %s\n"):format(tostring(opts.threads)))
+    os.exit(2)
+  end
+  dl.set_num_threads(opts.threads)
 end
 local cfg = dofile(spec.config)
 local batch = opts.batch or spec.batch

@@ -4,12 +4,14 @@ optimizers, random device-resident data and timing (warm-up steps untimed; timed
 bracketed by torch.cuda.synchronize and read with a host clock).
 
     python3 bench/gpu_train_torch.py --model cnn|resnet20 [--batch N] [--steps 50]
-        [--warmup 10] [--device cuda:0] [--tf32] [--max-seconds 60]
+        [--warmup 10] [--device cuda:0] [--tf32] [--max-seconds 60] [--threads N]
     python3 bench/gpu_train_torch.py --dry      # 1 tiny step on the CPU
 
 PyTorch at its best for this comparison: cudnn.benchmark on (the warm-up covers its
 autotuning); TF32 off for matmul AND convolution unless --tf32 (PyTorch's default allows it
 for convolutions; ddplua's allows it nowhere), so both sides do the same arithmetic.
+--threads N calls torch.set_num_threads(N) (for --device cpu; set OMP_NUM_THREADS and
+OPENBLAS_NUM_THREADS to N before starting Python too, as bench/reference_table.sh does).
 Prints one line in gpu_train.lua's format, framework=torch.
 """
 import argparse
@@ -29,6 +31,7 @@ p.add_argument("--device", default="cuda:0")
 p.add_argument("--tf32", action="store_true")
 p.add_argument("--max-seconds", type=float, default=60.0)
 p.add_argument("--dry", action="store_true")
+p.add_argument("--threads", type=int, default=None)
 a = p.parse_args()
 
 
@@ -86,6 +89,10 @@ MODELS = {
     "cnn": (cnn, 256, (1, 28, 28), dict(lr=0.05, momentum=0.9)),
     "resnet20": (ResNet, 128, (3, 32, 32), dict(lr=0.1, momentum=0.9, weight_decay=1e-4)),
 }
+if a.threads is not None:
+    if a.threads < 1:
+        sys.exit(f"gpu_train_torch: --threads must be a positive integer, got {a.threads}")
+    torch.set_num_threads(a.threads)
 build, batch, shape, sgd = MODELS[a.model]
 batch = a.batch or batch
 dev = a.device

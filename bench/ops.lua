@@ -7,14 +7,23 @@
 --   the cost of one small op called from Lua (dispatch, tape, allocation, release) over
 --   10^6 calls.
 -- Run: build/ddplua bench/ops.lua [--threads N] [--out FILE]
+--      build/ddplua bench/ops.lua --threads N --sgemm-only
+-- --sgemm-only times raw cblas_sgemm 1024^3 alone (7 runs of 3 calls, after one) and prints
+-- "sgemm_gflops=<median> sgemm_best_gflops=<fastest run> sgemm_cpu_gflops=<median by CPU
+-- time> threads=<n> core=<OpenBLAS kernel set>": the FMA-peak reference of
+-- bench/reference_table.sh (OPENBLAS_CORETYPE=Haswell picks OpenBLAS's AVX2 kernels). The
+-- CPU-time rate (FLOP / the process's user + system seconds) counts only the time the
+-- threads ran, so other processes on the machine barely move it; with --threads 1 it is
+-- one core's rate.
 local dl = require "ddplua"
 local clock = require "ddplua.clock"
 local ffi = require "ffi"
 
-local threads, out_path = nil, nil
+local threads, out_path, sgemm_only = nil, nil, false
 for i = 1, #arg do
   if arg[i] == "--threads" then threads = tonumber(arg[i + 1]) end
   if arg[i] == "--out" then out_path = arg[i + 1] end
+  if arg[i] == "--sgemm-only" then sgemm_only = true end
 end
 if threads then dl.set_num_threads(threads) end
 
@@ -23,8 +32,37 @@ if threads then dl.set_num_threads(threads) end
 pcall(ffi.cdef, [[
   void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
                    const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+  char *openblas_get_corename(void);
 ]])
 local blas = ffi.load("libopenblas.so.0")
+
+if sgemm_only then
+  local n = 1024
+  local a, b, c = dl.randn { n, n }, dl.randn { n, n }, dl.zeros { n, n }
+  local C = require("ddplua.lib").C
+  local pa = ffi.cast("float*", C.ddp_tensor_data(a))
+  local pb = ffi.cast("float*", C.ddp_tensor_data(b))
+  local pc = ffi.cast("float*", C.ddp_tensor_data(c))
+  local os_ = require "ddplua.os"
+  local function cpu()
+    local u = os_.resource_usage()
+    return u.user_seconds + u.system_seconds
+  end
+  local times, cpu_times = {}, {}
+  for r = 0, 7 do
+    local t0, c0 = clock.now(), cpu()
+    for _ = 1, 3 do blas.cblas_sgemm(101, 111, 111, n, n, n, 1, pa, n, pb, n, 0, pc, n) end
+    if r > 0 then times[r], cpu_times[r] = (clock.now() - t0) / 3, (cpu() - c0) / 3 end
+  end
+  table.sort(times)
+  table.sort(cpu_times)
+  local ok, core = pcall(function() return ffi.string(blas.openblas_get_corename()) end)
+  local flop = 2 * n ^ 3
+  print(("sgemm_gflops=%.1f sgemm_best_gflops=%.1f sgemm_cpu_gflops=%.1f threads=%d core=%s"):format(
+    flop / times[4] / 1e9, flop / times[1] / 1e9, flop / cpu_times[4] / 1e9, dl.get_num_threads(),
+    ok and core or "?"))
+  os.exit(0)
+end
 
 local rows = {}
 local function row(name, value, unit, limit, limit_name)

@@ -1,8 +1,10 @@
-"""PyTorch's reference for the small-op rows of bench/ops.lua: the cost of one `a + b` on
-(4,) f32 tensors called from Python, tape on (b requires grad) and off, in microseconds per
-call: the median of `runs` runs of `calls` calls, by wall clock (as bench/ops.lua) and by
-the main thread's CPU time (which a shared machine disturbs less).
-Run: /usr/bin/python3 bench/small_op_torch.py [calls] [runs]
+"""PyTorch's side of bench/small_op.lua: the cost of one small op on (4,) f32 tensors called
+from Python, tape on (the right operand requires grad) and off, in microseconds per call: the
+median of `runs` runs of `calls` calls (after one untimed run), by wall clock and by the main
+thread's CPU time (which a shared machine disturbs less).
+Run: /usr/bin/python3 bench/small_op_torch.py [calls] [runs]     (defaults 100000, 7)
+Prints one line per op: "framework=torch op=<plus_tape|plus_nograd|add_tape|add_nograd>
+wall_us=<x> cpu_us=<y>" (plus = `a + b`, add = `a.add(b)`).
 """
 import sys
 import time
@@ -17,7 +19,8 @@ b = torch.randn(4, requires_grad=True)
 
 
 def median_us(fn, clock):
-    fn()
+    for _ in range(calls):
+        fn()
     times = []
     for _ in range(runs):
         t0 = clock()
@@ -28,7 +31,7 @@ def median_us(fn, clock):
     return times[len(times) // 2]
 
 
-for name, fn in (("a + b, tape on", lambda: a + b), ("a + b, no grad", lambda: a + a),
-                 ("a.add(b), tape on", lambda: a.add(b))):
-    print("torch %-18s wall %.3f us  cpu %.3f us"
-          % (name, median_us(fn, time.perf_counter), median_us(fn, time.thread_time)))
+for name, fn in (("plus_tape", lambda: a + b), ("plus_nograd", lambda: a + a),
+                 ("add_tape", lambda: a.add(b)), ("add_nograd", lambda: a.add(a))):
+    print("framework=torch op=%s wall_us=%.3f cpu_us=%.3f"
+          % (name, median_us(fn, time.perf_counter), median_us(fn, time.thread_time)), flush=True)
