@@ -113,6 +113,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 
 #include "distributed/gloo_shim.h"
@@ -126,7 +127,8 @@ enum {
   PAGE = 4096,
   SPINS = 32,          /* busy checks between clock reads */
   SPIN_MIN_NS = 1000,  /* spin budget bounds (Note [shm adaptive spin]) */
-  SPIN_MAX_NS = 20000,
+  SPIN_MAX_NS = 200000, /* above a futex wake-up's latency: Note [shm adaptive spin] */
+  YIELD_AFTER_NS = 5000, /* a spinner yields its core between looks after this long */
   CHECK_NS = 3000000,  /* peer liveness check period */
   HALF_SLOT_BYTES = SLOT_BYTES / 2,
   ZC_SLICE_BYTES = 64 << 10,     /* per rank and chunk (Note [shm pipelined all-reduce]) */
@@ -648,7 +650,13 @@ static int check_peers(ddp_shm *s, uint64_t target, const char *phase, char *err
  * it halves. On idle cores a peer a few microseconds behind is met without a system call
  * on either side (back-to-back small messages); when the ranks share their cores with
  * other work, spinning only takes the core the late peer needs, and the budget shrinks to
- * SPIN_MIN_NS. Only the waiting thread touches it. */
+ * SPIN_MIN_NS. A wait that slept but ended within SPIN_MAX_NS counts as met after its whole
+ * length: without that, once one side slept, the other waited a futex wake-up's latency
+ * (~30 us on a virtual machine), longer than any budget that small waits had taught, slept
+ * too, and the two stayed in lock step through the kernel for good (a 4 KiB back-to-back
+ * all-reduce took ~36 us instead of a few). SPIN_MAX_NS is therefore above that latency;
+ * past YIELD_AFTER_NS a spinner yields its core between looks, so an oversubscribed host's
+ * late peer can run. Only the waiting thread touches the budget. */
 static void spin_learn(ddp_shm *s, int met, int64_t waited) {
   int64_t b = s->spin_ns;
   b = met ? b + (2 * waited + SPIN_MIN_NS - b) / 4 : b / 2;
@@ -659,7 +667,7 @@ static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *p
                     char *err, int *peer) {
   if (first_missing(s, target) < 0) return DDP_OK;
   int64_t start = now_ns(), last_check = start;
-  for (int64_t t = start; t - start < s->spin_ns; t = now_ns())
+  for (int64_t t = start; t - start < s->spin_ns; t = now_ns()) {
     for (int i = 0; i < SPINS; i++) {
       if (first_missing(s, target) < 0) {
         spin_learn(s, 1, now_ns() - start);
@@ -667,11 +675,18 @@ static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *p
       }
       cpu_relax();
     }
+    if (t - start > YIELD_AFTER_NS) sched_yield(); /* a peer waiting for this core runs */
+  }
   spin_learn(s, 0, 0);
   int64_t limit = (int64_t)((timeout_s < 1e9 ? timeout_s : 1e9) * 1e9); /* no overflow */
   for (;;) {
-    if (first_missing(s, target) < 0) return DDP_OK;
     int64_t t = now_ns();
+    if (first_missing(s, target) < 0) {
+      /* a longer spin would have met them: learn it, or a wake-up's latency keeps both
+       * sides asleep for good (Note [shm adaptive spin]) */
+      if (t - start < SPIN_MAX_NS) spin_learn(s, 1, t - start);
+      return DDP_OK;
+    }
     if (t - last_check >= CHECK_NS) {
       last_check = t;
       int st = check_peers(s, target, phase, err, peer);
