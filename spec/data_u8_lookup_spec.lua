@@ -16,17 +16,8 @@ local function collate(src, idx, tf, seed)
   return lib.wrap(lib.box[0])
 end
 
--- Number of elements whose bits differ (both f32, same shape, contiguous).
-local function differing(a, b)
-  assert.same(a:size(), b:size())
-  local pa = ffi.cast("const uint32_t *", C.ddp_tensor_data(a))
-  local pb = ffi.cast("const uint32_t *", C.ddp_tensor_data(b))
-  local n = 0
-  for i = 0, a:numel() - 1 do
-    if pa[i] ~= pb[i] then n = n + 1 end
-  end
-  return n
-end
+-- Number of elements whose bits differ (both f32, same shape).
+local differing = require("close").count_bit_differences
 
 describe("u8 lookup in the loader's gather", function()
   local cases = {

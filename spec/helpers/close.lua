@@ -4,7 +4,10 @@ local dl = require "ddplua"
 
 local M = {}
 
+--- flatten(v[, out]): the numbers of a nested table (a tensor's tolist()) in order, appended
+-- to `out` (a new table when nil); booleans as 1 and 0.
 local function flatten(v, out)
+  out = out or {}
   if type(v) == "table" then
     for i = 1, #v do flatten(v[i], out) end
   elseif type(v) == "boolean" then
@@ -13,6 +16,25 @@ local function flatten(v, out)
     out[#out + 1] = v
   end
   return out
+end
+
+M.flatten = flatten
+
+--- count_bit_differences(a, b): how many elements of two 4-byte-element tensors (f32, i32) of
+-- the same shape differ in their bits (0: bitwise equal). Raises when the shapes differ.
+function M.count_bit_differences(a, b)
+  local lib = require "ddplua.lib"
+  local ffi, C = lib.ffi, lib.C
+  local sa, sb = table.concat(a:size(), ","), table.concat(b:size(), ",")
+  if sa ~= sb then error(("count_bit_differences: shape (%s) ~= (%s)"):format(sa, sb), 2) end
+  a, b = a:contiguous(), b:contiguous()
+  local pa = ffi.cast("const uint32_t *", C.ddp_tensor_data(a))
+  local pb = ffi.cast("const uint32_t *", C.ddp_tensor_data(b))
+  local n = 0
+  for i = 0, a:numel() - 1 do
+    if pa[i] ~= pb[i] then n = n + 1 end
+  end
+  return n
 end
 
 --- assert_close(actual, expected, opts): actual a tensor; expected a tensor, nested tables or

@@ -10,15 +10,7 @@ local nn = require "ddplua.nn"
 local gradcheck = require("gradcheck").gradcheck
 local assert_close = require("close").assert_close
 
-local function flatten(v, out)
-  out = out or {}
-  if type(v) == "table" then
-    for i = 1, #v do flatten(v[i], out) end
-  else
-    out[#out + 1] = v
-  end
-  return out
-end
+local flatten = require("close").flatten
 
 -- Bitwise equality (the sign of zero and NaN payloads included, through %a).
 local function assert_same_bits(a, b, what)

@@ -5,20 +5,8 @@
 -- the product in f64, for the MLP's shapes, odd sizes, transposed operands and the row
 -- split; linear's output and gradients agree between 1 and 2 threads to rounding.
 local dl = require "ddplua"
-local lib = require "ddplua.lib"
-local ffi, C = lib.ffi, lib.C
 
-local function bits_differ(a, b)
-  assert.same(a:size(), b:size())
-  a, b = a:contiguous(), b:contiguous()
-  local pa = ffi.cast("const uint32_t *", C.ddp_tensor_data(a))
-  local pb = ffi.cast("const uint32_t *", C.ddp_tensor_data(b))
-  local n = 0
-  for i = 0, a:numel() - 1 do
-    if pa[i] ~= pb[i] then n = n + 1 end
-  end
-  return n
-end
+local bits_differ = require("close").count_bit_differences
 
 -- max |got - want| / (sum_k |a_ik b_kj|) over the result: the rounding error relative to the
 -- size of the terms (f32 GEMM: a few k * 2^-24 at most).
