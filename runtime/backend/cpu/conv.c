@@ -13,9 +13,9 @@
  *  - direct f32 kernels for 3x3 kernels with one input channel or stride 2, where they
  *    measured faster than im2col: conv_direct.c (ddp_cpu_conv_direct_applies).
  *
- * Threads: samples are split over the runtime's pool, each thread with its own scratch and
- * its own weight-gradient sum (added up under a lock at the end), while OpenBLAS is held at
- * one thread for the duration. The per-sample GEMMs are small (64 x 196 x 288 for that
+ * Threads: samples are split over the runtime's pool, each thread with its own scratch (the
+ * backward's weight-gradient sums per fixed unit of samples: Note [im2col weight-gradient
+ * units]), while OpenBLAS is held at one thread for the duration. The per-sample GEMMs are small (64 x 196 x 288 for that
  * layer), so this beat running the samples one after another with OpenBLAS threading each
  * GEMM: ~11.5 ms against ~17 ms for that layer's forward + backward on 2 cores. Holding
  * OpenBLAS at one thread is a process-wide setting: a BLAS call made meanwhile by another
@@ -161,8 +161,10 @@ typedef struct {
   const ddp_conv2d_geom *g;
   char *out, *d_in, *d_w, *d_b;
   const char *in, *w, *bias, *grad_out;
-  pthread_mutex_t lock; /* guards d_w, d_b and status */
+  pthread_mutex_t lock; /* guards status */
   int status;
+  int64_t units;     /* backward: Note [im2col weight-gradient units] */
+  char *dw_parts, *db_parts; /* backward: one weight / bias gradient sum per unit */
 } conv_job;
 
 static void set_status(conv_job *j, int status) {
@@ -218,9 +220,22 @@ static void forward_range(void *vctx, int64_t begin, int64_t end) {
   if (cols) ddp_free(cols, cols_bytes);
 }
 
-/* Backward for samples [begin, end): d_in directly (samples are disjoint), d_w and d_b into
- * private sums added under the lock at the end. */
-static void backward_range(void *vctx, int64_t begin, int64_t end) {
+/* Note [im2col weight-gradient units]: the backward cuts the batch into `units` fixed runs
+ * of samples (UNITS at most, set by the batch size alone); each unit sums the weight and bias
+ * gradients of its samples into its own partial, and the caller adds the partials to d_w and
+ * d_b in unit order once every unit is done. The threads take whole units, so the sums and
+ * their order, and therefore the bits, do not depend on the thread count or on which thread
+ * finished first (the old per-thread partials, added under a lock as threads finished, gave
+ * other bits for other thread counts). The input gradient needs no such care: each sample's
+ * own slice of d_in is written by one unit. */
+enum { UNITS = 12 };
+
+/* First sample of unit u of j. */
+static int64_t unit_begin(const conv_job *j, int64_t u) { return u * j->g->n / j->units; }
+
+/* Backward for units [ubegin, uend): d_in directly (samples are disjoint), d_w and d_b into
+ * the units' partial sums (Note [im2col weight-gradient units]). */
+static void backward_range(void *vctx, int64_t ubegin, int64_t uend) {
   conv_job *j = vctx;
   const ddp_conv2d_geom *g = j->g;
   int64_t cg = g->c / g->groups, og = g->o / g->groups, ck = cg * g->kh * g->kw;
@@ -232,60 +247,58 @@ static void backward_range(void *vctx, int64_t begin, int64_t end) {
   size_t db_bytes = j->d_b ? (size_t)g->o * j->es : 0;
   char *cols = (j->d_w && cols_bytes) ? ddp_alloc(cols_bytes) : NULL;
   char *dcols = dcols_bytes ? ddp_alloc(dcols_bytes) : NULL;
-  char *dw = dw_bytes ? ddp_alloc(dw_bytes) : NULL;
-  char *db = db_bytes ? ddp_alloc(db_bytes) : NULL;
-  if ((j->d_w && cols_bytes && !cols) || (dcols_bytes && !dcols) || (dw_bytes && !dw) ||
-      (db_bytes && !db)) {
+  if ((j->d_w && cols_bytes && !cols) || (dcols_bytes && !dcols)) {
     set_status(j, DDP_ERROR(DDP_ERR_MEMORY, "conv2d backward: out of memory for scratch"));
     goto done;
   }
-  if (dw) memset(dw, 0, dw_bytes);
-  if (db) memset(db, 0, db_bytes);
-  for (int64_t n = begin; n < end; n++)
-    for (int64_t grp = 0; grp < g->groups; grp++) {
-      const char *in_g = j->in + (size_t)((n * g->c + grp * cg) * HW) * j->es;
-      const char *go = j->grad_out + (size_t)((n * g->o + grp * og) * L) * j->es;
-      if (db) row_sums(j->dtype, db + (size_t)(grp * og) * j->es, go, og, L);
-      if (ck == 0 || L == 0) continue;
-      if (dw) {
-        const char *src = in_g;
-        if (!pointwise) {
-          im2col(j->dtype, cols, in_g, cg, g);
-          src = cols;
+  for (int64_t u = ubegin; u < uend; u++) {
+    char *dw = dw_bytes ? j->dw_parts + (size_t)u * dw_bytes : NULL;
+    char *db = db_bytes ? j->db_parts + (size_t)u * db_bytes : NULL;
+    if (dw) memset(dw, 0, dw_bytes);
+    if (db) memset(db, 0, db_bytes);
+    for (int64_t n = unit_begin(j, u); n < unit_begin(j, u + 1); n++)
+      for (int64_t grp = 0; grp < g->groups; grp++) {
+        const char *in_g = j->in + (size_t)((n * g->c + grp * cg) * HW) * j->es;
+        const char *go = j->grad_out + (size_t)((n * g->o + grp * og) * L) * j->es;
+        if (db) row_sums(j->dtype, db + (size_t)(grp * og) * j->es, go, og, L);
+        if (ck == 0 || L == 0) continue;
+        if (dw) {
+          const char *src = in_g;
+          if (!pointwise) {
+            im2col(j->dtype, cols, in_g, cg, g);
+            src = cols;
+          }
+          ddp_cpu_gemm(j->dtype, 0, 1, og, ck, L, 1.0, go, L, src, L, 1.0,
+                       dw + (size_t)(grp * og * ck) * j->es, ck);
         }
-        ddp_cpu_gemm(j->dtype, 0, 1, og, ck, L, 1.0, go, L, src, L, 1.0,
-                     dw + (size_t)(grp * og * ck) * j->es, ck);
-      }
-      if (j->d_in) {
-        const char *wg = j->w + (size_t)(grp * og * ck) * j->es;
-        char *d_in_g = j->d_in + (size_t)((n * g->c + grp * cg) * HW) * j->es;
-        if (pointwise) {
-          ddp_cpu_gemm(j->dtype, 1, 0, ck, L, og, 1.0, wg, ck, go, L, 1.0, d_in_g, L);
-        } else {
-          ddp_cpu_gemm(j->dtype, 1, 0, ck, L, og, 1.0, wg, ck, go, L, 0.0, dcols, L);
-          col2im(j->dtype, d_in_g, dcols, cg, g);
+        if (j->d_in) {
+          const char *wg = j->w + (size_t)(grp * og * ck) * j->es;
+          char *d_in_g = j->d_in + (size_t)((n * g->c + grp * cg) * HW) * j->es;
+          if (pointwise) {
+            ddp_cpu_gemm(j->dtype, 1, 0, ck, L, og, 1.0, wg, ck, go, L, 1.0, d_in_g, L);
+          } else {
+            ddp_cpu_gemm(j->dtype, 1, 0, ck, L, og, 1.0, wg, ck, go, L, 0.0, dcols, L);
+            col2im(j->dtype, d_in_g, dcols, cg, g);
+          }
         }
       }
-    }
-  pthread_mutex_lock(&j->lock);
-  if (dw) {
-    if (j->dtype == DDP_F32)
-      for (int64_t i = 0; i < g->o * ck; i++) ((float *)j->d_w)[i] += ((float *)dw)[i];
-    else
-      for (int64_t i = 0; i < g->o * ck; i++) ((double *)j->d_w)[i] += ((double *)dw)[i];
   }
-  if (db) {
-    if (j->dtype == DDP_F32)
-      for (int64_t i = 0; i < g->o; i++) ((float *)j->d_b)[i] += ((float *)db)[i];
-    else
-      for (int64_t i = 0; i < g->o; i++) ((double *)j->d_b)[i] += ((double *)db)[i];
-  }
-  pthread_mutex_unlock(&j->lock);
 done:
   if (cols) ddp_free(cols, cols_bytes);
   if (dcols) ddp_free(dcols, dcols_bytes);
-  if (dw) ddp_free(dw, dw_bytes);
-  if (db) ddp_free(db, db_bytes);
+}
+
+/* dst[i] += the parts' [i] in part order, for `count` elements of each of `parts` parts. */
+static void add_parts(int dtype, void *dst, const char *parts, int64_t nparts, int64_t count) {
+  for (int64_t p = 0; p < nparts; p++) {
+    if (dtype == DDP_F32) {
+      const float *src = (const float *)parts + p * count;
+      for (int64_t i = 0; i < count; i++) ((float *)dst)[i] += src[i];
+    } else {
+      const double *src = (const double *)parts + p * count;
+      for (int64_t i = 0; i < count; i++) ((double *)dst)[i] += src[i];
+    }
+  }
 }
 
 /* Note [conv algorithm per shape]: Winograd F(2x2, 3x3) (conv_winograd.c) for the f32 3x3
@@ -307,10 +320,9 @@ static int use_winograd(int dtype, const ddp_conv2d_geom *g) {
   return ddp_cpu_winograd_fits(dtype, g) && g->c >= 8 && g->o >= 8;
 }
 
-/* Run fn over the samples: split over the pool with OpenBLAS held at one thread meanwhile
+/* Run fn over [0, n) (samples, or the backward's units): split over the pool with OpenBLAS held at one thread meanwhile
  * (one sample's GEMMs are too small to gain from its threads), or on this thread alone. */
-static void run_samples(conv_job *j, ddp_range_fn fn) {
-  int64_t n = j->g->n;
+static void run_samples(conv_job *j, ddp_range_fn fn, int64_t n) {
   if (ddp_get_num_threads() > 1 && n > 1) {
     int blas_threads = ddp_cpu_blas_hold_single();
     ddp_parallel_for(n, 1, fn, j);
@@ -328,7 +340,7 @@ int ddp_cpu_conv2d_forward(int dtype, void *out, const void *in, const void *w,
   conv_job j = {.dtype = dtype, .es = ddp_dtype_size(dtype), .g = g, .out = out, .in = in,
                 .w = w, .bias = bias};
   pthread_mutex_init(&j.lock, NULL);
-  run_samples(&j, forward_range);
+  run_samples(&j, forward_range, g->n);
   pthread_mutex_destroy(&j.lock);
   return j.status;
 }
@@ -341,8 +353,24 @@ int ddp_cpu_conv2d_backward(int dtype, void *d_in, void *d_w, void *d_b, const v
     return ddp_cpu_conv_direct_backward(d_in, d_w, d_b, grad_out, in, w, g);
   conv_job j = {.dtype = dtype, .es = ddp_dtype_size(dtype), .g = g, .d_in = d_in, .d_w = d_w,
                 .d_b = d_b, .grad_out = grad_out, .in = in, .w = w};
+  int64_t ck = g->c / g->groups * g->kh * g->kw;
+  j.units = g->n < UNITS ? g->n : UNITS; /* Note [im2col weight-gradient units] */
+  size_t dw_all = d_w ? (size_t)(j.units * g->o * ck) * j.es : 0;
+  size_t db_all = d_b ? (size_t)(j.units * g->o) * j.es : 0;
+  j.dw_parts = dw_all ? ddp_alloc(dw_all) : NULL;
+  j.db_parts = db_all ? ddp_alloc(db_all) : NULL;
+  if ((dw_all && !j.dw_parts) || (db_all && !j.db_parts)) {
+    if (j.dw_parts) ddp_free(j.dw_parts, dw_all);
+    if (j.db_parts) ddp_free(j.db_parts, db_all);
+    DDP_FAIL(DDP_ERR_MEMORY, "conv2d backward: out of memory for %zu bytes of "
+             "weight-gradient partial sums", dw_all + db_all);
+  }
   pthread_mutex_init(&j.lock, NULL);
-  run_samples(&j, backward_range);
+  run_samples(&j, backward_range, j.units);
   pthread_mutex_destroy(&j.lock);
+  if (!j.status && d_w) add_parts(dtype, d_w, j.dw_parts, j.units, g->o * ck);
+  if (!j.status && d_b) add_parts(dtype, d_b, j.db_parts, j.units, g->o);
+  if (j.dw_parts) ddp_free(j.dw_parts, dw_all);
+  if (j.db_parts) ddp_free(j.db_parts, db_all);
   return j.status;
 }
