@@ -419,6 +419,20 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
     }
   }
   if (rank == 0 && base) shm_unlink(name);
+  /* Rank 0 returns only once every rank has read the votes: it may be the process that
+   * hosts the store, and a rank 0 that went on and exited (a short script) while a peer was
+   * still reading a vote took the store server with it ("lost the connection to the store
+   * server ... wait for key '.../ddp_shm/mapped/0'"). */
+  if (!status) {
+    snprintf(key, sizeof key, "%s/ddp_shm/voted/%d", prefix, rank);
+    status = ddp_store_set(store, key, "1", 1);
+  }
+  for (int r = 1; r < world_size && rank == 0 && !status; r++) {
+    char *v = NULL;
+    snprintf(key, sizeof key, "%s/ddp_shm/voted/%d", prefix, r);
+    status = store_get_str(store, key, &v);
+    if (!status) ddp_store_free_value(v);
+  }
   if (status || !all) {
     if (base) {
       munmap(base, len);
