@@ -122,8 +122,9 @@ void ddp_memory_empty_cache(void);
 
 /* Use `n` threads (n >= 1) for the runtime's own kernels, matrix products included: they
  * split over the runtime's pool, and OpenBLAS is kept at one thread (Note [pool and
- * OpenBLAS threads] in runtime/core/threads.c). The one place that sets thread counts. Default: the DDP_NUM_THREADS, OMP_NUM_THREADS environment
- * variable, else the number of online cores. Fails with DDP_ERR_ARG when n < 1. */
+ * OpenBLAS threads] in runtime/core/threads.c). The one place that sets thread counts.
+ * Default: the DDP_NUM_THREADS, OMP_NUM_THREADS environment variable, else the number of
+ * online cores. Fails with DDP_ERR_ARG when n < 1. */
 int ddp_set_num_threads(int n);
 
 /* Number of threads the runtime's kernels use. */

@@ -12,14 +12,7 @@ local function randn(shape)
   return dl.randn(shape, { dtype = "f64", generator = dl.Generator(seed) })
 end
 
-local function flatten(v, out)
-  if type(v) == "table" then
-    for i = 1, #v do flatten(v[i], out) end
-  else
-    out[#out + 1] = v
-  end
-  return out
-end
+local flatten = require("close").flatten
 local function flat(t) return flatten(t:tolist(), {}) end
 
 -- Largest |got - want| over the largest |want| (f32 result against the f64 one).

@@ -488,6 +488,20 @@ static void grad_transform(const wg_job *j, float *Z, int64_t r0, int64_t r1) {
 
 /* ---- input-gradient transform: dd = B dV Bᵀ, added onto d_in ---------------------------- */
 
+/* p[i][s] = (B dV)[i][s], the first half of the input-gradient transform, for 8 tiles from
+ * dV[xi] at v + xi * vs. */
+static inline __attribute__((always_inline)) void input_grad_rows(__m256 p[4][4], const float *v,
+                                                                  int64_t vs) {
+  for (int s = 0; s < 4; s++) {
+    __m256 v0 = _mm256_loadu_ps(v + s * vs), v1 = _mm256_loadu_ps(v + (4 + s) * vs);
+    __m256 v2 = _mm256_loadu_ps(v + (8 + s) * vs), v3 = _mm256_loadu_ps(v + (12 + s) * vs);
+    p[0][s] = v0;
+    p[1][s] = _mm256_add_ps(_mm256_sub_ps(v1, v2), v3);
+    p[2][s] = _mm256_sub_ps(_mm256_add_ps(v1, v2), v0);
+    p[3][s] = _mm256_sub_ps(_mm256_setzero_ps(), v3);
+  }
+}
+
 /* d_in lines += the 4 lines of dd = B dV Bᵀ for one tile row of one channel, from dV[ξ] at
  * v + ξ * vs (8 tiles a vector). line[i]: input line 2 ty - ph + i at column -pw, or NULL
  * outside the plane. Tiles overlap by 2 columns: column 2k (from -pw) gets e0 of tile k and
@@ -501,14 +515,7 @@ static void input_grad_tiles(float *const *line, const float *v, int64_t vs, int
   for (int i = 0; i < 4; i++) carry2[i] = carry3[i] = _mm256_setzero_ps();
   for (int64_t q = 0; q < ng; q++, v += 8) {
     __m256 p[4][4]; /* p[i][s]: (B dV)[i][s] */
-    for (int s = 0; s < 4; s++) {
-      __m256 v0 = _mm256_loadu_ps(v + s * vs), v1 = _mm256_loadu_ps(v + (4 + s) * vs);
-      __m256 v2 = _mm256_loadu_ps(v + (8 + s) * vs), v3 = _mm256_loadu_ps(v + (12 + s) * vs);
-      p[0][s] = v0;
-      p[1][s] = _mm256_add_ps(_mm256_sub_ps(v1, v2), v3);
-      p[2][s] = _mm256_sub_ps(_mm256_add_ps(v1, v2), v0);
-      p[3][s] = _mm256_sub_ps(_mm256_setzero_ps(), v3);
-    }
+    input_grad_rows(p, v, vs);
     __m256 keep = _mm256_castsi256_ps(first_lanes(valid - 8 * q < 8 ? valid - 8 * q : 8));
     __m256i cm[4];
     column_masks(q, pw, W, cm);
@@ -548,14 +555,7 @@ static void input_grad_pair(float *const *la, float *const *lb, const float *v, 
                             int64_t pw, int64_t W) {
   const __m256i rot = _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6);
   __m256 p[4][4];
-  for (int s = 0; s < 4; s++) {
-    __m256 v0 = _mm256_loadu_ps(v + s * vs), v1 = _mm256_loadu_ps(v + (4 + s) * vs);
-    __m256 v2 = _mm256_loadu_ps(v + (8 + s) * vs), v3 = _mm256_loadu_ps(v + (12 + s) * vs);
-    p[0][s] = v0;
-    p[1][s] = _mm256_add_ps(_mm256_sub_ps(v1, v2), v3);
-    p[2][s] = _mm256_sub_ps(_mm256_add_ps(v1, v2), v0);
-    p[3][s] = _mm256_sub_ps(_mm256_setzero_ps(), v3);
-  }
+  input_grad_rows(p, v, vs);
   __m256i cm[4];
   column_masks(0, pw, W, cm);
   int64_t x = 8 - pw; /* the column of the carries */
