@@ -205,13 +205,20 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
 POOL_KERNELS(float)
 POOL_KERNELS(double)
 
+/* Lane masks for the last, partial vector of a row: the first n of 8 lanes (n in 0..8). */
+static inline __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* max_fwd_2x2 for f32 with AVX2, eight windows at a time: even and odd columns split by
  * shuffles, the running maximum and the winning tap (0..3) kept by compare-and-blend (a
- * NaN tap wins, as in the scalar code). The tap turns into the flat index at the end. */
+ * NaN tap wins, as in the scalar code). The tap turns into the flat index at the end. The
+ * last windows of a row (OW % 8 of them; all of them when OW < 8, e.g. 7 at 14x14) go
+ * through the same code with masked loads and stores, so no window takes a scalar path. */
 static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
   const pool_job *j = vctx;
   const ddp_pool2d_geom *g = j->g;
-  int64_t W = g->w, OW = g->ow, ow8 = OW / 8 * 8;
+  int64_t W = g->w, OW = g->ow;
   const __m256i lanes2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
   const __m256i one = _mm256_set1_epi32(1), wv = _mm256_set1_epi32((int)W);
   for (int64_t p = begin; p < end; p++) {
@@ -220,9 +227,17 @@ static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
     int64_t *idx = j->indices + p * g->oh * OW;
     for (int64_t oh = 0; oh < g->oh; oh++) {
       const float *r0 = in + 2 * oh * W, *r1 = r0 + W;
-      for (int64_t ow = 0; ow < ow8; ow += 8) {
-        __m256 x0 = _mm256_loadu_ps(r0 + 2 * ow), x1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
-        __m256 y0 = _mm256_loadu_ps(r1 + 2 * ow), y1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+      for (int64_t ow = 0; ow < OW; ow += 8) {
+        int64_t n = OW - ow < 8 ? OW - ow : 8; /* windows in this vector */
+        __m256 x0, x1, y0, y1;
+        __m256i m0 = first_lanes(2 * n), m1 = first_lanes(2 * n - 8), m = first_lanes(n);
+        if (n == 8) {
+          x0 = _mm256_loadu_ps(r0 + 2 * ow), x1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+          y0 = _mm256_loadu_ps(r1 + 2 * ow), y1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+        } else { /* the masked-off lanes are neither read nor written */
+          x0 = _mm256_maskload_ps(r0 + 2 * ow, m0), x1 = _mm256_maskload_ps(r0 + 2 * ow + 8, m1);
+          y0 = _mm256_maskload_ps(r1 + 2 * ow, m0), y1 = _mm256_maskload_ps(r1 + 2 * ow + 8, m1);
+        }
 #define DEINTERLEAVE(u, v, sel)                                                         \
   _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(u, v, sel)), \
                                          _MM_SHUFFLE(3, 1, 2, 0)))
@@ -232,35 +247,104 @@ static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
         __m256 d = DEINTERLEAVE(y0, y1, _MM_SHUFFLE(3, 1, 3, 1));
 #undef DEINTERLEAVE
         __m256 best = a, tap = _mm256_setzero_ps();
-        __m256 m = _mm256_or_ps(_mm256_cmp_ps(b, best, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
-        best = _mm256_blendv_ps(best, b, m), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(1), m);
-        m = _mm256_or_ps(_mm256_cmp_ps(c, best, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
-        best = _mm256_blendv_ps(best, c, m), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(2), m);
-        m = _mm256_or_ps(_mm256_cmp_ps(d, best, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
-        best = _mm256_blendv_ps(best, d, m), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(3), m);
-        _mm256_storeu_ps(out + oh * OW + ow, best);
+        __m256 t_ = _mm256_or_ps(_mm256_cmp_ps(b, best, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, b, t_), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(1), t_);
+        t_ = _mm256_or_ps(_mm256_cmp_ps(c, best, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, c, t_), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(2), t_);
+        t_ = _mm256_or_ps(_mm256_cmp_ps(d, best, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+        best = _mm256_blendv_ps(best, d, t_), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(3), t_);
         __m256i t = _mm256_cvtps_epi32(tap);
         __m256i off = _mm256_add_epi32(_mm256_and_si256(t, one),
                                        _mm256_mullo_epi32(_mm256_srli_epi32(t, 1), wv));
         __m256i at = _mm256_add_epi32(_mm256_set1_epi32((int)(2 * oh * W + 2 * ow)),
                                       _mm256_add_epi32(lanes2, off));
+        __m256i at_lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(at));
+        __m256i at_hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(at, 1));
         int64_t *io = idx + oh * OW + ow;
-        _mm256_storeu_si256((__m256i *)io, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(at)));
-        _mm256_storeu_si256((__m256i *)(io + 4),
-                            _mm256_cvtepi32_epi64(_mm256_extracti128_si256(at, 1)));
-      }
-      for (int64_t ow = ow8; ow < OW; ow++) { /* the last few windows */
-        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-        int64_t at = 2 * oh * W + 2 * ow, bi = at;
-        float best = a;
-        if ((b > best) | (b != b)) best = b, bi = at + 1;
-        if ((c > best) | (c != c)) best = c, bi = at + W;
-        if ((d > best) | (d != d)) best = d, bi = at + W + 1;
-        out[oh * OW + ow] = best;
-        idx[oh * OW + ow] = bi;
+        if (n == 8) {
+          _mm256_storeu_ps(out + oh * OW + ow, best);
+          _mm256_storeu_si256((__m256i *)io, at_lo);
+          _mm256_storeu_si256((__m256i *)(io + 4), at_hi);
+        } else {
+          _mm256_maskstore_ps(out + oh * OW + ow, m, best);
+          _mm256_maskstore_epi64((long long *)io, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(m)), at_lo);
+          _mm256_maskstore_epi64((long long *)(io + 4),
+                                 _mm256_cvtepi32_epi64(_mm256_extracti128_si256(m, 1)), at_hi);
+        }
       }
     }
   }
+}
+
+/* max_bwd for f32 when the windows are 2x2 with stride 2 and no padding (each input cell
+ * in at most one window), in one pass that writes every cell of d_in once: eight windows
+ * at a time, each window's gradient placed on the tap its index names and +0 on the three
+ * others (0 + g, so a -0 gradient lands as +0 exactly as in max_bwd's zero-then-add), the
+ * taps interleaved back into the two input rows; the cells of an odd last row or column,
+ * which no window covers, get +0. Bit for bit the result of max_bwd_float. */
+static void max_bwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
+  const pool_job *j = vctx;
+  const ddp_pool2d_geom *g = j->g;
+  int64_t W = g->w, H = g->h, OW = g->ow, OH = g->oh, L = OH * OW;
+  const __m256i lanes2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i low32 = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  const __m256i wv = _mm256_set1_epi32((int)W), w1v = _mm256_set1_epi32((int)W + 1);
+  const __m256i onev = _mm256_set1_epi32(1);
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t p = begin; p < end; p++) {
+    float *d = (float *)j->d_in + p * H * W;
+    const float *go = (const float *)j->grad_out + p * L;
+    const int64_t *idx = j->cindices + p * L;
+    for (int64_t oh = 0; oh < OH; oh++) {
+      float *r0 = d + 2 * oh * W, *r1 = r0 + W;
+      for (int64_t ow = 0; ow < OW; ow += 8) {
+        int64_t n = OW - ow < 8 ? OW - ow : 8;
+        __m256i m = first_lanes(n), m0 = first_lanes(2 * n), m1 = first_lanes(2 * n - 8);
+        const int64_t *io = idx + oh * OW + ow;
+        __m256 gv;
+        __m256i i_lo, i_hi;
+        if (n == 8) {
+          gv = _mm256_loadu_ps(go + oh * OW + ow);
+          i_lo = _mm256_loadu_si256((const __m256i *)io);
+          i_hi = _mm256_loadu_si256((const __m256i *)(io + 4));
+        } else {
+          gv = _mm256_maskload_ps(go + oh * OW + ow, m);
+          i_lo = _mm256_maskload_epi64((const long long *)io, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(m)));
+          i_hi = _mm256_maskload_epi64((const long long *)(io + 4),
+                                       _mm256_cvtepi32_epi64(_mm256_extracti128_si256(m, 1)));
+        }
+        /* the low 32 bits of the eight indices, in lane order (they fit: H * W < 2^31) */
+        __m256i i32 = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(i_lo, low32),
+                                                _mm256_permutevar8x32_epi32(i_hi, low32), 0x20);
+        __m256i rel = _mm256_sub_epi32(i32, _mm256_add_epi32(_mm256_set1_epi32((int)(2 * oh * W + 2 * ow)), lanes2));
+        __m256 a = _mm256_add_ps(zero, _mm256_and_ps(gv, _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, _mm256_setzero_si256()))));
+        __m256 b = _mm256_add_ps(zero, _mm256_and_ps(gv, _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, onev))));
+        __m256 c = _mm256_add_ps(zero, _mm256_and_ps(gv, _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, wv))));
+        __m256 e = _mm256_add_ps(zero, _mm256_and_ps(gv, _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, w1v))));
+        /* (a0 b0 a1 b1 | a4 b4 a5 b5), (a2 b2 a3 b3 | a6 b6 a7 b7) -> the 16 cells of a row */
+        __m256 ab_lo = _mm256_unpacklo_ps(a, b), ab_hi = _mm256_unpackhi_ps(a, b);
+        __m256 ce_lo = _mm256_unpacklo_ps(c, e), ce_hi = _mm256_unpackhi_ps(c, e);
+        __m256 top0 = _mm256_permute2f128_ps(ab_lo, ab_hi, 0x20), top1 = _mm256_permute2f128_ps(ab_lo, ab_hi, 0x31);
+        __m256 bot0 = _mm256_permute2f128_ps(ce_lo, ce_hi, 0x20), bot1 = _mm256_permute2f128_ps(ce_lo, ce_hi, 0x31);
+        if (n == 8) {
+          _mm256_storeu_ps(r0 + 2 * ow, top0), _mm256_storeu_ps(r0 + 2 * ow + 8, top1);
+          _mm256_storeu_ps(r1 + 2 * ow, bot0), _mm256_storeu_ps(r1 + 2 * ow + 8, bot1);
+        } else {
+          _mm256_maskstore_ps(r0 + 2 * ow, m0, top0), _mm256_maskstore_ps(r0 + 2 * ow + 8, m1, top1);
+          _mm256_maskstore_ps(r1 + 2 * ow, m0, bot0), _mm256_maskstore_ps(r1 + 2 * ow + 8, m1, bot1);
+        }
+      }
+      for (int64_t x = 2 * OW; x < W; x++) r0[x] = 0, r1[x] = 0; /* an odd last column */
+    }
+    if (2 * OH < H) memset(d + 2 * OH * W, 0, sizeof(float) * (size_t)((H - 2 * OH) * W));
+  }
+}
+
+/* 2x2 windows, stride 2, no padding, every window inside the input (no ceil_mode window
+ * hanging over the edge): the windows tile the input without overlap. */
+static int tiles_2x2(const ddp_pool2d_geom *g) {
+  return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+         g->oh * 2 <= g->h && g->ow * 2 <= g->w;
 }
 
 #define DISPATCH(name, window)                                                             \
@@ -270,8 +354,7 @@ static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
 void ddp_cpu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const void *in,
                                 const ddp_pool2d_geom *g) {
   pool_job j = {.g = g, .out = out, .indices = indices, .in = in};
-  if (g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
-      g->dh == 1 && g->dw == 1 && g->oh * 2 <= g->h && g->ow * 2 <= g->w) {
+  if (tiles_2x2(g) && g->dh == 1 && g->dw == 1) {
     if (dtype == DDP_F32 && g->h * g->w < INT32_MAX) /* indices computed in 32 bits */
       ddp_parallel_for(g->planes, plane_grain(g, 4), max_fwd_2x2_avx, &j);
     else
@@ -284,6 +367,10 @@ void ddp_cpu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const vo
 void ddp_cpu_max_pool2d_backward(int dtype, void *d_in, const void *grad_out,
                                  const int64_t *indices, const ddp_pool2d_geom *g) {
   pool_job j = {.g = g, .d_in = d_in, .grad_out = grad_out, .cindices = indices};
+  if (dtype == DDP_F32 && tiles_2x2(g) && g->h * g->w < INT32_MAX) {
+    ddp_parallel_for(g->planes, plane_grain(g, 4), max_bwd_2x2_avx, &j);
+    return;
+  }
   DISPATCH(max_bwd, 1);
 }
 
