@@ -126,6 +126,8 @@ static int pool_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
                        .kh = node->iattr[0], .kw = node->iattr[1], .sh = node->iattr[2],
                        .sw = node->iattr[3], .ph = node->iattr[4], .pw = node->iattr[5],
                        .dh = 1, .dw = 1, .count_include_pad = (int)node->iattr[6]};
+  if (kind == POOL_MAX) /* dilation not kept: 1 when undilated, else 0 (see pool_record) */
+    g.dh = g.dw = node->iattr[6] ? 1 : 0, g.count_include_pad = 0;
   ddp_tensor *go = NULL, *d = NULL, *idxc = NULL;
   int status = prepared(&go, grad, cd);
   if (!status && idx) status = ddp_contiguous(&idxc, idx);
@@ -158,7 +160,11 @@ static int pool_record(ddp_tensor **out, ddp_tensor *input, const char *name,
     *out = NULL;
     return status;
   }
-  int64_t attrs[8] = {g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->count_include_pad, kind};
+  /* attribute 6: count_include_pad for avg pooling; for max pooling whether the windows are
+   * undilated (all its backward needs to know of the dilation: the indices are absolute,
+   * and undilated 2x2 stride-2 windows take the CPU's one-pass kernel) */
+  int64_t attr6 = kind == POOL_MAX ? (g->dh == 1 && g->dw == 1) : g->count_include_pad;
+  int64_t attrs[8] = {g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, attr6, kind};
   memcpy(n->iattr, attrs, sizeof attrs);
   ddp_autograd_set_output(*out, n);
   return DDP_OK;

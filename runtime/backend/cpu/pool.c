@@ -367,7 +367,7 @@ void ddp_cpu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const vo
 void ddp_cpu_max_pool2d_backward(int dtype, void *d_in, const void *grad_out,
                                  const int64_t *indices, const ddp_pool2d_geom *g) {
   pool_job j = {.g = g, .d_in = d_in, .grad_out = grad_out, .cindices = indices};
-  if (dtype == DDP_F32 && tiles_2x2(g) && g->h * g->w < INT32_MAX) {
+  if (dtype == DDP_F32 && tiles_2x2(g) && g->dh == 1 && g->dw == 1 && g->h * g->w < INT32_MAX) {
     ddp_parallel_for(g->planes, plane_grain(g, 4), max_bwd_2x2_avx, &j);
     return;
   }
