@@ -79,24 +79,30 @@ static int pooled_empty(ddp_tensor **out, const ddp_tensor *input, const ddp_poo
   return ddp_tensor_empty(out, input->ndim, shape, dtype, input->device);
 }
 
-enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE, POOL_KIND_COUNT };
+/* POOL_RELU_MAX: max pooling of relu(input) fused (Note [fused relu max pooling] in
+ * runtime/backend/cpu/pool.c); its backward is max pooling's, on the fused indices. */
+enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE, POOL_RELU_MAX, POOL_KIND_COUNT };
 
 /* Forward through the compute dtype: *out (input's dtype) from the kernel `kind`. */
 static int pool_forward(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *input,
                         const ddp_pool2d_geom *g, int kind) {
-  static const char *const ops[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+  static const char *const ops[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+                                    "relu_max_pool2d"};
   _Static_assert(sizeof ops / sizeof ops[0] == POOL_KIND_COUNT, "one name per pooling kind");
   const ddp_kernels *k = ddp_kernels_for(input->device);
   if (kind == POOL_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, max_pool2d_forward, ops[kind]));
+  else if (kind == POOL_RELU_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, relu_max_pool2d_forward, ops[kind]));
   else if (kind == POOL_AVG) DDP_TRY(DDP_KERNEL_CHECK(k, avg_pool2d_forward, ops[kind]));
   else DDP_TRY(DDP_KERNEL_CHECK(k, adaptive_avg_pool2d_forward, ops[kind]));
   int dtype = input->dtype, cd = compute_dtype(dtype);
   ddp_tensor *x = NULL, *o = NULL;
   int status = prepared(&x, input, cd);
   if (!status) status = pooled_empty(&o, input, g, cd);
-  if (!status && kind == POOL_MAX) status = pooled_empty(indices, input, g, DDP_I64);
+  if (!status && (kind == POOL_MAX || kind == POOL_RELU_MAX)) status = pooled_empty(indices, input, g, DDP_I64);
   if (!status && g->planes > 0) {
     if (kind == POOL_MAX) k->max_pool2d_forward(cd, ddp_data(o), (int64_t *)ddp_data(*indices), ddp_data(x), g);
+    else if (kind == POOL_RELU_MAX)
+      k->relu_max_pool2d_forward(cd, ddp_data(o), (int64_t *)ddp_data(*indices), ddp_data(x), g);
     else if (kind == POOL_AVG) k->avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
     else k->adaptive_avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
     status = ddp_device_check(input->device, ops[kind]);
@@ -112,8 +118,9 @@ static int pool_forward(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *inpu
 static int pool_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
   const ddp_input_meta *im = &node->inputs[0];
   int kind = (int)node->iattr[7], dtype = im->dtype, cd = compute_dtype(dtype);
+  if (kind == POOL_RELU_MAX) kind = POOL_MAX; /* the same backward (see the enum) */
   static const char *const ops[] = {"max_pool2d backward", "avg_pool2d backward",
-                                    "adaptive_avg_pool2d backward"};
+                                    "adaptive_avg_pool2d backward", "relu_max_pool2d backward"};
   _Static_assert(sizeof ops / sizeof ops[0] == POOL_KIND_COUNT, "one name per pooling kind");
   const ddp_kernels *k = ddp_kernels_for(grad->device);
   if (kind == POOL_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, max_pool2d_backward, ops[kind]));
@@ -163,7 +170,8 @@ static int pool_record(ddp_tensor **out, ddp_tensor *input, const char *name,
   /* attribute 6: count_include_pad for avg pooling; for max pooling whether the windows are
    * undilated (all its backward needs to know of the dilation: the indices are absolute,
    * and undilated 2x2 stride-2 windows take the CPU's one-pass kernel) */
-  int64_t attr6 = kind == POOL_MAX ? (g->dh == 1 && g->dw == 1) : g->count_include_pad;
+  int max = kind == POOL_MAX || kind == POOL_RELU_MAX;
+  int64_t attr6 = max ? (g->dh == 1 && g->dw == 1) : g->count_include_pad;
   int64_t attrs[8] = {g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, attr6, kind};
   memcpy(n->iattr, attrs, sizeof attrs);
   ddp_autograd_set_output(*out, n);
@@ -215,4 +223,32 @@ int ddp_adaptive_avg_pool2d(ddp_tensor **out, ddp_tensor *input, int64_t out_h, 
   g.oh = out_h, g.ow = out_w;
   DDP_TRY(pool_forward(out, NULL, input, &g, POOL_ADAPTIVE));
   return pool_record(out, input, "AdaptiveAvgPool2DBackward", &g, POOL_ADAPTIVE, NULL);
+}
+
+int ddp_relu_max_pool2d(ddp_tensor **out, ddp_tensor *input, int64_t kernel_h, int64_t kernel_w,
+                        int64_t stride_h, int64_t stride_w, int64_t padding_h, int64_t padding_w,
+                        int64_t dilation_h, int64_t dilation_w, int ceil_mode) {
+  *out = NULL;
+  ddp_pool2d_geom g = {.kh = kernel_h, .kw = kernel_w, .sh = stride_h, .sw = stride_w,
+                       .ph = padding_h, .pw = padding_w, .dh = dilation_h, .dw = dilation_w};
+  DDP_TRY(check_input(&g, input, "relu_max_pool2d"));
+  DDP_TRY(check_window(&g, input, ceil_mode, "relu_max_pool2d"));
+  const ddp_kernels *k = ddp_kernels_for(input->device);
+  if (!k || !k->relu_max_pool2d_forward) { /* no fused kernel: the two ops */
+    ddp_tensor *r = NULL;
+    DDP_TRY(ddp_relu(&r, input));
+    int status = ddp_max_pool2d(out, NULL, r, kernel_h, kernel_w, stride_h, stride_w, padding_h,
+                                padding_w, dilation_h, dilation_w, ceil_mode);
+    ddp_tensor_release(r);
+    return status;
+  }
+  ddp_tensor *idx = NULL;
+  int status = pool_forward(out, &idx, input, &g, POOL_RELU_MAX);
+  if (!status) status = pool_record(out, input, "ReluMaxPool2DWithIndicesBackward", &g, POOL_RELU_MAX, idx);
+  ddp_tensor_release(idx);
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
 }

@@ -4,6 +4,7 @@
 -- (PyTorch's OrderedDict form); nn.Sequential({m1, m2}) is nn.Sequential(m1, m2).
 -- seq[i] is the i-th child (1-based as Lua, negative from the end; nil past the end),
 -- seq[i] = m replaces it; seq:len() counts them (Lua 5.1's # cannot be overridden).
+local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 
@@ -62,11 +63,35 @@ function Sequential:extend(list)
   return self
 end
 
+-- Note [sequential relu pooling]: a ReLU followed by a MaxPool2d (the CNN's activation and
+-- pooling) runs as one dl.relu_max_pool2d, which gives the same output and gradients bit
+-- for bit without writing relu's output or running its backward. Only modules of exactly
+-- these classes, with the forwards they had when this file loaded (none replaced on the
+-- class or the instance), and a MaxPool2d not returning indices, are fused; anything else
+-- runs module by module.
+local ReLU, MaxPool2d = require "ddplua.nn.activation".ReLU, require "ddplua.nn.max_pool2d"
+local relu_forward, max_pool_forward = ReLU.forward, MaxPool2d.forward
+
+local function fusable(m, nxt)
+  return getmetatable(m) == ReLU and m.forward == relu_forward and getmetatable(nxt) == MaxPool2d
+    and nxt.forward == max_pool_forward and not nxt.return_indices
+end
+
 function Sequential:forward(x)
   local mods = rawget(self, "_modules")
-  for _, name in ipairs(mods.names) do
-    local m = mods.values[name]
-    if m then x = m(x) end
+  local names, values = mods.names, mods.values
+  local i, n = 1, #names
+  while i <= n do
+    local m = values[names[i]]
+    local nxt = i < n and values[names[i + 1]]
+    if m and nxt and fusable(m, nxt) then
+      x = dl.relu_max_pool2d(x, nxt.kernel_size, { stride = nxt.stride, padding = nxt.padding,
+        dilation = nxt.dilation, ceil_mode = nxt.ceil_mode })
+      i = i + 2
+    else
+      if m then x = m(x) end
+      i = i + 1
+    end
   end
   return x
 end

@@ -93,6 +93,24 @@ function F.max_pool2d(x, kernel, opts)
   return wrap(box[0])
 end
 
+--- dl.relu_max_pool2d(x, kernel, opts) / x:relu_max_pool2d(kernel, opts): dl.max_pool2d of
+-- dl.relu(x) in one pass, with the same values and gradients bit for bit and no relu output
+-- stored (nn.Sequential uses it for a ReLU followed by a MaxPool2d). opts as max_pool2d's
+-- but for return_indices, which it does not take.
+function F.relu_max_pool2d(x, kernel, opts)
+  local kh, kw = pair(kernel, "kernel", "relu_max_pool2d")
+  local sh, sw, ph, pw, dh, dw, ceil = kh, kw, 0, 0, 1, 1, 0
+  if opts then
+    if opts.return_indices then lib.raise("relu_max_pool2d: return_indices is not supported") end
+    sh, sw = pair(opts.stride, "stride", "relu_max_pool2d", kernel)
+    ph, pw = pair(opts.padding, "padding", "relu_max_pool2d", 0)
+    dh, dw = pair(opts.dilation, "dilation", "relu_max_pool2d", 1)
+    ceil = opts.ceil_mode and 1 or 0
+  end
+  check(C.ddp_relu_max_pool2d(box, x, kh, kw, sh, sw, ph, pw, dh, dw, ceil))
+  return wrap(box[0])
+end
+
 --- dl.avg_pool2d(x, kernel, opts) / x:avg_pool2d(kernel, opts): the mean over each window as
 -- torch.nn.functional.avg_pool2d. opts: stride (= kernel), padding (0), ceil_mode (false),
 -- count_include_pad (true: padded cells count in the divisor). Raises as max_pool2d.
@@ -118,8 +136,8 @@ function F.adaptive_avg_pool2d(x, size)
   return wrap(box[0])
 end
 
-for _, name in ipairs { "matmul", "bmm", "linear", "conv2d", "max_pool2d", "avg_pool2d",
-  "adaptive_avg_pool2d" } do
+for _, name in ipairs { "matmul", "bmm", "linear", "conv2d", "max_pool2d", "relu_max_pool2d",
+  "avg_pool2d", "adaptive_avg_pool2d" } do
   M.methods[name] = F[name]
 end
 

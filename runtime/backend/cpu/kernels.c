@@ -37,6 +37,7 @@ const ddp_kernels ddp_cpu_kernels = {
     .conv2d_backward = ddp_cpu_conv2d_backward,
     .max_pool2d_forward = ddp_cpu_max_pool2d_forward,
     .max_pool2d_backward = ddp_cpu_max_pool2d_backward,
+    .relu_max_pool2d_forward = ddp_cpu_relu_max_pool2d_forward,
     .avg_pool2d_forward = ddp_cpu_avg_pool2d_forward,
     .avg_pool2d_backward = ddp_cpu_avg_pool2d_backward,
     .adaptive_avg_pool2d_forward = ddp_cpu_adaptive_avg_pool2d_forward,

@@ -34,6 +34,7 @@ typedef struct {
   const void *in, *grad_out;
   int64_t *indices;
   const int64_t *cindices;
+  int relu; /* max forward: pool relu(in), indices encoded (Note [fused relu max pooling]) */
 } pool_job;
 
 /* Planes per thread chunk: about 32K window elements of work. */
@@ -41,6 +42,17 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
   int64_t work = g->oh * g->ow * (window > 0 ? window : 1);
   return work >= 32768 ? 1 : 32768 / (work + 1) + 1;
 }
+
+/* Note [fused relu max pooling]: relu_max_pool2d pools relu(x) (relu(v) = v < 0 ? +0 : v,
+ * NaN and -0 kept) in one pass, with the taps compared exactly as max pooling of the relu's
+ * output would, so values and winning taps are those of relu then max_pool2d bit for bit.
+ * The backward of that pair gives a window's gradient to its tap when the tap's relu output
+ * (= the window's maximum) is > 0 and 0 otherwise; the forward records this in the index:
+ * a window whose maximum is not > 0 (0, -0 or NaN) stores -1 - tap, and the backward kernels
+ * skip negative indices (the 2x2 one finds no tap at a negative offset), leaving the +0 the
+ * cell gets in relu's backward. A cell shared by overlapping windows is the tap of windows
+ * that all agree on its relu output, so the zero-then-add order of sums is kept too. */
+#define RELU(v) ((v) < 0 ? 0 : (v))
 
 #define POOL_KERNELS(T)                                                                    \
   /* 2x2 windows, stride 2, no padding or dilation (the usual CNN pooling): the four taps  \
@@ -59,6 +71,7 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
         int64_t *io = idx + oh * g->ow;                                                    \
         for (int64_t ow = 0; ow < g->ow; ow++) {                                           \
           T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];        \
+          if (j->relu) a = RELU(a), b = RELU(b), c = RELU(c), d = RELU(d);                 \
           int64_t at = 2 * oh * W + 2 * ow, bi = at;                                       \
           T best = a;                                                                      \
           int take = (b > best) | (b != b);                                                \
@@ -68,7 +81,7 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
           take = (d > best) | (d != d);                                                    \
           best = take ? d : best, bi = take ? at + W + 1 : bi;                             \
           o[ow] = best;                                                                    \
-          io[ow] = bi;                                                                     \
+          io[ow] = j->relu && !(best > 0) ? -1 - bi : bi;                                  \
         }                                                                                  \
       }                                                                                    \
     }                                                                                      \
@@ -88,12 +101,13 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
           window_range(w0, g->dw, g->kw, g->w, &kj0, &kj1);                                \
           int64_t first = (h0 + ki0 * g->dh) * g->w + w0 + kj0 * g->dw;                    \
           T best = ki0 < ki1 && kj0 < kj1 ? in[first] : -INFINITY;                         \
+          if (j->relu) best = RELU(best);                                                  \
           int64_t best_i = ki0 < ki1 && kj0 < kj1 ? first : 0;                             \
           for (int64_t ki = ki0; ki < ki1; ki++) {                                         \
             const T *row = in + (h0 + ki * g->dh) * g->w;                                  \
             for (int64_t kj = kj0; kj < kj1; kj++) {                                       \
               int64_t iw = w0 + kj * g->dw;                                                \
-              T v = row[iw];                                                               \
+              T v = j->relu ? RELU(row[iw]) : row[iw];                                     \
               /* branch-free (random data mispredicts a branch half the time); NaN wins and \
                * stays, as in PyTorch */                                                   \
               int take = (v > best) | (v != v);                                            \
@@ -102,7 +116,7 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
             }                                                                              \
           }                                                                                \
           out[oh * g->ow + ow] = best;                                                     \
-          idx[oh * g->ow + ow] = best_i;                                                   \
+          idx[oh * g->ow + ow] = j->relu && !(best > 0) ? -1 - best_i : best_i;            \
         }                                                                                  \
       }                                                                                    \
     }                                                                                      \
@@ -118,7 +132,8 @@ static int64_t plane_grain(const ddp_pool2d_geom *g, int64_t window) {
       const T *go = (const T *)j->grad_out + p * L;                                        \
       const int64_t *idx = j->cindices + p * L;                                            \
       memset(d, 0, sizeof(T) * (size_t)(g->h * g->w));                                     \
-      for (int64_t l = 0; l < L; l++) d[idx[l]] += go[l];                                  \
+      for (int64_t l = 0; l < L; l++)                                                      \
+        if (idx[l] >= 0) d[idx[l]] += go[l]; /* < 0: a fused relu's zero (see the Note) */ \
     }                                                                                      \
   }                                                                                        \
   /* the divisor and clipped window of avg_pool2d's output cell (oh, ow) */                \
@@ -246,6 +261,12 @@ static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
         __m256 c = DEINTERLEAVE(y0, y1, _MM_SHUFFLE(2, 0, 2, 0));
         __m256 d = DEINTERLEAVE(y0, y1, _MM_SHUFFLE(3, 1, 3, 1));
 #undef DEINTERLEAVE
+        if (j->relu) { /* v < 0 ? +0 : v (NaN and -0 kept) */
+          a = _mm256_and_ps(a, _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_NLT_UQ));
+          b = _mm256_and_ps(b, _mm256_cmp_ps(b, _mm256_setzero_ps(), _CMP_NLT_UQ));
+          c = _mm256_and_ps(c, _mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_NLT_UQ));
+          d = _mm256_and_ps(d, _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NLT_UQ));
+        }
         __m256 best = a, tap = _mm256_setzero_ps();
         __m256 t_ = _mm256_or_ps(_mm256_cmp_ps(b, best, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
         best = _mm256_blendv_ps(best, b, t_), tap = _mm256_blendv_ps(tap, _mm256_set1_ps(1), t_);
@@ -258,6 +279,9 @@ static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
                                        _mm256_mullo_epi32(_mm256_srli_epi32(t, 1), wv));
         __m256i at = _mm256_add_epi32(_mm256_set1_epi32((int)(2 * oh * W + 2 * ow)),
                                       _mm256_add_epi32(lanes2, off));
+        if (j->relu) /* -1 - at = ~at where the maximum is not > 0 */
+          at = _mm256_xor_si256(at, _mm256_xor_si256(_mm256_castps_si256(_mm256_cmp_ps(best, _mm256_setzero_ps(), _CMP_GT_OQ)),
+                                                     _mm256_set1_epi32(-1)));
         __m256i at_lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(at));
         __m256i at_hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(at, 1));
         int64_t *io = idx + oh * OW + ow;
@@ -351,9 +375,9 @@ static int tiles_2x2(const ddp_pool2d_geom *g) {
   ddp_parallel_for(g->planes, plane_grain(g, window),                                      \
                    dtype == DDP_F32 ? name##_float : name##_double, &j)
 
-void ddp_cpu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const void *in,
-                                const ddp_pool2d_geom *g) {
-  pool_job j = {.g = g, .out = out, .indices = indices, .in = in};
+static void max_forward(int dtype, void *out, int64_t *indices, const void *in,
+                        const ddp_pool2d_geom *g, int relu) {
+  pool_job j = {.g = g, .out = out, .indices = indices, .in = in, .relu = relu};
   if (tiles_2x2(g) && g->dh == 1 && g->dw == 1) {
     if (dtype == DDP_F32 && g->h * g->w < INT32_MAX) /* indices computed in 32 bits */
       ddp_parallel_for(g->planes, plane_grain(g, 4), max_fwd_2x2_avx, &j);
@@ -362,6 +386,16 @@ void ddp_cpu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const vo
     return;
   }
   DISPATCH(max_fwd, g->kh * g->kw);
+}
+
+void ddp_cpu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const void *in,
+                                const ddp_pool2d_geom *g) {
+  max_forward(dtype, out, indices, in, g, 0);
+}
+
+void ddp_cpu_relu_max_pool2d_forward(int dtype, void *out, int64_t *indices, const void *in,
+                                     const ddp_pool2d_geom *g) {
+  max_forward(dtype, out, indices, in, g, 1);
 }
 
 void ddp_cpu_max_pool2d_backward(int dtype, void *d_in, const void *grad_out,

@@ -7,10 +7,17 @@
 /* Geometry: ddp_pool2d_geom (runtime/backend/kernels.h). */
 /* Contiguous buffers of dtype DDP_F32 or DDP_F64 (indices: int64_t); planes spread over the
  * runtime's threads. Backward kernels write all of d_in (uninitialised on entry): each plane
- * is zeroed, then the windows' shares are added in (oh, ow) order. */
+ * is zeroed, then the windows' shares are added in (oh, ow) order (negative indices, from
+ * the fused relu, add nothing). */
 void ddp_cpu_max_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
                                 int64_t *indices /* (P, OH, OW) */, const void *in /* (P, H, W) */,
                                 const ddp_pool2d_geom *g);
+/* max pooling of relu(in) in one pass, the bits of relu then max pooling; an index is
+ * -1 - tap where the window's maximum is not > 0 (its gradient is 0): Note [fused relu max
+ * pooling] in pool.c. ddp_cpu_max_pool2d_backward takes these indices. */
+void ddp_cpu_relu_max_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
+                                     int64_t *indices /* (P, OH, OW) */,
+                                     const void *in /* (P, H, W) */, const ddp_pool2d_geom *g);
 void ddp_cpu_max_pool2d_backward(int dtype, void *d_in /* (P, H, W) */,
                                  const void *grad_out /* (P, OH, OW) */,
                                  const int64_t *indices /* (P, OH, OW) */, const ddp_pool2d_geom *g);

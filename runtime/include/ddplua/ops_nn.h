@@ -56,6 +56,15 @@ int ddp_max_pool2d(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *input,
                    int64_t padding_h, int64_t padding_w, int64_t dilation_h, int64_t dilation_w,
                    int ceil_mode);
 
+/* max_pool2d(relu(input)) in one pass (no relu output kept): out as ddp_max_pool2d's, bit
+ * for bit those of ddp_relu then ddp_max_pool2d, and so is the input's gradient (one
+ * differentiable op). Used by nn.Sequential for a ReLU followed by a MaxPool2d. Devices
+ * without the fused kernel run the two ops. Errors: as ddp_max_pool2d, naming
+ * relu_max_pool2d. */
+int ddp_relu_max_pool2d(ddp_tensor **out, ddp_tensor *input, int64_t kernel_h, int64_t kernel_w,
+                        int64_t stride_h, int64_t stride_w, int64_t padding_h, int64_t padding_w,
+                        int64_t dilation_h, int64_t dilation_w, int ceil_mode);
+
 /* torch.nn.functional.avg_pool2d: input (N, C, H, W) or (C, H, W); the window mean, its
  * divisor being the window clipped to the padded input when count_include_pad (PyTorch's
  * default), else the window clipped to the input. Output size as max_pool2d with dilation 1.
