@@ -176,10 +176,14 @@ typedef struct ddp_kernels {
                              const ddp_pool2d_geom *g);
   void (*max_pool2d_backward)(int dtype, void *d_in, const void *grad_out, const int64_t *indices,
                               const ddp_pool2d_geom *g);
-  /* optional (NULL: relu_max_pool2d runs relu then max_pool2d): max pooling of relu(in) whose
-   * indices max_pool2d_backward takes (CPU: Note [fused relu max pooling]) */
-  void (*relu_max_pool2d_forward)(int dtype, void *out, int64_t *indices, const void *in,
+  /* optional, all three or none (NULL: relu_max_pool2d runs relu then max_pool2d): max
+   * pooling of relu(in) in one pass; its indices are u8 when relu_max_pool2d_taps(dtype, g)
+   * is 1, else i64 (CPU: Note [fused relu max pooling], Note [relu pooling taps]) */
+  int (*relu_max_pool2d_taps)(int dtype, const ddp_pool2d_geom *g);
+  void (*relu_max_pool2d_forward)(int dtype, void *out, void *indices, const void *in,
                                   const ddp_pool2d_geom *g);
+  void (*relu_max_pool2d_backward)(int dtype, void *d_in, const void *grad_out,
+                                   const void *indices, const ddp_pool2d_geom *g);
   void (*avg_pool2d_forward)(int dtype, void *out, const void *in, const ddp_pool2d_geom *g);
   void (*avg_pool2d_backward)(int dtype, void *d_in, const void *grad_out,
                               const ddp_pool2d_geom *g);

@@ -80,7 +80,8 @@ static int pooled_empty(ddp_tensor **out, const ddp_tensor *input, const ddp_poo
 }
 
 /* POOL_RELU_MAX: max pooling of relu(input) fused (Note [fused relu max pooling] in
- * runtime/backend/cpu/pool.c); its backward is max pooling's, on the fused indices. */
+ * runtime/backend/cpu/pool.c), with the device's relu_max_pool2d_* kernels; its indices are
+ * u8 taps where the device's relu_max_pool2d_taps says so, else i64. */
 enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE, POOL_RELU_MAX, POOL_KIND_COUNT };
 
 /* Forward through the compute dtype: *out (input's dtype) from the kernel `kind`. */
@@ -98,11 +99,13 @@ static int pool_forward(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *inpu
   ddp_tensor *x = NULL, *o = NULL;
   int status = prepared(&x, input, cd);
   if (!status) status = pooled_empty(&o, input, g, cd);
-  if (!status && (kind == POOL_MAX || kind == POOL_RELU_MAX)) status = pooled_empty(indices, input, g, DDP_I64);
+  if (!status && kind == POOL_MAX) status = pooled_empty(indices, input, g, DDP_I64);
+  if (!status && kind == POOL_RELU_MAX)
+    status = pooled_empty(indices, input, g, k->relu_max_pool2d_taps(cd, g) ? DDP_U8 : DDP_I64);
   if (!status && g->planes > 0) {
     if (kind == POOL_MAX) k->max_pool2d_forward(cd, ddp_data(o), (int64_t *)ddp_data(*indices), ddp_data(x), g);
     else if (kind == POOL_RELU_MAX)
-      k->relu_max_pool2d_forward(cd, ddp_data(o), (int64_t *)ddp_data(*indices), ddp_data(x), g);
+      k->relu_max_pool2d_forward(cd, ddp_data(o), ddp_data(*indices), ddp_data(x), g);
     else if (kind == POOL_AVG) k->avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
     else k->adaptive_avg_pool2d_forward(cd, ddp_data(o), ddp_data(x), g);
     status = ddp_device_check(input->device, ops[kind]);
@@ -118,32 +121,38 @@ static int pool_forward(ddp_tensor **out, ddp_tensor **indices, ddp_tensor *inpu
 static int pool_backward(ddp_node *node, ddp_tensor *grad, ddp_tensor **gi) {
   const ddp_input_meta *im = &node->inputs[0];
   int kind = (int)node->iattr[7], dtype = im->dtype, cd = compute_dtype(dtype);
-  if (kind == POOL_RELU_MAX) kind = POOL_MAX; /* the same backward (see the enum) */
   static const char *const ops[] = {"max_pool2d backward", "avg_pool2d backward",
                                     "adaptive_avg_pool2d backward", "relu_max_pool2d backward"};
   _Static_assert(sizeof ops / sizeof ops[0] == POOL_KIND_COUNT, "one name per pooling kind");
   const ddp_kernels *k = ddp_kernels_for(grad->device);
   if (kind == POOL_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, max_pool2d_backward, ops[kind]));
+  else if (kind == POOL_RELU_MAX) DDP_TRY(DDP_KERNEL_CHECK(k, relu_max_pool2d_backward, ops[kind]));
   else if (kind == POOL_AVG) DDP_TRY(DDP_KERNEL_CHECK(k, avg_pool2d_backward, ops[kind]));
   else DDP_TRY(DDP_KERNEL_CHECK(k, adaptive_avg_pool2d_backward, ops[kind]));
   ddp_tensor *idx = NULL;
-  if (kind == POOL_MAX && !(idx = ddp_node_saved(node, 0))) return ddp_last_status();
+  int max = kind == POOL_MAX || kind == POOL_RELU_MAX;
+  if (max && !(idx = ddp_node_saved(node, 0))) return ddp_last_status();
   ddp_pool2d_geom g = {.h = im->shape[im->ndim - 2], .w = im->shape[im->ndim - 1],
                        .oh = grad->shape[grad->ndim - 2], .ow = grad->shape[grad->ndim - 1],
                        .kh = node->iattr[0], .kw = node->iattr[1], .sh = node->iattr[2],
                        .sw = node->iattr[3], .ph = node->iattr[4], .pw = node->iattr[5],
                        .dh = 1, .dw = 1, .count_include_pad = (int)node->iattr[6]};
-  if (kind == POOL_MAX) /* dilation not kept: 1 when undilated, else 0 (see pool_record) */
+  if (max) /* dilation not kept: 1 when undilated, else 0 (see pool_record) */
     g.dh = g.dw = node->iattr[6] ? 1 : 0, g.count_include_pad = 0;
   ddp_tensor *go = NULL, *d = NULL, *idxc = NULL;
   int status = prepared(&go, grad, cd);
   if (!status && idx) status = ddp_contiguous(&idxc, idx);
+  if (!status && kind == POOL_RELU_MAX &&
+      (idx->dtype == DDP_U8) != (k->relu_max_pool2d_taps && k->relu_max_pool2d_taps(cd, &g)))
+    status = DDP_ERROR(DDP_ERR_STATE, "relu_max_pool2d backward: the saved indices (%s) are not "
+                       "those the %s kernels take", ddp_dtype_name(idx->dtype), k->name);
   /* the kernels write every element of d (runtime/backend/cpu/pool.h) */
   if (!status) status = ddp_tensor_empty(&d, im->ndim, im->shape, cd, grad->device);
   if (!status) {
     g.planes = d->numel / (g.h * g.w);
     if (g.planes > 0) {
       if (kind == POOL_MAX) k->max_pool2d_backward(cd, ddp_data(d), ddp_data(go), (const int64_t *)ddp_data(idxc), &g);
+      else if (kind == POOL_RELU_MAX) k->relu_max_pool2d_backward(cd, ddp_data(d), ddp_data(go), ddp_data(idxc), &g);
       else if (kind == POOL_AVG) k->avg_pool2d_backward(cd, ddp_data(d), ddp_data(go), &g);
       else k->adaptive_avg_pool2d_backward(cd, ddp_data(d), ddp_data(go), &g);
       status = ddp_device_check(grad->device, ops[kind]);
@@ -234,7 +243,8 @@ int ddp_relu_max_pool2d(ddp_tensor **out, ddp_tensor *input, int64_t kernel_h, i
   DDP_TRY(check_input(&g, input, "relu_max_pool2d"));
   DDP_TRY(check_window(&g, input, ceil_mode, "relu_max_pool2d"));
   const ddp_kernels *k = ddp_kernels_for(input->device);
-  if (!k || !k->relu_max_pool2d_forward) { /* no fused kernel: the two ops */
+  if (!k || !k->relu_max_pool2d_forward || !k->relu_max_pool2d_taps || !k->relu_max_pool2d_backward) {
+    /* no fused kernels: the two ops */
     ddp_tensor *r = NULL;
     DDP_TRY(ddp_relu(&r, input));
     int status = ddp_max_pool2d(out, NULL, r, kernel_h, kernel_w, stride_h, stride_w, padding_h,

@@ -12,12 +12,19 @@
 void ddp_cpu_max_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
                                 int64_t *indices /* (P, OH, OW) */, const void *in /* (P, H, W) */,
                                 const ddp_pool2d_geom *g);
-/* max pooling of relu(in) in one pass, the bits of relu then max pooling; an index is
- * -1 - tap where the window's maximum is not > 0 (its gradient is 0): Note [fused relu max
- * pooling] in pool.c. ddp_cpu_max_pool2d_backward takes these indices. */
+/* Max pooling of relu(in) in one pass, the bits of relu then max pooling (Note [fused relu
+ * max pooling] in pool.c). Its indices (P, OH, OW) are u8 taps when
+ * ddp_cpu_relu_max_pool2d_taps(dtype, g) (Note [relu pooling taps]), else i64 flat indices,
+ * -1 - index where the window's maximum is not > 0; the backward reads them by the same rule
+ * (g as the backward sees it: dh = dw = 1 for undilated windows). */
+int ddp_cpu_relu_max_pool2d_taps(int dtype, const ddp_pool2d_geom *g);
 void ddp_cpu_relu_max_pool2d_forward(int dtype, void *out /* (P, OH, OW) */,
-                                     int64_t *indices /* (P, OH, OW) */,
+                                     void *indices /* (P, OH, OW) */,
                                      const void *in /* (P, H, W) */, const ddp_pool2d_geom *g);
+void ddp_cpu_relu_max_pool2d_backward(int dtype, void *d_in /* (P, H, W) */,
+                                      const void *grad_out /* (P, OH, OW) */,
+                                      const void *indices /* (P, OH, OW) */,
+                                      const ddp_pool2d_geom *g);
 void ddp_cpu_max_pool2d_backward(int dtype, void *d_in /* (P, H, W) */,
                                  const void *grad_out /* (P, OH, OW) */,
                                  const int64_t *indices /* (P, OH, OW) */, const ddp_pool2d_geom *g);

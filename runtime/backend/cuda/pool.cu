@@ -272,7 +272,9 @@ extern "C" void ddp_cuda_register_pool(ddp_kernels *k) {
   /* no fused relu pooling here: relu_max_pool2d runs relu then max_pool2d (a table copied
    * from the CPU's, as the emulated device's, must not keep the CPU's fused forward, whose
    * indices only the CPU backward reads) */
+  k->relu_max_pool2d_taps = NULL;
   k->relu_max_pool2d_forward = NULL;
+  k->relu_max_pool2d_backward = NULL;
   k->avg_pool2d_forward = cuda_avg_pool2d_forward;
   k->avg_pool2d_backward = cuda_avg_pool2d_backward;
   k->adaptive_avg_pool2d_forward = cuda_adaptive_avg_pool2d_forward;
