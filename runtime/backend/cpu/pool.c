@@ -296,10 +296,9 @@ static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
           uint8_t *tp = j->taps + p * g->oh * OW + oh * OW + ow;
           if (n == 8) {
             _mm_storel_epi64((__m128i *)tp, b8);
-          } else {
-            uint8_t tmp[16];
-            _mm_storeu_si128((__m128i *)tmp, b8);
-            memcpy(tp, tmp, (size_t)n);
+          } else { /* byte by byte from a register (no round trip through the stack) */
+            uint64_t v = (uint64_t)_mm_cvtsi128_si64(b8);
+            for (int64_t i = 0; i < n; i++) tp[i] = (uint8_t)(v >> (8 * i));
           }
           if (n == 8) _mm256_storeu_ps(out + oh * OW + ow, best);
           else _mm256_maskstore_ps(out + oh * OW + ow, m, best);
@@ -363,9 +362,13 @@ static void max_bwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
         __m256i rel;
         if (j->ctaps) { /* tap 0..3 (4: none) -> the offsets 0, 1, W, W + 1 (none: -1) */
           const uint8_t *tp = j->ctaps + p * L + oh * OW + ow;
-          uint8_t tmp[16] = {0};
-          memcpy(tmp, tp, (size_t)n);
-          __m256i t = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)tmp));
+          /* the n bytes gathered in a register: a load of 8 from bytes just stored on the
+           * stack would stall on store forwarding (every vector of a 7-window row is a tail) */
+          uint64_t v = 0;
+          if (n == 8) memcpy(&v, tp, 8);
+          else
+            for (int64_t i = 0; i < n; i++) v |= (uint64_t)tp[i] << (8 * i);
+          __m256i t = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v));
           rel = _mm256_add_epi32(_mm256_and_si256(t, onev), _mm256_mullo_epi32(_mm256_srli_epi32(t, 1), wv));
           rel = _mm256_blendv_epi8(rel, _mm256_set1_epi32(-1), _mm256_cmpeq_epi32(t, _mm256_set1_epi32(4)));
         } else {
