@@ -234,7 +234,8 @@ static inline __m256i first_lanes(int64_t n) {
 
 /* max_fwd_2x2 for f32 with AVX2, eight windows at a time: even and odd columns split by
  * shuffles, the running maximum and the winning tap (0..3) kept by compare-and-blend (a
- * NaN tap wins, as in the scalar code). The tap turns into the flat index at the end. The
+ * NaN tap wins, as in the scalar code). The tap turns into the flat index at the end, or,
+ * for the fused relu (taps of relu(in)), is stored as a byte (Note [relu pooling taps]). The
  * last windows of a row (OW % 8 of them; all of them when OW < 8, e.g. 7 at 14x14) go
  * through the same code with masked loads and stores, so no window takes a scalar path. */
 static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
@@ -327,7 +328,9 @@ static void max_fwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
  * at a time, each window's gradient placed on the tap its index names and +0 on the three
  * others (0 + g, so a -0 gradient lands as +0 exactly as in max_bwd's zero-then-add), the
  * taps interleaved back into the two input rows; the cells of an odd last row or column,
- * which no window covers, get +0. Bit for bit the result of max_bwd_float. */
+ * which no window covers, get +0. Bit for bit the result of max_bwd_float. The tap comes
+ * from the i64 index (j->cindices; a negative one, from the fused relu, names no tap) or
+ * from the fused relu's byte (j->ctaps; 4 names none). */
 static void max_bwd_2x2_avx(void *vctx, int64_t begin, int64_t end) {
   const pool_job *j = vctx;
   const ddp_pool2d_geom *g = j->g;
