@@ -4,19 +4,26 @@
 -- C kernel ddp_sgd_step_ (ddplua/optim.h gives the formula).
 --
 --   local opt = optim.SGD(params, {lr = 0.1, momentum = 0.9, dampening = 0,
---                                  nesterov = false, weight_decay = 0, maximize = false})
+--                                  nesterov = false, weight_decay = 0, maximize = false,
+--                                  foreach = nil, fused = nil})
 --
+-- foreach, fused (PyTorch's names; nil, true or false; not both true): how a step runs.
+-- By default (nil) and with either true, each param group is stepped by one C call over
+-- all its parameters (ddp_sgd_step_foreach_: on the CPU one job over the thread pool, Note
+-- [multi-tensor SGD]); foreach = false (fused not true) steps the parameters one by one.
+-- The results are the same bit for bit either way; the one-call path saves a call, a
+-- fork-join and a Lua handle per parameter and frees each gradient reference at once.
 -- lr defaults to 1e-3 (PyTorch 2.x). State per parameter: momentum_buffer (a tensor of the
 -- parameter's shape and dtype, created on the parameter's first step with momentum != 0,
 -- holding that step's gradient undamped, as PyTorch). Errors name the option: lr,
 -- momentum or weight_decay < 0, nesterov without momentum or with dampening.
 local lib = require "ddplua.lib"
 local Optimizer = require "ddplua.optim.optimizer"
-local C = lib.C
+local C, ffi = lib.C, lib.ffi
 
 local SGD = Optimizer.subclass("SGD", {
   lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false, maximize = false,
-})
+}, { "foreach", "fused" })
 
 function SGD.validate(g, name)
   Optimizer.check_nonneg(g, "lr", name)
@@ -25,6 +32,12 @@ function SGD.validate(g, name)
   if type(g.dampening) ~= "number" then Optimizer.invalid(name, "dampening", g.dampening, "must be a number") end
   Optimizer.check_bool(g, "nesterov", name)
   Optimizer.check_bool(g, "maximize", name)
+  for _, key in ipairs { "foreach", "fused" } do
+    if g[key] ~= nil then Optimizer.check_bool(g, key, name) end
+  end
+  if g.foreach and g.fused then
+    lib.raise(name .. ": `fused` and `foreach` cannot be `True` together")
+  end
   if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
     lib.raise(("%s: nesterov momentum requires a momentum > 0 and zero dampening (momentum %s, dampening %s)"):format(
       name, tostring(g.momentum), tostring(g.dampening)))
@@ -46,6 +59,75 @@ function SGD:update(p, grad, g, st)
   end
   lib.check(C.ddp_sgd_step_(p, grad, buf, g.lr, g.momentum, g.dampening, g.weight_decay,
     g.nesterov and 1 or 0, g.maximize and 1 or 0, first))
+end
+
+-- Arrays handed to ddp_sgd_step_foreach_, grown as needed and reused across steps.
+local cap, arr_p, arr_g, arr_b, arr_first = 0, nil, nil, nil, nil
+local function arrays(n)
+  if n > cap then
+    cap = math.max(n, 2 * cap, 16)
+    arr_p, arr_g = ffi.new("ddp_tensor*[?]", cap), ffi.new("ddp_tensor*[?]", cap)
+    arr_b, arr_first = ffi.new("ddp_tensor*[?]", cap), ffi.new("int[?]", cap)
+  end
+  return arr_p, arr_g, arr_b, arr_first
+end
+
+-- Release the n gradient references taken in gs[0 .. n-1].
+local function release(gs, n)
+  for i = 0, n - 1 do
+    C.ddp_tensor_release(gs[i])
+    gs[i] = nil
+  end
+end
+
+--- opt:step_group(group, state): the whole group in one call (see foreach above); false
+-- when the group asks for the per-parameter path (foreach = false).
+function SGD:step_group(g, state)
+  if g.foreach == false and not g.fused then return false end
+  local params = g.params
+  local ps, gs, bs, first = arrays(#params)
+  local n, with_grad = 0, self._with_grad or {}
+  self._with_grad = with_grad
+  for _, p in ipairs(params) do
+    local grad = C.ddp_tensor_grad(p) -- a reference we release below (no Lua handle)
+    if grad ~= nil then
+      ps[n], gs[n] = p, grad
+      n = n + 1
+      with_grad[n] = p -- the handle itself: state is keyed by it (a cdata read back from ps
+                       -- would be a new key)
+    end
+  end
+  local use_buf = g.momentum ~= 0
+  if use_buf then
+    local ok, err = pcall(function()
+      for i = 0, n - 1 do
+        local p = with_grad[i + 1]
+        local st = state[p]
+        if not st then st = {}; state[p] = st end
+        local buf = st.momentum_buffer
+        first[i] = 0
+        if buf == nil then
+          buf = Optimizer.zeros_like(p)
+          st.momentum_buffer = buf
+          first[i] = 1
+        end
+        bs[i] = buf
+      end
+    end)
+    if not ok then release(gs, n); error(err, 0) end
+  else
+    for i = 0, n - 1 do
+      local p = with_grad[i + 1]
+      if not state[p] then state[p] = {} end
+      first[i] = 0
+    end
+  end
+  local status = C.ddp_sgd_step_foreach_(n, ps, gs, use_buf and bs or nil, first, g.lr, g.momentum,
+    g.dampening, g.weight_decay, g.nesterov and 1 or 0, g.maximize and 1 or 0)
+  release(gs, n)
+  for i = 0, n - 1 do ps[i], bs[i], with_grad[i + 1] = nil, nil, nil end
+  lib.check(status)
+  return true
 end
 
 return SGD
