@@ -357,6 +357,35 @@ describe("ddplua.optim.SGD foreach / fused (one call per group)", function()
     end
   end)
 
+  it("is bitwise the per-parameter step for many parameters and for mixed dtypes", function()
+    -- 70 parameters (more than the C side keeps on its stack) of sizes 1 .. 70, and a
+    -- group mixing f32 and f64 (the per-parameter fallback)
+    for _, mixed in ipairs { false, true } do
+      local function go(foreach)
+        local ps = {}
+        for i = 1, 70 do
+          local dtype = (mixed and i % 2 == 0) and "f64" or "f32"
+          ps[i] = dl.randn({ i }, { dtype = dtype, generator = dl.Generator(i) })
+          ps[i].requires_grad = true
+        end
+        local opt = optim.SGD(ps, { lr = 0.1, momentum = 0.9, nesterov = true, foreach = foreach })
+        for k = 1, 2 do
+          for i, p in ipairs(ps) do
+            p.grad = dl.randn({ i }, { dtype = p:type(), generator = dl.Generator(100 * k + i) })
+          end
+          opt:step()
+        end
+        return ps, opt
+      end
+      local a, oa = go(nil)
+      local b, ob = go(false)
+      for i = 1, 70 do
+        assert.is_true(same(a[i], b[i]), "parameter " .. i)
+        assert.is_true(same(oa.state[a[i]].momentum_buffer, ob.state[b[i]].momentum_buffer), "buffer " .. i)
+      end
+    end
+  end)
+
   it("steps a parameter listed twice in the C call twice, as the per-parameter path", function()
     local p = dl.tensor({ 1, 2, 3 }, { dtype = "f64" })
     local g = dl.tensor({ 0.5, -1, 2 }, { dtype = "f64" })
