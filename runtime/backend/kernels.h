@@ -262,6 +262,13 @@ typedef struct ddp_kernels {
   /* ---- optim (runtime/backend/cpu/optim.h): dtype FLOAT, contiguous buffers of n ---- */
   void (*sgd)(int dtype, void *param, void *momentum_buffer, const void *grad, int64_t n,
               const ddp_sgd_hparams *h);
+  /* The SGD update of `count` parameters in one call (ddp_sgd_step_foreach_): param[i],
+   * momentum_buffer[i] (NULL when momentum == 0) and grad[i], numel[i] elements each;
+   * first_step[i] replaces h->first_step for parameter i. Optional (NULL: the front door
+   * runs `sgd` per parameter). */
+  void (*sgd_multi)(int dtype, int64_t count, void *const *param, void *const *momentum_buffer,
+                    const void *const *grad, const int64_t *numel, const int *first_step,
+                    const ddp_sgd_hparams *h);
   void (*adam)(int dtype, void *param, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
                const void *grad, int64_t n, const ddp_adam_hparams *h);
   void (*adadelta)(int dtype, void *param, void *square_avg, void *acc_delta, const void *grad,

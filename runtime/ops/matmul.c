@@ -11,6 +11,7 @@
  * Batch entries are multiplied one after another on the calling thread there (each GEMM
  * is queued on the current stream); the CPU spreads small ones over the thread pool. */
 #include <limits.h>
+#include <stdlib.h>
 
 #include "autograd/autograd.h"
 #include "backend/kernels.h"
@@ -81,6 +82,7 @@ typedef struct {
   char *c;
   int64_t n, m, k, esize;
   int64_t sa0, sa1, sb0, sb1;       /* element strides of the 2-d slices */
+  double beta;                      /* 0, or 1 when c holds the bias rows (Note [bias in C]) */
   gemm_layout la, lb;
   const ddp_kernels *kern;          /* the operands' device's kernels */
 } mm_job;
@@ -100,7 +102,7 @@ static void mm_range(void *vctx, int64_t begin, int64_t end) {
     char *pc = j->c + bi * j->n * j->m * j->esize;
     if (ddp_dtype_is_floating(j->dtype))
       j->kern->gemm(j->dtype, j->la.trans, j->lb.trans, j->n, j->m, j->k, 1.0, pa, j->la.ld, pb,
-                    j->lb.ld, 0.0, pc, j->m);
+                    j->lb.ld, j->beta, pc, j->m);
     else
       j->kern->matmul_int(j->dtype, pc, pa, j->sa0, j->sa1, pb, j->sb0, j->sb1, j->n, j->m, j->k);
   }
@@ -112,7 +114,7 @@ static void mm_range(void *vctx, int64_t begin, int64_t end) {
  * and its partition of such sizes kept the second core busy less than half the time (an
  * MLP step with 2 threads ran 11% faster than with 1). With more than one thread, a single
  * product of SPLIT_MIN_MNK to SPLIT_MAX_MNK multiply-adds is therefore cut in two by us: the
- * columns of the result (its rows, when there are more of those), the first part a multiple
+ * columns or the rows of the result (split_by_cols below), the first part a multiple
  * of SPLIT_ALIGN, each part one single-threaded GEMM, the two on the thread pool. The parts
  * do not depend on the number of threads (2 or more), so the result is bitwise the same
  * for any count above one, and it is the two half products as one thread computes them. One
@@ -133,6 +135,21 @@ static int64_t split_at(int64_t size) {
   return (half + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
 }
 
+/* Note [small GEMM split] continued: which dimension of the (rows, cols) result is cut. The
+ * one whose two parts are closer to equal (|part 0 - part 1| relative to the dimension),
+ * so neither thread waits long for the other: the MLP's weight gradient (256, 784) cut by
+ * columns gave parts of 416 and 368 (the second thread idle 12% of it); by rows, 128 and
+ * 128. On a tie the larger dimension (the smaller operand is the one packed twice). A
+ * dimension of SPLIT_ALIGN or less cannot be cut. */
+static int split_by_cols(int64_t rows, int64_t cols) {
+  if (cols <= SPLIT_ALIGN) return 0;
+  if (rows <= SPLIT_ALIGN) return 1;
+  double imb_c = (double)llabs(2 * split_at(cols) - cols) / (double)cols;
+  double imb_r = (double)llabs(2 * split_at(rows) - rows) / (double)rows;
+  if (imb_c != imb_r) return imb_c < imb_r;
+  return cols >= rows;
+}
+
 /* Parts [begin, end) (of 0, 1) of the single product j, cut by columns (Note [small GEMM
  * split]). */
 static void mm_cols(void *vctx, int64_t begin, int64_t end) {
@@ -142,7 +159,7 @@ static void mm_cols(void *vctx, int64_t begin, int64_t end) {
     /* column c0 of b: (k, m) row-major starts at c0; stored transposed (m, k) at row c0 */
     const char *pb = j->b + (j->lb.trans ? c0 * j->lb.ld : c0) * j->esize;
     j->kern->gemm(j->dtype, j->la.trans, j->lb.trans, j->n, c1 - c0, j->k, 1.0, j->a, j->la.ld,
-                  pb, j->lb.ld, 0.0, j->c + c0 * j->esize, j->m);
+                  pb, j->lb.ld, j->beta, j->c + c0 * j->esize, j->m);
   }
 }
 
@@ -155,15 +172,30 @@ static void mm_rows(void *vctx, int64_t begin, int64_t end) {
     /* row r0 of a: (n, k) row-major at row r0; stored transposed (k, n) at column r0 */
     const char *pa = j->a + (j->la.trans ? r0 : r0 * j->la.ld) * j->esize;
     j->kern->gemm(j->dtype, j->la.trans, j->lb.trans, r1 - r0, j->m, j->k, 1.0, pa, j->la.ld,
-                  j->b, j->lb.ld, 0.0, j->c + r0 * j->m * j->esize, j->m);
+                  j->b, j->lb.ld, j->beta, j->c + r0 * j->m * j->esize, j->m);
   }
 }
 
+/* Note [bias in C]: a GEMM computes C = alpha A B + beta C. With beta = 0 OpenBLAS first
+ * runs a separate pass zeroing C (memset, or its beta kernel for a strided C), then its
+ * micro-kernels add their sums into C; the linear layer then made a third pass adding the
+ * bias. Filling C with the bias rows first and running the GEMM with beta = 1 does the same
+ * in one pass before the kernel, as PyTorch's addmm (linear's bias path) does. The sums
+ * land on the bias instead of on zero: when OpenBLAS splits K into blocks (K above its
+ * GEMM_Q, a few hundred) each block's partial sum is added into C in turn, so the bias is
+ * added first rather than last, a change of summation order within rounding (each element
+ * within (K + 1) * 2^-24 of exact relative to the sum of the magnitudes of its terms, as
+ * before); for a single K block the result is bit for bit the old one (acc + bias rounded
+ * once either way). cuBLAS reads C for beta = 1 just the same (one launch less than the
+ * separate bias add). */
+
 /* out (batch..., N, M), new and contiguous = a (..., N, K) · b (..., K, M), the batch
- * dimensions broadcast. a and b: detached, ndim >= 2, on one device, the same dtype (f32,
- * f64 or an integer type; f16 and bf16 too on a CUDA device), inner sizes already
- * checked. */
-static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char *op) {
+ * dimensions broadcast, plus init (M) on every row when init is given (floating dtypes;
+ * Note [bias in C]). a and b: detached, ndim >= 2, on one device, the same dtype (f32, f64
+ * or an integer type; f16 and bf16 too on a CUDA device), inner sizes already checked;
+ * init: detached, a's dtype and device. */
+static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, ddp_tensor *init,
+                      const char *op) {
   *out = NULL;
   mm_job j = {.dtype = a->dtype, .esize = (int64_t)ddp_dtype_size(a->dtype),
               .kern = ddp_kernels_for(a->device)};
@@ -185,9 +217,18 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
   if (floating && (j.n > INT_MAX || j.m > INT_MAX || j.k > INT_MAX))
     DDP_FAIL(DDP_ERR_ARG, "%s: %s and %s exceed the BLAS size limit (%d)", op, DDP_SHAPE(a),
              DDP_SHAPE(b), INT_MAX);
-  if (j.k == 0) return ddp_tensor_zeros(out, j.nbd + 2, shape, j.dtype, a->device);
+  if (j.k == 0 && !init) return ddp_tensor_zeros(out, j.nbd + 2, shape, j.dtype, a->device);
   DDP_TRY(ddp_tensor_empty(out, j.nbd + 2, shape, j.dtype, a->device));
-  if ((*out)->numel == 0) return DDP_OK;
+  if (init) { /* Note [bias in C]: the bias rows, then C += A B */
+    int st = ddp_copy_(*out, init);
+    if (st) {
+      ddp_tensor_release(*out);
+      *out = NULL;
+      return st;
+    }
+    j.beta = 1.0;
+  }
+  if ((*out)->numel == 0 || j.k == 0) return DDP_OK;
 
   ddp_tensor *ac = a, *bc = b; /* operands as passed to the kernel (maybe copies) */
   ddp_tensor_retain(ac);
@@ -244,7 +285,7 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
              mnk >= SPLIT_MIN_MNK && mnk <= SPLIT_MAX_MNK && (j.m > SPLIT_ALIGN || j.n > SPLIT_ALIGN)) {
     /* Note [small GEMM split]: two parts, whatever the thread count above one */
     int blas_threads = j.kern->gemm_threads_hold();
-    ddp_parallel_for(2, 1, j.m >= j.n ? mm_cols : mm_rows, &j);
+    ddp_parallel_for(2, 1, split_by_cols(j.n, j.m) ? mm_cols : mm_rows, &j);
     j.kern->gemm_threads_restore(blas_threads);
   } else {
     /* on a device: this thread, whose current stream and library handles are the ones */
@@ -264,12 +305,12 @@ static int mm_batched(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char
  * a device's gemm takes them as they are. */
 static int mm_any(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const char *op) {
   if ((a->dtype != DDP_F16 && a->dtype != DDP_BF16) || a->device != DDP_DEVICE_CPU)
-    return mm_batched(out, a, b, op);
+    return mm_batched(out, a, b, NULL, op);
   *out = NULL;
   ddp_tensor *af = NULL, *bf = NULL, *of = NULL;
   int status = ddp_to_dtype(&af, a, DDP_F32);
   if (!status) status = ddp_to_dtype(&bf, b, DDP_F32);
-  if (!status) status = mm_batched(&of, af, bf, op);
+  if (!status) status = mm_batched(&of, af, bf, NULL, op);
   if (!status) status = ddp_to_dtype(out, of, a->dtype);
   ddp_tensor_release(af);
   ddp_tensor_release(bf);
@@ -525,13 +566,20 @@ int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
    * there (cuBLAS' epilogue would fuse it; not done yet). */
   int half_cpu = (input->dtype == DDP_F16 || input->dtype == DDP_BF16) &&
                  input->device == DDP_DEVICE_CPU;
+  /* Note [bias in C]: an f32 / f64 bias goes into the GEMM's C (on every device: each
+   * table's gemm honours beta) */
+  int bias_in_c = bias && (input->dtype == DDP_F32 || input->dtype == DDP_F64);
   ddp_tensor *x2 = NULL, *wt = NULL, *o2 = NULL, *xf = NULL, *wf = NULL;
   int status = as_lhs(&x2, input);
   if (!status) status = transpose_last2(&wt, weight); /* (in, out): CblasTrans, no copy */
   if (!status && half_cpu) {
     status = ddp_to_dtype(&xf, x2, DDP_F32);
     if (!status) status = ddp_to_dtype(&wf, wt, DDP_F32);
-    if (!status) status = mm_batched(&o2, xf, wf, "linear");
+    if (!status) status = mm_batched(&o2, xf, wf, NULL, "linear");
+  } else if (!status && bias_in_c) {
+    ddp_tensor *b = ddp_tensor_alias(bias); /* detached: the copy into C records nothing */
+    status = b ? mm_batched(&o2, x2, wt, b, "linear") : ddp_last_status();
+    ddp_tensor_release(b);
   } else if (!status) {
     status = mm_any(&o2, x2, wt, "linear");
   }
@@ -545,7 +593,7 @@ int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
   shape[input->ndim - 1] = weight->shape[0];
   status = reshape_contiguous(out, o2, input->ndim, shape);
   ddp_tensor_release(o2);
-  if (!status && bias) status = ddp_accumulate_(*out, bias); /* f32 += bias when half_cpu */
+  if (!status && bias && !bias_in_c) status = ddp_accumulate_(*out, bias); /* f32 += bias when half_cpu */
   if (!status && half_cpu) {
     ddp_tensor *o32 = *out;
     status = ddp_to_dtype(out, o32, input->dtype); /* the one rounding */

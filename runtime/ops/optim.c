@@ -178,6 +178,112 @@ int ddp_sgd_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *momentum_buff
   return run_update(KIND_SGD, &h, 3, tensors, op);
 }
 
+static int cmp_ptr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)*(void *const *)a, y = (uintptr_t)*(void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* 1 when no two parameters of the list share a storage (then the pieces of one job never
+ * write the same element). */
+static int storages_distinct(int64_t n, ddp_tensor *const *param) {
+  enum { ON_STACK = 64 };
+  void *stack[ON_STACK], **st = n <= ON_STACK ? stack : malloc(sizeof(void *) * (size_t)n);
+  if (!st) return 0;
+  for (int64_t i = 0; i < n; i++) st[i] = param[i]->storage;
+  qsort(st, (size_t)n, sizeof(void *), cmp_ptr);
+  int distinct = 1;
+  for (int64_t i = 1; i < n && distinct; i++) distinct = st[i] != st[i - 1];
+  if (st != stack) free(st);
+  return distinct;
+}
+
+/* The one-call path of ddp_sgd_step_foreach_ applies: every tensor on the CPU (whose
+ * table has sgd_multi), contiguous, of param[0]'s dtype, f32 or f64, and the parameters'
+ * storages distinct (a parameter listed twice is stepped twice, one step after the other,
+ * by the per-parameter path). */
+static int foreach_direct(int64_t n, ddp_tensor *const *param, ddp_tensor *const *grad,
+                          ddp_tensor *const *buf, const ddp_kernels **k) {
+  *k = ddp_kernels_for(param[0]->device);
+  if (!(*k)->sgd_multi) return 0;
+  int dtype = param[0]->dtype;
+  if (dtype != DDP_F32 && dtype != DDP_F64) return 0;
+  for (int64_t i = 0; i < n; i++) {
+    ddp_tensor *ts[3] = {param[i], grad[i], buf ? buf[i] : NULL};
+    for (int j = 0; j < 3; j++)
+      if (ts[j] && (ts[j]->device != param[0]->device || ts[j]->dtype != dtype ||
+                    !ddp_tensor_is_contiguous(ts[j])))
+        return 0;
+  }
+  return storages_distinct(n, param);
+}
+
+int ddp_sgd_step_foreach_(int64_t n, ddp_tensor *const *param, ddp_tensor *const *grad,
+                          ddp_tensor *const *momentum_buffer, const int *first_step, double lr,
+                          double momentum, double dampening, double weight_decay, int nesterov,
+                          int maximize) {
+  const char *op = "sgd_step_foreach_";
+  if (n < 0) DDP_FAIL(DDP_ERR_ARG, "%s: n must be >= 0, got %lld", op, (long long)n);
+  if (n > 0 && (!param || !grad || !first_step))
+    DDP_FAIL(DDP_ERR_ARG, "%s: the %s list is NULL", op, !param ? "param" : !grad ? "grad" : "first_step");
+  if (n > 0 && momentum != 0 && !momentum_buffer)
+    DDP_FAIL(DDP_ERR_ARG, "%s: the momentum_buffer list is NULL but momentum is %g", op, momentum);
+  DDP_TRY(check_nonneg(lr, op, "lr"));
+  DDP_TRY(check_nonneg(momentum, op, "momentum"));
+  DDP_TRY(check_nonneg(weight_decay, op, "weight_decay"));
+  if (!isfinite(dampening)) DDP_FAIL(DDP_ERR_ARG, "%s: invalid dampening %g", op, dampening);
+  if (nesterov && (momentum <= 0 || dampening != 0))
+    DDP_FAIL(DDP_ERR_ARG, "%s: nesterov momentum requires a momentum > 0 and zero dampening "
+             "(momentum %g, dampening %g)", op, momentum, dampening);
+  if (n == 0) return DDP_OK;
+  /* every argument checked before any parameter changes */
+  for (int64_t i = 0; i < n; i++) {
+    char what[48];
+    if (!param[i]) DDP_FAIL(DDP_ERR_ARG, "%s: param[%lld] is NULL", op, (long long)i);
+    DDP_TRY(check_param(param[i], op));
+    snprintf(what, sizeof what, "grad[%lld]", (long long)i);
+    DDP_TRY(check_like(grad[i], param[i], op, what, 1));
+    snprintf(what, sizeof what, "momentum_buffer[%lld]", (long long)i);
+    DDP_TRY(check_like(momentum != 0 ? momentum_buffer[i] : NULL, param[i], op, what,
+                       momentum != 0));
+  }
+  ddp_tensor *const *buf = momentum != 0 ? momentum_buffer : NULL; /* NULL: none */
+  const ddp_kernels *k = NULL;
+  if (!foreach_direct(n, param, grad, buf, &k)) { /* another device, dtype or layout: the per-parameter step, same results */
+    for (int64_t i = 0; i < n; i++)
+      DDP_TRY(ddp_sgd_step_(param[i], grad[i], momentum != 0 ? momentum_buffer[i] : NULL, lr,
+                            momentum, dampening, weight_decay, nesterov, maximize, first_step[i]));
+    return DDP_OK;
+  }
+  enum { ON_STACK = 64 };
+  void *stack_ptrs[3 * ON_STACK], **ptrs = stack_ptrs;
+  int64_t stack_numel[ON_STACK], *numel = stack_numel;
+  if (n > ON_STACK) {
+    ptrs = malloc(sizeof(void *) * 3 * (size_t)n);
+    numel = malloc(sizeof(int64_t) * (size_t)n);
+    if (!ptrs || !numel) {
+      if (ptrs != stack_ptrs) free(ptrs);
+      if (numel != stack_numel) free(numel);
+      DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory for %lld parameters", op, (long long)n);
+    }
+  }
+  void **pp = ptrs, **pb = ptrs + n, **pg = ptrs + 2 * n;
+  for (int64_t i = 0; i < n; i++) {
+    pp[i] = ddp_data(param[i]);
+    pb[i] = buf ? ddp_data(buf[i]) : NULL;
+    pg[i] = ddp_data(grad[i]);
+    numel[i] = param[i]->numel;
+  }
+  ddp_sgd_hparams h = {lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0, 0};
+  k->sgd_multi(param[0]->dtype, n, pp, pb, (const void *const *)pg, numel, first_step, &h);
+  for (int64_t i = 0; i < n; i++) {
+    ddp_tensor_bump_version(param[i]);
+    if (buf) ddp_tensor_bump_version(buf[i]);
+  }
+  if (ptrs != stack_ptrs) free(ptrs);
+  if (numel != stack_numel) free(numel);
+  return ddp_device_check(param[0]->device, op);
+}
+
 /* ---- Adam and AdamW -------------------------------------------------------------------------- */
 
 static int adam_common(const char *op, int decoupled, ddp_tensor *param, ddp_tensor *grad,

@@ -32,6 +32,16 @@ describe("small GEMM split over the thread pool", function()
     { 65, 783, 257 }, { 33, 100, 97 }, { 257, 300, 40 }, { 1000, 64, 33 }, { 64, 128, 10 } }
   -- where part 1 starts: half the size rounded up to 32 (split_at in matmul.c)
   local function split_at(size) return math.ceil(math.ceil(size / 2) / 32) * 32 end
+  -- which dimension is cut (split_by_cols in matmul.c): the one with the more equal parts,
+  -- the larger one on a tie, never one of 32 or less
+  local function by_cols(rows, cols)
+    if cols <= 32 then return false end
+    if rows <= 32 then return true end
+    local ic = math.abs(2 * split_at(cols) - cols) / cols
+    local ir = math.abs(2 * split_at(rows) - rows) / rows
+    if ic ~= ir then return ic < ir end
+    return cols >= rows
+  end
   local MIN_MNK, MAX_MNK = 256 * 1024, 16 * 1024 * 1024
 
   for _, sh in ipairs(shapes) do
@@ -50,7 +60,7 @@ describe("small GEMM split over the thread pool", function()
         local want = one
         if split then
           want = with_threads(1, function()
-            if m >= n then
+            if by_cols(n, m) then
               local h = split_at(m)
               return dl.cat({ dl.matmul(x, y:narrow(2, 1, h)), dl.matmul(x, y:narrow(2, h + 1, m - h)) }, 2)
             end

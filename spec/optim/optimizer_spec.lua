@@ -34,6 +34,13 @@ local function assert_list_close(actual, expected, rtol, atol, what)
   end
 end
 
+-- A ddp_tensor*[n] array of the tensors of list (for the C calls taking lists).
+local function ffi_arr(list)
+  local a = require("ddplua.lib").ffi.new("ddp_tensor*[?]", #list)
+  for i, t in ipairs(list) do a[i - 1] = t end
+  return a
+end
+
 local function copy(list) local o = {} for i, v in ipairs(list) do o[i] = v end return o end
 
 -- Every combination of the option lists in `space` ({name = {v1, v2}, ...}).
@@ -260,6 +267,173 @@ describe("ddplua.optim.SGD", function()
     for _, i in ipairs { 1, 2, 65536, 65537, 131072, 199999, n } do
       assert.is_true(math.abs(got[i] - p0[i]) < 1e-12, "element " .. i)
     end
+  end)
+end)
+
+describe("ddplua.optim.SGD foreach / fused (one call per group)", function()
+  local lib = require "ddplua.lib"
+  local C = lib.C
+  -- Sizes: odd ones, a single element, and ones that cross the pool's 32768-element pieces
+  -- in the middle of a parameter and at a parameter's end.
+  local SIZES = { { 7, 13 }, { 1 }, { 40003 }, { 5 }, { 3, 9001 }, { 32768 - 91 } }
+
+  -- Parameters (and their gradients, drawn for `steps` steps) for dtype; skip lists the
+  -- indices that get no gradient.
+  local function make(dtype, seed)
+    local ps = {}
+    for i, shape in ipairs(SIZES) do
+      ps[i] = dl.randn(shape, { dtype = dtype, generator = dl.Generator(seed + i) })
+      ps[i].requires_grad = true
+    end
+    return ps
+  end
+
+  -- The parameters and momentum buffers after `steps` steps of SGD with options o.
+  local function run(o, dtype, threads, steps, skip)
+    local prev = dl.get_num_threads()
+    dl.set_num_threads(threads)
+    local ps = make(dtype, 10)
+    local opt = optim.SGD(ps, o)
+    for k = 1, steps do
+      for i, p in ipairs(ps) do
+        if skip[i] and k > 1 then p.grad = nil
+        else p.grad = dl.randn(SIZES[i], { dtype = dtype, generator = dl.Generator(1000 * k + i) }) end
+      end
+      opt:step()
+    end
+    dl.set_num_threads(prev)
+    local out = {}
+    for i, p in ipairs(ps) do
+      local st = opt.state[p]
+      out[i] = { p = p, b = st and st.momentum_buffer or false }
+    end
+    return out
+  end
+
+  -- Equal elements (a zero difference everywhere; the values are finite).
+  local function same(a, b) return (a - b):abs():max():item() == 0 end
+
+  local function same_bits(a, b, what)
+    for i = 1, #a do
+      assert.is_true(same(a[i].p, b[i].p), what .. ": parameter " .. i)
+      assert.are.equal(a[i].b == false, b[i].b == false, what .. ": momentum buffer presence " .. i)
+      if a[i].b then assert.is_true(same(a[i].b, b[i].b), what .. ": momentum buffer " .. i) end
+    end
+  end
+
+  local function with(o, k, v)
+    local c = {}
+    for kk, vv in pairs(o) do c[kk] = vv end
+    c[k] = v
+    return c
+  end
+
+  it("is bitwise the per-parameter step for every option, dtype and thread count", function()
+    local space = {
+      lr = { 0.05 }, momentum = { 0, 0.9 }, dampening = { 0, 0.3 }, nesterov = { false, true },
+      weight_decay = { 0, 0.01 }, maximize = { false, true },
+    }
+    local count = 0
+    -- parameter 2 has a gradient on the first step only: its buffer is made then and it is
+    -- skipped after
+    local skip = { [2] = true }
+    for _, o in ipairs(combinations(space)) do
+      if not (o.nesterov and (o.momentum == 0 or o.dampening ~= 0)) then
+        for _, dtype in ipairs { "f32", "f64" } do
+          local want = run(with(o, "foreach", false), dtype, 1, 3, skip)
+          for _, threads in ipairs { 1, 2 } do
+            same_bits(run(o, dtype, threads, 3, skip), want,
+              ("%s %s threads %d"):format(dtype, describe_opts(o), threads))
+          end
+          count = count + 1
+        end
+      end
+    end
+    assert.are.equal(40, count)
+    local o = { lr = 0.05, momentum = 0.9, weight_decay = 0.01 }
+    local want = run(with(o, "foreach", false), "f32", 1, 3, skip)
+    for _, flag in ipairs { "foreach", "fused" } do
+      same_bits(run(with(o, flag, true), "f32", 2, 3, skip), want, flag .. " = true")
+    end
+  end)
+
+  it("is bitwise the per-parameter step for many parameters and for mixed dtypes", function()
+    -- 70 parameters (more than the C side keeps on its stack) of sizes 1 .. 70, and a
+    -- group mixing f32 and f64 (the per-parameter fallback)
+    for _, mixed in ipairs { false, true } do
+      local function go(foreach)
+        local ps = {}
+        for i = 1, 70 do
+          local dtype = (mixed and i % 2 == 0) and "f64" or "f32"
+          ps[i] = dl.randn({ i }, { dtype = dtype, generator = dl.Generator(i) })
+          ps[i].requires_grad = true
+        end
+        local opt = optim.SGD(ps, { lr = 0.1, momentum = 0.9, nesterov = true, foreach = foreach })
+        for k = 1, 2 do
+          for i, p in ipairs(ps) do
+            p.grad = dl.randn({ i }, { dtype = p:type(), generator = dl.Generator(100 * k + i) })
+          end
+          opt:step()
+        end
+        return ps, opt
+      end
+      local a, oa = go(nil)
+      local b, ob = go(false)
+      for i = 1, 70 do
+        assert.is_true(same(a[i], b[i]), "parameter " .. i)
+        assert.is_true(same(oa.state[a[i]].momentum_buffer, ob.state[b[i]].momentum_buffer), "buffer " .. i)
+      end
+    end
+  end)
+
+  it("steps a parameter listed twice in the C call twice, as the per-parameter path", function()
+    local p = dl.tensor({ 1, 2, 3 }, { dtype = "f64" })
+    local g = dl.tensor({ 0.5, -1, 2 }, { dtype = "f64" })
+    local ps = ffi_arr({ p, p })
+    local gs = ffi_arr({ g, g })
+    local first = lib.ffi.new("int[2]", { 0, 0 })
+    lib.check(C.ddp_sgd_step_foreach_(2, ps, gs, nil, first, 0.5, 0, 0, 0, 0, 0))
+    assert.are.same({ 1 - 0.5, 2 + 1, 3 - 2 }, p:tolist())
+  end)
+
+  it("leaves the gradients to the caller and keeps one state entry per parameter", function()
+    local ps = make("f32", 3)
+    local opt = optim.SGD(ps, { lr = 0.1, momentum = 0.9 })
+    for k = 1, 3 do
+      for i, p in ipairs(ps) do p.grad = dl.ones(SIZES[i], { dtype = "f32" }) end
+      opt:step()
+    end
+    local n = 0
+    for _ in pairs(opt.state) do n = n + 1 end
+    assert.are.equal(#ps, n)
+    for i, p in ipairs(ps) do assert.is_true(same(p.grad, dl.ones(SIZES[i], { dtype = "f32" })), "grad " .. i) end
+  end)
+
+  it("refuses foreach and fused together, and non-boolean values", function()
+    local p = dl.tensor({ 1 }, { requires_grad = true })
+    assert.has_error(function() optim.SGD({ p }, { foreach = true, fused = true }) end,
+      "SGD: `fused` and `foreach` cannot be `True` together")
+    assert.has_error(function() optim.SGD({ p }, { foreach = 1 }) end,
+      "SGD: invalid foreach 1 (must be true or false)")
+    assert.has_error(function() optim.SGD({ p }, { fused = "yes" }) end,
+      "SGD: invalid fused yes (must be true or false)")
+  end)
+
+  it("checks every entry before changing any parameter, naming it", function()
+    local a = dl.tensor({ 1, 2 }, { dtype = "f64" })
+    local b = dl.tensor({ 3, 4, 5 }, { dtype = "f64" })
+    local ga = dl.tensor({ 1, 1 }, { dtype = "f64" })
+    local gb = dl.tensor({ 1, 1 }, { dtype = "f64" }) -- wrong shape
+    local first = lib.ffi.new("int[2]", { 0, 0 })
+    local ok, err = pcall(lib.check, C.ddp_sgd_step_foreach_(2, ffi_arr({ a, b }), ffi_arr({ ga, gb }),
+      nil, first, 0.1, 0, 0, 0, 0, 0))
+    assert.is_false(ok)
+    assert.matches("sgd_step_foreach_: grad%[1%] has shape %(2,%) but param has shape %(3,%)", err)
+    assert.are.same({ 1, 2 }, a:tolist())
+    ok, err = pcall(lib.check, C.ddp_sgd_step_foreach_(2, ffi_arr({ a, b }), ffi_arr({ ga, ga }),
+      nil, first, 0.1, 0.9, 0, 0, 0, 0))
+    assert.is_false(ok)
+    assert.matches("momentum_buffer", err)
   end)
 end)
 

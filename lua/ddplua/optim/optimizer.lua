@@ -5,7 +5,10 @@
 -- parameter handle held in param_groups: opt.state[p] with p the handle passed in). The
 -- state's tensors are created and owned here and handed to the fused C kernels
 -- (ddplua/optim.h). Subclasses (one per file) give `name`, `defaults` (every option with
--- its default), `validate(group)` and `update(p, grad, group, state)`.
+-- its default), `validate(group)` and `update(p, grad, group, state)`, and may give
+-- `optional` (options without a default, nil unless given: PyTorch's None) and
+-- `step_group(group, state)` (one group's whole step; it returns false to have the group
+-- stepped parameter by parameter through `update` instead).
 local lib = require "ddplua.lib"
 local options = require "ddplua.options"
 local tensor = require "ddplua.tensor"
@@ -17,9 +20,11 @@ M.__index = M
 local is_tensor = tensor.is_tensor
 local raise = lib.raise
 
---- Optimizer.subclass(name, defaults): a new optimizer class, callable as Class(params, opts).
-function M.subclass(name, defaults)
-  local cls = { name = name, defaults = defaults }
+--- Optimizer.subclass(name, defaults[, optional]): a new optimizer class, callable as
+-- Class(params, opts). optional: a list of option names that have no default (nil unless
+-- given).
+function M.subclass(name, defaults, optional)
+  local cls = { name = name, defaults = defaults, optional = optional or {} }
   cls.__index = cls
   return setmetatable(cls, { __index = M, __call = function(c, ...) return c.new(...) end })
 end
@@ -51,6 +56,7 @@ function M.construct(cls, params, opts)
   local self = setmetatable({ state = {}, param_groups = {}, _ids = {} }, cls)
   local known = {}
   for k in pairs(cls.defaults) do known[k] = true end
+  for _, k in ipairs(cls.optional) do known[k] = true end
   opts = options.check(cls.name, opts, known)
   local defaults = {}
   for k, v in pairs(cls.defaults) do defaults[k] = copy_value(v) end
@@ -144,12 +150,14 @@ function M:step(closure)
   end
   local state = self.state
   for _, group in ipairs(self.param_groups) do
-    for _, p in ipairs(group.params) do
-      local g = lib.wrap(C.ddp_tensor_grad(p))
-      if g ~= nil then
-        local st = state[p]
-        if not st then st = {}; state[p] = st end
-        self:update(p, g, group, st)
+    if not (self.step_group and self:step_group(group, state)) then
+      for _, p in ipairs(group.params) do
+        local g = lib.wrap(C.ddp_tensor_grad(p))
+        if g ~= nil then
+          local st = state[p]
+          if not st then st = {}; state[p] = st end
+          self:update(p, g, group, st)
+        end
       end
     end
   end

@@ -67,6 +67,7 @@ const ddp_kernels ddp_cpu_kernels = {
     .embedding_forward = ddp_cpu_embedding_forward,
     .embedding_backward = ddp_cpu_embedding_backward,
     .sgd = ddp_cpu_sgd,
+    .sgd_multi = ddp_cpu_sgd_multi,
     .adam = ddp_cpu_adam,
     .adadelta = ddp_cpu_adadelta,
     .abs_pow_sum = ddp_cpu_abs_pow_sum,

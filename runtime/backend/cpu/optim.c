@@ -211,6 +211,61 @@ void ddp_cpu_sgd(int dtype, void *param, void *momentum_buffer, const void *grad
   ddp_parallel_for(n, SGD_GRAIN, run_range, &c);
 }
 
+/* Note [multi-tensor SGD]: an optimizer step over many parameters (PyTorch's foreach
+ * path, torch/optim/sgd.py _multi_tensor_sgd) is one job here: the parameters' elements
+ * are numbered one after another (parameter 0's, then 1's, ...) and that range is split
+ * over the pool by SGD_GRAIN elements, each piece running the per-tensor kernel over its
+ * part of one or more parameters. One fork-join per step instead of one per parameter, and
+ * the small tensors (biases) ride along with the big ones. Every element is computed by
+ * the same typed kernel with the same hyper-parameters as ddp_cpu_sgd computes it, so the
+ * result is bitwise the same as the per-parameter step whatever the split. */
+typedef struct {
+  int dtype;
+  int64_t count;
+  void *const *param, *const *buf;
+  const void *const *grad;
+  const int64_t *numel, *start; /* start[i]: index of parameter i's element 0 */
+  const int *first;
+  const ddp_sgd_hparams *h;
+} multi_ctx;
+
+static void run_multi(void *vctx, int64_t begin, int64_t end) {
+  const multi_ctx *c = vctx;
+  size_t es = ddp_dtype_size(c->dtype);
+  int64_t i = 0;
+  while (i + 1 < c->count && c->start[i + 1] <= begin) i++;
+  for (; i < c->count && c->start[i] < end; i++) {
+    int64_t lo = begin > c->start[i] ? begin - c->start[i] : 0;
+    int64_t hi = end - c->start[i] < c->numel[i] ? end - c->start[i] : c->numel[i];
+    if (hi <= lo) continue;
+    ddp_sgd_hparams h = *c->h;
+    h.first_step = c->first[i];
+    char *p = (char *)c->param[i] + (size_t)lo * es, *g = (char *)c->grad[i] + (size_t)lo * es;
+    char *b = c->buf[i] ? (char *)c->buf[i] + (size_t)lo * es : NULL;
+    if (c->dtype == DDP_F64) ddp_cpu_sgd_f64((double *)p, (double *)b, (const double *)g, hi - lo, &h);
+    else ddp_cpu_sgd_f32((float *)p, (float *)b, (const float *)g, hi - lo, &h);
+  }
+}
+
+void ddp_cpu_sgd_multi(int dtype, int64_t count, void *const *param, void *const *momentum_buffer,
+                       const void *const *grad, const int64_t *numel, const int *first_step,
+                       const ddp_sgd_hparams *h) {
+  enum { ON_STACK = 64 };
+  int64_t stack_start[ON_STACK], *start = stack_start, total = 0;
+  if (count > ON_STACK && !(start = malloc(sizeof(int64_t) * (size_t)count))) {
+    for (int64_t i = 0; i < count; i++) { /* no memory for the offsets: one job per tensor */
+      ddp_sgd_hparams hi = *h;
+      hi.first_step = first_step[i];
+      ddp_cpu_sgd(dtype, param[i], momentum_buffer[i], grad[i], numel[i], &hi);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < count; i++) start[i] = total, total += numel[i];
+  multi_ctx c = {dtype, count, param, momentum_buffer, grad, numel, start, first_step, h};
+  ddp_parallel_for(total, SGD_GRAIN, run_multi, &c);
+  if (start != stack_start) free(start);
+}
+
 void ddp_cpu_adam(int dtype, void *param, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
                   const void *grad, int64_t n, const ddp_adam_hparams *h) {
   range_ctx c = {KIND_ADAM, dtype, h, {param, exp_avg, exp_avg_sq, max_exp_avg_sq, (char *)grad}};

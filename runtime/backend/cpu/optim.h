@@ -61,6 +61,12 @@ int ddp_cpu_unscale_f64(double *x, int64_t n, double inv_scale);
  * abs_pow_sum and abs_max record an error and return NaN when out of memory. */
 void ddp_cpu_sgd(int dtype, void *param, void *momentum_buffer, const void *grad, int64_t n,
                  const ddp_sgd_hparams *h);
+/* The SGD update of `count` parameters as one job over the pool (Note [multi-tensor SGD]
+ * in optim.c): param[i], momentum_buffer[i] (NULL when momentum == 0), grad[i] hold
+ * numel[i] elements each; first_step[i] stands for h->first_step of parameter i. */
+void ddp_cpu_sgd_multi(int dtype, int64_t count, void *const *param, void *const *momentum_buffer,
+                       const void *const *grad, const int64_t *numel, const int *first_step,
+                       const ddp_sgd_hparams *h);
 void ddp_cpu_adam(int dtype, void *param, void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
                   const void *grad, int64_t n, const ddp_adam_hparams *h);
 void ddp_cpu_adadelta(int dtype, void *param, void *square_avg, void *acc_delta, const void *grad,

@@ -44,6 +44,20 @@ int ddp_sgd_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *momentum_buff
                   double momentum, double dampening, double weight_decay, int nesterov,
                   int maximize, int first_step);
 
+/* The SGD step of n parameters in one call (PyTorch's foreach / fused SGD): for each i,
+ * exactly ddp_sgd_step_(param[i], grad[i], momentum_buffer[i], lr, momentum, dampening,
+ * weight_decay, nesterov, maximize, first_step[i]), bit for bit, with the same checks.
+ * param, grad: n tensors each; momentum_buffer: n tensors when momentum != 0 (may be NULL
+ * otherwise); first_step: n flags. Every argument is checked before any parameter changes
+ * (errors name the call and the entry, e.g. "grad[3]"). When all tensors are contiguous
+ * CPU tensors of one dtype (f32 or f64) the update is one job over the thread pool (Note
+ * [multi-tensor SGD], runtime/backend/cpu/optim.c); otherwise the parameters are stepped
+ * one by one. n == 0 does nothing. */
+int ddp_sgd_step_foreach_(int64_t n, ddp_tensor *const *param, ddp_tensor *const *grad,
+                          ddp_tensor *const *momentum_buffer, const int *first_step, double lr,
+                          double momentum, double dampening, double weight_decay, int nesterov,
+                          int maximize);
+
 /* Adam (torch.optim.Adam) at step `step` (t >= 1, counting this update), lr gamma, betas
  * (beta1, beta2), eps, weight decay lambda (L2, added to the gradient):
  *   g <- grad (negated when maximize); if lambda != 0: g <- g + lambda * p
