@@ -192,7 +192,30 @@ local function device_mesh_group(opts)
 end
 
 local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device", "device_mesh",
-  "static_graph" }
+  "static_graph", "comm_overlap" }
+
+--- DDP.auto_comm_overlap(local_ranks, threads, cores) -> boolean: comm_overlap = "auto"'s
+-- answer (ddplua/reducer.h, Note [bucket overlap]): overlap only when the communication
+-- thread can have a core of its own, i.e. local_ranks * threads < cores (local_ranks: the
+-- ranks on this host, threads: each rank's compute threads, cores: the host's online cores).
+function DDP.auto_comm_overlap(local_ranks, threads, cores)
+  return local_ranks * threads < cores
+end
+
+-- comm_overlap as given (true, false or "auto") -> boolean.
+local function resolve_comm_overlap(v)
+  if v == nil or v == "auto" then
+    -- LOCAL_WORLD_SIZE: set by the launcher (as torchrun); unset, this host's other ranks
+    -- are unknown and PyTorch's behaviour (overlap) stays.
+    local local_ranks = tonumber(os.getenv("LOCAL_WORLD_SIZE") or "")
+    if not local_ranks then return true end
+    return DDP.auto_comm_overlap(local_ranks, C.ddp_get_num_threads(), C.ddp_process_threads_per_worker(1))
+  end
+  if type(v) ~= "boolean" then
+    raise("DistributedDataParallel: comm_overlap must be true, false or \"auto\", got " .. tostring(v))
+  end
+  return v
+end
 
 --- DDP(module, opts) -> the wrapped module. opts:
 --   process_group (default: the world), device_mesh (a 1-D DeviceMesh from
@@ -210,7 +233,13 @@ local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_par
 --   accepted and must be that device too), static_graph = false (the graph is the same
 --   every iteration: hook counts and unused parameters recorded in the first iteration, no
 --   search after it; reentrant backward and parameters whose hooks fire more than once work;
---   ddplua/reducer_static_graph.h, Note [static graph]).
+--   ddplua/reducer_static_graph.h, Note [static graph]), comm_overlap = "auto" (true:
+--   each bucket's all-reduce runs on the group's communication thread while the backward
+--   goes on, as PyTorch; false: the buckets are all-reduced after the backward, on its
+--   thread; "auto": false when this host's ranks (LOCAL_WORLD_SIZE, set by the launcher)
+--   times dl.get_num_threads() fill its online cores, so a communication thread would only
+--   take a core from a backward, true otherwise; the same bits either way; ddplua/reducer.h,
+--   Note [bucket overlap]).
 -- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
 -- on that device (ddplua/reducer.h, Note [device buckets]). With the nccl backend the group's
 -- device must be the module's; with gloo, device gradients are staged through the host.
@@ -233,6 +262,7 @@ function DDP.new(module, opts)
     gradient_as_bucket_view = option(opts, "gradient_as_bucket_view", false),
     bucket_cap_mb = option(opts, "bucket_cap_mb", DDP.DEFAULT_BUCKET_CAP_MB),
     static_graph = option(opts, "static_graph", false),
+    comm_overlap = resolve_comm_overlap(opts.comm_overlap),
     require_backward_grad_sync = true,
   }, DDP)
   if type(self.bucket_cap_mb) ~= "number" or not (self.bucket_cap_mb > 0) then
@@ -271,6 +301,7 @@ function DDP.new(module, opts)
                           self.gradient_as_bucket_view and 1 or 0, timeout))
   self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
   if self.static_graph then check(C.ddp_reducer_set_static_graph(self.reducer)) end
+  check(C.ddp_reducer_set_overlap(self.reducer, self.comm_overlap and 1 or 0))
   return self
 end
 
