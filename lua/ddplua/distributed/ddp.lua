@@ -237,7 +237,7 @@ end
 --   each bucket's all-reduce runs on the group's communication thread while the backward
 --   goes on, as PyTorch; false: the buckets are all-reduced after the backward, on its
 --   thread; "auto": false when this host's ranks (LOCAL_WORLD_SIZE, set by the launcher)
---   times dl.get_num_threads() fill its online cores, so a communication thread would only
+--   times dl.get_num_threads() (at construction) fill its online cores, so a communication thread would only
 --   take a core from a backward, true otherwise; the same bits either way; ddplua/reducer.h,
 --   Note [bucket overlap]).
 -- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
