@@ -1,8 +1,9 @@
 -- Specs for DDP's comm_overlap (lua/ddplua/distributed/ddp.lua; ddplua/reducer.h, Note
 -- [bucket overlap] and Note [last bucket inline]): whether the buckets are all-reduced on the
 -- group's communication thread during the backward or on the backward's thread after it
--- changes when the collectives run, never which ones nor their order. So every setting,
--- and ranks with different settings, must give the same bits, equal to one process.
+-- changes when the collectives run, never which ones nor their order. So both settings
+-- must give the same bits, equal to one process; and the ranks must agree on the setting
+-- (other collectives during the backward would otherwise be submitted in different orders).
 local ddp_ranks = require "ddp_ranks"
 local DDP = require "ddplua.distributed.ddp"
 
@@ -36,9 +37,8 @@ function reference(make, xs, ys, forward)
   end
   return m
 end
--- comm_overlap true, false, and true on rank 0 only; in this order on every rank (the
--- constructions are collective)
-SETTINGS = { { "on", true }, { "off", false }, { "mixed", RANK == 0 } }
+-- comm_overlap true and false, in this order on every rank (the constructions are collective)
+SETTINGS = { { "on", true }, { "off", false } }
 ]]
 
 local run = ddp_ranks.runner(PRELUDE, { timeout = 60 })
@@ -56,7 +56,7 @@ local function check_same(ranks, n, names, prefix)
 end
 
 describe("ddplua.distributed.ddp comm_overlap #dist", function()
-  it("on, off and mixed across ranks give the same bits as one process (CNN, many buckets)", function()
+  it("on and off give the same bits as one process (CNN, many buckets)", function()
     local ranks = run([[
 local xs, ys = batches(3, 8, {2, 8, 8}, 3)
 for _, setting in ipairs(SETTINGS) do
@@ -68,12 +68,13 @@ for _, setting in ipairs(SETTINGS) do
   if name == "on" and RANK == 0 then out("max_rel", max_rel(model.module, reference(cnn, xs, ys))) end
 end
 ]], 2)
-    check_same(ranks, 2, { "on", "off", "mixed" })
+    check_same(ranks, 2, { "on", "off" })
     assert.is_true(tonumber(ranks[1].out.on_buckets) >= 4, "buckets: " .. ranks[1].out.on_buckets)
     assert.is_true(tonumber(ranks[1].out.max_rel) <= 1e-5, "max_rel " .. ranks[1].out.max_rel)
-    assert.equal("true", ranks[1].out.mixed_flag)
-    assert.equal("false", ranks[2].out.mixed_flag)
-    assert.equal("false", ranks[1].out.off_flag)
+    for i = 1, 2 do
+      assert.equal("true", ranks[i].out.on_flag)
+      assert.equal("false", ranks[i].out.off_flag)
+    end
   end)
 
   it("3 ranks, one bucket (the last bucket runs on the backward's thread): the same bits", function()
@@ -88,7 +89,7 @@ for _, setting in ipairs(SETTINGS) do
 end
 if RANK == 0 then out("max_rel", max_rel(off.module, reference(mlp, xs, ys))) end
 ]], 3)
-    check_same(ranks, 3, { "on", "off", "mixed" })
+    check_same(ranks, 3, { "on", "off" })
     assert.is_true(tonumber(ranks[1].out.max_rel) <= 1e-5, "max_rel " .. ranks[1].out.max_rel)
   end)
 
@@ -112,8 +113,8 @@ if RANK == 0 then
       function(m, x, s, y) return mse(m(x, use[s]), y) end)))
 end
 ]], 2)
-    check_same(ranks, 2, { "on", "off", "mixed" }, "view_")
-    check_same(ranks, 2, { "on", "off", "mixed" }, "unused_")
+    check_same(ranks, 2, { "on", "off" }, "view_")
+    check_same(ranks, 2, { "on", "off" }, "unused_")
     assert.is_true(tonumber(ranks[1].out.max_rel) <= 1e-5, "max_rel " .. ranks[1].out.max_rel)
   end)
 
@@ -133,11 +134,11 @@ for _, setting in ipairs(SETTINGS) do
 end
 out("plain", (train(mlp, {bucket_cap_mb = 0.0005}, xs, ys)))
 ]], 2)
-    check_same(ranks, 2, { "on", "off", "mixed" })
+    check_same(ranks, 2, { "on", "off" })
     for i = 1, 2 do
       local o = ranks[i].out
       assert.equal(o.plain, o.on)
-      for _, name in ipairs({ "on", "off", "mixed" }) do
+      for _, name in ipairs({ "on", "off" }) do
         -- 3 iterations, every bucket stepped once in each
         assert.equal(tostring(3 * tonumber(o[name .. "_buckets"])), o[name .. "_steps"])
       end
@@ -166,6 +167,32 @@ try("backward", function() mse(model(x), y):backward() end)
       assert.matches("DistributedDataParallel: the all%-reduce of gradient bucket 0 %(%d+ parameters, %d+ bytes%) failed on rank 0", e)
       assert.matches("rank 1", e, 1, true)
     end
+  end)
+
+  it("explicit settings that differ across ranks fail construction on every rank, naming them", function()
+    local ranks = run([[try("construct", function() DDP(mlp(), {comm_overlap = RANK == 0}) end)]], 2)
+    for i = 1, 2 do
+      assert.matches("comm_overlap differs across ranks (rank 0 true, rank 1 false)",
+                     ranks[i].err.construct, 1, true)
+    end
+  end)
+
+  it("\"auto\" answers that differ across ranks: no rank overlaps", function()
+    -- rank 0 alone on its host with 1 thread (a core to spare), rank 1 one of many
+    local ranks = run([[
+local ffi = require "ffi"
+ffi.cdef "int setenv(const char *name, const char *value, int overwrite);"
+ffi.C.setenv("LOCAL_WORLD_SIZE", RANK == 0 and "1" or "4096", 1)
+dl.set_num_threads(1)
+out("local_answer", tostring(DDP.auto_comm_overlap(tonumber(os.getenv("LOCAL_WORLD_SIZE")), 1,
+                                                   lib_cores())))
+out("flag", tostring(DDP(mlp()).comm_overlap))
+]], 2, { prelude = PRELUDE .. [[
+function lib_cores() return require("ddplua.lib").C.ddp_process_threads_per_worker(1) end
+]] })
+    assert.equal("true", ranks[1].out.local_answer)
+    assert.equal("false", ranks[2].out.local_answer)
+    for i = 1, 2 do assert.equal("false", ranks[i].out.flag) end
   end)
 
   it("rejects a comm_overlap that is not true, false or \"auto\"", function()

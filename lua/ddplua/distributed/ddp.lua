@@ -217,6 +217,32 @@ local function resolve_comm_overlap(v)
   return v
 end
 
+-- Every rank must all-reduce its buckets at the same point of the backward: with other
+-- collectives during it (SyncBatchNorm's backward), ranks that overlap differently would
+-- submit them in different orders. So the ranks agree (a collective, at construction):
+-- "auto" on every rank -> overlap only if every rank's answer is to overlap (the hosts may
+-- differ); settings given explicitly must be the same everywhere.
+local function agree_comm_overlap(self, given)
+  local rows = allgather_i64(self, { self.comm_overlap and 1 or 0, (given == nil or given == "auto") and 0 or 1 },
+                             "DistributedDataParallel")
+  local all, explicit, differ = true, false, false
+  for r = 1, self.world_size do
+    all = all and rows[r][1] == 1
+    explicit = explicit or rows[r][2] == 1
+    differ = differ or rows[r][1] ~= rows[1][1]
+  end
+  if differ and explicit then
+    local parts = {}
+    for r = 1, self.world_size do
+      parts[r] = ("rank %d %s%s"):format(r - 1, rows[r][1] == 1 and "true" or "false",
+                                        rows[r][2] == 1 and "" or " (auto)")
+    end
+    raise("DistributedDataParallel: comm_overlap differs across ranks (" .. table.concat(parts, ", ") ..
+          "): every rank must all-reduce its buckets at the same point of the backward")
+  end
+  self.comm_overlap = all
+end
+
 --- DDP(module, opts) -> the wrapped module. opts:
 --   process_group (default: the world), device_mesh (a 1-D DeviceMesh from
 --   dist.init_device_mesh: DDP reduces over its group; not together with process_group,
@@ -238,8 +264,9 @@ end
 --   goes on, as PyTorch; false: the buckets are all-reduced after the backward, on its
 --   thread; "auto": false when this host's ranks (LOCAL_WORLD_SIZE, set by the launcher)
 --   times dl.get_num_threads() (at construction) fill its online cores, so a communication thread would only
---   take a core from a backward, true otherwise; the same bits either way; ddplua/reducer.h,
---   Note [bucket overlap]).
+--   take a core from a backward, true otherwise, and false on every rank when some rank
+--   says false; settings given explicitly must agree on every rank; the same bits either
+--   way; ddplua/reducer.h, Note [bucket overlap]).
 -- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
 -- on that device (ddplua/reducer.h, Note [device buckets]). With the nccl backend the group's
 -- device must be the module's; with gloo, device gradients are staged through the host.
@@ -285,6 +312,7 @@ function DDP.new(module, opts)
   end
   if self.world_size > 1 then
     check_same_parameters(self)
+    agree_comm_overlap(self, opts.comm_overlap)
     dl.no_grad(function()
       broadcast_from_0(self, self.params, "DistributedDataParallel")
       broadcast_from_0(self, self.buffers, "DistributedDataParallel")

@@ -139,8 +139,10 @@ int ddp_reducer_get_sync(const ddp_reducer *r);
 
 /* overlap = 1 (the default): buckets are all-reduced on the communication thread while the
  * backward goes on; 0: after the whole backward, on its thread (Note [bucket overlap]).
- * Takes effect from the next backward. Ranks may differ in it: the collectives and their
- * order are the same either way, only their timing differs.
+ * Takes effect from the next backward. Give every rank of the group the same setting: the
+ * buckets' collectives are the same either way, but with other collectives during the
+ * backward (SyncBatchNorm's) ranks that differ would submit them in different orders (the
+ * Lua DDP makes its ranks agree).
  * Errors: DDP_ERR_ARG (r NULL), DDP_ERR_STATE (called while a backward is being reduced). */
 int ddp_reducer_set_overlap(ddp_reducer *r, int overlap);
 /* 1 when overlap is on (Note [bucket overlap]); 0 for NULL. */
