@@ -185,7 +185,7 @@ ffi.cdef "int setenv(const char *name, const char *value, int overwrite);"
 ffi.C.setenv("LOCAL_WORLD_SIZE", RANK == 0 and "1" or "4096", 1)
 dl.set_num_threads(1)
 out("local_answer", tostring(DDP.auto_comm_overlap(tonumber(os.getenv("LOCAL_WORLD_SIZE")), 1,
-                                                   lib_cores())))
+                                                   lib_cores(), true)))
 out("flag", tostring(DDP(mlp()).comm_overlap))
 ]], 2, { prelude = PRELUDE .. [[
 function lib_cores() return require("ddplua.lib").C.ddp_process_threads_per_worker(1) end
@@ -193,6 +193,28 @@ function lib_cores() return require("ddplua.lib").C.ddp_process_threads_per_work
     assert.equal("true", ranks[1].out.local_answer)
     assert.equal("false", ranks[2].out.local_answer)
     for i = 1, 2 do assert.equal("false", ranks[i].out.flag) end
+  end)
+
+  it("\"auto\" weighs the cores only for buckets in the group's shared memory", function()
+    local code = [[
+local lib = require "ddplua.lib"
+dl.set_num_threads(1)
+local model = DDP(mlp())
+out("shared", lib.C.ddp_reducer_buckets_shared(model.reducer))
+out("flag", tostring(model.comm_overlap))
+out("spare", tostring(WORLD * 1 < lib.C.ddp_process_threads_per_worker(1)))
+]]
+    local ranks = run(code, 2)
+    for i = 1, 2 do
+      assert.equal("1", ranks[i].out.shared)
+      assert.equal(ranks[i].out.spare, ranks[i].out.flag) -- LOCAL_WORLD_SIZE = 2, 1 thread each
+    end
+    -- no shared memory (as between hosts): the all-reduce goes through Gloo, overlap stays
+    ranks = run(code, 2, { env = { DDPLUA_SHM = "0" } })
+    for i = 1, 2 do
+      assert.equal("0", ranks[i].out.shared)
+      assert.equal("true", ranks[i].out.flag)
+    end
   end)
 
   it("rejects a comm_overlap that is not true, false or \"auto\"", function()
@@ -205,11 +227,14 @@ end)
 
 describe("ddplua.distributed.ddp auto_comm_overlap", function()
   it("overlaps only when the ranks' compute threads leave a core free", function()
-    assert.is_false(DDP.auto_comm_overlap(2, 1, 2)) -- DDP 2 x 1 on 2 cores
-    assert.is_false(DDP.auto_comm_overlap(1, 2, 2)) -- 1 rank x 2 threads on 2 cores
-    assert.is_false(DDP.auto_comm_overlap(4, 1, 2)) -- oversubscribed
-    assert.is_true(DDP.auto_comm_overlap(1, 1, 2))
-    assert.is_true(DDP.auto_comm_overlap(2, 1, 16))
-    assert.is_false(DDP.auto_comm_overlap(4, 4, 16))
+    assert.is_false(DDP.auto_comm_overlap(2, 1, 2, true)) -- DDP 2 x 1 on 2 cores
+    assert.is_false(DDP.auto_comm_overlap(1, 2, 2, true)) -- 1 rank x 2 threads on 2 cores
+    assert.is_false(DDP.auto_comm_overlap(4, 1, 2, true)) -- oversubscribed
+    assert.is_true(DDP.auto_comm_overlap(1, 1, 2, true))
+    assert.is_true(DDP.auto_comm_overlap(2, 1, 16, true))
+    assert.is_false(DDP.auto_comm_overlap(4, 4, 16, true))
+    -- over the network the all-reduce mostly waits: overlap hides that wait
+    assert.is_true(DDP.auto_comm_overlap(2, 1, 2, false))
+    assert.is_true(DDP.auto_comm_overlap(1, 16, 16, false))
   end)
 end)

@@ -194,27 +194,28 @@ end
 local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device", "device_mesh",
   "static_graph", "comm_overlap" }
 
---- DDP.auto_comm_overlap(local_ranks, threads, cores) -> boolean: comm_overlap = "auto"'s
--- answer (ddplua/reducer.h, Note [bucket overlap]): overlap only when the communication
--- thread can have a core of its own, i.e. local_ranks * threads < cores (local_ranks: the
--- ranks on this host, threads: each rank's compute threads, cores: the host's online cores).
-function DDP.auto_comm_overlap(local_ranks, threads, cores)
-  return local_ranks * threads < cores
+--- DDP.auto_comm_overlap(local_ranks, threads, cores, shared) -> boolean: comm_overlap =
+-- "auto"'s answer (ddplua/reducer.h, Note [bucket overlap]): no overlap when the buckets'
+-- all-reduces go through this host's shared memory (shared: the group's ranks share this
+-- host, so the all-reduce is work for a core) and the ranks leave no core to a
+-- communication thread, i.e. local_ranks * threads >= cores (local_ranks: the ranks on this
+-- host, threads: each rank's compute threads, cores: the host's online cores); overlap
+-- otherwise.
+function DDP.auto_comm_overlap(local_ranks, threads, cores, shared)
+  return not (shared and local_ranks * threads >= cores)
 end
 
--- comm_overlap as given (true, false or "auto") -> boolean.
-local function resolve_comm_overlap(v)
+-- comm_overlap as given (true, false or "auto") -> boolean, once the reducer exists.
+local function resolve_comm_overlap(v, reducer)
   if v == nil or v == "auto" then
     -- LOCAL_WORLD_SIZE: set by the launcher (as torchrun); unset, this host's other ranks
     -- are unknown and PyTorch's behaviour (overlap) stays.
     local local_ranks = tonumber(os.getenv("LOCAL_WORLD_SIZE") or "")
     if not local_ranks then return true end
-    return DDP.auto_comm_overlap(local_ranks, C.ddp_get_num_threads(), C.ddp_process_threads_per_worker(1))
+    return DDP.auto_comm_overlap(local_ranks, C.ddp_get_num_threads(), C.ddp_process_threads_per_worker(1),
+                                 C.ddp_reducer_buckets_shared(reducer) ~= 0)
   end
-  if type(v) ~= "boolean" then
-    raise("DistributedDataParallel: comm_overlap must be true, false or \"auto\", got " .. tostring(v))
-  end
-  return v
+  return v -- a boolean (DDP.new checked it)
 end
 
 -- Every rank must all-reduce its buckets at the same point of the backward: with other
@@ -262,11 +263,13 @@ end
 --   ddplua/reducer_static_graph.h, Note [static graph]), comm_overlap = "auto" (true:
 --   each bucket's all-reduce runs on the group's communication thread while the backward
 --   goes on, as PyTorch; false: the buckets are all-reduced after the backward, on its
---   thread; "auto": false when this host's ranks (LOCAL_WORLD_SIZE, set by the launcher)
---   times dl.get_num_threads() (at construction) fill its online cores, so a communication thread would only
---   take a core from a backward, true otherwise, and false on every rank when some rank
---   says false; settings given explicitly must agree on every rank; the same bits either
---   way; ddplua/reducer.h, Note [bucket overlap]).
+--   thread; "auto": false when the group's ranks share this host (the buckets lie in its
+--   shared memory, so an all-reduce is a core's work) and this host's ranks
+--   (LOCAL_WORLD_SIZE, set by the launcher) times dl.get_num_threads() (at construction)
+--   fill its online cores, so a communication thread would only take a core from a
+--   backward; true otherwise; false on every rank when some rank says false; settings given
+--   explicitly must agree on every rank; the same bits either way; ddplua/reducer.h, Note
+--   [bucket overlap]).
 -- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
 -- on that device (ddplua/reducer.h, Note [device buckets]). With the nccl backend the group's
 -- device must be the module's; with gloo, device gradients are staged through the host.
@@ -275,6 +278,10 @@ function DDP.new(module, opts)
   opts = options.check("DistributedDataParallel", opts, KNOWN)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     raise("DistributedDataParallel: module must be an nn.Module, got " .. type(module))
+  end
+  local co = opts.comm_overlap
+  if co ~= nil and co ~= "auto" and type(co) ~= "boolean" then
+    raise("DistributedDataParallel: comm_overlap must be true, false or \"auto\", got " .. tostring(co))
   end
   local group = opts.device_mesh ~= nil and device_mesh_group(opts) or resolve_group(opts.process_group)
   local h = group:ptr("DistributedDataParallel")
@@ -289,7 +296,6 @@ function DDP.new(module, opts)
     gradient_as_bucket_view = option(opts, "gradient_as_bucket_view", false),
     bucket_cap_mb = option(opts, "bucket_cap_mb", DDP.DEFAULT_BUCKET_CAP_MB),
     static_graph = option(opts, "static_graph", false),
-    comm_overlap = resolve_comm_overlap(opts.comm_overlap),
     require_backward_grad_sync = true,
   }, DDP)
   if type(self.bucket_cap_mb) ~= "number" or not (self.bucket_cap_mb > 0) then
@@ -312,7 +318,6 @@ function DDP.new(module, opts)
   end
   if self.world_size > 1 then
     check_same_parameters(self)
-    agree_comm_overlap(self, opts.comm_overlap)
     dl.no_grad(function()
       broadcast_from_0(self, self.params, "DistributedDataParallel")
       broadcast_from_0(self, self.buffers, "DistributedDataParallel")
@@ -329,6 +334,8 @@ function DDP.new(module, opts)
                           self.gradient_as_bucket_view and 1 or 0, timeout))
   self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
   if self.static_graph then check(C.ddp_reducer_set_static_graph(self.reducer)) end
+  self.comm_overlap = resolve_comm_overlap(opts.comm_overlap, self.reducer)
+  if self.world_size > 1 then agree_comm_overlap(self, opts.comm_overlap) end
   check(C.ddp_reducer_set_overlap(self.reducer, self.comm_overlap and 1 or 0))
   return self
 end
