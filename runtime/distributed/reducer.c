@@ -29,10 +29,8 @@ static void buckets_free(bucket *bs, int n) {
 static int bucket_buffer(ddp_reducer *r, bucket *b, const int64_t *shape) {
   if (r->pg && r->device == DDP_DEVICE_CPU && (b->dtype == DDP_F32 || b->dtype == DDP_F64)) {
     int placed = 0;
-    if (ddp_pg_shared_zeros(&b->buffer, r->pg, 1, shape, b->dtype, &placed) == DDP_OK) {
-      b->shared = placed;
+    if (ddp_pg_shared_zeros(&b->buffer, r->pg, 1, shape, b->dtype, &placed) == DDP_OK)
       return DDP_OK;
-    }
     if (ddp_last_status() != DDP_ERR_MEMORY) return ddp_last_status();
     /* the group's shared memory is full: an ordinary buffer, staged by the all-reduce */
   }
@@ -682,13 +680,6 @@ int ddp_reducer_set_overlap(ddp_reducer *r, int overlap) {
 }
 
 int ddp_reducer_get_overlap(const ddp_reducer *r) { return r ? r->overlap : 0; }
-
-int ddp_reducer_buckets_shared(const ddp_reducer *r) {
-  if (!r || r->n_buckets == 0) return 0;
-  for (int k = 0; k < r->n_buckets; k++)
-    if (!r->buckets[k].shared) return 0;
-  return 1;
-}
 
 int ddp_reducer_num_buckets(const ddp_reducer *r) { return r ? r->n_buckets : 0; }
 

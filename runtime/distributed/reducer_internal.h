@@ -21,7 +21,6 @@ typedef struct {
   int pending;          /* slots not yet ready in this iteration */
   ddp_work *work;       /* the in-flight all-reduce, NULL before launch */
   int launched;
-  int shared;           /* buffer lies in the group's shared memory (Note [shared buckets]) */
 } bucket;
 
 /* What a parameter's hook gets: its reducer and index. */

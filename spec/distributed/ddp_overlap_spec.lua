@@ -5,7 +5,6 @@
 -- must give the same bits, equal to one process; and the ranks must agree on the setting
 -- (other collectives during the backward would otherwise be submitted in different orders).
 local ddp_ranks = require "ddp_ranks"
-local DDP = require "ddplua.distributed.ddp"
 
 local PRELUDE = ddp_ranks.prelude {
   helpers = { "mlp", "cnn", "batches", "shard", "mse", "max_rel", "params_text", "branch_net" },
@@ -56,12 +55,14 @@ local function check_same(ranks, n, names, prefix)
 end
 
 describe("ddplua.distributed.ddp comm_overlap #dist", function()
-  it("on and off give the same bits as one process (CNN, many buckets)", function()
+  it("on (the default) and off give the same bits as one process (CNN, many buckets)", function()
     local ranks = run([[
 local xs, ys = batches(3, 8, {2, 8, 8}, 3)
 for _, setting in ipairs(SETTINGS) do
   local name, v = setting[1], setting[2]
-  local text, model = train(cnn, {comm_overlap = v, bucket_cap_mb = 0.0002}, xs, ys)
+  local opts = {comm_overlap = v, bucket_cap_mb = 0.0002}
+  if v then opts.comm_overlap = nil end -- the default
+  local text, model = train(cnn, opts, xs, ys)
   out(name, text)
   out(name .. "_buckets", #model:buckets())
   out(name .. "_flag", tostring(model.comm_overlap))
@@ -147,12 +148,18 @@ out("plain", (train(mlp, {bucket_cap_mb = 0.0005}, xs, ys)))
 
   it("exposed_comm_seconds counts all-reduces run on the backward's thread", function()
     local ranks = run([[
-local model = DDP(mlp(), {comm_overlap = false})
 local x, y = dl.randn({4, 6}), dl.randn({4, 4})
-mse(model(x), y):backward()
-out("exposed", string.format("%.9g", model:exposed_comm_seconds()))
+for _, setting in ipairs(SETTINGS) do
+  local model = DDP(mlp(), {comm_overlap = setting[2]}) -- one bucket: the last, inline either way
+  mse(model(x), y):backward()
+  out(setting[1], string.format("%.9g", model:exposed_comm_seconds()))
+end
 ]], 2)
-    for i = 1, 2 do assert.is_true(tonumber(ranks[i].out.exposed) > 0, ranks[i].out.exposed) end
+    for i = 1, 2 do
+      for _, name in ipairs({ "on", "off" }) do
+        assert.is_true(tonumber(ranks[i].out[name]) > 0, name .. ": " .. ranks[i].out[name])
+      end
+    end
   end)
 
   it("a dead peer fails the backward naming the bucket, with overlap on or off", function()
@@ -169,7 +176,7 @@ try("backward", function() mse(model(x), y):backward() end)
     end
   end)
 
-  it("explicit settings that differ across ranks fail construction on every rank, naming them", function()
+  it("settings that differ across ranks fail construction on every rank, naming them", function()
     local ranks = run([[try("construct", function() DDP(mlp(), {comm_overlap = RANK == 0}) end)]], 2)
     for i = 1, 2 do
       assert.matches("comm_overlap differs across ranks (rank 0 true, rank 1 false)",
@@ -177,64 +184,10 @@ try("backward", function() mse(model(x), y):backward() end)
     end
   end)
 
-  it("\"auto\" answers that differ across ranks: no rank overlaps", function()
-    -- rank 0 alone on its host with 1 thread (a core to spare), rank 1 one of many
-    local ranks = run([[
-local ffi = require "ffi"
-ffi.cdef "int setenv(const char *name, const char *value, int overwrite);"
-ffi.C.setenv("LOCAL_WORLD_SIZE", RANK == 0 and "1" or "4096", 1)
-dl.set_num_threads(1)
-out("local_answer", tostring(DDP.auto_comm_overlap(tonumber(os.getenv("LOCAL_WORLD_SIZE")), 1,
-                                                   lib_cores(), true)))
-out("flag", tostring(DDP(mlp()).comm_overlap))
-]], 2, { prelude = PRELUDE .. [[
-function lib_cores() return require("ddplua.lib").C.ddp_process_threads_per_worker(1) end
-]] })
-    assert.equal("true", ranks[1].out.local_answer)
-    assert.equal("false", ranks[2].out.local_answer)
-    for i = 1, 2 do assert.equal("false", ranks[i].out.flag) end
-  end)
-
-  it("\"auto\" weighs the cores only for buckets in the group's shared memory", function()
-    local code = [[
-local lib = require "ddplua.lib"
-dl.set_num_threads(1)
-local model = DDP(mlp())
-out("shared", lib.C.ddp_reducer_buckets_shared(model.reducer))
-out("flag", tostring(model.comm_overlap))
-out("spare", tostring(WORLD * 1 < lib.C.ddp_process_threads_per_worker(1)))
-]]
-    local ranks = run(code, 2)
-    for i = 1, 2 do
-      assert.equal("1", ranks[i].out.shared)
-      assert.equal(ranks[i].out.spare, ranks[i].out.flag) -- LOCAL_WORLD_SIZE = 2, 1 thread each
-    end
-    -- no shared memory (as between hosts): the all-reduce goes through Gloo, overlap stays
-    ranks = run(code, 2, { env = { DDPLUA_SHM = "0" } })
-    for i = 1, 2 do
-      assert.equal("0", ranks[i].out.shared)
-      assert.equal("true", ranks[i].out.flag)
-    end
-  end)
-
-  it("rejects a comm_overlap that is not true, false or \"auto\"", function()
+  it("rejects a comm_overlap that is not a boolean", function()
     local ranks = run([[try("construct", function() DDP(mlp(), {comm_overlap = "yes"}) end)]], 2)
     for i = 1, 2 do
-      assert.matches('comm_overlap must be true, false or "auto", got yes', ranks[i].err.construct, 1, true)
+      assert.matches("comm_overlap must be true or false, got yes", ranks[i].err.construct, 1, true)
     end
-  end)
-end)
-
-describe("ddplua.distributed.ddp auto_comm_overlap", function()
-  it("overlaps only when the ranks' compute threads leave a core free", function()
-    assert.is_false(DDP.auto_comm_overlap(2, 1, 2, true)) -- DDP 2 x 1 on 2 cores
-    assert.is_false(DDP.auto_comm_overlap(1, 2, 2, true)) -- 1 rank x 2 threads on 2 cores
-    assert.is_false(DDP.auto_comm_overlap(4, 1, 2, true)) -- oversubscribed
-    assert.is_true(DDP.auto_comm_overlap(1, 1, 2, true))
-    assert.is_true(DDP.auto_comm_overlap(2, 1, 16, true))
-    assert.is_false(DDP.auto_comm_overlap(4, 4, 16, true))
-    -- over the network the all-reduce mostly waits: overlap hides that wait
-    assert.is_true(DDP.auto_comm_overlap(2, 1, 2, false))
-    assert.is_true(DDP.auto_comm_overlap(1, 16, 16, false))
   end)
 end)

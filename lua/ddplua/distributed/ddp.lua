@@ -194,54 +194,20 @@ end
 local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device", "device_mesh",
   "static_graph", "comm_overlap" }
 
---- DDP.auto_comm_overlap(local_ranks, threads, cores, shared) -> boolean: comm_overlap =
--- "auto"'s answer (ddplua/reducer.h, Note [bucket overlap]): no overlap when the buckets'
--- all-reduces go through this host's shared memory (shared: the group's ranks share this
--- host, so the all-reduce is work for a core) and the ranks leave no core to a
--- communication thread, i.e. local_ranks * threads >= cores (local_ranks: the ranks on this
--- host, threads: each rank's compute threads, cores: the host's online cores); overlap
--- otherwise.
-function DDP.auto_comm_overlap(local_ranks, threads, cores, shared)
-  return not (shared and local_ranks * threads >= cores)
-end
-
--- comm_overlap as given (true, false or "auto") -> boolean, once the reducer exists.
-local function resolve_comm_overlap(v, reducer)
-  if v == nil or v == "auto" then
-    -- LOCAL_WORLD_SIZE: set by the launcher (as torchrun); unset, this host's other ranks
-    -- are unknown and PyTorch's behaviour (overlap) stays.
-    local local_ranks = tonumber(os.getenv("LOCAL_WORLD_SIZE") or "")
-    if not local_ranks then return true end
-    return DDP.auto_comm_overlap(local_ranks, C.ddp_get_num_threads(), C.ddp_process_threads_per_worker(1),
-                                 C.ddp_reducer_buckets_shared(reducer) ~= 0)
-  end
-  return v -- a boolean (DDP.new checked it)
-end
-
 -- Every rank must all-reduce its buckets at the same point of the backward: with other
 -- collectives during it (SyncBatchNorm's backward), ranks that overlap differently would
--- submit them in different orders. So the ranks agree (a collective, at construction):
--- "auto" on every rank -> overlap only if every rank's answer is to overlap (the hosts may
--- differ); settings given explicitly must be the same everywhere.
-local function agree_comm_overlap(self, given)
-  local rows = allgather_i64(self, { self.comm_overlap and 1 or 0, (given == nil or given == "auto") and 0 or 1 },
-                             "DistributedDataParallel")
-  local all, explicit, differ = true, false, false
-  for r = 1, self.world_size do
-    all = all and rows[r][1] == 1
-    explicit = explicit or rows[r][2] == 1
-    differ = differ or rows[r][1] ~= rows[1][1]
-  end
-  if differ and explicit then
+-- submit them in different orders. So the ranks check that they agree (a collective, at
+-- construction) and raise, naming each rank's setting, when they do not.
+local function agree_comm_overlap(self)
+  local rows = allgather_i64(self, { self.comm_overlap and 1 or 0 }, "DistributedDataParallel")
+  local differ = false
+  for r = 2, self.world_size do differ = differ or rows[r][1] ~= rows[1][1] end
+  if differ then
     local parts = {}
-    for r = 1, self.world_size do
-      parts[r] = ("rank %d %s%s"):format(r - 1, rows[r][1] == 1 and "true" or "false",
-                                        rows[r][2] == 1 and "" or " (auto)")
-    end
+    for r = 1, self.world_size do parts[r] = ("rank %d %s"):format(r - 1, tostring(rows[r][1] == 1)) end
     raise("DistributedDataParallel: comm_overlap differs across ranks (" .. table.concat(parts, ", ") ..
           "): every rank must all-reduce its buckets at the same point of the backward")
   end
-  self.comm_overlap = all
 end
 
 --- DDP(module, opts) -> the wrapped module. opts:
@@ -260,16 +226,13 @@ end
 --   accepted and must be that device too), static_graph = false (the graph is the same
 --   every iteration: hook counts and unused parameters recorded in the first iteration, no
 --   search after it; reentrant backward and parameters whose hooks fire more than once work;
---   ddplua/reducer_static_graph.h, Note [static graph]), comm_overlap = "auto" (true:
---   each bucket's all-reduce runs on the group's communication thread while the backward
---   goes on, as PyTorch; false: the buckets are all-reduced after the backward, on its
---   thread; "auto": false when the group's ranks share this host (the buckets lie in its
---   shared memory, so an all-reduce is a core's work) and this host's ranks
---   (LOCAL_WORLD_SIZE, set by the launcher) times dl.get_num_threads() (at construction)
---   fill its online cores, so a communication thread would only take a core from a
---   backward; true otherwise; false on every rank when some rank says false; settings given
---   explicitly must agree on every rank; the same bits either way; ddplua/reducer.h, Note
---   [bucket overlap]).
+--   ddplua/reducer_static_graph.h, Note [static graph]), comm_overlap = true (each
+--   bucket's all-reduce runs on the group's communication thread while the backward goes
+--   on, as PyTorch, the last one on the backward's thread; false: every bucket is
+--   all-reduced after the backward, on its thread, one after the other, which may suit a
+--   host whose ranks oversubscribe its cores: measure; every rank must give the same value;
+--   the same bits either way; ddplua/reducer.h, Note [bucket overlap], Note [last bucket
+--   inline]).
 -- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
 -- on that device (ddplua/reducer.h, Note [device buckets]). With the nccl backend the group's
 -- device must be the module's; with gloo, device gradients are staged through the host.
@@ -279,9 +242,8 @@ function DDP.new(module, opts)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     raise("DistributedDataParallel: module must be an nn.Module, got " .. type(module))
   end
-  local co = opts.comm_overlap
-  if co ~= nil and co ~= "auto" and type(co) ~= "boolean" then
-    raise("DistributedDataParallel: comm_overlap must be true, false or \"auto\", got " .. tostring(co))
+  if opts.comm_overlap ~= nil and type(opts.comm_overlap) ~= "boolean" then
+    raise("DistributedDataParallel: comm_overlap must be true or false, got " .. tostring(opts.comm_overlap))
   end
   local group = opts.device_mesh ~= nil and device_mesh_group(opts) or resolve_group(opts.process_group)
   local h = group:ptr("DistributedDataParallel")
@@ -334,8 +296,8 @@ function DDP.new(module, opts)
                           self.gradient_as_bucket_view and 1 or 0, timeout))
   self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
   if self.static_graph then check(C.ddp_reducer_set_static_graph(self.reducer)) end
-  self.comm_overlap = resolve_comm_overlap(opts.comm_overlap, self.reducer)
-  if self.world_size > 1 then agree_comm_overlap(self, opts.comm_overlap) end
+  self.comm_overlap = option(opts, "comm_overlap", true)
+  if self.world_size > 1 then agree_comm_overlap(self) end
   check(C.ddp_reducer_set_overlap(self.reducer, self.comm_overlap and 1 or 0))
   return self
 end

@@ -72,17 +72,15 @@
  *
  * Note [bucket overlap]: by default (overlap on, as PyTorch) a bucket's all-reduce is handed
  * to the process group's communication thread as soon as it is launchable (Note [bucket
- * order]), so it runs while the backward computes the remaining gradients. An all-reduce
- * over the network mostly waits, and that wait is what overlap hides. But one through the
- * host's shared memory (Note [shared buckets]) is memory copies and sums done by a core:
- * when this host's ranks and their compute threads already fill every core (e.g. DDP 2 x 1
- * thread on 2 cores), the communication thread takes its core from a backward, each of the
- * all-reduce's rendezvous needs both ranks' communication threads running at once (more
- * context switches, caches refilled), and the backward ends no sooner. With overlap off (ddp_reducer_set_overlap) nothing is
- * launched until every bucket is complete; then the buckets are all-reduced one after the
- * other in index order on the thread running the backward, blocking (the process group's
- * inline path, Note [inline collectives] in runtime/distributed/pg_queue.c). Either way:
- * the same collectives in the same order, the same bits.
+ * order]), so it runs while the backward computes the remaining gradients. With overlap off
+ * (ddp_reducer_set_overlap) nothing is launched until every bucket is complete; then the
+ * buckets are all-reduced one after the other in index order on the thread running the
+ * backward, blocking (the process group's inline path, Note [inline collectives] in
+ * runtime/distributed/pg_queue.c), with no second thread competing for a core. Either way:
+ * the same collectives in the same order, the same bits. Measured on 2 cores with DDP 2 x 1
+ * thread (bench/RESULTS.md), overlap on was the faster for the CNN (its fc bucket reduced
+ * during the conv backward): off is for hosts whose ranks oversubscribe the cores, to be
+ * measured there.
  * Note [last bucket inline]: with overlap on, the last bucket (nothing of the backward left
  * to hide it behind) is all-reduced blocking on the backward's thread too, saving the two
  * thread hand-offs (wake the communication thread, then be woken by it) per iteration.
@@ -148,11 +146,6 @@ int ddp_reducer_get_sync(const ddp_reducer *r);
 int ddp_reducer_set_overlap(ddp_reducer *r, int overlap);
 /* 1 when overlap is on (Note [bucket overlap]); 0 for NULL. */
 int ddp_reducer_get_overlap(const ddp_reducer *r);
-
-/* 1 when every bucket lies in the process group's shared memory (Note [shared buckets]: the
- * group's ranks share this host and their all-reduces are memory copies done by the ranks'
- * own cores); 0 otherwise (no buckets, a NULL reducer, ordinary buffers). */
-int ddp_reducer_buckets_shared(const ddp_reducer *r);
 
 /* Number of buckets, and the parameters of bucket `bucket` (0-based, Note [bucket order])
  * written into out (at most cap entries, parameter indices in slot order); returns the
