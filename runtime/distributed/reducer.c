@@ -145,6 +145,32 @@ void reducer_hook_failed(ddp_reducer *r) {
 
 /* ---- launching (Note [bucket order]) ----------------------------------------------- */
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* 1 when the reducer's own all-reduces may run blocking on the backward's thread (Note
+ * [bucket overlap]): a host-side group, host buckets, no comm hook, and a DDP timeout no
+ * shorter than the group's (a blocking collective is bounded by the group's timeout; a
+ * shorter DDP timeout keeps the buckets on the communication thread, where finalize's
+ * wait gives up after it). */
+static int may_run_here(const ddp_reducer *r) {
+  return r->pg && r->world > 1 && !r->comm_hook && r->device == DDP_DEVICE_CPU &&
+         r->comm_device == DDP_DEVICE_CPU && r->timeout_s >= ddp_pg_get_timeout(r->pg);
+}
+
+/* The error of bucket k's failed all-reduce: names the bucket, this rank and the pg's cause
+ * (which names the peer when it can be known). */
+static int bucket_failed(ddp_reducer *r, int k, int status) {
+  bucket *b = &r->buckets[k];
+  const char *cause = r->pg && ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error();
+  return DDP_ERROR(status, "DistributedDataParallel: the all-reduce of gradient bucket %d (%d "
+                   "parameters, %lld bytes) failed on rank %d: %s", k, b->n_vars,
+                   (long long)(b->numel * (int64_t)ddp_dtype_size(b->dtype)), r->rank, cause);
+}
+
 int reducer_bucket_launch(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   b->launched = 1;
@@ -154,6 +180,14 @@ int reducer_bucket_launch(ddp_reducer *r, int k) {
   char site[64]; /* Note [collective fingerprints]: a mismatch names the bucket */
   snprintf(site, sizeof site, "DistributedDataParallel gradient bucket %d", k);
   ddp_pg_set_call_site(site, 0);
+  if (may_run_here(r) && (!r->overlap || k == r->n_buckets - 1)) {
+    /* Note [bucket overlap], Note [last bucket inline]: blocking, on this thread when the
+     * group's queue is idle (else after the buckets queued before it) */
+    int64_t t0 = now_ns();
+    int status = ddp_pg_allreduce(NULL, r->pg, b->buffer, DDP_REDUCE_SUM);
+    r->here_ns += now_ns() - t0;
+    return status ? bucket_failed(r, k, status) : DDP_OK;
+  }
   int status = ddp_pg_allreduce(&b->work, r->pg, b->buffer, DDP_REDUCE_SUM);
   if (status) {
     b->work = NULL;
@@ -163,10 +197,12 @@ int reducer_bucket_launch(ddp_reducer *r, int k) {
   return DDP_OK;
 }
 
-/* Launch every complete bucket from next_bucket on, stopping at the first incomplete one. */
+/* Launch every complete bucket from next_bucket on, stopping at the first incomplete one;
+ * with overlap off (Note [bucket overlap]), nothing before every bucket is complete. */
 int reducer_launch_ready_buckets(ddp_reducer *r) {
-  while (r->next_bucket < r->n_buckets && r->buckets[r->next_bucket].pending == 0)
-    DDP_TRY(reducer_bucket_launch(r, r->next_bucket++));
+  if (r->overlap || r->n_complete == r->n_buckets || !may_run_here(r))
+    while (r->next_bucket < r->n_buckets && r->buckets[r->next_bucket].pending == 0)
+      DDP_TRY(reducer_bucket_launch(r, r->next_bucket++));
   return r->fused_optim ? reducer_fused_optim_poll(r) : DDP_OK; /* Note [optimizer in backward] */
 }
 
@@ -241,7 +277,7 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
     if (r->as_view && used) DDP_TRY(ddp_tensor_set_grad(p, view));
   }
   if (r->fused_optim && used) DDP_TRY(ddp_tensor_set_grad(p, NULL)); /* Note [optimizer in backward] */
-  b->pending--;
+  if (--b->pending == 0) r->n_complete++;
   return reducer_launch_ready_buckets(r);
 }
 
@@ -273,6 +309,9 @@ void reducer_reset_iteration(ddp_reducer *r) {
   memset(r->ready, 0, (size_t)r->n);
   if (r->local_used) memset(ddp_data(r->local_used), 0, sizeof(int32_t) * (size_t)r->n);
   r->next_bucket = 0;
+  r->n_complete = 0;
+  for (int k = 0; k < r->n_buckets; k++) r->n_complete += r->buckets[k].pending == 0; /* empty */
+  r->here_ns = 0;
   if (r->comm_hook) reducer_comm_hook_reset(r);
   r->hooks_fired = 0;
   r->armed = 0;
@@ -290,13 +329,7 @@ int reducer_bucket_wait(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   if (!b->work) return DDP_OK;
   int status = ddp_work_wait(b->work, r->timeout_s);
-  if (status) {
-    const char *cause = r->pg && ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error();
-    return DDP_ERROR(status, "DistributedDataParallel: the all-reduce of gradient bucket %d (%d "
-                     "parameters, %lld bytes) failed on rank %d: %s", k, b->n_vars,
-                     (long long)(b->numel * (int64_t)ddp_dtype_size(b->dtype)), r->rank, cause);
-  }
-  return DDP_OK;
+  return status ? bucket_failed(r, k, status) : DDP_OK;
 }
 
 /* Write the reduced buckets into param.grad (Note [unused parameters] for globally unused
@@ -359,12 +392,11 @@ static int finalize_backward(ddp_reducer *r) {
       return status;
     }
   }
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int64_t t0 = now_ns();
   int wait_status = DDP_OK;
   for (int k = 0; k < r->n_buckets && !wait_status; k++) wait_status = reducer_bucket_wait(r, k);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  r->last_wait_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  /* with the all-reduces run on this thread (Note [bucket overlap]) */
+  r->last_wait_s = 1e-9 * (double)(now_ns() - t0 + r->here_ns);
   if (wait_status) return wait_status;
   /* The host reads the flags: with nccl, wait on the host for them and copy them back. */
   if (r->used_work && (r->used_dev ? ddp_work_synchronize(r->used_work, r->timeout_s)
@@ -466,6 +498,7 @@ int ddp_reducer_new(ddp_reducer **out, struct ddp_pg *pg, ddp_tensor **params, i
   r->as_view = gradient_as_bucket_view != 0;
   r->timeout_s = timeout_s > 0 ? timeout_s : DEFAULT_TIMEOUT_S;
   r->sync = 1;
+  r->overlap = 1;
   r->params = calloc(m, sizeof *r->params);
   r->hook_ctx = calloc(m, sizeof *r->hook_ctx);
   r->hook_handles = calloc(m, sizeof *r->hook_handles);
@@ -636,6 +669,17 @@ void ddp_reducer_set_sync(ddp_reducer *r, int sync) {
 }
 
 int ddp_reducer_get_sync(const ddp_reducer *r) { return r ? r->sync : 0; }
+
+int ddp_reducer_set_overlap(ddp_reducer *r, int overlap) {
+  if (!r) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: reducer is NULL");
+  if (r->armed && r->hooks_fired)
+    DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: cannot change the bucket overlap while a "
+             "backward is being reduced (rank %d)", r->rank);
+  r->overlap = overlap != 0;
+  return DDP_OK;
+}
+
+int ddp_reducer_get_overlap(const ddp_reducer *r) { return r ? r->overlap : 0; }
 
 int ddp_reducer_num_buckets(const ddp_reducer *r) { return r ? r->n_buckets : 0; }
 

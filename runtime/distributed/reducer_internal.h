@@ -50,6 +50,9 @@ struct ddp_reducer {
 
   /* iteration state */
   int sync;                  /* ddp_reducer_set_sync */
+  int overlap;               /* ddp_reducer_set_overlap (Note [bucket overlap]) */
+  int n_complete;            /* buckets whose every slot is ready this iteration */
+  int64_t here_ns;           /* this iteration's all-reduces run on the backward's thread */
   int armed;                 /* prepare_for_backward ran, finalize has not */
   int hooks_fired;           /* some hook of this reducer ran in the armed iteration */
   int next_bucket;           /* lowest bucket not yet launched (Note [bucket order]) */

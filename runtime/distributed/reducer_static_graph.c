@@ -138,12 +138,14 @@ void reducer_stats_backward_start(ddp_reducer *r) {
   r->stat_compute_end_ns = 0;
 }
 
-/* The backward walk ended (finalize_backward begins): the gradients are computed. With
+/* The backward walk ended (finalize_backward begins): the gradients are computed (the
+ * all-reduces run on the backward's thread meanwhile, Note [bucket overlap] in
+ * ddplua/reducer.h, are communication, not compute: their time is taken off). With
  * find_unused_parameters (and no static_graph), whether this iteration's locally unused set
  * differs from the last one's (PyTorch's search_unused_parameters: ddp_graph_static_, logged
  * as can_set_static_graph). */
 void reducer_stats_backward_end(ddp_reducer *r) {
-  r->stat_compute_end_ns = now_ns();
+  r->stat_compute_end_ns = now_ns() - r->here_ns;
   int64_t unused = 0;
   const int32_t *used = r->local_used ? (const int32_t *)ddp_data(r->local_used) : NULL;
   int track = !r->static_graph && used;

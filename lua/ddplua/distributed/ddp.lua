@@ -192,7 +192,23 @@ local function device_mesh_group(opts)
 end
 
 local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_parameters", "broadcast_buffers", "gradient_as_bucket_view", "timeout", "device_ids", "output_device", "device_mesh",
-  "static_graph" }
+  "static_graph", "comm_overlap" }
+
+-- Every rank must all-reduce its buckets at the same point of the backward: with other
+-- collectives during it (SyncBatchNorm's backward), ranks that overlap differently would
+-- submit them in different orders. So the ranks check that they agree (a collective, at
+-- construction) and raise, naming each rank's setting, when they do not.
+local function agree_comm_overlap(self)
+  local rows = allgather_i64(self, { self.comm_overlap and 1 or 0 }, "DistributedDataParallel")
+  local differ = false
+  for r = 2, self.world_size do differ = differ or rows[r][1] ~= rows[1][1] end
+  if differ then
+    local parts = {}
+    for r = 1, self.world_size do parts[r] = ("rank %d %s"):format(r - 1, tostring(rows[r][1] == 1)) end
+    raise("DistributedDataParallel: comm_overlap differs across ranks (" .. table.concat(parts, ", ") ..
+          "): every rank must all-reduce its buckets at the same point of the backward")
+  end
+end
 
 --- DDP(module, opts) -> the wrapped module. opts:
 --   process_group (default: the world), device_mesh (a 1-D DeviceMesh from
@@ -210,7 +226,13 @@ local KNOWN = options.known { "process_group", "bucket_cap_mb", "find_unused_par
 --   accepted and must be that device too), static_graph = false (the graph is the same
 --   every iteration: hook counts and unused parameters recorded in the first iteration, no
 --   search after it; reentrant backward and parameters whose hooks fire more than once work;
---   ddplua/reducer_static_graph.h, Note [static graph]).
+--   ddplua/reducer_static_graph.h, Note [static graph]), comm_overlap = true (each
+--   bucket's all-reduce runs on the group's communication thread while the backward goes
+--   on, as PyTorch, the last one on the backward's thread; false: every bucket is
+--   all-reduced after the backward, on its thread, one after the other, which may suit a
+--   host whose ranks oversubscribe its cores: measure; every rank must give the same value;
+--   the same bits either way; ddplua/reducer.h, Note [bucket overlap], Note [last bucket
+--   inline]).
 -- Device modules: every parameter on one CUDA device (mixed devices raise); the buckets live
 -- on that device (ddplua/reducer.h, Note [device buckets]). With the nccl backend the group's
 -- device must be the module's; with gloo, device gradients are staged through the host.
@@ -219,6 +241,9 @@ function DDP.new(module, opts)
   opts = options.check("DistributedDataParallel", opts, KNOWN)
   if type(module) ~= "table" or type(module.parameters) ~= "function" then
     raise("DistributedDataParallel: module must be an nn.Module, got " .. type(module))
+  end
+  if opts.comm_overlap ~= nil and type(opts.comm_overlap) ~= "boolean" then
+    raise("DistributedDataParallel: comm_overlap must be true or false, got " .. tostring(opts.comm_overlap))
   end
   local group = opts.device_mesh ~= nil and device_mesh_group(opts) or resolve_group(opts.process_group)
   local h = group:ptr("DistributedDataParallel")
@@ -271,6 +296,9 @@ function DDP.new(module, opts)
                           self.gradient_as_bucket_view and 1 or 0, timeout))
   self.reducer = ffi.gc(reducer_box[0], C.ddp_reducer_free)
   if self.static_graph then check(C.ddp_reducer_set_static_graph(self.reducer)) end
+  self.comm_overlap = option(opts, "comm_overlap", true)
+  if self.world_size > 1 then agree_comm_overlap(self) end
+  check(C.ddp_reducer_set_overlap(self.reducer, self.comm_overlap and 1 or 0))
   return self
 end
 

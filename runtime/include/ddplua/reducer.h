@@ -70,9 +70,26 @@
  * ordinary memory, as when the segment has no room left (the all-reduce then stages them:
  * slower, the same bits).
  *
+ * Note [bucket overlap]: by default (overlap on, as PyTorch) a bucket's all-reduce is handed
+ * to the process group's communication thread as soon as it is launchable (Note [bucket
+ * order]), so it runs while the backward computes the remaining gradients. With overlap off
+ * (ddp_reducer_set_overlap) nothing is launched until every bucket is complete; then the
+ * buckets are all-reduced one after the other in index order on the thread running the
+ * backward, blocking (the process group's inline path, Note [inline collectives] in
+ * runtime/distributed/pg_queue.c), with no second thread competing for a core. Either way:
+ * the same collectives in the same order, the same bits. Measured on 2 cores with DDP 2 x 1
+ * thread (bench/RESULTS.md), overlap on was the faster for the CNN (its fc bucket reduced
+ * during the conv backward): off is for hosts whose ranks oversubscribe the cores, to be
+ * measured there.
+ * Note [last bucket inline]: with overlap on, the last bucket (nothing of the backward left
+ * to hide it behind) is all-reduced blocking on the backward's thread too, saving the two
+ * thread hand-offs (wake the communication thread, then be woken by it) per iteration.
+ * Both only for the reducer's own all-reduce on a host-side group (not with a comm hook,
+ * nor with CUDA parameters or an nccl group, whose buckets never block the host).
+ *
  * Threads: the hooks and the finalisation run on the thread running ddp_backward; the
- * all-reduces on the process group's communication thread (gloo) or stream (nccl). Use one
- * reducer from one thread.
+ * all-reduces on the process group's communication thread (gloo) or stream (nccl), or on the
+ * backward's thread (Note [bucket overlap]). Use one reducer from one thread.
  */
 
 typedef struct ddp_reducer ddp_reducer;
@@ -119,6 +136,17 @@ int ddp_reducer_prepare_for_backward(ddp_reducer *r);
 void ddp_reducer_set_sync(ddp_reducer *r, int sync);
 int ddp_reducer_get_sync(const ddp_reducer *r);
 
+/* overlap = 1 (the default): buckets are all-reduced on the communication thread while the
+ * backward goes on; 0: after the whole backward, on its thread (Note [bucket overlap]).
+ * Takes effect from the next backward. Give every rank of the group the same setting: the
+ * buckets' collectives are the same either way, but with other collectives during the
+ * backward (SyncBatchNorm's) ranks that differ would submit them in different orders (the
+ * Lua DDP makes its ranks agree).
+ * Errors: DDP_ERR_ARG (r NULL), DDP_ERR_STATE (called while a backward is being reduced). */
+int ddp_reducer_set_overlap(ddp_reducer *r, int overlap);
+/* 1 when overlap is on (Note [bucket overlap]); 0 for NULL. */
+int ddp_reducer_get_overlap(const ddp_reducer *r);
+
 /* Number of buckets, and the parameters of bucket `bucket` (0-based, Note [bucket order])
  * written into out (at most cap entries, parameter indices in slot order); returns the
  * bucket's parameter count, -1 when bucket is out of range. */
@@ -139,7 +167,8 @@ int ddp_reducer_ready_order(const ddp_reducer *r, int *out, int cap);
  * parameters]; at most cap written); returns the count (0 when the reduction finished). */
 int ddp_reducer_unready_params(const ddp_reducer *r, int *out, int cap);
 
-/* Seconds the last finished backward waited for its buckets' all-reduces at its end: the
+/* Seconds the last finished backward waited for its buckets' all-reduces at its end, plus
+ * the seconds it spent in all-reduces run on its own thread (Note [bucket overlap]): the
  * communication that backward did not hide (exposed communication). */
 double ddp_reducer_last_wait_seconds(const ddp_reducer *r);
 
