@@ -36,6 +36,12 @@ describe("u8 lookup in the loader's gather", function()
     { "ToFloat alone with a scale", { 10, 4, 3, 5 }, function() return data.ToFloat(0.37) end },
     { "17 channels (more than the table serves)", { 6, 17, 4, 4 },
       function() return data.Compose { data.ToFloat(1 / 255), data.Normalize(0.3, 0.7) } end },
+    { "planes of 8k + 1 .. 8k + 7 pixels, 1 and 3 channels", { 9, 3, 7, 9 },
+      function() return data.Compose { data.ToFloat(1 / 255), data.Normalize({ 0.1, 0.2, 0.3 }, { 0.3, 0.4, 0.5 }) } end },
+    { "a plane shorter than 8 pixels", { 5, 1, 2, 3 },
+      function() return data.Compose { data.ToFloat(1 / 255), data.Normalize(0.2860, 0.3530) } end },
+    { "rows of 13 with a crop (rows of 8k + 5 read one by one)", { 12, 2, 13, 13 },
+      function() return data.Compose { data.RandomCrop(13, { padding = 3 }), data.ToFloat(1 / 255), data.Normalize(0.5, 0.2) } end },
   }
   for _, case in ipairs(cases) do
     it("matches the arithmetic path bitwise: " .. case[1], function()
@@ -49,6 +55,20 @@ describe("u8 lookup in the loader's gather", function()
       assert.are.equal(0, differing(a, b))
     end)
   end
+
+  it("matches the arithmetic path bitwise on a strided (transposed) u8 source", function()
+    -- samples whose rows are not contiguous take the element-by-element lookup
+    local u8 = dl.randint(0, 256, { 16, 1, 11, 12 }, { dtype = "u8", generator = dl.Generator(3) })
+    local t = u8:transpose(3, 4)
+    local tf = function() return data.Compose { data.ToFloat(1 / 255), data.Normalize(0.2860, 0.3530) } end
+    local idx = { 3, 0, 15, 7 }
+    local a = collate(t, idx, tf(), 1)
+    local b = collate(t:to("f32"), idx, tf(), 1)
+    local c = collate(t:contiguous(), idx, tf(), 1) -- the same values through the plane path
+    assert.are.same({ 4, 1, 12, 11 }, a:size())
+    assert.are.equal(0, differing(a, b))
+    assert.are.equal(0, differing(a, c))
+  end)
 
   it("gives each u8 level the value (double)u * a + b rounded once", function()
     local levels = dl.arange(0, 256, { dtype = "i64" }):to("u8"):reshape({ 1, 1, 16, 16 })

@@ -60,7 +60,8 @@ void ddp_free(void *p, size_t nbytes);
  * handed out last-in first-out (the block freed last is the one in cache). A freed block
  * joins the class that malloc_usable_size says it can serve, so any malloc'd block may be
  * given to ddp_block_free; it may be freed on another thread than the one that made it
- * (it joins that thread's lists), and a thread's lists go back to malloc when it exits.
+ * (it joins that thread's lists), and a thread's lists go back to malloc when it exits;
+ * what a list keeps unused for a while goes back earlier (Note [block list trim], alloc.c).
  * In AddressSanitizer builds (or with -DDDP_NO_BLOCK_CACHE) every block is plain
  * malloc/free, so the sanitizer sees each one.
  *

@@ -1,6 +1,7 @@
 /* runtime/io/batch.c: batch collation (gather samples into one contiguous tensor) with
  * ToFloat, Normalize, RandomCrop and RandomHorizontalFlip fused into the one pass.
  * See io.h for the per-sample formula and Note [transform randomness]. */
+#include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +134,21 @@ static void build_lut(float *lut, const ddp_io_plan_t *p) {
   }
 }
 
+/* o[i] = l[r[i]] for i < n: the u8 levels' table values (Note [u8 lookup]). Eight at a time
+ * with an AVX2 gather of the same table entries, so the same bits as the scalar loop: the
+ * strided scalar loop cost ~1.6 ns a pixel (80 us of a batch of 64 28x28 images, 7-9% of an
+ * MLP step at 1 thread, and in DDP 2 x 1 on the cores the ranks need). */
+static void lut_run(float *o, const uint8_t *r, int64_t n, const float *l) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) {
+    __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r + i)));
+    _mm256_storeu_ps(o + i, _mm256_i32gather_ps(l, k, 4));
+  }
+#endif
+  for (; i < n; i++) o[i] = l[r[i]];
+}
+
 /* One sample. src: element (0, 0, 0) of the sample; coff[c]: byte offset of channel c;
  * sh, sw: byte strides of H and W. dst: (C, OH, OW) packed of the output dtype. lut: the
  * u8 levels' values per channel (Note [u8 lookup]), or NULL. */
@@ -154,6 +170,11 @@ static void sample_kernel(char *dst, const char *src, const int64_t *coff, int64
     else { x0 = lo; x1 = hi; }
   }
   int64_t n_in = x1 - x0;
+  if (lut && !p->geometric && sw == 1 && sh == p->W) { /* each channel's plane is one run */
+    for (int64_t c = 0; c < p->C; c++)
+      lut_run((float *)dst + c * p->OH * p->OW, (const uint8_t *)src + coff[c], p->H * p->W, lut + c * 256);
+    return;
+  }
   for (int64_t c = 0; c < p->C; c++) {
     double a = t->scale, b = 0;
     if (t->normalize) {
@@ -180,7 +201,8 @@ static void sample_kernel(char *dst, const char *src, const int64_t *coff, int64
         if (lut) {
           const uint8_t *r = (const uint8_t *)(row + sx0 * sw);
           const float *l = lut + c * 256;
-          for (int64_t i = 0; i < n_in; i++) o[x0 + i] = l[r[i * step]];
+          if (step == 1) lut_run(o + x0, r, n_in, l);
+          else for (int64_t i = 0; i < n_in; i++) o[x0 + i] = l[r[i * step]];
           continue;
         }
         load_row(o + x0, row + sx0 * sw, step, n_in, p->src_dtype);
