@@ -73,14 +73,15 @@
  *   1. reduce slice r over this rank's own tensor and the peers' slot halves (rank order)
  *      and write the result back into all of them (ddp_shm_reduce_all): into its tensor
  *      and, in place of the staged input, into every peer's slot half; publish;
- *   2. stage chunk c + 1 into the other slot half; publish and wait until every rank did
- *      (for the last chunk: wait for step 1 of every rank);
- *   3. copy the peers' slices of chunk c, reduced by them into this rank's slot half,
- *      into the tensor.
+ *   2. stage chunk c + 1 into the other slot half; publish;
+ *   3. wait for step 1 of every rank and copy the peers' slices of chunk c, reduced by
+ *      them into this rank's slot half, into the tensor;
+ *   4. wait for step 2 of every rank (they staged chunk c + 1), and go on with it.
+ * (So a rank copies its results out while a slower peer still stages.)
  * So each byte of the tensor is read once and written once, plus one copy in and one out
  * for the peers' slices; no separate result area is written and read again. Reuse is
  * safe: rank r writes slice r of chunk c into rank q's half c % 2 in step 1, after waiting
- * until q staged chunk c there (the arrival or step 2 of chunk c - 1), and q reads it in
+ * until q staged chunk c there (the arrival or step 4 of chunk c - 1), and q reads it in
  * step 3 after waiting for r's step 1; q restages that half with chunk c + 2 in step 2 of
  * chunk c + 1, after its own step 3 of chunk c, and nobody writes it again before
  * waiting for that staging. Across collectives the arrival's wait plays that role: every
@@ -880,20 +881,23 @@ static int allreduce_staged(ddp_shm *s, const ddp_shm_op *op, double timeout_s, 
   size_t chunks = (n + per - 1) / per, lo, hi;
   unsigned char *data = op->buf;
   /* Chunk 0 was staged in the arrival (Note [shm arrival]) and every rank waited for it. */
+  uint64_t staged = s->seq;
   for (size_t c = 0; c < chunks; c++) {
     size_t at = c * per, m = n - at < per ? n - at : per, half = (c & 1) * HALF_SLOT_BYTES;
     unsigned char *here = data + at * esize, *mine = slot(s, s->rank) + half;
     for (int r = 0; r < s->size; r++) s->ins[r] = r == s->rank ? here : slot(s, r) + half;
     slice_of(m, s->rank, s->size, &lo, &hi);
+    WAIT(staged, "copying in"); /* every rank staged chunk c */
     /* this rank's slice, from and into its tensor and the peers' slot halves */
     ddp_shm_reduce_all(s->ins, s->size, lo, hi - lo, op->dtype, op->op);
     publish(s);
+    uint64_t reduced = s->seq;
     if (c + 1 < chunks) { /* stage the next chunk while the peers finish this one */
       stage_in(s, op, c + 1);
-      STEP("copying in");
-    } else {
-      WAIT(s->seq, "reducing");
+      publish(s);
+      staged = s->seq;
     }
+    WAIT(reduced, "reducing"); /* every rank reduced chunk c */
     /* the peers' slices of chunk c, reduced into this rank's slot half */
     memcpy(here, mine, lo * esize);
     memcpy(here + hi * esize, mine + hi * esize, (m - hi) * esize);
