@@ -10,8 +10,7 @@
  *           publishing at once never share a cache line; then two DDP_SHM_FP_BYTES
  *           fingerprint records per rank and two SMALL_BYTES small-message areas per rank
  *           (Note [shm arrival], Note [shm small messages]);
- *   slots:  one SLOT_BYTES input slot per rank (two halves for the staged all-reduce);
- *   result: SLOT_BYTES, each rank writes its slice of the reduced chunk there (Note [shm
+ *   slots:  one SLOT_BYTES slot per rank (two halves for the staged all-reduce: Note [shm
  *           pipelined all-reduce]);
  *   arena:  ARENA_BYTES per rank, sparse: pages exist only under live blocks
  *           (Note [shm arena]).
@@ -42,49 +41,51 @@
  * before the areas are reused: see the parity rule above.
  *
  * Note [shm zero copy]: when every rank's all-reduce buffer lies in the arena (each rank
- * published its offset in the arrival), there is no staging: each rank reduces its slice
- * straight from the peers' buffers, in rank order, into its own buffer, and copies the
- * peers' reduced slices from their buffers into its own (Note [shm pipelined all-reduce]).
- * Per rank and byte: one read of every rank's slice and one write for the reduction, one
- * read and one write for the gather. When only some ranks' buffers lie in the arena, every
- * rank takes the staged path (those ranks stage their first chunk after the arrival, in one
- * extra step for everyone).
+ * published its offset in the arrival), there is no staging and no gather: rank r reduces
+ * its slice r of the buffer (Note [shm pipelined all-reduce]) straight from every rank's
+ * buffer, in rank order, and writes the result into slice r of every rank's buffer from
+ * the same registers (ddp_shm_reduce_all), then publishes and waits once: each rank's
+ * buffer holds every slice when every rank has published. Per rank and byte of the
+ * tensor: one read and one write, a memcpy's traffic (the lines written were just read,
+ * so no extra read for ownership). Safe without steps in between: slice r of every buffer
+ * is read and written by rank r alone, between the arrival (every owner has finished
+ * writing its buffer) and the final wait (nobody gets its buffer back before every peer
+ * wrote into it). Measured on the 2-core Xeon, 2 ranks, back-to-back: 64 MiB ~10 GB/s
+ * busbw against ~5.5 with the earlier pull design (reduce into one's own buffer, then
+ * copy the peers' slices out of theirs). When only some ranks' buffers lie in the arena,
+ * every rank takes the staged path (those ranks stage their first chunk after the
+ * arrival, in one extra step for everyone).
  *
- * Note [shm pipelined all-reduce]: an all-reduce above SMALL_BYTES runs chunk by chunk; a
- * chunk of m elements is cut into one slice per rank, [m r / world, m (r+1) / world), and
- * rank r reduces slice r of every chunk, over the ranks' inputs in order 0 .. world-1
- * (pg_shm_reduce.h), so each element is computed once, by one rank, the same way whichever
- * path runs: every rank ends with the same bits, equal to the staged and small paths'. A
- * chunk is small (a slice of ZC_SLICE_BYTES or STAGE_SLICE_BYTES per rank) so that what one
- * rank just wrote is still in cache when the others read it: measured on the 2-core Xeon,
- * 64 MiB in 64-256 KiB chunks took about half the time of one chunk per collective. `seq`
- * counts the steps; every rank runs the same steps, so the same counts mean the same point.
+ * Note [shm pipelined all-reduce]: an all-reduce above SMALL_BYTES cuts its elements into
+ * one slice per rank, [m r / world, m (r+1) / world) of a run of m (the whole tensor in
+ * place, each chunk when staged), and rank r reduces slice r over the ranks' inputs in
+ * order 0 .. world-1 (pg_shm_reduce.h), so each element is computed once, by one rank,
+ * the same way whichever path runs: every rank ends with the same bits, equal to the
+ * small path's. `seq` counts the steps; every rank runs the same steps, so the same counts
+ * mean the same point.
  *
- * Zero copy, chunk c = 0 .. C-1: reduce this rank's slice of chunk c into its own buffer,
- * publish (seq = base + c + 1); then, for c > 0, wait until every rank published base + c
- * (reduced chunk c - 1) and copy their slices of chunk c - 1 from their buffers into this
- * one; after the last chunk, wait for base + C and copy chunk C - 1; finally publish and
- * wait (the buffer goes back to its owner only once every peer copied its slices out).
- * Safe: rank q writes slice r of chunk c into its own buffer only after rank r published
- * chunk c, i.e. after r's reduction finished reading slice r of q's buffer; and rank r
- * writes only its own slice of its own buffer, which no peer reads before r publishes it.
- *
- * Staged (ordinary tensors, outside the arena): each rank has a slot of two halves and the
- * result area two halves; chunk c uses half c % 2 of both. Rank r stages chunk c of its
- * tensor into its slot half, less its own slice r (which nobody else reads): chunk 0 in
- * the arrival, chunk c + 1 while the peers finish chunk c. Per chunk c:
- *   1. reduce slice r from the peers' slot halves and this rank's own tensor (in place, in
- *      rank order) and copy it to the result half; publish;
- *   2. stage chunk c + 1 into the other slot half; publish and wait until every rank did
- *      (for the last chunk: wait for step 1 of every rank);
- *   3. copy the peers' slices of chunk c from the result half into the tensor.
- * So each byte of the tensor is copied in at most once and out once. Reuse is safe: a slot
- * half is restaged with chunk c + 2 after this rank's wait in step 2 of chunk c (every rank
- * staged chunk c + 1), which every rank publishes after its step 1 of chunk c, its last read
- * of that half; a result half is rewritten in step 1 of chunk c + 2 after the wait in step
- * 2 of chunk c + 1 (every rank staged chunk c + 2), which every rank publishes after its
- * step 3 of chunk c, its last read of that half. Across collectives the arrival's wait
- * plays that role: every rank publishes it after finishing the previous collective.
+ * Staged (ordinary tensors, outside the arena): the peers cannot read a tensor in place,
+ * so it travels chunk by chunk through the slots. Each rank's slot has two halves; chunk c
+ * (a slice of STAGE_SLICE_BYTES per rank, small enough that the slot halves stay in the
+ * cores' caches) uses half c % 2. Rank r stages chunk c of its tensor into its slot half,
+ * less its own slice r (which nobody else reads): chunk 0 in the arrival, chunk c + 1
+ * while the peers finish chunk c. Per chunk c:
+ *   1. reduce slice r over this rank's own tensor and the peers' slot halves (rank order)
+ *      and write the result back into all of them (ddp_shm_reduce_all): into its tensor
+ *      and, in place of the staged input, into every peer's slot half; publish;
+ *   2. stage chunk c + 1 into the other slot half; publish;
+ *   3. wait for step 1 of every rank and copy the peers' slices of chunk c, reduced by
+ *      them into this rank's slot half, into the tensor;
+ *   4. wait for step 2 of every rank (they staged chunk c + 1), and go on with it.
+ * (So a rank copies its results out while a slower peer still stages.)
+ * So each byte of the tensor is read once and written once, plus one copy in and one out
+ * for the peers' slices; no separate result area is written and read again. Reuse is
+ * safe: rank r writes slice r of chunk c into rank q's half c % 2 in step 1, after waiting
+ * until q staged chunk c there (the arrival or step 4 of chunk c - 1), and q reads it in
+ * step 3 after waiting for r's step 1; q restages that half with chunk c + 2 in step 2 of
+ * chunk c + 1, after its own step 3 of chunk c, and nobody writes it again before
+ * waiting for that staging. Across collectives the arrival's wait plays that role: every
+ * rank publishes it after finishing the previous collective.
  *
  * Broadcast: small messages through the root's small area; larger ones from the root's
  * buffer itself when it lies in the arena, else through the root's slot, chunk by chunk
@@ -131,8 +132,7 @@ enum {
   YIELD_AFTER_NS = 5000, /* a spinner yields its core between looks after this long */
   CHECK_NS = 3000000,  /* peer liveness check period */
   HALF_SLOT_BYTES = SLOT_BYTES / 2,
-  ZC_SLICE_BYTES = 64 << 10,     /* per rank and chunk (Note [shm pipelined all-reduce]) */
-  STAGE_SLICE_BYTES = 128 << 10
+  STAGE_SLICE_BYTES = 128 << 10 /* per rank and chunk (Note [shm pipelined all-reduce]) */
 };
 
 /* Each rank's arena: address space only until blocks are allocated (Note [shm arena]). */
@@ -174,7 +174,7 @@ struct ddp_shm {
   uint64_t arrivals;    /* arrival steps so far (Note [shm arrival]) */
   int which;            /* the parity of the last arrival */
   int64_t spin_ns;      /* Note [shm adaptive spin] */
-  const void **ins;     /* size entries: reduction inputs */
+  void **ins;           /* size entries: reduction inputs (and outputs) */
   pthread_mutex_t mu;   /* refs and the extents */
   int refs;             /* the group + each live block */
   extent *ext;
@@ -188,8 +188,6 @@ static rank_record *record(ddp_shm *s, int r) {
 static unsigned char *slot(ddp_shm *s, int r) {
   return s->base + s->header_bytes + (size_t)r * SLOT_BYTES;
 }
-
-static unsigned char *result_area(ddp_shm *s) { return slot(s, s->size); }
 
 /* Rank r's fingerprint record of parity `which` (Note [shm arrival]). */
 static unsigned char *fp_record(ddp_shm *s, int r, int which) {
@@ -276,10 +274,10 @@ static int name_has_our_form(const char *name) {
 }
 
 /* Map the segment `name` of `len` bytes, of which the first `reserved` are given pages now
- * (create: rank 0 makes and sizes it); *fd_out keeps the descriptor. Note [shm segment
- * names]. */
-static unsigned char *map_segment(const char *name, size_t len, size_t reserved, int create,
-                                  int *fd_out) {
+ * (create: rank 0 makes and sizes it) and the first `touched` (the header) are faulted into
+ * this process; *fd_out keeps the descriptor. Note [shm segment names]. */
+static unsigned char *map_segment(const char *name, size_t len, size_t reserved, size_t touched,
+                                  int create, int *fd_out) {
   *fd_out = -1;
   if (!create && !name_has_our_form(name)) return NULL;
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
@@ -301,8 +299,12 @@ static unsigned char *map_segment(const char *name, size_t len, size_t reserved,
     if (create) shm_unlink(name);
     return NULL;
   }
-  /* Fault the reserved pages in now rather than in the first collectives. */
-  for (size_t off = 0; off < reserved; off += PAGE) (void)((volatile unsigned char *)p)[off];
+  /* Fault the header in now rather than in the first collectives. The slots are left to
+   * fault in where a collective first uses them: only the staged all-reduce and the larger
+   * broadcasts and all-gathers do, and a page of the segment counts in the resident set of
+   * every process that touched it (DDP's buckets take the zero-copy path and never touch
+   * the slots: faulting all of them in cost each rank ~8 MiB of peak RSS). */
+  for (size_t off = 0; off < touched; off += PAGE) (void)((volatile unsigned char *)p)[off];
   *fd_out = fd;
   return p;
 }
@@ -374,14 +376,14 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
   if (!same) return DDP_OK;
 
   size_t header = header_size(world_size);
-  size_t reserved = header + (size_t)(world_size + 1) * SLOT_BYTES;
+  size_t reserved = header + (size_t)world_size * SLOT_BYTES;
   size_t len = reserved + (size_t)world_size * ARENA_BYTES;
   char name[256] = "";
   unsigned char *base = NULL;
   int fd = -1;
   snprintf(key, sizeof key, "%s/ddp_shm/name", prefix);
   if (rank == 0) {
-    base = segment_name(name, sizeof name, prefix) == 0 ? map_segment(name, len, reserved, 1, &fd)
+    base = segment_name(name, sizeof name, prefix) == 0 ? map_segment(name, len, reserved, header, 1, &fd)
                                                        : NULL;
     const char *pub = base ? name : ""; /* "": rank 0 could not create it */
     if (ddp_store_set(store, key, pub, strlen(pub))) {
@@ -397,7 +399,7 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
     if (store_get_str(store, key, &v)) return setup_failed(prefix, me, "segment name");
     snprintf(name, sizeof name, "%s", v);
     ddp_store_free_value(v);
-    if (name[0]) base = map_segment(name, len, reserved, 0, &fd);
+    if (name[0]) base = map_segment(name, len, reserved, header, 0, &fd);
   }
   if (base) {
     rank_record *rec = (rank_record *)(base + (size_t)rank * LINE);
@@ -443,7 +445,7 @@ int ddp_shm_new(ddp_shm **out, ddp_store *store, const char *prefix, int rank, i
 
   ddp_shm *s = calloc(1, sizeof *s);
   int *g = malloc(sizeof(int) * (size_t)world_size);
-  const void **ins = malloc(sizeof(void *) * (size_t)world_size);
+  void **ins = malloc(sizeof(void *) * (size_t)world_size);
   extent *ext = malloc(sizeof(extent) * 8);
   if (!s || !g || !ins || !ext) {
     free(s);
@@ -760,7 +762,7 @@ static int step(ddp_shm *s, double timeout_s, const char *phase, char *err, int 
 /* ---- reduction ----------------------------------------------------------------------- */
 
 static void reduce(ddp_shm *s, void *out, size_t lo, size_t n, int dtype, int op) {
-  ddp_shm_reduce(out, s->ins, s->size, lo, n, dtype, op);
+  ddp_shm_reduce(out, (const void *const *)s->ins, s->size, lo, n, dtype, op);
 }
 
 static size_t esize_of(int dtype) { return dtype == DDP_F32 ? sizeof(float) : sizeof(double); }
@@ -770,11 +772,11 @@ static size_t op_bytes(const ddp_shm_op *op) {
   return op->kind == DDP_SHM_ALLREDUCE ? op->n * esize_of(op->dtype) : op->n;
 }
 
-/* Elements per chunk of a pipelined all-reduce (Note [shm pipelined all-reduce]): a slice
- * of ZC_SLICE_BYTES / STAGE_SLICE_BYTES per rank; a staged chunk fits half a slot. */
-static size_t chunk_elems(ddp_shm *s, size_t esize, int staged) {
-  size_t bytes = (size_t)s->size * (staged ? STAGE_SLICE_BYTES : ZC_SLICE_BYTES);
-  if (staged && bytes > HALF_SLOT_BYTES) bytes = HALF_SLOT_BYTES;
+/* Elements per chunk of a staged all-reduce (Note [shm pipelined all-reduce]): a slice of
+ * STAGE_SLICE_BYTES per rank, at most half a slot. */
+static size_t chunk_elems(ddp_shm *s, size_t esize) {
+  size_t bytes = (size_t)s->size * STAGE_SLICE_BYTES;
+  if (bytes > HALF_SLOT_BYTES) bytes = HALF_SLOT_BYTES;
   return bytes / esize;
 }
 
@@ -787,7 +789,7 @@ static void slice_of(size_t m, int r, int size, size_t *lo, size_t *hi) {
 /* Staged (Note [shm pipelined all-reduce]): chunk c of op->buf, less this rank's own slice,
  * into this rank's slot half c % 2. */
 static void stage_in(ddp_shm *s, const ddp_shm_op *op, size_t c) {
-  size_t esize = esize_of(op->dtype), per = chunk_elems(s, esize, 1), at = c * per;
+  size_t esize = esize_of(op->dtype), per = chunk_elems(s, esize), at = c * per;
   size_t m = op->n - at < per ? op->n - at : per, lo, hi;
   slice_of(m, s->rank, s->size, &lo, &hi);
   unsigned char *dst = slot(s, s->rank) + (c & 1) * HALF_SLOT_BYTES;
@@ -866,54 +868,39 @@ int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest,
  * rank's own (op->buf). */
 static int allreduce_in_place(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err,
                               int *peer) {
-  size_t esize = esize_of(op->dtype), n = op->n, per = chunk_elems(s, esize, 0);
-  size_t chunks = (n + per - 1) / per, lo, hi;
-  unsigned char *data = op->buf;
-  uint64_t base = s->seq;
-  for (size_t c = 0; c <= chunks; c++) {
-    if (c < chunks) { /* reduce this rank's slice of chunk c into its own buffer */
-      size_t at = c * per, m = n - at < per ? n - at : per;
-      slice_of(m, s->rank, s->size, &lo, &hi);
-      reduce(s, data + (at + lo) * esize, at + lo, hi - lo, op->dtype, op->op);
-      publish(s);
-    }
-    if (c > 0) { /* every rank reduced chunk c - 1: copy their slices of it */
-      WAIT(base + c, "reducing in place");
-      size_t at = (c - 1) * per, m = n - at < per ? n - at : per;
-      for (int r = 0; r < s->size; r++) {
-        if (r == s->rank) continue;
-        slice_of(m, r, s->size, &lo, &hi);
-        memcpy(data + (at + lo) * esize, (const unsigned char *)s->ins[r] + (at + lo) * esize,
-               (hi - lo) * esize);
-      }
-    }
-  }
-  STEP("gathering in place"); /* nobody reads this rank's buffer any more */
+  size_t lo, hi;
+  slice_of(op->n, s->rank, s->size, &lo, &hi);
+  ddp_shm_reduce_all(s->ins, s->size, lo, hi - lo, op->dtype, op->op);
+  STEP("reducing in place"); /* every slice of every buffer holds its result */
   return DDP_OK;
 }
 
 static int allreduce_staged(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err,
                             int *peer) {
-  size_t esize = esize_of(op->dtype), n = op->n, per = chunk_elems(s, esize, 1);
+  size_t esize = esize_of(op->dtype), n = op->n, per = chunk_elems(s, esize);
   size_t chunks = (n + per - 1) / per, lo, hi;
   unsigned char *data = op->buf;
   /* Chunk 0 was staged in the arrival (Note [shm arrival]) and every rank waited for it. */
+  uint64_t staged = s->seq;
   for (size_t c = 0; c < chunks; c++) {
     size_t at = c * per, m = n - at < per ? n - at : per, half = (c & 1) * HALF_SLOT_BYTES;
-    unsigned char *here = data + at * esize, *result = result_area(s) + half;
+    unsigned char *here = data + at * esize, *mine = slot(s, s->rank) + half;
     for (int r = 0; r < s->size; r++) s->ins[r] = r == s->rank ? here : slot(s, r) + half;
     slice_of(m, s->rank, s->size, &lo, &hi);
-    reduce(s, here + lo * esize, lo, hi - lo, op->dtype, op->op); /* in place: own slice */
-    memcpy(result + lo * esize, here + lo * esize, (hi - lo) * esize);
+    WAIT(staged, "copying in"); /* every rank staged chunk c */
+    /* this rank's slice, from and into its tensor and the peers' slot halves */
+    ddp_shm_reduce_all(s->ins, s->size, lo, hi - lo, op->dtype, op->op);
     publish(s);
+    uint64_t reduced = s->seq;
     if (c + 1 < chunks) { /* stage the next chunk while the peers finish this one */
       stage_in(s, op, c + 1);
-      STEP("copying in");
-    } else {
-      WAIT(s->seq, "reducing");
+      publish(s);
+      staged = s->seq;
     }
-    memcpy(here, result, lo * esize);
-    memcpy(here + hi * esize, result + hi * esize, (m - hi) * esize);
+    WAIT(reduced, "reducing"); /* every rank reduced chunk c */
+    /* the peers' slices of chunk c, reduced into this rank's slot half */
+    memcpy(here, mine, lo * esize);
+    memcpy(here + hi * esize, mine + hi * esize, (m - hi) * esize);
   }
   return DDP_OK;
 }

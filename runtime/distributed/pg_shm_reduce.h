@@ -18,4 +18,12 @@
 void ddp_shm_reduce(void *out, const void *const *in, int k, size_t lo, size_t n, int dtype,
                     int op);
 
+/* The same reduction written back to every input: for i in [lo, lo + n), r = (buf[0][i] op
+ * buf[1][i]) ... op buf[k-1][i] (the order and lanes of ddp_shm_reduce, so the same bits),
+ * then buf[j][i] = r for every j. Each group of elements is loaded from every buffer before
+ * it is stored to any, so the result reaches every rank's buffer in one pass: each byte is
+ * read once and written once (Note [shm zero copy] in pg_shm.c). The k buffers must not
+ * overlap. Same dtypes and ops as ddp_shm_reduce. */
+void ddp_shm_reduce_all(void *const *buf, int k, size_t lo, size_t n, int dtype, int op);
+
 #endif /* DDP_PG_SHM_REDUCE_H */

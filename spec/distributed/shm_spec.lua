@@ -259,7 +259,7 @@ describe("shared-memory all_reduce #dist", function()
 end)
 
 describe("shared-memory zero-copy all_reduce (dist.shared_buffer) #dist", function()
-  for _, n in ipairs { 2, 3 } do
+  for _, n in ipairs { 2, 3, 4 } do
     it(("reduces shared buffers in place, the same bits as the reference, on %d ranks"):format(n), function()
       local ranks, raw = run([[
         dist.init_process_group { timeout = 30 }
@@ -280,6 +280,15 @@ describe("shared-memory zero-copy all_reduce (dist.shared_buffer) #dist", functi
         fill(v, "f32", RANK)
         dist.all_reduce(v)
         out("view", check(v, "f32", "sum"))
+        -- back to back, each rank refilling its buffer as soon as the call returns: every
+        -- peer must have written its slice into this buffer before the call returns
+        local bb, bad = dist.shared_buffer(1000003), 0
+        for _ = 1, 6 do
+          fill(bb, "f32", RANK)
+          dist.all_reduce(bb)
+          bad = bad + check(bb, "f32", "sum")
+        end
+        out("back_to_back", bad, 0, select(3, check(bb, "f32", "sum")))
         -- only rank 0's tensor is shared: every rank stages (several chunks)
         local m = RANK == 0 and fill(dist.shared_buffer(1100003), "f32", RANK) or make("f32", RANK, 1100003)
         dist.all_reduce(m)
@@ -294,6 +303,7 @@ describe("shared-memory zero-copy all_reduce (dist.shared_buffer) #dist", functi
         end
       end
       assert_results(ranks, "view", raw)
+      assert_results(ranks, "back_to_back", raw)
       assert_results(ranks, "mixed", raw)
     end)
   end
@@ -325,9 +335,10 @@ describe("shared-memory zero-copy all_reduce (dist.shared_buffer) #dist", functi
 end)
 
 -- Note [shm pipelined all-reduce] in runtime/distributed/pg_shm.c: above 32 KiB an all-reduce
--- runs in chunks cut into one slice per rank. The sizes below give many chunks with an odd
--- tail, exact multiples of the chunk (for 3 and 4 ranks, staged and in place), and just
--- over the small-message limit; slices of odd lengths come with them.
+-- is cut into one slice per rank (staged: per chunk), and each rank writes its slice's result
+-- into every rank's buffer or slot. The sizes below give many staged chunks with an odd
+-- tail, exact multiples of the staged chunk (for 3 and 4 ranks), and just over the
+-- small-message limit; slices of odd lengths come with them.
 local PIPE_CASES = {
   { "f32", "sum", 1000003 }, { "f32", "product", 786432 }, { "f32", "min", 8193 },
   { "f64", "sum", 500009 }, { "f64", "max", 393216 }, { "f64", "sum", 4097 },
