@@ -109,7 +109,7 @@ typedef struct {
   /* operands */
   float *out, *d_in, *d_w, *d_b;
   const float *in, *w, *bias, *grad_out;
-  const float *U;       /* (16, O, C) */
+  const float *U;       /* (16, O, C); the forward's (16, C, O) */
   float *dU_units;      /* (units, 16, O, C) */
   pthread_mutex_t lock;
   int status;
@@ -137,9 +137,10 @@ static void plan(wg_job *j, const ddp_conv2d_geom *g, int backward) {
 
 /* ---- weight transforms (once per call: O C filters) -------------------------------------- */
 
-/* U (16, O, C) = G g Gᵀ for every 3x3 filter g of w (O, C, 3, 3),
+/* U (16, O, C) = G g Gᵀ for every 3x3 filter g of w (O, C, 3, 3), or its transpose
+ * U (16, C, O) when transposed (Note [Winograd forward layout]),
  * G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]. */
-static void weights_transform(float *U, const float *w, int64_t O, int64_t C) {
+static void weights_transform(float *U, const float *w, int64_t O, int64_t C, int transposed) {
   for (int64_t o = 0; o < O; o++)
     for (int64_t c = 0; c < C; c++) {
       const float *g = w + (o * C + c) * 9;
@@ -153,7 +154,8 @@ static void weights_transform(float *U, const float *w, int64_t O, int64_t C) {
       for (int i = 0; i < 4; i++) {
         float v[4] = {u[i][0], (u[i][0] + u[i][1] + u[i][2]) * 0.5f,
                       (u[i][0] - u[i][1] + u[i][2]) * 0.5f, u[i][2]};
-        for (int k = 0; k < 4; k++) U[((i * 4 + k) * O + o) * C + c] = v[k];
+        for (int k = 0; k < 4; k++)
+          U[transposed ? ((i * 4 + k) * C + c) * O + o : ((i * 4 + k) * O + o) * C + c] = v[k];
       }
     }
 }
@@ -610,6 +612,13 @@ static void input_grad_transform(const wg_job *j, const float *dV, int64_t r0, i
   }
 }
 
+/* Note [Winograd forward layout]: the forward keeps the transformed weights as
+ * U (16, C, O) and runs M = Uᵀ · V, which OpenBLAS (SkylakeX small-matrix kernels, single
+ * thread) computes faster than the same product from U (16, O, C): 179 vs 155 GFLOP/s at
+ * the CNN's O = 64, C = 32 (168 tiles), 154 vs 137 (77 tiles), 181 vs 153 at O = C = 32,
+ * 144 vs 133 at O = C = 16. The weight transform writes either layout at the same cost.
+ * The input gradient's dV = Uᵀ · Z already reads U (16, O, C) transposed and keeps it. */
+
 /* ---- transposed V for the weight gradient ---------------------------------------------- */
 
 /* The 8 x 8 floats r[0..7] (rows) transposed in place. */
@@ -687,8 +696,8 @@ static void forward_units(void *ctx, int64_t ub, int64_t ue) {
     for (int64_t r0 = rb; r0 < re; r0 += j->rows_chunk) {
       int64_t r1 = r0 + j->rows_chunk < re ? r0 + j->rows_chunk : re, T = (r1 - r0) * j->tw;
       input_transform(j, V, r0, r1);
-      for (int x = 0; x < 16; x++)
-        ddp_cpu_gemm(DDP_F32, 0, 0, g->o, T, g->c, 1.0, j->U + x * g->o * g->c, g->c,
+      for (int x = 0; x < 16; x++) /* U (16, C, O): Note [Winograd forward layout] */
+        ddp_cpu_gemm(DDP_F32, 1, 0, g->o, T, g->c, 1.0, j->U + x * g->o * g->c, g->o,
                      V + x * g->c * j->ld, j->ld, 0.0, M + x * g->o * j->ld, j->ld);
       output_transform(j, M, r0, r1);
     }
@@ -768,7 +777,7 @@ int ddp_cpu_winograd_forward(float *out, const float *in, const float *w, const 
   size_t u_bytes = sizeof(float) * (size_t)(16 * g->o * g->c);
   float *U = ddp_alloc(u_bytes);
   if (!U) return DDP_ERROR(DDP_ERR_MEMORY, "conv2d: out of memory for Winograd weights");
-  weights_transform(U, w, g->o, g->c);
+  weights_transform(U, w, g->o, g->c, 1);
   j.U = U;
   pthread_mutex_init(&j.lock, NULL);
   run_units(&j, forward_units);
@@ -813,7 +822,7 @@ int ddp_cpu_winograd_backward(float *d_in, float *d_w, float *d_b, const float *
   if ((u_bytes && !U) || (du_bytes && !dU)) {
     j.status = DDP_ERROR(DDP_ERR_MEMORY, "conv2d backward: out of memory for Winograd weights");
   } else if (d_in || d_w) {
-    if (U) weights_transform(U, w, g->o, g->c);
+    if (U) weights_transform(U, w, g->o, g->c, 0);
     j.U = U, j.dU_units = dU;
     run_units(&j, backward_units);
     if (dU && !j.status) {
