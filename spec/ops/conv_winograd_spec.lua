@@ -96,6 +96,13 @@ describe("conv2d f32 by Winograd F(2x2, 3x3)", function()
     local x64 = x:detach(); x64:requires_grad_()
     dl.conv2d(x64, w, opts):backward(g)
     assert(rel_err(xx.grad, x64.grad) < 1e-5)
+    -- bias only (input and weight frozen): the bias gradient without the tile units
+    local b = randn({ 9 })
+    local bb = b:to("f32"); bb:requires_grad_()
+    dl.conv2d(x:to("f32"), w:to("f32"), bb, opts):backward(g:to("f32"))
+    local b64 = b:detach(); b64:requires_grad_()
+    dl.conv2d(x, w, b64, opts):backward(g)
+    assert(rel_err(bb.grad, b64.grad) < 1e-5)
   end)
 
   it("gives the same bits for 1 and 2 threads", function()
