@@ -14,8 +14,10 @@
  * overlap by 2 columns), and written as 8 consecutive tiles of
  *   V (16, C, T) and M, Z (16, O, T)   (ξ = 4 r + s of the 4x4 tile, channel, tile)
  * so the 16 products per chunk are plain row-major GEMMs with the tiles as the long
- * dimension: M[ξ] (O, T) = U[ξ] (O, C) · V[ξ] (C, T), U (16, O, C). No transposes, no
- * channels-last copies. A tile row of tw tiles takes ceil(tw / 8) vectors; when tw is not a
+ * dimension: M[ξ] (O, T) = U[ξ] (O, C) · V[ξ] (C, T), U (16, O, C) (the forward keeps U
+ * as (16, C, O): Note [Winograd forward layout]). No channels-last copies; only the
+ * weight gradient of 32 channels and more transposes V, one ξ at a time (Note [Winograd
+ * weight gradient layout]). A tile row of tw tiles takes ceil(tw / 8) vectors; when tw is not a
  * multiple of 8 the last vector's extra lanes are written past the row's tiles and
  * overwritten by the next tile row (or land in 8 spare columns after the chunk's last
  * tile), so the GEMMs see the tiles packed. Rows of exactly 4 tiles (8 x 8 planes, as in
@@ -102,7 +104,7 @@ typedef struct {
   const ddp_conv2d_geom *g;
   int64_t th, tw, ng;   /* tile rows and columns of a sample; 8-tile vectors per tile row */
   int paired;           /* tw == 4: one vector holds 2 tile rows (Note [Winograd layout]) */
-  int vt;               /* dU from a transposed copy of V (Note [Winograd weight gradient layout]) */
+  int vt;               /* dU from a transposed V (Note [Winograd weight gradient layout]) */
   int64_t rows_chunk;   /* tile rows per chunk */
   int64_t ld;           /* row stride of V, M, Z, dV: tiles of a chunk + 8 spare */
   int64_t units;        /* work units (sample ranges) */
