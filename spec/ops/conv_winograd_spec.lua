@@ -2,7 +2,8 @@
 -- forward, input gradient, weight gradient and bias gradient against the f64 convolution
 -- (im2col + GEMM, itself checked against the definition and by gradcheck in nn_spec.lua),
 -- over odd and even sizes, borders and paddings, batch 1, channel counts that are not
--- multiples of 8, tile rows wider than one 8-tile vector, chunks that split a sample, and
+-- multiples of 8, tile rows wider than one 8-tile vector, chunks that split a sample, 32
+-- channels and more (the weight gradient's transposed V, with channel and tile tails), and
 -- the same bits for 1 and 2 threads.
 local dl = require "ddplua"
 
@@ -51,6 +52,12 @@ local cases = {
   { { 1, 8, 10, 9 }, 8, 0 },     -- 4-tile rows without padding
   { { 72, 80, 7, 7 }, 80, 1 },   -- 4-tile rows, backward chunks of 17 tile rows: pairs split
   { { 2, 16, 66, 70 }, 24, 1 },  -- chunks of ~8 tile rows: a sample spans several chunks
+  -- 32 channels and more: the weight gradient takes a transposed copy of V
+  -- (Note [Winograd weight gradient layout]), in 8 x 8 blocks with channel and tile tails
+  { { 3, 33, 9, 11 }, 7, 1 },    -- 33 channels (a tail of 1), 5 x 6 tiles: a tail of 6 tiles
+  { { 2, 45, 13, 13 }, 10, 1 },  -- 45 channels (a tail of 5), 7-tile rows
+  { { 5, 32, 14, 14 }, 64, 1 },  -- the Fashion-MNIST CNN's second conv at batch 5
+  { { 2, 40, 30, 31 }, 17, 0 },  -- no padding, 14 x 15 tiles, chunks of several tile rows
 }
 
 describe("conv2d f32 by Winograd F(2x2, 3x3)", function()
@@ -89,27 +96,38 @@ describe("conv2d f32 by Winograd F(2x2, 3x3)", function()
     local x64 = x:detach(); x64:requires_grad_()
     dl.conv2d(x64, w, opts):backward(g)
     assert(rel_err(xx.grad, x64.grad) < 1e-5)
+    -- bias only (input and weight frozen): the bias gradient without the tile units
+    local b = randn({ 9 })
+    local bb = b:to("f32"); bb:requires_grad_()
+    dl.conv2d(x:to("f32"), w:to("f32"), bb, opts):backward(g:to("f32"))
+    local b64 = b:detach(); b64:requires_grad_()
+    dl.conv2d(x, w, b64, opts):backward(g)
+    assert(rel_err(bb.grad, b64.grad) < 1e-5)
   end)
 
   it("gives the same bits for 1 and 2 threads", function()
     local before = dl.get_num_threads()
-    -- 13 samples: 12 work units of unequal size; 40 x 36: several chunks a unit
-    local x, w, b = randn({ 13, 16, 40, 36 }), randn({ 20, 16, 3, 3 }), randn({ 20 })
-    local g = randn({ 13, 20, 40, 36 })
-    local results = {}
-    for _, threads in ipairs { 1, 2 } do
-      dl.set_num_threads(threads)
-      results[threads] = run("f32", x, w, b, g, { padding = 1 })
-    end
-    dl.set_num_threads(before)
-    for i = 1, 4 do
-      local a, c = flat(results[1][i]), flat(results[2][i])
-      assert.equal(#a, #c)
-      local same = true
-      for k = 1, #a do
-        if a[k] ~= c[k] then same = false break end
+    -- 13 samples: 12 work units of unequal size; 40 x 36: several chunks a unit;
+    -- 16 channels (dU from V as it is) and 33 (from its transposed copy)
+    for _, c in ipairs { { 16, 20, 40, 36 }, { 33, 24, 20, 18 } } do
+      local cin, cout, h, wd = c[1], c[2], c[3], c[4]
+      local x, w, b = randn({ 13, cin, h, wd }), randn({ cout, cin, 3, 3 }), randn({ cout })
+      local g = randn({ 13, cout, h, wd })
+      local results = {}
+      for _, threads in ipairs { 1, 2 } do
+        dl.set_num_threads(threads)
+        results[threads] = run("f32", x, w, b, g, { padding = 1 })
       end
-      assert.is_true(same, "result " .. i .. " differs between 1 and 2 threads")
+      dl.set_num_threads(before)
+      for i = 1, 4 do
+        local a, d = flat(results[1][i]), flat(results[2][i])
+        assert.equal(#a, #d)
+        local same = true
+        for k = 1, #a do
+          if a[k] ~= d[k] then same = false break end
+        end
+        assert.is_true(same, ("result %d differs between 1 and 2 threads (%d channels)"):format(i, cin))
+      end
     end
   end)
 end)

@@ -14,8 +14,10 @@
  * overlap by 2 columns), and written as 8 consecutive tiles of
  *   V (16, C, T) and M, Z (16, O, T)   (ξ = 4 r + s of the 4x4 tile, channel, tile)
  * so the 16 products per chunk are plain row-major GEMMs with the tiles as the long
- * dimension: M[ξ] (O, T) = U[ξ] (O, C) · V[ξ] (C, T), U (16, O, C). No transposes, no
- * channels-last copies. A tile row of tw tiles takes ceil(tw / 8) vectors; when tw is not a
+ * dimension: M[ξ] (O, T) = U[ξ] (O, C) · V[ξ] (C, T), U (16, O, C) (the forward keeps U
+ * as (16, C, O): Note [Winograd forward layout]). No channels-last copies; only the
+ * weight gradient of 32 channels and more transposes V, one ξ at a time (Note [Winograd
+ * weight gradient layout]). A tile row of tw tiles takes ceil(tw / 8) vectors; when tw is not a
  * multiple of 8 the last vector's extra lanes are written past the row's tiles and
  * overwritten by the next tile row (or land in 8 spare columns after the chunk's last
  * tile), so the GEMMs see the tiles packed. Rows of exactly 4 tiles (8 x 8 planes, as in
@@ -102,13 +104,14 @@ typedef struct {
   const ddp_conv2d_geom *g;
   int64_t th, tw, ng;   /* tile rows and columns of a sample; 8-tile vectors per tile row */
   int paired;           /* tw == 4: one vector holds 2 tile rows (Note [Winograd layout]) */
+  int vt;               /* dU from a transposed V (Note [Winograd weight gradient layout]) */
   int64_t rows_chunk;   /* tile rows per chunk */
   int64_t ld;           /* row stride of V, M, Z, dV: tiles of a chunk + 8 spare */
   int64_t units;        /* work units (sample ranges) */
   /* operands */
   float *out, *d_in, *d_w, *d_b;
   const float *in, *w, *bias, *grad_out;
-  const float *U;       /* (16, O, C) */
+  const float *U;       /* (16, O, C); the forward's (16, C, O) */
   float *dU_units;      /* (units, 16, O, C) */
   pthread_mutex_t lock;
   int status;
@@ -131,13 +134,15 @@ static void plan(wg_job *j, const ddp_conv2d_geom *g, int backward) {
   if (j->rows_chunk > g->n * j->th) j->rows_chunk = g->n * j->th;
   j->ld = j->rows_chunk * j->tw + 8;
   j->units = g->n < WG_UNITS ? g->n : WG_UNITS;
+  j->vt = backward && g->c >= 32;
 }
 
 /* ---- weight transforms (once per call: O C filters) -------------------------------------- */
 
-/* U (16, O, C) = G g Gᵀ for every 3x3 filter g of w (O, C, 3, 3),
+/* U (16, O, C) = G g Gᵀ for every 3x3 filter g of w (O, C, 3, 3), or its transpose
+ * U (16, C, O) when transposed (Note [Winograd forward layout]),
  * G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]. */
-static void weights_transform(float *U, const float *w, int64_t O, int64_t C) {
+static void weights_transform(float *U, const float *w, int64_t O, int64_t C, int transposed) {
   for (int64_t o = 0; o < O; o++)
     for (int64_t c = 0; c < C; c++) {
       const float *g = w + (o * C + c) * 9;
@@ -151,7 +156,8 @@ static void weights_transform(float *U, const float *w, int64_t O, int64_t C) {
       for (int i = 0; i < 4; i++) {
         float v[4] = {u[i][0], (u[i][0] + u[i][1] + u[i][2]) * 0.5f,
                       (u[i][0] - u[i][1] + u[i][2]) * 0.5f, u[i][2]};
-        for (int k = 0; k < 4; k++) U[((i * 4 + k) * O + o) * C + c] = v[k];
+        for (int k = 0; k < 4; k++)
+          U[transposed ? ((i * 4 + k) * C + c) * O + o : ((i * 4 + k) * O + o) * C + c] = v[k];
       }
     }
 }
@@ -608,6 +614,63 @@ static void input_grad_transform(const wg_job *j, const float *dV, int64_t r0, i
   }
 }
 
+/* Note [Winograd forward layout]: the forward keeps the transformed weights as
+ * U (16, C, O) and runs M = Uᵀ · V, which OpenBLAS (SkylakeX small-matrix kernels, single
+ * thread) computes faster than the same product from U (16, O, C): 179 vs 155 GFLOP/s at
+ * the CNN's O = 64, C = 32 (168 tiles), 154 vs 137 (77 tiles), 181 vs 153 at O = C = 32,
+ * 144 vs 133 at O = C = 16. The weight transform writes either layout at the same cost.
+ * The input gradient's dV = Uᵀ · Z already reads U (16, O, C) transposed and keeps it. */
+
+/* ---- transposed V for the weight gradient ---------------------------------------------- */
+
+/* The 8 x 8 floats r[0..7] (rows) transposed in place. */
+static inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+/* vt (T, C) row-major = v (C, T) with row stride ld, transposed.
+ *
+ * Note [Winograd weight gradient layout]: with C >= 32 input channels, OpenBLAS (its
+ * SkylakeX small-matrix kernels, single thread) runs dU (O, C) += Z (O, T) · Vᵀ much faster
+ * as the plain product Z · Vt with Vt (T, C) a transposed copy of the chunk's V than with
+ * a transposed operand: 173 vs 92 GFLOP/s at the CNN's O = 64, C = 32 (T = 77..336
+ * tiles), 173 vs 99 at O = C = 64, 148 vs 124 at C = 48, 152 vs 129 at O = 16, C = 32,
+ * 117 vs 114 at O = C = 128; the transpose costs ~1-2% of the layer's backward. Below 32
+ * channels the transposed operand is faster (C = 16: 130 vs 98; C = 24: 130 vs 117;
+ * C = 8: 107 vs 70), so there dU takes V as it is. Either way each dU is one OpenBLAS GEMM
+ * per chunk, whose order depends on the shapes alone (Note [Winograd chunks and
+ * determinism]). */
+static void transpose_tiles(float *vt, const float *v, int64_t C, int64_t T, int64_t ld) {
+  int64_t c = 0;
+  for (; c + 8 <= C; c += 8) {
+    int64_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(v + (c + i) * ld + t);
+      transpose8(r);
+      for (int i = 0; i < 8; i++) _mm256_storeu_ps(vt + (t + i) * C + c, r[i]);
+    }
+    for (; t < T; t++)
+      for (int64_t i = 0; i < 8; i++) vt[t * C + c + i] = v[(c + i) * ld + t];
+  }
+  for (; c < C; c++)
+    for (int64_t t = 0; t < T; t++) vt[t * C + c] = v[c * ld + t];
+}
+
 /* ---- chunks and units -------------------------------------------------------------------- */
 
 /* Tile rows [begin, end) of unit u. */
@@ -635,8 +698,8 @@ static void forward_units(void *ctx, int64_t ub, int64_t ue) {
     for (int64_t r0 = rb; r0 < re; r0 += j->rows_chunk) {
       int64_t r1 = r0 + j->rows_chunk < re ? r0 + j->rows_chunk : re, T = (r1 - r0) * j->tw;
       input_transform(j, V, r0, r1);
-      for (int x = 0; x < 16; x++)
-        ddp_cpu_gemm(DDP_F32, 0, 0, g->o, T, g->c, 1.0, j->U + x * g->o * g->c, g->c,
+      for (int x = 0; x < 16; x++) /* U (16, C, O): Note [Winograd forward layout] */
+        ddp_cpu_gemm(DDP_F32, 1, 0, g->o, T, g->c, 1.0, j->U + x * g->o * g->c, g->o,
                      V + x * g->c * j->ld, j->ld, 0.0, M + x * g->o * j->ld, j->ld);
       output_transform(j, M, r0, r1);
     }
@@ -649,12 +712,13 @@ static void backward_units(void *ctx, int64_t ub, int64_t ue) {
   int64_t C = g->c, O = g->o;
   size_t zn = chunk_floats(j, O), vn = j->d_w ? chunk_floats(j, C) : 0;
   size_t dvn = j->d_in ? chunk_floats(j, C) : 0;
-  float *Z = (float *)scratch_get(sizeof(float) * (zn + vn + dvn));
+  size_t vtn = j->d_w && j->vt ? (size_t)(j->rows_chunk * j->tw * C) : 0;
+  float *Z = (float *)scratch_get(sizeof(float) * (zn + vn + dvn + vtn));
   if (!Z) {
     job_fail(j, DDP_ERROR(DDP_ERR_MEMORY, "conv2d backward: out of memory for Winograd scratch"));
     return;
   }
-  float *V = Z + zn, *dV = V + vn;
+  float *V = Z + zn, *dV = V + vn, *Vt = dV + dvn;
   for (int64_t u = ub; u < ue; u++) {
     int64_t rb, re;
     unit_rows(j, u, &rb, &re);
@@ -665,9 +729,16 @@ static void backward_units(void *ctx, int64_t ub, int64_t ue) {
       grad_transform(j, Z, r0, r1);
       if (j->d_w) {
         input_transform(j, V, r0, r1);
-        for (int x = 0; x < 16; x++)
-          ddp_cpu_gemm(DDP_F32, 0, 1, O, C, T, 1.0, Z + x * O * j->ld, j->ld,
-                       V + x * C * j->ld, j->ld, first ? 0.0 : 1.0, dU + x * O * C, C);
+        for (int x = 0; x < 16; x++) { /* Note [Winograd weight gradient layout] */
+          const float *Zx = Z + x * O * j->ld, *Vx = V + x * C * j->ld;
+          float beta = first ? 0.0f : 1.0f, *dUx = dU + x * O * C;
+          if (j->vt) {
+            transpose_tiles(Vt, Vx, C, T, j->ld);
+            ddp_cpu_gemm(DDP_F32, 0, 0, O, C, T, 1.0, Zx, j->ld, Vt, C, beta, dUx, C);
+          } else {
+            ddp_cpu_gemm(DDP_F32, 0, 1, O, C, T, 1.0, Zx, j->ld, Vx, j->ld, beta, dUx, C);
+          }
+        }
         first = 0;
       }
       if (j->d_in) {
@@ -708,7 +779,7 @@ int ddp_cpu_winograd_forward(float *out, const float *in, const float *w, const 
   size_t u_bytes = sizeof(float) * (size_t)(16 * g->o * g->c);
   float *U = ddp_alloc(u_bytes);
   if (!U) return DDP_ERROR(DDP_ERR_MEMORY, "conv2d: out of memory for Winograd weights");
-  weights_transform(U, w, g->o, g->c);
+  weights_transform(U, w, g->o, g->c, 1);
   j.U = U;
   pthread_mutex_init(&j.lock, NULL);
   run_units(&j, forward_units);
@@ -753,7 +824,7 @@ int ddp_cpu_winograd_backward(float *d_in, float *d_w, float *d_b, const float *
   if ((u_bytes && !U) || (du_bytes && !dU)) {
     j.status = DDP_ERROR(DDP_ERR_MEMORY, "conv2d backward: out of memory for Winograd weights");
   } else if (d_in || d_w) {
-    if (U) weights_transform(U, w, g->o, g->c);
+    if (U) weights_transform(U, w, g->o, g->c, 0);
     j.U = U, j.dU_units = dU;
     run_units(&j, backward_units);
     if (dU && !j.status) {
