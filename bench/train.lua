@@ -41,15 +41,21 @@ local opt = optim.SGD(model:parameters(), { lr = 0.05, momentum = 0.9 })
 local loader = data.DataLoader(train_set, loader_opts)
 local amp = require("ddplua.utils.mixed_precision").new(amp_mode, "cpu", "bench/train.lua")
 
-local done, t0 = 0, nil
-for x, y in loader:iter() do
-  if done == warmup then t0 = clock.now() end
-  opt:zero_grad()
-  local loss = amp:run(function() return dl.cross_entropy(net(x), y) end)
-  amp:backward(loss)
-  amp:step(opt)
-  done = done + 1
-  if done == warmup + steps then break end
+-- Epoch after epoch until warm-up + steps batches ran (as bench/train_torch.py): --steps
+-- beyond one epoch (938 batches in one process, 469 per rank of 2) keep counting real steps.
+local done, t0, epoch = 0, nil, 0
+while done < warmup + steps do
+  if loader_opts.sampler then loader_opts.sampler:set_epoch(epoch) end
+  for x, y in loader:iter() do
+    if done == warmup then t0 = clock.now() end
+    opt:zero_grad()
+    local loss = amp:run(function() return dl.cross_entropy(net(x), y) end)
+    amp:backward(loss)
+    amp:step(opt)
+    done = done + 1
+    if done == warmup + steps then break end
+  end
+  epoch = epoch + 1
 end
 local seconds = clock.now() - t0
 loader:close()
