@@ -6,28 +6,39 @@
  * fault in on first touch, which once made an out-of-place add on 16 MiB four times slower
  * than the same add in place. Freed blocks of CACHE_MIN bytes and more are therefore kept
  * in a cache of page ranges and handed out again, in this order of preference:
- *   1. a cached range of the request's page-rounded size;
- *   2. the head of the smallest larger range (the tail stays cached);
- *   3. when a new mapping would take the process's tensor memory (live plus cached) past
+ *   1. the most recently freed block of the request's page-rounded size, among the last
+ *      RECENT blocks freed, when all its pages are still cached: exactly that block, taken
+ *      out of the cached range that holds it (the parts before and after stay cached);
+ *   2. a cached range of the request's size;
+ *   3. the head of the smallest larger range (the tail stays cached);
+ *   4. when a new mapping would take the process's tensor memory (live plus cached) past
  *      the most that was ever live: new address space into which the cached ranges' pages
  *      are moved (mremap moves page-table entries: no copy, no page fault), largest first,
  *      fresh pages covering what they do not;
- *   4. a new mapping (mmap).
+ *   5. a new mapping (mmap).
  * A freed block merges with the cached ranges right before and after it, so pieces carved
- * from one range grow back into it. An exact-size cache (as before) kept blocks of sizes
- * that no request of the moment wanted: 44 MiB in a CNN step whose tensors never passed
- * 26 MiB, the largest part of `ddplua train.lua`'s peak RSS (issue 16 part 4); with carving
+ * from one range grow back into it. 1 gives a training step's buffer the place that a
+ * buffer of its size had in the step before, pages still warm in cache and TLB, where
+ * carving heads (3) handed each request whatever came first in the range: the MLP bench's
+ * 800 KB weight gradient landed at 450-530 addresses over 820 steps (51 with 1, the
+ * number of steps between two runs of the Lua collector, which frees the step's
+ * tensors), and because the step's blocks go back where they were, the free space keeps
+ * the same shape step after step: `ddplua train.lua` made 62 mmaps and 21 mremaps in an
+ * epoch where carving alone made 170-800 and 250-1,560. RECENT covers some dozens of
+ * steps' blocks. An exact-size cache (before the carving cache) kept blocks of sizes that
+ * no request of the moment wanted (44 MiB in a CNN step whose tensors never passed
+ * 26 MiB, the largest part of `ddplua train.lua`'s peak RSS, issue 16 part 4); with carving
  * and merging the cache settles at what the step needs (27 MiB there) and a training loop
- * reaches a state with no system call and no page fault per step (steps 3 and the
- * mremap are for the first steps, while the sizes settle). Large blocks are mapped
- * directly rather than taken from malloc: glibc raises its mmap threshold after a large
- * free and then serves blocks of up to 32 MiB from its heaps, where freed ones stay
- * resident and cannot be carved. The cache holds at most DDPLUA_CPU_CACHE_MB (default
- * 1024) MiB and is emptied, and the allocation retried, when the system refuses memory.
- * ddp_memory_empty_cache() returns it all. Small blocks come from plain malloc (glibc's
- * per-thread cache is fast; memalign on small blocks made glibc consolidate its fast bins
- * on every call). Under AddressSanitizer large blocks come from malloc (so that ASan sees
- * each one) and only exact sizes are reused. */
+ * reaches a state with no system call and no page fault per step (4 and 5 are for the
+ * first steps, while the sizes settle). Large blocks are mapped directly rather than taken
+ * from malloc: glibc raises its mmap threshold after a large free and then serves blocks
+ * of up to 32 MiB from its heaps, where freed ones stay resident and cannot be carved. The
+ * cache holds at most DDPLUA_CPU_CACHE_MB (default 1024) MiB and is emptied, and the
+ * allocation retried, when the system refuses memory. ddp_memory_empty_cache() returns it
+ * all. Small blocks come from plain malloc (glibc's per-thread cache is fast; memalign on
+ * small blocks made glibc consolidate its fast bins on every call). Under AddressSanitizer
+ * large blocks come from malloc (so that ASan sees each one) and only exact sizes are
+ * reused. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* mremap */
 #endif
@@ -43,13 +54,17 @@ static int64_t most_live_bytes; /* the highest live_bytes ever (peak_bytes may b
 
 enum { SMALL_BLOCK = 1024 };                 /* up to this: malloc, 16-byte aligned */
 enum { CACHE_MIN = 64 * 1024 };              /* from this size up: mapped, cached when freed */
-enum { CACHE_SLOTS = 64, PAGE = 4096 };      /* PAGE >= DDP_ALIGNMENT: mappings are aligned */
+enum { CACHE_SLOTS = 512, PAGE = 4096 };     /* PAGE >= DDP_ALIGNMENT: mappings are aligned */
+enum { RECENT = 512 }; /* freed blocks remembered for same-place reuse (Note [block cache]) */
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct { void *p; size_t size; } cache[CACHE_SLOTS];
 static int cache_count;
 static size_t cache_bytes, cache_cap;
 static int cache_ready;
+/* the last RECENT blocks freed, newest at recent_next - 1 (a ring); size 0: none */
+static struct { char *p; size_t size; } recent[RECENT];
+static int recent_next;
 
 /* ---- large blocks: whole pages, mapped (Note [block cache]) ---- */
 
@@ -88,12 +103,41 @@ static void cache_remove(int i) {
   cache_count--;
 }
 
-/* A block of `size` bytes of cached pages, or NULL when no cached block is that large
- * (Note [block cache]): a cached block of that size, else the head of the smallest larger
- * one (its tail stays cached). */
+/* A block of `size` bytes of cached pages, or NULL when the cache cannot give one
+ * (Note [block cache]): a recently freed block of that size still wholly cached, else a
+ * cached block of that size, else the head of the smallest larger one (its tail stays
+ * cached), else, past the most ever live, new address space holding the cached pages. */
 static void *cache_take(size_t size) {
   pthread_mutex_lock(&cache_lock);
   cache_init();
+  void *p = NULL;
+  /* a recently freed block of this size whose pages are all still cached: take exactly it,
+   * splitting the cached range around it (Note [block cache]) */
+  for (int k = 1; CARVE && k <= RECENT && cache_count < CACHE_SLOTS; k++) {
+    int r = (recent_next - k + RECENT) % RECENT;
+    if (recent[r].size != size) continue;
+    char *q = recent[r].p;
+    recent[r].size = 0;
+    for (int i = 0; i < cache_count; i++) {
+      char *b = cache[i].p, *e = b + cache[i].size;
+      if (q < b || q + size > e) continue;
+      if (q + size < e) { /* the part after it: a new entry right after i */
+        memmove(&cache[i + 2], &cache[i + 1], (size_t)(cache_count - i - 1) * sizeof cache[0]);
+        cache[i + 1].p = q + size;
+        cache[i + 1].size = (size_t)(e - (q + size));
+        cache_count++;
+      }
+      cache[i].size = (size_t)(q - b); /* the part before it */
+      cache_bytes -= size;
+      if (q == b) cache_remove(i); /* nothing before it: removing subtracts 0 bytes */
+      p = q;
+      break;
+    }
+    if (p) {
+      pthread_mutex_unlock(&cache_lock);
+      return p;
+    }
+  }
   int exact = -1, larger = -1;
   for (int i = cache_count - 1; i >= 0; i--) {
     if (cache[i].size == size) {
@@ -102,7 +146,6 @@ static void *cache_take(size_t size) {
     }
     if (cache[i].size > size && (larger < 0 || cache[i].size < cache[larger].size)) larger = i;
   }
-  void *p = NULL;
   if (exact >= 0) {
     p = cache[exact].p;
     cache_remove(exact);
@@ -140,12 +183,15 @@ static void *cache_take(size_t size) {
   return p;
 }
 
-/* Keep p for reuse when there is room, merged with the cached blocks right before and after
- * it (pieces carved from one block grow back into it); else unmap it. When full, the
- * oldest entry goes. */
+/* Remember p among the RECENT freed blocks and keep it for reuse when there is room, merged
+ * with the cached blocks right before and after it (pieces carved from one block grow back
+ * into it); else unmap it. When full, the oldest entry goes. */
 static void cache_put(void *p, size_t size) {
   pthread_mutex_lock(&cache_lock);
   cache_init();
+  recent[recent_next].p = p;
+  recent[recent_next].size = size;
+  recent_next = (recent_next + 1) % RECENT;
   if (size > cache_cap) {
     pthread_mutex_unlock(&cache_lock);
     unmap_block(p, size);

@@ -1,7 +1,8 @@
 -- Specs for the CPU block cache (Note [block cache] in runtime/core/alloc.c): cached page
--- ranges are handed out exactly, carved, merged back and, past the most that was ever
--- live, moved together; whatever the order of allocations and frees, live blocks never
--- overlap and keep their contents.
+-- ranges are handed out exactly (a recently freed block of the size in its place first), carved,
+-- merged back and, past the most that was ever live, moved together; a loop allocating the
+-- same sizes gets the same blocks back every iteration; whatever the order of allocations
+-- and frees, live blocks never overlap and keep their contents.
 local dl = require "ddplua"
 local files = require "files"
 local ffi = require "ffi"
@@ -22,6 +23,9 @@ local function holds(t, v)
   end
   return true
 end
+
+-- The address of t's data, as a number (for comparing which block a tensor got).
+local function address(t) return tonumber(ffi.cast("uintptr_t", C.ddp_tensor_data(t))) end
 
 -- Run `code` in a fresh ddplua process (its own allocator state) and return its stdout.
 local function run_fresh(code)
@@ -63,6 +67,63 @@ describe("CPU block cache", function()
     assert.are.equal(0, cached())
   end)
 
+  it("hands a freed block of the requested size back whole before carving a merged range", function()
+    -- a and b are carved from one range, side by side, then freed: a request of b's size gets
+    -- b's block itself, not the head of the range they would merge back into
+    local whole = block(3 * MiB, 1)
+    whole:free()
+    local a = block(MiB, 2)
+    local b = block(2 * MiB, 3)
+    local a_at, b_at = address(a), address(b)
+    b:free()
+    a:free()
+    local c = block(2 * MiB, 4)
+    assert.are.equal(b_at, address(c))
+    local d = block(MiB, 5)
+    assert.are.equal(a_at, address(d))
+    assert.are.equal(0, cached())
+    c:free()
+    d:free()
+  end)
+
+  it("gives a training-like loop the same blocks every iteration", function()
+    -- each iteration: activations made in order, a gradient while they are live, a temporary
+    -- of a size no other buffer has, frees in the order a backward makes them. Every block
+    -- a buffer gets must be one of the blocks its size had: as many distinct addresses per
+    -- size as buffers of that size live at once (warm pages, nothing carved afresh)
+    local sizes = { 800 * 1024, 200 * 1024, 64 * 1024, 256 * 1024, 100 * 1024 + 7 }
+    local seen = {} -- size -> { address -> true }
+    local function note(t, n)
+      seen[n] = seen[n] or {}
+      seen[n][address(t)] = true
+    end
+    for _ = 1, 8 do
+      local acts = {}
+      for i, n in ipairs(sizes) do
+        acts[i] = block(n, i)
+        note(acts[i], n)
+      end
+      local grad = block(sizes[1], 9) -- the first layer's weight gradient
+      note(grad, sizes[1])
+      for i = #sizes, 1, -1 do
+        acts[i]:free()
+        if i == 3 then
+          local n = sizes[2] + sizes[3]
+          local tmp = block(n, 7)
+          note(tmp, n)
+          tmp:free()
+        end
+      end
+      grad:free()
+    end
+    local buffers = { [sizes[1]] = 2 } -- two live 800 KiB buffers; one of each other size
+    for n, addresses in pairs(seen) do
+      local count = 0
+      for _ in pairs(addresses) do count = count + 1 end
+      assert.are.equal(buffers[n] or 1, count, ("size %d: distinct blocks"):format(n))
+    end
+  end)
+
   it("keeps live blocks apart and their contents intact through random allocations and frees", function()
     local state = 12345
     local function rand(n) -- deterministic LCG, 1 .. n
@@ -87,6 +148,25 @@ describe("CPU block cache", function()
       assert.is_true(holds(e.t, e.v), "block of step " .. e.step .. " was overwritten")
       e.t:free()
     end
+  end)
+
+  it("keeps blocks apart and intact when more are freed than it remembers", function()
+    -- 1100 blocks, more than the cache's table and its list of recently freed blocks hold:
+    -- neighbours merge or the oldest go; then blocks of other sizes are carved from what
+    -- stayed, and all keep their bytes
+    local first = {}
+    for i = 1, 1100 do first[i] = block(65536, i % 251 + 1) end
+    for i = 1, 1100, 2 do first[i]:free() end
+    for i = 2, 1100, 2 do first[i]:free() end
+    assert.is_true(cached() <= 1100 * 65536)
+    local second = {}
+    for i = 1, 300 do
+      second[i] = { t = block(65536 * (i % 3 + 1) + 4096, i % 251 + 1), v = i % 251 + 1 }
+    end
+    for i, e in ipairs(second) do
+      assert.is_true(holds(e.t, e.v), "block " .. i .. " was overwritten")
+    end
+    for _, e in ipairs(second) do e.t:free() end
   end)
 
   it("moves cached ranges into one block rather than map anew past the most ever live", function()
