@@ -7,19 +7,12 @@
 -- counts: bitwise where the kernel promises it (fixed-chunk sums), within rounding for
 -- products (gemm_parallel.h says why the last bits may move).
 local dl = require "ddplua"
+local with_threads = require("threads").with_threads
 local close = require "close"
 
 local gen = dl.Generator(7)
 local function randn(shape, dtype) return dl.randn(shape, { dtype = dtype or "f64", generator = gen }) end
 
-local function with_threads(n, fn)
-  local prev = dl.get_num_threads()
-  dl.set_num_threads(n)
-  local ok, a, b = pcall(fn)
-  dl.set_num_threads(prev)
-  if not ok then error(a, 0) end
-  return a, b
-end
 
 -- a (m, k) @ b (k, n) in f64 Lua loops over :tolist() rows
 local function ref_matmul(a, b)

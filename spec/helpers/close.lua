@@ -60,4 +60,20 @@ function M.assert_close(actual, expected, opts)
   return true
 end
 
+--- assert_same_bits(what, a, b): raise (naming `what` and the first differing element) unless
+-- tensors a and b have the same dtype, size and values bit for bit: the sign of zero
+-- included, NaN where the other has NaN. Compares through f64, which holds every f32, f16
+-- and bf16 value exactly.
+function M.assert_same_bits(what, a, b)
+  assert(a.dtype == b.dtype, ("%s: dtype %s, want %s"):format(what, tostring(a.dtype), tostring(b.dtype)))
+  local fa = flatten(a:to("f64"):contiguous():reshape({ -1 }):tolist())
+  local fb = flatten(b:to("f64"):contiguous():reshape({ -1 }):tolist())
+  assert(#fa == #fb, ("%s: %d elements, want %d"):format(what, #fa, #fb))
+  for i = 1, #fa do
+    local x, y = fa[i], fb[i]
+    local same = (x ~= x and y ~= y) or (x == y and (x ~= 0 or 1 / x == 1 / y))
+    if not same then error(("%s: element %d is %s, want %s"):format(what, i, tostring(x), tostring(y)), 2) end
+  end
+end
+
 return M

@@ -5,18 +5,11 @@
 -- then the bias added); K = 0 gives the bias; gradients are unchanged (finite differences in
 -- f64).
 local dl = require "ddplua"
+local with_threads = require("threads").with_threads
 
 local bits_differ = require("close").count_bit_differences
 local gradcheck = require("gradcheck").gradcheck
 
-local function with_threads(n, fn)
-  local before = dl.get_num_threads()
-  dl.set_num_threads(n)
-  local ok, a, b, c, d = pcall(fn)
-  dl.set_num_threads(before)
-  assert(ok, a)
-  return a, b, c, d
-end
 
 -- max |got - want| / (sum_k |x_ik w_jk| + |b_j|): the rounding error relative to the size of
 -- the terms.

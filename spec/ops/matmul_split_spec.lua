@@ -5,6 +5,7 @@
 -- the product in f64, for the MLP's shapes, odd sizes, transposed operands and the row
 -- split; linear's output and gradients agree between 1 and 2 threads to rounding.
 local dl = require "ddplua"
+local with_threads = require("threads").with_threads
 
 local bits_differ = require("close").count_bit_differences
 
@@ -16,14 +17,6 @@ local function relative_error(got, a, b)
   return ((got:to("f64") - want):abs() / (scale + 1e-30)):max():item()
 end
 
-local function with_threads(n, fn)
-  local before = dl.get_num_threads()
-  dl.set_num_threads(n)
-  local ok, a, b, c, d = pcall(fn)
-  dl.set_num_threads(before)
-  assert(ok, a)
-  return a, b, c, d
-end
 
 describe("small GEMM split over the thread pool", function()
   -- (n, k, m): the MLP's forward, backward-data and weight-gradient products, odd sizes,

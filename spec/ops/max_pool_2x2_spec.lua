@@ -6,6 +6,7 @@
 -- heights and widths (cells no window covers), ties, NaN, signed zeros, ceil_mode, 1 and 2
 -- threads.
 local dl = require "ddplua"
+local assert_same_bits = require("close").assert_same_bits
 
 local seed = 1600
 local function gen() seed = seed + 1; return dl.Generator(seed) end
@@ -23,16 +24,6 @@ end
 
 local function flat(t) return t:contiguous():reshape({ -1 }):tolist() end
 
--- Same numbers, same sign of zero, NaN where the other has NaN.
-local function assert_same_bits(what, a, b)
-  local fa, fb = flat(a), flat(b)
-  assert.equal(#fa, #fb)
-  for i = 1, #fa do
-    local x, y = fa[i], fb[i]
-    local same = (x ~= x and y ~= y) or (x == y and (x ~= 0 or 1 / x == 1 / y))
-    if not same then error(("%s: element %d is %s, want %s"):format(what, i, tostring(x), tostring(y)), 2) end
-  end
-end
 
 -- Window maximum and first flat index of the largest value (no NaN in x).
 local function ref_forward(x)

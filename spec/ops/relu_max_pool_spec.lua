@@ -6,6 +6,7 @@
 -- a ReLU followed by a MaxPool2d through it (Note [sequential relu pooling]) only when both
 -- are the stock modules.
 local dl = require "ddplua"
+local assert_same_bits = require("close").assert_same_bits
 local nn = require "ddplua.nn"
 
 local seed = 1700
@@ -20,18 +21,6 @@ local function values(shape, dtype)
   return x:to(dtype)
 end
 
-local function flat(t) return t:to("f64"):contiguous():reshape({ -1 }):tolist() end
-
-local function assert_same_bits(what, a, b)
-  assert.equal(a.dtype, b.dtype)
-  local fa, fb = flat(a), flat(b)
-  assert.equal(#fa, #fb)
-  for i = 1, #fa do
-    local x, y = fa[i], fb[i]
-    local same = (x ~= x and y ~= y) or (x == y and (x ~= 0 or 1 / x == 1 / y))
-    if not same then error(("%s: element %d is %s, want %s"):format(what, i, tostring(x), tostring(y)), 2) end
-  end
-end
 
 -- output and input gradient of f(x) for the output gradient g
 local function run(f, x, g)
