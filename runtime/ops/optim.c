@@ -158,12 +158,9 @@ static int run_update(int kind, const void *h, int n, ddp_tensor **tensors, cons
 
 /* ---- SGD ------------------------------------------------------------------------------------ */
 
-int ddp_sgd_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *momentum_buffer, double lr,
-                  double momentum, double dampening, double weight_decay, int nesterov,
-                  int maximize, int first_step) {
-  const char *op = "sgd_step_";
-  DDP_TRY(check_param(param, op));
-  DDP_TRY(check_like(grad, param, op, "grad", 1));
+/* The hyper-parameters' checks shared by ddp_sgd_step_ and ddp_sgd_step_foreach_. */
+static int check_sgd_hparams(const char *op, double lr, double momentum, double dampening,
+                             double weight_decay, int nesterov) {
   DDP_TRY(check_nonneg(lr, op, "lr"));
   DDP_TRY(check_nonneg(momentum, op, "momentum"));
   DDP_TRY(check_nonneg(weight_decay, op, "weight_decay"));
@@ -171,6 +168,16 @@ int ddp_sgd_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *momentum_buff
   if (nesterov && (momentum <= 0 || dampening != 0))
     DDP_FAIL(DDP_ERR_ARG, "%s: nesterov momentum requires a momentum > 0 and zero dampening "
              "(momentum %g, dampening %g)", op, momentum, dampening);
+  return DDP_OK;
+}
+
+int ddp_sgd_step_(ddp_tensor *param, ddp_tensor *grad, ddp_tensor *momentum_buffer, double lr,
+                  double momentum, double dampening, double weight_decay, int nesterov,
+                  int maximize, int first_step) {
+  const char *op = "sgd_step_";
+  DDP_TRY(check_param(param, op));
+  DDP_TRY(check_like(grad, param, op, "grad", 1));
+  DDP_TRY(check_sgd_hparams(op, lr, momentum, dampening, weight_decay, nesterov));
   DDP_TRY(check_like(momentum_buffer, param, op, "momentum_buffer", momentum != 0));
   ddp_sgd_hparams h = {lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0,
                        first_step != 0};
@@ -227,13 +234,7 @@ int ddp_sgd_step_foreach_(int64_t n, ddp_tensor *const *param, ddp_tensor *const
     DDP_FAIL(DDP_ERR_ARG, "%s: the %s list is NULL", op, !param ? "param" : !grad ? "grad" : "first_step");
   if (n > 0 && momentum != 0 && !momentum_buffer)
     DDP_FAIL(DDP_ERR_ARG, "%s: the momentum_buffer list is NULL but momentum is %g", op, momentum);
-  DDP_TRY(check_nonneg(lr, op, "lr"));
-  DDP_TRY(check_nonneg(momentum, op, "momentum"));
-  DDP_TRY(check_nonneg(weight_decay, op, "weight_decay"));
-  if (!isfinite(dampening)) DDP_FAIL(DDP_ERR_ARG, "%s: invalid dampening %g", op, dampening);
-  if (nesterov && (momentum <= 0 || dampening != 0))
-    DDP_FAIL(DDP_ERR_ARG, "%s: nesterov momentum requires a momentum > 0 and zero dampening "
-             "(momentum %g, dampening %g)", op, momentum, dampening);
+  DDP_TRY(check_sgd_hparams(op, lr, momentum, dampening, weight_decay, nesterov));
   if (n == 0) return DDP_OK;
   /* every argument checked before any parameter changes */
   for (int64_t i = 0; i < n; i++) {
