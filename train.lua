@@ -61,8 +61,9 @@ for _, a in ipairs {
 end
 
 -- Note [evaluation memory]: tensors are freed when the Lua collector finds their handles,
--- which it does once the runtime's live bytes pass a threshold (ddplua/lib.lua): up to 64 MiB
--- of dead activations wait for it, or as much again as is live (the dataset's 55 MB). So
+-- which it does once the runtime's live bytes pass a threshold (Note [collector pressure] in
+-- ddplua/lib.lua): a quarter of what is live (with the dataset's 55 MB, ~14 MB or more) of
+-- dead activations wait for it. So
 -- the test pass starts and ends by collecting and emptying the CPU block cache, and
 -- collects after each batch (a full collection of this small Lua heap takes ~0.2 ms). The
 -- test batches are each process's training batch (64 in one process, 32 per rank of 2): a

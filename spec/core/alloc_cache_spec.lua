@@ -28,18 +28,7 @@ end
 local function address(t) return tonumber(ffi.cast("uintptr_t", C.ddp_tensor_data(t))) end
 
 -- Run `code` in a fresh ddplua process (its own allocator state) and return its stdout.
-local function run_fresh(code)
-  local dir = files.tmpdir("alloc_cache")
-  local path = dir .. "/main.lua"
-  local f = assert(io.open(path, "w"))
-  f:write(code)
-  f:close()
-  local p = assert(io.popen("build/ddplua " .. files.quote(path) .. " 2>&1"))
-  local out = p:read("*a")
-  local ok = p:close()
-  assert(ok, out)
-  return out
-end
+local function run_fresh(code) return files.run_fresh("alloc_cache", code) end
 
 describe("CPU block cache", function()
   before_each(function()

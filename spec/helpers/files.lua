@@ -54,4 +54,21 @@ function M.run(cmd)
   return status, out:gsub("exit status %d+\n$", "")
 end
 
+--- Run Lua `code` in a fresh `build/ddplua` process (its own allocator and collector
+-- state) from a file in a new folder /tmp/ddplua-<tag>-spec.XXXXXX; returns its stdout and
+-- stderr together. Raises with that output when the process fails.
+function M.run_fresh(tag, code)
+  local dir = M.tmpdir(tag)
+  local path = dir .. "/main.lua"
+  local f = assert(io.open(path, "w"))
+  f:write(code)
+  f:close()
+  local p = assert(io.popen("build/ddplua " .. M.quote(path) .. " 2>&1"))
+  local out = p:read("*a")
+  local ok = p:close()
+  M.remove(dir)
+  assert(ok, out)
+  return out
+end
+
 return M
