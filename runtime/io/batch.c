@@ -118,17 +118,25 @@ static void copy_row(char *dst, const char *p, int64_t step, int64_t n, size_t e
  * the whole training set). Up to LUT_CHANNELS channels; more take the arithmetic path. */
 enum { LUT_CHANNELS = 16 };
 
+/* Channel c's ToFloat + Normalize as x * a + b: a = scale / std, b = -mean / std (a = scale,
+ * b = 0 without Normalize; one mean/std pair serves every channel when nchannels is 1). */
+static void channel_affine(const ddp_io_transform *t, int64_t c, double *a, double *b) {
+  *a = t->scale;
+  *b = 0;
+  if (t->normalize) {
+    int k = t->nchannels == 1 ? 0 : (int)c;
+    *a = t->scale / t->std[k];
+    *b = -t->mean[k] / t->std[k];
+  }
+}
+
 /* lut[c * 256 + u]: the float value of u8 level u in channel c under p's ToFloat and
  * Normalize (the expression of sample_kernel's arithmetic path). */
 static void build_lut(float *lut, const ddp_io_plan_t *p) {
   const ddp_io_transform *t = &p->tf;
   for (int64_t c = 0; c < p->C; c++) {
-    double a = t->scale, b = 0;
-    if (t->normalize) {
-      int k = t->nchannels == 1 ? 0 : (int)c;
-      a = t->scale / t->std[k];
-      b = -t->mean[k] / t->std[k];
-    }
+    double a, b;
+    channel_affine(t, c, &a, &b);
     for (int u = 0; u < 256; u++)
       lut[c * 256 + u] = (a != 1 || b != 0) ? (float)((double)(float)u * a + b) : (float)u;
   }
@@ -176,12 +184,8 @@ static void sample_kernel(char *dst, const char *src, const int64_t *coff, int64
     return;
   }
   for (int64_t c = 0; c < p->C; c++) {
-    double a = t->scale, b = 0;
-    if (t->normalize) {
-      int k = t->nchannels == 1 ? 0 : (int)c;
-      a = t->scale / t->std[k];
-      b = -t->mean[k] / t->std[k];
-    }
+    double a, b;
+    channel_affine(t, c, &a, &b);
     float padv = t->pad_mode == DDP_IO_PAD_OUTPUT ? 0.0f : (float)b;
     for (int64_t y = 0; y < p->OH; y++) {
       int64_t sy = y + oy - pad;

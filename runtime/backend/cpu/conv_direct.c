@@ -353,14 +353,15 @@ INLINE void fwd_tile(const int OB, const int VB, const fwd_args *a, int64_t o0, 
     }
 }
 
+/* The register blocks every tile kernel is instantiated for: (rows, vectors) from (4, 3) down
+ * to (1, 1); the *_block dispatchers switch over this one list. */
+#define REGISTER_BLOCKS(CASE)                                                               \
+  CASE(4, 3) CASE(4, 2) CASE(4, 1) CASE(3, 3) CASE(3, 2) CASE(3, 1)                        \
+  CASE(2, 3) CASE(2, 2) CASE(2, 1) CASE(1, 3) CASE(1, 2) CASE(1, 1)
+
 static void fwd_block(int OB, int VB, const fwd_args *a, int64_t o0, int64_t v0) {
 #define FWD_CASE(ob, vb) case ob * 8 + vb: fwd_tile(ob, vb, a, o0, v0); break;
-  switch (OB * 8 + VB) {
-    FWD_CASE(4, 3) FWD_CASE(4, 2) FWD_CASE(4, 1)
-    FWD_CASE(3, 3) FWD_CASE(3, 2) FWD_CASE(3, 1)
-    FWD_CASE(2, 3) FWD_CASE(2, 2) FWD_CASE(2, 1)
-    FWD_CASE(1, 3) FWD_CASE(1, 2) FWD_CASE(1, 1)
-  }
+  switch (OB * 8 + VB) { REGISTER_BLOCKS(FWD_CASE) }
 #undef FWD_CASE
 }
 
@@ -413,12 +414,7 @@ INLINE void adj_tile(const int QB, const int VB, const adj_args *a, int64_t q0, 
 
 static void adj_block(int QB, int VB, const adj_args *a, int64_t q0, int64_t v0) {
 #define ADJ_CASE(qb, vb) case qb * 8 + vb: adj_tile(qb, vb, a, q0, v0); break;
-  switch (QB * 8 + VB) {
-    ADJ_CASE(4, 3) ADJ_CASE(4, 2) ADJ_CASE(4, 1)
-    ADJ_CASE(3, 3) ADJ_CASE(3, 2) ADJ_CASE(3, 1)
-    ADJ_CASE(2, 3) ADJ_CASE(2, 2) ADJ_CASE(2, 1)
-    ADJ_CASE(1, 3) ADJ_CASE(1, 2) ADJ_CASE(1, 1)
-  }
+  switch (QB * 8 + VB) { REGISTER_BLOCKS(ADJ_CASE) }
 #undef ADJ_CASE
 }
 
@@ -491,12 +487,7 @@ INLINE void dw_tile(const int OB, const int QB, const dw_args *a, int64_t o0, in
 
 static void dw_block(int OB, int QB, const dw_args *a, int64_t o0, int64_t q0) {
 #define DW_CASE(ob, qb) case ob * 8 + qb: dw_tile(ob, qb, a, o0, q0); break;
-  switch (OB * 8 + QB) {
-    DW_CASE(4, 3) DW_CASE(4, 2) DW_CASE(4, 1)
-    DW_CASE(3, 3) DW_CASE(3, 2) DW_CASE(3, 1)
-    DW_CASE(2, 3) DW_CASE(2, 2) DW_CASE(2, 1)
-    DW_CASE(1, 3) DW_CASE(1, 2) DW_CASE(1, 1)
-  }
+  switch (OB * 8 + QB) { REGISTER_BLOCKS(DW_CASE) }
 #undef DW_CASE
 }
 
