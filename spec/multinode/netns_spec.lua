@@ -46,9 +46,18 @@ describe("namespace nodes #dist", function()
     local marker = "/dev/shm/ddplua-netns-spec-" .. tostring(os.time()) .. "-" .. math.random(1e6)
     assert(io.open(marker, "w")):close()
     finally(function() os.remove(marker) end)
+    -- Namespace inode numbers are reused once a namespace is gone, so the two nodes read
+    -- their IPC namespaces while both are alive: each waits (up to 10 s) for the other to
+    -- be up before reading, and for the other to have read before exiting.
+    local sync = files.tmpdir("netns-sync")
+    finally(function() files.remove(sync) end)
     local status, out = files.run(nodes .. " run 2 sh -c " .. q([[
+      S=]] .. sync .. [[; P=$((1 - NODE_RANK))
+      wait_for() { i=0; while [ ! -e "$1" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done; }
+      touch "$S/up$NODE_RANK"; wait_for "$S/up$P"
       echo "host $(hostname)"; echo "addr $NODE_ADDR $NODE0_ADDR"; echo "id $NETNS_RUN_ID"
       echo "ipc $(readlink /proc/self/ns/ipc)"; echo "net $(readlink /proc/self/ns/net)"
+      touch "$S/read$NODE_RANK"; wait_for "$S/read$P"
       echo "peer $(getent hosts node$((1 - NODE_RANK)) | cut -d' ' -f1)"
       if [ -e ]] .. marker .. [[ ]; then echo "shm shared"; else echo "shm private"; fi]]))
     assert.equal(0, status, out)
