@@ -85,6 +85,16 @@ describe("ddplua executable", function()
     assert.equal("42\tnil\n", out)
   end)
 
+  it("runs scripts with SIGPIPE ignored, so a dead peer's socket gives EPIPE, not death", function()
+    -- /proc/self/status's SigIgn is a hex mask of the ignored signals; SIGPIPE is 13
+    local out, err, status = run("-e 'for l in io.lines(\"/proc/self/status\") do "
+      .. "local m = l:match(\"^SigIgn:%s*(%x+)\") if m then print(m) end end'")
+    assert.equal(0, status, err)
+    local mask = tonumber(out:match("%x+"), 16)
+    assert.is_not_nil(mask, out)
+    assert.equal(1, math.floor(mask / 2 ^ 12) % 2, "SigIgn " .. out)
+  end)
+
   it("runs a script read from stdin with -", function()
     local out, err, status = run("- a b", "print(arg[0], ...)\n")
     assert.equal(0, status, err)

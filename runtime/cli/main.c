@@ -13,6 +13,7 @@
  * are parsed (args.c), then -e / -l run in order, then the script, then the REPL when asked
  * for (-i) or when there was nothing else to run.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,11 @@ int main(int argc, char **argv) {
   } else if (opts.launch.requested) {
     status = ddp_launcher_run(&opts, argc, argv);
   } else {
+    /* A write to a socket whose peer died (Gloo's, when another rank or node is killed)
+     * raises SIGPIPE, whose default ends the process without a word; ignored, the write
+     * fails with EPIPE and the process group names the dead peer. The Python interpreter
+     * that runs PyTorch ignores SIGPIPE the same way. */
+    signal(SIGPIPE, SIG_IGN);
     ddp_process_adopt_report_channel(); /* a launcher's worker: how it reports a failure */
     line_buffer_if_asked();
     point_lua_at_own_runtime();
