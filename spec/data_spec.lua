@@ -19,6 +19,12 @@ local zlib = ffi.load("z")
 local FMNIST = "/usr/share/datasets/fashion-mnist"
 
 local files = require "files"
+local with_threads = require("threads").with_threads
+for _, decl in ipairs { "long sysconf(int name);", "int getpid(void);",
+  "int setenv(const char *name, const char *value, int overwrite);", "int unsetenv(const char *name);" } do
+  pcall(ffi.cdef, decl) -- one at a time: another spec may have declared some already
+end
+local SC_NPROCESSORS_ONLN = 84 -- glibc's value on Linux
 local tmpdir
 setup(function() tmpdir = files.tmpdir("data") end)
 teardown(function() files.remove(tmpdir) end)
@@ -608,13 +614,18 @@ describe("ddplua.data", function()
           data.Normalize(0.2860, 0.3530) },
       }
       local runs = {}
-      for _, prefetch in ipairs { 0, 1, 2, 5 } do
-        local loader = data.DataLoader(ds, { batch_size = 500, shuffle = true, generator = dl.Generator(3), prefetch = prefetch })
+      -- prefetch 0 at 2 threads splits each batch's samples over the pool (Note [gather on
+      -- the pool], runtime/io/batch.c); nil is the default choice (Note [default prefetch])
+      for _, case in ipairs { { 0, 1 }, { 0, 2 }, { 1, 2 }, { 2, 2 }, { 5, 1 }, { nil, 2 }, { nil, 1 } } do
+        local prefetch, threads = case[1], case[2]
         local batches = {}
-        for x, y in loader:iter() do
-          batches[#batches + 1] = { ffi.string(C.ddp_tensor_data(x), x:numel() * 4), ffi.string(C.ddp_tensor_data(y), y:numel() * 8) }
-          assert.same({ y:size(1), 1, 28, 28 }, x:size())
-        end
+        with_threads(threads, function()
+          local loader = data.DataLoader(ds, { batch_size = 500, shuffle = true, generator = dl.Generator(3), prefetch = prefetch })
+          for x, y in loader:iter() do
+            batches[#batches + 1] = { ffi.string(C.ddp_tensor_data(x), x:numel() * 4), ffi.string(C.ddp_tensor_data(y), y:numel() * 8) }
+            assert.same({ y:size(1), 1, 28, 28 }, x:size())
+          end
+        end)
         assert.equal(20, #batches)
         runs[#runs + 1] = batches
       end
@@ -634,6 +645,48 @@ describe("ddplua.data", function()
         assert.equal(yi, y:get(i))
       end
       loader:close()
+    end)
+
+    it("by default keeps a prefetch thread only when the compute threads leave a core free", function()
+      -- Note [default prefetch] (runtime/io/loader.c): threads x LOCAL_WORLD_SIZE < cores
+      -- gives the thread (prefetch 2), otherwise batches are made on the caller's thread
+      local cores = tonumber(C.sysconf(SC_NPROCESSORS_ONLN))
+      local ds = data.FashionMNIST { train = false }
+      local function tasks() -- this process's threads
+        local n = 0
+        for _ in io.popen("ls /proc/" .. C.getpid() .. "/task"):lines() do n = n + 1 end
+        return n
+      end
+      -- threads during the first batch of an epoch of the default loader, minus before it
+      local function extra_threads()
+        data.DataLoader(ds, { batch_size = 64, prefetch = 0 }):iter()() -- the pool is started
+        local loader = data.DataLoader(ds, { batch_size = 64 })
+        local before = tasks()
+        local it = loader:iter()
+        assert.is_not_nil(it())
+        local during = tasks()
+        loader:close()
+        return during - before
+      end
+      with_threads(cores, function()
+        assert.equal(0, C.ddp_io_loader_default_prefetch(0))
+        assert.equal(2, C.ddp_io_loader_default_prefetch(1)) -- pinning is the thread's job
+        assert.equal(0, extra_threads())
+      end)
+      if cores >= 2 then
+        with_threads(1, function()
+          assert.equal(2, C.ddp_io_loader_default_prefetch(0))
+          assert.equal(1, extra_threads())
+          -- under the launcher the node's other processes count: LOCAL_WORLD_SIZE = cores
+          C.setenv("LOCAL_WORLD_SIZE", tostring(cores), 1)
+          local ok, err = pcall(function()
+            assert.equal(0, C.ddp_io_loader_default_prefetch(0))
+            assert.equal(0, extra_threads())
+          end)
+          C.unsetenv("LOCAL_WORLD_SIZE")
+          assert(ok, err)
+        end)
+      end
     end)
 
     it("stops early, drops loaders mid-epoch and starts again without hanging", function()

@@ -26,9 +26,11 @@ int ddp_io_plan(ddp_io_plan_t *plan, const ddp_tensor *src, const ddp_io_transfo
 
 /* Gather B samples of the contiguous source src (N, ...) at the (already range-checked)
  * indices idx into a new tensor (B, ...) (or the sample alone when batch_dim is 0, B 1);
- * sample p uses Philox block (seed, base + p) when the plan is random. Runs on any thread:
- * uses no thread pool and no autograd. */
+ * sample p uses Philox block (seed, base + p) when the plan is random. Runs on any thread
+ * and records no autograd; use_pool 1 splits the samples over the fork-join pool (the
+ * caller's thread), 0 runs them on this thread alone (the prefetch thread). */
 int ddp_io_gather(ddp_tensor **out, const ddp_tensor *src, const int64_t *idx, int64_t B,
-                  int batch_dim, const ddp_io_plan_t *plan, uint64_t seed, uint64_t base);
+                  int batch_dim, const ddp_io_plan_t *plan, uint64_t seed, uint64_t base,
+                  int use_pool);
 
 #endif /* DDP_IO_INTERNAL_H */

@@ -11,7 +11,8 @@
 --    transforms made of data.* objects): a C loader (runtime/io/loader.c) gathers each
 --    batch into one contiguous tensor per source and applies the transforms, on a
 --    background thread that keeps `prefetch` batches ready (prefetch = 0: on the caller's
---    thread). Prefetching changes no value (Note [transform randomness], ddplua/io.h).
+--    thread, split over the thread pool; by default the thread only where a core is free).
+--    Prefetching changes no value (Note [transform randomness], ddplua/io.h).
 --  * Lua path, for any other dataset (the protocol in ddplua.data.datasets): each batch
 --    calls ds:get(i) for its samples and stacks them in C (ddp_io_stack): tensors of equal
 --    shape stack to (B, ...); numbers become an i64 tensor when all are integers, else
@@ -42,8 +43,11 @@ local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "
 -- opts.batch_size (64), opts.shuffle (false: a new dl.randperm order each iter(), drawn from
 -- opts.generator), opts.sampler (see the protocol above; not with shuffle),
 -- opts.generator (a dl.Generator; the default generator when nil; drives shuffling and the
--- random transforms), opts.drop_last (false: keep the short last batch), opts.prefetch (2:
--- batches the C loader's thread keeps ready; 0: no thread), opts.pin_memory (false: true
+-- random transforms), opts.drop_last (false: keep the short last batch), opts.prefetch
+-- (batches the C loader's thread keeps ready; 0: no thread, each batch made on the caller's
+-- thread and split over the thread pool; nil: chosen at each iter(), 2 when the compute
+-- threads of the node's processes leave a core free or pin_memory is set, else 0: Note
+-- [default prefetch] in runtime/io/loader.c), opts.pin_memory (false: true
 -- puts every batch tensor in pinned host memory, so that x:to("cuda", {non_blocking =
 -- true}) copies it asynchronously; on the C path the prefetch thread does the pinning, see
 -- Note [pinned batches] in runtime/io/loader.c; without CUDA nothing is pinned, as PyTorch,
@@ -62,8 +66,8 @@ function M.DataLoader(dataset, opts)
   if type(bs) ~= "number" or bs < 1 or bs % 1 ~= 0 then
     lib.raise("DataLoader: batch_size must be a positive integer, got " .. tostring(bs))
   end
-  local prefetch = opts.prefetch == nil and 2 or opts.prefetch
-  if type(prefetch) ~= "number" or prefetch < 0 or prefetch % 1 ~= 0 then
+  local prefetch = opts.prefetch -- nil: chosen at each iter() (Note [default prefetch])
+  if prefetch ~= nil and (type(prefetch) ~= "number" or prefetch < 0 or prefetch % 1 ~= 0) then
     lib.raise("DataLoader: prefetch must be an integer >= 0, got " .. tostring(prefetch))
   end
   if opts.sampler and opts.shuffle then
@@ -156,8 +160,10 @@ local function c_iter(self, sources, tfs, order)
     if tfs[k] then specs[k - 1] = transforms.spec(tfs[k], C.ddp_tensor_dtype(sources[k])) end
   end
   local lbox = ffi.new("ddp_io_loader*[1]")
+  local pin = self.pin_memory and 1 or 0
+  local prefetch = self.prefetch or C.ddp_io_loader_default_prefetch(pin)
   check(C.ddp_io_loader_new(lbox, n, srcs, specs, order, self.batch_size, self.drop_last and 1 or 0,
-    self.prefetch, self.pin_memory and 1 or 0, self.generator.handle))
+    prefetch, pin, self.generator.handle))
   local ep = { handle = ffi.gc(lbox[0], C.ddp_io_loader_free) }
   self.epoch = ep
   local outs = ffi.new("ddp_tensor*[?]", n)

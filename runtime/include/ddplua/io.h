@@ -132,6 +132,13 @@ int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
                       int64_t batch_size, int drop_last, int prefetch, int pin_memory,
                       ddp_generator *g);
 
+/* The prefetch a DataLoader uses when none is given (Note [default prefetch],
+ * runtime/io/loader.c): 2 (a prefetch thread) when pin_memory is 1 or when this process's
+ * compute threads (ddp_get_num_threads) times its node's processes (LOCAL_WORLD_SIZE, 1
+ * when unset) leave an online core free; 0 (batches made on the calling thread, split over
+ * the thread pool) when they occupy every core. Never fails. */
+int ddp_io_loader_default_prefetch(int pin_memory);
+
 /* The next batch: outs[k] (nsources entries) receives a new reference to source k's batch
  * (B, ...). Returns DDP_OK, DDP_IO_END (outs set to NULL) once every batch was handed out
  * (and again on later calls), or an error: one raised on the prefetch thread is reported
