@@ -409,6 +409,33 @@ describe("ddplua.optim.SGD foreach / fused (one call per group)", function()
     for i, p in ipairs(ps) do assert.is_true(same(p.grad, dl.ones(SIZES[i], { dtype = "f32" })), "grad " .. i) end
   end)
 
+  it("holds no reference to the gradients after the step: zero_grad frees them at once", function()
+    -- Note [step releases its grads] (ddplua/optim/sgd.lua): no collection runs in between,
+    -- so a gradient handle made by the step would keep its memory live until one did
+    local w = dl.randn({ 256, 784 }, { generator = dl.Generator(1) })
+    w.requires_grad = true
+    local opt = optim.SGD({ w }, { lr = 0.1, momentum = 0.9 })
+    local x = dl.randn({ 64, 784 }, { generator = dl.Generator(2) })
+    local grad_bytes = 256 * 784 * 4
+    collectgarbage("stop")
+    local ok, err = pcall(function()
+      for k = 1, 3 do
+        opt:zero_grad()
+        local loss = (x:matmul(w:t())):sum()
+        loss:backward()
+        loss = nil
+        local before = dl.memory_stats().live
+        opt:step()
+        opt:zero_grad()
+        local freed = before - dl.memory_stats().live
+        -- (the first step also makes the momentum buffer, of the gradient's size)
+        if k > 1 then assert.is_true(freed >= grad_bytes, ("zero_grad after the step freed %d bytes, the gradient has %d"):format(freed, grad_bytes)) end
+      end
+    end)
+    collectgarbage("restart")
+    assert(ok, err)
+  end)
+
   it("refuses foreach and fused together, and non-boolean values", function()
     local p = dl.tensor({ 1 }, { requires_grad = true })
     assert.has_error(function() optim.SGD({ p }, { foreach = true, fused = true }) end,
