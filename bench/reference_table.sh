@@ -20,14 +20,14 @@
 # and PyTorch back to back (ddplua first in odd rounds, PyTorch first in even ones); every
 # cell is the median over the rounds.
 # Prints its bench/RESULTS.md section (heading, method, machine, tables) on stdout, progress
-# on stderr. Environment: ROUNDS (default 4), STEPS (200, CNN/MLP timed steps), TRAIN_WARMUP (20),
+# on stderr. Environment: ROUNDS (default 4), STEPS (200, CNN/MLP timed steps), TRAIN_WARMUP (100),
 # RESNET_STEPS (20), RESNET_WARMUP (3), AR_ROUNDS (5, back-to-back rounds per size),
 # SMALL_CALLS (100000), SMALL_RUNS (7), ROWS (default "cnn mlp resnet20 allreduce small_op").
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 1
 rounds=${ROUNDS:-4}
 steps=${STEPS:-200}
-warmup=${TRAIN_WARMUP:-20}
+warmup=${TRAIN_WARMUP:-100} # see the METHOD text: past the collector's first cycles
 resnet_steps=${RESNET_STEPS:-20}
 resnet_warmup=${RESNET_WARMUP:-3}
 ar_rounds=${AR_ROUNDS:-5}
@@ -166,7 +166,12 @@ OMP_NUM_THREADS and OPENBLAS_NUM_THREADS set before import, OMP_WAIT_POLICY=PASS
 ATEN_CPU_CAPABILITY=avx512 where the CPU has AVX-512, torchrun for DDP (gloo). ddplua runs
 as a typical script does: `bench/train.lua` with its DataLoader, the launcher for DDP
 (`--nproc_per_node=2 --standalone`). CNN and MLP: Fashion-MNIST, batch 64 per process, SGD
-with momentum; ResNet-20: `bench/gpu_train.lua` / `bench/gpu_train_torch.py --device cpu`,
+with momentum, STEPS timed steps after TRAIN_WARMUP warm-up steps (both frameworks). The
+warm-up is 100 steps (it was 20) so that the timed steps start once ddplua's collector has
+run its first cycles: until then each step's tensors take pages new to the process (the
+block cache fills up to the collector's headroom), and a new 4 KiB page costs ~3 µs on this
+VM, so MLP steps 1-24 and ~48-56 ran at ~2.5× the steady step time, which a 20-step warm-up
+left inside the 200 timed steps (MLP 1 × 2 ~110k samples/s with 20, ~130k with 100); ResNet-20: `bench/gpu_train.lua` / `bench/gpu_train_torch.py --device cpu`,
 random 3×32×32 data, batch 128. Samples/s of all ranks. Ratios: ddplua / PyTorch for rates,
 PyTorch / ddplua for times (above 1: ddplua is faster).
 
