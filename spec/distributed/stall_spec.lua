@@ -15,12 +15,23 @@ describe("stall reports and the flight recorder #faults #dist", function()
   for _, env in ipairs { {}, { DDPLUA_SHM = "0" } } do
     it("name a SIGSTOPped rank as behind, and the job still ends at its timeout" ..
        (env.DDPLUA_SHM and " (gloo over TCP)" or ""), function()
+      local pidfile = os.tmpname()
       local r = mp.run { code = PRELUDE .. [[
 dist.all_reduce(t)
 dist.barrier()
-if R == 1 then os.execute("kill -STOP $PPID") end
+if R == 1 then os.execute("echo $PPID > ]] .. pidfile .. [[; kill -STOP $PPID") end
 dist.all_reduce(t)
 ]], env = env, timeout = 30 }
+      -- the stopped rank is gone once the run returns (it once stayed behind, stopped)
+      local f = assert(io.open(pidfile))
+      local stopped_pid = tonumber(f:read("*a"))
+      f:close()
+      os.remove(pidfile)
+      assert.is_number(stopped_pid)
+      local stat = io.open("/proc/" .. stopped_pid .. "/stat")
+      local state = stat and stat:read("*a"):match("^%d+ %b() (%a)")
+      if stat then stat:close() end
+      assert.is_true(state == nil or state == "Z", "rank 1 (pid " .. stopped_pid .. ") is still there, state " .. tostring(state))
       local o = r[1].output
       assert.is_truthy(r[1].status and r[1].status ~= 0, mp.describe(r))
       assert.matches("stall report %(rank 0, group 'pg'%): all_reduce #2 called at [^\n]*script.lua:9 has waited", o)

@@ -86,8 +86,10 @@ local function alive(pid)
   return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
 end
 
+-- (os.execute runs dash, whose kill takes no "--": "kill -9 -- -PID" failed with "Illegal
+-- number", only the session's shell died, and its rank lived on, forever when stopped)
 local function kill_session(pid)
-  os.execute("kill -9 -- -" .. pid .. " 2>/dev/null; kill -9 " .. pid .. " 2>/dev/null")
+  os.execute("kill -9 -" .. pid .. " 2>/dev/null; kill -9 " .. pid .. " 2>/dev/null")
 end
 
 --- Run opts.nprocs (default 2) ranks of opts.script (a path) or opts.code (Lua source),
