@@ -72,6 +72,31 @@ local function arrays(n)
   return arr_p, arr_g, arr_b, arr_first
 end
 
+-- The foreach step of group g over its n parameters with a gradient (with_grad[1..n], in
+-- ps/gs/bs/first[0..n-1]): the momentum buffers made where missing, then one C call; its
+-- status. A function of its own (not a closure made per step) so that the JIT compiles
+-- the step (a closure per call makes LuaJIT fall back to the interpreter there).
+local function foreach_step(g, state, n, with_grad, ps, gs, bs, first)
+  local use_buf = g.momentum ~= 0
+  for i = 0, n - 1 do
+    local p = with_grad[i + 1]
+    local st = state[p]
+    if not st then st = {}; state[p] = st end
+    first[i] = 0
+    if use_buf then
+      local buf = st.momentum_buffer
+      if buf == nil then
+        buf = Optimizer.zeros_like(p)
+        st.momentum_buffer = buf
+        first[i] = 1
+      end
+      bs[i] = buf
+    end
+  end
+  return C.ddp_sgd_step_foreach_(n, ps, gs, use_buf and bs or nil, first, g.lr, g.momentum,
+    g.dampening, g.weight_decay, g.nesterov and 1 or 0, g.maximize and 1 or 0)
+end
+
 -- Note [step releases its grads]: a Lua handle to a gradient holds its memory until the
 -- collector finds the handle dead, which with zero_grad's set_to_none is the gradient's only
 -- other holder. Through handles, every step's gradients (the MLP's 940 KB) stayed allocated
@@ -101,26 +126,7 @@ function SGD:step_group(g, state)
       with_grad[n] = p
     end
   end
-  local use_buf = g.momentum ~= 0
-  local ok, status = pcall(function()
-    for i = 0, n - 1 do
-      local p = with_grad[i + 1]
-      local st = state[p]
-      if not st then st = {}; state[p] = st end
-      first[i] = 0
-      if use_buf then
-        local buf = st.momentum_buffer
-        if buf == nil then
-          buf = Optimizer.zeros_like(p)
-          st.momentum_buffer = buf
-          first[i] = 1
-        end
-        bs[i] = buf
-      end
-    end
-    return C.ddp_sgd_step_foreach_(n, ps, gs, use_buf and bs or nil, first, g.lr, g.momentum,
-      g.dampening, g.weight_decay, g.nesterov and 1 or 0, g.maximize and 1 or 0)
-  end)
+  local ok, status = pcall(foreach_step, g, state, n, with_grad, ps, gs, bs, first)
   for i = 0, n - 1 do -- Note [step releases its grads], also when the step raised
     C.ddp_tensor_release(gs[i])
     ps[i], gs[i], bs[i], with_grad[i + 1] = nil, nil, nil, nil
