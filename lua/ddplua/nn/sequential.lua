@@ -77,6 +77,22 @@ local function fusable(m, nxt)
     and nxt.forward == max_pool_forward and not nxt.return_indices
 end
 
+-- Note [sequential linear relu]: a Linear followed by a ReLU (the MLP's layers) runs as the
+-- linear then relu_ in place on its output, which no one else holds (dl.linear always makes
+-- a new tensor and records only its inputs for backward): the same output and gradients
+-- bit for bit (relu_'s backward masks by the output, > 0 exactly where the input was), and
+-- one (N, out_features) tensor fewer a layer. That tensor was garbage until the next Lua
+-- collection: the MLP bench made ~390 KB of dead tensors a step, 96 KB of them these; the
+-- fusion gave +1-5% samples/s (1 x 2 and DDP 2 x 1, alternating runs). Only the stock
+-- classes with their forwards as this file loaded them, as above.
+local Linear = require "ddplua.nn.linear"
+local linear_forward = Linear.forward
+
+local function linear_then_relu(m, nxt)
+  return getmetatable(m) == Linear and m.forward == linear_forward and getmetatable(nxt) == ReLU
+    and nxt.forward == relu_forward
+end
+
 function Sequential:forward(x)
   local mods = rawget(self, "_modules")
   local names, values = mods.names, mods.values
@@ -87,6 +103,10 @@ function Sequential:forward(x)
     if m and nxt and fusable(m, nxt) then
       x = dl.relu_max_pool2d(x, nxt.kernel_size, { stride = nxt.stride, padding = nxt.padding,
         dilation = nxt.dilation, ceil_mode = nxt.ceil_mode })
+      i = i + 2
+    elseif m and nxt and linear_then_relu(m, nxt) then
+      x = linear_forward(m, x)
+      x:relu_()
       i = i + 2
     else
       if m then x = m(x) end
