@@ -7,18 +7,13 @@ local dl = require "ddplua"
 local nn = require "ddplua.nn"
 local assert_same_bits = require("close").assert_same_bits
 local with_threads = require("threads").with_threads
+local edge_values = require("edge_values").edge_values
 
 local seed = 2600
 local function gen() seed = seed + 1; return dl.Generator(seed) end
 
 -- Values from a small set (many exact zeros and ties), NaN and -0 sprinkled.
-local function values(shape, dtype)
-  local x = dl.randint(-4, 4, shape, { generator = gen() }):to("f64") * 0.25
-  local u = dl.rand(shape, { generator = gen(), dtype = "f64" })
-  x = dl.where(u:lt(0.03), dl.full(shape, 0 / 0, { dtype = "f64" }), x)
-  x = dl.where(u:gt(0.95), dl.full(shape, -0.0, { dtype = "f64" }), x)
-  return x:to(dtype)
-end
+local function values(shape, dtype) return edge_values(shape, dtype, gen, -4, 4, 0.25) end
 
 local function mlp(dtype)
   dl.manual_seed(11)

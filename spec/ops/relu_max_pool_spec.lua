@@ -7,19 +7,14 @@
 -- are the stock modules.
 local dl = require "ddplua"
 local assert_same_bits = require("close").assert_same_bits
+local edge_values = require("edge_values").edge_values
 local nn = require "ddplua.nn"
 
 local seed = 1700
 local function gen() seed = seed + 1; return dl.Generator(seed) end
 
 -- Values from a small set (ties are frequent, whole windows negative), NaN and -0 sprinkled.
-local function values(shape, dtype)
-  local x = dl.randint(-6, 4, shape, { generator = gen() }):to("f64") * 0.5
-  local u = dl.rand(shape, { generator = gen(), dtype = "f64" })
-  x = dl.where(u:lt(0.03), dl.full(shape, 0 / 0, { dtype = "f64" }), x)
-  x = dl.where(u:gt(0.95), dl.full(shape, -0.0, { dtype = "f64" }), x)
-  return x:to(dtype)
-end
+local function values(shape, dtype) return edge_values(shape, dtype, gen, -6, 4, 0.5) end
 
 
 -- output and input gradient of f(x) for the output gradient g
