@@ -9,6 +9,8 @@
  *   repl.c        the read-eval-print loop (libedit on a terminal, plain fgets on a pipe)
  *   dist_repl.c   `ddplua --nproc_per_node=N -i`: one prompt driving a REPL on every rank
  *                 (both ends: the prompt, and the ranks' side of the connection)
+ *   repl_wire.c   the distributed REPL's frames and handshake payloads as pure functions
+ *                 of bytes (shared by both ends and the fuzz target; no Lua, no sockets)
  *   launcher.c    the launcher (torchrun's job)
  */
 #ifndef DDPLUA_CLI_H

@@ -20,14 +20,17 @@
  * prompt drops the line; while ranks run, this process sends an 'I' frame to every rank
  * involved (the launcher sits in its own process group, so the terminal's Ctrl-C reaches only
  * this process); a thread of each rank raises SIGINT in its main thread, its REPL turns it
- * into "interrupted!", and the answers come back as usual. A rank that dies ends the session (the launcher reports it). Ctrl-D closes the
- * connections: the ranks' REPLs end, then the launcher.
+ * into "interrupted!", and the answers come back as usual. A rank that dies ends the session:
+ * the prompt names it, gives the launcher a moment to report why, and exits non-zero. The
+ * prompt's death ends the job: the launcher has PR_SET_PDEATHSIG = SIGTERM and stops its
+ * ranks, and a rank whose prompt connection ends while it runs an input ends itself. Ctrl-D
+ * closes the connections: the ranks' REPLs end, then the launcher.
  *
- * Frames on the socket: one type byte, the payload length as 10 decimal digits, the payload.
- * One node: the socket is bound to 127.0.0.1 on a free port. With --nnodes=M, node 0 (the
- * one that gets the prompt) listens on master_port + 1 on every interface, and the other
- * nodes, started with the same flags and -i, only run their launcher, whose ranks connect
- * to master_addr:master_port + 1.
+ * Frames on the socket: one type byte, the payload length as 10 decimal digits, the payload
+ * (repl_wire.h; Note [no partial frames]). One node: the socket is bound to 127.0.0.1 on a
+ * free port. With --nnodes=M, node 0 (the one that gets the prompt) listens on
+ * master_addr:master_port + 1 (Note [REPL listen address]), and the other nodes, started
+ * with the same flags and -i, only run their launcher, whose ranks connect there.
  *
  * Note [REPL handshake]: the prompt sends code that every rank runs, so each side proves
  * the job's secret ($DDPLUA_STORE_SECRET: the prompt makes one for a one-node job before it
@@ -38,8 +41,9 @@
  * checks it and answers 'P' "<mac_r>" with mac_r = HMAC-SHA256(secret, "ddplua-repl rank
  * <rank> <nonce_p> <nonce_r>"). Nonces are 64 fresh hex digits; MACs travel as hex. A rank
  * never runs code from a prompt that failed to prove the secret, and the prompt drops a
- * connection that fails, or that sends nothing within HANDSHAKE_TIMEOUT_S, or a frame
- * longer than HANDSHAKE_FRAME_MAX before it has proved it.
+ * connection that fails, that has not proved the secret HANDSHAKE_TIMEOUT_S after it was
+ * accepted, or that announces a frame longer than DDP_REPL_HANDSHAKE_MAX before it has
+ * proved it. Handshakes run side by side (Note [REPL handshakes concurrent]).
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -52,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -62,20 +67,32 @@
 
 #include "cli.h"
 #include "ddplua.h"
+#include "repl_wire.h"
 
 #define MAX_RANKS 256
 #define PATH_BUF 4096
 #define CONNECT_TIMEOUT_S 120 /* ranks start, load ddplua and join the group in this time */
-#define HANDSHAKE_TIMEOUT_S 10 /* a connection proves the secret within this time */
-#define HANDSHAKE_FRAME_MAX 256 /* bytes of a handshake frame's payload */
+#define HANDSHAKE_TIMEOUT_S 10 /* a connection proves the secret within this time, in total */
+#define MAX_PENDING 64         /* connections proving the secret at once (Note [REPL handshakes concurrent]) */
+#define LOST_RANK_WAIT_S 2.0   /* the launcher's time to report a lost rank before it is stopped */
+#define DDP_STR_(x) #x
+#define DDP_STR(x) DDP_STR_(x)
 
 /* ---------------------------------------------------------------------------------------
- * Frames
+ * Frames (repl_wire.h), over sockets
  * ------------------------------------------------------------------------------------- */
 
-static int write_all(int fd, const char *p, size_t n) {
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* send() all of p; MSG_NOSIGNAL: a peer that died gives EPIPE here, not SIGPIPE (the prompt
+ * does not ignore SIGPIPE: its terminal may close). */
+static int send_all(int fd, const char *p, size_t n) {
   while (n > 0) {
-    ssize_t w = write(fd, p, n);
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return -1;
     p += w;
@@ -84,50 +101,69 @@ static int write_all(int fd, const char *p, size_t n) {
   return 0;
 }
 
-static int read_all(int fd, char *p, size_t n) {
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
 static int send_frame(int fd, char type, const char *data, size_t len) {
-  char head[12];
-  snprintf(head, sizeof head, "%c%010zu", type, len);
-  return write_all(fd, head, 11) || write_all(fd, data, len) ? -1 : 0;
+  char head[DDP_REPL_HEAD_BYTES];
+  ddp_repl_frame_head(head, type, len);
+  return send_all(fd, head, sizeof head) || send_all(fd, data, len) ? -1 : 0;
 }
 
-/* Receive a frame of at most `max` payload bytes: *data is malloc'd and NUL-terminated. -1
- * at end of stream, on error, or for a longer frame. */
-static int recv_frame_max(int fd, char *type, char **data, size_t *len, size_t max) {
-  char head[12] = {0};
+/* What reading a frame came to. */
+enum frame_status { FRAME_OK = 0, FRAME_CLOSED = -1, FRAME_TIMEOUT = -2, FRAME_BAD = -3 };
+
+/* Read once from fd (which poll found readable) into the reader, no more than the current
+ * frame still needs. FRAME_OK with *done = 1 when a frame is complete, FRAME_OK with
+ * *done = 0 when more is needed, FRAME_CLOSED at end of stream or on an error, FRAME_BAD for
+ * a malformed stream. */
+static int read_some(int fd, ddp_repl_reader *r, int *done) {
+  char buf[65536];
+  size_t want = ddp_repl_reader_want(r);
+  ssize_t got = read(fd, buf, want < sizeof buf ? want : sizeof buf);
+  *done = 0;
+  if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return FRAME_OK;
+  if (got <= 0) return FRAME_CLOSED;
+  size_t used;
+  int st = ddp_repl_reader_feed(r, buf, (size_t)got, &used);
+  if (st < 0) return FRAME_BAD;
+  *done = st == 1;
+  return FRAME_OK;
+}
+
+/* Read one whole frame from fd by `deadline` (now_s() seconds; < 0: none). On FRAME_OK the
+ * frame's *type, *data (malloc'd, the caller frees it) and *len are set; on any other result
+ * *data is NULL (Note [no partial frames]). */
+static int read_frame(int fd, ddp_repl_reader *r, double deadline, char *type, char **data,
+                      size_t *len) {
   *data = NULL;
-  if (read_all(fd, head, 11) != 0) return -1;
-  *type = head[0];
-  *len = (size_t)strtoull(head + 1, NULL, 10);
-  if (*len > max) return -1;
-  *data = malloc(*len + 1);
-  if (!*data || read_all(fd, *data, *len) != 0) {
-    free(*data);
-    return -1;
+  for (;;) {
+    int wait_ms = -1;
+    if (deadline >= 0) {
+      double left = deadline - now_s();
+      if (left <= 0) return FRAME_TIMEOUT;
+      wait_ms = (int)(left * 1000) + 1;
+    }
+    struct pollfd p = {fd, POLLIN, 0};
+    int n = poll(&p, 1, wait_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return FRAME_CLOSED;
+    if (n == 0) continue;
+    int done, st = read_some(fd, r, &done);
+    if (st != FRAME_OK) return st;
+    if (done) {
+      ddp_repl_reader_take(r, type, data, len);
+      return FRAME_OK;
+    }
   }
-  (*data)[*len] = '\0';
-  return 0;
 }
 
-/* A frame from a peer that has proved the secret (any length). */
-static int recv_frame(int fd, char *type, char **data, size_t *len) {
-  return recv_frame_max(fd, type, data, len, (size_t)-1 - 1);
-}
+/* Note [no partial frames]: a frame's bytes belong to the reader that is filling them until
+ * the frame is whole; only then does the caller own them (ddp_repl_reader_take). A read
+ * that fails leaves the caller with NULL, never with a freed or half-filled buffer, so no
+ * error path can free or print one (the eleven-byte pre-authentication frame that announced
+ * ten bytes and closed used to be freed twice here). */
 
 /* ---- the handshake (Note [REPL handshake]) ---- */
 
-/* The job's secret: $DDPLUA_STORE_SECRET, or "" when unset (then both sides prove the empty
- * secret, as the store does). */
+/* The job's secret: $DDPLUA_STORE_SECRET, or "" when unset (Note [REPL secret]). */
 static const char *job_secret(void) {
   const char *s = getenv("DDPLUA_STORE_SECRET");
   return s ? s : "";
@@ -152,55 +188,6 @@ static int same_mac(const char *a, const char *b) {
   return d == 0;
 }
 
-/* Bound every read of fd by `seconds` (0: no bound). */
-static void set_read_timeout(int fd, int seconds) {
-  struct timeval tv = {seconds, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-}
-
-/* The rank's half: 0 when the prompt proved the secret and the rank answered. */
-static int handshake_rank(int fd, int rank) {
-  char nonce_r[65], hello[96], *reply = NULL, type;
-  size_t len;
-  if (ddp_store_new_secret(nonce_r, sizeof nonce_r) != DDP_OK) return -1;
-  snprintf(hello, sizeof hello, "%d %s", rank, nonce_r);
-  if (send_frame(fd, 'H', hello, strlen(hello)) != 0) return -1;
-  set_read_timeout(fd, HANDSHAKE_TIMEOUT_S);
-  int ok = recv_frame_max(fd, &type, &reply, &len, HANDSHAKE_FRAME_MAX) == 0 && type == 'A';
-  char nonce_p[65] = "", mac_p[65] = "", want[65], mine[65];
-  ok = ok && sscanf(reply, "%64s %64s", nonce_p, mac_p) == 2;
-  free(reply);
-  if (!ok) return -1;
-  handshake_mac(want, "prompt", rank, nonce_r, nonce_p);
-  if (!same_mac(want, mac_p)) return -1;
-  set_read_timeout(fd, 0);
-  handshake_mac(mine, "rank", rank, nonce_p, nonce_r);
-  return send_frame(fd, 'P', mine, strlen(mine));
-}
-
-/* The prompt's half for one accepted connection: the rank it proved, or -1. */
-static int handshake_prompt(int fd) {
-  char type, *hello = NULL, *proof = NULL;
-  size_t len;
-  int rank = -1;
-  char nonce_r[65] = "", nonce_p[65], answer[160], mac[65], want[65];
-  set_read_timeout(fd, HANDSHAKE_TIMEOUT_S);
-  int ok = recv_frame_max(fd, &type, &hello, &len, HANDSHAKE_FRAME_MAX) == 0 && type == 'H';
-  ok = ok && sscanf(hello, "%d %64s", &rank, nonce_r) == 2 && strlen(nonce_r) == 64;
-  free(hello);
-  if (!ok || ddp_store_new_secret(nonce_p, sizeof nonce_p) != DDP_OK) return -1;
-  handshake_mac(mac, "prompt", rank, nonce_r, nonce_p);
-  snprintf(answer, sizeof answer, "%s %s", nonce_p, mac);
-  if (send_frame(fd, 'A', answer, strlen(answer)) != 0) return -1;
-  ok = recv_frame_max(fd, &type, &proof, &len, HANDSHAKE_FRAME_MAX) == 0 && type == 'P';
-  handshake_mac(want, "rank", rank, nonce_p, nonce_r);
-  ok = ok && same_mac(want, proof);
-  free(proof);
-  if (!ok) return -1;
-  set_read_timeout(fd, 0);
-  return rank;
-}
-
 /* ---------------------------------------------------------------------------------------
  * A rank's side
  * ------------------------------------------------------------------------------------- */
@@ -210,15 +197,22 @@ static void ignore_sigint(int sig) { (void)sig; } /* a Ctrl-C that came after th
 /* While an input runs, a thread watches the connection for the prompt's 'I' (Ctrl-C) frames
  * and raises SIGINT in the main thread, where the REPL's handler turns it into an error at
  * the next Lua event. The prompt sends nothing else until this rank has answered, so the
- * watcher never takes an input frame; it is stopped (through a pipe) before the answer. */
+ * watcher never takes an input frame (it reads no more than the current frame needs:
+ * ddp_repl_reader_want); it is stopped (through a pipe) before the answer. When the prompt
+ * is gone (the connection ends) nobody can read this rank's answer: the watcher says so on
+ * the rank's real stderr and ends the rank with SIGTERM (Note [flush on SIGTERM]), so a rank
+ * blocked in a collective does not wait out the collective's timeout. */
 typedef struct watcher {
   int fd;
   int stop[2];
+  int err_fd; /* the rank's stderr while fds 1 and 2 point at the capture file */
   pthread_t main, thread;
 } watcher;
 
 static void *watch(void *arg) {
   watcher *w = arg;
+  ddp_repl_reader r;
+  ddp_repl_reader_init(&r, 0); /* 'I' frames are empty */
   for (;;) {
     struct pollfd p[2] = {{w->fd, POLLIN, 0}, {w->stop[0], POLLIN, 0}};
     if (poll(p, 2, -1) < 0) {
@@ -226,11 +220,21 @@ static void *watch(void *arg) {
       break;
     }
     if (p[1].revents) break;
-    if (!(p[0].revents & POLLIN)) break; /* the prompt is gone */
-    char head[11];
-    if (read_all(w->fd, head, sizeof head) != 0 || head[0] != 'I') break;
-    pthread_kill(w->main, SIGINT);
+    int done, st = read_some(w->fd, &r, &done);
+    if (st != FRAME_OK) {
+      dprintf(w->err_fd, DDP_CLI_NAME ": rank %s: %s; ending this rank\n", getenv("RANK") ? getenv("RANK") : "0",
+              st == FRAME_CLOSED ? "the REPL prompt is gone" : "the REPL prompt sent a malformed frame");
+      kill(getpid(), SIGTERM);
+      break;
+    }
+    if (!done) continue;
+    char type, *data;
+    size_t len;
+    ddp_repl_reader_take(&r, &type, &data, &len);
+    free(data);
+    if (type == 'I') pthread_kill(w->main, SIGINT);
   }
+  ddp_repl_reader_free(&r);
   return NULL;
 }
 
@@ -245,7 +249,7 @@ static char *run_captured(lua_State *L, int fd, const char *code, size_t len, si
     dup2(fileno(tmp), 1);
     dup2(fileno(tmp), 2);
   }
-  watcher w = {fd, {-1, -1}, pthread_self(), 0};
+  watcher w = {fd, {-1, -1}, saved2, pthread_self(), 0};
   int watching = pipe(w.stop) == 0 && pthread_create(&w.thread, NULL, watch, &w) == 0;
   ddp_repl_eval(L, code, len);
   if (watching) {
@@ -266,6 +270,7 @@ static char *run_captured(lua_State *L, int fd, const char *code, size_t len, si
   *out_len = 0;
   if (tmp) {
     off_t n = lseek(fileno(tmp), 0, SEEK_END);
+    if (n > (off_t)DDP_REPL_FRAME_MAX) n = (off_t)DDP_REPL_FRAME_MAX; /* the frame's limit */
     out = malloc((size_t)(n > 0 ? n : 0) + 1);
     if (out && n > 0 && pread(fileno(tmp), out, (size_t)n, 0) == n) *out_len = (size_t)n;
     fclose(tmp);
@@ -292,6 +297,35 @@ static int connect_to(const char *host, const char *port) {
   return fd;
 }
 
+/* What one handshake attempt of a rank came to. */
+enum { HS_OK = 0, HS_RETRY = 1, HS_REFUSED = 2 };
+
+/* The rank's half on a connected fd: HS_OK when the prompt proved the secret and the rank
+ * answered; HS_RETRY when the connection ended or timed out before the prompt's answer (the
+ * prompt drops the oldest unproved connection when it has too many: try again); HS_REFUSED
+ * when the prompt's answer was malformed or did not prove the secret. */
+static int handshake_rank(int fd, int rank, double deadline) {
+  char nonce_r[65], hello[96], type, *reply;
+  size_t len;
+  if (ddp_store_new_secret(nonce_r, sizeof nonce_r) != DDP_OK) return HS_REFUSED;
+  snprintf(hello, sizeof hello, "%d %s", rank, nonce_r);
+  if (send_frame(fd, 'H', hello, strlen(hello)) != 0) return HS_RETRY;
+  ddp_repl_reader r;
+  ddp_repl_reader_init(&r, DDP_REPL_HANDSHAKE_MAX);
+  double answer_by = now_s() + HANDSHAKE_TIMEOUT_S;
+  int st = read_frame(fd, &r, answer_by < deadline ? answer_by : deadline, &type, &reply, &len);
+  ddp_repl_reader_free(&r);
+  if (st == FRAME_CLOSED || st == FRAME_TIMEOUT) return HS_RETRY;
+  char nonce_p[65], mac_p[65], want[65], mine[65];
+  int ok = st == FRAME_OK && type == 'A' && ddp_repl_parse_answer(reply, len, nonce_p, mac_p) == 0;
+  free(reply);
+  if (!ok) return HS_REFUSED;
+  handshake_mac(want, "prompt", rank, nonce_r, nonce_p);
+  if (!same_mac(want, mac_p)) return HS_REFUSED;
+  handshake_mac(mine, "rank", rank, nonce_p, nonce_r);
+  return send_frame(fd, 'P', mine, strlen(mine)) == 0 ? HS_OK : HS_RETRY;
+}
+
 int ddp_repl_serve(lua_State *L, const char *address) {
   char host[256], port[16];
   if (sscanf(address, "%255[^:]:%15s", host, port) != 2) {
@@ -305,17 +339,27 @@ int ddp_repl_serve(lua_State *L, const char *address) {
         "dist = require('ddplua.repl.ranks').prompt_dist(dist)",
         "=(distributed REPL)") != 0)
     return DDP_CLI_EXIT_ERROR;
-  int fd = connect_to(host, port);
-  if (fd < 0) {
-    fprintf(stderr, DDP_CLI_NAME ": cannot reach the REPL prompt at %s: %s\n", address,
-            strerror(errno));
-    return DDP_CLI_EXIT_ERROR;
+  const char *rank_env = getenv("RANK");
+  int rank = rank_env ? atoi(rank_env) : 0;
+  double deadline = now_s() + CONNECT_TIMEOUT_S;
+  int fd = -1, hs = HS_RETRY;
+  while (hs == HS_RETRY && now_s() < deadline) {
+    if (fd >= 0) {
+      close(fd);
+      usleep(100 * 1000);
+    }
+    fd = connect_to(host, port);
+    if (fd < 0) break; /* nobody listens: the prompt is gone (it listens before the ranks start) */
+    hs = handshake_rank(fd, rank, deadline);
   }
-  const char *rank = getenv("RANK");
-  if (handshake_rank(fd, rank ? atoi(rank) : 0) != 0) {
-    fprintf(stderr, DDP_CLI_NAME ": the REPL prompt at %s did not prove the job's secret "
-            "(DDPLUA_STORE_SECRET): not running its code\n", address);
-    close(fd);
+  if (hs != HS_OK) {
+    if (hs == HS_REFUSED)
+      fprintf(stderr, DDP_CLI_NAME ": rank %d: the REPL prompt at %s did not prove the job's secret "
+              "(DDPLUA_STORE_SECRET): not running its code\n", rank, address);
+    else
+      fprintf(stderr, DDP_CLI_NAME ": rank %d: cannot join the REPL prompt at %s: %s\n", rank, address,
+              fd < 0 ? strerror(errno) : "the connection ended or timed out before the prompt answered");
+    if (fd >= 0) close(fd);
     return DDP_CLI_EXIT_ERROR;
   }
 
@@ -325,10 +369,20 @@ int ddp_repl_serve(lua_State *L, const char *address) {
   sigemptyset(&sa_int.sa_mask);
   sigaction(SIGINT, &sa_int, NULL);
   ddp_host_keep_running_on_sigint(1);
+  int status = DDP_CLI_EXIT_OK;
+  ddp_repl_reader r;
+  ddp_repl_reader_init(&r, DDP_REPL_FRAME_MAX);
   for (;;) {
     char type, *code;
     size_t len;
-    if (recv_frame(fd, &type, &code, &len) != 0) break; /* the prompt closed: Ctrl-D */
+    int st = read_frame(fd, &r, -1, &type, &code, &len);
+    if (st == FRAME_CLOSED) break; /* the prompt closed: Ctrl-D */
+    if (st != FRAME_OK) {
+      fprintf(stderr, DDP_CLI_NAME ": rank %d: the REPL prompt sent a malformed frame (%s); ending\n",
+              rank, r.error ? r.error : "unreadable");
+      status = DDP_CLI_EXIT_ERROR;
+      break;
+    }
     if (type != 'L') { /* a Ctrl-C frame that came after the input ended */
       free(code);
       continue;
@@ -340,9 +394,10 @@ int ddp_repl_serve(lua_State *L, const char *address) {
     free(out);
     if (failed) break;
   }
+  ddp_repl_reader_free(&r);
   ddp_host_keep_running_on_sigint(0);
   close(fd);
-  return DDP_CLI_EXIT_OK;
+  return status;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -356,7 +411,7 @@ typedef struct ranks {
 } ranks;
 
 /* The connections Ctrl-C is forwarded to while ranks run (read by the signal handler, which
- * writes an 'I' frame to each: write() is async-signal-safe, and the prompt itself writes
+ * sends an 'I' frame to each: send() is async-signal-safe, and the prompt itself writes
  * nothing while it waits for answers). */
 static volatile sig_atomic_t forward_n;
 static int forward_fd[MAX_RANKS];
@@ -364,7 +419,7 @@ static int forward_fd[MAX_RANKS];
 static void forward_sigint(int sig) {
   (void)sig;
   int saved = errno;
-  for (int i = 0; i < forward_n; i++) (void)!write(forward_fd[i], "I0000000000", 11);
+  for (int i = 0; i < forward_n; i++) (void)!send(forward_fd[i], "I0000000000", 11, MSG_NOSIGNAL);
   errno = saved;
 }
 
@@ -379,7 +434,24 @@ static void print_labelled(const char *label, const char *text, size_t len) {
   }
 }
 
-/* ddp_repl_remote: run `code` on every rank (or on K for "%rank K code") and print. */
+/* A rank's connection ended (or broke the protocol) while the prompt waited on it: say which,
+ * give the launcher (which sees the rank's exit) up to LOST_RANK_WAIT_S to report why, stop
+ * it, and end the prompt. */
+static void end_with_lost_rank(ranks *rk, int rank, const char *what) {
+  fflush(stdout);
+  fprintf(stderr, DDP_CLI_NAME ": rank %d of the distributed REPL is gone (%s); ending the session\n",
+          rank, what);
+  double until = now_s() + LOST_RANK_WAIT_S;
+  int status;
+  while (now_s() < until && waitpid(rk->launcher, &status, WNOHANG) == 0) usleep(20 * 1000);
+  kill(rk->launcher, SIGTERM); /* a no-op once it has ended */
+  while (waitpid(rk->launcher, &status, 0) < 0 && errno == EINTR) {}
+  exit(DDP_CLI_EXIT_ERROR);
+}
+
+/* ddp_repl_remote: run `code` on every rank (or on K for "%rank K code") and print. The
+ * answers are read from every involved connection at once (poll), so a rank that dies is
+ * seen at once, even while another rank waits for it inside a collective. */
 static int run_on_ranks(void *ctx, const char *code, size_t len) {
   ranks *rk = ctx;
   int only = -1;
@@ -394,11 +466,18 @@ static int run_on_ranks(void *ctx, const char *code, size_t len) {
       return 0;
     }
   }
-  char *out[MAX_RANKS] = {0};
-  size_t out_len[MAX_RANKS] = {0};
-  int lost = 0;
-  for (int r = 0; r < rk->n; r++)
-    if ((only < 0 || r == only) && send_frame(rk->fd[r], 'L', code, len) != 0) lost = 1;
+  static char *out[MAX_RANKS];
+  static size_t out_len[MAX_RANKS];
+  static ddp_repl_reader rd[MAX_RANKS];
+  int waiting = 0;
+  for (int r = 0; r < rk->n; r++) {
+    out[r] = NULL;
+    out_len[r] = 0;
+    if (only >= 0 && r != only) continue;
+    if (send_frame(rk->fd[r], 'L', code, len) != 0) end_with_lost_rank(rk, r, "its connection is closed");
+    ddp_repl_reader_init(&rd[r], DDP_REPL_FRAME_MAX);
+    waiting++;
+  }
 
   struct sigaction sa, old;
   memset(&sa, 0, sizeof sa);
@@ -409,15 +488,35 @@ static int run_on_ranks(void *ctx, const char *code, size_t len) {
   for (int r = 0; r < rk->n; r++)
     if (only < 0 || r == only) forward_fd[forward_n++] = rk->fd[r];
   sigaction(SIGINT, &sa, &old);
-  for (int r = 0; r < rk->n && !lost; r++) {
-    if (only >= 0 && r != only) continue;
-    char type;
-    if (recv_frame(rk->fd[r], &type, &out[r], &out_len[r]) != 0) lost = 1;
+  while (waiting > 0) {
+    struct pollfd p[MAX_RANKS];
+    int who[MAX_RANKS], np = 0;
+    for (int r = 0; r < rk->n; r++) {
+      if ((only >= 0 && r != only) || out[r]) continue;
+      p[np] = (struct pollfd){rk->fd[r], POLLIN, 0};
+      who[np++] = r;
+    }
+    if (poll(p, (nfds_t)np, -1) < 0) {
+      if (errno == EINTR) continue;
+      end_with_lost_rank(rk, who[0], strerror(errno));
+    }
+    for (int i = 0; i < np; i++) {
+      if (!p[i].revents) continue;
+      int r = who[i], done, st = read_some(rk->fd[r], &rd[r], &done);
+      if (st != FRAME_OK)
+        end_with_lost_rank(rk, r, st == FRAME_BAD ? rd[r].error
+                                  : "its connection closed before its answer was whole");
+      if (!done) continue;
+      char type;
+      ddp_repl_reader_take(&rd[r], &type, &out[r], &out_len[r]);
+      if (type != 'O') end_with_lost_rank(rk, r, "it sent a frame that is not an answer");
+      waiting--;
+    }
   }
   sigaction(SIGINT, &old, NULL);
   forward_n = 0;
 
-  int same = only < 0 && !lost;
+  int same = only < 0;
   for (int r = 1; same && r < rk->n; r++)
     same = out_len[r] == out_len[0] && memcmp(out[r], out[0], out_len[0]) == 0;
   if (same) {
@@ -430,42 +529,278 @@ static int run_on_ranks(void *ctx, const char *code, size_t len) {
       print_labelled(label, out[r], out_len[r]);
     }
   }
-  for (int r = 0; r < rk->n; r++) free(out[r]);
-  fflush(stdout);
-  if (lost) {
-    fprintf(stderr, DDP_CLI_NAME ": a rank of the distributed REPL is gone; ending the session\n");
-    exit(DDP_CLI_EXIT_ERROR); /* the launcher (our child) reports which one and why */
+  for (int r = 0; r < rk->n; r++) {
+    free(out[r]);
+    out[r] = NULL;
+    if (only < 0 || r == only) ddp_repl_reader_free(&rd[r]);
   }
+  fflush(stdout);
   return 0;
 }
 
-/* Accept one connection per rank, each proving the secret and naming its rank (Note [REPL
- * handshake]). -1 when the launcher ended
- * first or the ranks did not come in time. */
-static int gather_ranks(int listener, ranks *rk) {
-  time_t deadline = time(NULL) + CONNECT_TIMEOUT_S;
-  int got = 0;
-  for (int r = 0; r < rk->n; r++) rk->fd[r] = -1;
-  while (got < rk->n) {
-    int status;
-    if (waitpid(rk->launcher, &status, WNOHANG) == rk->launcher) return -1;
-    if (time(NULL) > deadline) {
-      fprintf(stderr, DDP_CLI_NAME ": the ranks did not join the REPL in %d s\n", CONNECT_TIMEOUT_S);
+/* ---- gathering the ranks: concurrent handshakes (Note [REPL handshakes concurrent]) ---- */
+
+/* Note [REPL handshakes concurrent]: every accepted connection is a small state machine
+ * (waiting for its hello, then for its proof) driven by one poll loop, so a connection that
+ * sends a byte every few seconds delays nobody: each has HANDSHAKE_TIMEOUT_S in total (not
+ * per read) to prove the secret, at most MAX_PENDING wait at once, and when more come the
+ * one that has waited longest is dropped (a genuine rank proves the secret within
+ * milliseconds, and a rank whose connection is dropped before the prompt's answer connects
+ * again: handshake_rank's HS_RETRY). Dropped connections are logged at most once a second,
+ * with the count of those not logged (Note [REPL drop log]). */
+typedef struct pending {
+  int fd;
+  int stage;        /* 0: waiting for 'H', 1: waiting for 'P' */
+  int rank;         /* claimed in the hello */
+  double deadline;  /* now_s() by which the secret must be proved */
+  char peer[64];    /* "address:port" for the log */
+  char nonce_r[65], nonce_p[65];
+  ddp_repl_reader rd;
+} pending;
+
+/* Note [REPL drop log]: one line a second at most, so a client that fails handshakes in a
+ * loop cannot fill the terminal or the launcher's log; the next line (or the end of the
+ * gathering) says how many were not logged. */
+typedef struct drop_log {
+  double last;      /* now_s() of the last line */
+  long suppressed;  /* drops since then not logged */
+} drop_log;
+
+static void log_drop(drop_log *lg, const char *peer, const char *why) {
+  double t = now_s();
+  if (lg->last > 0 && t - lg->last < 1.0) {
+    lg->suppressed++;
+    return;
+  }
+  if (lg->suppressed)
+    fprintf(stderr, DDP_CLI_NAME ": REPL prompt: dropped the connection from %s: %s (and %ld "
+            "more dropped, not logged, in the last second)\n", peer, why, lg->suppressed);
+  else
+    fprintf(stderr, DDP_CLI_NAME ": REPL prompt: dropped the connection from %s: %s\n", peer, why);
+  lg->last = t;
+  lg->suppressed = 0;
+}
+
+static void describe_peer(int fd, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
+    if (ss.ss_family == AF_INET) {
+      struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+      port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+      port = ntohs(a->sin6_port);
+    }
+  }
+  snprintf(out, cap, "%s:%d", host, port);
+}
+
+static void drop_pending(pending *pd, int *np, int i, drop_log *lg, const char *why) {
+  log_drop(lg, pd[i].peer, why);
+  close(pd[i].fd);
+  ddp_repl_reader_free(&pd[i].rd);
+  pd[i] = pd[--*np];
+}
+
+/* A whole frame arrived on pending connection i: advance its handshake. Returns 1 when the
+ * connection proved the secret (it is then the rank's), 0 when it goes on, -1 when it was
+ * dropped (why filled). */
+static int advance_handshake(pending *c, ranks *rk, char type, const char *data, size_t len,
+                             const char **why) {
+  if (c->stage == 0) {
+    if (type != 'H' || ddp_repl_parse_hello(data, len, rk->n, &c->rank, c->nonce_r) != 0) {
+      *why = "its first frame is not a hello naming a rank of this job";
       return -1;
     }
-    struct pollfd p = {listener, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    int fd = accept(listener, NULL, NULL);
-    if (fd < 0) continue;
-    int rank = handshake_prompt(fd);
-    if (rank < 0 || rank >= rk->n || rk->fd[rank] >= 0) {
-      close(fd);
+    char mac[65], answer[160];
+    if (ddp_store_new_secret(c->nonce_p, sizeof c->nonce_p) != DDP_OK) {
+      *why = "no random bytes for a nonce";
+      return -1;
+    }
+    handshake_mac(mac, "prompt", c->rank, c->nonce_r, c->nonce_p);
+    snprintf(answer, sizeof answer, "%s %s", c->nonce_p, mac);
+    /* ~140 bytes into a fresh socket's buffer: a non-blocking send that cannot take them
+     * all means the peer is not reading; drop it */
+    char head[DDP_REPL_HEAD_BYTES], frame[DDP_REPL_HEAD_BYTES + 160];
+    size_t alen = strlen(answer);
+    ddp_repl_frame_head(head, 'A', alen);
+    memcpy(frame, head, sizeof head);
+    memcpy(frame + sizeof head, answer, alen);
+    if (send(c->fd, frame, sizeof head + alen, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(sizeof head + alen)) {
+      *why = "it does not read the prompt's answer";
+      return -1;
+    }
+    c->stage = 1;
+    return 0;
+  }
+  char mac_r[65], want[65];
+  if (type != 'P' || ddp_repl_parse_proof(data, len, mac_r) != 0) {
+    *why = "its second frame is not a proof";
+    return -1;
+  }
+  handshake_mac(want, "rank", c->rank, c->nonce_p, c->nonce_r);
+  if (!same_mac(want, mac_r)) {
+    *why = "it did not prove the job's secret (check DDPLUA_STORE_SECRET)";
+    return -1;
+  }
+  if (rk->fd[c->rank] >= 0) {
+    *why = "its rank has already joined";
+    return -1;
+  }
+  return 1;
+}
+
+/* Accept one connection per rank, each proving the secret and naming its rank (Note [REPL
+ * handshake], Note [REPL handshakes concurrent]). -1 when the launcher ended first or the
+ * ranks did not come within CONNECT_TIMEOUT_S. */
+static int gather_ranks(int listener, ranks *rk) {
+  static pending pd[MAX_PENDING];
+  int np = 0, got = 0, result = 0;
+  drop_log lg = {0, 0};
+  double deadline = now_s() + CONNECT_TIMEOUT_S;
+  for (int r = 0; r < rk->n; r++) rk->fd[r] = -1;
+  fcntl(listener, F_SETFL, fcntl(listener, F_GETFL) | O_NONBLOCK);
+  while (got < rk->n) {
+    int status;
+    if (waitpid(rk->launcher, &status, WNOHANG) == rk->launcher) {
+      result = -1;
+      break;
+    }
+    double t = now_s();
+    if (t > deadline) {
+      fprintf(stderr, DDP_CLI_NAME ": the ranks did not join the REPL in %d s (%d of %d joined)\n",
+              CONNECT_TIMEOUT_S, got, rk->n);
+      result = -1;
+      break;
+    }
+    for (int i = 0; i < np;) { /* total handshake deadlines */
+      if (t > pd[i].deadline)
+        drop_pending(pd, &np, i, &lg, "it did not prove the job's secret within "
+                     DDP_STR(HANDSHAKE_TIMEOUT_S) " s");
+      else
+        i++;
+    }
+    struct pollfd p[MAX_PENDING + 1];
+    p[0] = (struct pollfd){listener, POLLIN, 0};
+    for (int i = 0; i < np; i++) p[i + 1] = (struct pollfd){pd[i].fd, POLLIN, 0};
+    if (poll(p, (nfds_t)np + 1, 200) <= 0) continue;
+    /* the pending connections first: the entries move when one is dropped, so walk the
+     * poll results by fd */
+    for (int k = 1; k <= np; k++) {
+      if (!p[k].revents) continue;
+      int i = 0;
+      while (i < np && pd[i].fd != p[k].fd) i++;
+      if (i == np) continue;
+      int done, st = read_some(pd[i].fd, &pd[i].rd, &done);
+      if (st != FRAME_OK) {
+        drop_pending(pd, &np, i, &lg, st == FRAME_BAD ? pd[i].rd.error
+                     : "it closed the connection before proving the job's secret");
+        continue;
+      }
+      if (!done) continue;
+      char type, *data;
+      size_t len;
+      const char *why = NULL;
+      ddp_repl_reader_take(&pd[i].rd, &type, &data, &len);
+      int adv = advance_handshake(&pd[i], rk, type, data, len, &why);
+      free(data);
+      if (adv < 0) {
+        drop_pending(pd, &np, i, &lg, why);
+      } else if (adv == 1) {
+        int fd = pd[i].fd;
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        rk->fd[pd[i].rank] = fd;
+        got++;
+        ddp_repl_reader_free(&pd[i].rd);
+        pd[i] = pd[--np];
+      }
+    }
+    if (p[0].revents & POLLIN) {
+      for (;;) {
+        int fd = accept(listener, NULL, NULL);
+        if (fd < 0) break;
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+        if (np == MAX_PENDING) { /* the one that has waited longest goes */
+          int oldest = 0;
+          for (int i = 1; i < np; i++)
+            if (pd[i].deadline < pd[oldest].deadline) oldest = i;
+          drop_pending(pd, &np, oldest, &lg, "too many connections are proving the secret at once");
+        }
+        pending *c = &pd[np++];
+        memset(c, 0, sizeof *c);
+        c->fd = fd;
+        c->deadline = now_s() + HANDSHAKE_TIMEOUT_S;
+        describe_peer(fd, c->peer, sizeof c->peer);
+        ddp_repl_reader_init(&c->rd, DDP_REPL_HANDSHAKE_MAX);
+      }
+    }
+  }
+  while (np > 0) {
+    close(pd[np - 1].fd);
+    ddp_repl_reader_free(&pd[np - 1].rd);
+    np--;
+  }
+  if (lg.suppressed)
+    fprintf(stderr, DDP_CLI_NAME ": REPL prompt: %ld more connections dropped, not logged\n", lg.suppressed);
+  return result;
+}
+
+/* ---- where the prompt listens (Note [REPL listen address]) ---- */
+
+/* Note [REPL listen address]: the prompt listens only where its ranks connect: on one node
+ * 127.0.0.1 on a free port; with --nnodes=M on master_addr:master_port + 1, the address every
+ * node's ranks are given (so --master_addr=127.0.0.1 stays on loopback, and a host's one
+ * cluster address never becomes every interface). master_addr must be an address of node 0,
+ * as for the store. Returns the listening socket or -1 with the reason printed. */
+static int open_listener(int multi, const char *master_addr, int port, char *address, size_t cap) {
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  char portstr[16];
+  snprintf(portstr, sizeof portstr, "%d", multi ? port : 0);
+  const char *host = multi ? master_addr : "127.0.0.1";
+  int rc = getaddrinfo(host, portstr, &hints, &res);
+  if (rc != 0) {
+    fprintf(stderr, DDP_CLI_NAME ": cannot open the REPL's socket: --master_addr=%s: %s\n", host,
+            gai_strerror(rc));
+    return -1;
+  }
+  int fd = -1, err = 0;
+  for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
       continue;
     }
-    rk->fd[rank] = fd;
-    got++;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, MAX_RANKS) != 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+      err = errno;
+      close(fd);
+      fd = -1;
+      continue;
+    }
+    int bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                          : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    snprintf(address, cap, "%s:%d", host, bound);
   }
-  return 0;
+  freeaddrinfo(res);
+  if (fd < 0)
+    fprintf(stderr, DDP_CLI_NAME ": cannot open the REPL's socket on %s port %d: %s%s\n", host,
+            multi ? port : 0, strerror(err),
+            multi && err == EADDRNOTAVAIL ? " (--master_addr must be an address of node 0, which "
+                                            "holds the prompt)" : "");
+  return fd;
 }
 
 int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
@@ -477,13 +812,11 @@ int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
     fprintf(stderr, DDP_CLI_NAME ": the distributed REPL runs 1..%d ranks\n", MAX_RANKS);
     return DDP_CLI_EXIT_USAGE;
   }
-  /* One node: a loopback socket on a free port. Several: node 0 holds the prompt on
-   * master_port + 1 (every interface), the other nodes' ranks connect there and those nodes
-   * only run their launcher. */
   int multi = l->nnodes > 1;
   char address[320];
-  /* The job's secret, made here for a one-node job so the prompt and the ranks share it (the
-   * launcher keeps a secret it is given; it refuses --nnodes > 1 without one). */
+  /* Note [REPL secret]: the job's secret, made here for a one-node job so the prompt and
+   * the ranks share it (the launcher keeps a secret it is given; it refuses --nnodes > 1
+   * without one, so the prompt never runs with an empty secret). */
   const char *given = getenv("DDPLUA_STORE_SECRET");
   if (!multi && !(given && given[0])) {
     char secret[65];
@@ -493,30 +826,22 @@ int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
       return DDP_CLI_EXIT_ERROR;
     }
   }
-  if (multi) {
+  if (multi && !(given && given[0])) {
+    fprintf(stderr, DDP_CLI_NAME ": --nnodes=%d: set DDPLUA_STORE_SECRET to the same secret on every "
+            "node (for example from `openssl rand -hex 32`); the REPL's prompt and the store accept "
+            "only connections that prove it\n", l->nnodes);
+    return DDP_CLI_EXIT_USAGE;
+  }
+  if (multi && l->node_rank > 0) { /* only the ranks: they connect to node 0's prompt */
     snprintf(address, sizeof address, "%s:%d", l->master_addr, l->master_port + 1);
-    if (l->node_rank > 0) {
-      setenv("DDPLUA_REPL_CONNECT", address, 1);
-      return ddp_launcher_run(opts, argc, argv);
-    }
+    setenv("DDPLUA_REPL_CONNECT", address, 1);
+    return ddp_launcher_run(opts, argc, argv);
   }
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa;
-  socklen_t sl = sizeof sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(multi ? INADDR_ANY : INADDR_LOOPBACK);
-  sa.sin_port = htons(multi ? (uint16_t)(l->master_port + 1) : 0);
-  int one = 1;
-  if (listener >= 0) setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (listener < 0 || bind(listener, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(listener, MAX_RANKS) != 0 || getsockname(listener, (struct sockaddr *)&sa, &sl) != 0) {
-    fprintf(stderr, DDP_CLI_NAME ": cannot open the REPL's socket: %s\n", strerror(errno));
-    return DDP_CLI_EXIT_ERROR;
-  }
-  if (!multi) snprintf(address, sizeof address, "127.0.0.1:%d", ntohs(sa.sin_port));
+  int listener = open_listener(multi, l->master_addr, l->master_port + 1, address, sizeof address);
+  if (listener < 0) return DDP_CLI_EXIT_ERROR;
   fflush(stdout);
   fflush(stderr);
+  pid_t prompt = getpid();
   rk.launcher = fork();
   if (rk.launcher < 0) {
     fprintf(stderr, DDP_CLI_NAME ": fork: %s\n", strerror(errno));
@@ -524,6 +849,10 @@ int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
   }
   if (rk.launcher == 0) { /* the launcher, out of the terminal's Ctrl-C */
     setpgid(0, 0);
+    /* the prompt's death ends the job: SIGTERM makes the launcher stop its ranks (they get
+     * SIGTERM, then SIGKILL after its grace period) */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != prompt) _exit(DDP_CLI_EXIT_ERROR); /* it died before prctl */
     close(listener);
     setenv("DDPLUA_REPL_CONNECT", address, 1);
     int null_in = open("/dev/null", 0);
