@@ -61,6 +61,8 @@ struct store_server {
   int64_t table_bytes;     /* keys, values and ENTRY_OVERHEAD of the table */
   double listen_paused_until; /* Note [store bounds] */
   int paused_logged;       /* one line per run of accept failures */
+  double close_logged_at;  /* store_now() of the last "closing the connection" line */
+  long close_suppressed;   /* such lines not written since (Note [store close log]) */
   _Atomic int64_t held;    /* store_server_stats, updated by the loop */
   _Atomic int open_conns;
 };
@@ -77,10 +79,29 @@ static void unpark(conn *c) {
   c->parked_op = 0;
 }
 
+/* Note [store close log]: a connection closed for a reason (a failed handshake, a request
+ * over a limit, an idle partial frame) is logged, at most one line a second: a client that
+ * fails handshakes in a loop wrote 39,953 lines in 5 s. The next line written says how many
+ * were left out. */
+static void log_close(store_server *srv, const conn *c, const char *why) {
+  double t = store_now();
+  if (srv->close_logged_at > 0 && t - srv->close_logged_at < 1.0) {
+    srv->close_suppressed++;
+    return;
+  }
+  if (srv->close_suppressed)
+    fprintf(stderr, "ddplua store server (port %d): closing the connection from %s: %s (and %ld more "
+            "closed, not logged, in the last second)\n", srv->port, c->peer, why, srv->close_suppressed);
+  else
+    fprintf(stderr, "ddplua store server (port %d): closing the connection from %s: %s\n", srv->port,
+            c->peer, why);
+  srv->close_logged_at = t;
+  srv->close_suppressed = 0;
+}
+
 static void conn_close(store_server *srv, int i, const char *why) {
   conn *c = srv->conns[i];
-  if (why) fprintf(stderr, "ddplua store server (port %d): closing the connection from %s: %s\n",
-                   srv->port, c->peer, why);
+  if (why) log_close(srv, c, why);
   close(c->fd);
   unpark(c);
   store_buf_free(&c->in);

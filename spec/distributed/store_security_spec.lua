@@ -11,6 +11,7 @@ local C = require("ddplua.lib").C
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 
 local raw = require "raw_store_client"
+local files = require "files"
 local sleep, now, sh, read_file, write_file = raw.sleep, raw.now, raw.sh, raw.read_file, raw.write_file
 local u32le, hex, hmac, send, recv_exact = raw.u32le, raw.hex, raw.hmac, raw.send, raw.recv_exact
 local closed_by_peer, authenticate = raw.closed_by_peer, raw.authenticate
@@ -137,8 +138,45 @@ describe("store security #faults #dist", function()
       assert.same({ "0100007F" }, listeners(s:port()))
       local l = keep(store.TCPStore("localhost", 0, { is_server = true, timeout = 5 }))
       assert.same({ "0100007F" }, listeners(l:port()))
-      local any = keep(store.TCPStore("0.0.0.0", 0, { is_server = true, timeout = 5 }))
+      local any = keep(store.TCPStore("0.0.0.0", 0, { is_server = true, timeout = 5, secret = "k" }))
       assert.same({ "00000000" }, listeners(any:port()))
+    end)
+
+    -- Note [no open listener without a secret]: srun, mpirun and hand-started ranks give
+    -- MASTER_ADDR a cluster address; without a secret the server must not listen there.
+    it("refuses to listen beyond loopback without a secret, saying what to set", function()
+      local ok, err = pcall(store.TCPStore, "0.0.0.0", 0, { is_server = true, timeout = 5, secret = "" })
+      assert.is_false(ok)
+      assert.matches("refusing to listen on 0.0.0.0", err, 1, true)
+      assert.matches("Set DDPLUA_STORE_SECRET", err, 1, true)
+    end)
+
+    it("an srun-style rank with MASTER_ADDR off loopback and no secret refuses to start", function()
+      local p = io.popen("hostname -I 2>/dev/null")
+      local addr = (p:read("*a") or ""):match("^(%d+%.%d+%.%d+%.%d+)") or "0.0.0.0"
+      p:close()
+      local path = os.tmpname()
+      write_file(path, "require('ddplua.distributed').init_process_group{timeout = 10}; print('joined')")
+      local out = io.popen(("env -u DDPLUA_STORE_SECRET -u RANK -u WORLD_SIZE SLURM_PROCID=0 SLURM_NTASKS=1 " ..
+        "SLURM_LOCALID=0 MASTER_ADDR=%s MASTER_PORT=%d timeout 30 %s %s 2>&1; echo status=$?")
+        :format(addr, mp.free_port(), sh(exe), sh(path))):read("*a")
+      os.remove(path)
+      assert.matches("refusing to listen on " .. addr, out, 1, true)
+      assert.matches("Set DDPLUA_STORE_SECRET", out, 1, true)
+      assert.not_matches("joined", out, 1, true)
+      assert.matches("status=1\n$", out)
+    end)
+
+    it("warns once when it listens on loopback without a secret", function()
+      local out = files.run_fresh("store-nosecret", [[
+        local store = require "ddplua.distributed.store"
+        local a = store.TCPStore("127.0.0.1", 0, { is_server = true, timeout = 5, secret = "" })
+        local b = store.TCPStore("127.0.0.1", 0, { is_server = true, timeout = 5, secret = "" })
+        print("served " .. tostring(a:port() > 0 and b:port() > 0))
+      ]])
+      assert.matches("served true", out, 1, true)
+      local _, warnings = out:gsub("has no secret", "")
+      assert.equal(1, warnings, out)
     end)
   end)
 
@@ -260,6 +298,35 @@ s:close()
       late:set("stop", "1")
       assert.equal(0, child:wait(10))
       assert.matches("not accepting connections for now: Too many open files", child:stderr())
+    end)
+
+    -- Note [store close log]: one client failing handshakes in a loop wrote a line each
+    -- (39,953 lines in 5 s); now at most one a second, with the count of those left out.
+    it("logs failed handshakes at a bounded rate, with the count of those not logged", function()
+      local child = spawn([[
+local store = require "ddplua.distributed.store"
+local s = store.TCPStore("127.0.0.1", 0, {is_server = true, timeout = 20, secret = "k"})
+local f = io.open(os.getenv("PORT_FILE"), "w"); f:write(s:port()); f:close()
+s:wait({"stop"})
+s:close()
+]])
+      local port = child:port()
+      local t0 = now()
+      for _ = 1, 300 do
+        local fd = raw_connect(port)
+        recv_exact(fd, 40)
+        send(fd, string.rep("\0", 64)) -- a proof made without the secret
+        closed_by_peer(fd, 2)
+        ffi.C.close(fd)
+      end
+      local seconds = now() - t0
+      local stop = keep(store.TCPStore("127.0.0.1", port, { timeout = 5, secret = "k" }))
+      stop:set("stop", "1")
+      assert.equal(0, child:wait(10))
+      local err = child:stderr()
+      local _, lines = err:gsub("closing the connection from", "")
+      assert.is_true(lines >= 1 and lines <= seconds + 2, ("%d lines in %.1f s:\n%s"):format(lines, seconds, err))
+      if seconds > 1.2 then assert.matches("more closed, not logged, in the last second", err, 1, true) end
     end)
 
     it("the connection cap: silent connections make way for ranks; proven ones make them wait", function()
