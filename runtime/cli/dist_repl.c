@@ -828,8 +828,8 @@ int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
   }
   if (multi && !(given && given[0])) {
     fprintf(stderr, DDP_CLI_NAME ": --nnodes=%d: set DDPLUA_STORE_SECRET to the same secret on every "
-            "node (for example from `openssl rand -hex 32`); the REPL's prompt and the store accept "
-            "only connections that prove it\n", l->nnodes);
+            "node (for example the output of `od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'`); the "
+            "REPL's prompt and the store accept only connections that prove it\n", l->nnodes);
     return DDP_CLI_EXIT_USAGE;
   }
   if (multi && l->node_rank > 0) { /* only the ranks: they connect to node 0's prompt */

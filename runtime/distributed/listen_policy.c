@@ -52,7 +52,7 @@ int listen_check_secret(const char *what, const char *host, int port, size_t sec
   if (!listen_host_is_loopback(host))
     DDP_FAIL(DDP_ERR_ARG, "%s: refusing to listen on %s without the job's secret: anyone who can "
              "reach that address could join the job. Set DDPLUA_STORE_SECRET to the same random "
-             "value on every rank (for example `export DDPLUA_STORE_SECRET=$(openssl rand -hex 32)` "
+             "value on every rank (for example `export DDPLUA_STORE_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')` "
              "before srun or mpirun -x DDPLUA_STORE_SECRET; README \"Security\"), or listen on "
              "127.0.0.1 for a one-machine job", what, where);
   static int warned;

@@ -79,12 +79,18 @@ static void unpark(conn *c) {
   c->parked_op = 0;
 }
 
-/* Note [store close log]: a connection closed for a reason (a failed handshake, a request
- * over a limit, an idle partial frame) is logged, at most one line a second: a client that
- * fails handshakes in a loop wrote 39,953 lines in 5 s. The next line written says how many
- * were left out. */
+/* Note [store close log]: a connection closed for a reason is logged. One that never proved
+ * the secret (a failed handshake, a silent or idle connection) is logged at most once a
+ * second: a client that fails handshakes in a loop wrote 39,953 lines in 5 s. The next such
+ * line says how many were left out. A proven connection (a rank of the job) closed for a
+ * malformed request is always logged. */
 static void log_close(store_server *srv, const conn *c, const char *why) {
   double t = store_now();
+  if (c->authed) {
+    fprintf(stderr, "ddplua store server (port %d): closing the connection from %s: %s\n", srv->port,
+            c->peer, why);
+    return;
+  }
   if (srv->close_logged_at > 0 && t - srv->close_logged_at < 1.0) {
     srv->close_suppressed++;
     return;
