@@ -59,6 +59,16 @@ describe("distributed REPL", function()
     assert.not_matches("no doc comment", out, 1, true)
   end)
 
+  it("completes dist's names on the prompt's dist", function()
+    -- the prompt's dist used to index dist through a function, which completion cannot see
+    local complete = require "ddplua.repl.complete"
+    local d = require("ddplua.repl.ranks").prompt_dist(require "ddplua.distributed")
+    local function lookup(name) return name == "dist" and d or nil end
+    for _, case in ipairs { { "dist.get_ra", "dist.get_rank" }, { "dist.all_re", "dist.all_reduce" } } do
+      assert.same({ case[2] }, complete.candidates(case[1], 1, #case[1], lookup, {}))
+    end
+  end)
+
   it("says so when %rank names no rank", function()
     local out = run("%rank 7 1\n")
     assert.matches("%rank: no rank 7 (ranks 0..1)", out, 1, true)
