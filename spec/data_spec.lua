@@ -558,6 +558,76 @@ describe("ddplua.data", function()
     end)
   end)
 
+  describe("Subset", function()
+    local DistributedSampler = require "ddplua.distributed.sampler"
+    -- (n, 2) f32 rows {i, -i} and labels i: sample i (0-based) is recognisable by its label
+    local function numbered(n)
+      local ys = dl.arange(n)
+      return data.TensorDataset(dl.stack({ ys:to("f32"), ys:to("f32"):neg() }, 2), ys)
+    end
+    local function labels_of(loader)
+      local seen = {}
+      for x, y in loader:iter() do
+        assert.same(y:to("f32"):tolist(), x:select(2, 1):tolist()) -- rows travel with labels
+        for _, v in ipairs(y:tolist()) do seen[#seen + 1] = v end
+      end
+      return seen
+    end
+
+    it("takes 0-based dataset indices (a table or an i64 tensor), as PyTorch's Subset", function()
+      local base = numbered(10)
+      local idx = { 7, 2, 9, 0, 5 }
+      for _, indices in ipairs { idx, dl.tensor(idx, { dtype = "i64" }) } do
+        local sub = data.Subset(base, indices)
+        assert.equal(5, #sub)
+        assert.equal(base, sub.dataset)
+        for i, j in ipairs(idx) do -- positions count from 1 (the dataset protocol)
+          local x, y = sub:get(i)
+          assert.equal(j, y:item())
+          assert.same(base:get(j + 1):tolist(), x:tolist())
+        end
+        assert.same(idx, labels_of(data.DataLoader(sub, { batch_size = 2 })))
+      end
+      assert.matches("Subset: index 6 out of range 1..5", select(2, pcall(function() data.Subset(base, idx):get(6) end)))
+    end)
+
+    it("works with DataLoader on both paths and with DistributedSampler", function()
+      local base = numbered(10)
+      local idx = { 7, 2, 9, 0, 5 }
+      -- the Lua path: a dataset without c_sources
+      local plain = data.Dataset({ len = function() return 10 end,
+        get = function(_, i) return dl.tensor { i - 1, 1 - i }, i - 1 end })
+      assert.same(idx, labels_of(data.DataLoader(data.Subset(plain, idx), { batch_size = 3 })))
+      -- a subset of a subset
+      assert.same({ 5, 7 }, labels_of(data.DataLoader(data.Subset(data.Subset(base, idx), { 4, 0 }))))
+      -- DistributedSampler over the subset: each rank reads its share of the subset's
+      -- positions, which the subset maps to the dataset's samples
+      local sub = data.Subset(base, idx)
+      local seen = {}
+      for rank = 0, 1 do
+        local sampler = DistributedSampler.new(sub, { num_replicas = 2, rank = rank, seed = 3 })
+        local expected = {}
+        for _, p in ipairs(sampler:indices():tolist()) do expected[#expected + 1] = idx[p + 1] end
+        local got = labels_of(data.DataLoader(sub, { batch_size = 2, sampler = sampler }))
+        assert.same(expected, got)
+        for _, v in ipairs(got) do seen[v] = true end
+      end
+      for _, j in ipairs(idx) do assert.is_true(seen[j], "sample " .. j .. " read by no rank") end
+    end)
+
+    it("names the bad index", function()
+      local base = numbered(4)
+      assert.matches("Subset: indices%[2%] = 4 is out of range 0..3 %(indices are 0%-based",
+        select(2, pcall(data.Subset, base, { 0, 4 })))
+      assert.matches("Subset: indices%[1%] = %-1 is out of range",
+        select(2, pcall(data.Subset, base, dl.tensor({ -1 }, { dtype = "i64" }))))
+      assert.matches("Subset: indices%[1%] = 1.5 is not an integer", select(2, pcall(data.Subset, base, { 1.5 })))
+      assert.matches("Subset: indices must be a table or a 1%-d integer tensor",
+        select(2, pcall(data.Subset, base, dl.tensor { 1, 2 })))
+      assert.matches("Subset: expected a dataset", select(2, pcall(data.Subset, nil, { 0 })))
+    end)
+  end)
+
   describe("DataLoader", function()
     local function labels_ds(n)
       local ys = dl.arange(n)

@@ -33,6 +33,42 @@ describe("distributed REPL", function()
     assert.matches("status=0\n$", out)
   end)
 
+  it("shows the plain REPL's doc comments for dist and the collectives the prompt wraps", function()
+    -- The prompt's dist returns the tensor of an in-place collective; its wrappers used to
+    -- hide the doc: "dist.all_reduce: defined at .../ranks.lua:16 (no doc comment)".
+    local lines = "?dist.all_reduce\n?dist.broadcast\n?dist\n"
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write('dist = require "ddplua.distributed"\n' .. lines)
+    f:close()
+    local p = assert(io.popen(("%s < %s 2>&1"):format(exe, path)))
+    local plain = p:read("*a")
+    p:close()
+    os.remove(path)
+    local out = run(lines)
+    assert.matches("status=0\n$", out)
+    out = out:gsub("%[all ranks%] ", "")
+    -- each answer of the plain REPL (the text between its prompts) appears whole
+    local answers = 0
+    for answer in plain:gmatch("> ([^>][^\n]*\n[^>]*)") do
+      answers = answers + 1
+      assert.matches(answer, out, 1, true)
+    end
+    assert.equal(3, answers, plain)
+    assert.matches("dist.all_reduce(t, opts)    [lua/ddplua/distributed/init.lua:", out, 1, true)
+    assert.not_matches("no doc comment", out, 1, true)
+  end)
+
+  it("completes dist's names on the prompt's dist", function()
+    -- the prompt's dist used to index dist through a function, which completion cannot see
+    local complete = require "ddplua.repl.complete"
+    local d = require("ddplua.repl.ranks").prompt_dist(require "ddplua.distributed")
+    local function lookup(name) return name == "dist" and d or nil end
+    for _, case in ipairs { { "dist.get_ra", "dist.get_rank" }, { "dist.all_re", "dist.all_reduce" } } do
+      assert.same({ case[2] }, complete.candidates(case[1], 1, #case[1], lookup, {}))
+    end
+  end)
+
   it("says so when %rank names no rank", function()
     local out = run("%rank 7 1\n")
     assert.matches("%rank: no rank 7 (ranks 0..1)", out, 1, true)

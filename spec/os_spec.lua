@@ -19,6 +19,16 @@ describe("ddplua.os", function()
     assert.is_true(dt >= 0.04 and dt < 5, "slept 0.05 s, measured " .. dt)
   end)
 
+  it("sleeps the time asked and refuses a bad duration", function()
+    local t0 = os_.monotonic()
+    os_.sleep(0.2)
+    local dt = os_.monotonic() - t0
+    assert.is_true(dt >= 0.2 and dt < 2, "slept " .. dt .. " s")
+    os_.sleep(0)
+    assert.matches("sleep: seconds must be a number in 0 .. 1e9, got %-1", select(2, pcall(os_.sleep, -1)))
+    assert.matches("os_spec.lua:%d+: sleep: seconds must be a number, got string", select(2, pcall(function() os_.sleep("1") end)))
+  end)
+
   it("tells a terminal from a pipe", function()
     assert.is_false(os_.isatty(-1))
     -- a child whose stdout is a pipe

@@ -1,9 +1,10 @@
 --- ddplua.os: the operating-system services Lua code needs (a monotonic clock, terminals,
--- folders, resource usage), through the runtime's C API (runtime/include/ddplua/os.h)
+-- folders, resource usage, a sleep), through the runtime's C API (runtime/include/ddplua/os.h)
 -- rather than libc declarations of its own.
 --
 --   local os_ = require "ddplua.os"
 --   local t0 = os_.monotonic()                 -- seconds
+--   os_.sleep(0.5)                             -- seconds; signals do not cut it short
 --   if os_.isatty(1) then ... end              -- stdout is a terminal
 --   os_.mkdir_p("runs/x/checkpoints")          -- raises naming the component and the reason
 --   print(os_.resource_usage().peak_rss_bytes)
@@ -15,6 +16,14 @@ local M = {}
 --- Seconds from a monotonic clock (CLOCK_MONOTONIC), as a number; for intervals only.
 function M.monotonic()
   return C.ddp_os_monotonic_seconds()
+end
+
+--- Sleep `seconds` (a number >= 0, fractions allowed), as Python's time.sleep: a signal
+-- handled meanwhile (SIGUSR1's flight-recorder dump) does not cut it short, unlike libc's
+-- sleep through the FFI. Raises for a negative or non-number argument.
+function M.sleep(seconds)
+  if type(seconds) ~= "number" then lib.raise("sleep: seconds must be a number, got " .. type(seconds)) end
+  lib.check(C.ddp_os_sleep(seconds))
 end
 
 --- true when file descriptor fd (0 stdin, 1 stdout, 2 stderr; default 1) is a terminal.

@@ -8,10 +8,19 @@
  *   LOCAL_RANK, LOCAL_WORLD_SIZE = N       GROUP_RANK = node_rank, GROUP_WORLD_SIZE = nnodes
  *   ROLE_RANK = RANK, ROLE_WORLD_SIZE = WORLD_SIZE, ROLE_NAME = default
  *   MASTER_ADDR, MASTER_PORT               (rank 0 hosts the store there under env://)
- *   DDPLUA_RESTART_COUNT, DDPLUA_MAX_RESTARTS
+ *   TORCHELASTIC_RESTART_COUNT = DDPLUA_RESTART_COUNT = the restart (0 on the first attempt)
+ *   TORCHELASTIC_MAX_RESTARTS = DDPLUA_MAX_RESTARTS = --max_restarts
+ *   TORCHELASTIC_RUN_ID = "none" (torchrun's default --rdzv_id), with --standalone a fresh
+ *                         random UUID per launch (as torchrun --standalone); the same for
+ *                         every attempt
+ *   TORCHELASTIC_USE_AGENT_STORE = False   (no launcher-hosted store: rank 0 hosts it)
  *   DDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS = max(1, cores / N) unless set
  *   DDPLUA_UNBUFFERED = 1 (line-buffered stdout in the worker, unless set)
  *   DDPLUA_STORE_SECRET                    (the job's store secret: Note [launcher secret])
+ *
+ * Of torchrun's variables these are not set: TORCHELASTIC_ERROR_FILE (a worker's error
+ * reaches the launcher through its report pipe, Note [first failure]), NCCL_ASYNC_ERROR_HANDLING
+ * (the nccl backend reads no such switch) and the file-timer ones (no watchdog server).
  *
  * The launcher runs no store and no Lua: it only starts, watches and stops processes, all
  * through the runtime's process supervision API (ddplua/process.h, shared with dl.spawn),
@@ -70,6 +79,7 @@ typedef struct launcher {
   int master_port;
   int attempt;
   int signal;         /* the signal that stopped the launcher, 0 */
+  char run_id[40];    /* TORCHELASTIC_RUN_ID */
 } launcher;
 
 static void say(const char *fmt, ...) {
@@ -242,8 +252,11 @@ static enum outcome run_attempt(launcher *L) {
       .capture = DDP_PROCS_STDOUT | DDP_PROCS_STDERR, .console = L->to_console,
       .log = L->to_file, .log_dir = L->log_dir ? dir : NULL};
   ddp_procs *p = NULL;
-  if (ddp_procs_new(&p, &cfg) != DDP_OK) {
+  if (ddp_procs_new(&p, &cfg) != DDP_OK ||
+      ddp_procs_add_env(p, "TORCHELASTIC_RUN_ID", L->run_id) != DDP_OK ||
+      ddp_procs_add_env(p, "TORCHELASTIC_USE_AGENT_STORE", "False") != DDP_OK) {
     say("%s", ddp_last_error());
+    ddp_procs_free(p);
     return START_FAILED;
   }
   enum outcome start = ALL_OK;
@@ -312,6 +325,25 @@ static int choose_logs(launcher *L, char *tmp, size_t size) {
  * environment the workers inherit (readable only by this user and root, as the workers'
  * memory is); a secret already in the environment is kept. A multi-node job needs the same
  * secret on every node, which only the user can arrange: without one the launcher refuses. */
+/* TORCHELASTIC_RUN_ID: torchrun's default rendezvous id "none", or under --standalone a
+ * random version-4 UUID (torchrun --standalone draws one with uuid.uuid4()). */
+static int choose_run_id(launcher *L) {
+  if (!L->cfg->standalone) {
+    snprintf(L->run_id, sizeof L->run_id, "none");
+    return 0;
+  }
+  char hex[65];
+  if (ddp_store_new_secret(hex, sizeof hex) != DDP_OK) { /* 64 random hex digits */
+    say("--standalone: cannot draw a run id: %s", ddp_last_error());
+    return -1;
+  }
+  hex[12] = '4';                           /* the version */
+  hex[16] = "89ab"[(hex[16] - '0') & 3];   /* the variant (10xx); any hex digit works */
+  snprintf(L->run_id, sizeof L->run_id, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12,
+           hex + 16, hex + 20);
+  return 0;
+}
+
 static int choose_secret(const ddp_cli_launch *c) {
   const char *given = getenv("DDPLUA_STORE_SECRET");
   if (given && given[0]) return 0;
@@ -346,7 +378,7 @@ int ddp_launcher_run(const ddp_cli_options *opts, int argc, char **argv) {
   L.exe[n] = '\0';
 
   char tmp_logs[64];
-  if (choose_secret(c) != 0) return DDP_CLI_EXIT_ERROR;
+  if (choose_secret(c) != 0 || choose_run_id(&L) != 0) return DDP_CLI_EXIT_ERROR;
   if (choose_logs(&L, tmp_logs, sizeof tmp_logs) != 0) return DDP_CLI_EXIT_ERROR;
   L.argv = worker_argv(opts, argc, argv);
   if (!L.argv || install_signals() != 0) {

@@ -1,5 +1,5 @@
 /* runtime/core/os.c: the OS services of ddplua/os.h (clock, terminals, folders, resource
- * usage, byte comparison). Core is the bottom layer: this file includes libc/POSIX headers
+ * usage, byte comparison, sleep). Core is the bottom layer: this file includes libc/POSIX headers
  * and core/core.h only. */
 #include <errno.h>
 #include <stdlib.h>
@@ -17,6 +17,26 @@ double ddp_os_monotonic_seconds(void) {
 }
 
 int ddp_os_isatty(int fd) { return isatty(fd) == 1; }
+
+int ddp_os_sleep(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e9)
+    DDP_FAIL(DDP_ERR_ARG, "sleep: seconds must be a number in 0 .. 1e9, got %g", seconds);
+  // An absolute deadline on the monotonic clock: a signal handler that interrupts the sleep
+  // (EINTR) costs nothing, the next call sleeps only what is left.
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  double whole = (double)(time_t)seconds;
+  until.tv_sec += (time_t)whole;
+  until.tv_nsec += (long)((seconds - whole) * 1e9);
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec += 1;
+    until.tv_nsec -= 1000000000L;
+  }
+  int err;
+  while ((err = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL)) == EINTR) {}
+  if (err) DDP_FAIL(DDP_ERR_IO, "sleep: clock_nanosleep failed: %s", strerror(err));
+  return DDP_OK;
+}
 
 // Make one folder; an existing folder counts as made (another process may race us to it).
 static int make_one(const char *dir) {

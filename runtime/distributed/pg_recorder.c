@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "distributed/pg_recorder.h"
+#include "distributed/store_wire.h"
 
 const double PG_DEFAULT_STALL_REPORT_S = 30.0;
 
@@ -29,8 +30,12 @@ typedef struct pg_record {
 struct pg_recorder {
   pthread_mutex_t mu;
   uint64_t next_id;     /* ids handed out so far */
-  uint64_t reported;    /* id of the last stall reported (or published, see stall_check) */
-  int published;        /* the stall of `reported` was published, the report not printed */
+  /* The watcher's own (Note [stall report timing], Note [stall report store]), not under mu:
+   * only the watcher reads or writes them, and pg_rec_free runs once it has let go. */
+  uint64_t published;   /* id of the stalled collective whose position was published */
+  uint64_t reported;    /* id of the stalled collective reported */
+  ddp_store *store;     /* the watcher's connection to the group's store; NULL: none yet */
+  char unreachable[400];/* why the store could not be reached for `published` ("": it could) */
   pg_record ring[PG_REC_CAP];
 };
 
@@ -48,6 +53,7 @@ pg_recorder *pg_rec_new(void) {
 
 void pg_rec_free(pg_recorder *r) {
   if (!r) return;
+  ddp_store_free(r->store);
   pthread_mutex_destroy(&r->mu);
   free(r);
 }
@@ -156,9 +162,9 @@ static void on_usr1(int sig) {
   errno = saved;
 }
 
-/* The oldest collective started more than stall_s ago and not finished: its record copied
- * into *out; 0 when there is none. Also the last completed one into *done (id 0: none). */
-static int stalled(pg_recorder *r, double stall_s, double now, pg_record *out, pg_record *done) {
+/* The oldest collective started and not finished: its record copied into *out; 0 when
+ * there is none. Also the last completed one into *done (id 0: none). Under r->mu. */
+static int oldest_running(pg_recorder *r, pg_record *out, pg_record *done) {
   int found = 0;
   memset(done, 0, sizeof *done);
   uint64_t last = r->next_id, first = last > PG_REC_CAP ? last - PG_REC_CAP + 1 : 1;
@@ -166,7 +172,7 @@ static int stalled(pg_recorder *r, double stall_s, double now, pg_record *out, p
     const pg_record *e = find(r, id);
     if (!e) continue;
     if (e->completed && !done->id) *done = *e;
-    if (e->started && !e->completed && now - e->started > stall_s) {
+    if (e->started && !e->completed) {
       *out = *e;
       found = 1;
     }
@@ -187,75 +193,133 @@ void pg_rec_publish_host(ddp_pg *pg) {
   if (ddp_store_set(pg->store, key, host, strlen(host))) ddp_clear_error(); /* report without it */
 }
 
-/* "[host <name>] " for group rank g (Note [stall report hosts]), or "" when not published. */
-static void host_tag(ddp_pg *pg, int g, char *out, size_t cap) {
-  char key[600];
-  snprintf(key, sizeof key, "%s/stall_host/%d", pg->prefix, g);
+/* Note [stall report store]: the watcher talks to the store over its own connection
+ * (store_tcp_client_like), opened at the first stall and kept, with a short timeout
+ * (stall_report_s / 2, within 0.2 .. 5 s). On the group's own connection its requests
+ * would queue behind the program's (a store wait holds it) and, on a store that does not
+ * answer (its machine cut off, its process stopped), wait the job's whole timeout: the rank
+ * cut off from the store, which most needs to say so, printed nothing. Now a failed or
+ * unanswered request marks the store unreachable for this stall (the connection is dropped
+ * and made anew at the next one), and the report says so instead of reading the other
+ * ranks' positions. A file store is used as it is (no connection to wait on). */
+static ddp_store *watch_store(ddp_pg *pg, double timeout_s) {
+  pg_recorder *r = pg->rec;
+  if (!pg->store) {
+    snprintf(r->unreachable, sizeof r->unreachable, "the group has no store");
+    return NULL;
+  }
+  if (pg->store->kind != STORE_KIND_TCP) return pg->store;
+  if (!r->store && store_tcp_client_like(&r->store, pg->store, timeout_s)) {
+    snprintf(r->unreachable, sizeof r->unreachable, "%s", ddp_last_error());
+    ddp_clear_error();
+    return NULL;
+  }
+  if (r->store) ddp_store_set_timeout(r->store, timeout_s);
+  return r->store;
+}
+
+/* After a failed request on the watcher's store: remember why, drop the connection. A
+ * missing key (check says no) is not a failure; this is for errors only. */
+static void store_failed(pg_recorder *r) {
+  snprintf(r->unreachable, sizeof r->unreachable, "%s", ddp_last_error());
+  ddp_clear_error();
+  ddp_store_free(r->store);
+  r->store = NULL;
+}
+
+/* The value of key into a malloc'd string (*v; caller frees with ddp_store_free_value),
+ * 1 when found, 0 when not set, -1 when the store failed (store_failed done). */
+static int read_key(pg_recorder *r, ddp_store *st, const char *key, void **v, size_t *n) {
   const char *keys[1] = {key};
   int have = 0;
+  if (ddp_store_check(st, keys, 1, &have) || (have && ddp_store_get(st, key, v, n))) {
+    if (st == r->store) store_failed(r);
+    else ddp_clear_error(); /* a file store: report without this key */
+    return st == r->store ? -1 : 0;
+  }
+  return have;
+}
+
+/* "[host <name>] " for group rank g (Note [stall report hosts]), or "" when not published.
+ * Returns -1 when the store failed. */
+static int host_tag(ddp_pg *pg, ddp_store *st, int g, char *out, size_t cap) {
+  char key[600];
+  snprintf(key, sizeof key, "%s/stall_host/%d", pg->prefix, g);
   void *v = NULL;
   size_t n = 0;
   out[0] = 0;
-  if (ddp_store_check(pg->store, keys, 1, &have) || !have || ddp_store_get(pg->store, key, &v, &n)) {
-    ddp_clear_error();
-    return;
+  int got = read_key(pg->rec, st, key, &v, &n);
+  if (got > 0) {
+    snprintf(out, cap, "[host %.*s] ", (int)(n < 200 ? n : 200), (const char *)v);
+    ddp_store_free_value(v);
   }
-  snprintf(out, cap, "[host %.*s] ", (int)(n < 200 ? n : 200), (const char *)v);
-  ddp_store_free_value(v);
+  return got < 0 ? -1 : 0;
 }
 
-static void stall_check(ddp_pg *pg, double now) {
+/* Step 1 of Note [stall report timing]: this rank's position under
+ * "<prefix>/stall/<group rank>" ("<seq> <last completed seq> <call site>"). */
+static void publish(ddp_pg *pg, const pg_record *cur, const pg_record *done, double io_s) {
   pg_recorder *r = pg->rec;
-  if (!r) return;
-  pthread_mutex_lock(&pg->lock);
-  double stall_s = pg->stall_report_s;
-  pthread_mutex_unlock(&pg->lock);
-  pg_record cur, done;
-  pthread_mutex_lock(&r->mu);
-  int st = stalled(r, stall_s, now, &cur, &done);
-  int step = 0; /* 1: publish this rank's position, 2: print the report */
-  if (st && cur.id != r->reported) {
-    r->reported = cur.id;
-    r->published = 1;
-    step = 1;
-  } else if (st && r->published) {
-    r->published = 0;
-    step = 2;
-  }
-  pthread_mutex_unlock(&r->mu);
-  if (!step) return;
-  int me = pg->global[pg->rank];
+  r->published = cur->id;
+  r->unreachable[0] = 0;
+  ddp_store *st = watch_store(pg, io_s);
+  if (!st) return;
   char key[600], val[256];
-  if (step == 1) {
-    snprintf(key, sizeof key, "%s/stall/%d", pg->prefix, pg->rank);
-    int n = snprintf(val, sizeof val, "%llu %lld %s", (unsigned long long)cur.seq,
-                     done.id ? (long long)done.seq : -1LL, cur.site[0] ? cur.site : "?");
-    if (ddp_store_set(pg->store, key, val, (size_t)n)) ddp_clear_error();
-    return;
+  snprintf(key, sizeof key, "%s/stall/%d", pg->prefix, pg->rank);
+  int n = snprintf(val, sizeof val, "%llu %lld %s", (unsigned long long)cur->seq,
+                   done->id ? (long long)done->seq : -1LL, cur->site[0] ? cur->site : "?");
+  int status = ddp_store_set(st, key, val, (size_t)n);
+  if (status == DDP_ERR_PEER && st == r->store) {
+    /* a connection kept since an earlier stall may have been closed meanwhile: once more on
+     * a new one (a timeout is not retried: the store did not answer) */
+    store_failed(r);
+    r->unreachable[0] = 0;
+    if (!(st = watch_store(pg, io_s))) return;
+    status = ddp_store_set(st, key, val, (size_t)n);
   }
-  char msg[4096];
+  if (status) {
+    if (st == r->store) store_failed(r);
+    else ddp_clear_error();
+  }
+}
+
+/* Step 2 of Note [stall report timing]: the report, on stderr. */
+static void report(ddp_pg *pg, const pg_record *cur, const pg_record *done, double stall_s,
+                   double io_s) {
+  pg_recorder *r = pg->rec;
+  int me = pg->global[pg->rank];
+  char msg[4096], key[600];
   size_t used = (size_t)snprintf(
       msg, sizeof msg, "ddplua: stall report (rank %d, group '%s'): %s #%llu called at %s has "
       "waited %.1f s for its peers (stall_report_s %g; the job's timeout still applies); the "
       "last collective this rank completed: %s%s #%lld at %s\n", me, pg->prefix,
-      kind_name(cur.kind), (unsigned long long)cur.seq, cur.site[0] ? cur.site : "?",
-      now - cur.started, stall_s, done.id ? "" : "none", done.id ? kind_name(done.kind) : "",
-      done.id ? (long long)done.seq : -1LL, done.id && done.site[0] ? done.site : "?");
+      kind_name(cur->kind), (unsigned long long)cur->seq, cur->site[0] ? cur->site : "?",
+      now_s() - cur->started, stall_s, done->id ? "" : "none", done->id ? kind_name(done->kind) : "",
+      done->id ? (long long)done->seq : -1LL, done->id && done->site[0] ? done->site : "?");
+  ddp_store *st = r->unreachable[0] ? NULL : watch_store(pg, io_s);
   for (int g = 0; g < pg->size && used < sizeof msg - 512; g++) {
     if (g == pg->rank) continue;
-    char host[224];
-    host_tag(pg, g, host, sizeof host);
-    snprintf(key, sizeof key, "%s/stall/%d", pg->prefix, g);
-    const char *keys[1] = {key};
-    int have = 0;
+    char host[224] = "";
     void *v = NULL;
     size_t vn = 0;
-    if (ddp_store_check(pg->store, keys, 1, &have) || !have || ddp_store_get(pg->store, key, &v, &vn)) {
-      ddp_clear_error();
+    int got = -1;
+    if (st && host_tag(pg, st, g, host, sizeof host) == 0) {
+      snprintf(key, sizeof key, "%s/stall/%d", pg->prefix, g);
+      got = read_key(r, st, key, &v, &vn);
+    }
+    if (got < 0) { /* the store failed now or before: nothing more to read from it */
+      st = NULL;
+      if (!r->unreachable[0]) snprintf(r->unreachable, sizeof r->unreachable, "no answer");
+      used += (size_t)snprintf(msg + used, sizeof msg - used, "  %sthe position of rank %d is "
+                               "unknown: this rank cannot reach the store: %s\n", host,
+                               pg->global[g], r->unreachable);
+      continue;
+    }
+    if (!got) {
       used += (size_t)snprintf(msg + used, sizeof msg - used, "  %srank %d is BEHIND: it has not "
                                "reached %s #%llu (no position published: stopped, dead, or busy "
-                               "outside collectives)\n", host, pg->global[g], kind_name(cur.kind),
-                               (unsigned long long)cur.seq);
+                               "outside collectives)\n", host, pg->global[g], kind_name(cur->kind),
+                               (unsigned long long)cur->seq);
       continue;
     }
     unsigned long long seq = 0;
@@ -263,7 +327,7 @@ static void stall_check(ddp_pg *pg, double now) {
     char site[PG_SITE_CAP] = "?";
     sscanf((const char *)v, "%llu %lld %79[^\n]", &seq, &last, site);
     ddp_store_free_value(v);
-    if (seq < cur.seq)
+    if (seq < cur->seq)
       used += (size_t)snprintf(msg + used, sizeof msg - used, "  %srank %d is BEHIND: waiting in "
                                "collective #%llu at %s (last completed #%lld)\n", host, pg->global[g],
                                seq, site, last);
@@ -275,26 +339,66 @@ static void stall_check(ddp_pg *pg, double now) {
   put(2, msg, used < sizeof msg ? used : sizeof msg - 1);
 }
 
+/* Note [stall report timing]: a collective that has waited stall_report_s / 2 publishes
+ * this rank's position (step 1); at stall_report_s the report is printed (step 2), reading
+ * the positions the other waiting ranks published meanwhile. The watcher sleeps until the
+ * next step is due (not a fixed tick: with a 1 s tick and the two steps a tick apart,
+ * stall_report_s = 3 reported at 4 to 5 s), and at most stall_report_s / 4 (and 1 s), so a
+ * collective started while it sleeps is seen well before its first step. Returns the time
+ * of this group's next step (0: none due) and its stall_report_s in *stall_out. */
+static double stall_check(ddp_pg *pg, double *stall_out) {
+  pg_recorder *r = pg->rec;
+  pthread_mutex_lock(&pg->lock);
+  double stall_s = pg->stall_report_s;
+  pthread_mutex_unlock(&pg->lock);
+  *stall_out = stall_s;
+  if (!r) return 0;
+  double io_s = stall_s / 2 < 0.2 ? 0.2 : stall_s / 2 > 5 ? 5 : stall_s / 2;
+  pg_record cur, done;
+  pthread_mutex_lock(&r->mu);
+  int running = oldest_running(r, &cur, &done);
+  pthread_mutex_unlock(&r->mu);
+  if (!running) return 0;
+  if (cur.id != r->published) {
+    if (now_s() - cur.started < stall_s / 2) return cur.started + stall_s / 2;
+    publish(pg, &cur, &done, io_s);
+  }
+  if (cur.id != r->reported) {
+    if (now_s() - cur.started < stall_s) return cur.started + stall_s;
+    r->reported = cur.id;
+    report(pg, &cur, &done, stall_s, io_s);
+  }
+  return 0;
+}
+
 static void *watcher(void *arg) {
   (void)arg;
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals go to the program's threads */
+  int wait_ms = 1000;
   for (;;) {
     struct pollfd p = {wake_pipe[0], POLLIN, 0};
-    int n = poll(&p, 1, 1000);
+    int n = poll(&p, 1, wait_ms);
     int dump = 0;
     if (n > 0) {
       char buf[64];
       while (read(wake_pipe[0], buf, sizeof buf) > 0) dump = 1;
     }
-    double now = now_s();
+    double next = 0, cap = 1.0;
     pthread_mutex_lock(&watch_mu);
     for (ddp_pg *pg = watch_head; pg; pg = pg->watch_next) {
       if (dump) ddp_pg_dump_flight_recorder(pg, 2);
-      stall_check(pg, now);
+      double stall_s;
+      double due = stall_check(pg, &stall_s);
+      if (due > 0 && (next == 0 || due < next)) next = due;
+      if (stall_s / 4 < cap) cap = stall_s / 4;
     }
     pthread_mutex_unlock(&watch_mu);
+    double wait = cap;
+    if (next > 0 && next - now_s() < wait) wait = next - now_s();
+    if (wait < 0.005) wait = 0.005;
+    wait_ms = (int)(wait * 1000 + 0.999); /* rounded up: never wake before the step is due */
   }
   return NULL;
 }

@@ -8,15 +8,17 @@
  *  - SIGUSR1: the handler (installed only where SIGUSR1 still has its default action)
  *    writes one byte into a pipe; the watcher then dumps every live group's records to
  *    stderr (ddp_pg_dump_flight_recorder);
- *  - stall reports: once a second it looks for a collective started more than the
- *    group's stall_report_s ago (default 30 s) and not finished. It then publishes this
- *    rank's position under "<prefix>/stall/<group rank>" in the store ("<seq> <last
- *    completed seq> <call site>") and, on its next tick, prints a report to stderr: the
- *    collective, how long it has waited, the last one this rank completed, and for every
- *    other rank its published position, naming the ranks that are behind (a lower
- *    sequence, or no position at all: stopped, dead, or busy outside collectives), each
- *    line tagged with that rank's host (Note [stall report hosts] in pg_recorder.c). The job
- *    keeps its own timeout: the report changes nothing. */
+ *  - stall reports: for a collective started and not finished, once it has waited half
+ *    the group's stall_report_s (default 30 s) it publishes this rank's position under
+ *    "<prefix>/stall/<group rank>" in the store ("<seq> <last completed seq> <call
+ *    site>"), and at stall_report_s prints a report to stderr (Note [stall report timing]
+ *    in pg_recorder.c): the collective, how long it has waited, the last one this rank
+ *    completed, and for every other rank its published position, naming the ranks that
+ *    are behind (a lower sequence, or no position at all: stopped, dead, or busy outside
+ *    collectives), each line tagged with that rank's host (Note [stall report hosts]). It
+ *    talks to the store over its own connection with a short timeout (Note [stall report
+ *    store]): a rank that cannot reach the store reports too, saying so. The job keeps its
+ *    own timeout: the report changes nothing. */
 #ifndef DDP_PG_RECORDER_H
 #define DDP_PG_RECORDER_H
 

@@ -359,6 +359,8 @@ static void set_worker_env(const ddp_procs *p, const worker *w, int local_rank) 
   if (c->max_restarts >= 0) {
     set_int_env("DDPLUA_RESTART_COUNT", c->attempt, 1);
     set_int_env("DDPLUA_MAX_RESTARTS", c->max_restarts, 1);
+    set_int_env("TORCHELASTIC_RESTART_COUNT", c->attempt, 1); /* torchrun's names */
+    set_int_env("TORCHELASTIC_MAX_RESTARTS", c->max_restarts, 1);
   }
   for (int i = 0; i < p->n_env; i++) {
     char *eq = strchr(p->env[i], '=');

@@ -100,9 +100,10 @@ static int ensure_cap(struct reducer_comm_hook *h, int n) {
 
 /* ---- launching ----------------------------------------------------------------------------- */
 
-/* The divisor of the built-in hooks: the hook group's size, or under join (Note [join shadow
- * iteration]) the divisor set with ddp_reducer_set_divide_factor when the hook communicates
- * over the DDP module's group (divide_by_initial_world_size = false: the non-joined ranks). */
+/* The divisor of the built-in hooks: the hook group's size (PyTorch's), or the divisor set
+ * with ddp_reducer_set_divide_factor when the hook communicates over the DDP module's group;
+ * the front end sets one with a hook only under join with comm_hook_divide_by_non_joined
+ * (Note [join divisor with a comm hook], lua/ddplua/distributed/ddp_join_hook.lua). */
 static int hook_divisor(const ddp_reducer *r) {
   const struct reducer_comm_hook *h = r->comm_hook;
   return r->div_factor > 0 && h->pg == r->pg ? r->div_factor : h->world;

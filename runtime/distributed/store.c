@@ -332,7 +332,8 @@ static int tcp_handshake(ddp_store *s, double deadline) {
   if (st == DDP_ERR_TIMEOUT) {
     tcp_break(s, "no handshake from the server");
     DDP_FAIL(DDP_ERR_TIMEOUT, "%s: the store server at %s:%d sent no handshake within %.1f s "
-             "(too many connections, or not a ddplua store)", store_who(s, who, sizeof who),
+             "(a server that is stopped, cut off or overloaded, too many connections, or not a "
+             "ddplua store)", store_who(s, who, sizeof who),
              s->host, s->port, store_timeout(s));
   }
   if (st) return st;
@@ -636,6 +637,16 @@ int ddp_store_tcp_open(ddp_store **out, const char *host, int port, const ddp_st
   }
   *out = s;
   return DDP_OK;
+}
+
+int store_tcp_client_like(ddp_store **out, const ddp_store *s, double timeout_s) {
+  *out = NULL;
+  if (!s || s->kind != STORE_KIND_TCP) return DDP_OK;
+  ddp_store_tcp_options o = {0};
+  o.timeout_s = timeout_s;
+  o.rank = __atomic_load_n(&s->rank, __ATOMIC_RELAXED);
+  o.secret = (const char *)s->secret; /* NUL-terminated (ddp_store_tcp_open) */
+  return ddp_store_tcp_open(out, s->host, s->port, &o);
 }
 
 int ddp_store_new_secret(char *out, size_t cap) {

@@ -187,6 +187,14 @@ struct ddp_store {
   store_file *file;
 };
 
+/* A second client of TCP store s: its own connection to the same server with the same
+ * secret and rank, timeout_s its timeout (connecting included). For a thread whose calls
+ * must not wait behind the other threads' calls on s (the stall watcher, Note [stall report
+ * store] in pg_recorder.c). A file store has no connection to duplicate: *out = NULL and
+ * DDP_OK (use s). Errors: those of ddp_store_tcp_open (the server unreachable within
+ * timeout_s: DDP_ERR_TIMEOUT naming host:port). */
+int store_tcp_client_like(ddp_store **out, const ddp_store *s, double timeout_s);
+
 /* "store (rank 1)" or "store" into buf. */
 const char *store_who(const ddp_store *s, char *buf, size_t cap);
 

@@ -474,15 +474,19 @@ local function hook_reference(data, counts, divide, opt_args, dt)
   end
   return m
 end
--- name: the case; hook; dt: its rounding dtype (nil: none); divide: divide_by_initial_world_size.
-function hooked(name, counts, hook, dt, divide, ddp_opts)
+-- name: the case; hook; dt: its rounding dtype (nil: none); join_opts: ddp:join's options.
+-- The hook divides by the group's size (the initial world size), as PyTorch's built-in
+-- hooks, unless join_opts.comm_hook_divide_by_non_joined (with divide_by_initial_world_size
+-- = false) makes it divide by the ranks still training.
+function hooked(name, counts, hook, dt, join_opts, ddp_opts)
   local data = make_data(counts)
   local opt_args = {lr = 0.1, momentum = 0.9}
   local model = DDP(mlp(), ddp_opts or {bucket_cap_mb = 0.0002})
   model:register_comm_hook(nil, hook)
   local opt = optim.SGD(model:parameters(), opt_args)
   local own
-  model:join({divide_by_initial_world_size = divide}, function()
+  local divide = not (join_opts.divide_by_initial_world_size == false and join_opts.comm_hook_divide_by_non_joined)
+  model:join(join_opts, function()
     for s = 1, counts[RANK + 1] do
       opt:zero_grad()
       default_loss(model, data[RANK][s]):backward()
@@ -523,19 +527,20 @@ end
 describe("ddp:join with a communication hook #dist", function()
   it("fp16/bf16 compress, their wrappers and allreduce_hook: 5 and 8 batches equal the rounded join reference", function()
     local ranks = run(HOOKED .. [[
-hooked("fp16", {5, 8}, default.fp16_compress_hook, "f16", true)
-hooked("bf16", {8, 5}, default.bf16_compress_hook, "bf16", false)
-hooked("fp16w", {5, 8}, default.fp16_compress_wrapper(default.allreduce_hook), "f16", false)
-hooked("allreduce", {5, 8}, default.allreduce_hook, nil, false,
+local by_live = {divide_by_initial_world_size = false, comm_hook_divide_by_non_joined = true}
+hooked("fp16", {5, 8}, default.fp16_compress_hook, "f16", {})
+hooked("bf16", {8, 5}, default.bf16_compress_hook, "bf16", by_live)
+hooked("fp16w", {5, 8}, default.fp16_compress_wrapper(default.allreduce_hook), "f16", by_live)
+hooked("allreduce", {5, 8}, default.allreduce_hook, nil, by_live,
        {bucket_cap_mb = 0.0002, gradient_as_bucket_view = true})
-hooked("fp16view", {0, 3}, default.fp16_compress_hook, "f16", true,
+hooked("fp16view", {0, 3}, default.fp16_compress_hook, "f16", {divide_by_initial_world_size = true},
        {bucket_cap_mb = 0.0002, gradient_as_bucket_view = true})
 ]], 2, { timeout = 90 })
     for _, name in ipairs { "fp16", "bf16", "fp16w", "fp16view" } do check_hooked(ranks, name, true) end
     check_hooked(ranks, "allreduce", false)
   end)
 
-  it("a hook written in Lua runs on zero buckets on the joined rank; refused with divide_by_initial_world_size = false", function()
+  it("a hook written in Lua runs on zero buckets on the joined rank; refused with comm_hook_divide_by_non_joined", function()
     local ranks = run(HOOKED .. [[
 local calls, zero_calls = 0, 0
 local function lua_fp16(state, bucket)
@@ -547,13 +552,13 @@ local function lua_fp16(state, bucket)
   end
   return default.fp16_compress_hook(state, bucket)
 end
-hooked("lua", {5, 8}, lua_fp16, "f16", true)
+hooked("lua", {5, 8}, lua_fp16, "f16", {divide_by_initial_world_size = true})
 out("calls", calls)
 out("zero_calls", zero_calls)
 try("lua_false", function()
   local model = DDP(mlp())
   model:register_comm_hook(nil, function(s, b) return default.allreduce_hook(s, b) end)
-  model:join({divide_by_initial_world_size = false}, function() end)
+  model:join({divide_by_initial_world_size = false, comm_hook_divide_by_non_joined = true}, function() end)
 end)
 ]], 2, { timeout = 90 })
     check_hooked(ranks, "lua", true)
@@ -565,8 +570,49 @@ end)
     assert.equal(3 * nb, tonumber(ranks[1].out.zero_calls))
     assert.equal(0, tonumber(ranks[2].out.zero_calls))
     for i = 1, 2 do
-      assert.truthy(ranks[i].err.lua_false:find("divide_by_initial_world_size = false cannot be combined " ..
+      assert.truthy(ranks[i].err.lua_false:find("comm_hook_divide_by_non_joined = true cannot be combined " ..
                                                "with a communication hook written in Lua", 1, true), ranks[i].err.lua_false)
+    end
+  end)
+
+  it("divide_by_initial_world_size = false leaves a hook's divisor alone, as PyTorch: the hook run equals the no-hook run with true", function()
+    -- PyTorch 1.13 (checked with Debian's torch, 2 gloo ranks, 5 and 8 batches):
+    -- allreduce_hook with divide_by_initial_world_size = False trains exactly as no hook with
+    -- True, and differs from no hook with False. ddplua divided the hook's bucket by the
+    -- ranks still training instead.
+    local ranks = run(HOOKED .. [[
+local function train(hook, join_opts)
+  local counts, data = {5, 8}, make_data({5, 8})
+  local model = DDP(mlp(), {bucket_cap_mb = 0.0002})
+  if hook then model:register_comm_hook(nil, hook) end
+  local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
+  model:join(join_opts, function()
+    for s = 1, counts[RANK + 1] do
+      opt:zero_grad()
+      default_loss(model, data[RANK][s]):backward()
+      opt:step()
+    end
+  end)
+  return model.module
+end
+local plain_true = train(nil, {divide_by_initial_world_size = true})
+local plain_false = train(nil, {divide_by_initial_world_size = false})
+local hook_false = train(default.allreduce_hook, {divide_by_initial_world_size = false})
+local lua_false = train(function(s, b) return default.allreduce_hook(s, b) end, {divide_by_initial_world_size = false})
+local hook_live = train(default.allreduce_hook, {divide_by_initial_world_size = false, comm_hook_divide_by_non_joined = true})
+out("hook_vs_true", max_rel(hook_false, plain_true))
+out("lua_vs_true", max_rel(lua_false, plain_true))
+out("hook_vs_false", max_rel(hook_false, plain_false))
+out("live_vs_false", max_rel(hook_live, plain_false))
+]], 2, { timeout = 90 })
+    for i = 1, 2 do
+      local o = ranks[i].out
+      assert.is_not_nil(o.hook_vs_true, ranks[i].output)
+      assert.is_true(tonumber(o.hook_vs_true) <= 1e-6, "rank " .. (i - 1) .. ": hook vs no hook (true) " .. o.hook_vs_true)
+      assert.is_true(tonumber(o.lua_vs_true) <= 1e-6, "rank " .. (i - 1) .. ": Lua hook vs no hook (true) " .. o.lua_vs_true)
+      assert.is_true(tonumber(o.hook_vs_false) > 1e-3, "rank " .. (i - 1) .. ": the two divisors must differ " .. o.hook_vs_false)
+      -- the explicit option keeps the other divisor
+      assert.is_true(tonumber(o.live_vs_false) <= 1e-6, "rank " .. (i - 1) .. ": option vs no hook (false) " .. o.live_vs_false)
     end
   end)
 

@@ -82,7 +82,9 @@ local print_env = [[
 for _, k in ipairs{"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                    "DDP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                   "DDPLUA_RESTART_COUNT"} do
+                   "DDPLUA_RESTART_COUNT", "GROUP_WORLD_SIZE", "ROLE_NAME",
+                   "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                   "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"} do
   print(k .. "=" .. tostring(os.getenv(k)))
 end
 print("ARGS=" .. table.concat({...}, ","))
@@ -109,6 +111,10 @@ describe("ddplua launcher #dist", function()
           ROLE_WORLD_SIZE = tostring(n), MASTER_ADDR = "127.0.0.1", MASTER_PORT = "29500",
           DDP_NUM_THREADS = threads, OMP_NUM_THREADS = threads, OPENBLAS_NUM_THREADS = threads,
           DDPLUA_RESTART_COUNT = "0", ARGS = "a,b c",
+          -- torchrun's own names, which scripts written for torchrun read
+          GROUP_WORLD_SIZE = "1", ROLE_NAME = "default", TORCHELASTIC_RESTART_COUNT = "0",
+          TORCHELASTIC_MAX_RESTARTS = "0", TORCHELASTIC_RUN_ID = "none",
+          TORCHELASTIC_USE_AGENT_STORE = "False",
         }, env)
         local l = lines_of(out, r)
         -- a partial last line is printed whole, with a newline, when the stream ends
@@ -201,19 +207,26 @@ describe("ddplua launcher #dist", function()
   it("restarts the group with --max_restarts and counts attempts in DDPLUA_RESTART_COUNT", function()
     local script = temp_file([[
       local count = os.getenv("DDPLUA_RESTART_COUNT")
-      print("attempt " .. count)
+      assert(os.getenv("TORCHELASTIC_RESTART_COUNT") == count, "TORCHELASTIC_RESTART_COUNT")
+      assert(os.getenv("TORCHELASTIC_MAX_RESTARTS") == os.getenv("DDPLUA_MAX_RESTARTS"),
+        "TORCHELASTIC_MAX_RESTARTS")
+      print("attempt " .. count .. " run " .. os.getenv("TORCHELASTIC_RUN_ID"))
       if os.getenv("RANK") == "1" and count == "0" then
         os.execute("sleep 1") -- let rank 0 print before the launcher stops it (a loaded machine)
         error("flaky first attempt")
       end
     ]])
     finally(function() os.remove(script) end)
-    local out, err, status = run("--nproc_per_node=2 --max_restarts=1 " .. sh(script))
+    local out, err, status = run("--standalone --nproc_per_node=2 --max_restarts=1 " .. sh(script))
     assert.equal(0, status, err)
     assert.matches("worker rank 1 %(local rank 1, pid %d+%) failed with exit code 1: [^\n]*flaky first attempt", err)
     assert.matches("restarting all 2 workers (restart 1 of 1)", err, 1, true)
-    assert.same({ "attempt 0", "attempt 1" }, lines_of(out, 1))
-    assert.same({ "attempt 0", "attempt 1" }, lines_of(out, 0))
+    -- --standalone: TORCHELASTIC_RUN_ID is a random UUID (as torchrun's), one for the launch
+    local run_id = lines_of(out, 0)[1]:match("run (.*)$")
+    assert.matches("^%x%x%x%x%x%x%x%x%-%x%x%x%x%-4%x%x%x%-[89ab]%x%x%x%-" .. ("%x"):rep(12) .. "$", run_id)
+    for _, r in ipairs { 0, 1 } do
+      assert.same({ "attempt 0 run " .. run_id, "attempt 1 run " .. run_id }, lines_of(out, r))
+    end
 
     -- without restarts left, the same failure ends the launch
     local _, err2, status2 = run("--nproc_per_node=2 --max_restarts=0 " .. sh(script))

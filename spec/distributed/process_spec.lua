@@ -85,7 +85,8 @@ describe("ddplua process supervision #dist", function()
     assert.equal(0, C.ddp_procs_add_env(p, "EXTRA", "yes"))
     local names = { "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
       "GROUP_WORLD_SIZE", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "DDPLUA_RESTART_COUNT",
-      "DDPLUA_MAX_RESTARTS", "DDPLUA_UNBUFFERED", "EXTRA" }
+      "DDPLUA_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+      "DDPLUA_UNBUFFERED", "EXTRA" }
     for rank = 0, 1 do
       fork(p, rank, function()
         local values = {}
@@ -99,7 +100,7 @@ describe("ddplua process supervision #dist", function()
     assert.equal(-1, C.ddp_procs_failed(p))
     for rank = 0, 1 do
       local global = 2 + rank
-      assert.equal(("%d %d 4 2 1 2 %d 10.1.2.3 23456 2 3 1 yes\n"):format(global, rank, global),
+      assert.equal(("%d %d 4 2 1 2 %d 10.1.2.3 23456 2 3 2 3 1 yes\n"):format(global, rank, global),
         read_file(("%s/rank_%d/stdout.log"):format(dir, global)))
       assert.equal("err of " .. rank .. "\n", read_file(("%s/rank_%d/stderr.log"):format(dir, global)))
       assert.equal(("%s/rank_%d/stderr.log"):format(dir, global),

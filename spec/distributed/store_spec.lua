@@ -152,6 +152,20 @@ c:close()
       assert.matches("store is closed", select(2, pcall(s.get, s, "ok")))
     end)
 
+    it("takes PyTorch's is_master as the name of is_server", function()
+      -- TCPStore(host, port, {is_master = true}) is what a PyTorch user types; it used to
+      -- raise "unknown option 'is_master'".
+      local s = keep(store.TCPStore("127.0.0.1", 0, { is_master = true, timeout = 5 }))
+      local c = keep(store.TCPStore("127.0.0.1", s:port(), { is_master = false, timeout = 5 }))
+      c:set("k", "v")
+      assert.equals("v", s:get("k"))
+      -- both names agreeing is fine; disagreeing is an error naming both
+      keep(store.TCPStore("127.0.0.1", 0, { is_master = true, is_server = true, timeout = 5 }))
+      local ok, err = pcall(store.TCPStore, "127.0.0.1", 0, { is_master = true, is_server = false })
+      assert.is_false(ok)
+      assert.matches("store_spec.lua:%d+: TCPStore: is_master %(true%) and is_server %(false%)", err)
+    end)
+
     it("refuses a port already in use, naming it", function()
       local s = server()
       local ok, err = pcall(store.TCPStore, "127.0.0.1", s:port(), { is_server = true, timeout = 1 })

@@ -3,7 +3,8 @@
 -- down`: its packets are dropped, nobody is told) or node 1 dies (every process SIGKILLed).
 -- The job must end on every node within the collective timeout (20 s here), and for the cut
 -- link node 0's stall report (DDPLUA_STALL_REPORT_S=5) must name node 1's host and ranks as
--- behind (Note [stall report hosts] in runtime/distributed/pg_recorder.c). With
+-- behind (Note [stall report hosts] in runtime/distributed/pg_recorder.c), and node 1's
+-- ranks, cut off from the store, must report too (Note [stall report store]). With
 -- --max_restarts on both nodes, the job resumes when the link comes back. Pending where
 -- namespaces cannot be made.
 local files = require "files"
@@ -103,6 +104,10 @@ describe("failures across namespace nodes #dist #faults", function()
       assert.matches("%[rank [01]%]:   %[host node1%] rank " .. r .. " is BEHIND", n0)
     end
     assert.matches("%[rank [01]%]:   %[host node0%] rank [01] [wi][as]", n0)
+    -- node1's ranks, cut off from the store on node0, report too (they printed nothing)
+    assert.matches("%[rank [23]%]: ddplua: stall report %(rank [23], group 'pg'%): all_reduce #%d+ called at", n1)
+    assert.matches("%[rank [23]%]:   the position of rank [01] is unknown: this rank cannot reach the store: "
+      .. "[^\n]*10%.213%.0%.1:29500", n1)
     assert.matches("timed out on rank [01] after 20 s", n0)
     assert.matches("timed out on rank [23] after 20 s", n1)
   end)

@@ -1,5 +1,5 @@
---- ddplua.data.datasets: TensorDataset and the built-in image datasets (Fashion-MNIST,
--- MNIST, CIFAR-10), read by the C readers of runtime/io/.
+--- ddplua.data.datasets: TensorDataset, Subset and the built-in image datasets
+-- (Fashion-MNIST, MNIST, CIFAR-10), read by the C readers of runtime/io/.
 --
 -- Dataset protocol (what data.DataLoader needs; any object will do):
 --   ds:len() or #ds   number of samples
@@ -232,6 +232,97 @@ function M.CIFAR10(opts)
     transforms.Compose { transforms.ToFloat(),
       transforms.Normalize({ 0.4914, 0.4822, 0.4465 }, { 0.2470, 0.2435, 0.2616 }) },
     { "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck" })
+end
+
+-- ---- Subset ------------------------------------------------------------------------------
+
+local Subset = { name = "Subset" }
+
+-- The indices as a 1-d i64 tensor, checked against the dataset's length n.
+local function subset_indices(indices, n)
+  local t
+  if is_tensor(indices) then
+    local dt = indices.dtype
+    if indices:dim() ~= 1 or (dt ~= "i64" and dt ~= "i32" and dt ~= "u8") then
+      lib.raise(("Subset: indices must be a table or a 1-d integer tensor, got a %d-d %s tensor")
+        :format(indices:dim(), dt))
+    end
+    t = indices:to("i64"):contiguous():clone() -- the caller's later changes stay theirs
+  elseif type(indices) == "table" then
+    for k, v in ipairs(indices) do
+      if type(v) ~= "number" or v % 1 ~= 0 then
+        lib.raise(("Subset: indices[%d] = %s is not an integer"):format(k, tostring(v)))
+      end
+    end
+    local values = ffi.new("double[?]", math.max(1, #indices))
+    for k, v in ipairs(indices) do values[k - 1] = v end
+    check(C.ddp_tensor_from_data(box, 1, ffi.new("int64_t[1]", #indices), C.DDP_I64, values, C.DDP_F64))
+    t = wrap(box[0])
+  else
+    lib.raise("Subset: indices must be a table or a 1-d integer tensor, got " .. type(indices))
+  end
+  local p = ffi.cast("const int64_t*", C.ddp_tensor_data(t))
+  for k = 0, t:numel() - 1 do
+    local v = p[k]
+    if v < 0 or v >= n then
+      lib.raise(("Subset: indices[%d] = %d is out of range 0..%d (indices are 0-based, as "
+        .. "PyTorch's and as a sampler's)"):format(k + 1, tonumber(v), n - 1))
+    end
+  end
+  return t
+end
+
+--- data.Subset(dataset, indices): the samples of `dataset` at `indices`, in that order
+-- (PyTorch's torch.utils.data.Subset). `indices` is a Lua table of integers or a 1-d integer
+-- tensor (copied) of 0-based dataset indices: data values, like the indices a sampler
+-- yields and index_select takes, so dl.randperm(n) or a sampler's indices() fit as they
+-- are; repeats are allowed. The subset follows the dataset protocol: #sub = #indices and
+-- sub:get(i) (i counts from 1, as every dataset's get) = dataset:get(indices[i] + 1).
+-- Fields: sub.dataset, sub.indices (the 1-d i64 tensor). Works with DataLoader and
+-- DistributedSampler like any dataset; when `dataset` has c_sources() the loader gathers
+-- the subset's batches in C from the sources' rows at `indices`, copied once (len(sub)
+-- samples) when a loader first asks. Raises naming the first index that is not an integer
+-- or outside 0 .. #dataset-1, or a bad argument.
+function M.Subset(dataset, indices)
+  if dataset == nil or (type(dataset) ~= "table" and type(dataset) ~= "userdata") then
+    lib.raise("Subset: expected a dataset, got " .. type(dataset))
+  end
+  local n = object.len(dataset)
+  return object.new(Subset, { dataset = dataset, indices = subset_indices(indices, n) })
+end
+
+--- sub:len() -> number of indices.
+function Subset.len(self) return self.indices:numel() end
+
+--- sub:get(i) -> dataset:get(indices[i] + 1), i counting from 1; raises out of range.
+function Subset.get(self, i)
+  local n = Subset.len(self)
+  if type(i) ~= "number" or i < 1 or i > n or i % 1 ~= 0 then
+    lib.raise(("Subset: index %s out of range 1..%d"):format(tostring(i), n))
+  end
+  local p = ffi.cast("const int64_t*", C.ddp_tensor_data(self.indices))
+  return self.dataset:get(tonumber(p[i - 1]) + 1)
+end
+
+--- sub:c_sources() -> the dataset's sources taken at the indices (index_select on the first
+-- dimension, made once and kept) and its transforms, or nil when the dataset has none.
+function Subset.c_sources(self)
+  local ds = self.dataset
+  local ok, f = pcall(function() return ds.c_sources end)
+  if not ok or type(f) ~= "function" then return nil end
+  local sources, tfs = f(ds)
+  if not sources then return nil end
+  local cache = self.sources_cache
+  if not cache or cache.from ~= sources then -- a dataset may build a new list per call
+    cache = { from = sources, rows = {} }
+    for k, src in ipairs(sources) do cache.rows[k] = src:index_select(1, self.indices) end
+    self.sources_cache = cache
+  end
+  return cache.rows, tfs
+end
+
+function Subset.__tostring(self)
+  return ("Subset(%s, %d samples)"):format(tostring(self.dataset), Subset.len(self))
 end
 
 --- data.Dataset(class, state): make a proxy dataset object (so `#ds` works) with methods

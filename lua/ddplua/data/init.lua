@@ -2,6 +2,7 @@
 --
 --   data.FashionMNIST{train = true}           -- (60000, 1, 28, 28) u8 + labels 0..9
 --   data.MNIST{root = ...}, data.CIFAR10{root = ...}, data.TensorDataset(x, y)
+--   data.Subset(ds, {0, 5, 9})                -- 0-based dataset indices, as PyTorch
 --   data.Compose{data.RandomCrop(32, {padding = 4}), data.RandomHorizontalFlip(),
 --                data.ToFloat(), data.Normalize(mean, std)}
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
@@ -17,6 +18,7 @@ local loader = require "ddplua.data.loader"
 local M = {}
 
 M.TensorDataset = datasets.TensorDataset
+M.Subset = datasets.Subset
 M.FashionMNIST = datasets.FashionMNIST
 M.MNIST = datasets.MNIST
 M.CIFAR10 = datasets.CIFAR10

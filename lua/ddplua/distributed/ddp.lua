@@ -452,14 +452,19 @@ end
 --- DDP.JOIN_HOOK_OPTIONS: the Join options ddp:join_hook reads.
 DDP.JOIN_HOOK_OPTIONS = DDPJoinHook.OPTIONS
 
-local JOIN_KNOWN = options.known { "divide_by_initial_world_size", "enable", "throw_on_early_termination" }
+local JOIN_KNOWN = options.known { "divide_by_initial_world_size", "comm_hook_divide_by_non_joined", "enable",
+  "throw_on_early_termination" }
 
 --- ddp:join(opts, fn, ...) / ddp:join(fn, ...) -> fn's results: run fn (the training loop)
 -- so that ranks with fewer inputs than others finish without hanging, as PyTorch's
 -- `with ddp.join(...):` (Join({ddp}, opts):run(fn, ...)). A rank whose fn returned shadows
 -- the others' forward and backward collectives until every rank is done; then every rank
 -- gets the model of the last rank to finish. opts: divide_by_initial_world_size = true
--- (gradients divided by the initial world size; false: by the ranks still training),
+-- (gradients divided by the initial world size; false: by the ranks still training; with a
+-- communication hook registered the hook divides by its group's size either way, as
+-- PyTorch's built-in hooks, unless comm_hook_divide_by_non_joined = true (ddplua only, with
+-- false; refused with a hook written in Lua) makes the built-in hooks divide by the ranks
+-- still training: Note [join divisor with a comm hook] in ddplua.distributed.ddp_join_hook),
 -- enable = true (false: plain DDP, for inputs known to be even), throw_on_early_termination
 -- = false (true: when one rank runs out every rank raises, the others with "Detected at least
 -- one rank that exhausted inputs. Throwing across all ranks."; PyTorch ignores
@@ -474,7 +479,8 @@ function DDP:join(opts, fn, ...)
 end
 
 --- ddp:join_hook(opts) -> DDP's JoinHook (ddplua.distributed.ddp_join_hook):
--- opts.divide_by_initial_world_size (default true).
+-- opts.divide_by_initial_world_size (default true), opts.comm_hook_divide_by_non_joined
+-- (default false), as ddp:join.
 function DDP:join_hook(opts) return DDPJoinHook.new(self, opts) end
 
 --- ddp:join_device() -> the device ordinal of the join's own all-reduces (the parameters'

@@ -16,7 +16,7 @@ local DDPJoinHook = {}
 DDPJoinHook.__index = DDPJoinHook
 
 --- DDPJoinHook.OPTIONS: the join_hook options DistributedDataParallel reads.
-DDPJoinHook.OPTIONS = { "divide_by_initial_world_size" }
+DDPJoinHook.OPTIONS = { "divide_by_initial_world_size", "comm_hook_divide_by_non_joined" }
 
 local work_box = ffi.new("ddp_work*[1]")
 local tbox = ffi.new("ddp_tensor*[1]")
@@ -79,15 +79,35 @@ local function join_state(ddp, sync, grad, offer)
   return s[1] > 0, s[2] > 0, root, math.floor(s[1] + 0.5)
 end
 
--- A hook written in Lua divides the bucket as it chooses (PyTorch's hooks: by the group's
--- size), so the divisor of divide_by_initial_world_size = false cannot be applied to it
--- (Note [join shadow with a comm hook]): refused rather than silently ignored.
+-- Note [join divisor with a comm hook]: divide_by_initial_world_size chooses the divisor of
+-- the reducer's own all-reduce. A communication hook divides the bucket itself, and
+-- PyTorch's built-in hooks (allreduce_hook, the fp16/bf16 compress hooks and wrappers,
+-- PowerSGD) always divide by their process group's size: in PyTorch 1.13 a hook run under
+-- join with divide_by_initial_world_size = False trains exactly as the run without a hook
+-- with True (checked with Debian's torch, 2 gloo ranks, uneven inputs). ddplua does the
+-- same by default: with a hook registered the join sets no divisor (ddp_reducer_set_divide_
+-- factor stays 0, so reducer_comm_hook.c's hook_divisor is the group's size).
+-- comm_hook_divide_by_non_joined = true (ddplua's own, with divide_by_initial_world_size =
+-- false) makes the built-in hooks divide by the ranks still training instead, as the
+-- no-hook run with false: the divisor is set as without a hook, and the joined rank's
+-- shadow divides as the others do (PowerSGD's state stays in step). A hook written in Lua
+-- divides as it chooses, so that option is refused with one rather than silently ignored.
+
+-- Whether this join's divisor applies to `ddp`'s reducer: always without a hook; with a
+-- built-in hook only under comm_hook_divide_by_non_joined (Note [join divisor with a comm
+-- hook]).
+local function divisor_applies(ddp)
+  return C.ddp_reducer_comm_hook_kind(ddp.reducer) == C.DDP_COMM_HOOK_NONE
+      or ddp._comm_hook_divide_by_non_joined == true
+end
+
 local function check_lua_hook_divisor(ddp, where)
-  if ddp._divide_by_initial_world_size == false and ddp.reducer ~= nil
+  if ddp._comm_hook_divide_by_non_joined and ddp.reducer ~= nil
      and C.ddp_reducer_comm_hook_kind(ddp.reducer) == C.DDP_COMM_HOOK_FRONT_END then
-    raise(where .. ": divide_by_initial_world_size = false cannot be combined with a " ..
-          "communication hook written in Lua (the hook chooses its own divisor); use " ..
-          "divide_by_initial_world_size = true or a built-in hook (default_hooks, powerSGD_hook)")
+    raise(where .. ": comm_hook_divide_by_non_joined = true cannot be combined with a " ..
+          "communication hook written in Lua (the hook chooses its own divisor); leave the " ..
+          "option out (the hook divides as in PyTorch) or use a built-in hook (default_hooks, " ..
+          "powerSGD_hook)")
   end
 end
 DDPJoinHook.check_lua_hook_divisor = check_lua_hook_divisor
@@ -127,7 +147,8 @@ end
 -- broadcasts. A non-joined rank's forward under an enabled Join (Note [join shadow
 -- iteration]): the presence all-reduce (Join.notify_join_context; raises there under
 -- throw_on_early_termination once a rank has joined), the gradient divisor of this
--- iteration (the number of non-joined ranks unless divide_by_initial_world_size), and the
+-- iteration (the number of non-joined ranks unless divide_by_initial_world_size; Note [join
+-- divisor with a comm hook] when a hook is registered), and the
 -- join state all-reduce telling the joined ranks whether to shadow the bucket rebuild
 -- (`grad`: grad mode is on) and the backward (grad and not inside no_sync). As PyTorch's
 -- DistributedDataParallel._pre_forward under join.
@@ -136,7 +157,7 @@ function DDPJoinHook.pre_forward(ddp, grad)
   if cfg and cfg.enable then check_lua_hook_divisor(ddp, "DistributedDataParallel.join") end
   local work, count = Join.notify_join_context(ddp)
   local div = 0
-  if work and ddp._divide_by_initial_world_size == false then
+  if work and ddp._divide_by_initial_world_size == false and divisor_applies(ddp) then
     work:wait()
     div = math.floor(count:item() + 0.5)
   end
@@ -148,15 +169,21 @@ end
 --- DDPJoinHook.new(ddp, opts) -> the JoinHook of DistributedDataParallel `ddp` (what
 -- ddp:join_hook(opts) returns). opts.divide_by_initial_world_size = true: gradients divided
 -- by the initial world size even when ranks have joined (every sample weighs the same);
--- false: by the number of non-joined ranks (parity with a smaller world). Other options
--- are ignored (Join checks them against every joinable's JOIN_HOOK_OPTIONS).
+-- false: by the number of non-joined ranks (parity with a smaller world). Neither changes
+-- what a communication hook divides by: PyTorch's built-in hooks divide by their group's
+-- size, and so do ddplua's (Note [join divisor with a comm hook]), unless
+-- opts.comm_hook_divide_by_non_joined = true (ddplua only; needs divide_by_initial_world_size
+-- = false) makes the built-in hooks divide by the non-joined ranks too. Other options are
+-- ignored (Join checks them against every joinable's JOIN_HOOK_OPTIONS).
 --   main_hook(): on a joined rank, once per iteration of the others: the join state
 --     all-reduce, then as they do the bucket rebuild (when pending), the buffer broadcasts
 --     from the highest non-joined rank (broadcast_buffers), and the backward's bucket
 --     all-reduces over zeros and the used-parameter flags (ddp_reducer_join_shadow_backward);
 --     with a communication hook, the hook on zero buckets instead of the bucket all-reduces
 --     (Note [join shadow with a comm hook]).
--- Raises with divide_by_initial_world_size = false when a hook written in Lua is registered.
+-- Raises on a non-boolean option, on comm_hook_divide_by_non_joined = true without
+-- divide_by_initial_world_size = false, and on comm_hook_divide_by_non_joined = true when a
+-- hook written in Lua is registered (now or at a later forward under the join).
 --   post_hook(is_last_joiner): every rank: the highest-ranked of the last joiners is the
 --     authoritative copy; its parameters (and buffers, with broadcast_buffers) are
 --     broadcast to every rank (PyTorch's _sync_final_model).
@@ -173,7 +200,17 @@ function DDPJoinHook.new(ddp, opts)
     raise("DistributedDataParallel.join_hook: divide_by_initial_world_size must be a boolean, got " ..
           type(divide))
   end
+  local by_non_joined = opts.comm_hook_divide_by_non_joined
+  if by_non_joined ~= nil and type(by_non_joined) ~= "boolean" then
+    raise("DistributedDataParallel.join_hook: comm_hook_divide_by_non_joined must be a boolean, got " ..
+          type(by_non_joined))
+  end
+  if by_non_joined and divide then
+    raise("DistributedDataParallel.join_hook: comm_hook_divide_by_non_joined = true needs " ..
+          "divide_by_initial_world_size = false (with true every divisor is the initial world size)")
+  end
   ddp._divide_by_initial_world_size = divide
+  ddp._comm_hook_divide_by_non_joined = by_non_joined or false
   check_lua_hook_divisor(ddp, "DistributedDataParallel.join_hook")
   local self = setmetatable({ ddp = ddp }, DDPJoinHook)
   -- Join calls the hooks as plain functions (the JoinHook protocol): closures over self.
@@ -191,8 +228,8 @@ function DDPJoinHook:_main_hook()
     broadcast_from(ddp, ddp.buffers, root, "DistributedDataParallel buffers")
   end
   if sync then
-    -- a built-in hook divides as the non-joined ranks do (PowerSGD's state stays in step)
-    if ddp._divide_by_initial_world_size == false then
+    -- divide as the non-joined ranks do (PowerSGD's state stays in step)
+    if ddp._divide_by_initial_world_size == false and divisor_applies(ddp) then
       check(C.ddp_reducer_set_divide_factor(r, n_sync))
     end
     if ddp.world_size > 1 and C.ddp_reducer_comm_hook_kind(r) == C.DDP_COMM_HOOK_FRONT_END then

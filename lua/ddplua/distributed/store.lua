@@ -67,13 +67,14 @@ local function opt_number(opts, name, what)
   return v or 0
 end
 
-local TCP_KNOWN = options.known { "is_server", "timeout", "rank", "secret", "idle_timeout",
+local TCP_KNOWN = options.known { "is_server", "is_master", "timeout", "rank", "secret", "idle_timeout",
   "max_memory", "max_connections" }
 local FILE_KNOWN = options.known { "timeout", "rank" }
 
 --- A TCP store client of the server at host:port, connected once it proved the job's secret
 -- (README, "Security").
--- opts.is_server (default false): also run the server in this process (a background
+-- opts.is_server (default false; opts.is_master is PyTorch's name for it, and giving both
+-- with different truth values raises): also run the server in this process (a background
 -- thread), listening at the address `host` names and no other ("127.0.0.1": this machine
 -- only; "0.0.0.0": every interface) on `port` (0 picks a free port: read it with s:port()).
 -- Clients retry connecting until the timeout (the server may start later).
@@ -98,7 +99,15 @@ function M.TCPStore(host, port, opts)
   if opts.secret ~= nil and type(opts.secret) ~= "string" then
     raise("TCPStore: secret must be a string, got " .. type(opts.secret))
   end
-  tcp_opts.is_server = opts.is_server and 1 or 0
+  local is_server = opts.is_server
+  if opts.is_master ~= nil then
+    if is_server ~= nil and (not is_server) ~= (not opts.is_master) then
+      raise(("TCPStore: is_master (%s) and is_server (%s) disagree; is_master is PyTorch's "
+        .. "name for is_server: give one of them"):format(tostring(opts.is_master), tostring(is_server)))
+    end
+    is_server = opts.is_master
+  end
+  tcp_opts.is_server = is_server and 1 or 0
   tcp_opts.timeout_s = timeout
   tcp_opts.rank = rank or -1
   tcp_opts.secret = opts.secret -- nil: the environment's

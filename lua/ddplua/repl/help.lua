@@ -11,6 +11,20 @@ local M = {}
 
 local index_cache
 
+-- Note [doc of a wrapper]: the REPL sometimes puts a wrapper where the library's value was
+-- (the distributed prompt's dist and its in-place collectives, lua/ddplua/repl/ranks.lua).
+-- Found by where it is defined, a wrapper would show no doc, or the wrapper's; so the one
+-- who wraps says whose doc it shows, here, and describe() looks through it. Weak keys: a
+-- dropped wrapper leaves nothing behind.
+local doc_of = setmetatable({}, { __mode = "k" })
+
+--- help.same_doc(wrapper, original) -> wrapper: `?` and help() on `wrapper` (a function or
+-- table) show the doc comment and members of `original` (Note [doc of a wrapper]).
+function M.same_doc(wrapper, original)
+  doc_of[wrapper] = original
+  return wrapper
+end
+
 --- help.index() -> the doc index table, or nil and why (no build).
 function M.index()
   if index_cache then return index_cache end
@@ -107,6 +121,7 @@ function M.describe(value, name, expr)
     local e = index.c[cname]
     return ("%s    [%s]\n%s\n"):format(e.sig, e.header, e.doc ~= "" and e.doc or "(no doc comment)")
   end
+  while doc_of[value] ~= nil do value = doc_of[value] end
   local tensor = package.loaded["ddplua.tensor"]
   if type(value) == "function" then return describe_function(value, name, index) end
   if type(value) == "cdata" and tensor and tensor.is_tensor(value) then

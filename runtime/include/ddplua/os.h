@@ -1,13 +1,20 @@
 /* ddplua/os.h: part of the public API, included by ddplua.h only.
  *
  * The few operating-system services the Lua front end, the tools and the benchmarks need
- * (a monotonic clock, terminals, folders, resource usage, byte comparison), so that Lua
+ * (a monotonic clock, a sleep, terminals, folders, resource usage, byte comparison), so that Lua
  * declares no libc functions of its own (DESIGN.md: the FFI sees ddplua.h and nothing
  * else). Thin wrappers over POSIX; each is safe to call from any thread. */
 
 /* Seconds from a monotonic clock (CLOCK_MONOTONIC): for measuring intervals, not for the
  * time of day. Never fails; nanosecond resolution on Linux. */
 double ddp_os_monotonic_seconds(void);
+
+/* Sleep `seconds` (0 .. 1e9, fractions allowed) on the monotonic clock. A signal whose
+ * handler runs meanwhile (SIGUSR1's flight-recorder dump, Note [flight recorder]) does not
+ * cut it short: the sleep resumes until the deadline, as Python's time.sleep (PEP 475);
+ * libc's sleep/usleep return early there. DDP_ERR_ARG for a negative, NaN or huge value;
+ * DDP_ERR_IO when the clock refuses. */
+int ddp_os_sleep(double seconds);
 
 /* 1 when file descriptor `fd` (0 stdin, 1 stdout, 2 stderr) is a terminal, else 0 (also
  * for a closed or invalid descriptor). */

@@ -12,7 +12,9 @@
  *   LOCAL_RANK = i, LOCAL_WORLD_SIZE = nprocs, GROUP_RANK = node_rank, GROUP_WORLD_SIZE = nnodes
  *   ROLE_RANK = RANK, ROLE_WORLD_SIZE = WORLD_SIZE, ROLE_NAME = default
  *   MASTER_ADDR, MASTER_PORT
- *   DDPLUA_RESTART_COUNT = attempt, DDPLUA_MAX_RESTARTS (only when max_restarts >= 0)
+ *   DDPLUA_RESTART_COUNT = TORCHELASTIC_RESTART_COUNT = attempt,
+ *   DDPLUA_MAX_RESTARTS = TORCHELASTIC_MAX_RESTARTS = max_restarts (these four only when
+ *   max_restarts >= 0: the launcher's workers, not dl.spawn's, as torchrun and mp.spawn)
  * then the variables added with ddp_procs_add_env (they may override the above), then,
  * unless already set, DDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS =
  * ddp_process_threads_per_worker(nprocs), and DDPLUA_UNBUFFERED = 1 when the output is
@@ -43,8 +45,9 @@ typedef struct ddp_procs_config {
   int node_rank;           /* this node (GROUP_RANK), 0 .. nnodes-1 */
   const char *master_addr; /* MASTER_ADDR (copied) */
   int master_port;         /* MASTER_PORT, 1 .. 65535 */
-  int attempt;             /* DDPLUA_RESTART_COUNT */
-  int max_restarts;        /* DDPLUA_MAX_RESTARTS; < 0: neither variable is set */
+  int attempt;             /* DDPLUA_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT */
+  int max_restarts;        /* DDPLUA_MAX_RESTARTS, TORCHELASTIC_MAX_RESTARTS; < 0: none of
+                              the four variables is set */
   double grace_s;          /* SIGTERM to SIGKILL when stopping (Note [first failure]) */
   int own_group;           /* 1: each worker leads its own process group, which is what gets
                               signalled (processes it starts go with it), and reads

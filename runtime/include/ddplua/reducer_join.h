@@ -47,19 +47,21 @@
  * gradients, gradient_as_bucket_view included) are not touched. Hook state advances as on
  * the others, as in PyTorch: PowerSGD's iteration count (once per shadowed backward), its
  * error feedback for a zero gradient (error = (0 + error) - the decompressed average) and
- * its warm-start P and Q. The built-in hooks divide by the join divisor (the initial world
- * size, or with divide_by_initial_world_size = false the number of non-joined ranks, when
- * the hook communicates over the DDP module's group; PyTorch's hooks always divide by the
- * group's size). A hook written in the front end (Lua) is called by the front end on zero
- * buckets before ddp_reducer_join_shadow_backward, which then launches no bucket
- * collectives; it divides as it chooses, so the front end refuses it with
- * divide_by_initial_world_size = false.
+ * its warm-start P and Q. The built-in hooks divide by their group's size, as PyTorch's,
+ * unless a divisor was set with ddp_reducer_set_divide_factor and the hook communicates over
+ * the DDP module's group: then by that divisor. The front end sets one with a hook only when
+ * asked to (comm_hook_divide_by_non_joined, Note [join divisor with a comm hook] in
+ * lua/ddplua/distributed/ddp_join_hook.lua). A hook written in the front end (Lua) is called
+ * by the front end on zero buckets before ddp_reducer_join_shadow_backward, which then
+ * launches no bucket collectives; it divides as it chooses.
  */
 
 /* Divide the gradients of the next synchronised backwards by `div_factor` (> 0) instead of
  * the group's size; 0 restores the default (the world size, Note [gradient averaging], bit
- * for bit). Used under join with divide_by_initial_world_size = false (Note [join shadow
- * iteration]). Errors: DDP_ERR_ARG (r NULL, div_factor < 0 or > the world size). */
+ * for bit). With a built-in comm hook over the module's group the hook divides by it too
+ * (Note [join shadow with a comm hook]). Used under join with divide_by_initial_world_size =
+ * false (Note [join shadow iteration]). Errors: DDP_ERR_ARG (r NULL, div_factor < 0 or >
+ * the world size). */
 int ddp_reducer_set_divide_factor(ddp_reducer *r, int div_factor);
 
 /* The divisor set by ddp_reducer_set_divide_factor (0: the world size). */
