@@ -139,6 +139,15 @@ int ddp_get_num_threads(void);
 
 typedef struct ddp_tensor ddp_tensor;
 
+/* Check a shape given for `op` (Note [shape arithmetic] in runtime/core/core.h): every
+ * size >= 0, the product of the sizes with each 0 counted as 1 (numel and every contiguous
+ * stride) fits in int64, and numel * elem_size bytes fits in int64 (elem_size 0: no byte
+ * check). Every factory, view, reshape and expand runs it; the front end also runs it on a
+ * shape it converts, so the message names the function called. Errors: DDP_ERR_ARG
+ * "op: size -3 of dimension 2 is negative", "op: shape (0, 1099511627776, ...) has more
+ * elements than fit in 64 bits ..."; DDP_ERR_MEMORY when only the byte count overflows. */
+int ddp_shape_check(const char *op, int ndim, const int64_t *shape, size_t elem_size);
+
 /* A new contiguous tensor of the given shape (ndim entries, each >= 0; ndim in 0..8) and
  * dtype on `device` (DDP_DEVICE_CPU), its contents uninitialised. Errors: DDP_ERR_ARG for a
  * bad ndim, negative size, unknown dtype or device; DDP_ERR_MEMORY. */
