@@ -258,6 +258,29 @@ function M.new_shape(tbl, op, dtype)
   return buf, n
 end
 
+--- Check that `v`, given to `op` as argument `what` (a path, a tensor name, ...), is a
+-- string C can take whole, and return it. C strings end at the first NUL byte, so
+-- "a\0b" would silently name "a" (a checkpoint written to a truncated path, say): every
+-- function passing a caller's string to C (or to io.open, which is C's fopen) checks it
+-- here first. Raises at the user's line "op: what must be a string, got number" or
+-- "op: what contains a NUL byte at byte 2 (\"a\0b\"): C would see only \"a\"".
+function M.c_string(v, op, what)
+  if type(v) ~= "string" then
+    M.raise(("%s: %s must be a string, got %s"):format(op, what, type(v)))
+  end
+  local at = v:find("\0", 1, true)
+  if at then
+    M.raise(("%s: %s contains a NUL byte at byte %d (%q): C would see only %q"):format(
+      op, what, at, v, v:sub(1, at - 1)))
+  end
+  return v
+end
+
+--- M.c_string for a file or folder path given to `op` as argument `what` (default "path").
+function M.path(v, op, what)
+  return M.c_string(v, op, what or "path")
+end
+
 --- Lua dimension (1-based; negative counts from the end, -1 the last) to C's 0-based
 -- form (negative passed through: C normalises and checks the range).
 function M.dim(d, what)

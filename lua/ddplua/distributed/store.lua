@@ -122,6 +122,7 @@ function M.FileStore(path, opts)
   if type(path) ~= "string" or path == "" then
     raise("FileStore: path must be a non-empty string, got " .. tostring(path))
   end
+  lib.path(path, "FileStore")
   local timeout, rank = opt_timeout(opts), opt_rank(opts)
   check(C.ddp_store_file_new_ranked(store_box, path, timeout, rank or -1))
   return new_store("file", path, rank, timeout)
