@@ -172,6 +172,10 @@ int64_t ddp_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
 int64_t ddp_shape_span(int ndim, const int64_t *shape);
 /* ddp_shape_check (ddplua.h) is the same test with the error message. */
 
+/* DDP_OK when index (t->ndim entries, 0-based) names an element of t; else the error
+ * ddp_tensor_get / ddp_tensor_set give, naming `op`. */
+int ddp_tensor_check_index(const ddp_tensor *t, const int64_t *index, const char *op);
+
 /* Mark an in-place write of t's storage. */
 static inline void ddp_tensor_bump_version(ddp_tensor *t) { t->storage->version++; }
 

@@ -475,6 +475,11 @@ int ddp_tensor_get(const ddp_tensor *t, const int64_t *index, double *out) {
   return load_element(t, p, out);
 }
 
+int ddp_tensor_check_index(const ddp_tensor *t, const int64_t *index, const char *op) {
+  char *p;
+  return element_address(t, index, op, &p);
+}
+
 int ddp_tensor_set(ddp_tensor *t, const int64_t *index, double value) {
   char *p;
   DDP_TRY(element_address(t, index, "set", &p));
