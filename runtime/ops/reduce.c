@@ -579,7 +579,7 @@ static int check_dtype_arg(const char *op, int dtype) {
 int ddp_sum(ddp_tensor **out, ddp_tensor *t, const int *dims, int ndims, int keepdim, int dtype) {
   *out = NULL;
   ddp_tensor *ac_in[1] = {t}, *ac[1]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_sum(out, ac[0], dims, ndims, keepdim, dtype));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_SUM, 1, ac_in, ac, ddp_sum(out, ac[0], dims, ndims, keepdim, dtype));
   uint32_t mask;
   DDP_TRY(ddp_check_alive(t, "sum", "self"));
   DDP_TRY(check_dtype_arg("sum", dtype));
@@ -593,7 +593,7 @@ int ddp_sum(ddp_tensor **out, ddp_tensor *t, const int *dims, int ndims, int kee
 int ddp_mean(ddp_tensor **out, ddp_tensor *t, const int *dims, int ndims, int keepdim, int dtype) {
   *out = NULL;
   ddp_tensor *ac_in[1] = {t}, *ac[1]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_mean(out, ac[0], dims, ndims, keepdim, dtype));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_MEAN, 1, ac_in, ac, ddp_mean(out, ac[0], dims, ndims, keepdim, dtype));
   uint32_t mask;
   DDP_TRY(ddp_check_alive(t, "mean", "self"));
   DDP_TRY(check_dtype_arg("mean", dtype));
@@ -1197,12 +1197,12 @@ static int softmax_like(ddp_tensor **out, ddp_tensor *t, int dim, int is_log, co
 
 int ddp_softmax(ddp_tensor **out, ddp_tensor *t, int dim) {
   ddp_tensor *ac_in[1] = {t}, *ac[1]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_softmax(out, ac[0], dim));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_SOFTMAX, 1, ac_in, ac, ddp_softmax(out, ac[0], dim));
   return softmax_like(out, t, dim, 0, "softmax");
 }
 
 int ddp_log_softmax(ddp_tensor **out, ddp_tensor *t, int dim) {
   ddp_tensor *ac_in[1] = {t}, *ac[1]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_log_softmax(out, ac[0], dim));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_LOG_SOFTMAX, 1, ac_in, ac, ddp_log_softmax(out, ac[0], dim));
   return softmax_like(out, t, dim, 1, "log_softmax");
 }
