@@ -50,6 +50,11 @@ describe("strings with a NUL byte", function()
 
   it("file stores, folders, metrics, populations and configs refuse the path", function()
     refuses("FileStore: path", function() store.FileStore(dir .. "/s\0", { timeout = 1 }) end)
+    local s = store.FileStore(dir .. "/store", { timeout = 1 })
+    refuses("store:set: key", function() s:set("a\0b", "v") end)
+    refuses("store:wait: key", function() s:wait({ "k", "a\0b" }, 0) end)
+    s:set("a", "v") -- "a\0b" must not have become "a"
+    assert.equal("v", s:get("a"))
     refuses("mkdir_p: path", function() os_.mkdir_p(dir .. "/d\0e") end)
     assert.is_nil(files.read_if_exists(dir .. "/d"))
     refuses("MetricsFile.open: path", function() MetricsFile.open(dir .. "/m\0.csv", { { "epoch", "%d" } }) end)

@@ -148,9 +148,9 @@ local function ptr(self, op)
   return p
 end
 
+-- A key C can take whole (a NUL byte would cut it short: two keys would meet).
 local function key_arg(key, op)
-  if type(key) ~= "string" then raise("store:" .. op .. ": key must be a string, got " .. type(key)) end
-  return key
+  return lib.c_string(key, "store:" .. op, "key")
 end
 
 local function value_arg(v, op, what)
