@@ -13,6 +13,7 @@
 -- in f32 and gives bf16 (the note says why), so that row records ddplua's choice.
 local dl = require "ddplua"
 local F = require("ddplua.nn").functional
+local cuda = require "cuda"
 
 local PYTORCH_1_13_CPU = { -- op = {output for a bf16 input, output for an f32 input}
   matmul = { "bf16", "bf16" }, bmm = { "bf16", "bf16" }, linear = { "bf16", "bf16" },
@@ -24,11 +25,30 @@ local PYTORCH_1_13_CPU = { -- op = {output for a bf16 input, output for an f32 i
   layer_norm = { "bf16", "f32" }, -- 1.13: raises for the bf16 input (see above)
 }
 
--- Each op on inputs of dtype dt (weights and statistics of the normalisations in f32).
-local function ops(dt)
+-- PyTorch 1.13's CUDA lists (aten/src/ATen/autocast_mode.cpp, TORCH_LIBRARY_IMPL(aten,
+-- Autocast, ...): lower_precision_fp, fp32, fp32_set_opt_dtype) for an f16 input (CUDA's
+-- default) and an f32 input, read from the source (no GPU here to run them): mean and
+-- batch_norm are in no list; cross_entropy_loss is in none either, but its log_softmax and
+-- nll_loss parts are f32. Checked on the simulated device, whose tensors autocast treats
+-- as CUDA tensors.
+local PYTORCH_1_13_CUDA = {
+  matmul = { "f16", "f16" }, bmm = { "f16", "f16" }, linear = { "f16", "f16" },
+  conv2d = { "f16", "f16" },
+  softmax = { "f32", "f32" }, log_softmax = { "f32", "f32" }, sum = { "f32", "f32" },
+  mean = { "f16", "f32" }, exp = { "f32", "f32" }, log = { "f32", "f32" },
+  cross_entropy = { "f32", "f32" }, nll_loss = { "f32", "f32" }, mse_loss = { "f32", "f32" },
+  batch_norm = { "f16", "f32" }, layer_norm = { "f32", "f32" },
+}
+
+-- Each op on inputs of dtype dt on `device` (weights and statistics of the normalisations
+-- in f32), as source text: the CUDA column runs it in a child process with the simulated
+-- device. Returns function(dl, F, dt, device) -> {name = fn}.
+local OPS = [==[
+return function(dl, F, dt, device)
   local gen = dl.Generator(5)
-  local function r(shape) return dl.randn(shape, { generator = gen }):to(dt) end
-  local labels = dl.tensor({ 0, 1, 2, 3 }, { dtype = "i64" })
+  local function r(shape) return dl.randn(shape, { generator = gen }):to(device, dt) end
+  local function f32(t) return t:to(device) end
+  local labels = dl.tensor({ 0, 1, 2, 3 }, { dtype = "i64" }):to(device)
   return {
     matmul = function() return dl.matmul(r { 4, 5 }, r { 5, 3 }) end,
     bmm = function() return dl.bmm(r { 2, 4, 5 }, r { 2, 5, 3 }) end,
@@ -44,24 +64,50 @@ local function ops(dt)
     nll_loss = function() return dl.nll_loss(r { 4, 5 }, labels) end,
     mse_loss = function() return dl.mse_loss(r { 4, 5 }, r { 4, 5 }) end,
     batch_norm = function()
-      return F.batch_norm(r { 4, 3, 2, 2 }, dl.zeros { 3 }, dl.ones { 3 }, { weight = dl.ones { 3 },
-        bias = dl.zeros { 3 }, training = true })
+      return F.batch_norm(r { 4, 3, 2, 2 }, f32(dl.zeros { 3 }), f32(dl.ones { 3 }),
+        { weight = f32(dl.ones { 3 }), bias = f32(dl.zeros { 3 }), training = true })
     end,
-    layer_norm = function() return F.layer_norm(r { 4, 5 }, { 5 }, { weight = dl.ones { 5 }, bias = dl.zeros { 5 } }) end,
+    layer_norm = function()
+      return F.layer_norm(r { 4, 5 }, { 5 }, { weight = f32(dl.ones { 5 }), bias = f32(dl.zeros { 5 }) })
+    end,
   }
+end
+]==]
+
+-- {name = {dtype for a `half` input, dtype for an f32 input}} under autocast(device_type).
+local function output_dtypes(dl, F, half, device, device_type)
+  local make = assert(loadstring(OPS))()
+  local got = {}
+  for col, dt in ipairs { half, "f32" } do
+    for name, fn in pairs(make(dl, F, dt, device)) do
+      got[name] = got[name] or {}
+      got[name][col] = dl.autocast(device_type, nil, function() return fn().dtype end)
+    end
+  end
+  return got
 end
 
 describe("autocast('cpu') op lists", function()
   it("gives every op PyTorch 1.13's CPU autocast output dtype, for bf16 and f32 inputs", function()
-    local got, want = {}, {}
-    for name, dts in pairs(PYTORCH_1_13_CPU) do want[name] = { dts[1], dts[2] } end
-    for col, dt in ipairs { "bf16", "f32" } do
-      for name, fn in pairs(ops(dt)) do
-        got[name] = got[name] or {}
-        got[name][col] = dl.autocast("cpu", nil, function() return fn().dtype end)
-      end
+    assert.same(PYTORCH_1_13_CPU, output_dtypes(dl, F, "bf16", "cpu", "cpu"))
+  end)
+
+  it("follows PyTorch 1.13's CUDA lists for CUDA tensors (on the simulated device)", function()
+    local status, out = cuda.run_sim(("local F = require('ddplua.nn').functional\n"
+      .. "local OPS = %q\n"
+      .. "local make = assert(loadstring(OPS))()\n"
+      .. "for col, dt in ipairs { 'f16', 'f32' } do\n"
+      .. "  for name, fn in pairs(make(dl, F, dt, 'cuda')) do\n"
+      .. "    print(('DTYPE %%s %%d %%s'):format(name, col, dl.autocast('cuda', nil, function() return fn().dtype end)))\n"
+      .. "  end\n"
+      .. "end\n"):format(OPS))
+    assert.equal(0, status, out)
+    local got = {}
+    for name, col, dt in out:gmatch("DTYPE (%S+) (%d) (%S+)") do
+      got[name] = got[name] or {}
+      got[name][tonumber(col)] = dt
     end
-    assert.same(want, got)
+    assert.same(PYTORCH_1_13_CUDA, got)
   end)
 
   it("keeps gradients of a bf16 softmax and a mixed batch_norm flowing under autocast", function()
