@@ -37,7 +37,8 @@ describe("ddplua.options #faults", function()
 
   local cases = {
     { "zeros", function() dl.zeros({ 2 }, { dtyp = "f64" }) end },
-    { "full", function() dl.ones({ 2 }, { requires_gradient = true }) end },
+    { "ones", function() dl.ones({ 2 }, { requires_gradient = true }) end },
+    { "full", function() dl.full({ 2 }, 1, { requires_gradient = true }) end },
     { "tensor", function() dl.tensor({ 1, 2 }, { bogus = 1 }) end },
     { "arange", function() dl.arange(0, 4, { bogus = 1 }) end },
     { "randn", function() dl.randn({ 2 }, { bogus = 1 }) end },

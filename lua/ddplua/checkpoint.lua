@@ -188,18 +188,19 @@ end
 -- that killed savers left are removed first). Tensors are written in name
 -- order within each element size. Raises naming the path and the cause.
 function M.save(path, tensors, metadata)
-  if type(path) ~= "string" then lib.raise("checkpoint.save: path must be a string") end
+  lib.path(path, "checkpoint.save")
   if type(tensors) ~= "table" then lib.raise("checkpoint.save: tensors must be a table name -> tensor") end
   local names = {}
   for k, v in pairs(tensors) do
-    if type(k) ~= "string" then lib.raise("checkpoint.save: tensor names must be strings, got " .. type(k)) end
+    lib.c_string(k, "checkpoint.save", "a tensor name")
     if not is_tensor(v) then lib.raise("checkpoint.save: tensors['" .. k .. "'] is not a tensor") end
     names[#names + 1] = k
   end
   table.sort(names)
   local keys, json_keys = {}, {}
   for k, v in pairs(metadata or {}) do
-    if type(k) ~= "string" then lib.raise("checkpoint.save: metadata keys must be strings, got " .. type(k)) end
+    lib.c_string(k, "checkpoint.save", "a metadata key")
+    if type(v) == "string" then lib.c_string(v, "checkpoint.save", "metadata '" .. k .. "'") end
     if k == JSON_KEYS then lib.raise("checkpoint.save: metadata key '" .. JSON_KEYS .. "' is reserved") end
     keys[#keys + 1] = k
     if type(v) ~= "string" then json_keys[#json_keys + 1] = k end
@@ -243,7 +244,7 @@ end
 -- this itself before writing, and load before reading, so a run that resumes starts
 -- clean. Raises when the folder cannot be listed.
 function M.sweep_temp_files(path)
-  if type(path) ~= "string" then lib.raise("checkpoint.sweep_temp_files: path must be a string") end
+  lib.path(path, "checkpoint.sweep_temp_files")
   local n = ffi.new("int[1]")
   check(C.ddp_io_sweep_temp_files(path, n))
   return n[0]
@@ -254,7 +255,7 @@ end
 -- and the tensor at fault for malformed files. First removes the stale temporary files of
 -- path (checkpoint.sweep_temp_files).
 function M.load(path)
-  if type(path) ~= "string" then lib.raise("checkpoint.load: path must be a string") end
+  lib.path(path, "checkpoint.load")
   C.ddp_io_sweep_temp_files(path, nil) -- best effort: a read-only folder still loads
   local fbox = ffi.new("ddp_io_safetensors*[1]")
   check(C.ddp_io_safetensors_load(fbox, path))

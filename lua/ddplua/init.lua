@@ -55,9 +55,10 @@ local function finish(t, opts)
 end
 
 -- Uninitialised, on the CPU (finish moves it).
-local function empty_of(shape, opts)
-  local buf, n = lib.shape(shape)
-  check(C.ddp_tensor_empty(box, n, buf, lib.dtype(opts and opts.dtype, F32), C.DDP_DEVICE_CPU))
+local function empty_of(shape, opts, op)
+  local dtype = lib.dtype(opts and opts.dtype, F32)
+  local buf, n = lib.new_shape(shape, op, dtype)
+  check(C.ddp_tensor_empty(box, n, buf, dtype, C.DDP_DEVICE_CPU))
   return wrap(box[0])
 end
 
@@ -73,25 +74,28 @@ end
 -- CPU and move them, so a device tensor holds exactly the values the CPU would.
 function M.empty(shape, opts)
   if opts ~= nil then check_options("empty", opts, FACTORY_KNOWN) end
-  local buf, n = lib.shape(shape)
-  check(C.ddp_tensor_empty(box, n, buf, lib.dtype(opts and opts.dtype, F32), device_of(opts)))
+  local dtype = lib.dtype(opts and opts.dtype, F32)
+  local buf, n = lib.new_shape(shape, "empty", dtype)
+  check(C.ddp_tensor_empty(box, n, buf, dtype, device_of(opts)))
   return finish(wrap(box[0]), without_device(opts))
 end
 
 --- dl.zeros(shape, opts) / dl.ones(shape, opts) / dl.full(shape, value, opts).
 function M.zeros(shape, opts)
   if opts ~= nil then check_options("zeros", opts, FACTORY_KNOWN) end
-  local buf, n = lib.shape(shape)
-  check(C.ddp_tensor_zeros(box, n, buf, lib.dtype(opts and opts.dtype, F32), device_of(opts)))
+  local dtype = lib.dtype(opts and opts.dtype, F32)
+  local buf, n = lib.new_shape(shape, "zeros", dtype)
+  check(C.ddp_tensor_zeros(box, n, buf, dtype, device_of(opts)))
   return finish(wrap(box[0]), without_device(opts))
 end
-function M.ones(shape, opts) return M.full(shape, 1, opts) end
-function M.full(shape, value, opts)
-  if opts ~= nil then check_options("full", opts, FACTORY_KNOWN) end
-  local t = empty_of(shape, opts)
+local function full_of(shape, value, opts, op)
+  if opts ~= nil then check_options(op, opts, FACTORY_KNOWN) end
+  local t = empty_of(shape, opts, op)
   check(C.ddp_fill_(t, value))
   return finish(t, opts)
 end
+function M.ones(shape, opts) return full_of(shape, 1, opts, "ones") end
+function M.full(shape, value, opts) return full_of(shape, value, opts, "full") end
 
 --- zeros_like / ones_like / empty_like / full_like / rand_like / randn_like: same shape,
 -- dtype and device as t unless opts.dtype / opts.device say otherwise.
@@ -192,7 +196,7 @@ local function gen_handle(opts) return opts and opts.generator and opts.generato
 --- dl.rand(shape, opts): uniform in [0, 1). opts.generator: a dl.Generator.
 function M.rand(shape, opts)
   if opts ~= nil then check_options("rand", opts, FACTORY_KNOWN) end
-  local t = empty_of(shape, opts)
+  local t = empty_of(shape, opts, "rand")
   check(C.ddp_uniform_(t, 0, 1, gen_handle(opts)))
   return finish(t, opts)
 end
@@ -200,7 +204,7 @@ end
 --- dl.randn(shape, opts): standard normal.
 function M.randn(shape, opts)
   if opts ~= nil then check_options("randn", opts, FACTORY_KNOWN) end
-  local t = empty_of(shape, opts)
+  local t = empty_of(shape, opts, "randn")
   check(C.ddp_normal_(t, 0, 1, gen_handle(opts)))
   return finish(t, opts)
 end
@@ -209,7 +213,7 @@ end
 function M.randint(low, high, shape, opts)
   if opts ~= nil then check_options("randint", opts, FACTORY_KNOWN) end
   local o = { dtype = (opts and opts.dtype) or "i64", generator = opts and opts.generator }
-  local t = empty_of(shape, o)
+  local t = empty_of(shape, o, "randint")
   check(C.ddp_randint_(t, low, high, gen_handle(opts)))
   return finish(t, opts)
 end

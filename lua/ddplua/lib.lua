@@ -210,21 +210,75 @@ end
 local shape_buf = ffi.new("int64_t[8]")
 local shape_buf2 = ffi.new("int64_t[8]")
 
---- Convert a Lua shape ({2, 3} or varargs-style numbers) to (int64_t[8] buffer, ndim).
--- `which` = 2 uses a second buffer (for calls taking two shapes). Raises on a bad shape.
-function M.shape(tbl, which)
-  local buf = which == 2 and shape_buf2 or shape_buf
-  if type(tbl) ~= "table" then M.raise("expected a shape table such as {2, 3}, got " .. type(tbl)) end
-  local n = #tbl
-  if n > 8 then M.raise("a shape has at most 8 dimensions, got " .. n) end
-  for i = 1, n do
-    local v = tbl[i]
-    if type(v) ~= "number" or v ~= math.floor(v) then
-      M.raise("shape entry " .. i .. " must be an integer, got " .. tostring(v))
-    end
-    buf[i - 1] = v
+-- A number as the user typed it: integers in full (2^63 prints 9223372036854775808, not
+-- 9.2233720368548e+18), anything else as tostring does.
+local function show_number(v)
+  if type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge then
+    return ("%.0f"):format(v)
   end
+  return tostring(v)
+end
+
+--- Check one size (or position, count) given to `op` as argument `what` before it becomes
+-- an int64_t: it must be a Lua number holding an integer in [-2^63, 2^63) (what an int64_t
+-- holds; a double holds no integer between 2^63 - 1024 and 2^63). Non-integers, inf, NaN
+-- and larger magnitudes raise "op: what must be an integer that fits in 64 bits, got inf"
+-- at the user's line (the FFI would convert them to an unrelated int64_t). Returns v.
+function M.size(v, op, what)
+  if type(v) ~= "number" or v ~= math.floor(v) or v >= 2 ^ 63 or v < -2 ^ 63 then
+    M.raise(("%s: %s must be an integer that fits in 64 bits, got %s"):format(
+      op or "shape", what, type(v) == "number" and show_number(v) or type(v) .. " " .. tostring(v)))
+  end
+  return v
+end
+
+--- Convert a Lua shape ({2, 3}) to (int64_t[8] buffer, ndim). `which` = 2 uses a second
+-- buffer (for calls taking two shapes). `op` names the function for errors (default
+-- "shape"). Each entry must pass M.size; sizes may still be negative (-1 "inferred" for
+-- view): C checks the shape as a whole. Raises naming op, the entry and the value.
+function M.shape(tbl, which, op)
+  local buf = which == 2 and shape_buf2 or shape_buf
+  if type(tbl) ~= "table" then
+    M.raise((op and op .. ": " or "") .. "expected a shape table such as {2, 3}, got " .. type(tbl))
+  end
+  local n = #tbl
+  if n > 8 then M.raise((op and op .. ": " or "") .. "a shape has at most 8 dimensions, got " .. n) end
+  for i = 1, n do buf[i - 1] = M.size(tbl[i], op, "shape entry " .. i) end
   return buf, n
+end
+
+--- M.shape for a function `op` making a tensor of that shape and dtype (an enum number:
+-- zeros, randn, ...): also checks the shape as a whole (sizes >= 0, element and byte
+-- counts within 64 bits: ddp_shape_check), so the error names `op` rather than the
+-- internal call that allocates. An unknown dtype is left for that call to report.
+function M.new_shape(tbl, op, dtype)
+  local buf, n = M.shape(tbl, nil, op)
+  local known = dtype >= 0 and dtype < C.DDP_DTYPE_COUNT
+  M.check(C.ddp_shape_check(op, n, buf, known and C.ddp_dtype_size(dtype) or 0))
+  return buf, n
+end
+
+--- Check that `v`, given to `op` as argument `what` (a path, a tensor name, ...), is a
+-- string C can take whole, and return it. C strings end at the first NUL byte, so
+-- "a\0b" would silently name "a" (a checkpoint written to a truncated path, say): every
+-- function passing a caller's string to C (or to io.open, which is C's fopen) checks it
+-- here first. Raises at the user's line "op: what must be a string, got number" or
+-- "op: what contains a NUL byte at byte 2 (\"a\0b\"): C would see only \"a\"".
+function M.c_string(v, op, what)
+  if type(v) ~= "string" then
+    M.raise(("%s: %s must be a string, got %s"):format(op, what, type(v)))
+  end
+  local at = v:find("\0", 1, true)
+  if at then
+    M.raise(("%s: %s contains a NUL byte at byte %d (%q): C would see only %q"):format(
+      op, what, at, v, v:sub(1, at - 1)))
+  end
+  return v
+end
+
+--- M.c_string for a file or folder path given to `op` as argument `what` (default "path").
+function M.path(v, op, what)
+  return M.c_string(v, op, what or "path")
 end
 
 --- Lua dimension (1-based; negative counts from the end, -1 the last) to C's 0-based

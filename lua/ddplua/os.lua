@@ -34,7 +34,7 @@ end
 --- Create folder `path` and its missing parents (`mkdir -p`); an existing folder is fine.
 -- Raises at the caller's line "mkdir -p '<path>': cannot create '<part>': <reason>".
 function M.mkdir_p(path)
-  if type(path) ~= "string" then lib.raise("mkdir_p: path must be a string, got " .. type(path)) end
+  lib.path(path, "mkdir_p")
   lib.check(C.ddp_os_mkdir_p(path))
 end
 

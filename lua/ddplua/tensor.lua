@@ -107,15 +107,17 @@ function Tensor.get(t, ...)
   return num_out[0]
 end
 
---- Set the element at 1-based indices: t:set(i, j, value).
+--- Set the element at 1-based indices: t:set(i, j, value), as t[{i, j}] = value (recorded
+-- by autograd when t requires grad: ddp_set_element_).
 function Tensor.set(t, ...)
   local n = C.ddp_tensor_dim(t)
   local shape = C.ddp_tensor_shape(t)
   for i = 1, n do
     local v = select(i, ...)
+    if v == nil then lib.raise(("set: %d indices given for a tensor with %d dimensions"):format(i - 1, n)) end
     index_buf[i - 1] = v < 0 and shape[i - 1] + v or v - 1
   end
-  check(C.ddp_tensor_set(t, index_buf, (select(n + 1, ...))))
+  check(C.ddp_set_element_(t, index_buf, (select(n + 1, ...))))
   return t
 end
 
@@ -362,13 +364,25 @@ setters.grad = function(t, g) check(C.ddp_tensor_set_grad(t, g)) end
 setters.requires_grad = function(t, v) check(C.ddp_tensor_set_requires_grad(t, v and 1 or 0)) end
 
 -- ---- indexing -------------------------------------------------------------------------
--- t[{i, j, ...}] reads or writes one element (1-based, negative from the end). A plain
--- number key (t[i]) cannot reach a metamethod: handles are C pointers, and LuaJIT takes a
--- number index on a pointer as pointer arithmetic; use t:select(1, i), t:get(i) or t[{i}].
+-- t[{i, j, ...}] with one index per dimension reads or writes one element (1-based,
+-- negative from the end); with fewer indices it is the view t:select(1, i):select(1, j)...
+-- (a row of a matrix, say), and writing it fills the view with a number or copies a tensor
+-- into it (broadcast), as PyTorch's t[i] = v. Writes are in-place ops autograd records
+-- (fill_ / copy_ of a view: Note [in-place on views]), so an overwritten element of a
+-- tensor that requires grad gets a zero gradient. A plain number key (t[i]) cannot reach a
+-- metamethod: handles are C pointers, and LuaJIT takes a number index on a pointer as
+-- pointer arithmetic; use t:select(1, i), t:get(i) or t[{i}].
+
+-- The view t[{i, j, ...}] for fewer indices than t has dimensions.
+local function sub_view(t, key)
+  local v = t
+  for i = 1, #key do v = v:select(1, key[i]) end
+  return v
+end
 
 local function element_index(t, key)
   local n = C.ddp_tensor_dim(t)
-  if #key ~= n then
+  if #key > n or #key == 0 and n > 0 then
     lib.raise(("index: %d indices given for a tensor with %d dimensions"):format(#key, n))
   end
   local shape = C.ddp_tensor_shape(t)
@@ -382,6 +396,7 @@ meta.__index = function(t, k)
   local m = Tensor[k]
   if m ~= nil then return m end
   if type(k) == "table" then
+    if #k < C.ddp_tensor_dim(t) and #k > 0 then return sub_view(t, k) end
     element_index(t, k)
     check(C.ddp_tensor_get(t, index_buf, num_out))
     return num_out[0]
@@ -393,8 +408,13 @@ end
 
 meta.__newindex = function(t, k, v)
   if type(k) == "table" then
+    if #k < C.ddp_tensor_dim(t) and #k > 0 then
+      local view = sub_view(t, k)
+      if M.is_tensor(v) then check(C.ddp_copy_(view, v)) else check(C.ddp_fill_(view, v)) end
+      return
+    end
     element_index(t, k)
-    check(C.ddp_tensor_set(t, index_buf, v))
+    check(C.ddp_set_element_(t, index_buf, v))
     return
   end
   local s = setters[k]

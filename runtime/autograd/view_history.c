@@ -144,10 +144,19 @@ static int copy_slices_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
   return status;
 }
 
+/* Note [in-place on a view of a leaf] (PyTorch's check_inplace, torch/csrc/autograd/
+ * VariableTypeUtils.h): a view is refused when it requires grad and its base is a leaf
+ * (no grad_fn). The view may require grad through its base (the base is a leaf that
+ * requires grad), or on its own: t = zeros(2, 2); x = t:view(4); x.requires_grad = true
+ * makes x a leaf that is also a view of t, and x, x:narrow(...) and every other view of it
+ * hold t as their base (Note [views and their base]), which requires no grad. Looking
+ * only at the base's flag let x:narrow(1, 1, 2):mul_(2) through, writing a leaf's values
+ * behind autograd's back. A view that requires no grad (nor its base) may be written: an
+ * in-place op on it then gives the base a history. */
 int ddp_autograd_check_inplace(const ddp_tensor *self, const char *op) {
   if (!ddp_grad_enabled()) return DDP_OK;
   const ddp_tensor *base = self->view_base;
-  if (base && base->requires_grad && !base->grad_fn)
+  if (base && (self->requires_grad || base->requires_grad) && !base->grad_fn)
     DDP_FAIL(DDP_ERR_ARG, "%s: a view of a leaf Variable that requires grad is being used in an "
              "in-place operation.", op);
   if (!base && self->requires_grad && !self->grad_fn)

@@ -154,8 +154,27 @@ ddp_tensor *ddp_tensor_alias(const ddp_tensor *t);
  * base: of's own base when `of` is a view, else `of` (Note [views and their base]). */
 void ddp_tensor_set_view_base(ddp_tensor *view, ddp_tensor *of);
 
-/* Contiguous row-major strides for shape into strides; returns numel. */
+/* Contiguous row-major strides for shape into strides; returns numel. The shape must have
+ * passed ddp_shape_check (or ddp_shape_span) first: the products are not checked here. */
 int64_t ddp_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+
+/* Note [shape arithmetic]: a shape enters the runtime from a user (factories, view,
+ * reshape, expand) or from a file header (IDX, safetensors), and every size derived from
+ * it (numel, each contiguous stride, the byte count) is a product of its sizes. Those
+ * products are checked once, where the shape enters, so the code after it may multiply
+ * freely. The check multiplies the sizes with each 0 counted as 1: a zero-size dimension
+ * makes numel 0, but the strides of the dimensions before it are still products of the
+ * sizes after it, and a wrapped stride would be a silent wrong geometry. PyTorch 1.13
+ * accepts torch.zeros(0, 2**40, 2**40, 2**40) with a wrapped stride of 0 (and rejects the
+ * same sizes in another order): we reject both.
+ * ddp_shape_span returns that product (each 0 counted as 1), or -1 when a size is negative
+ * or the product does not fit in int64. */
+int64_t ddp_shape_span(int ndim, const int64_t *shape);
+/* ddp_shape_check (ddplua.h) is the same test with the error message. */
+
+/* DDP_OK when index (t->ndim entries, 0-based) names an element of t; else the error
+ * ddp_tensor_get / ddp_tensor_set give, naming `op`. */
+int ddp_tensor_check_index(const ddp_tensor *t, const int64_t *index, const char *op);
 
 /* Mark an in-place write of t's storage. */
 static inline void ddp_tensor_bump_version(ddp_tensor *t) { t->storage->version++; }

@@ -75,6 +75,34 @@ int64_t ddp_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
   return n;
 }
 
+int64_t ddp_shape_span(int ndim, const int64_t *shape) {
+  int64_t span = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return -1;
+    if (__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span)) return -1;
+  }
+  return span;
+}
+
+int ddp_shape_check(const char *op, int ndim, const int64_t *shape, size_t elem_size) {
+  int has_zero = 0;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      DDP_FAIL(DDP_ERR_ARG, "%s: size %lld of dimension %d is negative", op,
+               (long long)shape[i], i + 1);
+    has_zero |= shape[i] == 0;
+  }
+  if (ddp_shape_span(ndim, shape) < 0)
+    DDP_FAIL(DDP_ERR_ARG, "%s: shape %s has more elements than fit in 64 bits%s", op,
+             ddp_shape_str(ndim, shape),
+             has_zero ? " (counting each size 0 as 1, as its strides do)" : "");
+  int64_t numel = has_zero ? 0 : ddp_shape_span(ndim, shape), bytes;
+  if (__builtin_mul_overflow(numel, (int64_t)elem_size, &bytes))
+    DDP_FAIL(DDP_ERR_MEMORY, "%s: shape %s needs more bytes than fit in 64 bits", op,
+             ddp_shape_str(ndim, shape));
+  return DDP_OK;
+}
+
 static ddp_tensor *header_new(ddp_storage *s, int dtype, int ndim, const int64_t *shape,
                               const int64_t *strides, int64_t offset) {
   ddp_tensor *t = ddp_block_alloc(sizeof *t); /* Note [small block cache] */
@@ -106,37 +134,35 @@ static int check_geometry(const char *op, int ndim, const int64_t *shape, int dt
     DDP_FAIL(DDP_ERR_ARG, "%s: %d dimensions requested, at most %d are supported", op, ndim,
              DDP_MAX_DIMS);
   if (ndim > 0 && !shape) DDP_FAIL(DDP_ERR_ARG, "%s: shape is NULL", op);
-  int64_t bytes = (int64_t)ddp_dtype_size(dtype >= 0 && dtype < DDP_DTYPE_COUNT ? dtype : 0);
-  for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0)
-      DDP_FAIL(DDP_ERR_ARG, "%s: size %lld of dimension %d is negative", op,
-               (long long)shape[i], i + 1);
-    if (__builtin_mul_overflow(bytes, shape[i], &bytes))
-      DDP_FAIL(DDP_ERR_MEMORY, "%s: shape %s needs more bytes than fit in 64 bits", op,
-               ddp_shape_str(ndim, shape));
-  }
   if (dtype < 0 || dtype >= DDP_DTYPE_COUNT)
     DDP_FAIL(DDP_ERR_ARG, "%s: unknown dtype %d", op, dtype);
+  DDP_TRY(ddp_shape_check(op, ndim, shape, ddp_dtype_size(dtype))); /* Note [shape arithmetic] */
   return ddp_check_device(device, op);
 }
 
-int ddp_tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
+/* ddp_tensor_empty, its errors naming `op`. */
+static int tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device,
+                        const char *op) {
   *out = NULL;
-  DDP_TRY(check_geometry("empty", ndim, shape, dtype, device));
+  DDP_TRY(check_geometry(op, ndim, shape, dtype, device));
   int64_t strides[DDP_MAX_DIMS];
   int64_t numel = ddp_contiguous_strides(ndim, shape, strides);
   size_t nbytes = (size_t)numel * ddp_dtype_size(dtype);
   ddp_storage *s = storage_new(nbytes, device);
   if (!s && device != DDP_DEVICE_CPU) return ddp_last_status(); /* the allocator's message */
   if (!s)
-    DDP_FAIL(DDP_ERR_MEMORY, "empty: out of memory allocating %zu bytes for shape %s", nbytes,
+    DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory allocating %zu bytes for shape %s", op, nbytes,
              ddp_shape_str(ndim, shape));
   *out = header_new(s, dtype, ndim, shape, strides, 0);
   if (!*out) {
     storage_release(s);
-    DDP_FAIL(DDP_ERR_MEMORY, "empty: out of memory");
+    DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
   }
   return DDP_OK;
+}
+
+int ddp_tensor_empty(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
+  return tensor_empty(out, ndim, shape, dtype, device, "empty");
 }
 
 int ddp_tensor_empty_pinned(ddp_tensor **out, int ndim, const int64_t *shape, int dtype,
@@ -165,7 +191,7 @@ int ddp_tensor_empty_pinned(ddp_tensor **out, int ndim, const int64_t *shape, in
 }
 
 int ddp_tensor_zeros(ddp_tensor **out, int ndim, const int64_t *shape, int dtype, int device) {
-  DDP_TRY(ddp_tensor_empty(out, ndim, shape, dtype, device));
+  DDP_TRY(tensor_empty(out, ndim, shape, dtype, device, "zeros"));
   int status = ddp_device_memset((*out)->storage->data, device, 0, (*out)->storage->nbytes,
                                  "zeros");
   if (status) {
@@ -211,15 +237,23 @@ int ddp_tensor_from_blob(ddp_tensor **out, void *data, int ndim, const int64_t *
   int64_t span = 1; /* elements from the first to one past the last */
   for (int i = 0; i < ndim; i++) {
     if (strides[i] < 0) DDP_FAIL(DDP_ERR_ARG, "from_blob: stride %d is negative", i + 1);
-    if (shape[i] > 0) span += (shape[i] - 1) * strides[i];
+    int64_t reach;
+    if (shape[i] > 0 && (__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) ||
+                         __builtin_add_overflow(span, reach, &span)))
+      DDP_FAIL(DDP_ERR_ARG, "from_blob: shape %s with strides %s reaches past 2^63 elements",
+               ddp_shape_str(ndim, shape), ddp_shape_str(ndim, strides));
   }
   if (numel == 0) span = 0;
+  int64_t span_bytes;
+  if (__builtin_mul_overflow(span, (int64_t)ddp_dtype_size(dtype), &span_bytes))
+    DDP_FAIL(DDP_ERR_ARG, "from_blob: shape %s with strides %s spans more bytes than fit in 64 "
+             "bits", ddp_shape_str(ndim, shape), ddp_shape_str(ndim, strides));
   if (numel > 0 && !data) DDP_FAIL(DDP_ERR_ARG, "from_blob: data is NULL");
   ddp_storage *s = calloc(1, sizeof *s);
   if (!s) DDP_FAIL(DDP_ERR_MEMORY, "from_blob: out of memory");
   s->refcount = 1;
   s->data = data;
-  s->nbytes = (size_t)span * ddp_dtype_size(dtype);
+  s->nbytes = (size_t)span_bytes;
   s->device = DDP_DEVICE_CPU;
   s->kind = DDP_STORAGE_EXTERNAL;
   s->deleter = deleter;
@@ -439,6 +473,11 @@ int ddp_tensor_get(const ddp_tensor *t, const int64_t *index, double *out) {
   char *p;
   DDP_TRY(element_address(t, index, "get", &p));
   return load_element(t, p, out);
+}
+
+int ddp_tensor_check_index(const ddp_tensor *t, const int64_t *index, const char *op) {
+  char *p;
+  return element_address(t, index, op, &p);
 }
 
 int ddp_tensor_set(ddp_tensor *t, const int64_t *index, double value) {

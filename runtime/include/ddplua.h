@@ -139,6 +139,15 @@ int ddp_get_num_threads(void);
 
 typedef struct ddp_tensor ddp_tensor;
 
+/* Check a shape given for `op` (Note [shape arithmetic] in runtime/core/core.h): every
+ * size >= 0, the product of the sizes with each 0 counted as 1 (numel and every contiguous
+ * stride) fits in int64, and numel * elem_size bytes fits in int64 (elem_size 0: no byte
+ * check). Every factory, view, reshape and expand runs it; the front end also runs it on a
+ * shape it converts, so the message names the function called. Errors: DDP_ERR_ARG
+ * "op: size -3 of dimension 2 is negative", "op: shape (0, 1099511627776, ...) has more
+ * elements than fit in 64 bits ..."; DDP_ERR_MEMORY when only the byte count overflows. */
+int ddp_shape_check(const char *op, int ndim, const int64_t *shape, size_t elem_size);
+
 /* A new contiguous tensor of the given shape (ndim entries, each >= 0; ndim in 0..8) and
  * dtype on `device` (DDP_DEVICE_CPU), its contents uninitialised. Errors: DDP_ERR_ARG for a
  * bad ndim, negative size, unknown dtype or device; DDP_ERR_MEMORY. */
@@ -199,7 +208,8 @@ int64_t ddp_tensor_version(const ddp_tensor *t);
 int ddp_tensor_item(const ddp_tensor *t, double *out);
 
 /* Element at `index` (ndim entries, 0-based, each in range) as a double / set it from a
- * double (converted to the dtype). Errors name the dimension and the size. */
+ * double (converted to the dtype). Errors name the dimension and the size. ddp_tensor_set
+ * is a raw write that autograd does not see: t[{i, j}] = v goes through ddp_set_element_. */
 int ddp_tensor_get(const ddp_tensor *t, const int64_t *index, double *out);
 int ddp_tensor_set(ddp_tensor *t, const int64_t *index, double value);
 
@@ -339,6 +349,15 @@ int ddp_copy_(ddp_tensor *dst, const ddp_tensor *src);
  * (FillBackward: zeros flow to its old history) instead of being detached. Errors as
  * ddp_copy_'s for a leaf that requires grad. */
 int ddp_fill_(ddp_tensor *t, double value);
+
+/* t[index] = value for one element (index: t's ndim entries, 0-based, each in range; the
+ * value converted to t's dtype), as PyTorch's t[i, j] = v: when autograd records t (grad
+ * mode on and t requires grad) it is fill_ of the element's select view, so the element's
+ * old value gets a zero gradient and the rest of t keeps its history (Note [in-place on
+ * views]); otherwise a plain write (ddp_tensor_set). Errors: ddp_tensor_set's for an index
+ * out of range; ddp_fill_'s for a leaf that requires grad ("a view of a leaf Variable that
+ * requires grad is being used in an in-place operation."). */
+int ddp_set_element_(ddp_tensor *t, const int64_t *index, double value);
 
 /* Set every element of t to zero (ddp_fill_(t, 0), with its autograd rules). */
 int ddp_zero_(ddp_tensor *t);

@@ -118,17 +118,23 @@ static int read_idx(ddp_tensor **out, gzFile f, const char *path, uint64_t file_
     DDP_FAIL(DDP_ERR_IO, "read_idx: %s: truncated header: expected %d bytes of sizes, found %lld",
              path, 4 * ndim, (long long)got);
   int64_t shape[DDP_MAX_DIMS];
-  uint64_t numel = 1;
+  /* span: the product of the sizes with each 0 counted as 1, which bounds numel and every
+   * stride (Note [shape arithmetic]); capped at IDX_MAX_BYTES + 1 as it grows. Each size
+   * is < 2^32, so the check before multiplying cannot overflow. */
+  uint64_t numel = 1, span = 1;
   for (int d = 0; d < ndim; d++) {
     const unsigned char *p = dims + 4 * d;
     shape[d] = (int64_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
-    /* each size < 2^32, so the product check before multiplying cannot overflow */
-    if (shape[d] != 0 && numel > IDX_MAX_BYTES / (uint64_t)shape[d]) numel = IDX_MAX_BYTES + 1;
-    else numel *= (uint64_t)shape[d];
+    uint64_t s = shape[d] ? (uint64_t)shape[d] : 1;
+    if (span > IDX_MAX_BYTES / s) span = IDX_MAX_BYTES + 1;
+    else span *= s;
+    numel = shape[d] ? numel : 0;
   }
-  if (numel > IDX_MAX_BYTES || numel * (uint64_t)type->elem_size > IDX_MAX_BYTES)
-    DDP_FAIL(DDP_ERR_IO, "read_idx: %s: absurd sizes %s of %s: more than 2^33 bytes of data",
-             path, ddp_shape_str(ndim, shape), type->name);
+  if (numel) numel = span; /* no size 0: numel is the span */
+  if (span > IDX_MAX_BYTES || span * (uint64_t)type->elem_size > IDX_MAX_BYTES)
+    DDP_FAIL(DDP_ERR_IO, "read_idx: %s: absurd sizes %s of %s: more than 2^33 bytes of data%s",
+             path, ddp_shape_str(ndim, shape), type->name,
+             numel ? "" : " (counting each size 0 as 1, as the strides do)");
   uint64_t nbytes = numel * (uint64_t)type->elem_size;
   uint64_t header = 4 + 4 * (uint64_t)ndim; /* Note [what the header may declare] */
   if (gzdirect(f)) {
@@ -207,12 +213,9 @@ int ddp_io_reshape(ddp_tensor **out, ddp_tensor *t, int ndim, const int64_t *sha
   DDP_TRY(ddp_check_alive(t, "reshape", "self"));
   if (ndim < 0 || ndim > DDP_MAX_DIMS)
     DDP_FAIL(DDP_ERR_ARG, "reshape: %d dimensions (expected 0 to %d)", ndim, DDP_MAX_DIMS);
+  DDP_TRY(ddp_shape_check("reshape", ndim, shape, 0)); /* Note [shape arithmetic] */
   int64_t numel = 1;
-  for (int d = 0; d < ndim; d++) {
-    if (shape[d] < 0)
-      DDP_FAIL(DDP_ERR_ARG, "reshape: negative size in %s", ddp_shape_str(ndim, shape));
-    numel *= shape[d];
-  }
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
   if (numel != t->numel)
     DDP_FAIL(DDP_ERR_ARG, "reshape: cannot view %s (%lld elements) as %s", DDP_SHAPE(t),
              (long long)t->numel, ddp_shape_str(ndim, shape));

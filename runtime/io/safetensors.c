@@ -416,7 +416,9 @@ static int parse_entry(entry *e, const cJSON *item, const char *path, int64_t da
   if (nd > DDP_MAX_DIMS)
     DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': %d dims (at most %d)", path, e->name, nd, DDP_MAX_DIMS);
   e->ndim = nd;
-  uint64_t numel = 1;
+  /* span: the product of the sizes with each 0 counted as 1, which bounds numel and every
+   * stride (Note [shape arithmetic]); at most 2^62, so the byte count below fits too */
+  uint64_t numel = 1, span = 1;
   int d = 0;
   const cJSON *v;
   cJSON_ArrayForEach(v, sh) {
@@ -425,9 +427,12 @@ static int parse_entry(entry *e, const cJSON *item, const char *path, int64_t da
       DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': shape entry %d is not a non-negative integer",
                path, e->name, d);
     e->shape[d++] = s;
-    if (s && numel > ((uint64_t)1 << 62) / (uint64_t)s)
-      DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': shape %s is absurdly large", path, e->name,
-               ddp_shape_str(nd, e->shape));
+    uint64_t factor = s ? (uint64_t)s : 1;
+    if (span > ((uint64_t)1 << 62) / factor)
+      DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': shape %s is absurdly large (its "
+               "sizes, each 0 counted as 1, multiply to more than 2^62)", path, e->name,
+               ddp_shape_str(d, e->shape));
+    span *= factor;
     numel *= (uint64_t)s;
   }
   if (cJSON_GetArraySize(off) != 2)

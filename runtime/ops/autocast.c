@@ -2,21 +2,46 @@
  * (runtime/ops/autocast.h).
  *
  * Note [autocast policy]: PyTorch's autocast decides per op, at its dispatcher, whether the
- * op runs in the lower precision dtype, in f32, or in the widest of its inputs. ddplua has
- * one dispatch path per op (its front door in runtime/ops/), so the decision is made there,
- * by one line at the top of the front doors of the listed ops (DDP_AUTOCAST_REENTER):
- *   lower precision (bf16 on the CPU, f16 on CUDA by default): matmul, bmm, linear, conv2d
- *     (PyTorch's lower-precision list);
- *   f32: softmax, log_softmax, cross_entropy, nll_loss, mse_loss, layer_norm, sum, mean,
- *     exp, log (PyTorch's CUDA f32 list, used on both device types: PyTorch 1.13's CPU
- *     list leaves softmax and log_softmax in bf16, which loses accuracy in the loss; this
- *     follows the documented list, which later PyTorch releases also apply on the CPU);
- *   widest input: batch_norm (an input in bf16 with f32 running statistics and affine
- *     parameters runs in f32);
- *   every other op: as without autocast (binary ops already promote to the widest input;
- *     unary, pooling, activation and shape ops keep their input's dtype).
- * f64 tensors and non-floating tensors are never cast (PyTorch's eligibility rule). A
- * cast is the op ddp_to_dtype, so gradients flow back to the f32 tensor in its dtype.
+ * op runs in the lower precision dtype, in f32, or in the widest of its inputs, from one list
+ * per device type (PyTorch 1.13, aten/src/ATen/autocast_mode.cpp: TORCH_LIBRARY_IMPL(aten,
+ * Autocast, ...) for CUDA, TORCH_LIBRARY_IMPL(aten, AutocastCPU, ...) for the CPU, each with
+ * its lower_precision_fp, fp32, fp32_set_opt_dtype and promote lists). ddplua has one
+ * dispatch path per op (its front door in runtime/ops/), so the decision is made there, by
+ * one line at the top of the front doors of the ops below (DDP_AUTOCAST_REENTER), from the
+ * table `policies`, one column per device type:
+ *
+ *   op             cpu (AutocastCPU)     cuda (Autocast)
+ *   matmul, bmm,   lower precision       lower precision     (lower_precision_fp on both)
+ *   linear, conv2d
+ *   softmax,       as without autocast   f32                 (CUDA: fp32_set_opt_dtype;
+ *   log_softmax,                                              the CPU lists omit them)
+ *   sum
+ *   exp, log,      as without autocast   f32                 (CUDA: fp32)
+ *   layer_norm
+ *   mean           as without autocast   as without autocast (in neither list)
+ *   cross_entropy  f32                   f32                 (CPU: cross_entropy_loss in
+ *                                                             fp32; CUDA: its log_softmax
+ *                                                             and nll_loss parts are f32)
+ *   nll_loss,      f32                   f32                 (fp32 on both)
+ *   mse_loss
+ *   batch_norm     as without autocast   as without autocast (in neither list: a half
+ *                                                             input with f32 affine
+ *                                                             parameters runs natively and
+ *                                                             gives the input's dtype)
+ *
+ * "As without autocast" runs the op in its input's dtype (a bf16 tensor gives a bf16
+ * softmax, computed in f32 and rounded once: Note [half softmax backward] in
+ * runtime/ops/reduce.c). The CPU column was checked against PyTorch 1.13.1 (Debian's
+ * python3-torch) by running each op under torch.autocast("cpu", dtype=torch.bfloat16) on
+ * bf16 and on f32 inputs (spec/amp/autocast_lists_spec.lua has the resulting table); the
+ * CUDA column follows the 1.13 source lists. Where 1.13 raises, ddplua does not:
+ * layer_norm of a bf16 input with f32 weight and bias (1.13's CPU kernel: "expected scalar
+ * type BFloat16 but found Float") runs in f32 and gives bf16, as batch_norm does. Every
+ * other op runs as without autocast on both device types (binary ops already promote to the
+ * widest input; unary, pooling, activation and shape ops keep their input's dtype). f64
+ * tensors and non-floating tensors are never cast (PyTorch's eligibility rule). A cast is
+ * the op ddp_to_dtype, so gradients flow back to the f32 tensor in its dtype. Before issue
+ * 23 both device types used the CUDA column (with mean in f32 and batch_norm promoting).
  *
  * Note [autocast cast cache]: a parameter used by several ops in one region (or by every
  * step of an unrolled loop in one region) is cast once: a cast of a leaf tensor that
@@ -48,6 +73,30 @@ typedef struct {
 
 static __thread cache_entry *cache;
 static __thread int cache_len, cache_cap;
+
+/* Note [autocast policy]: policies[op][device type]. */
+static const ddp_autocast_policy policies[DDP_AUTOCAST_OP_COUNT][2] = {
+    /*                                  cpu                 cuda */
+    [DDP_AUTOCAST_OP_MATMUL] =        {DDP_AUTOCAST_LOWER, DDP_AUTOCAST_LOWER},
+    [DDP_AUTOCAST_OP_BMM] =           {DDP_AUTOCAST_LOWER, DDP_AUTOCAST_LOWER},
+    [DDP_AUTOCAST_OP_LINEAR] =        {DDP_AUTOCAST_LOWER, DDP_AUTOCAST_LOWER},
+    [DDP_AUTOCAST_OP_CONV2D] =        {DDP_AUTOCAST_LOWER, DDP_AUTOCAST_LOWER},
+    [DDP_AUTOCAST_OP_SOFTMAX] =       {DDP_AUTOCAST_NONE, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_LOG_SOFTMAX] =   {DDP_AUTOCAST_NONE, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_SUM] =           {DDP_AUTOCAST_NONE, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_MEAN] =          {DDP_AUTOCAST_NONE, DDP_AUTOCAST_NONE},
+    [DDP_AUTOCAST_OP_EXP] =           {DDP_AUTOCAST_NONE, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_LOG] =           {DDP_AUTOCAST_NONE, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_CROSS_ENTROPY] = {DDP_AUTOCAST_F32, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_NLL_LOSS] =      {DDP_AUTOCAST_F32, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_MSE_LOSS] =      {DDP_AUTOCAST_F32, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_LAYER_NORM] =    {DDP_AUTOCAST_NONE, DDP_AUTOCAST_F32},
+    [DDP_AUTOCAST_OP_BATCH_NORM] =    {DDP_AUTOCAST_NONE, DDP_AUTOCAST_NONE},
+};
+_Static_assert(sizeof policies / sizeof policies[0] == DDP_AUTOCAST_OP_COUNT,
+               "policies must have one row per ddp_autocast_op");
+_Static_assert(DDP_AUTOCAST_CPU == 0 && DDP_AUTOCAST_CUDA == 1,
+               "policies' columns are indexed by the device type");
 
 static int valid_type(int device_type) {
   return device_type == DDP_AUTOCAST_CPU || device_type == DDP_AUTOCAST_CUDA;
@@ -115,15 +164,23 @@ static int eligible(const ddp_tensor *t) {
 /* Rank of a floating dtype for "widest": f16 and bf16 both below f32 (mixed: f32). */
 static int width(int dtype) { return dtype == DDP_F64 ? 3 : dtype == DDP_F32 ? 2 : 1; }
 
-/* The dtype the inputs go to under `policy`, or -1 when autocast is off for their device. */
-static int target_dtype(ddp_autocast_policy policy, int n, ddp_tensor *const *in) {
+ddp_autocast_policy ddp_autocast_policy_of(ddp_autocast_op op, int device_type) {
+  if ((int)op < 0 || op >= DDP_AUTOCAST_OP_COUNT || !valid_type(device_type))
+    return DDP_AUTOCAST_NONE;
+  return policies[op][device_type];
+}
+
+/* The dtype op's inputs go to, or -1 when autocast is off for their device type or op's
+ * policy there is DDP_AUTOCAST_NONE. */
+static int target_dtype(ddp_autocast_op op, int n, ddp_tensor *const *in) {
   const ddp_tensor *first = NULL;
   for (int i = 0; i < n && !first; i++) first = in[i];
   if (!first || !first->storage) return -1;
-  const autocast_state *s = &states[first->device == DDP_DEVICE_CPU ? DDP_AUTOCAST_CPU
-                                                                     : DDP_AUTOCAST_CUDA];
+  int type = first->device == DDP_DEVICE_CPU ? DDP_AUTOCAST_CPU : DDP_AUTOCAST_CUDA;
+  const autocast_state *s = &states[type];
   if (!s->enabled) return -1;
-  switch (policy) {
+  switch (ddp_autocast_policy_of(op, type)) {
+  case DDP_AUTOCAST_NONE: return -1;
   case DDP_AUTOCAST_LOWER: return s->dtype;
   case DDP_AUTOCAST_F32: return DDP_F32;
   case DDP_AUTOCAST_PROMOTE: {
@@ -140,9 +197,9 @@ static int target_dtype(ddp_autocast_policy policy, int n, ddp_tensor *const *in
   return -1;
 }
 
-int ddp_autocast_needed(ddp_autocast_policy policy, int n, ddp_tensor *const *in) {
+int ddp_autocast_needed(ddp_autocast_op op, int n, ddp_tensor *const *in) {
   if (!states[0].enabled && !states[1].enabled) return 0; /* the common case, cheaply */
-  int to = target_dtype(policy, n, in);
+  int to = target_dtype(op, n, in);
   if (to < 0) return 0;
   for (int i = 0; i < n; i++)
     if (eligible(in[i]) && in[i]->storage && in[i]->dtype != to) return 1;
@@ -179,8 +236,8 @@ static int cast_one(ddp_tensor **out, ddp_tensor *t, int dtype) {
   return DDP_OK;
 }
 
-int ddp_autocast_cast(ddp_autocast_policy policy, int n, ddp_tensor *const *in, ddp_tensor **out) {
-  int to = target_dtype(policy, n, in);
+int ddp_autocast_cast(ddp_autocast_op op, int n, ddp_tensor *const *in, ddp_tensor **out) {
+  int to = target_dtype(op, n, in);
   for (int i = 0; i < n; i++) out[i] = NULL;
   for (int i = 0; i < n; i++) {
     if (!in[i]) continue;

@@ -115,7 +115,7 @@ int ddp_conv2d(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tens
                int64_t dilation_h, int64_t dilation_w, int64_t groups) {
   *out = NULL;
   ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 3, ac_in, ac,
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_CONV2D, 3, ac_in, ac,
                        ddp_conv2d(out, ac[0], ac[1], ac[2], stride_h, stride_w, padding_h,
                                   padding_w, dilation_h, dilation_w, groups));
   ddp_conv2d_geom g = {.sh = stride_h, .sw = stride_w, .ph = padding_h, .pw = padding_w,

@@ -137,6 +137,25 @@ int ddp_fill_(ddp_tensor *t, double value) {
   return n ? ddp_autograd_rebase(t, n) : DDP_OK;
 }
 
+int ddp_set_element_(ddp_tensor *t, const int64_t *index, double value) {
+  DDP_TRY(ddp_check_alive(t, "set", "self"));
+  if (!ddp_autograd_needed(1, &t)) return ddp_tensor_set(t, index, value);
+  DDP_TRY(ddp_tensor_check_index(t, index, "set"));
+  /* the element as a 0-d view, selected one dimension at a time (each a recorded view) */
+  ddp_tensor *elem = t;
+  ddp_tensor_retain(elem);
+  for (int d = 0; d < t->ndim; d++) {
+    ddp_tensor *next;
+    int status = ddp_select(&next, elem, 0, index[d]);
+    ddp_tensor_release(elem);
+    if (status) return status;
+    elem = next;
+  }
+  int status = ddp_fill_(elem, value);
+  ddp_tensor_release(elem);
+  return status;
+}
+
 int ddp_zero_(ddp_tensor *t) {
   DDP_TRY(ddp_check_alive(t, "zero_", "self"));
   if (ddp_tensor_is_contiguous(t) && !ddp_autograd_needed(1, &t)) {

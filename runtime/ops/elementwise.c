@@ -658,12 +658,12 @@ static void clamp_bounds(int has_lo, double *lo, int has_hi, double *hi) {
 int ddp_neg(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_NEG, 0, 0); }
 int ddp_exp(ddp_tensor **out, ddp_tensor *x) {
   ddp_tensor *ac_in[1] = {x}, *ac[1]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_exp(out, ac[0]));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_EXP, 1, ac_in, ac, ddp_exp(out, ac[0]));
   return unary_op(out, x, DDP_EW_EXP, 0, 0);
 }
 int ddp_log(ddp_tensor **out, ddp_tensor *x) {
   ddp_tensor *ac_in[1] = {x}, *ac[1]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 1, ac_in, ac, ddp_log(out, ac[0]));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_LOG, 1, ac_in, ac, ddp_log(out, ac[0]));
   return unary_op(out, x, DDP_EW_LOG, 0, 0);
 }
 int ddp_sqrt(ddp_tensor **out, ddp_tensor *x) { return unary_op(out, x, DDP_EW_SQRT, 0, 0); }

@@ -366,7 +366,7 @@ int ddp_nll_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, ddp_te
   const char *op = "nll_loss";
   *out = NULL;
   ddp_tensor *ac_in[3] = {input, target, weight}, *ac[3]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 3, ac_in, ac,
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_NLL_LOSS, 3, ac_in, ac,
                        ddp_nll_loss(out, ac[0], ac[1], ac[2], reduction, ignore_index));
   DDP_TRY(ddp_check_alive(input, op, "input"));
   DDP_TRY(ddp_check_alive(target, op, "target"));
@@ -420,7 +420,7 @@ int ddp_cross_entropy(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, d
   const char *op = "cross_entropy";
   *out = NULL;
   ddp_tensor *ac_in[3] = {input, target, weight}, *ac[3]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 3, ac_in, ac,
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_CROSS_ENTROPY, 3, ac_in, ac,
                        ddp_cross_entropy(out, ac[0], ac[1], ac[2], reduction, ignore_index,
                                          label_smoothing));
   DDP_TRY(ddp_check_alive(input, op, "input"));
@@ -559,7 +559,7 @@ static int mse_loss_backward(ddp_node *n, ddp_tensor *g, ddp_tensor **gi) {
 
 int ddp_mse_loss(ddp_tensor **out, ddp_tensor *input, ddp_tensor *target, int reduction) {
   ddp_tensor *ac_in[2] = {input, target}, *ac[2]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 2, ac_in, ac, ddp_mse_loss(out, ac[0], ac[1], reduction));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_MSE_LOSS, 2, ac_in, ac, ddp_mse_loss(out, ac[0], ac[1], reduction));
   const char *op = "mse_loss";
   *out = NULL;
   DDP_TRY(ddp_check_alive(input, op, "input"));

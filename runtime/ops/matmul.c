@@ -454,7 +454,7 @@ static int record_product(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b, const 
 int ddp_matmul(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
   *out = NULL;
   ddp_tensor *ac_in[2] = {a, b}, *ac[2]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 2, ac_in, ac, ddp_matmul(out, ac[0], ac[1]));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_MATMUL, 2, ac_in, ac, ddp_matmul(out, ac[0], ac[1]));
   DDP_TRY(check_pair(a, b, "matmul"));
   if (a->ndim < 1 || b->ndim < 1)
     DDP_FAIL(DDP_ERR_ARG, "matmul: both arguments need at least 1 dimension, got %s and %s",
@@ -489,7 +489,7 @@ int ddp_matmul(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
 int ddp_bmm(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) {
   *out = NULL;
   ddp_tensor *ac_in[2] = {a, b}, *ac[2]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 2, ac_in, ac, ddp_bmm(out, ac[0], ac[1]));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_BMM, 2, ac_in, ac, ddp_bmm(out, ac[0], ac[1]));
   DDP_TRY(check_pair(a, b, "bmm"));
   if (a->ndim != 3 || b->ndim != 3)
     DDP_FAIL(DDP_ERR_ARG, "bmm: expected 3-d tensors (B, N, K) and (B, K, M), got %s and %s",
@@ -547,7 +547,7 @@ static int linear_backward(ddp_node *node, ddp_tensor *g, ddp_tensor **gi) {
 int ddp_linear(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight, ddp_tensor *bias) {
   *out = NULL;
   ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_LOWER, 3, ac_in, ac, ddp_linear(out, ac[0], ac[1], ac[2]));
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_LINEAR, 3, ac_in, ac, ddp_linear(out, ac[0], ac[1], ac[2]));
   DDP_TRY(ddp_check_affine_args("linear", input, weight, bias));
   if (weight->ndim != 2)
     DDP_FAIL(DDP_ERR_ARG, "linear: weight must be 2-d (out_features, in_features), got %s",

@@ -60,6 +60,14 @@ static int back_to(ddp_tensor **out, ddp_tensor *result32, int dtype) {
   return status;
 }
 
+/* The dtype a weight or bias t of a normalisation must have for `input`: input's, or f32
+ * for a half input with f32 parameters, which the half paths below compute in f32 anyway
+ * (PyTorch's CPU kernels take that mix too; autocast leaves these ops' inputs as they are
+ * on the CPU: Note [autocast policy] in runtime/ops/autocast.c). */
+static int param_dtype_for(const ddp_tensor *input, const ddp_tensor *t) {
+  return t && is_half(input->dtype) && t->dtype == DDP_F32 ? DDP_F32 : input->dtype;
+}
+
 /* ---- batch norm -------------------------------------------------------------------------- */
 
 /* Check a per-channel tensor of op: NULL, or 1-d of size C (and dtype `dtype` unless -1). */
@@ -358,8 +366,8 @@ static int check_batch_norm_args(const char *op, ddp_tensor *input, ddp_tensor *
   }
   DDP_TRY(check_channel_arg_of(op, running_mean, "running_mean", *C, -1, input));
   DDP_TRY(check_channel_arg_of(op, running_var, "running_var", *C, -1, input));
-  DDP_TRY(check_channel_arg_of(op, weight, "weight", *C, input->dtype, input));
-  DDP_TRY(check_channel_arg_of(op, bias, "bias", *C, input->dtype, input));
+  DDP_TRY(check_channel_arg_of(op, weight, "weight", *C, param_dtype_for(input, weight), input));
+  DDP_TRY(check_channel_arg_of(op, bias, "bias", *C, param_dtype_for(input, bias), input));
   if (!(eps >= 0)) DDP_FAIL(DDP_ERR_ARG, "%s: eps must be >= 0, got %g", op, eps);
   if (!training && (!running_mean || !running_var))
     DDP_FAIL(DDP_ERR_ARG, "%s: running_mean and running_var are required in eval mode "
@@ -381,7 +389,7 @@ int ddp_batch_norm(ddp_tensor **out, ddp_tensor *input, ddp_tensor *running_mean
   /* Note [autocast policy]: the running statistics are buffers updated in place, never cast
    * (a cast would update a copy): only the input and the affine parameters follow the widest */
   ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3];
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_PROMOTE, 3, ac_in, ac,
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_BATCH_NORM, 3, ac_in, ac,
                        ddp_batch_norm(out, ac[0], running_mean, running_var, ac[1], ac[2],
                                       training, momentum, eps));
   int64_t N = 0, C = 0, S = 1;
@@ -438,7 +446,7 @@ int ddp_batch_norm_relu(ddp_tensor **out, ddp_tensor *input, ddp_tensor *residua
   const ddp_kernels *k = ddp_kernels_for(input->device);
   ddp_tensor *ac_in[4] = {input, weight, bias, residual};
   int fused = k && k->bn_apply_relu && k->bn_backward_reduce_relu && k->bn_backward_elemt_relu &&
-              !is_half(input->dtype) && !ddp_autocast_needed(DDP_AUTOCAST_PROMOTE, 4, ac_in);
+              !is_half(input->dtype) && !ddp_autocast_needed(DDP_AUTOCAST_OP_BATCH_NORM, 4, ac_in);
   if (fused)
     return batch_norm_compute(out, input, running_mean, running_var, weight, bias, training,
                               momentum, eps, N, C, S, 1, residual);
@@ -684,7 +692,7 @@ static int check_ln_param(const ddp_tensor *t, const char *arg, int nn, const in
   if (t->ndim != nn || memcmp(t->shape, ns, sizeof(int64_t) * (size_t)nn))
     DDP_FAIL(DDP_ERR_ARG, "layer_norm: %s of shape %s does not match normalized_shape %s", arg,
              DDP_SHAPE(t), ddp_shape_str(nn, ns));
-  if (t->dtype != input->dtype)
+  if (t->dtype != param_dtype_for(input, t))
     DDP_FAIL(DDP_ERR_ARG, "layer_norm: %s has dtype %s but input has dtype %s", arg,
              ddp_dtype_name(t->dtype), ddp_dtype_name(input->dtype));
   return DDP_OK;
@@ -737,7 +745,7 @@ int ddp_layer_norm(ddp_tensor **out, ddp_tensor *input, int n_normalized,
                    double eps) {
   *out = NULL;
   ddp_tensor *ac_in[3] = {input, weight, bias}, *ac[3]; /* Note [autocast policy] */
-  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_F32, 3, ac_in, ac,
+  DDP_AUTOCAST_REENTER(DDP_AUTOCAST_OP_LAYER_NORM, 3, ac_in, ac,
                        ddp_layer_norm(out, ac[0], n_normalized, normalized_shape, ac[1], ac[2], eps));
   DDP_TRY(ddp_check_alive(input, "layer_norm", "input"));
   if (!ddp_dtype_is_floating(input->dtype))

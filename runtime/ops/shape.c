@@ -92,7 +92,8 @@ static int infer_shape(const char *op, const ddp_tensor *t, int ndim, const int6
     DDP_FAIL(DDP_ERR_ARG, "%s: shape %s is invalid for a tensor of shape %s (%lld elements)", op,
              ddp_shape_str(ndim, req), DDP_SHAPE(t), (long long)t->numel);
   }
-  return DDP_OK;
+  /* a 0 among the sizes hides an overflowing stride from the count above */
+  return ddp_shape_check(op, ndim, shape, 0); /* Note [shape arithmetic] */
 }
 
 /* Strides that show t's elements in row-major order under `shape` (same numel) without a
@@ -374,6 +375,7 @@ int ddp_expand(ddp_tensor **out, ddp_tensor *t, int ndim, const int64_t *sizes) 
                (long long)want, ddp_shape_str(ndim, sizes));
     }
   }
+  DDP_TRY(ddp_shape_check("expand", ndim, shape, 0)); /* Note [shape arithmetic] */
   return make_view(out, t, ndim, shape, strides, t->offset, "ExpandBackward", expand_backward,
                    NULL, 0);
 }

@@ -7,9 +7,12 @@
 --
 -- device_type: "cpu" or "cuda" (the region affects ops whose tensors are on that device
 -- type). opts.dtype: "bf16" or "f16" (default bf16 on the CPU, f16 on CUDA, as PyTorch);
--- opts.enabled (default true; false makes a region that changes nothing). Inside a region,
--- matmul, bmm, linear and conv2d run in the lower precision dtype, softmax, log_softmax,
--- the losses, layer_norm, sum, mean, exp and log in f32, the other ops as their inputs say.
+-- opts.enabled (default true; false makes a region that changes nothing). Inside a region
+-- the ops follow PyTorch 1.13's autocast lists for the device type (Note [autocast policy]
+-- in runtime/ops/autocast.c has the table): matmul, bmm, linear and conv2d run in the lower
+-- precision dtype on both; cross_entropy, nll_loss and mse_loss in f32 on both; softmax,
+-- log_softmax, sum, exp, log and layer_norm in f32 on CUDA and in their input's dtype on
+-- the CPU (PyTorch's CPU lists omit them); the other ops as their inputs say.
 -- Casts of parameters are cached until the outermost region ends. Regions nest; leaving
 -- one restores the state it found, also when fn raises (the error is raised again).
 -- backward() always runs without autocast (in the forward's dtypes), as PyTorch.

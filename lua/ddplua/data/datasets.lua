@@ -30,6 +30,7 @@ end
 --- data.read_idx(path): the IDX file (gzipped or raw) as a tensor of its shape (u8 for
 -- image and label files). Raises naming the file and the fault.
 function M.read_idx(path)
+  lib.path(path, "read_idx")
   check(C.ddp_io_read_idx(box, path))
   return wrap(box[0])
 end
@@ -38,8 +39,9 @@ end
 -- (N, 3, 32, 32) u8, labels (N) i64. Raises naming the file and the fault.
 function M.read_cifar(paths)
   if type(paths) == "string" then paths = { paths } end
+  if type(paths) ~= "table" then lib.raise("read_cifar: paths must be a string or a list of strings, got " .. type(paths)) end
   local arr = ffi.new("const char*[?]", #paths)
-  for i, p in ipairs(paths) do arr[i - 1] = p end
+  for i, p in ipairs(paths) do arr[i - 1] = lib.path(p, "read_cifar", "paths[" .. i .. "]") end
   local boxes = ffi.new("ddp_tensor*[2]")
   check(C.ddp_io_read_cifar(boxes, boxes + 1, #paths, arr))
   return wrap(boxes[0]), wrap(boxes[1])
@@ -160,6 +162,7 @@ local function read_mnist_like(name, opts, default_root)
   opts = opts or {}
   local root = opts.root or default_root
   if not root then lib.raise(name .. ": root is required (the folder holding the IDX files)") end
+  lib.path(root, name, "root")
   local prefix = (opts.train == false) and "t10k" or "train"
   local function find(base)
     for _, p in ipairs { root .. "/" .. base .. ".gz", root .. "/" .. base } do
@@ -216,6 +219,7 @@ function M.CIFAR10(opts)
   opts = options.check("CIFAR10", opts, KNOWN)
   local root = opts.root
   if not root then lib.raise("CIFAR10: root is required (the folder holding data_batch_1.bin ...)") end
+  lib.path(root, "CIFAR10", "root")
   local names = opts.train == false and { "test_batch.bin" }
     or { "data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin" }
   local dir = root

@@ -131,6 +131,7 @@ function M.FileStore(path, opts)
   if type(path) ~= "string" or path == "" then
     raise("FileStore: path must be a non-empty string, got " .. tostring(path))
   end
+  lib.path(path, "FileStore")
   local timeout, rank = opt_timeout(opts), opt_rank(opts)
   check(C.ddp_store_file_new_ranked(store_box, path, timeout, rank or -1))
   return new_store("file", path, rank, timeout)
@@ -156,9 +157,9 @@ local function ptr(self, op)
   return p
 end
 
+-- A key C can take whole (a NUL byte would cut it short: two keys would meet).
 local function key_arg(key, op)
-  if type(key) ~= "string" then raise("store:" .. op .. ": key must be a string, got " .. type(key)) end
-  return key
+  return lib.c_string(key, "store:" .. op, "key")
 end
 
 local function value_arg(v, op, what)

@@ -3,10 +3,17 @@
 -- See dl.adaptive_avg_pool2d.
 local dl = require "ddplua"
 local module = require "ddplua.nn.module"
+local window_args = require "ddplua.nn.window_args"
+local lib = require "ddplua.lib"
 
 local AdaptiveAvgPool2d = module.Module:extend("AdaptiveAvgPool2d")
 
 function AdaptiveAvgPool2d:init(output_size)
+  local size = window_args.pair(output_size, "AdaptiveAvgPool2d", "output_size")
+  if size[1] < 0 or size[2] < 0 then
+    lib.raise(("AdaptiveAvgPool2d: elements of output_size must be greater than or equal to 0 "
+      .. "but received {%d, %d}"):format(size[1], size[2]))
+  end
   self.output_size = output_size
 end
 

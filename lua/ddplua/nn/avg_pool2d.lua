@@ -5,6 +5,7 @@
 local options = require "ddplua.options"
 local dl = require "ddplua"
 local module = require "ddplua.nn.module"
+local window_args = require "ddplua.nn.window_args"
 
 local AvgPool2d = module.Module:extend("AvgPool2d")
 
@@ -16,6 +17,9 @@ function AvgPool2d:init(kernel_size, opts)
   self.padding = opts.padding or 0
   self.ceil_mode = opts.ceil_mode or false
   self.count_include_pad = opts.count_include_pad ~= false
+  local function pair(v, what) return window_args.pair(v, "AvgPool2d", what) end
+  window_args.pool("AvgPool2d", pair(self.kernel_size, "kernel_size"), pair(self.stride, "stride"),
+    pair(self.padding, "padding"))
 end
 
 function AvgPool2d:forward(x)

@@ -13,17 +13,11 @@ local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 local init = require "ddplua.nn.weight_init"
+local window_args = require "ddplua.nn.window_args"
 
 local Conv2d = module.Module:extend("Conv2d")
 
-local function pair(v, what)
-  if type(v) == "number" and v % 1 == 0 then return { v, v } end
-  if type(v) == "table" and #v == 2 and type(v[1]) == "number" and type(v[2]) == "number"
-      and v[1] % 1 == 0 and v[2] % 1 == 0 then
-    return { v[1], v[2] }
-  end
-  lib.raise("Conv2d: " .. what .. " must be an integer or a {h, w} pair of integers, got " .. tostring(v))
-end
+local function pair(v, what) return window_args.pair(v, "Conv2d", what) end
 
 local function positive_int(v, what)
   if type(v) ~= "number" or v % 1 ~= 0 or v <= 0 then
@@ -48,6 +42,7 @@ function Conv2d:init(in_channels, out_channels, kernel_size, opts)
   self.kernel_size = pair(kernel_size, "kernel_size")
   self.stride = pair(opts.stride or 1, "stride")
   self.dilation = pair(opts.dilation or 1, "dilation")
+  window_args.conv("Conv2d", self.kernel_size, self.stride, nil, self.dilation)
   local padding = opts.padding or 0
   if padding == "valid" then
     padding = { 0, 0 }
@@ -65,6 +60,7 @@ function Conv2d:init(in_channels, out_channels, kernel_size, opts)
     end
   end
   self.padding = pair(padding, "padding")
+  window_args.conv("Conv2d", self.kernel_size, self.stride, self.padding, self.dilation)
   local dtype = opts.dtype or "f32"
   self.weight = module.Parameter(dl.empty({ out_channels, in_channels / groups, self.kernel_size[1],
     self.kernel_size[2] }, { dtype = dtype }))

@@ -19,7 +19,13 @@ function LayerNorm:init(normalized_shape, opts)
   end
   opts = options.check("LayerNorm", opts, KNOWN)
   local shape = {}
-  for i, s in ipairs(normalized_shape) do shape[i] = s end
+  for i, s in ipairs(normalized_shape) do
+    if type(s) ~= "number" or s % 1 ~= 0 or s < 0 then
+      lib.raise(("LayerNorm: normalized_shape entry %d must be a non-negative integer, got %s")
+        :format(i, tostring(s)))
+    end
+    shape[i] = s
+  end
   self.normalized_shape = shape
   self.eps = opts.eps or 1e-5
   self.elementwise_affine = opts.elementwise_affine ~= false

@@ -5,6 +5,7 @@
 local options = require "ddplua.options"
 local dl = require "ddplua"
 local module = require "ddplua.nn.module"
+local window_args = require "ddplua.nn.window_args"
 
 local MaxPool2d = module.Module:extend("MaxPool2d")
 
@@ -17,6 +18,9 @@ function MaxPool2d:init(kernel_size, opts)
   self.dilation = opts.dilation or 1
   self.ceil_mode = opts.ceil_mode or false
   self.return_indices = opts.return_indices or false
+  local function pair(v, what) return window_args.pair(v, "MaxPool2d", what) end
+  window_args.pool("MaxPool2d", pair(self.kernel_size, "kernel_size"), pair(self.stride, "stride"),
+    pair(self.padding, "padding"), pair(self.dilation, "dilation"))
 end
 
 function MaxPool2d:forward(x)

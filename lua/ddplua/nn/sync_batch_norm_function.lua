@@ -7,8 +7,9 @@
 -- x: (N, C, *) floating, channels in dim 2 (N may differ between ranks, and may be 0);
 -- weight, bias: (C) or nil; state: a table {running_mean =, running_var = (C) or nil,
 -- eps =, momentum = (the update factor, a number), group = (a process group object),
--- world_size =}. Returns y of x's shape; its dtype is x's, or f32/f64 when the weight is
--- wider (as the C batch norm under autocast). f16/bf16 are computed through f32.
+-- world_size =}. Returns y of x's shape; its dtype is x's (a half x with f32 parameters
+-- included, as dl.batch_norm), or f64 when the weight is f64. f16/bf16 are computed through
+-- f32.
 --
 -- Forward (Note [sync batch norm statistics]): each rank computes its per-channel mean and
 -- invstd = 1 / sqrt(biased var + eps) (dl.batch_norm_stats) and its count M_r = N_r * spatial;
@@ -54,11 +55,13 @@ local SyncBatchNormFunction = Function:extend("SyncBatchNorm")
 -- PADDED_ALL_REDUCE_MAX elements (1 MiB of f64) the real all_gather is used.
 local PADDED_ALL_REDUCE_MAX = 131072
 
--- The output dtype: x's, promoted to the weight's when that is wider (autocast's rule for
--- batch norm: its widest input).
+-- The output dtype, as dl.batch_norm's: x's, also for a half x with f32 parameters (PyTorch's
+-- mixed batch norm; autocast leaves batch norm alone: Note [autocast policy]); f64 when
+-- either is f64; f32 for an f32 x with half parameters.
 local function result_dtype(x, weight)
   if weight == nil or weight.dtype == x.dtype then return x.dtype end
   if x.dtype == "f64" or weight.dtype == "f64" then return "f64" end
+  if x.dtype == "f16" or x.dtype == "bf16" then return x.dtype end
   return "f32"
 end
 

@@ -23,14 +23,15 @@ local count_out = ffi.new("int[1]")
 local list_cap = 64
 local list_buf = ffi.new("ddp_tensor*[?]", list_cap)
 
--- Sizes given as numbers (varargs) or as one table: (int64_t[8], n).
-local function sizes(first, ...)
-  if type(first) == "table" then return lib.shape(first) end
+-- Sizes for `op` given as numbers (varargs) or as one table: (int64_t[8], n). Each must
+-- be an integer within 64 bits (lib.size); C checks the shape itself.
+local function sizes(op, first, ...)
+  if type(first) == "table" then return lib.shape(first, nil, op) end
   local n = select("#", ...) + 1
   if first == nil then return size_buf, 0 end
-  if n > 8 then lib.raise("a shape has at most 8 dimensions, got " .. n) end
-  size_buf[0] = first
-  for i = 2, n do size_buf[i - 1] = (select(i - 1, ...)) end
+  if n > 8 then lib.raise(op .. ": a shape has at most 8 dimensions, got " .. n) end
+  size_buf[0] = lib.size(first, op, "size 1")
+  for i = 2, n do size_buf[i - 1] = lib.size((select(i - 1, ...)), op, "size " .. i) end
   return size_buf, n
 end
 
@@ -66,14 +67,14 @@ end
 -- may be -1 (inferred). Raises naming both shapes when the element counts differ or when
 -- t's strides do not allow the view (then use reshape).
 function T.view(t, ...)
-  local buf, n = sizes(...)
+  local buf, n = sizes("view", ...)
   check(C.ddp_view(box, t, n, buf))
   return wrap(box[0])
 end
 
 --- t:reshape(sizes...) or t:reshape({sizes}) -> a view when possible, else a contiguous copy.
 function T.reshape(t, ...)
-  local buf, n = sizes(...)
+  local buf, n = sizes("reshape", ...)
   check(C.ddp_reshape(box, t, n, buf))
   return wrap(box[0])
 end
@@ -129,7 +130,7 @@ end
 -- expanded dimensions; new dimensions in front; -1 keeps a size). Only size-1 dimensions
 -- can grow. Backward sums the gradient back.
 function T.expand(t, ...)
-  local buf, n = sizes(...)
+  local buf, n = sizes("expand", ...)
   check(C.ddp_expand(box, t, n, buf))
   return wrap(box[0])
 end
@@ -164,7 +165,7 @@ end
 --- t:unflatten(d, {sizes}) -> dimension d replaced by sizes (one may be -1; the product is
 -- its size).
 function T.unflatten(t, d, sz)
-  local buf, n = lib.shape(sz)
+  local buf, n = lib.shape(sz, nil, "unflatten")
   check(C.ddp_unflatten(box, t, dim(d), n, buf))
   return wrap(box[0])
 end
@@ -202,7 +203,7 @@ end
 function T.split(t, sz, d)
   local cd = d == nil and 0 or dim(d)
   if type(sz) == "table" then
-    local buf, n = lib.shape(sz)
+    local buf, n = lib.shape(sz, nil, "split")
     local outs = ffi.new("ddp_tensor*[?]", n)
     check(C.ddp_split_with_sizes(outs, t, n, buf, cd))
     return wrap_list(outs, n)

@@ -31,6 +31,8 @@
 -- loss and epochs are "-" while the individual is not evaluated yet. The file is written to
 -- <path>.tmp and renamed over <path> (rename is atomic on POSIX file systems), so a reader
 -- or an interrupted search never sees half a file.
+local lib = require "ddplua.lib"
+
 local M = {}
 
 local KINDS = { int = true, float = true, log = true, choice = true }
@@ -159,6 +161,7 @@ end
 -- genes, loss (number or nil), epochs (number or nil)}) to path atomically (Note [population
 -- file]). Raises naming the path when it cannot be written or renamed.
 function M.save(path, population, space)
+  lib.path(path, "evolution.save")
   check_space(space)
   local tmp = path .. ".tmp"
   local f, err = io.open(tmp, "w")
@@ -184,6 +187,7 @@ end
 -- exist. Raises naming the path and line when the header does not match space or a value
 -- does not parse.
 function M.load(path, space)
+  lib.path(path, "evolution.load")
   check_space(space)
   local f = io.open(path, "r")
   if not f then return nil end

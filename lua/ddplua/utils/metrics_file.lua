@@ -7,6 +7,7 @@
 --     { { "epoch", "%d" }, { "lr", "%.6g" }, { "train_loss", "%.6f" } }, { append = resumed })
 --   m:write { epoch = 1, lr = 0.05, train_loss = 0.61 }
 --   m:close()
+local lib = require "ddplua.lib"
 local options = require "ddplua.options"
 
 local MetricsFile = {}
@@ -53,6 +54,7 @@ end
 -- from that checkpoint runs the epoch again and wrote its row a second time. resume_after =
 -- the checkpoint's epoch drops such rows first, so the file reads as one uninterrupted run.
 function MetricsFile.open(path, columns, opts)
+  lib.path(path, "MetricsFile.open")
   opts = options.check("MetricsFile", opts, KNOWN)
   local self = setmetatable({ path = path, columns = columns }, MetricsFile)
   local old = opts.append and read(path)

@@ -20,6 +20,7 @@
 -- Every function takes an optional `prog` (default "ddplua") that prefixes its messages;
 -- errors are raised with error(msg, 0) (a user's file or flag is at fault, not a line).
 local data = require "ddplua.data"
+local lib = require "ddplua.lib"
 local optim = require "ddplua.optim"
 
 local M = {}
@@ -35,6 +36,7 @@ local OVERRIDES = { "epochs", "batch_size", "seed", "subset", "test_subset", "da
 function M.load(path, overrides, prog)
   prog = prog or "ddplua"
   overrides = overrides or {}
+  lib.path(path, prog .. ": train_config.load")
   local chunk, err = loadfile(path)
   if not chunk then error(prog .. ": cannot load config " .. path .. ": " .. err, 0) end
   local cfg = chunk()
