@@ -1,0 +1,75 @@
+-- fuzz/make_corpus.lua: writes the seed corpora of the fuzz targets into fuzz/corpus/<name>/
+-- (a few valid inputs and edge cases each, all tiny). Run from the repository root:
+--   luajit fuzz/make_corpus.lua
+-- The files are committed; run it again after changing it. Inputs that fuzzing found
+-- (crashes, reports) are kept in the same folders under names that say what they are, and
+-- are not written here: this script only adds or overwrites its own seeds.
+local function write(name, file, bytes)
+  local dir = "fuzz/corpus/" .. name
+  os.execute("mkdir -p " .. dir)
+  local f = assert(io.open(dir .. "/" .. file, "wb"))
+  f:write(bytes)
+  f:close()
+end
+
+local function le(n, k) -- n as k little-endian bytes
+  local b = {}
+  for i = 1, k do
+    b[i] = string.char(n % 256)
+    n = math.floor(n / 256)
+  end
+  return table.concat(b)
+end
+local function be32(n)
+  return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+end
+
+-- ---- safetensors ---------------------------------------------------------------------------
+local function st(header, data) return le(#header, 8) .. header .. (data or "") end
+write("safetensors_file", "one_f32", st('{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', le(0x3f800000, 4) .. le(0x40000000, 4)))
+write("safetensors_file", "empty", st("{}"))
+write("safetensors_file", "padded_meta", st('{"__metadata__":{"format":"pt"},"b":{"dtype":"BOOL","shape":[],"data_offsets":[0,1]}}    ', "\1"))
+write("safetensors_file", "three", st('{"a":{"dtype":"U8","shape":[2,1],"data_offsets":[0,2]},"c":{"dtype":"I64","shape":[1],"data_offsets":[4,12]},'
+  .. '"b":{"dtype":"F16","shape":[1],"data_offsets":[2,4]}}', string.rep("\7", 12)))
+write("safetensors_file", "zero_size", st('{"e":{"dtype":"F64","shape":[0,3],"data_offsets":[0,0]}}'))
+-- 2^61 F64 elements: 2^64 bytes wrapped to 0 (fixed; spec/checkpoint_spec.lua)
+write("safetensors_file", "finding-size-wraps", st('{"w":{"dtype":"F64","shape":[2147483648,1073741824],"data_offsets":[0,0]}}'))
+
+write("safetensors_json", "metadata", '{"__metadata__":{"format":"pt","step":"12","json_keys":"[\\"step\\"]"}}')
+write("safetensors_json", "tensor64", '{"w":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}')
+write("safetensors_json", "two_and_meta", '{"a":{"dtype":"U8","shape":[32],"data_offsets":[0,32]},'
+  .. '"__metadata__":{"x":"y"},"b":{"dtype":"BF16","shape":[2,8],"data_offsets":[32,64]}}')
+write("safetensors_json", "escapes", '{"__metadata__":{"\\u00e9\\u0000k":"v\\n\\"\\\\","":""}}')
+write("safetensors_json", "nested", '{"__metadata__":{"k":{"a":[1,2,{"b":null}]}}}')
+write("safetensors_json", "numbers", '{"w":{"dtype":"I32","shape":[1e1,1.6],"data_offsets":[-0,64.0]}}')
+
+-- ---- IDX -------------------------------------------------------------------------------
+local idx_u8 = "\0\0\8\2" .. be32(2) .. be32(3) .. "\1\2\3\4\5\6"
+local idx_i16 = "\0\0\11\1" .. be32(3) .. "\255\254\0\1\128\0"
+local idx_f64 = "\0\0\14\1" .. be32(1) .. "\63\240\0\0\0\0\0\0"
+local idx_i32 = "\0\0\12\3" .. be32(1) .. be32(1) .. be32(1) .. "\128\0\0\1"
+local idx_empty = "\0\0\13\2" .. be32(0) .. be32(5)
+for _, name in ipairs { "idx", "idx_gzip" } do
+  write(name, "u8_2x3", idx_u8)
+  write(name, "i16", idx_i16)
+  write(name, "f64", idx_f64)
+  write(name, "i32_3d", idx_i32)
+  write(name, "empty", idx_empty)
+  write(name, "i8_8d", "\0\0\9\8" .. string.rep(be32(1), 8) .. "\200")
+end
+-- a gzipped seed for the target that takes files as they come
+local tmp = os.tmpname()
+local f = assert(io.open(tmp, "wb"))
+f:write(idx_u8)
+f:close()
+local p = assert(io.popen("gzip -9 -n -c " .. tmp, "r"))
+write("idx", "u8_2x3.gz", p:read("*a"))
+p:close()
+os.remove(tmp)
+
+-- ---- CIFAR-10 --------------------------------------------------------------------------
+local function record(label, fill) return string.char(label) .. string.rep(string.char(fill), 3072) end
+write("cifar", "one", record(3, 200))
+write("cifar", "two", record(0, 1) .. record(9, 2))
+write("cifar", "bad_label", record(10, 0))
+write("cifar", "short", record(1, 0):sub(1, 3000))
