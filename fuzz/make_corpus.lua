@@ -73,3 +73,40 @@ write("cifar", "one", record(3, 200))
 write("cifar", "two", record(0, 1) .. record(9, 2))
 write("cifar", "bad_label", record(10, 0))
 write("cifar", "short", record(1, 0):sub(1, 3000))
+
+-- ---- the store (Note [store wire protocol]) ---------------------------------------------
+local function frame(op, ...)
+  local out = { string.char(op), le(select("#", ...), 4) }
+  for _, a in ipairs { ... } do out[#out + 1] = le(#a, 4) .. a end
+  return table.concat(out)
+end
+-- store_requests input: pieces of at most 128 bytes, each after its control byte
+local function pieces(list) -- list of {conn, bytes}
+  local out = {}
+  for _, p in ipairs(list) do
+    local which, s = p[1], p[2]
+    for i = 1, #s, 128 do
+      local chunk = s:sub(i, i + 127)
+      out[#out + 1] = string.char(which + 2 * (#chunk - 1)) .. chunk
+    end
+  end
+  return table.concat(out)
+end
+local SET, GET, ADD, CAS, WAIT, CHECK, DELETE, NUMKEYS, CANCEL = 1, 2, 3, 4, 5, 6, 7, 8, 9
+write("store_requests", "set_get", pieces { { 0, frame(SET, "k", "v") .. frame(GET, "k") } })
+write("store_requests", "parked_get_woken", pieces { { 0, frame(GET, "late") }, { 1, frame(SET, "late", "now") } })
+write("store_requests", "wait_cancel", pieces { { 0, frame(WAIT, "a", "b") }, { 1, frame(SET, "a", "1") }, { 0, frame(CANCEL) } })
+write("store_requests", "add", pieces { { 1, frame(ADD, "n", le(5, 8)) .. frame(ADD, "n", le(2 ^ 53, 8)) .. frame(NUMKEYS) } })
+write("store_requests", "cas_check_delete", pieces { { 0, frame(CAS, "c", "", "x") .. frame(CAS, "c", "x", "y")
+  .. frame(CAS, "c", "no", "z") .. frame(CHECK, "c", "d") .. frame(DELETE, "c") .. frame(DELETE, "c") } })
+write("store_requests", "refused_big_value", pieces { { 0, "\1" .. le(2, 4) .. le(1, 4) .. "k" .. le(2 ^ 30, 4) .. string.rep("z", 200) } })
+write("store_requests", "malformed", pieces { { 0, frame(12) }, { 1, frame(SET, "", "v") } })
+write("store_requests", "partial", pieces { { 0, frame(SET, "key", string.rep("v", 300)):sub(1, 250) } })
+write("store_requests", "split_one_byte", (frame(SET, "k", "value") .. frame(GET, "k")):gsub(".", function(c) return "\0" .. c end))
+
+-- store_handshake input: byte 0 (bits 0-5 piece size - 1, bit 6 write the right proof),
+-- then the client's 64-byte answer (32-byte nonce, 32-byte proof) and what follows it
+write("store_handshake", "right_then_request", string.char(64 + 63) .. string.rep("\17", 32) .. string.rep("\0", 32) .. frame(NUMKEYS) .. frame(SET, "a", "b"))
+write("store_handshake", "right_one_byte_pieces", string.char(64) .. string.rep("\3", 64) .. frame(GET, "x"))
+write("store_handshake", "wrong", string.char(7) .. string.rep("\0", 64) .. frame(NUMKEYS))
+write("store_handshake", "short", string.char(2) .. "DDPSTOR1")
