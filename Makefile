@@ -216,14 +216,19 @@ FUZZ_CFLAGS := $(FUZZ_BASE) -O1 -g $(FUZZ_SAN) $(filter-out -Wno-format-truncati
 FUZZ_LIB_SRCS := $(sort $(wildcard runtime/core/*.c)) \
                  runtime/io/idx.c runtime/io/cifar.c runtime/io/safetensors.c \
                  runtime/distributed/store.c runtime/distributed/store_file.c \
-                 runtime/distributed/store_server.c
+                 runtime/distributed/store_server.c runtime/distributed/objects.c
 FUZZ_NOCOV_SRCS := runtime/distributed/store_auth.c
+# The distributed REPL's frames (runtime/cli/dist_repl.c) get their targets once its frame
+# parser is a pure function: list the file(s) holding it here (compiled with
+# $(LUAJIT_CFLAGS) when they include Lua's headers; link $(LUAJIT_LIBS) then) and add
+# fuzz/repl_<name>.c with fuzz/corpus/repl_<name>/ (and fuzz/repl.dict).
+FUZZ_CLI_SRCS :=
 FUZZ_SUPPORT_SRCS := $(sort $(wildcard runtime/backend/cpu/*.c)) runtime/backend/registry.c \
                  runtime/autograd/node.c runtime/autograd/view_history.c \
                  runtime/ops/accumulate.c runtime/ops/autocast.c runtime/ops/copy.c \
                  runtime/ops/device_copy.c runtime/ops/elementwise.c runtime/ops/reduce.c \
                  runtime/ops/shape.c
-FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o) \
+FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o) $(FUZZ_CLI_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o) \
                  $(FUZZ_NOCOV_SRCS:%.c=$(FUZZ_BUILD)/nocov/%.o) \
                  $(FUZZ_SUPPORT_SRCS:%.c=$(FUZZ_BUILD)/support/%.o)
 FUZZ_NAMES    := $(basename $(notdir $(wildcard fuzz/*.c)))
@@ -233,6 +238,11 @@ $(FUZZ_BUILD)/obj/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "fuzz cc $<"
 	@$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/obj/runtime/cli/%.o: runtime/cli/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "fuzz cc $<"
+	@$(FUZZ_CC) $(FUZZ_CFLAGS) $(LUAJIT_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
 $(FUZZ_BUILD)/nocov/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
