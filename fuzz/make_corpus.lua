@@ -1,9 +1,10 @@
 -- fuzz/make_corpus.lua: writes the seed corpora of the fuzz targets into fuzz/corpus/<name>/
 -- (a few valid inputs and edge cases each, all tiny). Run from the repository root:
 --   luajit fuzz/make_corpus.lua
--- The files are committed; run it again after changing it. Inputs that fuzzing found
--- (crashes, reports) are kept in the same folders under names that say what they are, and
--- are not written here: this script only adds or overwrites its own seeds.
+-- The files are committed; run it again after changing it. Inputs that libFuzzer found
+-- (crashes, reports) are kept in the same folders as finding-<what> and are not written
+-- here (this script only adds or overwrites its own seeds); review-* and refused-* are
+-- faults found by reading the code, written here.
 local function write(name, file, bytes)
   local dir = "fuzz/corpus/" .. name
   os.execute("mkdir -p " .. dir)
@@ -32,8 +33,8 @@ write("safetensors_file", "padded_meta", st('{"__metadata__":{"format":"pt"},"b"
 write("safetensors_file", "three", st('{"a":{"dtype":"U8","shape":[2,1],"data_offsets":[0,2]},"c":{"dtype":"I64","shape":[1],"data_offsets":[4,12]},'
   .. '"b":{"dtype":"F16","shape":[1],"data_offsets":[2,4]}}', string.rep("\7", 12)))
 write("safetensors_file", "zero_size", st('{"e":{"dtype":"F64","shape":[0,3],"data_offsets":[0,0]}}'))
--- 2^61 F64 elements: 2^64 bytes wrapped to 0 (fixed; spec/checkpoint_spec.lua)
-write("safetensors_file", "finding-size-wraps", st('{"w":{"dtype":"F64","shape":[2147483648,1073741824],"data_offsets":[0,0]}}'))
+-- 2^61 F64 elements: 2^64 bytes wrapped to 0 (found by review, fixed; spec/checkpoint_spec.lua)
+write("safetensors_file", "review-size-wraps", st('{"w":{"dtype":"F64","shape":[2147483648,1073741824],"data_offsets":[0,0]}}'))
 
 write("safetensors_json", "metadata", '{"__metadata__":{"format":"pt","step":"12","json_keys":"[\\"step\\"]"}}')
 write("safetensors_json", "tensor64", '{"w":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}')
