@@ -265,7 +265,8 @@ $(FUZZ_BUILD)/fuzz/%: fuzz/%.c $(wildcard fuzz/*.h) $(FUZZ_BUILD)/libddplua_fuzz
 
 fuzz-build: $(FUZZ_BINS)
 
-fuzz: fuzz-build
+fuzz: deps
+	@$(MAKE) --no-print-directory fuzz-build
 	tools/fuzz.sh $(FUZZ_BUILD) $(FUZZ_S) $(FUZZ_TARGETS)
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
