@@ -16,6 +16,9 @@
 #   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
 #                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md
+#   make fuzz       build the libFuzzer targets (fuzz/*.c) in build-fuzz/ with clang under
+#                   ASan + UBSan and run each for FUZZ_S seconds on a copy of its corpus;
+#                   fails on any finding (tools/fuzz.sh; README, "Fuzzing")
 #   make docs       the HTML API reference in build/docs/ (tools/gen_docs.lua), from the doc
 #                   comments of lua/ddplua and runtime/include
 #   make clean
@@ -27,6 +30,8 @@
 #                                  with the ASan runtime preloaded into luajit)
 #   ARCH=x86-64-v3                 -march value for the CPU kernels (AVX2 + FMA by default)
 #   NVCC=nvcc                      the CUDA compiler
+#   FUZZ_S=60                      seconds per fuzz target (make fuzz); FUZZ_TARGETS=names to
+#                                  run some only; FUZZ_CC=clang-14 the compiler of the targets
 
 CUDA     ?= auto
 DEBUG    ?= 0
@@ -116,7 +121,7 @@ ifeq ($(HAVE_NVCC),1)
   endif
 endif
 
-.PHONY: all lib deps config layers test train bench clean emulation docs
+.PHONY: all lib deps config layers test train bench clean emulation docs fuzz fuzz-build
 all: $(TARGETS)
 
 emulation: $(EMUL_PLUGIN)
@@ -189,9 +194,85 @@ $(BUILD)/tests/allocator_emulation: spec/fixtures/allocator_emulation.cc \
 	$(CXX) -std=gnu++20 -O1 -g -pthread -Werror -Iruntime/include -Iruntime -Ispec/fixtures $< -o $@ \
 	  -L$(BUILD) -lddplua -Wl,-rpath,'$$ORIGIN/..'
 
+# ---- fuzzing (Note [fuzz targets] in fuzz/fuzz.h) --------------------------------------
+# Its own folder, never mixed with build/: the runtime files the targets need, compiled by
+# clang into an archive (the linker takes the objects a target uses), and one executable
+# per fuzz/<name>.c. FUZZ_LIB_SRCS, the parsers and what they call (core, io, the store),
+# are instrumented (-fsanitize=fuzzer-no-link,address,undefined); FUZZ_SUPPORT_SRCS, the
+# rest of their link closure (the CPU kernel table that the tensor core registers, the ops
+# it names), is compiled plainly at -O0: no parser runs there, and instrumenting it would
+# cost CI a minute of compiling. FUZZ_NOCOV_SRCS are checked by the sanitizers but give
+# libFuzzer no coverage: SHA-256's fixed loops (the store handshake) teach it nothing and
+# took 60% of the store targets' time. A link error naming a missing ddp_ symbol means one
+# more file belongs in one of the lists.
+FUZZ_BUILD := build-fuzz
+FUZZ_CC    ?= $(shell command -v clang-14 2>/dev/null || command -v clang 2>/dev/null || echo clang-14)
+FUZZ_S     ?= 60
+FUZZ_TARGETS ?=
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_BASE  := -std=gnu11 -march=$(ARCH) -pthread -Iruntime/include -Iruntime $(BLAS_CFLAGS)
+FUZZ_CFLAGS := $(FUZZ_BASE) -O1 -g $(FUZZ_SAN) $(filter-out -Wno-format-truncation,$(WARN)) \
+               -Wno-unknown-pragmas
+FUZZ_LIB_SRCS := $(sort $(wildcard runtime/core/*.c)) \
+                 runtime/io/idx.c runtime/io/cifar.c runtime/io/safetensors.c \
+                 runtime/distributed/store.c runtime/distributed/store_file.c \
+                 runtime/distributed/store_server.c runtime/distributed/objects.c
+FUZZ_NOCOV_SRCS := runtime/distributed/store_auth.c
+# The distributed REPL's frames (runtime/cli/dist_repl.c) get their targets once its frame
+# parser is a pure function: list the file(s) holding it here (compiled with
+# $(LUAJIT_CFLAGS) when they include Lua's headers; link $(LUAJIT_LIBS) then) and add
+# fuzz/repl_<name>.c with fuzz/corpus/repl_<name>/ (and fuzz/repl.dict).
+FUZZ_CLI_SRCS :=
+FUZZ_SUPPORT_SRCS := $(sort $(wildcard runtime/backend/cpu/*.c)) runtime/backend/registry.c \
+                 runtime/autograd/node.c runtime/autograd/view_history.c \
+                 runtime/ops/accumulate.c runtime/ops/autocast.c runtime/ops/copy.c \
+                 runtime/ops/device_copy.c runtime/ops/elementwise.c runtime/ops/reduce.c \
+                 runtime/ops/shape.c
+FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o) $(FUZZ_CLI_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o) \
+                 $(FUZZ_NOCOV_SRCS:%.c=$(FUZZ_BUILD)/nocov/%.o) \
+                 $(FUZZ_SUPPORT_SRCS:%.c=$(FUZZ_BUILD)/support/%.o)
+FUZZ_NAMES    := $(basename $(notdir $(wildcard fuzz/*.c)))
+FUZZ_BINS     := $(FUZZ_NAMES:%=$(FUZZ_BUILD)/fuzz/%)
+
+$(FUZZ_BUILD)/obj/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "fuzz cc $<"
+	@$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/obj/runtime/cli/%.o: runtime/cli/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "fuzz cc $<"
+	@$(FUZZ_CC) $(FUZZ_CFLAGS) $(LUAJIT_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/nocov/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "fuzz cc (no coverage) $<"
+	@$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/support/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	@echo "fuzz cc (plain) $<"
+	@$(FUZZ_CC) $(FUZZ_BASE) -O0 -w -c $< -o $@
+
+$(FUZZ_BUILD)/libddplua_fuzz.a: $(FUZZ_LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz/%: fuzz/%.c $(wildcard fuzz/*.h) $(FUZZ_BUILD)/libddplua_fuzz.a
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libddplua_fuzz.a \
+	  $(BLAS_LIBS) -lcjson -lz -lm -ldl -pthread
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: deps
+	@$(MAKE) --no-print-directory fuzz-build
+	tools/fuzz.sh $(FUZZ_BUILD) $(FUZZ_S) $(FUZZ_TARGETS)
+
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox \
-                tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge
+                tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge \
+                clang-14 libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -219,6 +300,7 @@ config:
 	check "ip, unshare (namespace nodes spec; root)" "command -v ip && command -v unshare"; \
 	check "Slurm and munge (local Slurm spec; root)" "tools/slurm_local.sh check"; \
 	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
+	check "clang + libFuzzer (make fuzz)" "test -f $$($(FUZZ_CC) -print-file-name=libclang_rt.fuzzer-x86_64.a)"; \
 	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
 	check "cuDNN (CUDA plug-in)" "test -f $(dir $(shell command -v $(NVCC) 2>/dev/null))../include/cudnn.h"; \
 	check "GPU"                 "nvidia-smi -L"; \
@@ -253,4 +335,4 @@ bench: deps
 	bench/run.sh
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD)

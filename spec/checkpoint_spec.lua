@@ -206,12 +206,19 @@ describe("ddplua.checkpoint", function()
       "tensor 'w': needs a string \"dtype\", an array \"shape\"")
     fails(raw_file("neg.safetensors", '{"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}', "1"),
       "tensor 'w': shape entry 0 is not a non%-negative integer")
+    -- 2^61 F64 elements are 2^64 bytes, which wrapped to 0 and passed for offsets [0, 0]
+    fails(raw_file("wrap.safetensors", '{"w":{"dtype":"F64","shape":[2147483648,1073741824],"data_offsets":[0,0]}}', ""),
+      "tensor 'w': shape %(2147483648, 1073741824%) of F64 is absurdly large")
     fails(raw_file("overlap.safetensors",
       '{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}', "123"),
       "tensor 'b' starts at data offset 1 but the previous tensor ends at 2 %(overlap%)")
     fails(raw_file("gap.safetensors", '{"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}', "123"),
       "tensor 'a' starts at data offset 1 but the previous tensor ends at 0 %(gap%)")
     fails(raw_file("meta.safetensors", '{"__metadata__":{"k":3}}', ""), "metadata 'k' is not a string")
+    -- the second __metadata__ was counted into the first one's arrays: a heap overflow
+    -- (fuzz/corpus/safetensors_json/finding-metadata-twice)
+    fails(raw_file("meta2.safetensors", '{"__metadata__":{"k":"1","l":"2"},"__metadata__":{"m":"3"}}', ""),
+      "__metadata__ appears twice in the header")
     fails(tmpdir .. "/absent.safetensors", "cannot open .*: No such file")
   end)
 

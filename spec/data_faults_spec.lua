@@ -33,6 +33,17 @@ describe("dataset readers #faults", function()
     assert.is_true(grew < 64 * 1024 * 1024, ("the reader took %.0f MB"):format(grew / 1e6))
   end)
 
+  it("an IDX header with a size 0 and absurd other sizes fails naming the file (fuzz finding)", function()
+    -- fuzz/corpus/idx/zero-size-overflow: 0 elements, but strides past 64 bits
+    local raw = dir .. "/zero.idx"
+    local f = assert(io.open(raw, "wb"))
+    f:write("\0\0\13\8", be32(1736060265), be32(1685585920), string.rep(be32(0), 5), be32(71))
+    f:close()
+    local ok, err = pcall(data.read_idx, raw)
+    assert.is_false(ok)
+    assert.matches("zero.idx: absurd sizes (1736060265, 1685585920, 0, 0, 0, 0, 0, 71) of f32", err, 1, true)
+  end)
+
   it("a raw IDX file declaring more than it holds fails before allocating it", function()
     local raw = dir .. "/short.idx"
     local f = assert(io.open(raw, "wb"))

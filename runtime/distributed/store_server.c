@@ -29,7 +29,7 @@
 #define ENTRY_OVERHEAD 64    /* bytes counted per table entry besides key and value */
 #define BUF_STEP ((size_t)16 << 20) /* input buffers double up to this, then grow by it */
 
-typedef struct conn {
+typedef struct store_conn {
   int fd;
   char peer[64];          /* "address:port" for log lines */
   store_buf in, out;
@@ -65,6 +65,8 @@ struct store_server {
   long close_suppressed;   /* such lines not written since (Note [store close log]) */
   _Atomic int64_t held;    /* store_server_stats, updated by the loop */
   _Atomic int open_conns;
+  int started;             /* the listener and thread exist (store_server_start) */
+  unsigned char junk[65536]; /* where a refused request's bytes are received and dropped */
 };
 
 /* ---- connections --------------------------------------------------------------------- */
@@ -108,7 +110,7 @@ static void log_close(store_server *srv, const conn *c, const char *why) {
 static void conn_close(store_server *srv, int i, const char *why) {
   conn *c = srv->conns[i];
   if (why) log_close(srv, c, why);
-  close(c->fd);
+  if (c->fd >= 0) close(c->fd);
   unpark(c);
   store_buf_free(&c->in);
   store_buf_free(&c->out);
@@ -530,57 +532,63 @@ static int finish_handshake(store_server *srv, conn *c, char *why, size_t cap) {
   return 0;
 }
 
-/* Read the client's handshake bytes, never more (Note [store handshake]). 1: still
- * unauthenticated and nothing more to read now; 0: authenticated (read on); -1: close. */
-static int read_handshake(store_server *srv, conn *c, char *why, size_t cap) {
-  while (c->hs_len < sizeof c->hs) {
-    ssize_t n = recv(c->fd, c->hs + c->hs_len, sizeof c->hs - c->hs_len, 0);
-    if (n > 0) {
-      c->hs_len += (size_t)n;
-      c->last_rx = store_now();
-      continue;
-    }
-    if (n == 0) {
-      snprintf(why, cap, "it closed the connection before proving the job's secret");
-      return -1;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
-    snprintf(why, cap, "recv: %s", strerror(errno));
-    return -1;
+/* Note [store server engine]: the server's protocol (handshake, request parsing, serving,
+ * the memory bounds) runs on bytes, not sockets: read_input asks store_conn_space where the
+ * next bytes of a connection go (the rest of the client's handshake answer, never more, on
+ * a connection that has not proved the secret; the discard area for a refused request's
+ * bytes; else the input buffer, within the memory limit), receives into it, and hands the
+ * count to store_conn_received, which checks the proof or runs every complete request.
+ * The fuzz targets (fuzz/store_handshake.c, fuzz/store_requests.c) drive the same two
+ * functions with their own bytes, on a server made by store_server_new (no listener, no
+ * thread), so what they exercise is what a connection runs. */
+int store_conn_space(store_server *srv, store_conn *c, unsigned char **p, size_t *room, char *why,
+                     size_t cap) {
+  if (!c->authed) {
+    *p = c->hs + c->hs_len;
+    *room = sizeof c->hs - c->hs_len;
+    return 0;
   }
-  return finish_handshake(srv, c, why, cap);
+  if (c->skip) {
+    *p = srv->junk;
+    *room = c->skip < sizeof srv->junk ? c->skip : sizeof srv->junk;
+    return 0;
+  }
+  if (reserve_input(srv, c, 65536, why, cap)) return -1;
+  *p = c->in.data + c->in.len;
+  *room = c->in.cap - c->in.len;
+  return 0;
+}
+
+int store_conn_received(store_server *srv, store_conn *c, size_t n, char *why, size_t cap) {
+  if (n == 0) return 0;
+  c->last_rx = store_now();
+  if (!c->authed) {
+    c->hs_len += n;
+    return c->hs_len == sizeof c->hs ? finish_handshake(srv, c, why, cap) : 0;
+  }
+  if (c->skip) {
+    c->skip -= n;
+    if (!c->skip) c->in.len = 0; /* nothing of it was kept */
+    return 0;
+  }
+  c->in.len += n;
+  return process_input(srv, c, why, cap);
 }
 
 /* Read what is there. -1 closes (why filled, or "" for an orderly close). */
 static int read_input(store_server *srv, conn *c, char *why, size_t cap) {
-  if (!c->authed) {
-    int h = read_handshake(srv, c, why, cap);
-    if (h) return h < 0 ? -1 : 0;
-  }
   for (;;) {
-    ssize_t n;
-    if (c->skip) { /* a refused request's bytes: read and drop */
-      unsigned char junk[65536];
-      n = recv(c->fd, junk, c->skip < sizeof junk ? c->skip : sizeof junk, 0);
-      if (n > 0) {
-        c->skip -= (size_t)n;
-        c->last_rx = store_now();
-        if (!c->skip) c->in.len = 0; /* nothing of it was kept */
-        continue;
-      }
-    } else {
-      if (reserve_input(srv, c, 65536, why, cap)) return -1;
-      n = recv(c->fd, c->in.data + c->in.len, c->in.cap - c->in.len, 0);
-      if (n > 0) {
-        c->in.len += (size_t)n;
-        c->last_rx = store_now();
-        if (process_input(srv, c, why, cap)) return -1;
-        continue;
-      }
+    unsigned char *p;
+    size_t room;
+    if (store_conn_space(srv, c, &p, &room, why, cap)) return -1;
+    ssize_t n = recv(c->fd, p, room, 0);
+    if (n > 0) {
+      if (store_conn_received(srv, c, (size_t)n, why, cap)) return -1;
+      continue;
     }
     if (n == 0) {
-      why[0] = 0;
+      if (!c->authed) snprintf(why, cap, "it closed the connection before proving the job's secret");
+      else why[0] = 0;
       return -1;
     }
     if (errno == EINTR) continue;
@@ -640,41 +648,58 @@ static void accept_all(store_server *srv) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    conn *c = calloc(1, sizeof *c);
-    if (srv->nconns == srv->capconns) {
-      int cap = srv->capconns ? srv->capconns * 2 : 16;
-      conn **p = realloc(srv->conns, sizeof *p * (size_t)cap);
-      if (p) {
-        srv->conns = p;
-        srv->capconns = cap;
-      }
-    }
-    if (!c || srv->nconns == srv->capconns) {
-      fprintf(stderr, "ddplua store server (port %d): out of memory for a connection\n", srv->port);
-      free(c);
+    unsigned char nonce[STORE_NONCE];
+    if (store_random_bytes(nonce, sizeof nonce)) {
+      fprintf(stderr, "ddplua store server (port %d): cannot start a handshake (no random bytes)\n", srv->port);
       close(fd);
       continue;
     }
-    c->fd = fd;
-    c->accepted_at = c->last_rx = store_now();
-    if (store_random_bytes(c->nonce, sizeof c->nonce) ||
-        store_buf_append(&c->out, STORE_MAGIC, STORE_MAGIC_LEN) ||
-        store_buf_append(&c->out, c->nonce, sizeof c->nonce)) {
-      fprintf(stderr, "ddplua store server (port %d): cannot start a handshake (no random bytes or memory)\n",
-              srv->port);
-      store_buf_free(&c->out);
-      free(c);
-      close(fd);
-      continue;
-    }
-    char host[48] = "?", serv[16] = "?";
+    char host[48] = "?", serv[16] = "?", peer[64];
     getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, serv, sizeof serv,
                 NI_NUMERICHOST | NI_NUMERICSERV);
     const char *h = strncmp(host, "::ffff:", 7) == 0 ? host + 7 : host;  // IPv4 on the v6 socket
-    snprintf(c->peer, sizeof c->peer, "%s:%s", h, serv);
-    srv->conns[srv->nconns++] = c;
+    snprintf(peer, sizeof peer, "%s:%s", h, serv);
+    conn *c = store_server_add_conn(srv, fd, nonce, peer);
+    if (!c) {
+      fprintf(stderr, "ddplua store server (port %d): out of memory for a connection\n", srv->port);
+      close(fd);
+      continue;
+    }
     flush(c);
   }
+}
+
+store_conn *store_server_add_conn(store_server *srv, int fd, const unsigned char nonce[STORE_NONCE],
+                                  const char *peer) {
+  if (srv->nconns == srv->capconns) {
+    int cap = srv->capconns ? srv->capconns * 2 : 16;
+    conn **p = realloc(srv->conns, sizeof *p * (size_t)cap);
+    if (!p) return NULL;
+    srv->conns = p;
+    srv->capconns = cap;
+  }
+  conn *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->fd = fd;
+  c->accepted_at = c->last_rx = store_now();
+  memcpy(c->nonce, nonce, STORE_NONCE);
+  if (store_buf_append(&c->out, STORE_MAGIC, STORE_MAGIC_LEN) ||
+      store_buf_append(&c->out, c->nonce, sizeof c->nonce)) {
+    store_buf_free(&c->out);
+    free(c);
+    return NULL;
+  }
+  snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "?");
+  srv->conns[srv->nconns++] = c;
+  return c;
+}
+
+void store_server_close_conn(store_server *srv, store_conn *c, const char *why) {
+  for (int i = 0; i < srv->nconns; i++)
+    if (srv->conns[i] == c) {
+      conn_close(srv, i, why);
+      return;
+    }
 }
 
 /* Close connections that have not proved the secret within the idle timeout, and those
@@ -818,7 +843,7 @@ static int open_listener(const char *host, int port, int *out_fd, char *err, siz
   return done;
 }
 
-int store_server_start(store_server **out, const char *host, int port, const store_server_config *cfg) {
+int store_server_new(store_server **out, const store_server_config *cfg) {
   *out = NULL;
   store_server *srv = calloc(1, sizeof *srv);
   if (!srv) DDP_FAIL(DDP_ERR_MEMORY, "store server: out of memory");
@@ -831,10 +856,17 @@ int store_server_start(store_server **out, const char *host, int port, const sto
   }
   if (cfg->secret_len) memcpy(srv->secret, cfg->secret, cfg->secret_len);
   srv->cfg.secret = srv->secret;
+  *out = srv;
+  return DDP_OK;
+}
+
+int store_server_start(store_server **out, const char *host, int port, const store_server_config *cfg) {
+  *out = NULL;
+  store_server *srv = NULL;
+  DDP_TRY(store_server_new(&srv, cfg));
   char err[160] = "";
   if (open_listener(host, port, &srv->listen_fd, err, sizeof err)) {
-    free(srv->secret);
-    free(srv);
+    store_server_stop(srv);
     DDP_FAIL(DDP_ERR_IO, "store server: cannot listen on %s:%d (%s)", host, port, err);
   }
   struct sockaddr_storage sa;
@@ -844,20 +876,16 @@ int store_server_start(store_server **out, const char *host, int port, const sto
                                              : ((struct sockaddr_in *)&sa)->sin_port);
   if (pipe2(srv->wake, O_CLOEXEC) != 0) {
     int e = errno;
-    close(srv->listen_fd);
-    free(srv->secret);
-    free(srv);
+    srv->wake[0] = srv->wake[1] = -1;
+    store_server_stop(srv);
     DDP_FAIL(DDP_ERR_IO, "store server: pipe: %s", strerror(e));
   }
   int rc = pthread_create(&srv->thread, NULL, server_main, srv);
   if (rc) {
-    close(srv->listen_fd);
-    close(srv->wake[0]);
-    close(srv->wake[1]);
-    free(srv->secret);
-    free(srv);
+    store_server_stop(srv);
     DDP_FAIL(DDP_ERR_IO, "store server: cannot start its thread: %s", strerror(rc));
   }
+  srv->started = 1;
   *out = srv;
   return DDP_OK;
 }
@@ -871,16 +899,18 @@ int store_server_port(const store_server *srv) { return srv->port; }
 
 void store_server_stop(store_server *srv) {
   if (!srv) return;
-  ssize_t w;
-  do w = write(srv->wake[1], "x", 1);
-  while (w < 0 && errno == EINTR);
-  pthread_join(srv->thread, NULL);
+  if (srv->started) {
+    ssize_t w;
+    do w = write(srv->wake[1], "x", 1);
+    while (w < 0 && errno == EINTR);
+    pthread_join(srv->thread, NULL);
+  }
   while (srv->nconns) conn_close(srv, srv->nconns - 1, NULL);
   free(srv->conns);
   store_table_clear(&srv->table);
-  close(srv->listen_fd);
-  close(srv->wake[0]);
-  close(srv->wake[1]);
+  if (srv->listen_fd >= 0) close(srv->listen_fd);
+  if (srv->wake[0] >= 0) close(srv->wake[0]);
+  if (srv->wake[1] >= 0) close(srv->wake[1]);
   if (srv->secret) memset(srv->secret, 0, srv->cfg.secret_len);
   free(srv->secret);
   free(srv);

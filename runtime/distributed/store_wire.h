@@ -162,8 +162,28 @@ int store_server_start(store_server **out, const char *host, int port, const sto
 /* Bytes held (table and buffers) and connections open now (any thread). */
 void store_server_stats(const store_server *srv, int64_t *bytes, int *connections);
 int store_server_port(const store_server *srv);
-/* Stop the thread, close every connection, free. */
+/* Stop the thread (when started), close every connection, free. */
 void store_server_stop(store_server *srv);
+
+/* The server's engine without sockets (Note [store server engine], store_server.c). */
+typedef struct store_conn store_conn;
+/* A server with its table and a copy of cfg's secret, no listener and no thread (what
+ * store_server_start builds on). Free it with store_server_stop. */
+int store_server_new(store_server **out, const store_server_config *cfg);
+/* Add a connection (fd: its socket, or -1 for none) whose handshake starts with `nonce`
+ * (STORE_NONCE bytes) and the server's hello queued; peer names it in log lines. NULL when
+ * out of memory. */
+store_conn *store_server_add_conn(store_server *srv, int fd, const unsigned char nonce[STORE_NONCE],
+                                  const char *peer);
+/* Where c's next received bytes go: *p, at most *room of them (> 0). -1 (why filled) when
+ * the memory limit refuses room: close c. */
+int store_conn_space(store_server *srv, store_conn *c, unsigned char **p, size_t *room, char *why,
+                     size_t cap);
+/* n bytes were written at store_conn_space's *p: check the handshake or run the requests
+ * they complete (replies queued on c). 0, or -1 (why filled) to close c. */
+int store_conn_received(store_server *srv, store_conn *c, size_t n, char *why, size_t cap);
+/* Close c (a line on stderr naming why, unless why is NULL) and free it. */
+void store_server_close_conn(store_server *srv, store_conn *c, const char *why);
 
 /* The file store's half (store_file.c). */
 typedef struct store_file store_file;

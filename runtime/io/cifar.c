@@ -4,12 +4,42 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "core/core.h"
 #include "io/io_internal.h"
 
 enum { CIFAR_IMAGE = 3 * 32 * 32, CIFAR_RECORD = 1 + CIFAR_IMAGE, CIFAR_CLASSES = 10 };
+
+/* Note [one CIFAR reader for files and bytes]: the checks on a batch's bytes are
+ * check_size (the size is a positive multiple of the record) and take_records (each label
+ * in 0..9), used by the file reader (ddp_io_read_cifar, record by record) and the reader of
+ * bytes in memory (ddp_io_read_cifar_bytes, which the fuzz target fuzz/cifar.c calls). */
+
+/* 0 when `size` bytes hold whole records, else -1 with the error set naming `name`. */
+static int check_size(int64_t size, const char *name) {
+  if (size > 0 && size % CIFAR_RECORD == 0) return 0;
+  DDP_ERROR(DDP_ERR_IO,
+            "read_cifar: %s has %lld bytes, not a positive multiple of the %d-byte record "
+            "(1 label byte + 3072 image bytes): not a CIFAR-10 binary batch, or truncated",
+            name, (long long)size, CIFAR_RECORD);
+  return -1;
+}
+
+/* Check and copy n records at rec (record `first` onwards of file `name`) into images ip
+ * (n, 3, 32, 32) and labels lp (n). DDP_OK, or the error naming the record. */
+static int take_records(uint8_t *ip, int64_t *lp, const unsigned char *rec, int64_t n,
+                        int64_t first, const char *name) {
+  for (int64_t r = 0; r < n; r++, rec += CIFAR_RECORD) {
+    if (rec[0] >= CIFAR_CLASSES)
+      DDP_FAIL(DDP_ERR_IO, "read_cifar: %s: record %lld (0-based) has label %d, expected 0..9",
+               name, (long long)(first + r), rec[0]);
+    lp[r] = rec[0];
+    memcpy(ip + r * CIFAR_IMAGE, rec + 1, CIFAR_IMAGE);
+  }
+  return DDP_OK;
+}
 
 /* Size of the file in bytes, or -1 with the error set. */
 static int64_t file_records(const char *path, FILE **fp) {
@@ -25,11 +55,7 @@ static int64_t file_records(const char *path, FILE **fp) {
     return -1;
   }
   int64_t size = (int64_t)st.st_size;
-  if (size == 0 || size % CIFAR_RECORD != 0) {
-    DDP_ERROR(DDP_ERR_IO,
-              "read_cifar: %s has %lld bytes, not a positive multiple of the %d-byte record "
-              "(1 label byte + 3072 image bytes): not a CIFAR-10 binary batch, or truncated",
-              path, (long long)size, CIFAR_RECORD);
+  if (check_size(size, path)) {
     fclose(f);
     return -1;
   }
@@ -79,14 +105,8 @@ int ddp_io_read_cifar(ddp_tensor **images, ddp_tensor **labels, int npaths,
                            (long long)r, ferror(f) ? strerror(errno) : "unexpected end of file");
         break;
       }
-      if (rec[0] >= CIFAR_CLASSES) {
-        status = DDP_ERROR(DDP_ERR_IO,
-                           "read_cifar: %s: record %lld (0-based) has label %d, expected 0..9",
-                           paths[i], (long long)r, rec[0]);
-        break;
-      }
-      lp[at] = rec[0];
-      memcpy(ip + at * CIFAR_IMAGE, rec + 1, CIFAR_IMAGE);
+      status = take_records(ip + at * CIFAR_IMAGE, lp + at, rec, 1, r, paths[i]);
+      if (status) break;
       at++;
     }
     fclose(f);
@@ -94,6 +114,30 @@ int ddp_io_read_cifar(ddp_tensor **images, ddp_tensor **labels, int npaths,
   free(rec);
   if (!status && at != total)
     status = DDP_ERROR(DDP_ERR_IO, "read_cifar: the files shrank while being read");
+  if (status) {
+    ddp_tensor_release(img);
+    ddp_tensor_release(lab);
+    return status;
+  }
+  *images = img;
+  *labels = lab;
+  return DDP_OK;
+}
+
+int ddp_io_read_cifar_bytes(ddp_tensor **images, ddp_tensor **labels, const void *data,
+                            size_t size, const char *name) {
+  *images = NULL;
+  *labels = NULL;
+  if (!name) name = "<bytes>";
+  if (!data && size) DDP_FAIL(DDP_ERR_ARG, "read_cifar: %s: data is NULL (size %zu)", name, size);
+  if (size > (size_t)INT64_MAX || check_size((int64_t)size, name)) return ddp_last_status();
+  int64_t n = (int64_t)size / CIFAR_RECORD;
+  int64_t ishape[4] = {n, 3, 32, 32};
+  ddp_tensor *img = NULL, *lab = NULL;
+  DDP_TRY(ddp_tensor_empty(&img, 4, ishape, DDP_U8, DDP_DEVICE_CPU));
+  int status = ddp_tensor_empty(&lab, 1, &n, DDP_I64, DDP_DEVICE_CPU);
+  if (!status)
+    status = take_records((uint8_t *)ddp_data(img), (int64_t *)ddp_data(lab), data, n, 0, name);
   if (status) {
     ddp_tensor_release(img);
     ddp_tensor_release(lab);

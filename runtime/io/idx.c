@@ -5,6 +5,7 @@
  * big-endian u32 per dimension, then the data, big-endian, row-major. zlib's gzread passes
  * files that are not gzipped through unchanged, so one path reads both. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -38,17 +39,75 @@ static const idx_type idx_types[] = {
     {0x0C, "i32", 4, DDP_I32}, {0x0D, "f32", 4, DDP_F32}, {0x0E, "f64", 8, DDP_F64},
 };
 
+/* Note [one IDX reader for files and bytes]: read_idx parses a source, either a file
+ * through zlib's gzFile (gzread inflates gzipped files and passes raw ones through) or a
+ * buffer in memory (ddp_io_read_idx_bytes: inflated with zlib's inflate when it starts with
+ * the gzip magic 1f 8b, else read as is). Every check is in read_idx, which both use, so the
+ * fuzz targets (fuzz/idx.c, fuzz/idx_gzip.c) exercise the code that reads files; only
+ * source_read differs. Like gzread, the memory source inflates concatenated gzip members in
+ * turn and ignores bytes after the last member that do not start another. */
+typedef struct {
+  gzFile gz;                 /* the file, or NULL: the bytes are mem */
+  const unsigned char *mem;
+  size_t size, pos;          /* bytes in mem; next one to read (raw) */
+  int gzip;                  /* mem is gzipped (inflated through zs) */
+  int ended;                 /* the last gzip member ended */
+  z_stream zs;
+} idx_source;
+
+/* Up to n bytes from a gzipped buffer; the count, or -1 with the error set. */
+static int64_t inflate_some(idx_source *s, const char *path, unsigned char *buf, uint64_t n) {
+  uint64_t got = 0;
+  while (got < n && !s->ended) {
+    uint64_t want = n - got;
+    if (want > (1u << 30)) want = 1u << 30;
+    s->zs.next_out = buf + got;
+    s->zs.avail_out = (uInt)want;
+    int rc = inflate(&s->zs, Z_NO_FLUSH);
+    got += want - s->zs.avail_out;
+    if (rc == Z_STREAM_END) {
+      /* another member follows only when its magic does */
+      if (s->zs.avail_in >= 2 && s->zs.next_in[0] == 0x1f && s->zs.next_in[1] == 0x8b) {
+        if (inflateReset(&s->zs) != Z_OK) s->ended = 1;
+      } else {
+        s->ended = 1;
+      }
+      continue;
+    }
+    if (rc == Z_OK) continue;
+    if (rc == Z_BUF_ERROR && s->zs.avail_in == 0) {
+      DDP_ERROR(DDP_ERR_IO, "read_idx: %s: corrupt gzip data: unexpected end of file", path);
+      return -1;
+    }
+    if (rc == Z_MEM_ERROR) {
+      DDP_ERROR(DDP_ERR_MEMORY, "read_idx: %s: out of memory inflating", path);
+      return -1;
+    }
+    DDP_ERROR(DDP_ERR_IO, "read_idx: %s: corrupt gzip data: %s", path,
+              s->zs.msg ? s->zs.msg : "invalid stream");
+    return -1;
+  }
+  return (int64_t)got;
+}
+
 /* Read up to n bytes; returns the count read (< n at the end of the file), or -1 with the
  * error set for a read failure or corrupt gzip stream. */
-static int64_t read_full(gzFile f, const char *path, void *buf, uint64_t n) {
+static int64_t read_full(idx_source *s, const char *path, void *buf, uint64_t n) {
+  if (!s->gz) {
+    if (s->gzip) return inflate_some(s, path, buf, n);
+    uint64_t left = s->size - s->pos, take = n < left ? n : left;
+    if (take) memcpy(buf, s->mem + s->pos, take);
+    s->pos += take;
+    return (int64_t)take;
+  }
   uint64_t got = 0;
   while (got < n) {
     uint64_t want = n - got;
     if (want > (1u << 30)) want = 1u << 30;
-    int r = gzread(f, (char *)buf + got, (unsigned)want);
+    int r = gzread(s->gz, (char *)buf + got, (unsigned)want);
     if (r < 0) {
       int zerr = 0;
-      const char *msg = gzerror(f, &zerr);
+      const char *msg = gzerror(s->gz, &zerr);
       if (zerr == Z_ERRNO)
         DDP_ERROR(DDP_ERR_IO, "read_idx: %s: read failed: %s", path, strerror(errno));
       else
@@ -60,6 +119,9 @@ static int64_t read_full(gzFile f, const char *path, void *buf, uint64_t n) {
   }
   return (int64_t)got;
 }
+
+/* 1 when the source's bytes are the IDX bytes themselves (not gzipped). */
+static int source_direct(idx_source *s) { return s->gz ? gzdirect(s->gz) : !s->gzip; }
 
 /* Convert n big-endian elements of the file type in buf into the result tensor's data. */
 static void convert(void *dst, const unsigned char *src, const idx_type *t, int64_t n) {
@@ -91,7 +153,7 @@ static void convert(void *dst, const unsigned char *src, const idx_type *t, int6
   }
 }
 
-static int read_idx(ddp_tensor **out, gzFile f, const char *path, uint64_t file_bytes) {
+static int read_idx(ddp_tensor **out, idx_source *f, const char *path, uint64_t file_bytes) {
   unsigned char head[4];
   int64_t got = read_full(f, path, head, 4);
   if (got < 0) return ddp_last_status();
@@ -137,7 +199,7 @@ static int read_idx(ddp_tensor **out, gzFile f, const char *path, uint64_t file_
              numel ? "" : " (counting each size 0 as 1, as the strides do)");
   uint64_t nbytes = numel * (uint64_t)type->elem_size;
   uint64_t header = 4 + 4 * (uint64_t)ndim; /* Note [what the header may declare] */
-  if (gzdirect(f)) {
+  if (source_direct(f)) {
     uint64_t held = file_bytes > header ? file_bytes - header : 0;
     if (nbytes > held)
       DDP_FAIL(DDP_ERR_IO,
@@ -203,8 +265,28 @@ int ddp_io_read_idx(ddp_tensor **out, const char *path) {
     DDP_FAIL(DDP_ERR_IO, "read_idx: cannot open %s: %s", path,
              errno ? strerror(errno) : "out of memory");
   gzbuffer(f, 1 << 17);
-  int status = read_idx(out, f, path, file_bytes);
+  idx_source src = {.gz = f};
+  int status = read_idx(out, &src, path, file_bytes);
   gzclose(f);
+  return status;
+}
+
+int ddp_io_read_idx_bytes(ddp_tensor **out, const void *data, size_t size, const char *name) {
+  *out = NULL;
+  if (!name) name = "<bytes>";
+  if (!data && size) DDP_FAIL(DDP_ERR_ARG, "read_idx: %s: data is NULL (size %zu)", name, size);
+  idx_source src = {.mem = data, .size = size};
+  src.gzip = size >= 2 && src.mem[0] == 0x1f && src.mem[1] == 0x8b;
+  if (src.gzip) {
+    if (size > UINT_MAX)
+      DDP_FAIL(DDP_ERR_ARG, "read_idx: %s: %zu gzipped bytes is too many (at most 4 GiB)", name, size);
+    src.zs.next_in = (Bytef *)src.mem;
+    src.zs.avail_in = (uInt)size;
+    if (inflateInit2(&src.zs, 16 + MAX_WBITS) != Z_OK)
+      DDP_FAIL(DDP_ERR_MEMORY, "read_idx: %s: out of memory for zlib", name);
+  }
+  int status = read_idx(out, &src, name, size);
+  if (src.gzip) inflateEnd(&src.zs);
   return status;
 }
 

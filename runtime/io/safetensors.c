@@ -435,6 +435,11 @@ static int parse_entry(entry *e, const cJSON *item, const char *path, int64_t da
     span *= factor;
     numel *= (uint64_t)s;
   }
+  /* bytes, not only elements: 2^62 F64 elements would wrap want below to 0 and pass for
+   * data_offsets [0, 0] */
+  if (numel > ((uint64_t)1 << 62) / ddp_dtype_size(e->dtype))
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': shape %s of %s is absurdly large (more than 2^62 bytes)",
+             path, e->name, ddp_shape_str(nd, e->shape), dt->valuestring);
   if (cJSON_GetArraySize(off) != 2)
     DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': data_offsets must be [begin, end]", path, e->name);
   e->begin = json_uint(cJSON_GetArrayItem(off, 0));
@@ -462,16 +467,36 @@ static int read_at(int fd, void *p, size_t n, int64_t at) {
   return 0;
 }
 
-static int load(ddp_io_safetensors *f, int fd, const char *path) {
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s is not a regular file", path);
-  int64_t size = (int64_t)st.st_size;
+/* Note [one reader for files and bytes]: the reader parses a source, either a file (read
+ * with pread, never whole into memory) or a buffer already in memory
+ * (ddp_io_safetensors_load_bytes: bytes received from elsewhere, and the fuzz target
+ * fuzz/safetensors_file.c). Both go through load() below, so every check the file path
+ * makes is the one the fuzzer exercises; only src_read differs. */
+typedef struct {
+  int fd;                   /* the file, or -1: the bytes are `mem` */
+  const unsigned char *mem;
+  int64_t size;             /* bytes in the file or buffer */
+} st_source;
+
+/* n bytes at offset `at` of the source into p: 0, or -1 (errno set for a file; 0 for a
+ * range past the end of a buffer, which load() never asks for). */
+static int src_read(const st_source *src, void *p, size_t n, int64_t at) {
+  if (src->fd >= 0) return read_at(src->fd, p, n, at);
+  if (at < 0 || at > src->size || (uint64_t)n > (uint64_t)(src->size - at)) {
+    errno = 0;
+    return -1;
+  }
+  if (n) memcpy(p, src->mem + at, n);
+  return 0;
+}
+
+static int load(ddp_io_safetensors *f, const st_source *src, const char *path) {
+  int64_t size = src->size;
   if (size < 8)
     DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: truncated: %lld bytes, shorter than the 8-byte header length",
              path, (long long)size);
   unsigned char len8[8];
-  if (read_at(fd, len8, 8, 0)) DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: read failed: %s", path, strerror(errno));
+  if (src_read(src, len8, 8, 0)) DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: read failed: %s", path, strerror(errno));
   uint64_t hlen = 0;
   for (int b = 7; b >= 0; b--) hlen = (hlen << 8) | len8[b];
   if (hlen > (uint64_t)(size - 8))
@@ -482,7 +507,7 @@ static int load(ddp_io_safetensors *f, int fd, const char *path) {
              (unsigned long long)hlen);
   char *text = malloc(hlen + 1);
   if (!text) DDP_FAIL(DDP_ERR_MEMORY, "load_safetensors: %s: out of memory for the header", path);
-  if (read_at(fd, text, hlen, 8)) {
+  if (src_read(src, text, hlen, 8)) {
     free(text);
     DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s: read failed: %s", path, strerror(errno));
   }
@@ -505,6 +530,12 @@ static int load(ddp_io_safetensors *f, int fd, const char *path) {
     if (strcmp(item->string, "__metadata__") == 0) {
       if (!cJSON_IsObject(item)) {
         status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: __metadata__ is not a JSON object", path);
+        break;
+      }
+      /* a second one would be counted into the first one's arrays (a heap overflow that
+       * fuzz/safetensors_json.c found) */
+      if (f->keys) {
+        status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: __metadata__ appears twice in the header", path);
         break;
       }
       int m = cJSON_GetArraySize(item);
@@ -568,7 +599,7 @@ static int load(ddp_io_safetensors *f, int fd, const char *path) {
       status = DDP_ERROR(DDP_ERR_MEMORY, "load_safetensors: out of memory");
       break;
     }
-    if (e->end > e->begin && read_at(fd, ddp_data(t), (size_t)(e->end - e->begin), data_start + e->begin))
+    if (e->end > e->begin && src_read(src, ddp_data(t), (size_t)(e->end - e->begin), data_start + e->begin))
       status = DDP_ERROR(DDP_ERR_IO, "load_safetensors: %s: tensor '%s': read failed: %s", path, e->name,
                          errno ? strerror(errno) : "unexpected end of file");
   }
@@ -577,22 +608,40 @@ static int load(ddp_io_safetensors *f, int fd, const char *path) {
   return status;
 }
 
-int ddp_io_safetensors_load(ddp_io_safetensors **out, const char *path) {
-  *out = NULL;
-  if (!path) DDP_FAIL(DDP_ERR_ARG, "load_safetensors: path is NULL");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) DDP_FAIL(DDP_ERR_IO, "load_safetensors: cannot open %s: %s", path, strerror(errno));
+/* Run load() on src into a new file object. */
+static int load_source(ddp_io_safetensors **out, const st_source *src, const char *path) {
   ddp_io_safetensors *f = calloc(1, sizeof *f);
-  if (!f) {
-    close(fd);
-    DDP_FAIL(DDP_ERR_MEMORY, "load_safetensors: out of memory");
-  }
-  int status = load(f, fd, path);
-  close(fd);
+  if (!f) DDP_FAIL(DDP_ERR_MEMORY, "load_safetensors: out of memory");
+  int status = load(f, src, path);
   if (status) {
     ddp_io_safetensors_free(f);
     return status;
   }
   *out = f;
   return DDP_OK;
+}
+
+int ddp_io_safetensors_load(ddp_io_safetensors **out, const char *path) {
+  *out = NULL;
+  if (!path) DDP_FAIL(DDP_ERR_ARG, "load_safetensors: path is NULL");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) DDP_FAIL(DDP_ERR_IO, "load_safetensors: cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    DDP_FAIL(DDP_ERR_IO, "load_safetensors: %s is not a regular file", path);
+  }
+  st_source src = {fd, NULL, (int64_t)st.st_size};
+  int status = load_source(out, &src, path);
+  close(fd);
+  return status;
+}
+
+int ddp_io_safetensors_load_bytes(ddp_io_safetensors **out, const void *data, size_t size,
+                                  const char *name) {
+  *out = NULL;
+  if (!data && size) DDP_FAIL(DDP_ERR_ARG, "load_safetensors: data is NULL (size %zu)", size);
+  if (size > (size_t)INT64_MAX) DDP_FAIL(DDP_ERR_ARG, "load_safetensors: %zu bytes is too many", size);
+  st_source src = {-1, data, (int64_t)size};
+  return load_source(out, &src, name ? name : "<bytes>");
 }

@@ -87,6 +87,71 @@ describe("object collectives #dist", function()
       assert.matches("end inside a value", select(2, pcall(objects.decode, buf, #s - 1, "spec")))
       assert.matches("trailing bytes", select(2, pcall(objects.decode, buf, #s + 1, "spec")))
     end)
+
+    it("refuses bytes no sender makes, naming the fault: NaN, nil and table keys, deep nesting", function()
+      -- found while moving the check of received bytes to C for fuzz/object_decode.c
+      -- (fuzz/corpus/object_decode/refused-*): the Lua decoder raised "table index is NaN"
+      -- for a NaN key and "stack overflow" for 100000 nested tables, and took nil or table
+      -- keys silently
+      local function decode(s)
+        local buf = ffi.new("uint8_t[?]", #s + 1)
+        ffi.copy(buf, s, #s)
+        return pcall(objects.decode, buf, #s, "all_gather_object")
+      end
+      local nan = ffi.string(ffi.new("double[1]", 0 / 0), 8)
+      local cases = {
+        { "T\1\0\0\0d" .. nan .. "t", "a NaN key at byte 5" },
+        { "T\1\0\0\0nt", "a nil key at byte 5" },
+        { "T\1\0\0\0T\0\0\0\0t", "a table key at byte 5" },
+        { string.rep("T\1\0\0\0t", 100000) .. "n", "tables nested deeper than 512 at byte 3072" },
+      }
+      for _, c in ipairs(cases) do
+        local ok, err = decode(c[1])
+        assert.is_false(ok)
+        assert.matches("^all_gather_object: object bytes: " .. c[2] .. " %(corrupt data%)", err)
+      end
+      -- 512 levels go both ways; 513 are refused when sending
+      local deep = {}
+      local t = deep
+      for _ = 2, 512 do t.x = {}; t = t.x end
+      assert.is_true(same(deep, roundtrip(deep)))
+      t.x = {}
+      local ok, err = pcall(objects.encode, deep, "all_gather_object", "v")
+      assert.is_false(ok)
+      assert.matches("cannot send a table nested deeper than 512 levels at v" .. string.rep("%.x", 512), err)
+    end)
+  end)
+
+  it("refuses a size that a scatter's source declares past its row, on the receiving rank", function()
+    -- rank 0 sends what scatter_object_list's source sends (Note [object collectives]) but
+    -- tells rank 1 its value has 10005 bytes while rows are 5 wide: the decoder read 10000
+    -- bytes past the row (a string of garbage, or a crash) before sizes were checked
+    local r = mp.run {
+      nprocs = 2, timeout = 60,
+      code = [[
+local dl = require "ddplua"
+local dist = require "ddplua.distributed"
+dist.init_process_group{backend = "gloo", timeout = 30}
+if dist.get_rank() == 0 then
+  dist.broadcast(dl.tensor({ 5 }, { dtype = "i64" }), 0)
+  dist.scatter(dl.zeros({ 1 }, { dtype = "i64" }), dl.tensor({ { 1 }, { 10005 } }, { dtype = "i64" }), 0)
+  local rows = dl.zeros({ 2, 5 }, { dtype = "u8" })
+  local p = require("ffi").cast("uint8_t *", require("ddplua.lib").C.ddp_tensor_data(rows))
+  p[0] = 110 -- rank 0's row: nil; rank 1's: a string of 10000 bytes (0x2710) from byte 5
+  p[5], p[6], p[7], p[8], p[9] = 115, 0x10, 0x27, 0, 0
+  dist.scatter(dl.zeros({ 5 }, { dtype = "u8" }), rows, 0)
+  print("SENT")
+else
+  local ok, err = pcall(dist.scatter_object_list, {}, nil, 0)
+  print(ok and "ACCEPTED" or ("REFUSED " .. err))
+end
+dist.destroy_process_group()
+]],
+    }
+    assert(r.ok, mp.describe(r))
+    assert.matches("SENT", r[1].output)
+    assert.matches("REFUSED [^\n]*scatter_object_list: the sender of value 1 declared 10005 bytes, its row holds 5 %(corrupt data%)",
+      r[2].output)
   end)
 
   for _, n in ipairs({ 2, 3 }) do

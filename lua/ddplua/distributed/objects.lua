@@ -6,11 +6,14 @@
 --   -- got[i] is the table of global rank i - 1 (of group rank i - 1 with opts.group)
 --
 -- Values: nil, booleans, numbers (every double exactly: integers, floats, inf, -inf, nan,
--- -0), strings (any bytes), and tables of those, nested (keys: strings, numbers, booleans).
+-- -0), strings (any bytes), and tables of those, nested up to 512 deep (keys: strings,
+-- numbers, booleans).
 -- nil holes in a list stay holes (the table is sent as its pairs). A table reached twice is
 -- sent twice (the copies are separate tables on arrival). Functions, userdata, cdata
 -- (tensors included), threads, tables with a metatable, table keys and cycles raise an error
--- naming the key path ("object.layers[2].init"), before anything is sent.
+-- naming the key path ("object.layers[2].init"), before anything is sent. Received bytes
+-- that are not one value a sender could make raise "<op>: object bytes: ... (corrupt
+-- data)" on the receiving rank (Note [object bytes]).
 --
 -- Note [object collectives]: each rank serialises its value(s) into bytes (Lua, below), the
 -- sizes are exchanged first as an i64 tensor, then the bytes, padded to the largest size,
@@ -25,9 +28,10 @@ local M = {}
 
 -- ---- serialisation --------------------------------------------------------------------------
 
--- Format: one tag byte, then
+-- Format (Note [object bytes] in runtime/include/ddplua/objects.h): one tag byte, then
 --   "n" nil | "f" false | "t" true | "d" 8 bytes (a double, little-endian as this machine)
 --   "s" u32 length, bytes | "T" u32 count, count times (key, value)
+-- Tables nest at most DDP_OBJECT_MAX_DEPTH deep (the receiver refuses deeper ones).
 local dbox = ffi.new("double[1]")
 local u32box = ffi.new("uint32_t[1]")
 
@@ -72,6 +76,10 @@ encode_value = function(out, v, op, path, visiting)
   elseif tv == "table" then
     if getmetatable(v) ~= nil then fail(op, "a table with a metatable", path) end
     if visiting[v] then fail(op, "a cycle (a table that contains itself)", path) end
+    visiting.depth = (visiting.depth or 0) + 1
+    if visiting.depth > C.DDP_OBJECT_MAX_DEPTH then
+      fail(op, ("a table nested deeper than %d levels"):format(C.DDP_OBJECT_MAX_DEPTH), path)
+    end
     visiting[v] = true
     local n = 0
     for _ in pairs(v) do n = n + 1 end
@@ -82,6 +90,7 @@ encode_value = function(out, v, op, path, visiting)
       encode_value(out, x, op, p, visiting)
     end
     visiting[v] = nil
+    visiting.depth = visiting.depth - 1
   else
     fail(op, "a " .. tv, path)
   end
@@ -95,51 +104,53 @@ function M.encode(v, op, path)
   return table.concat(out)
 end
 
--- Decode the value at byte `pos` (0-based) of p (n bytes): value, next position.
-local function decode_at(p, n, pos, op)
-  local function need(k)
-    if pos + k > n then error(op .. ": the received bytes end inside a value (corrupt data)", 0) end
-  end
-  need(1)
-  local tag = p[pos]
-  pos = pos + 1
-  if tag == 110 then return nil, pos -- n
-  elseif tag == 102 then return false, pos -- f
-  elseif tag == 116 then return true, pos -- t
+-- Note [object bytes] (runtime/include/ddplua/objects.h): what a rank receives is checked
+-- whole in C (ddp_object_parse: tags, lengths, keys, nesting, nothing after the value)
+-- before any Lua value is built, so the builder below trusts the items it walks. The fuzz
+-- target fuzz/object_decode.c runs that same check.
+local item_array = ffi.typeof("ddp_object_item[?]")
+local countbox = ffi.new("int64_t[1]")
+
+-- The value whose first item is items[i] (0-based), its bytes at p: value, next item.
+local function build(items, p, i)
+  local it = items[i]
+  local tag = it.tag
+  if tag == 110 then return nil, i + 1 -- n
+  elseif tag == 102 then return false, i + 1 -- f
+  elseif tag == 116 then return true, i + 1 -- t
   elseif tag == 100 then -- d
-    need(8)
-    ffi.copy(dbox, p + pos, 8)
-    return dbox[0], pos + 8
+    ffi.copy(dbox, p + it.pos, 8)
+    return dbox[0], i + 1
   elseif tag == 115 then -- s
-    need(4)
-    ffi.copy(u32box, p + pos, 4)
-    local len = u32box[0]
-    pos = pos + 4
-    need(len)
-    return ffi.string(p + pos, len), pos + len
-  elseif tag == 84 then -- T
-    need(4)
-    ffi.copy(u32box, p + pos, 4)
-    local count = u32box[0]
-    pos = pos + 4
-    local t = {}
-    for _ = 1, count do
-      local k, x
-      k, pos = decode_at(p, n, pos, op)
-      x, pos = decode_at(p, n, pos, op)
-      if k ~= nil then t[k] = x end
-    end
-    return t, pos
+    return ffi.string(p + it.pos, it.len), i + 1
   end
-  error(("%s: unknown tag %d in the received bytes (corrupt data)"):format(op, tag), 0)
+  local t = {} -- T: keys are never nil or NaN (checked)
+  i = i + 1
+  for _ = 1, it.len do
+    local k, x
+    k, i = build(items, p, i)
+    x, i = build(items, p, i)
+    t[k] = x
+  end
+  return t, i
 end
 
---- decode(p, n, op) -> the value held by the n bytes at p (a uint8_t pointer). Raises on
--- bytes that are not one whole value.
+--- decode(p, n, op) -> the value held by the n bytes at p (a uint8_t pointer). Raises,
+-- naming op and the fault, on bytes that are not one whole value (Note [object bytes]).
 function M.decode(p, n, op)
-  local v, pos = decode_at(p, n, 0, op or "decode")
-  if pos ~= n then error((op or "decode") .. ": trailing bytes after the value (corrupt data)", 0) end
-  return v
+  op = op or "decode"
+  if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
+    error(("%s: %s is not a byte count (corrupt data)"):format(op, tostring(n)), 0)
+  end
+  if C.ddp_object_parse(p, n, nil, 0, countbox) ~= 0 then
+    error(op .. ": " .. ffi.string(C.ddp_last_error()), 0)
+  end
+  local count = countbox[0]
+  local items = item_array(count)
+  if C.ddp_object_parse(p, n, items, count, countbox) ~= 0 then
+    error(op .. ": " .. ffi.string(C.ddp_last_error()), 0)
+  end
+  return (build(items, p, 0))
 end
 
 -- ---- transport ----------------------------------------------------------------------------
@@ -202,7 +213,14 @@ local function decode_rows(t, sizes, op)
   local p = ffi.cast("uint8_t *", C.ddp_tensor_data(t))
   local width = t:numel() / #sizes
   local out = {}
-  for i, n in ipairs(sizes) do out[i] = M.decode(p + (i - 1) * width, n, op) end
+  for i, n in ipairs(sizes) do
+    -- a size a peer declared: never past its row (a scatter's source sends sizes and rows
+    -- apart), never negative
+    if n < 0 or n > width then
+      error(("%s: the sender of value %d declared %d bytes, its row holds %d (corrupt data)"):format(op, i, n, width), 0)
+    end
+    out[i] = M.decode(p + (i - 1) * width, n, op)
+  end
   return out
 end
 

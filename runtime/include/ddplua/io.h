@@ -22,6 +22,12 @@
  * of data, found M"), trailing bytes after the data. */
 int ddp_io_read_idx(ddp_tensor **out, const char *path);
 
+/* The same reader over a whole IDX file already in memory (size bytes at data): gzipped
+ * when it starts with the gzip magic 1f 8b (inflated with zlib), else raw. The same checks
+ * and errors as ddp_io_read_idx, the messages naming `name` (NULL: "<bytes>") for the file;
+ * DDP_ERR_ARG for NULL data with a non-zero size or more than 4 GiB of gzipped bytes. */
+int ddp_io_read_idx_bytes(ddp_tensor **out, const void *data, size_t size, const char *name);
+
 /* Read CIFAR-10 binary batch files (https://www.cs.toronto.edu/~kriz/cifar.html): records of
  * 1 label byte then 3072 image bytes (3 x 32 x 32, channel-major: the red plane, then
  * green, then blue, each row-major), the files' records concatenated in order.
@@ -31,6 +37,12 @@ int ddp_io_read_idx(ddp_tensor **out, const char *path);
  * file, the record (0-based) and the value). */
 int ddp_io_read_cifar(ddp_tensor **images, ddp_tensor **labels, int npaths,
                       const char *const *paths);
+
+/* One CIFAR-10 binary batch already in memory (size bytes at data): the same records,
+ * results, checks and errors as ddp_io_read_cifar, the messages naming `name` (NULL:
+ * "<bytes>") for the file; DDP_ERR_ARG for NULL data with a non-zero size. */
+int ddp_io_read_cifar_bytes(ddp_tensor **images, ddp_tensor **labels, const void *data,
+                            size_t size, const char *name);
 
 /* A view of the contiguous tensor t with another shape of the same number of elements
  * (sharing storage, no autograd): how the dataset code turns (N, 28, 28) into
@@ -191,6 +203,14 @@ typedef struct ddp_io_safetensors ddp_io_safetensors;
  * the data or not matching dtype x shape, tensors overlapping or leaving gaps, metadata
  * values that are not strings. */
 int ddp_io_safetensors_load(ddp_io_safetensors **out, const char *path);
+
+/* The same reader over a whole safetensors file already in memory (size bytes at data,
+ * e.g. received from another process): the same checks and errors as
+ * ddp_io_safetensors_load, the messages naming `name` (NULL: "<bytes>") where they name
+ * the file. The tensors are copies: data may be freed once this returns. DDP_ERR_ARG for
+ * NULL data with a non-zero size. */
+int ddp_io_safetensors_load_bytes(ddp_io_safetensors **out, const void *data, size_t size,
+                                  const char *name);
 
 /* Number of tensors / metadata pairs. */
 int ddp_io_safetensors_count(const ddp_io_safetensors *f);
