@@ -5,6 +5,7 @@
 --   data.Compose{data.RandomCrop(32, {padding = 4}), data.RandomHorizontalFlip(),
 --                data.ToFloat(), data.Normalize(mean, std)}
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
+--   data.DataLoader(ds, {batch_size = 8, collate_fn = function(samples) ... return batch end})
 --   data.read_idx(path), data.read_cifar(paths)
 --
 -- The dataset protocol is described in ddplua/data/datasets.lua, the sampler protocol and
@@ -32,6 +33,7 @@ M.Compose = transforms.Compose
 M.is_transform = transforms.is_transform
 
 M.DataLoader = loader.DataLoader
+M.default_collate = loader.default_collate
 
 --- data.len(obj): length of a dataset or sampler under the protocol (obj:len() or #obj).
 M.len = require("ddplua.data.object").len
