@@ -35,6 +35,15 @@ M.is_transform = transforms.is_transform
 M.DataLoader = loader.DataLoader
 M.default_collate = loader.default_collate
 
+-- Text data (tokenizers, token files, windows): loaded on first use of data.text.
+setmetatable(M, { __index = function(t, k)
+  if k == "text" then
+    local text = require "ddplua.data.text"
+    rawset(t, k, text)
+    return text
+  end
+end })
+
 --- data.len(obj): length of a dataset or sampler under the protocol (obj:len() or #obj).
 M.len = require("ddplua.data.object").len
 
