@@ -71,10 +71,21 @@ CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime
 LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lz -lm -ldl -pthread
 
+# SentencePiece (the BPE tokenizer, runtime/io/sentencepiece_shim.cc): used when its headers
+# are installed (libsentencepiece-dev) unless NO_SENTENCEPIECE=1; without it the shim's
+# calls report DDP_ERR_UNAVAILABLE.
+NO_SENTENCEPIECE ?= 0
+ifeq ($(NO_SENTENCEPIECE),0)
+  ifneq ($(wildcard /usr/include/sentencepiece_processor.h),)
+    SPM_FLAGS := -DDDP_HAVE_SENTENCEPIECE
+    LDLIBS    += -lsentencepiece_train -lsentencepiece
+  endif
+endif
+
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
                  runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
-LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc))
+LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc runtime/io/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
 CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))
 CLI_OBJS    := $(CLI_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -123,7 +134,7 @@ ifeq ($(HAVE_NVCC),1)
   endif
 endif
 
-.PHONY: all lib deps data config layers test train bench clean emulation docs
+.PHONY: all lib deps data config layers test train bench clean emulation docs FORCE
 all: $(TARGETS)
 
 emulation: $(EMUL_PLUGIN)
@@ -138,6 +149,17 @@ $(BUILD)/obj/%.o: %.c $(HEADERS)
 $(BUILD)/obj/%.o: %.cc $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+# The shim's object depends on whether SentencePiece is used (NO_SENTENCEPIECE flips it).
+$(BUILD)/obj/runtime/io/sentencepiece_shim.o: runtime/io/sentencepiece_shim.cc $(HEADERS) $(BUILD)/spm_flags
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(SPM_FLAGS) -c $< -o $@
+
+$(BUILD)/spm_flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo "$(SPM_FLAGS)" | cmp -s - $@ || echo "$(SPM_FLAGS)" > $@
+
+FORCE:
 
 $(BUILD)/libddplua.so: $(LIB_OBJS)
 	$(CXX) -shared $(SAN) -o $@ $^ $(LDLIBS) -Wl,-soname,libddplua.so

@@ -208,6 +208,50 @@ int ddp_io_tokens_random_windows(ddp_tensor **x, ddp_tensor **y, int64_t *starts
 int ddp_io_tokens_write(const char *path, ddp_tensor *tokens, int64_t vocab_size);
 
 /* ---------------------------------------------------------------------------------------
+ * BPE tokenizer through SentencePiece (runtime/io/sentencepiece.c over the C++ shim
+ * sentencepiece_shim.cc; Debian's libsentencepiece, https://github.com/google/sentencepiece)
+ *
+ * Models trained here keep the text exactly: identity normalization, spaces kept, "\n" a
+ * piece of its own (Note [newlines in SentencePiece]), every character of the corpus in
+ * the vocabulary. Built without SentencePiece (NO_SENTENCEPIECE=1 or no
+ * libsentencepiece-dev), every call but ddp_io_spm_available fails with
+ * DDP_ERR_UNAVAILABLE.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct ddp_io_spm ddp_io_spm;
+
+/* 1 when the runtime was built with SentencePiece, else 0. */
+int ddp_io_spm_available(void);
+
+/* Train a model of `vocab_size` pieces (2 .. 65536) on the UTF-8 text file `input` (the
+ * library reads it line by line) with `model_type` ("bpe", "unigram", "char", "word"; NULL:
+ * "bpe"), writing <model_prefix>.model and <model_prefix>.vocab. Uses the online cores.
+ * Errors: DDP_ERR_ARG for a bad argument or a vocab_size the corpus cannot fill (the
+ * library's message), DDP_ERR_IO naming a missing or empty input. */
+int ddp_io_spm_train(const char *input, const char *model_prefix, int64_t vocab_size, const char *model_type);
+
+/* Load a .model file. Errors (naming the file): missing, not a model. Free with
+ * ddp_io_spm_free. */
+int ddp_io_spm_load(ddp_io_spm **out, const char *model_path);
+
+/* Free a model. NULL is ignored. */
+void ddp_io_spm_free(ddp_io_spm *m);
+
+/* Number of pieces (ids are 0 .. vocab_size-1); 0 for NULL. */
+int64_t ddp_io_spm_vocab_size(const ddp_io_spm *m);
+
+/* The ids of `len` bytes of UTF-8 text as a new 1-d i64 tensor. */
+int ddp_io_spm_encode(ddp_tensor **out, const ddp_io_spm *m, const char *text, size_t len);
+
+/* The text of ids (a 1-d integer tensor): *out gets a new NUL-terminated string of *len
+ * bytes, freed with ddp_io_string_free. Errors (DDP_ERR_ARG): ids not 1-d or not integer, an
+ * id outside 0 .. vocab_size-1 (naming its position). */
+int ddp_io_spm_decode(char **out, size_t *len, const ddp_io_spm *m, ddp_tensor *ids);
+
+/* Free a string the runtime returned (ddp_io_spm_decode). NULL is ignored. */
+void ddp_io_string_free(char *s);
+
+/* ---------------------------------------------------------------------------------------
  * safetensors checkpoints (runtime/io/safetensors.c)
  *
  * Format (https://github.com/huggingface/safetensors): an 8-byte little-endian u64 N, an
