@@ -305,7 +305,7 @@ print(len(chars), len(train), len(val))
       assert.matches("loss_fn returned string", err_of(text.evaluate, function() return "x" end, tf, { block_size = 10, batch_size = 2 }))
     end)
 
-    it("gives every rank the mean over all windows (2 ranks, one all_reduce)", function()
+    it("gives every rank the mean over all windows (2 ranks, one all_reduce) #dist", function()
       local mp = require "multiproc"
       local list = {}
       for i = 1, 161 do list[i] = (i * 3) % 10 end
@@ -319,6 +319,9 @@ dist.init_process_group { timeout = 20 }
 local tf = text.TokenFile(%q, { vocab_size = 10 })
 local mean, n = text.evaluate(function(x, y) return y:to("f64"):mean() end, tf, { block_size = 10, batch_size = 2, max_windows = 15 })
 print(("MEAN %%.17g %%d"):format(mean, n))
+local rw = text.RandomWindows(tf, { block_size = 10, batch_size = 3, seed = 5 })
+local _, _, st = rw:next()
+print(("STARTS %%d %%d %%d %%d %%d"):format(rw.rank, rw.world_size, tonumber(st[0]), tonumber(st[1]), tonumber(st[2])))
 dist.destroy_process_group()
 ]]):format(path)
       local r = mp.run { code = code, nprocs = 2, timeout = 40 }
@@ -330,6 +333,12 @@ dist.destroy_process_group()
         assert.is_not_nil(m, r[i].output)
         assert.are.equal(15, tonumber(n))
         assert.are.near(one, tonumber(m), 1e-12)
+        -- RandomWindows takes the rank and world size from the process group
+        local rank, world, a, b, c = r[i].output:match("STARTS (%d+) (%d+) (%d+) (%d+) (%d+)")
+        assert.are.equal(i - 1, tonumber(rank))
+        assert.are.equal(2, tonumber(world))
+        local _, _, want = text.RandomWindows(tf, { block_size = 10, batch_size = 3, seed = 5, rank = i - 1, world_size = 2 }):next()
+        assert.are.same({ tonumber(want[0]), tonumber(want[1]), tonumber(want[2]) }, { tonumber(a), tonumber(b), tonumber(c) })
       end
     end)
   end)

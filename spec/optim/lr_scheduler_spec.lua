@@ -327,6 +327,30 @@ describe("ddplua.optim LambdaLR, SequentialLR, WarmupCosineLR", function()
     end
   end)
 
+  it("SequentialLR of LinearLR and WarmupCosineLR survives a train_state checkpoint", function()
+    local train_state = require "ddplua.train_state"
+    local files = require "files"
+    local dir = files.tmpdir("sched")
+    local function make()
+      local opt = sgd({ 0.1, 0.3 }, { momentum = 0.9 })
+      local s = optim.SequentialLR(opt, { optim.LinearLR(opt, { start_factor = 0.5, total_iters = 3 }),
+        optim.WarmupCosineLR(opt, { warmup_iters = 2, lr_decay_iters = 12, min_lr = 0.01 }) }, { 3 })
+      return opt, s
+    end
+    local opt_a, a = make()
+    for _ = 1, 5 do a:step() end
+    train_state.save(dir .. "/ckpt.safetensors", { optimizer = opt_a, scheduler = a, progress = { step = 5 } })
+    local opt_b, b = make()
+    local progress = train_state.load(dir .. "/ckpt.safetensors", { optimizer = opt_b, scheduler = b })
+    files.remove(dir)
+    assert.are.equal(5, progress.step)
+    assert.are.equal(a.last_epoch, b.last_epoch)
+    for _ = 1, 12 do
+      a:step(); b:step()
+      for i = 1, 2 do close(opt_b.param_groups[i].lr, opt_a.param_groups[i].lr, "group " .. i) end
+    end
+  end)
+
   it("WarmupCosineLR follows nanoGPT's get_lr, every group from its own base lr", function()
     local opt = sgd({ 1e-3, 5e-3 })
     local sched = optim.WarmupCosineLR(opt, { warmup_iters = 10, lr_decay_iters = 50, min_lr = 1e-4 })
