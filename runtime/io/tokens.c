@@ -9,7 +9,13 @@
  * of the generator (taken with ddp_generator_take, so g moves on by B blocks), start =
  * (w0 + 2^32 w1) mod (n - T). The modulo bias is below (n - T) / 2^64: nil for any file.
  * Every window depends only on (seed, base + b): the same generator state gives the same
- * batch on any thread count. */
+ * batch on any thread count.
+ *
+ * Note [mapped token files]: the file stays mapped while its ddp_io_tokens lives. Writers
+ * replace token files by rename (ddp_io_tokens_write), which leaves an open mapping on the
+ * old file intact; a file truncated in place under a mapping would make reads past its new
+ * end fault (SIGBUS), as with any mmap, so nothing here writes a token file in place. A
+ * file rewritten in place with other tokens is caught by the range check of each window. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

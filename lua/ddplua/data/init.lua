@@ -7,6 +7,8 @@
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
 --   data.DataLoader(ds, {batch_size = 8, collate_fn = function(samples) ... return batch end})
 --   data.read_idx(path), data.read_cifar(paths)
+--   data.text: tokenizers, token files, windows and evaluation for language models
+--              (ddplua/data/text/init.lua)
 --
 -- The dataset protocol is described in ddplua/data/datasets.lua, the sampler protocol and
 -- the two loading paths (C with a prefetch thread, or Lua) in ddplua/data/loader.lua, the
