@@ -279,6 +279,8 @@ print(len(chars), len(train), len(val))
     it("averages loss_fn over the non-overlapping windows, or max_windows evenly spaced", function()
       assert.are.same({ 0, 10, 20, 30 }, text.eval_starts(45, 10, nil))
       assert.are.same({ 0, 20 }, text.eval_starts(45, 10, 2))
+      assert.matches("block_size must be an integer >= 1, got 2.5", err_of(text.eval_starts, 45, 2.5))
+      assert.matches("max_windows must be an integer >= 1, got nan", err_of(text.eval_starts, 45, 10, 0 / 0))
       local list = {}
       for i = 1, 101 do list[i] = i % 10 end
       local path = tmp .. "/e.bin"

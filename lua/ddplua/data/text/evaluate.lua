@@ -23,9 +23,19 @@ local ffi, C = lib.ffi, lib.C
 
 local M = {}
 
+local function check_count(name, what, v, min)
+  if type(v) ~= "number" or v < min or v % 1 ~= 0 or v >= 2 ^ 53 then
+    lib.raise(("%s: %s must be an integer >= %d, got %s"):format(name, what, min, tostring(v)))
+  end
+end
+
 --- text.eval_starts(n_tokens, block_size, max_windows) -> the list of window starts
--- (0-based) Note [evaluation windows] describes; max_windows nil: all of them.
+-- (0-based) Note [evaluation windows] describes; max_windows nil: all of them. Raises on
+-- counts that are not integers (n_tokens >= 0, block_size and max_windows >= 1).
 function M.eval_starts(n, T, max_windows)
+  check_count("text.eval_starts", "n_tokens", n, 0)
+  check_count("text.eval_starts", "block_size", T, 1)
+  if max_windows ~= nil then check_count("text.eval_starts", "max_windows", max_windows, 1) end
   local all = math.floor((n - 1) / T)
   local m = all
   if max_windows and max_windows < all then m = max_windows end
