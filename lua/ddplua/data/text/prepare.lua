@@ -63,8 +63,10 @@ function M.prepare(opts)
       f:write(text)
       f:close()
     end
-    tok = SentencePiece.train(corpus, { model_prefix = out .. "/tokenizer", vocab_size = opts.vocab_size })
-    if corpus ~= inputs[1] then os.remove(corpus) end
+    local ok, res = pcall(SentencePiece.train, corpus, { model_prefix = out .. "/tokenizer", vocab_size = opts.vocab_size })
+    if corpus ~= inputs[1] then os.remove(corpus) end -- the concatenation, ours to remove
+    if not ok then error(res, 0) end
+    tok = res
   elseif type(tok) ~= "table" or type(tok.encode) ~= "function" then
     lib.raise(name .. ": tokenizer must be \"char\", \"sentencepiece\" or a tokenizer object, got " .. tostring(tok))
   end
