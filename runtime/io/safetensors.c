@@ -178,6 +178,58 @@ int ddp_io_sweep_temp_files(const char *path, int *removed) {
   return DDP_OK;
 }
 
+int ddp_io_write_atomic(const char *path, const char *op, int n, const void *const *bufs,
+                       const size_t *lens) {
+  char host[64];
+  host_tag(host, sizeof host);
+  size_t plen = strlen(path) + sizeof host + 32;
+  char *tmp = malloc(plen);
+  if (!tmp) DDP_FAIL(DDP_ERR_MEMORY, "%s: out of memory", op);
+  ddp_io_sweep_temp_files(path, NULL); /* Note [checkpoint temp files]; best effort */
+  ddp_clear_error();
+  snprintf(tmp, plen, "%s.tmp.%s.%ld", path, host, (long)getpid());
+  int status = DDP_OK;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "%s: cannot create %s: %s", op, tmp, strerror(errno));
+    free(tmp);
+    return status;
+  }
+  int failed = 0;
+  for (int i = 0; i < n && !failed; i++)
+    if (lens[i]) failed = write_all(fd, bufs[i], lens[i]);
+  if (failed) {
+    status = DDP_ERROR(DDP_ERR_IO, "%s: writing %s failed: %s", op, tmp, strerror(errno));
+    goto done;
+  }
+  if (fsync(fd) != 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "%s: fsync of %s failed: %s", op, tmp, strerror(errno));
+    goto done;
+  }
+  int rc = close(fd);
+  fd = -1;
+  if (rc != 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "%s: closing %s failed: %s", op, tmp, strerror(errno));
+    goto done;
+  }
+  if (rename(tmp, path) != 0) {
+    status = DDP_ERROR(DDP_ERR_IO, "%s: cannot rename %s to %s: %s", op, tmp, path, strerror(errno));
+    goto done;
+  }
+  free(tmp);
+  tmp = NULL; /* renamed: nothing to remove */
+  if (fsync_dir(path) != 0)
+    status = DDP_ERROR(DDP_ERR_IO, "%s: %s written, but fsync of its directory failed: %s", op, path,
+                       strerror(errno));
+done:
+  if (fd >= 0) close(fd);
+  if (tmp) {
+    unlink(tmp);
+    free(tmp);
+  }
+  return status;
+}
+
 int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
                             ddp_tensor **tensors, int nmeta, const char *const *keys,
                             const char *const *values) {
@@ -205,8 +257,7 @@ int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
   int *order = malloc((size_t)(n ? n : 1) * sizeof *order);
   ddp_tensor **data = calloc((size_t)(n ? n : 1), sizeof *data);
   sbuf h = {0};
-  int status = DDP_OK, fd = -1;
-  char *tmp = NULL;
+  int status = DDP_OK;
   if (!order || !data) {
     status = DDP_ERROR(DDP_ERR_MEMORY, "save_safetensors: out of memory");
     goto done;
@@ -262,60 +313,30 @@ int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
     goto done;
   }
 
-  char host[64];
-  host_tag(host, sizeof host);
-  size_t plen = strlen(path) + sizeof host + 32;
-  tmp = malloc(plen);
-  if (!tmp) {
-    status = DDP_ERROR(DDP_ERR_MEMORY, "save_safetensors: out of memory");
-    goto done;
+  {
+    unsigned char len8[8];
+    for (int b = 0; b < 8; b++) len8[b] = (unsigned char)((uint64_t)h.n >> (8 * b));
+    const void **bufs = malloc((size_t)(n + 2) * sizeof *bufs);
+    size_t *lens = malloc((size_t)(n + 2) * sizeof *lens);
+    if (!bufs || !lens) {
+      free(bufs);
+      free(lens);
+      status = DDP_ERROR(DDP_ERR_MEMORY, "save_safetensors: out of memory");
+      goto done;
+    }
+    bufs[0] = len8, lens[0] = 8;
+    bufs[1] = h.p, lens[1] = h.n;
+    for (int j = 0; j < n; j++) {
+      const ddp_tensor *t = data[order[j]];
+      bufs[j + 2] = ddp_data(t);
+      lens[j + 2] = (size_t)t->numel * ddp_dtype_size(t->dtype);
+    }
+    status = ddp_io_write_atomic(path, "save_safetensors", n + 2, bufs, lens);
+    free(bufs);
+    free(lens);
   }
-  ddp_io_sweep_temp_files(path, NULL); /* Note [checkpoint temp files]; best effort */
-  ddp_clear_error();
-  snprintf(tmp, plen, "%s.tmp.%s.%ld", path, host, (long)getpid());
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: cannot create %s: %s", tmp, strerror(errno));
-    goto done;
-  }
-  unsigned char len8[8];
-  for (int b = 0; b < 8; b++) len8[b] = (unsigned char)((uint64_t)h.n >> (8 * b));
-  int failed = write_all(fd, len8, 8) || write_all(fd, h.p, h.n);
-  for (int j = 0; j < n && !failed; j++) {
-    const ddp_tensor *t = data[order[j]];
-    size_t bytes = (size_t)t->numel * ddp_dtype_size(t->dtype);
-    if (bytes) failed = write_all(fd, ddp_data(t), bytes);
-  }
-  if (failed) {
-    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: writing %s failed: %s", tmp, strerror(errno));
-    goto done;
-  }
-  if (fsync(fd) != 0) {
-    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: fsync of %s failed: %s", tmp, strerror(errno));
-    goto done;
-  }
-  int rc = close(fd);
-  fd = -1;
-  if (rc != 0) {
-    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: closing %s failed: %s", tmp, strerror(errno));
-    goto done;
-  }
-  if (rename(tmp, path) != 0) {
-    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    goto done;
-  }
-  free(tmp);
-  tmp = NULL; /* renamed: nothing to remove */
-  if (fsync_dir(path) != 0)
-    status = DDP_ERROR(DDP_ERR_IO, "save_safetensors: %s written, but fsync of its directory failed: %s",
-                       path, strerror(errno));
 
 done:
-  if (fd >= 0) close(fd);
-  if (tmp) {
-    unlink(tmp);
-    free(tmp);
-  }
   if (data)
     for (int i = 0; i < n; i++) ddp_tensor_release(data[i]);
   free(data);

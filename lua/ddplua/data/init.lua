@@ -6,7 +6,10 @@
 --   data.Compose{data.RandomCrop(32, {padding = 4}), data.RandomHorizontalFlip(),
 --                data.ToFloat(), data.Normalize(mean, std)}
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
+--   data.DataLoader(ds, {batch_size = 8, collate_fn = function(samples) ... return batch end})
 --   data.read_idx(path), data.read_cifar(paths)
+--   data.text: tokenizers, token files, windows and evaluation for language models
+--              (ddplua/data/text/init.lua)
 --
 -- The dataset protocol is described in ddplua/data/datasets.lua, the sampler protocol and
 -- the two loading paths (C with a prefetch thread, or Lua) in ddplua/data/loader.lua, the
@@ -34,6 +37,16 @@ M.Compose = transforms.Compose
 M.is_transform = transforms.is_transform
 
 M.DataLoader = loader.DataLoader
+M.default_collate = loader.default_collate
+
+-- Text data (tokenizers, token files, windows): loaded on first use of data.text.
+setmetatable(M, { __index = function(t, k)
+  if k == "text" then
+    local text = require "ddplua.data.text"
+    rawset(t, k, text)
+    return text
+  end
+end })
 
 --- data.len(obj): length of a dataset or sampler under the protocol (obj:len() or #obj).
 M.len = require("ddplua.data.object").len

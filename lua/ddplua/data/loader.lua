@@ -18,6 +18,15 @@
 --    shape stack to (B, ...); numbers become an i64 tensor when all are integers, else
 --    f64; booleans a bool tensor. `prefetch` is ignored there (no thread).
 --
+-- collate_fn (PyTorch's DataLoader argument): a function that receives the list of the
+-- batch's samples and returns the batch. Each sample is what ds:get(i) returned: the value
+-- itself when get returns one value, else the list {v1, v2, ...} of its values (Lua's
+-- tuple). Whatever collate_fn returns (one or several values) is what the iterator yields;
+-- it must return something other than nil (nil would end the for loop). With collate_fn
+-- every batch takes the Lua path (ds:get per sample), as PyTorch calls dataset[i] for each.
+-- data.default_collate(samples) is the default's collation of such a list, for a
+-- collate_fn that adjusts it.
+--
 -- Sampler protocol: any object with sampler:indices() returning the epoch's sample order
 -- as a Lua table or a 1-d i64 tensor of 0-based indices (dataset positions minus one, as
 -- PyTorch's samplers yield). Called once per iter(). Optionally sampler:len() (or #sampler)
@@ -37,7 +46,8 @@ local DataLoader = { name = "DataLoader" }
 
 local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 
-local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "drop_last", "prefetch", "pin_memory" }
+local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "drop_last", "prefetch", "pin_memory",
+  "collate_fn" }
 
 --- data.DataLoader(dataset, opts): batches of `dataset`.
 -- opts.batch_size (64), opts.shuffle (false: a new dl.randperm order each iter(), drawn from
@@ -51,11 +61,12 @@ local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "
 -- puts every batch tensor in pinned host memory, so that x:to("cuda", {non_blocking =
 -- true}) copies it asynchronously; on the C path the prefetch thread does the pinning, see
 -- Note [pinned batches] in runtime/io/loader.c; without CUDA nothing is pinned, as PyTorch,
--- and loader.pin_memory reads false). Raises on bad options.
+-- and loader.pin_memory reads false), opts.collate_fn (nil: the default collation; a
+-- function(samples) -> batch, see the top of this file). Raises on bad options.
 function M.DataLoader(dataset, opts)
   opts = options.check("DataLoader", opts, KNOWN)
   local known = { batch_size = true, shuffle = true, generator = true, sampler = true, drop_last = true, prefetch = true,
-    pin_memory = true }
+    pin_memory = true, collate_fn = true }
   for k in pairs(opts) do
     if not known[k] then lib.raise("DataLoader: unknown option '" .. tostring(k) .. "'") end
   end
@@ -73,6 +84,9 @@ function M.DataLoader(dataset, opts)
   if opts.sampler and opts.shuffle then
     lib.raise("DataLoader: sampler and shuffle = true are mutually exclusive")
   end
+  if opts.collate_fn ~= nil and type(opts.collate_fn) ~= "function" then
+    lib.raise("DataLoader: collate_fn must be a function(samples) -> batch, got " .. type(opts.collate_fn))
+  end
   if opts.sampler and type(opts.sampler.indices) ~= "function" then
     lib.raise("DataLoader: sampler must have an indices() method")
   end
@@ -81,6 +95,7 @@ function M.DataLoader(dataset, opts)
     sampler = opts.sampler, generator = opts.generator or generator.default,
     drop_last = opts.drop_last and true or false, prefetch = prefetch, epoch = nil,
     pin_memory = (opts.pin_memory and C.ddp_cuda_is_available() ~= 0) and true or false,
+    collate_fn = opts.collate_fn,
   })
 end
 
@@ -189,7 +204,7 @@ local function collate_part(values, k)
   if is_tensor(first) then
     local arr = ffi.new("ddp_tensor*[?]", #values)
     for i, v in ipairs(values) do
-      if not is_tensor(v) then lib.raise(("DataLoader: part %d of sample %d is not a tensor (sample 1's is)"):format(k, i)) end
+      if not is_tensor(v) then lib.raise(("DataLoader: part %s of sample %d is not a tensor (sample 1's is)"):format(tostring(k), i)) end
       arr[i - 1] = v
     end
     check(C.ddp_io_stack(box, #values, arr))
@@ -199,9 +214,9 @@ local function collate_part(values, k)
   local buf = ffi.new("double[?]", #values)
   local integral = true
   for i, v in ipairs(values) do
-    if type(v) ~= tv then lib.raise(("DataLoader: part %d of sample %d is a %s, sample 1's is a %s"):format(k, i, type(v), tv)) end
+    if type(v) ~= tv then lib.raise(("DataLoader: part %s of sample %d is a %s, sample 1's is a %s"):format(tostring(k), i, type(v), tv)) end
     if tv == "boolean" then v = v and 1 or 0
-    elseif tv ~= "number" then lib.raise(("DataLoader: cannot collate part %d of type %s"):format(k, tv)) end
+    elseif tv ~= "number" then lib.raise(("DataLoader: cannot collate part %s of type %s"):format(tostring(k), tv)) end
     if v % 1 ~= 0 then integral = false end
     buf[i - 1] = v
   end
@@ -211,7 +226,58 @@ local function collate_part(values, k)
   return wrap(box[0])
 end
 
--- Lua path: batches from ds:get.
+--- data.default_collate(samples) -> the batch's parts: the default collation of a list of
+-- samples, each a value or a list of values (as collate_fn receives them). Tensors of one
+-- shape and dtype stack to (B, ...); numbers become an i64 tensor when all are integers,
+-- else f64; booleans a bool tensor; samples that are lists give one collated part per
+-- position, returned as several values; samples that are tables with string keys give a
+-- table of collated fields. Raises naming the part and the sample that does not fit.
+function M.default_collate(samples)
+  if type(samples) ~= "table" or #samples == 0 then
+    lib.raise("default_collate: expected a non-empty list of samples, got " .. type(samples))
+  end
+  local first = samples[1]
+  if type(first) ~= "table" or is_tensor(first) then return collate_part(samples, 1) end
+  if #first == 0 and next(first) ~= nil then
+    local out = {}
+    for key in pairs(first) do
+      local column = {}
+      for i, s in ipairs(samples) do
+        if type(s) ~= "table" or s[key] == nil then
+          lib.raise(("default_collate: sample %d has no field '%s' (sample 1 has)"):format(i, tostring(key)))
+        end
+        column[i] = s[key]
+      end
+      out[key] = collate_part(column, key)
+    end
+    return out
+  end
+  local nparts = #first
+  local parts = {}
+  for k = 1, nparts do parts[k] = {} end
+  for i, s in ipairs(samples) do
+    if type(s) ~= "table" or is_tensor(s) or #s ~= nparts then
+      lib.raise(("default_collate: sample %d has %s parts, sample 1 has %d"):format(i,
+        (type(s) == "table" and not is_tensor(s)) and #s or "no", nparts))
+    end
+    for k = 1, nparts do parts[k][i] = s[k] end
+  end
+  local out = {}
+  for k = 1, nparts do out[k] = collate_part(parts[k], k) end
+  return unpack(out, 1, nparts)
+end
+
+-- Pin the tensors among values[1..n] (pin_memory), in place.
+local function pin_all(values, n)
+  for k = 1, n do
+    if is_tensor(values[k]) then
+      check(C.ddp_tensor_pin_memory(box, values[k]))
+      values[k] = wrap(box[0])
+    end
+  end
+end
+
+-- Lua path: batches from ds:get, collated by the default or by collate_fn.
 local function lua_iter(self, order)
   local ds = self.dataset
   local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
@@ -220,31 +286,42 @@ local function lua_iter(self, order)
   local ep = { handle = nil }
   self.epoch = ep
   local b = 0
+  local collate_fn = self.collate_fn
   return function()
     if b >= nb or self.epoch ~= ep then return nil end
     local start = b * self.batch_size
     local stop = math.min(start + self.batch_size, total)
     b = b + 1
-    local parts, nparts = {}, nil
-    for p = start, stop - 1 do
-      local sample = { ds:get(tonumber(idx[p]) + 1) }
-      local cnt = table.maxn(sample)
-      nparts = nparts or cnt
-      if cnt ~= nparts then lib.raise(("DataLoader: samples have %d and %d parts"):format(nparts, cnt)) end
-      for k = 1, cnt do
-        parts[k] = parts[k] or {}
-        parts[k][#parts[k] + 1] = sample[k]
+    local out, n
+    if collate_fn then
+      local samples = {}
+      for p = start, stop - 1 do
+        local sample = { ds:get(tonumber(idx[p]) + 1) }
+        local cnt = table.maxn(sample)
+        samples[#samples + 1] = cnt == 1 and sample[1] or sample
       end
-    end
-    local out = {}
-    for k = 1, nparts do
-      out[k] = collate_part(parts[k], k)
-      if self.pin_memory then
-        check(C.ddp_tensor_pin_memory(box, out[k]))
-        out[k] = wrap(box[0])
+      out = { collate_fn(samples) }
+      n = table.maxn(out)
+      if out[1] == nil then
+        lib.raise(("DataLoader: collate_fn returned nil for batch %d (it must return the batch)"):format(b))
       end
+    else
+      local parts, nparts = {}, nil
+      for p = start, stop - 1 do
+        local sample = { ds:get(tonumber(idx[p]) + 1) }
+        local cnt = table.maxn(sample)
+        nparts = nparts or cnt
+        if cnt ~= nparts then lib.raise(("DataLoader: samples have %d and %d parts"):format(nparts, cnt)) end
+        for k = 1, cnt do
+          parts[k] = parts[k] or {}
+          parts[k][#parts[k] + 1] = sample[k]
+        end
+      end
+      out, n = {}, nparts
+      for k = 1, nparts do out[k] = collate_part(parts[k], k) end
     end
-    return unpack(out, 1, nparts)
+    if self.pin_memory then pin_all(out, n) end
+    return unpack(out, 1, n)
   end
 end
 
@@ -258,7 +335,7 @@ function DataLoader.iter(self)
   local order = epoch_order(self)
   local ds = self.dataset
   local ok, f = pcall(function() return ds.c_sources end)
-  if ok and type(f) == "function" then
+  if ok and type(f) == "function" and not self.collate_fn then
     local sources, tfs = f(ds)
     if sources then
       local len = object.len(ds)

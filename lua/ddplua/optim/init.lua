@@ -5,6 +5,8 @@
 --   optim.AdamW(params, opts)    optim.Adadelta(params, opts)
 --   optim.StepLR(opt, opts)      optim.MultiStepLR(opt, opts)     optim.ExponentialLR(opt, opts)
 --   optim.CosineAnnealingLR(opt, opts)  optim.LinearLR(opt, opts)  optim.OneCycleLR(opt, opts)
+--   optim.LambdaLR(opt, lr_lambda)   optim.SequentialLR(opt, schedulers, milestones)
+--   optim.WarmupCosineLR(opt, {warmup_iters, lr_decay_iters, min_lr})   -- nanoGPT's get_lr
 --   optim.clip_grad_norm_(params, max_norm, {norm_type = 2}) -> total norm
 --   optim.clip_grad_value_(params, clip_value)
 --
@@ -31,6 +33,9 @@ M.lr_scheduler = {
   CosineAnnealingLR = require "ddplua.optim.cosine_annealing_lr",
   LinearLR = require "ddplua.optim.linear_lr",
   OneCycleLR = require "ddplua.optim.one_cycle_lr",
+  LambdaLR = require "ddplua.optim.lambda_lr",
+  SequentialLR = require "ddplua.optim.sequential_lr",
+  WarmupCosineLR = require "ddplua.optim.warmup_cosine_lr",
 }
 for k, v in pairs(M.lr_scheduler) do M[k] = v end
 

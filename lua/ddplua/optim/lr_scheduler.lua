@@ -44,16 +44,34 @@ function M.init(self, optimizer, last_epoch)
   self.base_lrs = {}
   for i, group in ipairs(optimizer.param_groups) do self.base_lrs[i] = group.initial_lr end
   self.last_epoch = last_epoch
-  self._step_count = 0
-  self:step()
+  self:initial_step()
   return self
 end
 
---- sched:step(): advance one epoch (or iteration) and set each group's lr.
-function M:step()
+--- sched:initial_step(): reset the step count and take the construction step (PyTorch's
+-- _initial_step; SequentialLR calls it on its first scheduler).
+function M:initial_step()
+  self._step_count = 0
+  self:step()
+end
+
+--- sched:step([epoch]): advance one epoch (or iteration) and set each group's lr.
+-- With `epoch` (an integer >= 0; PyTorch deprecates it for users, SequentialLR uses it at
+-- its milestones) last_epoch jumps to it and the lr comes from closed_form_lr() where the
+-- class has one, else from get_lr(), as PyTorch's step(epoch). Raises on a bad epoch.
+function M:step(epoch)
   self._step_count = self._step_count + 1
-  self.last_epoch = self.last_epoch + 1
-  local values = self:get_lr()
+  local values
+  if epoch == nil then
+    self.last_epoch = self.last_epoch + 1
+    values = self:get_lr()
+  else
+    if type(epoch) ~= "number" or epoch < 0 or epoch % 1 ~= 0 then
+      lib.raise(self.name .. ": step(epoch): epoch must be an integer >= 0, got " .. tostring(epoch))
+    end
+    self.last_epoch = epoch
+    values = self.closed_form_lr and self:closed_form_lr() or self:get_lr()
+  end
   local last = {}
   for i, group in ipairs(self.optimizer.param_groups) do
     group.lr = values[i]

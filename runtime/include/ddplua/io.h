@@ -1,8 +1,8 @@
 /* ddplua/io.h: part of the public API, included by ddplua.h only.
  *
- * Data input and checkpoints (runtime/io/): dataset file readers (IDX, CIFAR-10 binary),
- * batch collation with the usual image transforms, a batch loader with a prefetch thread,
- * and safetensors checkpoint files. Every reader names the file and the fault in its error
+ * Data input and checkpoints (runtime/io/): dataset file readers (IDX, CIFAR-10 binary,
+ * token files), batch collation with the usual image transforms, a batch loader with a
+ * prefetch thread, and safetensors checkpoint files. Every reader names the file and the fault in its error
  * (DDP_ERR_IO) and never crashes on malformed input.
  */
 
@@ -163,6 +163,105 @@ int64_t ddp_io_loader_num_batches(const ddp_io_loader *loader);
 /* Stop the thread (it finishes the batch in hand, then exits; joined here), drop the
  * batches still queued and the sources, free the loader. NULL is ignored. Safe mid-epoch. */
 void ddp_io_loader_free(ddp_io_loader *loader);
+
+/* ---------------------------------------------------------------------------------------
+ * Token files (runtime/io/tokens.c)
+ *
+ * nanoGPT's train.bin / val.bin: the token ids of a text as raw little-endian uint16, no
+ * header (so vocabularies up to 65536). Reading maps the file (mmap, read-only): opening a
+ * large file costs no copy, and the pages are shared by the ranks of a node. A window at
+ * start i of a file of n tokens is x = tokens[i .. i+T-1], y = tokens[i+1 .. i+T]
+ * (Note [token windows]), so i runs over 0 .. n-T-1. Random windows draw their starts from
+ * the generator's Philox blocks: window b of a draw uses block (seed, offset + b), start =
+ * (w0 + 2^32 w1) mod (n - T); the draw moves g on by B blocks.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct ddp_io_tokens ddp_io_tokens;
+
+/* Map the token file `path` and check it: a regular file whose size is even, every token
+ * below vocab_size (1 .. 65536). Errors: DDP_ERR_IO naming the file for a file that cannot be
+ * opened or mapped (with strerror), an odd size ("size 7 bytes is odd: not a file of uint16
+ * tokens"), a token >= vocab_size (its 0-based position and value); DDP_ERR_ARG for a bad
+ * vocab_size. An empty file opens (0 tokens). Free with ddp_io_tokens_free. */
+int ddp_io_tokens_open(ddp_io_tokens **out, const char *path, int64_t vocab_size);
+
+/* Number of tokens of the file (0 for NULL). */
+int64_t ddp_io_tokens_count(const ddp_io_tokens *f);
+
+/* The path the file was opened with ("" for NULL); valid until it is freed. */
+const char *ddp_io_tokens_path(const ddp_io_tokens *f);
+
+/* Unmap and free. NULL is ignored. Tensors made from the file are copies and stay. */
+void ddp_io_tokens_free(ddp_io_tokens *f);
+
+/* Tokens [start, start + count) as a new 1-d i64 tensor (count). Errors (DDP_ERR_ARG, naming
+ * the file): the range outside the file. */
+int ddp_io_tokens_read(ddp_tensor **out, const ddp_io_tokens *f, int64_t start, int64_t count);
+
+/* The windows at starts[0 .. batch) (0-based token positions): x, y new (batch, block_size)
+ * i64 tensors with x[b, t] = tokens[starts[b] + t], y[b, t] = tokens[starts[b] + t + 1].
+ * Errors (DDP_ERR_ARG naming the file): batch or block_size < 1, a file of fewer than
+ * block_size + 1 tokens, a start outside 0 .. n - block_size - 1 (naming the window);
+ * DDP_ERR_IO when a token read is >= vocab_size (the file changed since it was opened). */
+int ddp_io_tokens_windows(ddp_tensor **x, ddp_tensor **y, const ddp_io_tokens *f, int64_t batch,
+                          const int64_t *starts, int64_t block_size);
+
+/* `batch` random windows (starts from g, NULL: the default generator, as described above;
+ * starts, when not NULL, receives them: batch entries) as ddp_io_tokens_windows makes them.
+ * Errors as ddp_io_tokens_windows. */
+int ddp_io_tokens_random_windows(ddp_tensor **x, ddp_tensor **y, int64_t *starts, const ddp_io_tokens *f,
+                                 int64_t batch, int64_t block_size, ddp_generator *g);
+
+/* Write the 1-d integer tensor `tokens` (i64, i32 or u8, any strides, CPU) to `path` as
+ * uint16 little-endian, atomically (a temporary file flushed, fsync'ed and renamed over
+ * path, as ddp_io_save_safetensors). Errors: DDP_ERR_ARG for a tensor that is not 1-d or
+ * not integer, a token outside 0 .. vocab_size-1 (its position and value), vocab_size
+ * outside 1 .. 65536; DDP_ERR_IO naming the file (with strerror). */
+int ddp_io_tokens_write(const char *path, ddp_tensor *tokens, int64_t vocab_size);
+
+/* ---------------------------------------------------------------------------------------
+ * BPE tokenizer through SentencePiece (runtime/io/sentencepiece.c over the C++ shim
+ * sentencepiece_shim.cc; Debian's libsentencepiece, https://github.com/google/sentencepiece)
+ *
+ * Models trained here keep the text exactly: identity normalization, spaces kept, "\n" a
+ * piece of its own (Note [newlines in SentencePiece]), every character of the corpus in
+ * the vocabulary. Built without SentencePiece (NO_SENTENCEPIECE=1 or no
+ * libsentencepiece-dev), every call but ddp_io_spm_available fails with
+ * DDP_ERR_UNAVAILABLE.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct ddp_io_spm ddp_io_spm;
+
+/* 1 when the runtime was built with SentencePiece, else 0. */
+int ddp_io_spm_available(void);
+
+/* Train a model of `vocab_size` pieces (2 .. 65536) on the UTF-8 text file `input` (the
+ * library reads it line by line) with `model_type` ("bpe", "unigram", "char", "word"; NULL:
+ * "bpe"), writing <model_prefix>.model and <model_prefix>.vocab. Uses the online cores.
+ * Errors: DDP_ERR_ARG for a bad argument or a vocab_size the corpus cannot fill (the
+ * library's message), DDP_ERR_IO naming a missing or empty input. */
+int ddp_io_spm_train(const char *input, const char *model_prefix, int64_t vocab_size, const char *model_type);
+
+/* Load a .model file. Errors (naming the file): missing, not a model. Free with
+ * ddp_io_spm_free. */
+int ddp_io_spm_load(ddp_io_spm **out, const char *model_path);
+
+/* Free a model. NULL is ignored. */
+void ddp_io_spm_free(ddp_io_spm *m);
+
+/* Number of pieces (ids are 0 .. vocab_size-1); 0 for NULL. */
+int64_t ddp_io_spm_vocab_size(const ddp_io_spm *m);
+
+/* The ids of `len` bytes of UTF-8 text as a new 1-d i64 tensor. */
+int ddp_io_spm_encode(ddp_tensor **out, const ddp_io_spm *m, const char *text, size_t len);
+
+/* The text of ids (a 1-d integer tensor): *out gets a new NUL-terminated string of *len
+ * bytes, freed with ddp_io_string_free. Errors (DDP_ERR_ARG): ids not 1-d or not integer, an
+ * id outside 0 .. vocab_size-1 (naming its position). */
+int ddp_io_spm_decode(char **out, size_t *len, const ddp_io_spm *m, ddp_tensor *ids);
+
+/* Free a string the runtime returned (ddp_io_spm_decode). NULL is ignored. */
+void ddp_io_string_free(char *s);
 
 /* ---------------------------------------------------------------------------------------
  * safetensors checkpoints (runtime/io/safetensors.c)
