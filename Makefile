@@ -251,7 +251,7 @@ FUZZ_NOCOV_SRCS := runtime/distributed/store_auth.c
 # parser is a pure function: list the file(s) holding it here (compiled with
 # $(LUAJIT_CFLAGS) when they include Lua's headers; link $(LUAJIT_LIBS) then) and add
 # fuzz/repl_<name>.c with fuzz/corpus/repl_<name>/ (and fuzz/repl.dict).
-FUZZ_CLI_SRCS :=
+FUZZ_CLI_SRCS := runtime/cli/repl_wire.c
 FUZZ_SUPPORT_SRCS := $(sort $(wildcard runtime/backend/cpu/*.c)) runtime/backend/registry.c \
                  runtime/autograd/node.c runtime/autograd/view_history.c \
                  runtime/ops/accumulate.c runtime/ops/autocast.c runtime/ops/copy.c \

@@ -148,3 +148,14 @@ write("object_decode", "refused-nan-key", "T" .. le(1, 4) .. "d" .. ffi.string(d
 write("object_decode", "refused-nil-key", "T" .. le(1, 4) .. "nt")
 write("object_decode", "refused-table-key", "T" .. le(1, 4) .. "T" .. le(0, 4) .. "t")
 write("object_decode", "refused-deep", string.rep("T" .. le(1, 4) .. "t", 600) .. "n")
+
+-- ---- the distributed REPL's frames (fuzz/repl_frames.c) ----------------------------------
+-- byte 0: side (0 the prompt reading a rank, 1 a rank reading the prompt); byte 1: piece seed
+local function frame(t, payload) return t .. ("%010d"):format(#payload) .. payload end
+local hex64 = string.rep("0123456789abcdef", 4)
+write("repl_frames", "rank_hello_proof_output", "\0\7" .. frame("H", "1 " .. hex64) .. frame("P", hex64) .. frame("O", "[tensor]\n"))
+write("repl_frames", "prompt_answer_input_interrupt", "\1\3" .. frame("A", hex64 .. " " .. hex64) .. frame("L", "print(1)") .. frame("I", ""))
+-- the eleven bytes that made the prompt free a partial frame twice (fixed; spec/dist_repl_security_spec.lua)
+write("repl_frames", "review-eleven-bytes", "\0\1H0000000010")
+write("repl_frames", "review-signed-length", "\0\1H-000000001")
+write("repl_frames", "review-truncated-answer", "\1\1A0000000129" .. string.rep("a", 20))
