@@ -5,6 +5,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -230,6 +231,47 @@ template <class T> struct ReduceBody {
   static void run(ddp_gloo *g, void *b, size_t n, int op, int root) { reduce_t<T>(g, b, n, op, root); }
 };
 
+// Note [gloo ring reduce-scatter] (gloo_shim.h).
+template <class T>
+void reduce_scatter_t(ddp_gloo *g, void *out, const void *in, size_t n, int op) {
+  const int size = g->size, rank = g->rank;
+  const size_t bytes = n * sizeof(T);
+  auto fn = reduce_fn<T>(op);
+  const T *x = static_cast<const T *>(in);
+  if (size == 1) {
+    memcpy(out, in, bytes);
+    return;
+  }
+  // Two partial buffers: the one received this step is combined in place and sent next
+  // step, while the following step receives into the other.
+  std::vector<T> part[2] = {std::vector<T>(n), std::vector<T>(n)};
+  const uint64_t slot = g->ctx->nextSlot();
+  auto input = g->ctx->createUnboundBuffer(const_cast<void *>(in), bytes * (size_t)size);
+  std::unique_ptr<gloo::transport::UnboundBuffer> pb[2] = {
+      g->ctx->createUnboundBuffer(part[0].data(), bytes),
+      g->ctx->createUnboundBuffer(part[1].data(), bytes)};
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  for (int s = 0; s + 1 < size; s++) {
+    const size_t send_chunk = (size_t)((rank - s - 1 + 2 * size) % size);
+    const size_t recv_chunk = (size_t)((rank - s - 2 + 2 * size) % size);
+    gloo::transport::UnboundBuffer *sent = s == 0 ? input.get() : pb[(s - 1) & 1].get();
+    if (s == 0) input->send(right, slot, send_chunk * bytes, bytes);
+    else sent->send(right, slot, 0, bytes);
+    pb[s & 1]->recv(left, slot, 0, bytes);
+    if (!pb[s & 1]->waitRecv(g->timeout)) throw std::runtime_error("reduce_scatter: recv aborted");
+    T *got = part[s & 1].data();
+    const T *mine = x + recv_chunk * n;
+    if (s + 2 == size) fn(out, got, mine, n);  // the last step: chunk `rank`
+    else fn(got, got, mine, n);
+    if (!sent->waitSend(g->timeout)) throw std::runtime_error("reduce_scatter: send aborted");
+  }
+}
+template <class T> struct ReduceScatterBody {
+  static void run(ddp_gloo *g, void *o, const void *i, size_t n, int op) {
+    reduce_scatter_t<T>(g, o, i, n, op);
+  }
+};
+
 // Slots of point-to-point messages: a prefix no collective of Gloo uses, then the user tag.
 constexpr uint64_t kP2PSlotPrefix = 0x7dULL << 56;
 
@@ -375,6 +417,23 @@ int ddp_gloo_alltoall(ddp_gloo *g, void *out, const void *in, size_t chunk_bytes
     o.setOutput<uint8_t>((uint8_t *)out, chunk_bytes * (size_t)g->size);
     o.setTimeout(g->timeout);
     gloo::alltoall(o);
+  });
+}
+
+int ddp_gloo_reduce_scatter(ddp_gloo *g, void *out, const void *in, size_t n, int dtype, int op,
+                            char *err, int *peer) {
+  return guard(g, err, peer, [&] { by_dtype<ReduceScatterBody>(dtype, g, out, in, n, op); });
+}
+
+int ddp_gloo_alltoallv(ddp_gloo *g, void *out, const int64_t *out_bytes, const void *in,
+                       const int64_t *in_bytes, char *err, int *peer) {
+  return guard(g, err, peer, [&] {
+    gloo::AlltoallvOptions o(g->ctx);
+    std::vector<int64_t> ib(in_bytes, in_bytes + g->size), ob(out_bytes, out_bytes + g->size);
+    o.setInput<uint8_t>((uint8_t *)const_cast<void *>(in), ib);
+    o.setOutput<uint8_t>((uint8_t *)out, ob);
+    o.setTimeout(g->timeout);
+    gloo::alltoallv(o);
   });
 }
 

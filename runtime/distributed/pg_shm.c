@@ -93,6 +93,22 @@
  * before the root's buffer and slot go back to their owners. All-gather: small messages
  * through the small areas, larger ones chunk by chunk through every rank's slot.
  *
+ * Note [shm reduce-scatter]: rank r needs only chunk r of every rank's input, so each
+ * element is reduced once, by the rank that keeps it, over the ranks in order 0 ..
+ * world-1 (the bits of the all-reduce's slice of those elements), and nothing is written
+ * back to the peers. Small inputs (world * n elements within SMALL_BYTES) travel in the
+ * arrival's small areas; inputs in the arena on every rank are read in place (then one
+ * step, so no rank reuses its input while a peer reads it); otherwise staged, pipelined as
+ * the all-reduce: chunk c covers `per` elements of every rank's share; rank q copies, for
+ * every peer r, its input's elements [r n + c per, +m) into piece r of its slot half c % 2
+ * (chunk 0 in the arrival), and per chunk: wait until every rank staged chunk c; reduce
+ * this rank's share of chunk c from its own input and every peer's piece into `out`;
+ * publish; stage chunk c + 1 into the other half; publish; wait until every rank reduced
+ * chunk c (so the half may be staged again, in chunk c + 2 or the next collective's
+ * arrival). Per rank and byte of the input: (world-1)/world copied in, then everything read
+ * once, and 1/world written: against the all-reduce, no write-back into the peers' slots
+ * and no copy out.
+ *
  * Waiting spins for a while that adapts to what spinning bought lately (Note [shm adaptive
  * spin]), then sleeps on a futex until the peer publishes (Note [shm wake-ups]), and every
  * few milliseconds checks that the missing ranks' processes still
@@ -767,8 +783,9 @@ static void reduce(ddp_shm *s, void *out, size_t lo, size_t n, int dtype, int op
 
 static size_t esize_of(int dtype) { return dtype == DDP_F32 ? sizeof(float) : sizeof(double); }
 
-/* Bytes per rank a collective moves. */
-static size_t op_bytes(const ddp_shm_op *op) {
+/* Bytes per rank a collective moves (reduce-scatter: its whole input). */
+static size_t op_bytes(const ddp_shm *s, const ddp_shm_op *op) {
+  if (op->kind == DDP_SHM_REDUCE_SCATTER) return (size_t)s->size * op->n * esize_of(op->dtype);
   return op->kind == DDP_SHM_ALLREDUCE ? op->n * esize_of(op->dtype) : op->n;
 }
 
@@ -798,6 +815,26 @@ static void stage_in(ddp_shm *s, const ddp_shm_op *op, size_t c) {
   memcpy(dst + hi * esize, src + hi * esize, (m - hi) * esize);
 }
 
+/* Note [shm reduce-scatter]: elements of every rank's share per staged chunk (a piece of
+ * STAGE_SLICE_BYTES per peer, at most a slot half for all of them). */
+static size_t rs_chunk_elems(ddp_shm *s, size_t esize) {
+  size_t bytes = STAGE_SLICE_BYTES;
+  if (bytes * (size_t)s->size > HALF_SLOT_BYTES) bytes = HALF_SLOT_BYTES / (size_t)s->size;
+  return bytes / esize;
+}
+
+/* Note [shm reduce-scatter]: chunk c of every peer's share of op->buf into piece `peer` of
+ * this rank's slot half c % 2. */
+static void rs_stage_in(ddp_shm *s, const ddp_shm_op *op, size_t c) {
+  size_t esize = esize_of(op->dtype), per = rs_chunk_elems(s, esize), at = c * per;
+  size_t m = op->n - at < per ? op->n - at : per;
+  unsigned char *half = slot(s, s->rank) + (c & 1) * HALF_SLOT_BYTES;
+  const unsigned char *in = op->buf;
+  for (int r = 0; r < s->size; r++)
+    if (r != s->rank)
+      memcpy(half + (size_t)r * per * esize, in + ((size_t)r * op->n + at) * esize, m * esize);
+}
+
 /* ---- arrival (Note [shm arrival]) ------------------------------------------------------ */
 
 int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest, void *all,
@@ -805,8 +842,9 @@ int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest,
   *peer = -1;
   *agreed = 0;
   int kind = op ? op->kind : DDP_SHM_ARRIVE;
-  if (fp_bytes > DDP_SHM_FP_BYTES || kind < DDP_SHM_ARRIVE || kind > DDP_SHM_ALLGATHER ||
-      (kind == DDP_SHM_ALLREDUCE && !ddp_shm_supports(op->dtype)) ||
+  if (fp_bytes > DDP_SHM_FP_BYTES || kind < DDP_SHM_ARRIVE || kind > DDP_SHM_REDUCE_SCATTER ||
+      ((kind == DDP_SHM_ALLREDUCE || kind == DDP_SHM_REDUCE_SCATTER) &&
+       !ddp_shm_supports(op->dtype)) ||
       (kind == DDP_SHM_BROADCAST && (op->root < 0 || op->root >= s->size))) {
     snprintf(err, DDP_GLOO_ERR_CAP, "shared memory: bad arrival (%zu fingerprint bytes, kind %d)",
              fp_bytes, kind);
@@ -819,7 +857,7 @@ int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest,
   me->zc_off[which] = 0;
   const char *phase = "arriving";
   if (kind != DDP_SHM_ARRIVE) {
-    size_t bytes = op_bytes(op);
+    size_t bytes = op_bytes(s, op);
     int sends = kind != DDP_SHM_BROADCAST || op->root == s->rank; /* puts data in */
     if (sends && bytes <= SMALL_BYTES) {
       memcpy(small_area(s, s->rank, which), op->buf, bytes);
@@ -828,6 +866,9 @@ int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest,
       /* in place (Note [shm zero copy]) */
     } else if (sends && kind == DDP_SHM_ALLREDUCE) { /* Note [shm pipelined all-reduce] */
       stage_in(s, op, 0);
+      phase = "copying in";
+    } else if (sends && kind == DDP_SHM_REDUCE_SCATTER) { /* Note [shm reduce-scatter] */
+      rs_stage_in(s, op, 0);
       phase = "copying in";
     } else if (sends) { /* the first chunk's step 1 */
       memcpy(slot(s, s->rank), op->buf, bytes < SLOT_BYTES ? bytes : SLOT_BYTES);
@@ -906,7 +947,7 @@ static int allreduce_staged(ddp_shm *s, const ddp_shm_op *op, double timeout_s, 
 }
 
 static int allreduce(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, int *peer) {
-  size_t bytes = op_bytes(op);
+  size_t bytes = op_bytes(s, op);
   if (bytes <= SMALL_BYTES) { /* Note [shm small messages] */
     for (int r = 0; r < s->size; r++) s->ins[r] = small_area(s, r, s->which);
     reduce(s, op->buf, 0, op->n, op->dtype, op->op);
@@ -974,6 +1015,58 @@ static int allgather(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *e
   STEP("reading the slots");
   return DDP_OK;
 }
+/* Note [shm reduce-scatter], staged. */
+static int reduce_scatter_staged(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err,
+                                 int *peer) {
+  size_t esize = esize_of(op->dtype), n = op->n, per = rs_chunk_elems(s, esize);
+  size_t chunks = (n + per - 1) / per;
+  const unsigned char *mine = (const unsigned char *)op->buf + (size_t)s->rank * n * esize;
+  unsigned char *out = op->out;
+  uint64_t staged = s->seq; /* chunk 0 came with the arrival */
+  for (size_t c = 0; c < chunks; c++) {
+    size_t at = c * per, m = n - at < per ? n - at : per, half = (c & 1) * HALF_SLOT_BYTES;
+    for (int r = 0; r < s->size; r++)
+      s->ins[r] = r == s->rank ? (void *)(mine + at * esize)
+                               : (void *)(slot(s, r) + half + (size_t)s->rank * per * esize);
+    WAIT(staged, "copying in"); /* every rank staged chunk c */
+    reduce(s, out + at * esize, 0, m, op->dtype, op->op);
+    publish(s);
+    uint64_t reduced = s->seq;
+    if (c + 1 < chunks) { /* stage the next chunk while the peers reduce this one */
+      rs_stage_in(s, op, c + 1);
+      publish(s);
+      staged = s->seq;
+    }
+    WAIT(reduced, "reducing"); /* nobody reads chunk c's half any more */
+  }
+  return DDP_OK;
+}
+
+static int reduce_scatter(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err,
+                          int *peer) {
+  size_t bytes = op_bytes(s, op), lo = (size_t)s->rank * op->n, off;
+  if (bytes <= SMALL_BYTES) { /* Note [shm small messages] */
+    for (int r = 0; r < s->size; r++) s->ins[r] = small_area(s, r, s->which);
+    reduce(s, op->out, lo, op->n, op->dtype, op->op);
+    return DDP_OK;
+  }
+  int every = 1, some = 0;
+  for (int r = 0; r < s->size; r++) {
+    every = every && zc_buffer(s, r, bytes, &off);
+    some = some || record(s, r)->zc_off[s->which] != 0;
+    s->ins[r] = s->base + off;
+  }
+  if (every) { /* read in place (Note [shm zero copy]); the step hands the inputs back */
+    reduce(s, op->out, lo, op->n, op->dtype, op->op);
+    STEP("reducing in place");
+    return DDP_OK;
+  }
+  if (some) { /* the ranks that published an offset stage their first chunk now */
+    if (record(s, s->rank)->zc_off[s->which] != 0) rs_stage_in(s, op, 0);
+    STEP("copying in");
+  }
+  return reduce_scatter_staged(s, op, timeout_s, err, peer);
+}
 #undef STEP
 #undef WAIT
 
@@ -989,6 +1082,9 @@ int ddp_shm_run(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, i
       return broadcast(s, op, timeout_s, err, peer);
     case DDP_SHM_ALLGATHER:
       return allgather(s, op, timeout_s, err, peer);
+    case DDP_SHM_REDUCE_SCATTER:
+      if (!ddp_shm_supports(op->dtype)) break;
+      return reduce_scatter(s, op, timeout_s, err, peer);
   }
   snprintf(err, DDP_GLOO_ERR_CAP, "shared memory: collective kind %d (dtype %s) is not supported",
            op->kind, ddp_dtype_name(op->dtype));
