@@ -131,6 +131,22 @@ for _, dtype in ipairs { "f32", "f64" } do
   end
 end
 
+-- more staged chunks than the segment's ring of buffers (Note [shm reduce-scatter])
+for _, case in ipairs { { "f32", "sum", 300000 }, { "f64", "max", 150000 } } do
+  local dtype, op, k = case[1], case[2], case[3]
+  local output = dl.zeros({ k }, { dtype = dtype })
+  dist.reduce_scatter_tensor(output, tensor_of(vals(me, n * k), { n * k }, dtype), { op = op })
+  emit("rs_many_" .. dtype, diff(flat(output), reduce_ref(op, k, me * k)))
+end
+do -- and an all-gather of more pieces than that ring (Note [shm all-gather])
+  local k = 300000
+  local gathered = dl.zeros({ n * k })
+  dist.all_gather_into_tensor(gathered, tensor_of(vals(me, k), { k }, "f32"))
+  local want = {}
+  for r = 0, n - 1 do for _, x in ipairs(vals(r, k)) do want[#want + 1] = x end end
+  emit("ag_many", diff(flat(gathered), want))
+end
+
 -- zero copy: the input in the segment's arena on every rank, then on rank 0 only
 for _, who in ipairs { "every", "rank0" } do
   local k = 30000
@@ -257,6 +273,7 @@ local function check_main(ranks, n)
       end
     end
     zero("rs_shared_every"); zero("rs_shared_rank0")
+    zero("rs_many_f32"); zero("rs_many_f64"); zero("ag_many")
     zero("a2a_uneven"); zero("a2a_even")
     local rows = 0
     for i = 0, n - 1 do rows = rows + (i + 2 * me) % 3 end
