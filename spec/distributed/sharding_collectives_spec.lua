@@ -131,6 +131,13 @@ for _, dtype in ipairs { "f32", "f64" } do
   end
 end
 
+-- the other dtypes: f16/bf16 reduced in f32, integers through the Gloo ring
+for _, dtype in ipairs { "f16", "bf16", "i64", "i32" } do
+  local output = dl.zeros({ 5 }, { dtype = dtype })
+  dist.reduce_scatter_tensor(output, tensor_of(vals(me, n * 5), { n * 5 }, dtype), { op = "sum" })
+  emit("rs_other_" .. dtype, diff(flat(output), reduce_ref("sum", 5, me * 5)))
+end
+
 -- more staged chunks than the segment's ring of buffers (Note [shm reduce-scatter])
 for _, case in ipairs { { "f32", "sum", 300000 }, { "f64", "max", 150000 } } do
   local dtype, op, k = case[1], case[2], case[3]
@@ -274,6 +281,7 @@ local function check_main(ranks, n)
     end
     zero("rs_shared_every"); zero("rs_shared_rank0")
     zero("rs_many_f32"); zero("rs_many_f64"); zero("ag_many")
+    for _, dtype in ipairs { "f16", "bf16", "i64", "i32" } do zero("rs_other_" .. dtype) end
     zero("a2a_uneven"); zero("a2a_even")
     local rows = 0
     for i = 0, n - 1 do rows = rows + (i + 2 * me) % 3 end
