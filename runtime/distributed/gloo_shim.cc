@@ -100,6 +100,11 @@ struct ddp_gloo {
   std::vector<std::string> peer_addr;                    // "[ip]:port" of peer j's end
   std::chrono::milliseconds timeout{300000};
   int rank = 0, size = 1;
+  // The ring reduce-scatter's two partial chunks, kept between calls (grown, never zeroed
+  // again): a fresh buffer per call cost its page faults on every call.
+  std::unique_ptr<unsigned char[]> ring_scratch;
+  size_t ring_scratch_bytes = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> ring_ub;  // over ring_scratch
 };
 
 struct ddp_gloo_p2p {
@@ -231,7 +236,11 @@ template <class T> struct ReduceBody {
   static void run(ddp_gloo *g, void *b, size_t n, int op, int root) { reduce_t<T>(g, b, n, op, root); }
 };
 
-// Note [gloo ring reduce-scatter] (gloo_shim.h).
+// Note [gloo ring reduce-scatter] (gloo_shim.h). Each step's chunk travels in segments of
+// at most kRingSegmentBytes, all posted at once: the reduction of a segment overlaps the
+// transfer of the next ones.
+constexpr size_t kRingSegmentBytes = 1 << 20;
+
 template <class T>
 void reduce_scatter_t(ddp_gloo *g, void *out, const void *in, size_t n, int op) {
   const int size = g->size, rank = g->rank;
@@ -242,28 +251,43 @@ void reduce_scatter_t(ddp_gloo *g, void *out, const void *in, size_t n, int op) 
     memcpy(out, in, bytes);
     return;
   }
-  // Two partial buffers: the one received this step is combined in place and sent next
+  if (bytes == 0) return;
+  // Two partial chunks: the one received this step is combined in place and sent next
   // step, while the following step receives into the other.
-  std::vector<T> part[2] = {std::vector<T>(n), std::vector<T>(n)};
+  if (g->ring_scratch_bytes < 2 * bytes) {
+    g->ring_ub.reset();
+    g->ring_scratch.reset(new unsigned char[2 * bytes]);
+    g->ring_scratch_bytes = 2 * bytes;
+    g->ring_ub = g->ctx->createUnboundBuffer(g->ring_scratch.get(), 2 * bytes);
+  }
+  unsigned char *part = g->ring_scratch.get();
+  gloo::transport::UnboundBuffer *pb = g->ring_ub.get();
   const uint64_t slot = g->ctx->nextSlot();
   auto input = g->ctx->createUnboundBuffer(const_cast<void *>(in), bytes * (size_t)size);
-  std::unique_ptr<gloo::transport::UnboundBuffer> pb[2] = {
-      g->ctx->createUnboundBuffer(part[0].data(), bytes),
-      g->ctx->createUnboundBuffer(part[1].data(), bytes)};
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  const size_t seg = kRingSegmentBytes / sizeof(T) * sizeof(T);
+  const size_t nseg = (bytes + seg - 1) / seg;
   for (int s = 0; s + 1 < size; s++) {
     const size_t send_chunk = (size_t)((rank - s - 1 + 2 * size) % size);
     const size_t recv_chunk = (size_t)((rank - s - 2 + 2 * size) % size);
-    gloo::transport::UnboundBuffer *sent = s == 0 ? input.get() : pb[(s - 1) & 1].get();
-    if (s == 0) input->send(right, slot, send_chunk * bytes, bytes);
-    else sent->send(right, slot, 0, bytes);
-    pb[s & 1]->recv(left, slot, 0, bytes);
-    if (!pb[s & 1]->waitRecv(g->timeout)) throw std::runtime_error("reduce_scatter: recv aborted");
-    T *got = part[s & 1].data();
-    const T *mine = x + recv_chunk * n;
-    if (s + 2 == size) fn(out, got, mine, n);  // the last step: chunk `rank`
-    else fn(got, got, mine, n);
-    if (!sent->waitSend(g->timeout)) throw std::runtime_error("reduce_scatter: send aborted");
+    const size_t recv_off = (size_t)(s & 1) * bytes, send_off = (size_t)((s - 1) & 1) * bytes;
+    gloo::transport::UnboundBuffer *sent = s == 0 ? input.get() : pb;
+    for (size_t j = 0; j < nseg; j++) {
+      size_t at = j * seg, len = bytes - at < seg ? bytes - at : seg;
+      pb->recv(left, slot, recv_off + at, len);
+      sent->send(right, slot, (s == 0 ? send_chunk * bytes : send_off) + at, len);
+    }
+    const bool last = s + 2 == size;  // chunk `rank`: straight into out
+    for (size_t j = 0; j < nseg; j++) {
+      size_t at = j * seg, len = bytes - at < seg ? bytes - at : seg;
+      if (!pb->waitRecv(g->timeout)) throw std::runtime_error("reduce_scatter: recv aborted");
+      T *got = reinterpret_cast<T *>(part + recv_off + at);
+      const T *mine = x + recv_chunk * n + at / sizeof(T);
+      if (last) fn(static_cast<unsigned char *>(out) + at, got, mine, len / sizeof(T));
+      else fn(got, got, mine, len / sizeof(T));
+    }
+    for (size_t j = 0; j < nseg; j++)
+      if (!sent->waitSend(g->timeout)) throw std::runtime_error("reduce_scatter: send aborted");
   }
 }
 template <class T> struct ReduceScatterBody {
