@@ -45,7 +45,7 @@ typedef enum {
  * reduce_scatter_tensor and the coalesced reduce-scatter run as PG_REDUCE_SCATTER on
  * (w->t, w->out), all_gather_into_tensor and the coalesced all-gather as PG_ALLGATHER on
  * (w->t, w->out) (the same bytes in rank order whatever out's shape). A coalesced kind's
- * w->t and w->out are the packed buffers pg.c made at submission (pg_pack_coalesced); the
+ * w->t and w->out are the packed buffers pg.c made at submission (coalesced_work); the
  * backend calls pg_unpack_coalesced once the collective succeeded, before the work
  * completes. */
 static inline pg_op pg_op_path(pg_op kind) {
@@ -79,11 +79,13 @@ struct ddp_work {
   uint64_t seq;             /* fingerprinted collectives of the group submitted before it */
   uint64_t rec_id;          /* its record in the flight recorder (Note [flight recorder]) */
   ddp_tensor *t;            /* the main tensor (in place / input), owned reference */
-  ddp_tensor *out;          /* output tensor where the op has one, owned */
+  ddp_tensor *out;          /* output tensor where the op has one (nccl's all_gather list:
+                             * its (world, ...) buffer), owned */
   ddp_tensor **outs;        /* all_gather list outputs, coalesced outputs: owned references */
   int nouts;
   int64_t *in_splits;       /* all_to_all_single: rows of in sent to / of out received from */
-  int64_t *out_splits;      /* each group rank (world entries each), owned; NULL: even */
+  int64_t *out_splits;      /* each group rank (world entries each, even ones filled in by
+                             * pg.c), owned */
   double timeout_s;         /* default wait of ddp_work_wait */
   pthread_mutex_t mu;
   pthread_cond_t cv;
