@@ -104,8 +104,8 @@ static size_t nbytes_of(const ddp_tensor *t) {
 static int reduce_dtype(int dtype);
 
 /* 1 when w goes through the shared-memory segment (pg_shm.h): all-reduce and
- * reduce-scatter of f32/f64 (and f16/bf16, staged as f32), broadcast, all-gather, barrier; its fingerprint then rides on
- * the segment's arrival step. */
+ * reduce-scatter of f32/f64 (and f16/bf16, staged as f32), broadcast, all-gather, barrier;
+ * its fingerprint then rides on the segment's arrival step. */
 static int via_shm(ddp_pg *pg, const ddp_work *w) {
   if (!state(pg)->shm) return 0;
   switch (pg_op_path(w->kind)) { /* Note [sharding collectives] */
@@ -430,24 +430,25 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       ok = status == DDP_OK;
       if (unstage(w->out, obuf, ok) && ok) goto core_failed;
       return status;
-    case PG_ALLTOALL_SINGLE: { /* rows -> bytes per rank */
-      int64_t *ib = malloc(sizeof(int64_t) * 2 * (size_t)n), *ob = ib ? ib + n : NULL;
+    case PG_ALLTOALL_SINGLE: { /* the split sizes in rows -> bytes per rank */
       size_t row = ddp_dtype_size(t->dtype); /* bytes of one row (dim 0) */
+      for (int d = 1; d < t->ndim; d++) row *= (size_t)t->shape[d];
+      STAGE(buf, t, t->dtype, 1);
+      if ((status = stage(&obuf, w->out, w->out->dtype, 0))) {
+        ddp_tensor_release(buf);
+        goto staging_failed;
+      }
+      int64_t *ib = malloc(sizeof(int64_t) * 2 * (size_t)n), *ob = ib ? ib + n : NULL;
       if (!ib) {
+        ddp_tensor_release(buf);
+        ddp_tensor_release(obuf);
         snprintf(err, DDP_GLOO_ERR_CAP, "out of memory");
         *peer = PEER_LOCAL;
         return DDP_ERR_MEMORY;
       }
-      for (int d = 1; d < t->ndim; d++) row *= (size_t)t->shape[d];
       for (int r = 0; r < n; r++) {
         ib[r] = w->in_splits[r] * (int64_t)row;
         ob[r] = w->out_splits[r] * (int64_t)row;
-      }
-      STAGE(buf, t, t->dtype, 1);
-      if ((status = stage(&obuf, w->out, w->out->dtype, 0))) {
-        ddp_tensor_release(buf);
-        free(ib);
-        goto staging_failed;
       }
       status = ddp_gloo_alltoallv(g, ddp_data(obuf), ob, ddp_data(buf), ib, err, peer);
       free(ib);

@@ -194,7 +194,8 @@ int ddp_pg_allgather_list(ddp_work **work, ddp_pg *pg, ddp_tensor **outs, int n,
                           ddp_tensor *t);
 
 /* in (world * m, ...) is split along dim 0 into world chunks of m rows; out (m, ...)
- * receives op over all ranks of the chunk at this rank's index. */
+ * receives op over all ranks of the chunk at this rank's index. Moves its data as
+ * ddp_pg_reduce_scatter_tensor (below) does; its name in messages is "reduce_scatter". */
 int ddp_pg_reduce_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
                           int op);
 
