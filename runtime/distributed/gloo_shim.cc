@@ -6,6 +6,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -100,6 +101,11 @@ struct ddp_gloo {
   std::vector<std::string> peer_addr;                    // "[ip]:port" of peer j's end
   std::chrono::milliseconds timeout{300000};
   int rank = 0, size = 1;
+  // The ring reduce-scatter's two partial chunks, kept between calls (grown, never zeroed
+  // again): a fresh buffer per call cost its page faults on every call.
+  std::unique_ptr<unsigned char[]> ring_scratch;
+  size_t ring_scratch_bytes = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> ring_ub;  // over ring_scratch
 };
 
 struct ddp_gloo_p2p {
@@ -229,6 +235,66 @@ template <class T> struct AllreduceBody {
 };
 template <class T> struct ReduceBody {
   static void run(ddp_gloo *g, void *b, size_t n, int op, int root) { reduce_t<T>(g, b, n, op, root); }
+};
+
+// Note [gloo ring reduce-scatter] (gloo_shim.h). Each step's chunk travels in segments of
+// at most kRingSegmentBytes, all posted at once: the reduction of a segment overlaps the
+// transfer of the next ones.
+constexpr size_t kRingSegmentBytes = 1 << 20;
+
+template <class T>
+void reduce_scatter_t(ddp_gloo *g, void *out, const void *in, size_t n, int op) {
+  const int size = g->size, rank = g->rank;
+  const size_t bytes = n * sizeof(T);
+  auto fn = reduce_fn<T>(op);
+  const T *x = static_cast<const T *>(in);
+  if (size == 1) {
+    memcpy(out, in, bytes);
+    return;
+  }
+  if (bytes == 0) return;
+  // Two partial chunks: the one received this step is combined in place and sent next
+  // step, while the following step receives into the other.
+  if (g->ring_scratch_bytes < 2 * bytes) {
+    g->ring_ub.reset();
+    g->ring_scratch.reset(new unsigned char[2 * bytes]);
+    g->ring_scratch_bytes = 2 * bytes;
+    g->ring_ub = g->ctx->createUnboundBuffer(g->ring_scratch.get(), 2 * bytes);
+  }
+  unsigned char *part = g->ring_scratch.get();
+  gloo::transport::UnboundBuffer *pb = g->ring_ub.get();
+  const uint64_t slot = g->ctx->nextSlot();
+  auto input = g->ctx->createUnboundBuffer(const_cast<void *>(in), bytes * (size_t)size);
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  const size_t seg = kRingSegmentBytes / sizeof(T) * sizeof(T);
+  const size_t nseg = (bytes + seg - 1) / seg;
+  for (int s = 0; s + 1 < size; s++) {
+    const size_t send_chunk = (size_t)((rank - s - 1 + 2 * size) % size);
+    const size_t recv_chunk = (size_t)((rank - s - 2 + 2 * size) % size);
+    const size_t recv_off = (size_t)(s & 1) * bytes, send_off = (size_t)((s - 1) & 1) * bytes;
+    gloo::transport::UnboundBuffer *sent = s == 0 ? input.get() : pb;
+    for (size_t j = 0; j < nseg; j++) {
+      size_t at = j * seg, len = bytes - at < seg ? bytes - at : seg;
+      pb->recv(left, slot, recv_off + at, len);
+      sent->send(right, slot, (s == 0 ? send_chunk * bytes : send_off) + at, len);
+    }
+    const bool last = s + 2 == size;  // chunk `rank`: straight into out
+    for (size_t j = 0; j < nseg; j++) {
+      size_t at = j * seg, len = bytes - at < seg ? bytes - at : seg;
+      if (!pb->waitRecv(g->timeout)) throw std::runtime_error("reduce_scatter: recv aborted");
+      T *got = reinterpret_cast<T *>(part + recv_off + at);
+      const T *mine = x + recv_chunk * n + at / sizeof(T);
+      if (last) fn(static_cast<unsigned char *>(out) + at, got, mine, len / sizeof(T));
+      else fn(got, got, mine, len / sizeof(T));
+    }
+    for (size_t j = 0; j < nseg; j++)
+      if (!sent->waitSend(g->timeout)) throw std::runtime_error("reduce_scatter: send aborted");
+  }
+}
+template <class T> struct ReduceScatterBody {
+  static void run(ddp_gloo *g, void *o, const void *i, size_t n, int op) {
+    reduce_scatter_t<T>(g, o, i, n, op);
+  }
 };
 
 // Slots of point-to-point messages: a prefix no collective of Gloo uses, then the user tag.
@@ -376,6 +442,23 @@ int ddp_gloo_alltoall(ddp_gloo *g, void *out, const void *in, size_t chunk_bytes
     o.setOutput<uint8_t>((uint8_t *)out, chunk_bytes * (size_t)g->size);
     o.setTimeout(g->timeout);
     gloo::alltoall(o);
+  });
+}
+
+int ddp_gloo_reduce_scatter(ddp_gloo *g, void *out, const void *in, size_t n, int dtype, int op,
+                            char *err, int *peer) {
+  return guard(g, err, peer, [&] { by_dtype<ReduceScatterBody>(dtype, g, out, in, n, op); });
+}
+
+int ddp_gloo_alltoallv(ddp_gloo *g, void *out, const int64_t *out_bytes, const void *in,
+                       const int64_t *in_bytes, char *err, int *peer) {
+  return guard(g, err, peer, [&] {
+    gloo::AlltoallvOptions o(g->ctx);
+    std::vector<int64_t> ib(in_bytes, in_bytes + g->size), ob(out_bytes, out_bytes + g->size);
+    o.setInput<uint8_t>((uint8_t *)const_cast<void *>(in), ib);
+    o.setOutput<uint8_t>((uint8_t *)out, ob);
+    o.setTimeout(g->timeout);
+    gloo::alltoallv(o);
   });
 }
 

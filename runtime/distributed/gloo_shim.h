@@ -60,6 +60,20 @@ int ddp_gloo_scatter(ddp_gloo *g, void *out, const void *in, size_t nbytes, int 
 /* in and out hold size chunks of chunk_bytes. */
 int ddp_gloo_alltoall(ddp_gloo *g, void *out, const void *in, size_t chunk_bytes, char *err,
                       int *peer);
+/* Note [gloo ring reduce-scatter]: in holds size chunks of n elements (rank order; not
+ * written); out (n elements) receives op over every rank's chunk `rank`. A ring, as the
+ * first half of the ring all-reduce (Patarasuk and Yuan 2009; NCCL's ring): in step s
+ * (0 .. size-2) rank r sends its running partial of chunk (r - s - 1) mod size to rank
+ * r + 1 and receives rank r - 1's partial of chunk (r - s - 2) mod size, which it combines
+ * with its own input; the last step's chunk is r, combined straight into out. Each rank
+ * sends (size - 1) chunks, (size-1)/size of the input: half an all-reduce's traffic. The
+ * dtypes of ddp_gloo_allreduce; op without AVG. */
+int ddp_gloo_reduce_scatter(ddp_gloo *g, void *out, const void *in, size_t n, int dtype, int op,
+                            char *err, int *peer);
+/* Uneven all-to-all (gloo::alltoallv): in_bytes[j] bytes from in (back to back, rank
+ * order) go to rank j, out_bytes[i] bytes from rank i land in out (back to back). */
+int ddp_gloo_alltoallv(ddp_gloo *g, void *out, const int64_t *out_bytes, const void *in,
+                       const int64_t *in_bytes, char *err, int *peer);
 /* Point to point in two steps, so the communication thread never blocks on a peer that
  * has not posted its side yet: post (returns at once with a handle), then wait (any
  * thread; up to the context's timeout) and free. */

@@ -20,7 +20,9 @@ const double PG_DEFAULT_TIMEOUT_S = 300.0;
  * when an enum value is added or removed without its name. */
 const char *const pg_op_names[] = {
   "all_reduce", "broadcast", "all_gather", "all_gather" /* list form */, "reduce_scatter",
-  "reduce", "gather", "scatter", "all_to_all", "send", "recv", "barrier"};
+  "reduce", "gather", "scatter", "all_to_all", "send", "recv", "barrier",
+  "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single",
+  "reduce_scatter_tensor_coalesced", "all_gather_into_tensor_coalesced"};
 _Static_assert(sizeof pg_op_names / sizeof pg_op_names[0] == PG_OP_COUNT,
                "pg_op_names: one name per pg_op, in enum order");
 
@@ -83,6 +85,8 @@ void pg_work_unref(ddp_work *w) {
   for (int i = 0; i < w->nouts; i++) ddp_tensor_release(w->outs[i]);
   if (w->backend->work_free) w->backend->work_free(w);
   free(w->outs);
+  free(w->in_splits);
+  free(w->out_splits);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   free(w);
@@ -517,6 +521,263 @@ int ddp_pg_alltoall(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in
   NEW_WORK(w, pg, PG_ALLTOALL);
   w->t = keep(in);
   w->out = keep(out);
+  return dispatch(work, pg, w);
+}
+
+/* ---- collectives for sharding (Note [sharding collectives] in pg_internal.h) -------------- */
+
+/* `big` is `small` gathered over the world: (world * k, ...small's shape past dim 0) or
+ * (world, ...small's shape), of small's dtype. op, big_name and small_name name the call and
+ * the tensors (PyTorch's parameter names) in the message. */
+static int check_world_times(const ddp_pg *pg, const ddp_tensor *big, const ddp_tensor *small,
+                             const char *op, const char *big_name, const char *small_name) {
+  if (big->dtype != small->dtype)
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s has dtype %s but %s has %s", op, big_name,
+             ddp_dtype_name(big->dtype), small_name, ddp_dtype_name(small->dtype));
+  int concat = small->ndim >= 1 && big->ndim == small->ndim &&
+               big->shape[0] == small->shape[0] * pg->size &&
+               same_shape(big->ndim - 1, big->shape + 1, small->ndim - 1, small->shape + 1);
+  int stacked = big->ndim == small->ndim + 1 && big->shape[0] == pg->size &&
+                same_shape(big->ndim - 1, big->shape + 1, small->ndim, small->shape);
+  if (concat || stacked) return DDP_OK;
+  int64_t cat[DDP_MAX_DIMS + 1], stack[DDP_MAX_DIMS + 1];
+  memcpy(cat, small->shape, sizeof(int64_t) * (size_t)small->ndim);
+  if (small->ndim >= 1) cat[0] *= pg->size;
+  stack[0] = pg->size;
+  memcpy(stack + 1, small->shape, sizeof(int64_t) * (size_t)small->ndim);
+  if (small->ndim >= 1)
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s must have shape %s (world size %d times %s's first "
+             "dimension) or %s (world size %d, then %s's shape) for %s of shape %s, got %s", op,
+             big_name, ddp_shape_str(small->ndim, cat), pg->size, small_name,
+             ddp_shape_str(small->ndim + 1, stack), pg->size, small_name, small_name,
+             DDP_SHAPE(small), DDP_SHAPE(big));
+  DDP_FAIL(DDP_ERR_ARG, "%s: %s must have shape %s (world size %d) for the 0-dimensional %s, "
+           "got %s", op, big_name, ddp_shape_str(1, stack), pg->size, small_name, DDP_SHAPE(big));
+}
+
+int ddp_pg_reduce_scatter_tensor(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
+                                 int op) {
+  const char *name = "reduce_scatter_tensor";
+  if (work) *work = NULL;
+  DDP_TRY(check_group(pg, name));
+  DDP_TRY(check_tensor(pg, out, name, "output", 1));
+  DDP_TRY(check_tensor(pg, in, name, "input", 1));
+  DDP_TRY(check_op(op, in, name));
+  DDP_TRY(check_world_times(pg, in, out, name, "input", "output"));
+  NEW_WORK(w, pg, PG_REDUCE_SCATTER_TENSOR);
+  w->t = keep(in);
+  w->out = keep(out);
+  w->op = op;
+  return dispatch(work, pg, w);
+}
+
+int ddp_pg_allgather_into_tensor(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in) {
+  const char *name = "all_gather_into_tensor";
+  if (work) *work = NULL;
+  DDP_TRY(check_group(pg, name));
+  DDP_TRY(check_tensor(pg, out, name, "output_tensor", 0));
+  DDP_TRY(check_tensor(pg, in, name, "input_tensor", 0));
+  DDP_TRY(check_world_times(pg, out, in, name, "output_tensor", "input_tensor"));
+  NEW_WORK(w, pg, PG_ALLGATHER_INTO_TENSOR);
+  w->t = keep(in);
+  w->out = keep(out);
+  return dispatch(work, pg, w);
+}
+
+
+/* Rows per group rank of t's dim 0 into out (world entries): `splits` (NULL: even, then
+ * dim 0 must divide by the world size). arg names the tensor, what the splits. */
+static int take_splits(const ddp_pg *pg, int64_t *out, const int64_t *splits, int nsplits,
+                       const ddp_tensor *t, const char *arg, const char *what) {
+  const char *op = "all_to_all_single";
+  int64_t rows = t->shape[0], sum = 0;
+  if (!splits) {
+    if (rows % pg->size)
+      DDP_FAIL(DDP_ERR_ARG, "%s: %s's first dimension must divide by the world size %d when "
+               "%s is not given, got shape %s", op, arg, pg->size, what, DDP_SHAPE(t));
+    for (int r = 0; r < pg->size; r++) out[r] = rows / pg->size;
+    return DDP_OK;
+  }
+  if (nsplits != pg->size)
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s has %d entries but the group has %d ranks", op, what, nsplits,
+             pg->size);
+  for (int r = 0; r < pg->size; r++) {
+    if (splits[r] < 0)
+      DDP_FAIL(DDP_ERR_ARG, "%s: %s entry %d is negative (%lld)", op, what, r + 1,
+               (long long)splits[r]);
+    out[r] = splits[r];
+    sum += splits[r];
+  }
+  if (sum != rows)
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s sum to %lld rows but %s has %lld (shape %s)", op, what,
+             (long long)sum, arg, (long long)rows, DDP_SHAPE(t));
+  return DDP_OK;
+}
+
+int ddp_pg_alltoall_single(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
+                           const int64_t *output_split_sizes, int n_output_splits,
+                           const int64_t *input_split_sizes, int n_input_splits) {
+  const char *name = "all_to_all_single";
+  if (work) *work = NULL;
+  DDP_TRY(check_group(pg, name));
+  DDP_TRY(check_tensor(pg, out, name, "output", 0));
+  DDP_TRY(check_tensor(pg, in, name, "input", 0));
+  if (out->dtype != in->dtype)
+    DDP_FAIL(DDP_ERR_ARG, "%s: output has dtype %s but input has %s", name,
+             ddp_dtype_name(out->dtype), ddp_dtype_name(in->dtype));
+  if (in->ndim < 1 || out->ndim != in->ndim ||
+      !same_shape(in->ndim - 1, in->shape + 1, out->ndim - 1, out->shape + 1))
+    DDP_FAIL(DDP_ERR_ARG, "%s: input and output must have at least one dimension and the same "
+             "shape past the first, got input %s and output %s", name, DDP_SHAPE(in),
+             DDP_SHAPE(out));
+  int64_t *ins = malloc(sizeof(int64_t) * (size_t)pg->size);
+  int64_t *outs = malloc(sizeof(int64_t) * (size_t)pg->size);
+  int status = ins && outs ? DDP_OK : DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory", name);
+  if (!status)
+    status = take_splits(pg, ins, input_split_sizes, n_input_splits, in, "input",
+                         "input_split_sizes");
+  if (!status)
+    status = take_splits(pg, outs, output_split_sizes, n_output_splits, out, "output",
+                         "output_split_sizes");
+  ddp_work *w = status ? NULL : work_new(pg, PG_ALLTOALL_SINGLE);
+  if (!status && !w) status = DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory", name);
+  if (status) {
+    free(ins);
+    free(outs);
+    return status;
+  }
+  w->t = keep(in);
+  w->out = keep(out);
+  w->in_splits = ins;
+  w->out_splits = outs;
+  return dispatch(work, pg, w);
+}
+
+/* A view of the contiguous buffer buf: shape (rows, cols) with row stride `stride`, from
+ * element `at`. */
+static int strided_rows(ddp_tensor **out, ddp_tensor *buf, int64_t rows, int64_t cols,
+                        int64_t stride, int64_t at) {
+  int64_t shape[2] = {rows, cols}, strides[2] = {stride, 1};
+  return ddp_tensor_view_raw(out, buf, 2, shape, strides, buf->offset + at);
+}
+
+/* dst (a view) = src seen as (rows, cols), detached (a collective records no graph). */
+static int copy_rows(ddp_tensor *dst, ddp_tensor *src, int64_t rows, int64_t cols) {
+  ddp_tensor *alias = ddp_tensor_alias(src), *c = NULL, *v = NULL;
+  int status = alias ? ddp_contiguous(&c, alias) : ddp_last_status();
+  if (!status) status = strided_rows(&v, c, rows, cols, cols, 0);
+  if (!status) status = ddp_copy_(dst, v);
+  ddp_tensor_release(v);
+  ddp_tensor_release(c);
+  ddp_tensor_release(alias);
+  return status;
+}
+
+/* Check the pairs of a coalesced call and make its work item: w->outs the caller's outputs,
+ * w->t the packed input, w->out the packed output (Note [sharding collectives]). Packing:
+ * reduce-scatter: input i (world * e_i elements) goes to rows (world, B) at column offset
+ * o_i = e_0 + .. + e_{i-1}, B = sum e_i: row r holds every input's chunk r, so one
+ * reduce-scatter leaves this rank's chunks, back to back, in the packed output (B). All-
+ * gather: input i (e_i) at offset o_i of the packed input (B); the packed output (world, B)
+ * holds rank r's packed input in row r, and output i is column block o_i of it. */
+static int coalesced_work(ddp_work **out_w, ddp_pg *pg, pg_op kind, ddp_tensor **outs,
+                          ddp_tensor **ins, int n, int op) {
+  const char *name = pg_op_names[kind];
+  int rs = kind == PG_REDUCE_SCATTER_COALESCED;
+  char bn[48], sn[48];
+  *out_w = NULL;
+  DDP_TRY(check_group(pg, name));
+  if (n < 1 || !outs || !ins)
+    DDP_FAIL(DDP_ERR_ARG, "%s: needs at least one pair of tensors, got %d", name, n);
+  int64_t B = 0;
+  for (int i = 0; i < n; i++) {
+    snprintf(bn, sizeof bn, "%s %d", rs ? "input" : "output", i + 1);
+    snprintf(sn, sizeof sn, "%s %d", rs ? "output" : "input", i + 1);
+    DDP_TRY(check_tensor(pg, outs[i], name, rs ? sn : bn, rs));
+    DDP_TRY(check_tensor(pg, ins[i], name, rs ? bn : sn, rs));
+    if (rs && i == 0) DDP_TRY(check_op(op, ins[0], name));
+    DDP_TRY(check_world_times(pg, rs ? ins[i] : outs[i], rs ? outs[i] : ins[i], name, bn, sn));
+    if (ins[i]->dtype != ins[0]->dtype || ins[i]->device != ins[0]->device ||
+        outs[i]->device != ins[0]->device)
+      DDP_FAIL(DDP_ERR_ARG, "%s: every tensor must have the dtype and device of input 1 (%s on "
+               "%s), but %s %d is %s on %s", name, ddp_dtype_name(ins[0]->dtype),
+               ddp_device_str(ins[0]->device), outs[i]->device != ins[0]->device ? "output" : "input",
+               i + 1, ddp_dtype_name(ins[i]->dtype),
+               ddp_device_str(outs[i]->device != ins[0]->device ? outs[i]->device : ins[i]->device));
+    if (!ddp_tensor_is_contiguous(outs[i]))
+      DDP_FAIL(DDP_ERR_ARG, "%s: output %d must be contiguous (shape %s)", name, i + 1,
+               DDP_SHAPE(outs[i]));
+    B += rs ? outs[i]->numel : ins[i]->numel;
+  }
+  int64_t world = pg->size, flat[2] = {world, B};
+  ddp_tensor *pin = NULL, *pout = NULL;
+  int dtype = ins[0]->dtype, device = ins[0]->device;
+  int status = ddp_tensor_empty(&pin, rs ? 2 : 1, rs ? flat : flat + 1, dtype, device);
+  if (!status) status = ddp_tensor_empty(&pout, rs ? 1 : 2, rs ? flat + 1 : flat, dtype, device);
+  int64_t at = 0;
+  for (int i = 0; i < n && !status; i++) {
+    int64_t e = rs ? outs[i]->numel : ins[i]->numel;
+    ddp_tensor *dst = NULL;
+    status = strided_rows(&dst, pin, rs ? world : 1, e, B, at);
+    if (!status) status = copy_rows(dst, ins[i], rs ? world : 1, e);
+    ddp_tensor_release(dst);
+    at += e;
+  }
+  ddp_work *w = status ? NULL : work_new(pg, kind);
+  if (!status && w) w->outs = calloc((size_t)n, sizeof *w->outs);
+  if (!status && (!w || !w->outs)) status = DDP_ERROR(DDP_ERR_MEMORY, "%s: out of memory", name);
+  if (status) {
+    ddp_error_prefix("%s (packing the tensors)", name);
+    if (w) {
+      w->refs = 1;
+      pg_work_unref(w);
+    }
+    ddp_tensor_release(pin);
+    ddp_tensor_release(pout);
+    return status;
+  }
+  w->nouts = n;
+  for (int i = 0; i < n; i++) w->outs[i] = keep(outs[i]);
+  w->t = pin;
+  w->out = pout;
+  w->op = op;
+  *out_w = w;
+  return DDP_OK;
+}
+
+int pg_unpack_coalesced(ddp_work *w) {
+  int rs = w->kind == PG_REDUCE_SCATTER_COALESCED;
+  if (!rs && w->kind != PG_ALLGATHER_COALESCED) return DDP_OK;
+  int64_t world = w->pg->size; /* valid while the work runs */
+  int64_t B = rs ? w->out->numel : w->t->numel, at = 0;
+  for (int i = 0; i < w->nouts; i++) {
+    ddp_tensor *o = w->outs[i], *src = NULL, *dst = NULL;
+    int64_t e = rs ? o->numel : o->numel / world;
+    int status = strided_rows(&src, w->out, rs ? 1 : world, e, B, at);
+    if (!status) status = strided_rows(&dst, o, rs ? 1 : world, e, e, 0);
+    if (!status) status = ddp_copy_(dst, src);
+    ddp_tensor_release(src);
+    ddp_tensor_release(dst);
+    if (status) return status;
+    ddp_tensor_bump_version(o);
+    at += e;
+  }
+  return DDP_OK;
+}
+
+int ddp_pg_reduce_scatter_tensor_coalesced(ddp_work **work, ddp_pg *pg, ddp_tensor **outs,
+                                           ddp_tensor **ins, int n, int op) {
+  if (work) *work = NULL;
+  ddp_work *w = NULL;
+  DDP_TRY(coalesced_work(&w, pg, PG_REDUCE_SCATTER_COALESCED, outs, ins, n, op));
+  return dispatch(work, pg, w);
+}
+
+int ddp_pg_allgather_into_tensor_coalesced(ddp_work **work, ddp_pg *pg, ddp_tensor **outs,
+                                           ddp_tensor **ins, int n) {
+  if (work) *work = NULL;
+  ddp_work *w = NULL;
+  DDP_TRY(coalesced_work(&w, pg, PG_ALLGATHER_COALESCED, outs, ins, n, 0));
   return dispatch(work, pg, w);
 }
 

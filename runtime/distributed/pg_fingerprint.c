@@ -29,6 +29,7 @@ uint64_t pg_fp_digest(const pg_fp *fp) {
 }
 
 static int reduces(pg_op kind) {
+  kind = pg_op_path(kind); /* Note [sharding collectives] */
   return kind == PG_ALLREDUCE || kind == PG_REDUCE || kind == PG_REDUCE_SCATTER;
 }
 
@@ -52,6 +53,9 @@ void pg_fp_make(pg_fp *fp, const ddp_pg *pg, const ddp_work *w, uint64_t seq) {
     fp->ndim = t->ndim;
     fp->numel = t->numel;
     memcpy(fp->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    /* all_to_all_single's rows differ between ranks with uneven splits: only the row's
+     * shape must agree (dim 0 and the count are recorded as -1). */
+    if (w->kind == PG_ALLTOALL_SINGLE && t->ndim >= 1) fp->shape[0] = fp->numel = -1;
   }
   memcpy(fp->site, w->site, sizeof fp->site); /* NUL-terminated: ddp_pg_set_call_site */
 }

@@ -103,13 +103,14 @@ static size_t nbytes_of(const ddp_tensor *t) {
 
 static int reduce_dtype(int dtype);
 
-/* 1 when w goes through the shared-memory segment (pg_shm.h): all-reduce of f32/f64 (and
- * f16/bf16, staged as f32), broadcast, all-gather, barrier; its fingerprint then rides on
- * the segment's arrival step. */
+/* 1 when w goes through the shared-memory segment (pg_shm.h): all-reduce and
+ * reduce-scatter of f32/f64 (and f16/bf16, staged as f32), broadcast, all-gather, barrier;
+ * its fingerprint then rides on the segment's arrival step. */
 static int via_shm(ddp_pg *pg, const ddp_work *w) {
   if (!state(pg)->shm) return 0;
-  switch (w->kind) {
+  switch (pg_op_path(w->kind)) { /* Note [sharding collectives] */
     case PG_ALLREDUCE:
+    case PG_REDUCE_SCATTER: /* Note [shm reduce-scatter] in pg_shm.c */
       return ddp_shm_supports(reduce_dtype(w->t->dtype));
     case PG_BROADCAST:
     case PG_ALLGATHER:
@@ -280,7 +281,7 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
     if ((status = stage(&(dst), (src), (dtype), (copy_in)))) goto staging_failed;         \
   } while (0)
 
-  switch (w->kind) {
+  switch (pg_op_path(w->kind)) { /* Note [sharding collectives] */
     case PG_ALLREDUCE: {
       int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
       STAGE(buf, t, reduce_dtype(t->dtype), 1);
@@ -318,25 +319,29 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       return status;
     }
     case PG_REDUCE_SCATTER: {
+      /* Note [sharding collectives]: also reduce_scatter_tensor and the coalesced form (on
+       * its packed buffers). Through the segment (Note [shm reduce-scatter] in pg_shm.c) or
+       * a Gloo ring (Note [gloo ring reduce-scatter] in gloo_shim.h): never a whole
+       * all-reduce. The input is only read, so it is staged only for its dtype or layout. */
       int op = w->op == DDP_REDUCE_AVG ? DDP_REDUCE_SUM : w->op;
-      /* All-reduce a private copy of the whole input, keep this rank's chunk. */
-      if ((status = ddp_to_dtype(&buf, t, reduce_dtype(t->dtype)))) goto staging_failed;
-      if (buf == t) {
+      int rd = reduce_dtype(t->dtype);
+      STAGE(buf, t, rd, 1);
+      if ((status = stage(&obuf, w->out, rd, 0))) {
         ddp_tensor_release(buf);
-        if ((status = ddp_clone(&buf, t))) goto staging_failed;
+        goto staging_failed;
       }
-      status = ddp_gloo_allreduce(g, ddp_data(buf), (size_t)buf->numel, buf->dtype, op, err, peer);
-      if (!status) {
-        if (w->op == DDP_REDUCE_AVG) divide(buf, n);
-        ddp_tensor *chunk = NULL;
-        int s2 = pg_chunk_view(&chunk, buf, pg->rank, w->out->ndim, w->out->shape);
-        if (!s2) s2 = ddp_copy_(w->out, chunk);
-        ddp_tensor_release(chunk);
-        ddp_tensor_release(buf);
-        if (s2) goto core_failed;
-        return DDP_OK;
-      }
+      if (via_shm(pg, w)) {
+        ddp_shm_op so = {DDP_SHM_REDUCE_SCATTER, ddp_data(buf), ddp_data(obuf),
+                         (size_t)obuf->numel, rd, op, 0};
+        status = run_shm(pg, w, &so, err, peer);
+      } else
+        status = ddp_gloo_reduce_scatter(g, ddp_data(obuf), ddp_data(buf), (size_t)obuf->numel, rd,
+                                         op, err, peer);
       ddp_tensor_release(buf);
+      if (!status && w->op == DDP_REDUCE_AVG) divide(obuf, n);
+      ok = status == DDP_OK;
+      if (unstage(w->out, obuf, ok) && ok) goto core_failed;
+      if (ok && pg_unpack_coalesced(w)) goto core_failed;
       return status;
     }
     case PG_BROADCAST:
@@ -360,6 +365,7 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       ddp_tensor_release(buf);
       ok = status == DDP_OK;
       if (unstage(w->out, obuf, ok) && ok) goto core_failed;
+      if (ok && pg_unpack_coalesced(w)) goto core_failed; /* Note [sharding collectives] */
       return status;
     case PG_ALLGATHER_LIST: {
       int64_t shape[DDP_MAX_DIMS + 1];
@@ -424,6 +430,33 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
       ok = status == DDP_OK;
       if (unstage(w->out, obuf, ok) && ok) goto core_failed;
       return status;
+    case PG_ALLTOALL_SINGLE: { /* the split sizes in rows -> bytes per rank */
+      size_t row = ddp_dtype_size(t->dtype); /* bytes of one row (dim 0) */
+      for (int d = 1; d < t->ndim; d++) row *= (size_t)t->shape[d];
+      STAGE(buf, t, t->dtype, 1);
+      if ((status = stage(&obuf, w->out, w->out->dtype, 0))) {
+        ddp_tensor_release(buf);
+        goto staging_failed;
+      }
+      int64_t *ib = malloc(sizeof(int64_t) * 2 * (size_t)n), *ob = ib ? ib + n : NULL;
+      if (!ib) {
+        ddp_tensor_release(buf);
+        ddp_tensor_release(obuf);
+        snprintf(err, DDP_GLOO_ERR_CAP, "out of memory");
+        *peer = PEER_LOCAL;
+        return DDP_ERR_MEMORY;
+      }
+      for (int r = 0; r < n; r++) {
+        ib[r] = w->in_splits[r] * (int64_t)row;
+        ob[r] = w->out_splits[r] * (int64_t)row;
+      }
+      status = ddp_gloo_alltoallv(g, ddp_data(obuf), ob, ddp_data(buf), ib, err, peer);
+      free(ib);
+      ddp_tensor_release(buf);
+      ok = status == DDP_OK;
+      if (unstage(w->out, obuf, ok) && ok) goto core_failed;
+      return status;
+    }
     case PG_SEND:
     case PG_RECV:
       STAGE(buf, t, t->dtype, w->kind == PG_SEND);
@@ -444,6 +477,10 @@ static int run_transport(ddp_pg *pg, ddp_work *w, char *err, int *peer) {
         return run_shm(pg, w, &so, err, peer);
       }
       return ddp_gloo_barrier(g, err, peer);
+    case PG_REDUCE_SCATTER_TENSOR: /* pg_op_path maps these to the cases above */
+    case PG_ALLGATHER_INTO_TENSOR:
+    case PG_REDUCE_SCATTER_COALESCED:
+    case PG_ALLGATHER_COALESCED:
     case PG_OP_COUNT:
       break;
   }

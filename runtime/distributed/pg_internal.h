@@ -31,8 +31,32 @@ extern const double PG_DEFAULT_TIMEOUT_S;
 typedef enum {
   PG_ALLREDUCE, PG_BROADCAST, PG_ALLGATHER, PG_ALLGATHER_LIST, PG_REDUCE_SCATTER, PG_REDUCE,
   PG_GATHER, PG_SCATTER, PG_ALLTOALL, PG_SEND, PG_RECV, PG_BARRIER,
+  /* Note [sharding collectives]: PyTorch's tensor forms, each a kind of its own (fingerprints,
+   * flight recorder, messages) that runs on the data path of an older one (pg_op_path). */
+  PG_REDUCE_SCATTER_TENSOR,    /* = PG_REDUCE_SCATTER's path */
+  PG_ALLGATHER_INTO_TENSOR,    /* = PG_ALLGATHER's path (out (world * k, ...) or (world, k, ...)) */
+  PG_ALLTOALL_SINGLE,          /* uneven splits: w->in_splits / w->out_splits */
+  PG_REDUCE_SCATTER_COALESCED, /* one reduce-scatter of packed buffers, then outs unpacked */
+  PG_ALLGATHER_COALESCED,      /* one all-gather of packed buffers, then outs unpacked */
   PG_OP_COUNT
 } pg_op;
+
+/* Note [sharding collectives]: the kind whose data path w's kind takes in the backends:
+ * reduce_scatter_tensor and the coalesced reduce-scatter run as PG_REDUCE_SCATTER on
+ * (w->t, w->out), all_gather_into_tensor and the coalesced all-gather as PG_ALLGATHER on
+ * (w->t, w->out) (the same bytes in rank order whatever out's shape). A coalesced kind's
+ * w->t and w->out are the packed buffers pg.c made at submission (coalesced_work); the
+ * backend calls pg_unpack_coalesced once the collective succeeded, before the work
+ * completes. */
+static inline pg_op pg_op_path(pg_op kind) {
+  switch (kind) {
+    case PG_REDUCE_SCATTER_TENSOR:
+    case PG_REDUCE_SCATTER_COALESCED: return PG_REDUCE_SCATTER;
+    case PG_ALLGATHER_INTO_TENSOR:
+    case PG_ALLGATHER_COALESCED: return PG_ALLGATHER;
+    default: return kind;
+  }
+}
 
 /* PyTorch's name of each collective (pg.c, Note [pinned names]), used in every message. */
 extern const char *const pg_op_names[];
@@ -55,9 +79,13 @@ struct ddp_work {
   uint64_t seq;             /* fingerprinted collectives of the group submitted before it */
   uint64_t rec_id;          /* its record in the flight recorder (Note [flight recorder]) */
   ddp_tensor *t;            /* the main tensor (in place / input), owned reference */
-  ddp_tensor *out;          /* output tensor where the op has one, owned */
-  ddp_tensor **outs;        /* all_gather list outputs, owned references */
+  ddp_tensor *out;          /* output tensor where the op has one (nccl's all_gather list:
+                             * its (world, ...) buffer), owned */
+  ddp_tensor **outs;        /* all_gather list outputs, coalesced outputs: owned references */
   int nouts;
+  int64_t *in_splits;       /* all_to_all_single: rows of in sent to / of out received from */
+  int64_t *out_splits;      /* each group rank (world entries each, even ones filled in by
+                             * pg.c), owned */
   double timeout_s;         /* default wait of ddp_work_wait */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -164,6 +192,9 @@ void pg_work_finish(ddp_work *w, int status, const char *msg);
 void pg_work_unref(ddp_work *w);
 /* Record the group's first failure (the group is broken for good afterwards). */
 void pg_break(ddp_pg *pg, int status, const char *msg);
+/* Note [sharding collectives]: copy the packed output w->out of a coalesced kind into the
+ * caller's outputs w->outs (on the calling thread's current stream for device tensors). */
+int pg_unpack_coalesced(ddp_work *w);
 /* A contiguous row view (row `index` of rows shaped `shape`) of the contiguous buffer buf. */
 int pg_chunk_view(ddp_tensor **out, ddp_tensor *buf, int64_t index, int ndim,
                   const int64_t *shape);

@@ -24,6 +24,40 @@ typedef struct nccl_state {
 
 static nccl_state *state(const ddp_pg *pg) { return (nccl_state *)pg->impl; }
 
+/* Copies on the current stream after the collective (all_gather's list rows, Note
+ * [sharding collectives]'s unpacking): the current stream waits for the collective's event,
+ * `copy(w)` runs there, and the work's event becomes one recorded after it. */
+static int then_on_current_stream(ddp_pg *pg, ddp_work *w, int (*copy)(ddp_work *w)) {
+  const struct ddp_nccl_api *N = state(pg)->api;
+  int status = N->wait_stream(state(pg)->comm, w->event);
+  if (!status) status = copy(w);
+  if (status) return status;
+  ddp_stream *cur = NULL;
+  ddp_event *e = NULL;
+  status = ddp_cuda_current_stream(&cur, pg->device);
+  if (!status) status = ddp_cuda_event_new(&e, pg->device, 0);
+  if (!status) status = ddp_cuda_event_record(e, cur);
+  if (status) {
+    ddp_cuda_event_free(e);
+    return status;
+  }
+  N->event_free(w->event);
+  w->event = e;
+  return DDP_OK;
+}
+
+/* The rows of the (world, ...) buffer w->out into the list w->outs. */
+static int copy_rows_to_list(ddp_work *w) {
+  for (int i = 0; i < w->nouts; i++) {
+    ddp_tensor *row = NULL;
+    int status = pg_chunk_view(&row, w->out, i, w->t->ndim, w->t->shape);
+    if (!status) status = ddp_copy_(w->outs[i], row);
+    ddp_tensor_release(row);
+    if (status) return status;
+  }
+  return DDP_OK;
+}
+
 /* Note [nccl work]: the collective is enqueued at once from this thread (backend/cuda/nccl_api.h: the
  * communication stream waits for the current stream first); every device tensor it uses is
  * recorded on the communication stream so the caching allocator keeps its memory until the
@@ -36,48 +70,34 @@ static int nccl_enqueue(ddp_pg *pg, ddp_work *w) {
   ddp_nccl_comm *c = state(pg)->comm;
   ddp_tensor *t = w->t, *o = w->out;
   void **ev = &w->event;
-  switch (w->kind) {
+  int status;
+  switch (pg_op_path(w->kind)) { /* Note [sharding collectives] */
     case PG_ALLREDUCE:
       return N->all_reduce(c, ddp_data(t), (size_t)t->numel, t->dtype, w->op, ev);
     case PG_BROADCAST:
       return N->broadcast(c, ddp_data(t), (size_t)t->numel, t->dtype, w->root, ev);
     case PG_ALLGATHER:
-      return N->all_gather(c, ddp_data(o), ddp_data(t), (size_t)t->numel, t->dtype, ev);
+      status = N->all_gather(c, ddp_data(o), ddp_data(t), (size_t)t->numel, t->dtype, ev);
+      if (!status && w->kind == PG_ALLGATHER_COALESCED)
+        status = then_on_current_stream(pg, w, pg_unpack_coalesced);
+      return status;
     case PG_ALLGATHER_LIST: {
-      /* Into one (world, ...) buffer, then the rows into the list on the current stream. */
+      /* Into one (world, ...) buffer (kept as w->out, so it lives as long as the work), then
+       * the rows into the list on the current stream. */
       int64_t shape[DDP_MAX_DIMS + 1];
       shape[0] = pg->size;
       memcpy(shape + 1, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-      ddp_tensor *all = NULL;
-      DDP_TRY(ddp_tensor_empty(&all, t->ndim + 1, shape, t->dtype, pg->device));
-      int status = N->all_gather(c, ddp_data(all), ddp_data(t), (size_t)t->numel, t->dtype, ev);
-      if (!status) status = ddp_cuda_record_stream(all, (ddp_stream *)N->comm_stream(c));
-      if (!status) status = N->wait_stream(c, w->event);
-      for (int i = 0; i < pg->size && !status; i++) {
-        ddp_tensor *row = NULL;
-        status = pg_chunk_view(&row, all, i, t->ndim, t->shape);
-        if (!status) status = ddp_copy_(w->outs[i], row);
-        ddp_tensor_release(row);
-      }
-      ddp_tensor_release(all);
-      if (status) return status;
-      /* The handle now stands for the copies too: an event on the current stream. */
-      ddp_stream *cur = NULL;
-      ddp_event *e = NULL;
-      status = ddp_cuda_current_stream(&cur, pg->device);
-      if (!status) status = ddp_cuda_event_new(&e, pg->device, 0);
-      if (!status) status = ddp_cuda_event_record(e, cur);
-      if (status) {
-        ddp_cuda_event_free(e);
-        return status;
-      }
-      N->event_free(w->event);
-      w->event = e;
-      return DDP_OK;
+      DDP_TRY(ddp_tensor_empty(&w->out, t->ndim + 1, shape, t->dtype, pg->device));
+      status = N->all_gather(c, ddp_data(w->out), ddp_data(t), (size_t)t->numel, t->dtype, ev);
+      if (!status) status = then_on_current_stream(pg, w, copy_rows_to_list);
+      return status;
     }
     case PG_REDUCE_SCATTER:
-      return N->reduce_scatter(c, ddp_data(o), ddp_data(t), (size_t)o->numel, t->dtype, w->op,
-                               ev);
+      status = N->reduce_scatter(c, ddp_data(o), ddp_data(t), (size_t)o->numel, t->dtype, w->op,
+                                 ev);
+      if (!status && w->kind == PG_REDUCE_SCATTER_COALESCED)
+        status = then_on_current_stream(pg, w, pg_unpack_coalesced);
+      return status;
     case PG_REDUCE:
       return N->reduce(c, ddp_data(t), (size_t)t->numel, t->dtype, w->op, w->root, ev);
     case PG_GATHER:
@@ -89,12 +109,29 @@ static int nccl_enqueue(ddp_pg *pg, ddp_work *w) {
     case PG_ALLTOALL:
       return N->all_to_all(c, ddp_data(o), ddp_data(t), (size_t)(t->numel / pg->size), t->dtype,
                            ev);
+    case PG_ALLTOALL_SINGLE: { /* rows -> elements per rank */
+      size_t row = 1, *counts = malloc(sizeof(size_t) * 2 * (size_t)pg->size);
+      if (!counts) DDP_FAIL(DDP_ERR_MEMORY, "all_to_all_single: out of memory");
+      for (int d = 1; d < t->ndim; d++) row *= (size_t)t->shape[d];
+      for (int r = 0; r < pg->size; r++) {
+        counts[r] = (size_t)w->in_splits[r] * row;
+        counts[pg->size + r] = (size_t)w->out_splits[r] * row;
+      }
+      status = N->all_to_allv(c, ddp_data(o), counts + pg->size, ddp_data(t), counts, t->dtype,
+                              ev);
+      free(counts);
+      return status;
+    }
     case PG_SEND:
       return N->send(c, ddp_data(t), (size_t)t->numel, t->dtype, w->peer, ev);
     case PG_RECV:
       return N->recv(c, ddp_data(t), (size_t)t->numel, t->dtype, w->peer, ev);
     case PG_BARRIER:
       return N->barrier(c, ev);
+    case PG_REDUCE_SCATTER_TENSOR: /* pg_op_path maps these to the cases above */
+    case PG_ALLGATHER_INTO_TENSOR:
+    case PG_REDUCE_SCATTER_COALESCED:
+    case PG_ALLGATHER_COALESCED:
     case PG_OP_COUNT:
       break;
   }

@@ -5,10 +5,10 @@
  *
  * pg_gloo.c creates it after the Gloo group is connected and calls it in the FIFO order of
  * Note [collective order] (ddplua/pg.h), one collective at a time, in place of Gloo for:
- * all-reduce of the dtypes ddp_shm_supports accepts, broadcast and all-gather of any dtype,
- * and barrier (the arrival step alone). Everything else keeps going through Gloo. Results
- * are bitwise identical on every rank: each element is reduced by one computation over the
- * ranks in order 0 .. world-1.
+ * all-reduce and reduce-scatter of the dtypes ddp_shm_supports accepts, broadcast and
+ * all-gather of any dtype, and barrier (the arrival step alone). Everything else keeps
+ * going through Gloo. Results are bitwise identical on every rank: each element is reduced
+ * by one computation over the ranks in order 0 .. world-1.
  *
  * Buffers may lie in the segment's arena (ddp_shm_alloc: DDP's gradient buckets,
  * dist.shared_buffer); an all-reduce whose buffers all lie there runs without staging copies
@@ -56,14 +56,18 @@ enum ddp_shm_kind {
   DDP_SHM_ARRIVE = 0, /* only the arrival: fingerprints (barrier, collectives through Gloo) */
   DDP_SHM_ALLREDUCE,  /* buf: n elements of dtype (f32, f64), in place, op without AVG */
   DDP_SHM_BROADCAST,  /* buf: n bytes, root's copied into every rank's */
-  DDP_SHM_ALLGATHER   /* buf: n bytes per rank in; out: size * n bytes, rank order */
+  DDP_SHM_ALLGATHER,  /* buf: n bytes per rank in; out: size * n bytes, rank order */
+  DDP_SHM_REDUCE_SCATTER /* buf: size * n elements of dtype (f32, f64) in, not written; out:
+                          * n elements, op (without AVG) over the ranks' chunk `rank` of buf
+                          * (Note [shm reduce-scatter] in pg_shm.c) */
 };
 
 typedef struct ddp_shm_op {
   int kind;  /* enum ddp_shm_kind */
   void *buf;
   void *out;
-  size_t n;  /* elements (all-reduce) or bytes (broadcast, all-gather) */
+  size_t n;  /* elements (all-reduce; reduce-scatter: per rank) or bytes (broadcast,
+              * all-gather) */
   int dtype, op, root;
 } ddp_shm_op;
 

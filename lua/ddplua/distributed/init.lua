@@ -357,6 +357,40 @@ function M.new_group(ranks, opts)
   return g
 end
 
+--- dist.new_subgroups(group_size, opts) -> the subgroup of this rank, the list of every
+-- subgroup: as torch.distributed.new_subgroups, the world cut into world/group_size groups
+-- of consecutive ranks ([0, group_size), [group_size, 2 group_size), ...). group_size
+-- defaults to the ranks per node (LOCAL_WORLD_SIZE, else the world). Every rank must call
+-- it (each subgroup is a new_group every rank takes part in). opts.timeout as new_group.
+-- Raises "new_subgroups: The arg 'group_size' (0) must be positive", "... must not exceed
+-- the world size (2)" and "... The world size (3) must be divisible by 'group_size' (2)".
+function M.new_subgroups(group_size, opts)
+  local world = default_group("new_subgroups")
+  local n = world:size()
+  if group_size == nil then group_size = tonumber(os.getenv("LOCAL_WORLD_SIZE") or "") or n end
+  if type(group_size) ~= "number" or group_size ~= math.floor(group_size) then
+    raise(("new_subgroups: The arg 'group_size' must be an integer, got %s"):format(tostring(group_size)))
+  end
+  if group_size <= 0 then
+    raise(("new_subgroups: The arg 'group_size' (%d) must be positive"):format(group_size))
+  end
+  if group_size > n then
+    raise(("new_subgroups: The arg 'group_size' (%d) must not exceed the world size (%d)"):format(group_size, n))
+  end
+  if n % group_size ~= 0 then
+    raise(("new_subgroups: The world size (%d) must be divisible by 'group_size' (%d)"):format(n, group_size))
+  end
+  local me, mine, all = world:rank(), nil, {}
+  for first = 0, n - 1, group_size do
+    local ranks = {}
+    for r = first, first + group_size - 1 do ranks[#ranks + 1] = r end
+    local g = M.new_group(ranks, opts)
+    all[#all + 1] = g
+    if me >= first and me < first + group_size then mine = g end
+  end
+  return mine, all
+end
+
 --- dist.set_timeout(seconds, group): timeout of the collectives started from now on.
 function M.set_timeout(seconds, group)
   check(C.ddp_pg_set_timeout((group or default_group("set_timeout")):ptr("set_timeout"), seconds))
@@ -477,10 +511,22 @@ function M.all_gather(out, t, opts)
   check(C.ddp_pg_allgather_list(wbox(opts), h, arr, n, t))
   return finish(opts, out, nil, out)
 end
---- dist.all_gather_into_tensor(out, t, opts): PyTorch's name for dist.all_gather into one
--- output tensor out (world, ...t's shape) of t's dtype (row r+1 receives group rank r's t);
--- same opts, errors and return as dist.all_gather.
-M.all_gather_into_tensor = function(out, t, opts) return M.all_gather(out, t, opts) end
+--- dist.all_gather_into_tensor(output_tensor, input_tensor, {group =, async_op =}), as
+-- torch.distributed: input_tensor (k, ...) of every group rank r lands in chunk r+1 of
+-- output_tensor, which is (world * k, ...) (concatenated along dimension 1) or
+-- (world, k, ...) (stacked), of input_tensor's dtype. One collective (through shared
+-- memory when every rank is on this host, else Gloo; NCCL's ncclAllGather). Raises
+-- "all_gather_into_tensor: output_tensor must have shape ..." naming the expected and the
+-- given shape. Returns a Work when async_op, else nil.
+function M.all_gather_into_tensor(output_tensor, input_tensor, opts)
+  set_call_site()
+  local g = group_of(opts, "all_gather_into_tensor")
+  tensor_arg(output_tensor, "all_gather_into_tensor", "output_tensor")
+  tensor_arg(input_tensor, "all_gather_into_tensor", "input_tensor")
+  check(C.ddp_pg_allgather_into_tensor(wbox(opts), g:ptr("all_gather_into_tensor"), output_tensor,
+                                       input_tensor))
+  return finish(opts, nil, nil, { output_tensor })
+end
 
 --- dist.reduce_scatter(out, input, opts): input is one tensor (world * m, ...) or a list of
 -- world tensors of out's shape; out (m, ...) receives op over all ranks of the chunk at this
@@ -501,7 +547,70 @@ function M.reduce_scatter(out, input, opts)
                                 op_arg(opts, "reduce_scatter")))
   return finish(opts, input, nil, { out })
 end
-M.reduce_scatter_tensor = M.reduce_scatter
+
+--- dist.reduce_scatter_tensor(output, input, {op = "sum", group =, async_op =}), as
+-- torch.distributed: input (world * k, ...) or (world, k, ...), output (k, ...) of input's
+-- dtype; output receives op over every group rank of chunk (rank + 1) of input (rows
+-- rank*k+1 .. rank*k+k). op as all_reduce. input is not modified. One collective: through
+-- shared memory each rank reduces its own 1/world share in the segment (f32, f64; f16/bf16
+-- through f32), else a Gloo ring sending (world-1)/world of the input per rank (never a
+-- whole all-reduce); NCCL's ncclReduceScatter. Raises "reduce_scatter_tensor: input must
+-- have shape ..." naming the expected and the given shapes. Returns a Work when async_op.
+function M.reduce_scatter_tensor(output, input, opts)
+  set_call_site()
+  local g = group_of(opts, "reduce_scatter_tensor")
+  tensor_arg(output, "reduce_scatter_tensor", "output")
+  tensor_arg(input, "reduce_scatter_tensor", "input")
+  check(C.ddp_pg_reduce_scatter_tensor(wbox(opts), g:ptr("reduce_scatter_tensor"), output, input,
+                                       op_arg(opts, "reduce_scatter_tensor")))
+  return finish(opts, nil, nil, { output })
+end
+
+-- The C array of a list of tensors for a coalesced call (arg names the list).
+local function tensor_list(list, name, arg)
+  if type(list) ~= "table" or tensor.is_tensor(list) then
+    raise(("%s: %s must be a list of tensors, got %s"):format(name, arg, type(list)))
+  end
+  local arr = ffi.new("ddp_tensor*[?]", math.max(#list, 1))
+  for i = 1, #list do arr[i - 1] = tensor_arg(list[i], name, ("%s entry %d"):format(arg, i)) end
+  return arr, #list
+end
+
+-- Both lists of a coalesced call, of the same length.
+local function tensor_lists(outputs, inputs, name)
+  local outs, n = tensor_list(outputs, name, "outputs")
+  local ins, m = tensor_list(inputs, name, "inputs")
+  if n ~= m then raise(("%s: %d outputs but %d inputs"):format(name, n, m)) end
+  return outs, ins, n
+end
+
+--- dist.reduce_scatter_tensor_coalesced(outputs, inputs, {op =, group =, async_op =}):
+-- reduce_scatter_tensor of every pair (outputs[i], inputs[i]) in ONE collective over a
+-- packed buffer (PyTorch's coalesced form, what its _coalescing_manager makes of a
+-- sequence of reduce_scatter_tensor calls): the inputs are copied into one buffer when the
+-- call is made, the outputs out of the result when it finishes. Every tensor of one dtype
+-- and device; outputs contiguous. Errors name the pair ("output 2", "input 2").
+function M.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+  set_call_site()
+  local name = "reduce_scatter_tensor_coalesced"
+  local g = group_of(opts, name)
+  local outs, ins, n = tensor_lists(outputs, inputs, name)
+  check(C.ddp_pg_reduce_scatter_tensor_coalesced(wbox(opts), g:ptr(name), outs, ins, n,
+                                                 op_arg(opts, name)))
+  return finish(opts, { outputs, inputs }, nil, outputs)
+end
+
+--- dist.all_gather_into_tensor_coalesced(outputs, inputs, {group =, async_op =}):
+-- all_gather_into_tensor of every pair in ONE collective over a packed buffer (as
+-- reduce_scatter_tensor_coalesced).
+function M.all_gather_into_tensor_coalesced(outputs, inputs, opts)
+  set_call_site()
+  local name = "all_gather_into_tensor_coalesced"
+  local g = group_of(opts, name)
+  local outs, ins, n = tensor_lists(outputs, inputs, name)
+  check(C.ddp_pg_allgather_into_tensor_coalesced(wbox(opts), g:ptr(name), outs, ins, n))
+  return finish(opts, { outputs, inputs }, nil, outputs)
+end
 
 --- dist.reduce(t, dst, opts): t of global rank dst becomes op over all ranks' t; other ranks'
 -- t is unchanged. op as all_reduce.
@@ -594,7 +703,42 @@ function M.all_to_all(out, input, opts)
   check(C.ddp_pg_alltoall(wbox(opts), h, out_t, in_t))
   return finish(opts, { out_t, in_t, out }, after)
 end
-M.all_to_all_single = M.all_to_all
+
+-- Split sizes of all_to_all_single as an int64 array (nil: even).
+local function split_sizes(v, what)
+  if v == nil then return nil, 0 end
+  if type(v) ~= "table" then
+    raise(("all_to_all_single: %s must be a list of row counts, got %s"):format(what, type(v)))
+  end
+  local arr = ffi.new("int64_t[?]", math.max(#v, 1))
+  for i = 1, #v do
+    local x = v[i]
+    if type(x) ~= "number" or x ~= math.floor(x) then
+      raise(("all_to_all_single: %s entry %d must be an integer, got %s"):format(what, i, tostring(x)))
+    end
+    arr[i - 1] = x
+  end
+  return arr, #v
+end
+
+--- dist.all_to_all_single(output, input, {output_split_sizes =, input_split_sizes =, group =,
+-- async_op =}), as torch.distributed: input's rows (dimension 1) go out in rank order,
+-- input_split_sizes[j+1] of them to group rank j (default: dimension 1 split evenly);
+-- output receives output_split_sizes[i+1] rows from group rank i, in rank order (default:
+-- even). Same dtype and shape past dimension 1. Each rank's input_split_sizes[j+1] must
+-- equal rank j's output_split_sizes[i+1] (not checked, as PyTorch). Errors name the list
+-- and the sizes ("input_split_sizes sum to 5 rows but input has 6 (shape (6, 2))").
+function M.all_to_all_single(output, input, opts)
+  set_call_site()
+  local g = group_of(opts, "all_to_all_single")
+  tensor_arg(output, "all_to_all_single", "output")
+  tensor_arg(input, "all_to_all_single", "input")
+  local os_, on = split_sizes(opts and opts.output_split_sizes, "output_split_sizes")
+  local is_, inn = split_sizes(opts and opts.input_split_sizes, "input_split_sizes")
+  check(C.ddp_pg_alltoall_single(wbox(opts), g:ptr("all_to_all_single"), output, input, os_, on,
+                                 is_, inn))
+  return finish(opts, nil, nil, { output })
+end
 
 --- dist.send(t, dst, opts{tag = 0}): send t to global rank dst.
 function M.send(t, dst, opts)

@@ -396,6 +396,36 @@ static int all_to_all(ddp_nccl_comm *c, void *out, const void *in, size_t count,
   return finish(c, op, event);
 }
 
+static int all_to_allv(ddp_nccl_comm *c, void *out, const size_t *out_counts, const void *in,
+                       const size_t *in_counts, int dtype, void **event) {
+  const char *op = "all_to_all_single";
+  DDP_TRY(begin(c, op));
+  size_t es = ddp_dtype_size(dtype), in_at = 0, out_at = 0, my_in = 0, my_out = 0;
+  ncclDataType_t dt = nccl_dtype(dtype);
+  for (int r = 0; r < c->rank; r++) {
+    my_in += in_counts[r];
+    my_out += out_counts[r];
+  }
+  if (in_counts[c->rank])
+    DDP_CUDA_TRY(cudaMemcpyAsync((char *)out + my_out * es, (const char *)in + my_in * es,
+                                 in_counts[c->rank] * es, cudaMemcpyDeviceToDevice, c->stream), op);
+  group_status g = {ncclSuccess, NULL};
+  keep_first(&g, ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < c->size; r++) {
+    if (r != c->rank && in_counts[r])
+      keep_first(&g, ncclSend((const char *)in + in_at * es, in_counts[r], dt, r, c->comm,
+                              c->stream),
+                 "ncclSend");
+    if (r != c->rank && out_counts[r])
+      keep_first(&g, ncclRecv((char *)out + out_at * es, out_counts[r], dt, r, c->comm, c->stream),
+                 "ncclRecv");
+    in_at += in_counts[r];
+    out_at += out_counts[r];
+  }
+  DDP_TRY(group_end(c, &g, op));
+  return finish(c, op, event);
+}
+
 static int p2p_send(ddp_nccl_comm *c, const void *buf, size_t count, int dtype, int peer,
                 void **event) {
   DDP_TRY(begin(c, "send"));
@@ -492,6 +522,7 @@ extern "C" const struct ddp_nccl_api *ddp_cuda_nccl_table(void) {
     table.gather = gather;
     table.scatter = scatter;
     table.all_to_all = all_to_all;
+    table.all_to_allv = all_to_allv;
     table.send = p2p_send;
     table.recv = p2p_recv;
     table.barrier = barrier;

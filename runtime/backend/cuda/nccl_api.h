@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DDP_NCCL_API_ABI 1
+#define DDP_NCCL_API_ABI 2 /* 2: all_to_allv */
 #define DDP_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
 
 typedef struct ddp_nccl_comm ddp_nccl_comm; /* one ncclComm_t, its device, stream, timeout */
@@ -96,6 +96,11 @@ struct ddp_nccl_api {
   /* in, out (size * count): chunk j of rank i's in goes to chunk i of rank j's out. */
   int (*all_to_all)(ddp_nccl_comm *c, void *out, const void *in, size_t count, int dtype,
                     void **event);
+  /* Uneven all-to-all: in_counts[j] elements of in (back to back, rank order) go to rank j;
+   * out_counts[i] elements from rank i land in out (back to back). ncclSend/ncclRecv in one
+   * group (this rank's own part copied on the stream). */
+  int (*all_to_allv)(ddp_nccl_comm *c, void *out, const size_t *out_counts, const void *in,
+                     const size_t *in_counts, int dtype, void **event);
   /* Point to point with group rank peer (no tags in NCCL: messages between a pair match in
    * issue order). */
   int (*send)(ddp_nccl_comm *c, const void *buf, size_t count, int dtype, int peer,

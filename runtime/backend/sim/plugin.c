@@ -427,6 +427,31 @@ static int sim_all_to_all(ddp_nccl_comm *c, void *out, const void *in, size_t n,
     memcpy((char *)out + r * bytes, slot(c, r) + (size_t)c->rank * bytes, bytes);
   return sim_end(c, "all_to_all", e);
 }
+static int sim_all_to_allv(ddp_nccl_comm *c, void *out, const size_t *out_counts,
+                           const void *in, const size_t *in_counts, int dtype, void **e) {
+  size_t es = ddp_dtype_size(dtype), total = 0, before = 0, at = 0;
+  for (int r = 0; r < c->size; r++) total += in_counts[r];
+  /* every rank publishes its input and its counts (first, as size_t); then rank i reads
+   * its part of every rank's input */
+  size_t head = sizeof(size_t) * (size_t)c->size;
+  if (head + total * es > SIM_SLOT_BYTES)
+    DDP_FAIL(DDP_ERR_ARG, "all_to_all_single: the simulated NCCL moves at most %d bytes per "
+             "rank", (int)SIM_SLOT_BYTES);
+  memcpy(slot(c, c->rank), in_counts, head);
+  if (total) memcpy(slot(c, c->rank) + head, in, total * es);
+  DDP_TRY(sim_begin(c, "all_to_all_single", NULL, 0));
+  for (int r = 0; r < c->size; r++) {
+    const size_t *counts = (const size_t *)slot(c, r);
+    before = 0;
+    for (int j = 0; j < c->rank; j++) before += counts[j];
+    if (counts[c->rank] != out_counts[r])
+      DDP_FAIL(DDP_ERR_ARG, "all_to_all_single: rank %d sends %zu elements to rank %d, which "
+               "expects %zu", r, counts[c->rank], c->rank, out_counts[r]);
+    memcpy((char *)out + at * es, slot(c, r) + head + before * es, out_counts[r] * es);
+    at += out_counts[r];
+  }
+  return sim_end(c, "all_to_all_single", e);
+}
 static int sim_send(ddp_nccl_comm *c, const void *buf, size_t n, int dtype, int peer, void **e) {
   DDP_FAIL(DDP_ERR_UNAVAILABLE, "send: the simulated NCCL has no point-to-point messages");
 }
@@ -467,6 +492,7 @@ static const struct ddp_nccl_api sim_nccl = {
     .gather = sim_gather,
     .scatter = sim_scatter,
     .all_to_all = sim_all_to_all,
+    .all_to_allv = sim_all_to_allv,
     .send = sim_send,
     .recv = sim_recv,
     .barrier = sim_barrier,

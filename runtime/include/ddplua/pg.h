@@ -194,7 +194,8 @@ int ddp_pg_allgather_list(ddp_work **work, ddp_pg *pg, ddp_tensor **outs, int n,
                           ddp_tensor *t);
 
 /* in (world * m, ...) is split along dim 0 into world chunks of m rows; out (m, ...)
- * receives op over all ranks of the chunk at this rank's index. */
+ * receives op over all ranks of the chunk at this rank's index. Moves its data as
+ * ddp_pg_reduce_scatter_tensor (below) does; its name in messages is "reduce_scatter". */
 int ddp_pg_reduce_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
                           int op);
 
@@ -213,6 +214,48 @@ int ddp_pg_scatter(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
 /* in and out (world * m, ...), same shape and dtype: chunk j of rank i's in (rows j*m ..
  * j*m+m-1) goes to chunk i of rank j's out. */
 int ddp_pg_alltoall(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in);
+
+/* ---- collectives for sharding (PyTorch's names and semantics) ----
+ * Each is one collective (its own name in fingerprints, the flight recorder and messages).
+ * Through shared memory (gloo backend, every rank on this host) a reduce-scatter of f32/f64
+ * (f16/bf16 through f32) reduces each rank's 1/world share in the segment, over the ranks
+ * in order 0 .. world-1 (the bits of the all-reduce's slice); across hosts it is a Gloo
+ * ring in which each rank sends (world-1)/world of the input; nccl calls
+ * ncclReduceScatter / ncclAllGather. Errors: DDP_ERR_ARG naming the tensor, the expected and
+ * the given shape or dtype; then as every collective (DDP_ERR_PEER, DDP_ERR_TIMEOUT, ...). */
+
+/* input (world * k, ...) or (world, k, ...), out (k, ...) of input's dtype: out receives op
+ * (DDP_REDUCE_*; avg for floating dtypes) over every rank of chunk `rank` of input (rows
+ * rank*k .. rank*k+k-1). input is not modified. As torch.distributed.reduce_scatter_tensor. */
+int ddp_pg_reduce_scatter_tensor(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
+                                 int op);
+
+/* in (k, ...), out (world * k, ...) or (world, k, ...) of in's dtype: chunk r of out
+ * receives group rank r's in. As torch.distributed.all_gather_into_tensor. */
+int ddp_pg_allgather_into_tensor(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in);
+
+/* in (rows_in, ...), out (rows_out, ...), same dtype and shape past dim 0. Rank i sends
+ * input_split_sizes[j] rows (in rank order along dim 0) to rank j, which stores them in
+ * its out at its output_split_sizes[i] rows' place. NULL split sizes (count ignored): even
+ * splits, dim 0 divisible by the world size. Given ones have world entries >= 0 summing to
+ * the tensor's dim 0. The ranks' sizes must agree (rank i's input_split_sizes[j] = rank
+ * j's output_split_sizes[i]); that is not checked. As torch.distributed.all_to_all_single. */
+int ddp_pg_alltoall_single(ddp_work **work, ddp_pg *pg, ddp_tensor *out, ddp_tensor *in,
+                           const int64_t *output_split_sizes, int n_output_splits,
+                           const int64_t *input_split_sizes, int n_input_splits);
+
+/* n pairs: outs[i] (k_i, ...) receives reduce_scatter_tensor of ins[i] (world * k_i, ...
+ * or world, k_i, ...), in ONE collective over packed buffers (the inputs are copied into
+ * one (world, sum k_i*...) buffer at submission, the outputs out of the result when it
+ * finishes). Same dtype and device for every tensor; outputs contiguous. As PyTorch's
+ * reduce_scatter_tensor_coalesced. */
+int ddp_pg_reduce_scatter_tensor_coalesced(ddp_work **work, ddp_pg *pg, ddp_tensor **outs,
+                                           ddp_tensor **ins, int n, int op);
+
+/* n pairs: outs[i] (world * k_i, ... or world, k_i, ...) receives all_gather_into_tensor of
+ * ins[i] (k_i, ...), in ONE collective over packed buffers. Rules as above. */
+int ddp_pg_allgather_into_tensor_coalesced(ddp_work **work, ddp_pg *pg, ddp_tensor **outs,
+                                           ddp_tensor **ins, int n);
 
 /* Point to point: send t to group rank `dst` / receive into t from group rank `src`, with a
  * user tag (>= 0, < 2^24) that must match on both sides. dst/src != this rank. */
