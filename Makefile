@@ -245,7 +245,8 @@ FUZZ_CFLAGS := $(FUZZ_BASE) -O1 -g $(FUZZ_SAN) $(filter-out -Wno-format-truncati
 FUZZ_LIB_SRCS := $(sort $(wildcard runtime/core/*.c)) \
                  runtime/io/idx.c runtime/io/cifar.c runtime/io/safetensors.c \
                  runtime/distributed/store.c runtime/distributed/store_file.c \
-                 runtime/distributed/store_server.c runtime/distributed/objects.c
+                 runtime/distributed/store_server.c runtime/distributed/objects.c \
+                 runtime/distributed/listen_policy.c
 FUZZ_NOCOV_SRCS := runtime/distributed/store_auth.c
 # The distributed REPL's frames (runtime/cli/dist_repl.c) get their targets once its frame
 # parser is a pure function: list the file(s) holding it here (compiled with
