@@ -83,9 +83,13 @@ function M.run(body, tensors)
   local p = io.popen(PYTHON .. " " .. files.quote(script) .. " " .. files.quote(inp) .. " " ..
     files.quote(outp) .. " 2>&1")
   local log = p:read("*a")
-  local ok = p:close()
-  local out
-  if ok then out = checkpoint.load(outp) end
+  p:close() -- (LuaJIT's close gives no exit status: the results file says whether it ran)
+  local f_out = io.open(outp, "rb")
+  local ok, out = f_out ~= nil, nil
+  if f_out then
+    f_out:close()
+    out = checkpoint.load(outp)
+  end
   os.execute("rm -rf " .. files.quote(dir))
   if not ok then error("PyTorch reference script failed:\n" .. log, 2) end
   return out

@@ -18,66 +18,92 @@ local function names_of(m)
   return names
 end
 
--- Run `m` here and PyTorch's module built by `ctor` (Python) with the same parameters:
--- args lists input indices (the same index twice passes the same tensor), masks the
--- named mask tensors (Lua opts / Python keyword arguments), extra_lua / extra_py the other
--- keyword arguments. Compares output, attention weights, parameter and input gradients.
-local function compare(m, ctor, inputs, args, masks, extra_lua, extra_py)
-  local ok, why = torch_ref.available()
-  if not ok then return pending(why) end
-  local send = {}
-  for name, p in m:named_parameters() do send["param." .. name] = p end
-  for i, x in ipairs(inputs) do send["in" .. i] = x end
-  for name, t in pairs(masks) do send["mask." .. name] = t end
-  -- Lua side
-  for _, x in ipairs(inputs) do x.requires_grad = true end
-  local call = {}
-  for i, a in ipairs(args) do call[i] = inputs[a] end
-  local opts = {}
-  for name, t in pairs(masks) do opts[name] = t end
-  for k, v in pairs(extra_lua or {}) do opts[k] = v end
-  call[#call + 1] = opts
-  local out, weights = m(unpack(call))
-  local R = randn(out:size(), 77)
-  send.R = R
-  out:backward(R)
-  local idx = {}
-  for i, a in ipairs(args) do idx[i] = tostring(a) end
-  local ref = torch_ref.run(([[
-m = %s
-m = m.double().train()
-m.load_state_dict({k[6:]: v for k, v in T.items() if k.startswith("param.")}, strict=True)
-ins = {}
-for k, v in T.items():
-    if k.startswith("in"):
-        ins[int(k[2:])] = v.requires_grad_()
-kw = {k[5:]: v for k, v in T.items() if k.startswith("mask.")}
-res = m(*[ins[i] for i in (%s,)], **kw, %s)
-out = res[0] if isinstance(res, tuple) else res
-out.backward(T["R"])
-OUT["out"] = out
-if isinstance(res, tuple) and res[1] is not None:
-    OUT["weights"] = res[1]
-for name, p in m.named_parameters():
-    OUT["grad." + name] = p.grad
-for i, x in ins.items():
-    OUT["gin%%d" %% i] = x.grad
-]]):format(ctor, table.concat(idx, ", "), extra_py or ""), send)
-  local function close(a, b, what)
-    assert(b, what .. ": missing on the PyTorch side")
-    assert.same(b:size(), a:size(), what)
-    local r = torch_ref.rel_diff(a, b)
-    assert.is_true(r < 1e-10, what .. ": relative difference " .. r)
+-- Side-by-side cases with PyTorch, run in one Python process (importing torch takes a
+-- second or two): case(build, ctor, extra_py) registers a case while the describes load
+-- and returns its check, to call inside an `it`. build() -> m, inputs, args, masks,
+-- extra_lua: the module, its inputs, args the input indices of the call (the same index
+-- twice passes the same tensor), masks the named mask tensors (Lua opts / Python keyword
+-- arguments), extra_lua / extra_py the other keyword arguments. The first check runs
+-- every case here and in PyTorch (`ctor` builds PyTorch's module, whose parameters are
+-- loaded by name from ours); each check compares its output, attention weights and the
+-- gradients of every parameter and input.
+local CASES, results = {}, {}
+
+-- Runs the registered cases not run yet (busted loads a describe's body when it reaches
+-- it, so each top-level describe makes one batch) and adds their PyTorch results.
+local function run_pending()
+  local send, script = {}, { "cases = []" }
+  for c, case in ipairs(CASES) do
+    if case.lua then goto continue end
+    local m, inputs, args, masks, extra_lua = case.build()
+    local pre = "c" .. c .. "."
+    for name, p in m:named_parameters() do send[pre .. "param." .. name] = p end
+    for i, x in ipairs(inputs) do send[pre .. "in" .. i] = x end
+    for name, t in pairs(masks) do send[pre .. "mask." .. name] = t end
+    for _, x in ipairs(inputs) do x.requires_grad = true end
+    local call, opts = {}, {}
+    for i, a in ipairs(args) do call[i] = inputs[a] end
+    for name, t in pairs(masks) do opts[name] = t end
+    for k, v in pairs(extra_lua or {}) do opts[k] = v end
+    call[#call + 1] = opts
+    local out, weights = m(unpack(call))
+    local R = randn(out:size(), 77)
+    send[pre .. "R"] = R
+    out:backward(R)
+    case.lua = { m = m, inputs = inputs, out = out, weights = weights }
+    local idx = {}
+    for i, a in ipairs(args) do idx[i] = tostring(a) end
+    script[#script + 1] = ("cases.append((%q, lambda: %s, (%s,), dict(%s)))"):format(pre, case.ctor,
+      table.concat(idx, ", "), case.extra_py or "")
+    ::continue::
   end
-  close(out, ref.out, "output")
-  if weights then close(weights, ref.weights, "attn_weights") else assert.is_nil(ref.weights) end
-  local n = 0
-  for name, p in m:named_parameters() do
-    close(p.grad, ref["grad." .. name], "gradient of " .. name)
-    n = n + 1
+  script[#script + 1] = [[
+for pre, ctor, args, extra in cases:
+    C = {k[len(pre):]: v for k, v in T.items() if k.startswith(pre)}
+    m = ctor().double().train()
+    m.load_state_dict({k[6:]: v for k, v in C.items() if k.startswith("param.")}, strict=True)
+    ins = {int(k[2:]): v.requires_grad_() for k, v in C.items() if k.startswith("in")}
+    kw = {k[5:]: v for k, v in C.items() if k.startswith("mask.")}
+    res = m(*[ins[i] for i in args], **kw, **extra)
+    out = res[0] if isinstance(res, tuple) else res
+    out.backward(C["R"])
+    OUT[pre + "out"] = out
+    if isinstance(res, tuple) and res[1] is not None:
+        OUT[pre + "weights"] = res[1]
+    for name, p in m.named_parameters():
+        OUT[pre + "grad." + name] = p.grad
+    for i, x in ins.items():
+        OUT[pre + "gin%d" % i] = x.grad
+]]
+  for k, v in pairs(torch_ref.run(table.concat(script, "\n"), send)) do results[k] = v end
+end
+
+local function case(build, ctor, extra_py)
+  local c = { build = build, ctor = ctor, extra_py = extra_py }
+  CASES[#CASES + 1] = c
+  local pre = "c" .. #CASES .. "."
+  return function()
+    local ok, why = torch_ref.available()
+    if not ok then return pending(why) end
+    if not c.lua then run_pending() end
+    local function close(a, b, what)
+      assert(b, what .. ": missing on the PyTorch side")
+      assert.same(b:size(), a:size(), what)
+      local r = torch_ref.rel_diff(a, b)
+      assert.is_true(r < 1e-10, what .. ": relative difference " .. r)
+    end
+    local L = c.lua
+    close(L.out, results[pre .. "out"], "output")
+    if L.weights then close(L.weights, results[pre .. "weights"], "attn_weights")
+    else assert.is_nil(results[pre .. "weights"]) end
+    local n = 0
+    for name, p in L.m:named_parameters() do
+      close(p.grad, results[pre .. "grad." .. name], "gradient of " .. name)
+      n = n + 1
+    end
+    for i, x in ipairs(L.inputs) do close(x.grad, results[pre .. "gin" .. i], "gradient of input " .. i) end
+    assert.is_true(n > 0)
   end
-  for i, x in ipairs(inputs) do close(x.grad, ref["gin" .. i], "gradient of input " .. i) end
-  assert.is_true(n > 0)
 end
 
 describe("nn.MultiheadAttention", function()
@@ -120,32 +146,29 @@ describe("nn.MultiheadAttention", function()
   end)
 
   describe("against PyTorch 1.13 (f64, 1e-10)", function()
-    it("self-attention, (L, N, E), key_padding_mask (bool) and attn_mask (float), need_weights", function()
+    it("self-attention, (L, N, E), key_padding_mask (bool) and attn_mask (float), need_weights", case(function()
       local m = nn.MultiheadAttention(12, 3, { dtype = "f64", generator = dl.Generator(1) })
       local kpm = dl.zeros({ 2, 7 }, { dtype = "bool" })
       kpm:set(1, 6, true)
       kpm:set(2, 2, true)
-      compare(m, "torch.nn.MultiheadAttention(12, 3)", { randn({ 7, 2, 12 }, 2) }, { 1, 1, 1 },
-        { key_padding_mask = kpm, attn_mask = randn({ 7, 7 }, 3) })
-    end)
+      return m, { randn({ 7, 2, 12 }, 2) }, { 1, 1, 1 }, { key_padding_mask = kpm, attn_mask = randn({ 7, 7 }, 3) }
+    end, "torch.nn.MultiheadAttention(12, 3)"))
 
-    it("cross attention, batch_first, bool attn_mask (true = masked), need_weights = false", function()
+    it("cross attention, batch_first, bool attn_mask (true = masked), need_weights = false", case(function()
       local m = nn.MultiheadAttention(8, 2, { dtype = "f64", batch_first = true, generator = dl.Generator(5) })
       local am = randn({ 4, 6 }, 6):gt(0.5)
       for i = 1, 4 do am:set(i, 1, false) end
       local kpm = dl.zeros({ 3, 6 }, { dtype = "bool" })
       kpm:set(3, 6, true)
-      compare(m, "torch.nn.MultiheadAttention(8, 2, batch_first=True)",
-        { randn({ 3, 4, 8 }, 7), randn({ 3, 6, 8 }, 8), randn({ 3, 6, 8 }, 9) }, { 1, 2, 3 },
-        { attn_mask = am, key_padding_mask = kpm }, { need_weights = false }, "need_weights=False")
-    end)
+      return m, { randn({ 3, 4, 8 }, 7), randn({ 3, 6, 8 }, 8), randn({ 3, 6, 8 }, 9) }, { 1, 2, 3 },
+        { attn_mask = am, key_padding_mask = kpm }, { need_weights = false }
+    end, "torch.nn.MultiheadAttention(8, 2, batch_first=True)", "need_weights=False"))
 
-    it("kdim / vdim, a 3-D float attn_mask, per-head weights (average_attn_weights = false)", function()
+    it("kdim / vdim, a 3-D float attn_mask, per-head weights (average_attn_weights = false)", case(function()
       local m = nn.MultiheadAttention(8, 2, { dtype = "f64", kdim = 5, vdim = 3, generator = dl.Generator(9) })
-      compare(m, "torch.nn.MultiheadAttention(8, 2, kdim=5, vdim=3)",
-        { randn({ 4, 2, 8 }, 10), randn({ 6, 2, 5 }, 11), randn({ 6, 2, 3 }, 12) }, { 1, 2, 3 },
-        { attn_mask = randn({ 4, 4, 6 }, 13) }, { average_attn_weights = false }, "average_attn_weights=False")
-    end)
+      return m, { randn({ 4, 2, 8 }, 10), randn({ 6, 2, 5 }, 11), randn({ 6, 2, 3 }, 12) }, { 1, 2, 3 },
+        { attn_mask = randn({ 4, 4, 6 }, 13) }, { average_attn_weights = false }
+    end, "torch.nn.MultiheadAttention(8, 2, kdim=5, vdim=3)", "average_attn_weights=False"))
   end)
 end)
 
@@ -158,25 +181,25 @@ describe("nn.TransformerEncoderLayer", function()
   end)
 
   describe("against PyTorch 1.13 (f64, 1e-10, dropout 0)", function()
-    for _, case in ipairs {
+    for _, cfg in ipairs {
       { norm_first = false, activation = "relu", batch_first = false },
       { norm_first = true, activation = "gelu", batch_first = true },
       { norm_first = false, activation = "gelu", batch_first = true },
       { norm_first = true, activation = "relu", batch_first = false },
     } do
-      local name = ("norm_first=%s, %s, batch_first=%s"):format(tostring(case.norm_first), case.activation,
-        tostring(case.batch_first))
-      it(name .. ", src_mask and src_key_padding_mask", function()
-        local l = nn.TransformerEncoderLayer(12, 3, { dim_feedforward = 20, dropout = 0, activation = case.activation,
-          norm_first = case.norm_first, batch_first = case.batch_first, dtype = "f64", generator = dl.Generator(3) })
+      local name = ("norm_first=%s, %s, batch_first=%s"):format(tostring(cfg.norm_first), cfg.activation,
+        tostring(cfg.batch_first))
+      local py = ("torch.nn.TransformerEncoderLayer(12, 3, dim_feedforward=20, dropout=0.0, activation=%q, "
+        .. "norm_first=%s, batch_first=%s)"):format(cfg.activation, cfg.norm_first and "True" or "False",
+        cfg.batch_first and "True" or "False")
+      it(name .. ", src_mask and src_key_padding_mask", case(function()
+        local l = nn.TransformerEncoderLayer(12, 3, { dim_feedforward = 20, dropout = 0, activation = cfg.activation,
+          norm_first = cfg.norm_first, batch_first = cfg.batch_first, dtype = "f64", generator = dl.Generator(3) })
         local kpm = dl.zeros({ 2, 5 }, { dtype = "bool" })
         kpm:set(2, 5, true)
-        local py = ("torch.nn.TransformerEncoderLayer(12, 3, dim_feedforward=20, dropout=0.0, activation=%q, "
-          .. "norm_first=%s, batch_first=%s)"):format(case.activation, case.norm_first and "True" or "False",
-          case.batch_first and "True" or "False")
-        local x = case.batch_first and randn({ 2, 5, 12 }, 4) or randn({ 5, 2, 12 }, 4)
-        compare(l, py, { x }, { 1 }, { src_mask = randn({ 5, 5 }, 5), src_key_padding_mask = kpm })
-      end)
+        local x = cfg.batch_first and randn({ 2, 5, 12 }, 4) or randn({ 5, 2, 12 }, 4)
+        return l, { x }, { 1 }, { src_mask = randn({ 5, 5 }, 5), src_key_padding_mask = kpm }
+      end, py))
     end
   end)
 end)
@@ -193,7 +216,9 @@ describe("nn.TransformerDecoderLayer", function()
 
   describe("against PyTorch 1.13 (f64, 1e-10, dropout 0)", function()
     for _, norm_first in ipairs { false, true } do
-      it("norm_first=" .. tostring(norm_first) .. ", causal tgt_mask, memory_key_padding_mask", function()
+      local py = ("torch.nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.0, activation='gelu', "
+        .. "norm_first=%s)"):format(norm_first and "True" or "False")
+      it("norm_first=" .. tostring(norm_first) .. ", causal tgt_mask, memory_key_padding_mask", case(function()
         local l = nn.TransformerDecoderLayer(8, 2, { dim_feedforward = 16, dropout = 0, norm_first = norm_first,
           activation = "gelu", dtype = "f64", generator = dl.Generator(6) })
         local T, S = 5, 7
@@ -203,11 +228,9 @@ describe("nn.TransformerDecoderLayer", function()
         end
         local mkpm = dl.zeros({ 2, S }, { dtype = "bool" })
         mkpm:set(1, S, true)
-        local py = ("torch.nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.0, activation='gelu', "
-          .. "norm_first=%s)"):format(norm_first and "True" or "False")
-        compare(l, py, { randn({ T, 2, 8 }, 7), randn({ S, 2, 8 }, 8) }, { 1, 2 },
-          { tgt_mask = causal, memory_key_padding_mask = mkpm })
-      end)
+        return l, { randn({ T, 2, 8 }, 7), randn({ S, 2, 8 }, 8) }, { 1, 2 },
+          { tgt_mask = causal, memory_key_padding_mask = mkpm }
+      end, py))
     end
   end)
 end)

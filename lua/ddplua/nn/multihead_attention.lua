@@ -20,7 +20,8 @@
 --   takes no part (with attn_mask given it is only a hint, as PyTorch 2.x, and the mask is
 --   used; without one the causal mask is applied, where PyTorch raises);
 --   opts.need_weights (true): also return the attention weights (N, L, S) averaged over
---   the heads (opts.average_attn_weights, true) or (N, num_heads, L, S), computed
+--   the heads (opts.average_attn_weights, true) or (N, num_heads, L, S) (after dropout,
+--   as PyTorch 1.13 returns them), computed
 --   explicitly; with need_weights = false attn_weights is nil and the attention runs as
 --   the fused dl.scaled_dot_product_attention (memory linear in L and S).
 -- Raises naming MultiheadAttention for shapes that do not fit (PyTorch's messages).
@@ -199,8 +200,9 @@ function MultiheadAttention:forward(query, key, value, opts)
     end
     if mask ~= nil then s = s + mask end
     weights = s:softmax(-1)
-    local dropped = p > 0 and dl.dropout(weights, p, { generator = self.generator }) or weights
-    ctx = dropped:matmul(v)
+    -- PyTorch 1.13 returns the weights after dropout
+    if p > 0 then weights = dl.dropout(weights, p, { generator = self.generator }) end
+    ctx = weights:matmul(v)
   else
     ctx = dl.scaled_dot_product_attention(q, k, v, { attn_mask = mask, dropout_p = p, is_causal = causal,
       generator = self.generator })
