@@ -287,13 +287,15 @@ typedef struct ddp_kernels {
   void (*embedding_backward)(int dtype, void *dweight, const void *dy, const int64_t *idx,
                              int64_t n, int64_t D, int64_t padding_idx);
   /* ---- attention (runtime/backend/cpu/attention.h): dtype FLOAT ---- */
-  /* out (BH, L, Ev) and lse (BH, L) <- q, k, v, mask (per g->mask; NULL when none). */
-  void (*attention_forward)(int dtype, void *out, void *lse, const void *q, const void *k,
+  /* out (BH, L, Ev) and lse (BH, L) <- q, k, v, mask (per g->mask; NULL when none).
+   * Both return DDP_OK, or DDP_ERR_MEMORY (recorded) when the CPU's tile scratch could not
+   * be allocated. */
+  int (*attention_forward)(int dtype, void *out, void *lse, const void *q, const void *k,
                             const void *v, const void *mask, const ddp_attention_geom *g);
   /* dq, dk, dv (zeroed by the caller; accumulated) and dmask (BH, L, S) (written; NULL when
    * no mask gradient is wanted) <- dout (BH, L, Ev) and the forward's q, k, v, out, lse,
    * mask. Recomputes the probabilities tile by tile from lse. */
-  void (*attention_backward)(int dtype, void *dq, void *dk, void *dv, void *dmask,
+  int (*attention_backward)(int dtype, void *dq, void *dk, void *dv, void *dmask,
                              const void *dout, const void *q, const void *k, const void *v,
                              const void *out, const void *lse, const void *mask,
                              const ddp_attention_geom *g);

@@ -66,11 +66,12 @@ static int attention_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
     shape[q->ndim - 1] = g->s;
     if ((status = ddp_tensor_empty(&tmp[4], q->ndim, shape, dt, dev))) goto done;
   }
-  kt->attention_backward(dt, ddp_data(tmp[1]), ddp_data(tmp[2]), ddp_data(tmp[3]),
-                         tmp[4] ? ddp_data(tmp[4]) : NULL, ddp_data(tmp[0]), ddp_data(q),
-                         ddp_data(k), ddp_data(v), ddp_data(o), ddp_data(lse),
-                         mask ? ddp_data(mask) : NULL, g);
-  if ((status = ddp_device_check(dev, "ScaledDotProductAttentionBackward"))) goto done;
+  if ((status = kt->attention_backward(dt, ddp_data(tmp[1]), ddp_data(tmp[2]), ddp_data(tmp[3]),
+                                       tmp[4] ? ddp_data(tmp[4]) : NULL, ddp_data(tmp[0]),
+                                       ddp_data(q), ddp_data(k), ddp_data(v), ddp_data(o),
+                                       ddp_data(lse), mask ? ddp_data(mask) : NULL, g)) ||
+      (status = ddp_device_check(dev, "ScaledDotProductAttentionBackward")))
+    goto done;
   for (int i = 0; i < 3; i++)
     if (wanted(n, i)) {
       gi[i] = tmp[1 + i];
@@ -189,9 +190,11 @@ static int attention_compute(ddp_tensor **out, ddp_tensor *query, ddp_tensor *ke
   if ((status = ddp_tensor_empty(out, nd, oshape, dt, dev)) ||
       (status = ddp_tensor_empty(&tmp[4], nd - 1, query->shape, dt, dev)))
     goto done;
-  kt->attention_forward(dt, ddp_data(*out), ddp_data(tmp[4]), ddp_data(tmp[0]),
-                        ddp_data(tmp[1]), ddp_data(tmp[2]), tmp[3] ? ddp_data(tmp[3]) : NULL, g);
-  if ((status = ddp_device_check(dev, OP))) goto done;
+  if ((status = kt->attention_forward(dt, ddp_data(*out), ddp_data(tmp[4]), ddp_data(tmp[0]),
+                                      ddp_data(tmp[1]), ddp_data(tmp[2]),
+                                      tmp[3] ? ddp_data(tmp[3]) : NULL, g)) ||
+      (status = ddp_device_check(dev, OP)))
+    goto done;
   ddp_tensor *inputs[4] = {query, key, value, g->mask == DDP_ATTN_MASK_ADD ? attn_mask : NULL};
   if (ddp_autograd_needed(4, inputs)) {
     ddp_node *n = ddp_node_new("ScaledDotProductAttentionBackward", attention_backward, 4,

@@ -28,6 +28,7 @@
 #include "core/core.h"
 
 enum { BR = 64, BC = 128 }; /* query rows and key columns of a tile */
+enum { BCB = 64 };          /* key columns of a backward tile (<= BC) */
 
 static void gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
@@ -100,6 +101,7 @@ typedef struct {
   const ddp_attention_geom *g;
   void *out, *lse, *dq, *dk, *dv, *dmask; /* what the pass writes */
   const void *q, *k, *v, *mask, *dout, *o, *lse_in; /* what it reads */
+  int oom; /* set by a task whose scratch could not be allocated */
 } attn_job;
 
 /* Forward of tasks [begin, end): task t = (head t / row_blocks, row block t % row_blocks). */
@@ -109,7 +111,10 @@ typedef struct {
     const ddp_attention_geom *g = j->g;                                                    \
     int64_t L = g->l, S = g->s, E = g->e, Ev = g->ev, nrb = (L + BR - 1) / BR;             \
     T *s = malloc(sizeof(T) * BR * BC + sizeof(T) * 2 * BR + BC);                          \
-    if (!s) return; /* cannot happen in practice; the output stays unwritten */          \
+    if (!s) {                                                                              \
+      __atomic_store_n(&((attn_job *)vj)->oom, 1, __ATOMIC_RELAXED);                       \
+      return;                                                                              \
+    }                                                                                      \
     T *m = s + BR * BC, *l = m + BR;                                                       \
     uint8_t *keep = (uint8_t *)(l + BR);                                                   \
     int drop = g->dropout_p > 0;                                                           \
@@ -168,7 +173,10 @@ typedef struct {
     const ddp_attention_geom *g = j->g;                                                    \
     int64_t L = g->l, S = g->s, E = g->e, Ev = g->ev;                                      \
     T *p = malloc(sizeof(T) * (2 * BR * BC + L) + BC);                                     \
-    if (!p) return;                                                                        \
+    if (!p) {                                                                              \
+      __atomic_store_n(&((attn_job *)vj)->oom, 1, __ATOMIC_RELAXED);                       \
+      return;                                                                              \
+    }                                                                                      \
     T *dp = p + BR * BC, *D = dp + BR * BC;                                                \
     uint8_t *keep = (uint8_t *)(D + L);                                                    \
     int drop = g->dropout_p > 0;                                                           \
@@ -188,8 +196,8 @@ typedef struct {
         for (int64_t c = 0; c < Ev; c++) acc += dout[i * Ev + c] * o[i * Ev + c];          \
         D[i] = acc;                                                                        \
       }                                                                                    \
-      for (int64_t j0 = 0; j0 < S; j0 += BC) {                                             \
-        int64_t cols = S - j0 < BC ? S - j0 : BC;                                          \
+      for (int64_t j0 = 0; j0 < S; j0 += BCB) {                                            \
+        int64_t cols = S - j0 < BCB ? S - j0 : BCB;                                        \
         for (int64_t i0 = g->causal ? j0 / BR * BR : 0; i0 < L; i0 += BR) {                \
           int64_t rows = L - i0 < BR ? L - i0 : BR;                                        \
           if (g->causal && j0 > i0 + rows - 1) continue;                                   \
@@ -226,18 +234,25 @@ DEFINE_FORWARD(f64, double, exp, gemm_f64)
 DEFINE_BACKWARD(f32, float, exp_f32, gemm_f32)
 DEFINE_BACKWARD(f64, double, exp, gemm_f64)
 
-void ddp_cpu_attention_forward(int dtype, void *out, void *lse, const void *q, const void *k,
-                               const void *v, const void *mask, const ddp_attention_geom *g) {
+int ddp_cpu_attention_forward(int dtype, void *out, void *lse, const void *q, const void *k,
+                              const void *v, const void *mask, const ddp_attention_geom *g) {
   attn_job j = {.g = g, .out = out, .lse = lse, .q = q, .k = k, .v = v, .mask = mask};
   int64_t tasks = g->bh * ((g->l + BR - 1) / BR);
   ddp_parallel_for(tasks, 1, dtype == DDP_F32 ? forward_f32 : forward_f64, &j);
+  if (j.oom)
+    DDP_FAIL(DDP_ERR_MEMORY, "scaled_dot_product_attention: out of memory for the kernel's tiles");
+  return DDP_OK;
 }
 
-void ddp_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, void *dmask,
-                                const void *dout, const void *q, const void *k, const void *v,
-                                const void *out, const void *lse, const void *mask,
-                                const ddp_attention_geom *g) {
+int ddp_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, void *dmask,
+                               const void *dout, const void *q, const void *k, const void *v,
+                               const void *out, const void *lse, const void *mask,
+                               const ddp_attention_geom *g) {
   attn_job j = {.g = g, .dq = dq, .dk = dk, .dv = dv, .dmask = dmask, .dout = dout, .q = q,
                 .k = k, .v = v, .o = out, .lse_in = lse, .mask = mask};
   ddp_parallel_for(g->bh, 1, dtype == DDP_F32 ? backward_f32 : backward_f64, &j);
+  if (j.oom)
+    DDP_FAIL(DDP_ERR_MEMORY,
+             "ScaledDotProductAttentionBackward: out of memory for the kernel's tiles");
+  return DDP_OK;
 }

@@ -10,16 +10,18 @@
 
 #include "backend/kernels.h"
 
-/* out (BH, L, Ev), lse (BH, L) <- q (BH, L, E), k (BH, S, E), v (BH, S, Ev), mask. */
-void ddp_cpu_attention_forward(int dtype, void *out, void *lse, const void *q, const void *k,
-                               const void *v, const void *mask, const ddp_attention_geom *g);
+/* out (BH, L, Ev), lse (BH, L) <- q (BH, L, E), k (BH, S, E), v (BH, S, Ev), mask.
+ * Returns DDP_OK, or DDP_ERR_MEMORY (recorded) when a thread's tile scratch (a few tens of
+ * KiB) could not be allocated; the backward likewise. */
+int ddp_cpu_attention_forward(int dtype, void *out, void *lse, const void *q, const void *k,
+                              const void *v, const void *mask, const ddp_attention_geom *g);
 
 /* dq (BH, L, E), dk (BH, S, E), dv (BH, S, Ev) += the gradients; dmask (BH, L, S) = the
  * gradient of the additive mask (the scores' gradient), or NULL. */
-void ddp_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, void *dmask,
-                                const void *dout, const void *q, const void *k, const void *v,
-                                const void *out, const void *lse, const void *mask,
-                                const ddp_attention_geom *g);
+int ddp_cpu_attention_backward(int dtype, void *dq, void *dk, void *dv, void *dmask,
+                               const void *dout, const void *q, const void *k, const void *v,
+                               const void *out, const void *lse, const void *mask,
+                               const ddp_attention_geom *g);
 
 /* Note [attention dropout]: 1 when element e = (bh * L + i) * S + j of the probabilities is
  * kept: word e % 4 of Philox block (offset + e / 4) under key seed is below threshold =

@@ -202,15 +202,16 @@ uint64_t att_threshold(double p) {
 }
 
 template <typename T>
-void forward(void *out, void *lse, const void *q, const void *k, const void *v, const void *mask,
+int forward(void *out, void *lse, const void *q, const void *k, const void *v, const void *mask,
              const ddp_attention_geom *g) {
   DDP_CUDA_LAUNCH((attention_forward_kernel<T>), att_blocks(g->bh * g->l), ATT_THREADS, 0,
                   ddp_cuda_stream(), (T *)out, (T *)lse, (const T *)q, (const T *)k, (const T *)v,
                   mask, *g, att_threshold(g->dropout_p));
+  return DDP_OK; // launch errors surface through ddp_device_check
 }
 
 template <typename T>
-void backward(void *dq, void *dk, void *dv, void *dmask, const void *dout, const void *q,
+int backward(void *dq, void *dk, void *dv, void *dmask, const void *dout, const void *q,
               const void *k, const void *v, const void *out, const void *lse, const void *mask,
               const ddp_attention_geom *g) {
   const uint64_t thr = att_threshold(g->dropout_p);
@@ -220,6 +221,7 @@ void backward(void *dq, void *dk, void *dv, void *dmask, const void *dout, const
   DDP_CUDA_LAUNCH((attention_dkv_kernel<T>), att_blocks(g->bh * g->s), ATT_THREADS, 0,
                   ddp_cuda_stream(), (T *)dk, (T *)dv, (const T *)dout, (const T *)q,
                   (const T *)k, (const T *)v, (const T *)out, (const T *)lse, mask, *g, thr);
+  return DDP_OK;
 }
 
 } // namespace
@@ -227,18 +229,14 @@ void backward(void *dq, void *dk, void *dv, void *dmask, const void *dout, const
 extern "C" void ddp_cuda_register_attention(ddp_kernels *k) {
   k->attention_forward = [](int dtype, void *out, void *lse, const void *q, const void *kk,
                             const void *v, const void *mask, const ddp_attention_geom *g) {
-    if (dtype == DDP_F64)
-      forward<double>(out, lse, q, kk, v, mask, g);
-    else
-      forward<float>(out, lse, q, kk, v, mask, g);
+    return dtype == DDP_F64 ? forward<double>(out, lse, q, kk, v, mask, g)
+                            : forward<float>(out, lse, q, kk, v, mask, g);
   };
   k->attention_backward = [](int dtype, void *dq, void *dk, void *dv, void *dmask,
                              const void *dout, const void *q, const void *kk, const void *v,
                              const void *out, const void *lse, const void *mask,
                              const ddp_attention_geom *g) {
-    if (dtype == DDP_F64)
-      backward<double>(dq, dk, dv, dmask, dout, q, kk, v, out, lse, mask, g);
-    else
-      backward<float>(dq, dk, dv, dmask, dout, q, kk, v, out, lse, mask, g);
+    return dtype == DDP_F64 ? backward<double>(dq, dk, dv, dmask, dout, q, kk, v, out, lse, mask, g)
+                            : backward<float>(dq, dk, dv, dmask, dout, q, kk, v, out, lse, mask, g);
   };
 }
