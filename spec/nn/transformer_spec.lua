@@ -138,6 +138,32 @@ describe("nn.MultiheadAttention", function()
     for i = 1, 3 do assert.is_true(torch_ref.rel_diff(b[i], a[i]) < 1e-12, "item " .. i) end
   end)
 
+  it("applies is_causal without a mask on both paths, as the explicit -inf mask", function()
+    local m = nn.MultiheadAttention(8, 2, { dtype = "f64", generator = dl.Generator(2) })
+    local x = randn({ 5, 3, 8 }, 3)
+    local causal = dl.zeros({ 5, 5 }, { dtype = "f64" })
+    for i = 1, 5 do
+      for j = i + 1, 5 do causal:set(i, j, -math.huge) end
+    end
+    local want = m(x, x, x, { attn_mask = causal })
+    assert.is_true(torch_ref.rel_diff(m(x, x, x, { is_causal = true }), want) < 1e-13)
+    assert.is_true(torch_ref.rel_diff(m(x, x, x, { is_causal = true, need_weights = false }), want) < 1e-13)
+  end)
+
+  it("takes unbatched (L, E) inputs as a batch of one", function()
+    local m = nn.MultiheadAttention(8, 2, { dtype = "f64", generator = dl.Generator(4) })
+    local x = randn({ 5, 8 }, 5)
+    local kpm = dl.zeros({ 5 }, { dtype = "bool" })
+    kpm:set(5, true)
+    local out, w = m(x, x, x, { key_padding_mask = kpm })
+    local xb = x:unsqueeze(2)
+    local outb, wb = m(xb, xb, xb, { key_padding_mask = kpm:unsqueeze(1) })
+    assert.same({ 5, 8 }, out:size())
+    assert.same({ 5, 5 }, w:size())
+    assert.equal(0, (out - outb:squeeze(2)):abs():max():item())
+    assert.equal(0, (w - wb:squeeze(1)):abs():max():item())
+  end)
+
   it("raises PyTorch's message for a 2-D attn_mask of the wrong shape", function()
     local m = nn.MultiheadAttention(4, 2)
     local x = dl.randn({ 3, 1, 4 })

@@ -25,7 +25,9 @@
  * logsumexp (Note [flash attention], runtime/backend/cpu/attention.c), so its memory grows
  * linearly in L and S. A row whose every key is masked gives NaN (as the explicit formula).
  * Gradients to query, key, value and a floating attn_mask (summed over its broadcast
- * dims). Errors (DDP_ERR_ARG, naming scaled_dot_product_attention and the argument):
+ * dims; a mask that requires grad costs one (..., L, S) buffer in backward, the only
+ * quadratic one). Not on the autocast list: it runs in its inputs' dtype (under autocast
+ * q, k and v coming from linear layers are already in the lower precision). Errors (DDP_ERR_ARG, naming scaled_dot_product_attention and the argument):
  * ranks, batch dims, E or S that do not match (shapes named), dtypes that differ, a mask
  * that does not broadcast, a mask with is_causal, dropout_p outside [0, 1), tensors on
  * different devices. */
