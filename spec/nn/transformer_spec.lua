@@ -206,6 +206,23 @@ describe("nn.TransformerEncoderLayer", function()
       "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias" }, names_of(l))
   end)
 
+  it("prints PyTorch's tree (out_proj is PyTorch's NonDynamicallyQuantizableLinear, a Linear)", function()
+    local want = table.concat({
+      "TransformerEncoderLayer(",
+      "  (self_attn): MultiheadAttention(",
+      "    (out_proj): Linear(in_features=8, out_features=8, bias=True)",
+      "  )",
+      "  (linear1): Linear(in_features=8, out_features=16, bias=True)",
+      "  (dropout): Dropout(p=0.1, inplace=False)",
+      "  (linear2): Linear(in_features=16, out_features=8, bias=True)",
+      "  (norm1): LayerNorm((8,), eps=1e-05, elementwise_affine=True)",
+      "  (norm2): LayerNorm((8,), eps=1e-05, elementwise_affine=True)",
+      "  (dropout1): Dropout(p=0.1, inplace=False)",
+      "  (dropout2): Dropout(p=0.1, inplace=False)",
+      ")" }, "\n")
+    assert.equal(want, tostring(nn.TransformerEncoderLayer(8, 2, { dim_feedforward = 16 })))
+  end)
+
   describe("against PyTorch 1.13 (f64, 1e-10, dropout 0)", function()
     for _, cfg in ipairs {
       { norm_first = false, activation = "relu", batch_first = false },

@@ -219,9 +219,4 @@ function MultiheadAttention:forward(query, key, value, opts)
   return out, nil
 end
 
-function MultiheadAttention:extra_repr()
-  return ("embed_dim=%d, num_heads=%d, dropout=%s, batch_first=%s"):format(self.embed_dim, self.num_heads,
-    module.repr_float(self.dropout), self.batch_first and "True" or "False")
-end
-
 return MultiheadAttention
