@@ -14,7 +14,10 @@
  * D_i = sum(dout_i * out_i) the score gradient ds = p (dp z / (1 - p_drop) - D); then
  * dv_j += (p z / (1 - p_drop))^T dout_i, dq_i += scale ds k_j, dk_j += scale ds^T q_i.
  * Memory: two BR x BC tiles and O(L) per task besides the inputs, outputs and lse: linear
- * in L and S. A row every score of which is -inf (all masked) gives NaN, as the explicit
+ * in L and S. Tile sizes (measured on the nanoGPT shape, 12 x 4 heads x T 64 x 32, and a
+ * GPT-2-small one, 4 x 12 x 256 x 64, causal, f32, one thread): 32-row blocks let the
+ * causal triangle skip more work than 64-row ones (fwd+bwd 2.14 -> 1.92 ms on the first);
+ * forward key blocks of 128 and backward ones of 32 were best of 16 .. 256. A row every score of which is -inf (all masked) gives NaN, as the explicit
  * softmax does. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
@@ -27,8 +30,8 @@
 #include "backend/cpu/vexp.h"
 #include "core/core.h"
 
-enum { BR = 64, BC = 128 }; /* query rows and key columns of a tile */
-enum { BCB = 64 };          /* key columns of a backward tile (<= BC) */
+enum { BR = 32, BC = 128 }; /* query rows and key columns of a forward tile */
+enum { BCB = 32 };          /* key columns of a backward tile (<= BC) */
 
 static void gemm_f32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
