@@ -106,6 +106,14 @@ describe("scaled_dot_product_attention", function()
     assert.is_true(got:get(1, 1, 1) == got:get(1, 1, 1))
   end)
 
+  it("gives zeros for no keys (S = 0) and an empty result for no queries, as the explicit product", function()
+    local out = F.scaled_dot_product_attention(randn({ 2, 3, 4 }, 1), randn({ 2, 0, 4 }, 2), randn({ 2, 0, 5 }, 3))
+    assert.same({ 2, 3, 5 }, out:size())
+    assert.equal(0, out:abs():sum():item())
+    assert.same({ 2, 0, 5 }, F.scaled_dot_product_attention(randn({ 2, 0, 4 }, 1), randn({ 2, 3, 4 }, 2),
+      randn({ 2, 3, 5 }, 3)):size())
+  end)
+
   it("passes finite differences in f64 for q, k, v and a float mask", function()
     gradcheck(function(q, k, v, m) return F.scaled_dot_product_attention(q, k, v, { attn_mask = m }) end,
       { randn({ 2, 3, 4 }, 1), randn({ 2, 5, 4 }, 2), randn({ 2, 5, 3 }, 3), randn({ 3, 5 }, 4) })

@@ -14,7 +14,8 @@
  * D_i = sum(dout_i * out_i) the score gradient ds = p (dp z / (1 - p_drop) - D); then
  * dv_j += (p z / (1 - p_drop))^T dout_i, dq_i += scale ds k_j, dk_j += scale ds^T q_i.
  * Memory: two BR x BC tiles and O(L) per task besides the inputs, outputs and lse: linear
- * in L and S. Tile sizes (measured on the nanoGPT shape, 12 x 4 heads x T 64 x 32, and a
+ * in L and S. With no keys at all (S = 0) the output is zeros, as the explicit product's.
+ * Tile sizes (measured on the nanoGPT shape, 12 x 4 heads x T 64 x 32, and a
  * GPT-2-small one, 4 x 12 x 256 x 64, causal, f32, one thread): 32-row blocks let the
  * causal triangle skip more work than 64-row ones (fwd+bwd 2.14 -> 1.92 ms on the first);
  * forward key blocks of 128 and backward ones of 32 were best of 16 .. 256. A row every score of which is -inf (all masked) gives NaN, as the explicit
@@ -161,7 +162,7 @@ typedef struct {
         GEMM(0, 0, rows, Ev, cols, 1, s, BC, v + j0 * Ev, Ev, 1, o, Ev);                   \
       }                                                                                    \
       for (int64_t r = 0; r < rows; r++) {                                                 \
-        T inv = 1 / l[r], *orow = o + r * Ev;                                              \
+        T inv = S ? 1 / l[r] : 0, *orow = o + r * Ev; /* no keys: zeros, as q kT v */     \
         for (int64_t c = 0; c < Ev; c++) orow[c] *= inv;                                   \
         lse[r] = m[r] + log(l[r]);                                                         \
       }                                                                                    \

@@ -119,7 +119,7 @@ __global__ void attention_forward_kernel(T *out, T *lse, const T *q, const T *k,
       const T *vj = v + (bh * g.s + j) * g.ev;
       for (int64_t c = lane; c < g.ev; c += 32) o[c] = o[c] * alpha + pd * vj[c];
     }
-    const T inv = 1 / l;
+    const T inv = g.s ? 1 / l : (T)0; // no keys: zeros, as q kT v
     for (int64_t c = lane; c < g.ev; c += 32) o[c] *= inv;
     if (lane == 0) lse[row] = m + log(l);
   }
