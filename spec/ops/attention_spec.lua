@@ -6,6 +6,7 @@ local dl = require "ddplua"
 local F = require "ddplua.nn.functional"
 local gradcheck = require("gradcheck").gradcheck
 local torch_ref = require "torch_ref"
+local with_threads = require("threads").with_threads
 
 -- The causal mask as an additive (L, S) tensor: -inf above the diagonal.
 local function causal_mask(L, S, dtype)
@@ -187,6 +188,20 @@ describe("scaled_dot_product_attention", function()
       "attn_mask %(4, 5%) does not broadcast to %(%.%.%., L, S%) = %(2, 3, 5%)")
     assert.error_matches(function() F.scaled_dot_product_attention(q, k, v, { dropout_p = 1 }) end,
       "dropout_p must be in %[0, 1%), got 1")
+  end)
+
+  it("gives the same bits on 1 and 3 threads (forward split by head and row block, backward by head)", function()
+    local function run()
+      local q, k, v = randn({ 2, 3, 70, 16 }, 1, "f32"), randn({ 2, 3, 90, 16 }, 2, "f32"), randn({ 2, 3, 90, 8 }, 3, "f32")
+      local m = randn({ 70, 90 }, 4, "f32")
+      for _, t in ipairs { q, k, v, m } do t.requires_grad = true end
+      local out = F.scaled_dot_product_attention(q, k, v, { attn_mask = m, dropout_p = 0.2, generator = dl.Generator(3) })
+      out:backward(randn(out:size(), 5, "f32"))
+      return { out, q.grad, k.grad, v.grad, m.grad }
+    end
+    local one = with_threads(1, run)
+    local three = with_threads(3, run)
+    for i = 1, 5 do assert.equal(0, (one[i] - three[i]):abs():max():item(), "result " .. i) end
   end)
 
   it("allocates memory linear in the sequence length (forward and backward, T = 256 and 2048)", function()
