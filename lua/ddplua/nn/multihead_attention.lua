@@ -147,6 +147,8 @@ end
 function MultiheadAttention:forward(query, key, value, opts)
   opts = opts or {}
   local E, H, hd = self.embed_dim, self.num_heads, self.head_dim
+  -- self-attention (one tensor for query, key and value): one packed input projection
+  local packed = rawequal(query, key) and rawequal(key, value) and self._qkv_same_embed_dim
   local batched = query:dim() == 3
   if not batched then
     if query:dim() ~= 2 then
@@ -186,7 +188,13 @@ function MultiheadAttention:forward(query, key, value, opts)
   local function heads(x, w, bias, len)
     return dl.linear(x, w, bias):view(N, len, H, hd):transpose(2, 3)
   end
-  local q, k, v = heads(query, wq, bq, L), heads(key, wk, bk, S), heads(value, wv, bv, S)
+  local q, k, v
+  if packed then -- (N, L, 3 E) -> (3, N, H, L, hd), as PyTorch's _in_projection_packed
+    local qkv = dl.linear(query, self.in_proj_weight, b):view(N, L, 3, H, hd):permute(3, 1, 4, 2, 5)
+    q, k, v = qkv:select(1, 1), qkv:select(1, 2), qkv:select(1, 3)
+  else
+    q, k, v = heads(query, wq, bq, L), heads(key, wk, bk, S), heads(value, wv, bv, S)
+  end
   local mask = self:_merged_mask(opts.attn_mask, opts.key_padding_mask, N, L, S, q.dtype)
   local causal = opts.is_causal and mask == nil
   local p = self.training and self.dropout or 0
