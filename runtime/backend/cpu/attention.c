@@ -13,13 +13,15 @@
  * blocks i, recomputes p = exp(s - lse) for the tile, dp = dout v^T, and with
  * D_i = sum(dout_i * out_i) the score gradient ds = p (dp z / (1 - p_drop) - D); then
  * dv_j += (p z / (1 - p_drop))^T dout_i, dq_i += scale ds k_j, dk_j += scale ds^T q_i.
+ * With is_causal, tiles wholly above the diagonal are skipped (forward stops a row block
+ * at its last row's key; backward starts a key block at its first key's row block).
  * Memory: two BR x BC tiles and O(L) per task besides the inputs, outputs and lse: linear
- * in L and S. With no keys at all (S = 0) the output is zeros, as the explicit product's.
- * Tile sizes (measured on the nanoGPT shape, 12 x 4 heads x T 64 x 32, and a
- * GPT-2-small one, 4 x 12 x 256 x 64, causal, f32, one thread): 32-row blocks let the
- * causal triangle skip more work than 64-row ones (fwd+bwd 2.14 -> 1.92 ms on the first);
- * forward key blocks of 128 and backward ones of 32 were best of 16 .. 256. A row every score of which is -inf (all masked) gives NaN, as the explicit
- * softmax does. */
+ * in L and S. A row every score of which is -inf (all masked) gives NaN, as the explicit
+ * softmax does; with no keys at all (S = 0) the output is zeros, as the explicit product's.
+ * Tile sizes (measured on the nanoGPT shape, 12 x 4 heads x T 64 x 32, and a GPT-2-small
+ * one, 4 x 12 x 256 x 64, causal, f32, one thread): 32-row blocks let the causal triangle
+ * skip more work than 64-row ones (fwd+bwd 2.14 -> 1.92 ms on the first); forward key
+ * blocks of 128 and backward ones of 32 were the best of 16 .. 256. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
