@@ -78,6 +78,57 @@ static void keep_row(uint8_t *keep, int64_t e0, int64_t n, const ddp_attention_g
   }
 }
 
+/* Row reductions in LANES independent accumulators, so the compiler vectorises them
+ * (one in-order accumulator would be a chain of scalar adds: float addition is not
+ * associative). The order of a row's sum depends only on its length, never on threads. */
+enum { LANES = 8 };
+
+#define DEFINE_ROW_OPS(SUF, T, EXP)                                                        \
+  /* largest of x[0 .. n) (-inf for n = 0) */                                            \
+  static inline T row_max_##SUF(const T *x, int64_t n) {                                 \
+    T lane[LANES];                                                                        \
+    for (int l = 0; l < LANES; l++) lane[l] = -INFINITY;                                  \
+    int64_t c = 0;                                                                        \
+    for (; c + LANES <= n; c += LANES)                                                    \
+      for (int l = 0; l < LANES; l++) lane[l] = x[c + l] > lane[l] ? x[c + l] : lane[l];  \
+    for (; c < n; c++) lane[0] = x[c] > lane[0] ? x[c] : lane[0];                         \
+    T m = lane[0];                                                                        \
+    for (int l = 1; l < LANES; l++) m = lane[l] > m ? lane[l] : m;                        \
+    return m;                                                                             \
+  }                                                                                       \
+  /* x[c] = exp(x[c] - ref) in place; returns their sum */                               \
+  static inline T row_exp_sum_##SUF(T *x, int64_t n, T ref) {                            \
+    T lane[LANES] = {0};                                                                  \
+    int64_t c = 0;                                                                        \
+    for (; c + LANES <= n; c += LANES)                                                    \
+      for (int l = 0; l < LANES; l++) {                                                   \
+        T p = EXP(x[c + l] - ref);                                                        \
+        x[c + l] = p;                                                                     \
+        lane[l] += p;                                                                     \
+      }                                                                                   \
+    for (; c < n; c++) {                                                                  \
+      T p = EXP(x[c] - ref);                                                              \
+      x[c] = p;                                                                           \
+      lane[0] += p;                                                                       \
+    }                                                                                     \
+    T sum = 0;                                                                            \
+    for (int l = 0; l < LANES; l++) sum += lane[l];                                       \
+    return sum;                                                                           \
+  }                                                                                       \
+  /* sum of a[c] * b[c] over [0, n) */                                                   \
+  static inline T row_dot_##SUF(const T *a, const T *b, int64_t n) {                     \
+    T lane[LANES] = {0};                                                                  \
+    int64_t c = 0;                                                                        \
+    for (; c + LANES <= n; c += LANES)                                                    \
+      for (int l = 0; l < LANES; l++) lane[l] += a[c + l] * b[c + l];                     \
+    for (; c < n; c++) lane[0] += a[c] * b[c];                                            \
+    T sum = 0;                                                                            \
+    for (int l = 0; l < LANES; l++) sum += lane[l];                                       \
+    return sum;                                                                           \
+  }
+DEFINE_ROW_OPS(f32, float, exp_f32)
+DEFINE_ROW_OPS(f64, double, exp)
+
 /* The tile's scores after the mask and causality: row r of s (ld BC) is query i0 + r,
  * column c key j0 + c. */
 #define DEFINE_MASK_TILE(SUF, T)                                                           \
@@ -140,17 +191,11 @@ typedef struct {
         GEMM(0, 1, rows, cols, E, (T)g->scale, q, E, k + j0 * E, E, 0, s, BC);             \
         if (g->mask || g->causal) mask_tile_##SUF(s, rows, cols, i0, j0, j->mask, mbase, g); \
         for (int64_t r = 0; r < rows; r++) {                                               \
-          T *sr = s + r * BC, mx = -INFINITY;                                              \
-          for (int64_t c = 0; c < cols; c++) mx = sr[c] > mx ? sr[c] : mx;                 \
+          T *sr = s + r * BC, mx = row_max_##SUF(sr, cols);                                \
           T mnew = mx > m[r] ? mx : m[r];                                                  \
           T ref = mnew == -INFINITY ? 0 : mnew;                                            \
-          T alpha = EXP(m[r] - ref), sum = 0;                                              \
-          for (int64_t c = 0; c < cols; c++) {                                             \
-            T p = EXP(sr[c] - ref);                                                        \
-            sr[c] = p;                                                                     \
-            sum += p;                                                                      \
-          }                                                                                \
-          l[r] = l[r] * alpha + sum;                                                       \
+          T alpha = EXP(m[r] - ref);                                                       \
+          l[r] = l[r] * alpha + row_exp_sum_##SUF(sr, cols, ref);                          \
           m[r] = mnew;                                                                     \
           if (alpha != 1) {                                                                \
             T *orow = o + r * Ev;                                                          \
@@ -197,11 +242,7 @@ typedef struct {
       T *dmask = j->dmask ? (T *)j->dmask + bh * L * S : NULL;                             \
       int64_t mbase = g->mask ? mask_base(g, bh) : 0;                                      \
       if (dmask) memset(dmask, 0, sizeof(T) * (size_t)(L * S));                            \
-      for (int64_t i = 0; i < L; i++) {                                                    \
-        T acc = 0;                                                                         \
-        for (int64_t c = 0; c < Ev; c++) acc += dout[i * Ev + c] * o[i * Ev + c];          \
-        D[i] = acc;                                                                        \
-      }                                                                                    \
+      for (int64_t i = 0; i < L; i++) D[i] = row_dot_##SUF(dout + i * Ev, o + i * Ev, Ev);  \
       for (int64_t j0 = 0; j0 < S; j0 += BCB) {                                            \
         int64_t cols = S - j0 < BCB ? S - j0 : BCB;                                        \
         for (int64_t i0 = g->causal ? j0 / BR * BR : 0; i0 < L; i0 += BR) {                \
