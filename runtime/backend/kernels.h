@@ -110,15 +110,20 @@ enum ddp_attention_mask {
 };
 
 /* Sizes and options of one scaled_dot_product_attention call (Note [flash attention] in
- * runtime/backend/cpu/attention.c). Buffers are contiguous: q (BH, L, E), k (BH, S, E),
- * v (BH, S, Ev), out (BH, L, Ev), lse (BH, L) (the row logsumexp of the masked, scaled
- * scores; what backward recomputes the probabilities from). BH is the product of the
- * nb batch dims batch_shape (row-major). The mask, when any, is read at element
- * (bh, i, j) = sum_d b_d * mask_sb[d] + i * mask_sl + j * mask_ss, with (b_0 .. b_nb-1)
- * bh's batch index (strides 0 where the mask broadcasts). Dropout (dropout_p > 0) keeps
- * element (bh, i, j) of the probabilities by Note [attention dropout]. */
+ * runtime/backend/cpu/attention.c). q (BH, L, E), k (BH, S, E) and v (BH, S, Ev) are
+ * read in place from views: element (bh, i, c) of q at sum_d b_d * q_sb[d] + i * q_sl + c
+ * (likewise k, v), with (b_0 .. b_nb-1) bh's batch index over the nb batch dims
+ * batch_shape (row-major, BH their product); rows are contiguous and q_sl >= E (a BLAS
+ * leading dimension; the same for k, v). out (BH, L, Ev), lse (BH, L) (the row logsumexp
+ * of the masked, scaled scores; what backward recomputes the probabilities from), dout
+ * and the gradients dq, dk, dv are contiguous. The mask, when any, is read at element
+ * (bh, i, j) = sum_d b_d * mask_sb[d] + i * mask_sl + j * mask_ss (strides 0 where the
+ * mask broadcasts). Dropout (dropout_p > 0) keeps element (bh, i, j) of the probabilities
+ * by Note [attention dropout]. */
 typedef struct {
   int64_t bh, l, s, e, ev;
+  int64_t q_sb[DDP_MAX_DIMS], k_sb[DDP_MAX_DIMS], v_sb[DDP_MAX_DIMS];
+  int64_t q_sl, k_sl, v_sl;
   double scale;   /* multiplies q k^T */
   int causal;     /* 1: j > i takes no part (top-left aligned, PyTorch's is_causal) */
   int mask;       /* enum ddp_attention_mask */

@@ -34,6 +34,27 @@ static int detached_as(ddp_tensor **out, ddp_tensor *t, int dtype) {
   return status;
 }
 
+/* *out = t itself (a detached alias) when the kernels can read it in place: dtype `dtype`,
+ * contiguous rows (last stride 1) and a row stride of at least the row length (a BLAS
+ * leading dimension): the (..., T, H, hd).transpose views of a model's q, k, v qualify.
+ * Otherwise a contiguous copy. Then sb / sl get its batch and row strides (elements). */
+static int readable_as(ddp_tensor **out, ddp_tensor *t, int dtype, int64_t *sb, int64_t *sl) {
+  int nd = t->ndim;
+  int64_t n = t->shape[nd - 1], rows = t->shape[nd - 2];
+  int64_t row_stride = rows == 1 ? n : t->strides[nd - 2];
+  int in_place = t->dtype == dtype && n > 0 && (n == 1 || t->strides[nd - 1] == 1) && row_stride >= n;
+  for (int d = 0; d < nd - 2 && in_place; d++) in_place = t->strides[d] >= 0;
+  if (in_place) {
+    if (!(*out = ddp_tensor_alias(t))) return ddp_last_status();
+  } else {
+    DDP_TRY(detached_as(out, t, dtype));
+    row_stride = n;
+  }
+  for (int d = 0; d < nd - 2; d++) sb[d] = (*out)->strides[d];
+  *sl = row_stride;
+  return DDP_OK;
+}
+
 static void release_all(ddp_tensor **ts, int n) {
   for (int i = 0; i < n; i++) ddp_tensor_release(ts[i]);
 }
@@ -162,8 +183,9 @@ static int attention_compute(ddp_tensor **out, ddp_tensor *query, ddp_tensor *ke
   g->dropout_p = dropout_p;
   ddp_tensor *tmp[5] = {0}; /* q, k, v, mask, lse */
   int status;
-  if ((status = detached_as(&tmp[0], query, dt)) || (status = detached_as(&tmp[1], key, dt)) ||
-      (status = detached_as(&tmp[2], value, dt)) ||
+  if ((status = readable_as(&tmp[0], query, dt, g->q_sb, &g->q_sl)) ||
+      (status = readable_as(&tmp[1], key, dt, g->k_sb, &g->k_sl)) ||
+      (status = readable_as(&tmp[2], value, dt, g->v_sb, &g->v_sl)) ||
       (attn_mask && (status = detached_as(&tmp[3], attn_mask, attn_mask->dtype))))
     goto done;
   if (attn_mask) {

@@ -190,6 +190,38 @@ describe("scaled_dot_product_attention", function()
       "dropout_p must be in %[0, 1%), got 1")
   end)
 
+  it("reads q, k, v views in place (heads transposed out of a packed qkv, an expanded k) with the bits of copies", function()
+    local B, T, H, D = 2, 37, 3, 8
+    local function run(contiguous)
+      local qkv = randn({ B, T, 3 * H * D }, 1, "f32")
+      qkv.requires_grad = true
+      local function head(i) -- (B, T, H * D) slice i -> (B, H, T, D), a strided view
+        local x = qkv:narrow(3, (i - 1) * H * D + 1, H * D):view(B, T, H, D):transpose(2, 3)
+        return contiguous and x:contiguous() or x
+      end
+      local q, k, v = head(1), head(2), head(3)
+      local k1 = randn({ B, 1, T, D }, 2, "f32")
+      k1.requires_grad = true
+      local kx = contiguous and k1:expand(B, H, T, D):contiguous() or k1:expand(B, H, T, D)
+      local out = F.scaled_dot_product_attention(q, k + kx, v, { is_causal = true })
+      local out2 = F.scaled_dot_product_attention(q, kx, v, { dropout_p = 0.25, generator = dl.Generator(4) })
+      local R = randn(out:size(), 3, "f32")
+      ;(out * R + out2 * R):sum():backward()
+      return { out, out2, qkv.grad, k1.grad }
+    end
+    local strided, copied = run(false), run(true)
+    for i = 1, 4 do assert.equal(0, (strided[i] - copied[i]):abs():max():item(), "result " .. i) end
+  end)
+
+  it("notices an in-place change of an input read in place before backward", function()
+    local q = randn({ 2, 4, 3 }, 1)
+    q.requires_grad = true
+    local x = q * 1
+    local out = F.scaled_dot_product_attention(x, randn({ 2, 5, 3 }, 2), randn({ 2, 5, 3 }, 3))
+    x:add_(1)
+    assert.error_matches(function() out:sum():backward() end, "saved for the gradient was modified by an in%-place operation")
+  end)
+
   it("gives the same bits on 1 and 3 threads (forward split by head and row block, backward by head)", function()
     local function run()
       local q, k, v = randn({ 2, 3, 70, 16 }, 1, "f32"), randn({ 2, 3, 90, 16 }, 2, "f32"), randn({ 2, 3, 90, 8 }, 3, "f32")

@@ -52,12 +52,12 @@ static void gemm_f64(int ta, int tb, int64_t m, int64_t n, int64_t k, double alp
               c, (blasint)ldc);
 }
 
-/* Element offset of head bh's mask plane (ddp_attention_geom). */
-static int64_t mask_base(const ddp_attention_geom *g, int64_t bh) {
+/* Element offset of head bh in a view with batch strides sb (ddp_attention_geom). */
+static int64_t batch_offset(const ddp_attention_geom *g, const int64_t *sb, int64_t bh) {
   int64_t off = 0;
   for (int d = g->nb - 1; d >= 0; d--) {
     int64_t size = g->batch_shape[d];
-    off += (bh % size) * g->mask_sb[d];
+    off += (bh % size) * sb[d];
     bh /= size;
   }
   return off;
@@ -167,6 +167,7 @@ typedef struct {
     const attn_job *j = vj;                                                                \
     const ddp_attention_geom *g = j->g;                                                    \
     int64_t L = g->l, S = g->s, E = g->e, Ev = g->ev, nrb = (L + BR - 1) / BR;             \
+    int64_t qs = g->q_sl, ks = g->k_sl, vs = g->v_sl; /* row strides of the views */      \
     T *s = malloc(sizeof(T) * BR * BC + sizeof(T) * 2 * BR + BC);                          \
     if (!s) {                                                                              \
       __atomic_store_n(&((attn_job *)vj)->oom, 1, __ATOMIC_RELAXED);                       \
@@ -179,16 +180,17 @@ typedef struct {
     T inv_keep = drop ? (T)(1.0 / (1.0 - g->dropout_p)) : (T)1;                            \
     for (int64_t t = begin; t < end; t++) {                                                \
       int64_t bh = t / nrb, i0 = (t % nrb) * BR, rows = L - i0 < BR ? L - i0 : BR;         \
-      const T *q = (const T *)j->q + (bh * L + i0) * E;                                    \
-      const T *k = (const T *)j->k + bh * S * E, *v = (const T *)j->v + bh * S * Ev;      \
+      const T *q = (const T *)j->q + batch_offset(g, g->q_sb, bh) + i0 * qs;               \
+      const T *k = (const T *)j->k + batch_offset(g, g->k_sb, bh);                         \
+      const T *v = (const T *)j->v + batch_offset(g, g->v_sb, bh);                         \
       T *o = (T *)j->out + (bh * L + i0) * Ev, *lse = (T *)j->lse + bh * L + i0;           \
-      int64_t mbase = g->mask ? mask_base(g, bh) : 0;                                      \
+      int64_t mbase = g->mask ? batch_offset(g, g->mask_sb, bh) : 0;                                      \
       memset(o, 0, sizeof(T) * (size_t)(rows * Ev));                                       \
       for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;                       \
       int64_t jend = g->causal && i0 + rows < S ? i0 + rows : S;                           \
       for (int64_t j0 = 0; j0 < jend; j0 += BC) {                                          \
         int64_t cols = jend - j0 < BC ? jend - j0 : BC;                                    \
-        GEMM(0, 1, rows, cols, E, (T)g->scale, q, E, k + j0 * E, E, 0, s, BC);             \
+        GEMM(0, 1, rows, cols, E, (T)g->scale, q, qs, k + j0 * ks, ks, 0, s, BC);          \
         if (g->mask || g->causal) mask_tile_##SUF(s, rows, cols, i0, j0, j->mask, mbase, g); \
         for (int64_t r = 0; r < rows; r++) {                                               \
           T *sr = s + r * BC, mx = row_max_##SUF(sr, cols);                                \
@@ -206,7 +208,7 @@ typedef struct {
             for (int64_t c = 0; c < cols; c++) sr[c] = keep[c] ? sr[c] * inv_keep : 0;     \
           }                                                                                \
         }                                                                                  \
-        GEMM(0, 0, rows, Ev, cols, 1, s, BC, v + j0 * Ev, Ev, 1, o, Ev);                   \
+        GEMM(0, 0, rows, Ev, cols, 1, s, BC, v + j0 * vs, vs, 1, o, Ev);                   \
       }                                                                                    \
       for (int64_t r = 0; r < rows; r++) {                                                 \
         T inv = S ? 1 / l[r] : 0, *orow = o + r * Ev; /* no keys: zeros, as q kT v */     \
@@ -223,6 +225,7 @@ typedef struct {
     const attn_job *j = vj;                                                                \
     const ddp_attention_geom *g = j->g;                                                    \
     int64_t L = g->l, S = g->s, E = g->e, Ev = g->ev;                                      \
+    int64_t qs = g->q_sl, ks = g->k_sl, vs = g->v_sl; /* row strides of the views */      \
     T *p = malloc(sizeof(T) * (2 * BR * BC + L) + BC);                                     \
     if (!p) {                                                                              \
       __atomic_store_n(&((attn_job *)vj)->oom, 1, __ATOMIC_RELAXED);                       \
@@ -234,13 +237,15 @@ typedef struct {
     uint64_t thr = ddp_attention_keep_threshold(g->dropout_p);                             \
     T inv_keep = drop ? (T)(1.0 / (1.0 - g->dropout_p)) : (T)1, scale = (T)g->scale;       \
     for (int64_t bh = begin; bh < end; bh++) {                                             \
-      const T *q = (const T *)j->q + bh * L * E, *k = (const T *)j->k + bh * S * E;        \
-      const T *v = (const T *)j->v + bh * S * Ev, *o = (const T *)j->o + bh * L * Ev;      \
+      const T *q = (const T *)j->q + batch_offset(g, g->q_sb, bh);                         \
+      const T *k = (const T *)j->k + batch_offset(g, g->k_sb, bh);                         \
+      const T *v = (const T *)j->v + batch_offset(g, g->v_sb, bh);                         \
+      const T *o = (const T *)j->o + bh * L * Ev;                                          \
       const T *dout = (const T *)j->dout + bh * L * Ev, *lse = (const T *)j->lse_in + bh * L; \
       T *dq = (T *)j->dq + bh * L * E, *dk = (T *)j->dk + bh * S * E;                      \
       T *dv = (T *)j->dv + bh * S * Ev;                                                    \
       T *dmask = j->dmask ? (T *)j->dmask + bh * L * S : NULL;                             \
-      int64_t mbase = g->mask ? mask_base(g, bh) : 0;                                      \
+      int64_t mbase = g->mask ? batch_offset(g, g->mask_sb, bh) : 0;                                      \
       if (dmask) memset(dmask, 0, sizeof(T) * (size_t)(L * S));                            \
       for (int64_t i = 0; i < L; i++) D[i] = row_dot_##SUF(dout + i * Ev, o + i * Ev, Ev);  \
       for (int64_t j0 = 0; j0 < S; j0 += BCB) {                                            \
@@ -248,9 +253,9 @@ typedef struct {
         for (int64_t i0 = g->causal ? j0 / BR * BR : 0; i0 < L; i0 += BR) {                \
           int64_t rows = L - i0 < BR ? L - i0 : BR;                                        \
           if (g->causal && j0 > i0 + rows - 1) continue;                                   \
-          GEMM(0, 1, rows, cols, E, scale, q + i0 * E, E, k + j0 * E, E, 0, p, BC);        \
+          GEMM(0, 1, rows, cols, E, scale, q + i0 * qs, qs, k + j0 * ks, ks, 0, p, BC);    \
           if (g->mask || g->causal) mask_tile_##SUF(p, rows, cols, i0, j0, j->mask, mbase, g); \
-          GEMM(0, 1, rows, cols, Ev, 1, dout + i0 * Ev, Ev, v + j0 * Ev, Ev, 0, dp, BC);   \
+          GEMM(0, 1, rows, cols, Ev, 1, dout + i0 * Ev, Ev, v + j0 * vs, vs, 0, dp, BC);   \
           for (int64_t r = 0; r < rows; r++) {                                             \
             T *pr = p + r * BC, *dpr = dp + r * BC, li = lse[i0 + r], Di = D[i0 + r];      \
             for (int64_t c = 0; c < cols; c++) pr[c] = EXP(pr[c] - li);                    \
@@ -268,8 +273,8 @@ typedef struct {
           }                                                                                \
           /* p now holds the dropped probabilities, dp the score gradient ds */           \
           GEMM(1, 0, cols, Ev, rows, 1, p, BC, dout + i0 * Ev, Ev, 1, dv + j0 * Ev, Ev);   \
-          GEMM(0, 0, rows, E, cols, scale, dp, BC, k + j0 * E, E, 1, dq + i0 * E, E);      \
-          GEMM(1, 0, cols, E, rows, scale, dp, BC, q + i0 * E, E, 1, dk + j0 * E, E);      \
+          GEMM(0, 0, rows, E, cols, scale, dp, BC, k + j0 * ks, ks, 1, dq + i0 * E, E);    \
+          GEMM(1, 0, cols, E, rows, scale, dp, BC, q + i0 * qs, qs, 1, dk + j0 * E, E);    \
         }                                                                                  \
       }                                                                                    \
     }                                                                                      \

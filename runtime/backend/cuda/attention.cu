@@ -7,6 +7,7 @@
 // A straightforward kernel, not a tuned one: one warp per row, keys one at a time with an
 // online softmax (Note [flash attention] in runtime/backend/cpu/attention.c), so nothing
 // of size (L, S) is ever held, and no scratch memory is needed.
+// q, k and v are read in place from their views (batch and row strides of the geometry).
 // - forward: a warp per query row (bh, i); lanes split E for the dot products (a warp sum)
 //   and Ev for the output row, which is its accumulator.
 // - backward, dq (and dmask): a warp per query row, recomputing p = exp(s - lse) per key.
@@ -60,11 +61,12 @@ __device__ bool att_keep(const ddp_attention_geom &g, int64_t e, uint64_t thresh
   return (uint64_t)w[e % 4] < threshold;
 }
 
-__device__ int64_t att_mask_base(const ddp_attention_geom &g, int64_t bh) {
+// Element offset of head bh in a view with batch strides sb (ddp_attention_geom).
+__device__ int64_t att_batch_offset(const ddp_attention_geom &g, const int64_t *sb, int64_t bh) {
   int64_t off = 0;
   for (int d = g.nb - 1; d >= 0; d--) {
     int64_t size = g.batch_shape[d];
-    off += (bh % size) * g.mask_sb[d];
+    off += (bh % size) * sb[d];
     bh /= size;
   }
   return off;
@@ -101,14 +103,15 @@ __global__ void attention_forward_kernel(T *out, T *lse, const T *q, const T *k,
   for (int64_t row = (int64_t)blockIdx.x * ATT_WARPS + warp; row < rows;
        row += (int64_t)gridDim.x * ATT_WARPS) {
     const int64_t bh = row / g.l, i = row - bh * g.l;
-    const T *qi = q + row * g.e;
+    const T *qi = q + att_batch_offset(g, g.q_sb, bh) + i * g.q_sl;
+    const T *kb = k + att_batch_offset(g, g.k_sb, bh), *vb = v + att_batch_offset(g, g.v_sb, bh);
     T *o = out + row * g.ev;
-    const int64_t mbase = g.mask ? att_mask_base(g, bh) : 0;
+    const int64_t mbase = g.mask ? att_batch_offset(g, g.mask_sb, bh) : 0;
     for (int64_t c = lane; c < g.ev; c += 32) o[c] = 0;
     T m = -INFINITY, l = 0;
     const int64_t jend = g.causal && i + 1 < g.s ? i + 1 : g.s;
     for (int64_t j = 0; j < jend; j++) {
-      const T s = att_score(g, qi, k + (bh * g.s + j) * g.e, mask, mbase, i, j, lane);
+      const T s = att_score(g, qi, kb + j * g.k_sl, mask, mbase, i, j, lane);
       const T mnew = s > m ? s : m;
       const T ref = mnew == -INFINITY ? (T)0 : mnew;
       const T alpha = att_exp(m - ref), p = att_exp(s - ref);
@@ -116,7 +119,7 @@ __global__ void attention_forward_kernel(T *out, T *lse, const T *q, const T *k,
       m = mnew;
       T pd = p;
       if (g.dropout_p > 0) pd = att_keep(g, row * g.s + j, thr) ? p * inv_keep : (T)0;
-      const T *vj = v + (bh * g.s + j) * g.ev;
+      const T *vj = vb + j * g.v_sl;
       for (int64_t c = lane; c < g.ev; c += 32) o[c] = o[c] * alpha + pd * vj[c];
     }
     const T inv = g.s ? 1 / l : (T)0; // no keys: zeros, as q kT v
@@ -131,10 +134,13 @@ __device__ void att_pair_grad(const ddp_attention_geom &g, const T *q, const T *
                               const T *out, const T *dout, const T *lse, const void *mask,
                               int64_t mbase, int64_t bh, int64_t i, int64_t j, uint64_t thr,
                               T inv_keep, int lane, T *pd, T *ds) {
-  const int64_t qrow = bh * g.l + i, krow = bh * g.s + j;
-  const T s = att_score(g, q + qrow * g.e, k + krow * g.e, mask, mbase, i, j, lane);
+  const int64_t qrow = bh * g.l + i;
+  const T *qi = q + att_batch_offset(g, g.q_sb, bh) + i * g.q_sl;
+  const T *kj = k + att_batch_offset(g, g.k_sb, bh) + j * g.k_sl;
+  const T *vj = v + att_batch_offset(g, g.v_sb, bh) + j * g.v_sl;
+  const T s = att_score(g, qi, kj, mask, mbase, i, j, lane);
   const T p = att_exp(s - lse[qrow]);
-  const T dp = att_dot(dout + qrow * g.ev, v + krow * g.ev, g.ev, lane);
+  const T dp = att_dot(dout + qrow * g.ev, vj, g.ev, lane);
   const T D = att_dot(dout + qrow * g.ev, out + qrow * g.ev, g.ev, lane);
   T z = 1;
   if (g.dropout_p > 0) z = att_keep(g, qrow * g.s + j, thr) ? inv_keep : (T)0;
@@ -152,7 +158,7 @@ __global__ void attention_dq_kernel(T *dq, T *dmask, const T *dout, const T *q, 
   for (int64_t row = (int64_t)blockIdx.x * ATT_WARPS + warp; row < rows;
        row += (int64_t)gridDim.x * ATT_WARPS) {
     const int64_t bh = row / g.l, i = row - bh * g.l;
-    const int64_t mbase = g.mask ? att_mask_base(g, bh) : 0;
+    const int64_t mbase = g.mask ? att_batch_offset(g, g.mask_sb, bh) : 0;
     T *dqi = dq + row * g.e;
     for (int64_t j = 0; j < g.s; j++) {
       T pd = 0, ds = 0;
@@ -160,7 +166,7 @@ __global__ void attention_dq_kernel(T *dq, T *dmask, const T *dout, const T *q, 
         att_pair_grad(g, q, k, v, out, dout, lse, mask, mbase, bh, i, j, thr, inv_keep, lane, &pd, &ds);
       if (dmask && lane == 0) dmask[row * g.s + j] = ds;
       if (ds == 0) continue;
-      const T *kj = k + (bh * g.s + j) * g.e;
+      const T *kj = k + att_batch_offset(g, g.k_sb, bh) + j * g.k_sl;
       for (int64_t c = lane; c < g.e; c += 32) dqi[c] += (T)g.scale * ds * kj[c];
     }
   }
@@ -176,13 +182,13 @@ __global__ void attention_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, co
   for (int64_t row = (int64_t)blockIdx.x * ATT_WARPS + warp; row < rows;
        row += (int64_t)gridDim.x * ATT_WARPS) {
     const int64_t bh = row / g.s, j = row - bh * g.s;
-    const int64_t mbase = g.mask ? att_mask_base(g, bh) : 0;
+    const int64_t mbase = g.mask ? att_batch_offset(g, g.mask_sb, bh) : 0;
     T *dkj = dk + row * g.e, *dvj = dv + row * g.ev;
     for (int64_t i = g.causal ? j : 0; i < g.l; i++) {
       T pd, ds;
       att_pair_grad(g, q, k, v, out, dout, lse, mask, mbase, bh, i, j, thr, inv_keep, lane, &pd, &ds);
       const int64_t qrow = bh * g.l + i;
-      const T *qi = q + qrow * g.e, *di = dout + qrow * g.ev;
+      const T *qi = q + att_batch_offset(g, g.q_sb, bh) + i * g.q_sl, *di = dout + qrow * g.ev;
       for (int64_t c = lane; c < g.ev; c += 32) dvj[c] += pd * di[c];
       for (int64_t c = lane; c < g.e; c += 32) dkj[c] += (T)g.scale * ds * qi[c];
     }

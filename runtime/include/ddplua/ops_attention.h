@@ -20,7 +20,9 @@
  *   scale:     NaN for the default 1 / sqrt(E)
  *   out:       (..., L, Ev)  query's dtype
  *
- * The kernel never holds a whole (L, S) score matrix: it tiles the keys with an online
+ * q, k and v are read in place when their rows are contiguous (the (N, T, H, hd)
+ * transposed head views of a model, expanded batch dims): no copies; other layouts and
+ * dtypes are copied first. The kernel never holds a whole (L, S) score matrix: it tiles the keys with an online
  * softmax and recomputes the tile's probabilities in backward from the saved row
  * logsumexp (Note [flash attention], runtime/backend/cpu/attention.c), so its memory grows
  * linearly in L and S. A row whose every key is masked gives NaN (as the explicit formula).
