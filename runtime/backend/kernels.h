@@ -102,6 +102,38 @@ typedef struct {
   int count_include_pad;
 } ddp_pool2d_geom;
 
+/* What an attention mask holds (ddp_attention_geom.mask). */
+enum ddp_attention_mask {
+  DDP_ATTN_MASK_NONE = 0,
+  DDP_ATTN_MASK_ADD = 1,  /* the compute dtype, added to the scaled scores */
+  DDP_ATTN_MASK_BOOL = 2, /* u8 (bool): nonzero = the pair takes part, 0 = -inf */
+};
+
+/* Sizes and options of one scaled_dot_product_attention call (Note [flash attention] in
+ * runtime/backend/cpu/attention.c). q (BH, L, E), k (BH, S, E) and v (BH, S, Ev) are
+ * read in place from views: element (bh, i, c) of q at sum_d b_d * q_sb[d] + i * q_sl + c
+ * (likewise k, v), with (b_0 .. b_nb-1) bh's batch index over the nb batch dims
+ * batch_shape (row-major, BH their product); rows are contiguous and q_sl >= E (a BLAS
+ * leading dimension; the same for k, v). out (BH, L, Ev), lse (BH, L) (the row logsumexp
+ * of the masked, scaled scores; what backward recomputes the probabilities from), dout
+ * and the gradients dq, dk, dv are contiguous. The mask, when any, is read at element
+ * (bh, i, j) = sum_d b_d * mask_sb[d] + i * mask_sl + j * mask_ss (strides 0 where the
+ * mask broadcasts). Dropout (dropout_p > 0) keeps element (bh, i, j) of the probabilities
+ * by Note [attention dropout]. */
+typedef struct {
+  int64_t bh, l, s, e, ev;
+  int64_t q_sb[DDP_MAX_DIMS], k_sb[DDP_MAX_DIMS], v_sb[DDP_MAX_DIMS];
+  int64_t q_sl, k_sl, v_sl;
+  double scale;   /* multiplies q k^T */
+  int causal;     /* 1: j > i takes no part (top-left aligned, PyTorch's is_causal) */
+  int mask;       /* enum ddp_attention_mask */
+  int nb;
+  int64_t batch_shape[DDP_MAX_DIMS], mask_sb[DDP_MAX_DIMS];
+  int64_t mask_sl, mask_ss;
+  double dropout_p;      /* in [0, 1) */
+  uint64_t seed, offset; /* Philox key and first counter block of the dropout draws */
+} ddp_attention_geom;
+
 /* ---- optimizer hyper-parameters (formulas: ddplua/optim.h) ---------------------------------- */
 
 /* Hyper-parameters of one SGD update (see ddp_sgd_step_). */
@@ -259,6 +291,19 @@ typedef struct ddp_kernels {
                             int64_t row_bytes);
   void (*embedding_backward)(int dtype, void *dweight, const void *dy, const int64_t *idx,
                              int64_t n, int64_t D, int64_t padding_idx);
+  /* ---- attention (runtime/backend/cpu/attention.h): dtype FLOAT ---- */
+  /* out (BH, L, Ev) and lse (BH, L) <- q, k, v, mask (per g->mask; NULL when none).
+   * Both return DDP_OK, or DDP_ERR_MEMORY (recorded) when the CPU's tile scratch could not
+   * be allocated. */
+  int (*attention_forward)(int dtype, void *out, void *lse, const void *q, const void *k,
+                            const void *v, const void *mask, const ddp_attention_geom *g);
+  /* dq, dk, dv (zeroed by the caller; accumulated) and dmask (BH, L, S) (written; NULL when
+   * no mask gradient is wanted) <- dout (BH, L, Ev) and the forward's q, k, v, out, lse,
+   * mask. Recomputes the probabilities tile by tile from lse. */
+  int (*attention_backward)(int dtype, void *dq, void *dk, void *dv, void *dmask,
+                             const void *dout, const void *q, const void *k, const void *v,
+                             const void *out, const void *lse, const void *mask,
+                             const ddp_attention_geom *g);
   /* ---- optim (runtime/backend/cpu/optim.h): dtype FLOAT, contiguous buffers of n ---- */
   void (*sgd)(int dtype, void *param, void *momentum_buffer, const void *grad, int64_t n,
               const ddp_sgd_hparams *h);

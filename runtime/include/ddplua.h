@@ -402,6 +402,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/ops_shape.h"
 #include "ddplua/ops_nn.h"
 #include "ddplua/ops_norm.h"
+#include "ddplua/ops_attention.h"
 #include "ddplua/ops_loss.h"
 #include "ddplua/io.h"
 #include "ddplua/optim.h"

@@ -48,6 +48,15 @@ function F.avg_pool2d(x, kernel_size, opts) return dl.avg_pool2d(x, kernel_size,
 --- F.adaptive_avg_pool2d(x, output_size): output_size a number or {oh, ow}.
 function F.adaptive_avg_pool2d(x, output_size) return dl.adaptive_avg_pool2d(x, output_size) end
 
+-- ---- attention -------------------------------------------------------------------------
+
+--- F.scaled_dot_product_attention(query, key, value[, opts]): PyTorch 2.x's, one fused op;
+-- opts.attn_mask, opts.dropout_p (0), opts.is_causal (false), opts.scale (1 / sqrt(E)),
+-- opts.generator (see dl.scaled_dot_product_attention).
+function F.scaled_dot_product_attention(query, key, value, opts)
+  return dl.scaled_dot_product_attention(query, key, value, opts)
+end
+
 -- ---- normalisation, dropout, embedding -----------------------------------------------
 
 --- F.batch_norm(x, running_mean, running_var[, opts]): opts.weight, opts.bias,

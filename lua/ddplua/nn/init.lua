@@ -6,6 +6,7 @@
 --     nn.BatchNorm1d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.LayerNorm, nn.Dropout, nn.Flatten, nn.Embedding,
 --     nn.Identity, nn.ReLU, nn.LeakyReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU,
 --     nn.Softmax, nn.LogSoftmax
+--   transformers: nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer
 --   losses: nn.CrossEntropyLoss, nn.NLLLoss, nn.MSELoss
 --   nn.init (weight_init.lua): kaiming_*, xavier_*, normal_, uniform_, constant_, ...
 --   nn.functional (functional.lua): the stateless forms (F.relu, F.conv2d, ...)
@@ -41,6 +42,9 @@ M.Dropout = require "ddplua.nn.dropout"
 M.Flatten = require "ddplua.nn.flatten"
 M.Embedding = require "ddplua.nn.embedding"
 M.Identity = require "ddplua.nn.identity"
+M.MultiheadAttention = require "ddplua.nn.multihead_attention"
+M.TransformerEncoderLayer = require "ddplua.nn.transformer_encoder_layer"
+M.TransformerDecoderLayer = require "ddplua.nn.transformer_decoder_layer"
 M.DataParallel = require "ddplua.nn.data_parallel"
 
 for name, cls in pairs(require "ddplua.nn.activation") do M[name] = cls end

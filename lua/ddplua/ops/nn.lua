@@ -136,6 +136,28 @@ function F.adaptive_avg_pool2d(x, size)
   return wrap(box[0])
 end
 
+--- dl.scaled_dot_product_attention(q, k, v[, opts]) -> (..., L, Ev), PyTorch 2.x's
+-- F.scaled_dot_product_attention as one fused op (runtime/ops/attention.c; contract in
+-- runtime/include/ddplua/ops_attention.h): softmax(q kᵀ * scale + mask) v, tiled with an
+-- online softmax so the (L, S) scores are never held whole (memory linear in L and S).
+-- q (..., L, E), k (..., S, E), v (..., S, Ev), one floating dtype and the same batch dims.
+-- opts.attn_mask: bool (true = takes part) or q's dtype (added), broadcastable to
+-- (..., L, S); opts.dropout_p (0) on the attention weights, drawn from opts.generator (a
+-- dl.Generator; default generator); opts.is_causal (false): key j > query i takes no part
+-- (not with attn_mask); opts.scale (default 1 / sqrt(E)). Differentiable w.r.t. q, k, v
+-- and a floating mask. Raises naming scaled_dot_product_attention on shape, dtype or
+-- device mismatches.
+function F.scaled_dot_product_attention(q, k, v, opts)
+  local mask, p, causal, scale, gen = nil, 0, false, 0 / 0, nil
+  if opts then
+    mask, p, causal = opts.attn_mask, opts.dropout_p or 0, opts.is_causal and true or false
+    if opts.scale ~= nil then scale = opts.scale end
+    gen = opts.generator and opts.generator.handle
+  end
+  check(C.ddp_scaled_dot_product_attention(box, q, k, v, mask, p, causal and 1 or 0, scale, gen))
+  return wrap(box[0])
+end
+
 for _, name in ipairs { "matmul", "bmm", "linear", "conv2d", "max_pool2d", "relu_max_pool2d",
   "avg_pool2d", "adaptive_avg_pool2d" } do
   M.methods[name] = F[name]

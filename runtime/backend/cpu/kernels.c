@@ -3,6 +3,7 @@
  * (Note [one dispatch path]). */
 #include "backend/kernels.h"
 
+#include "backend/cpu/attention.h"
 #include "backend/cpu/conv.h"
 #include "backend/cpu/copy.h"
 #include "backend/cpu/elementwise.h"
@@ -66,6 +67,8 @@ const ddp_kernels ddp_cpu_kernels = {
     .masked_scale = ddp_cpu_masked_scale,
     .embedding_forward = ddp_cpu_embedding_forward,
     .embedding_backward = ddp_cpu_embedding_backward,
+    .attention_forward = ddp_cpu_attention_forward,
+    .attention_backward = ddp_cpu_attention_backward,
     .sgd = ddp_cpu_sgd,
     .sgd_multi = ddp_cpu_sgd_multi,
     .adam = ddp_cpu_adam,
