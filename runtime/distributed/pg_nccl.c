@@ -252,8 +252,32 @@ static int nccl_check_tensor(const ddp_pg *pg, const ddp_tensor *t, const char *
 
 /* ---- groups ------------------------------------------------------------------------------ */
 
+/* Note [nccl abort]: Note [group abort] (pg.c) for nccl. The plug-in's communicator is used
+ * by the program's thread without a lock (an enqueue, a poll), so ncclCommAbort, which frees
+ * it, is called only from that thread: at ddp_pg_abort (abort_owned) and when an aborted
+ * group is freed (instead of destroying it, which would wait for work that will never
+ * finish). An abort learnt on another thread (the watcher, the REPL's interrupt) poisons the
+ * fingerprint segment, where a host blocked in the arrival step then fails at once, and
+ * every later call of the group fails before it reaches the communicator (pg.c:
+ * check_group); a host blocked in ddp_work_synchronize still waits for its timeout. */
+static void nccl_abort(ddp_pg *pg) {
+  nccl_state *s = state(pg);
+  if (!s) return;
+  char msg[PG_MSG_CAP];
+  pthread_mutex_lock(&pg->lock);
+  snprintf(msg, sizeof msg, "%s", pg->failure);
+  pthread_mutex_unlock(&pg->lock);
+  ddp_shm_abort(s->shm, msg);
+}
+
+static void nccl_abort_owned(ddp_pg *pg) {
+  nccl_state *s = state(pg);
+  if (s && s->comm) s->api->comm_abort(s->comm);
+}
+
 static void nccl_free(ddp_pg *pg) { /* no threads: the communicator flushes its queued work */
   nccl_state *s = state(pg);
+  if (s && s->comm && ddp_pg_is_aborted(pg)) s->api->comm_abort(s->comm); /* Note [nccl abort] */
   if (s && s->comm) s->api->comm_destroy(s->comm);
   if (s) ddp_shm_free(s->shm);
   free(s);
@@ -306,6 +330,7 @@ static int pg_create_nccl(ddp_pg **out, struct ddp_store *store, int rank, int s
                      ddp_device_str(device), prefix);
     return status;
   }
+  pg_mark_live(pg);
   *out = pg;
   return DDP_OK;
 }
@@ -363,6 +388,8 @@ const pg_backend pg_nccl_backend = {
   .check_tensor = nccl_check_tensor,
   .new_group = nccl_new_group,
   .set_timeout = nccl_set_timeout,
+  .abort = nccl_abort,
+  .abort_owned = nccl_abort_owned,
   .error = nccl_error,
   .free = nccl_free,
 };
