@@ -25,7 +25,36 @@ local function stamp(output, name)
   return tonumber(output:match("T " .. name .. " ([%d.]+)"))
 end
 
+local root = io.popen("pwd"):read("*l")
+local SIM = root .. "/build/libddplua_cuda_sim.so"
+
 describe("group abort #faults #dist", function()
+  it("abort_process_group aborts an nccl group on every rank (simulated NCCL)", function()
+    local r = mp.run { code = PRELUDE .. [[
+local lib = require "ddplua.lib"
+local RANK = tonumber(os.getenv("RANK"))
+dist.init_process_group{backend = "nccl", device_id = RANK, timeout = 10}
+local box = lib.ffi.new("ddp_tensor*[1]")
+lib.check(lib.C.ddp_tensor_to_device(box, dl.ones({2}), RANK, 0))
+local t = lib.wrap(box[0])
+dist.all_reduce(t)
+print("FIRST", t:cpu():tolist()[1], dist.is_aborted())
+if RANK == 0 then dist.abort_process_group() end
+dos.sleep(1.5) -- rank 1 learns of it from its watcher (every 0.25 s)
+print("LATER", dist.is_aborted(), pcall(dist.all_reduce, t))
+dist.destroy_process_group()
+print("DESTROYED")
+]], env = { DDPLUA_SIM_NCCL = "1", DDPLUA_CUDA_PLUGIN = SIM }, timeout = 40 }
+    assert.is_true(r.ok, mp.describe(r))
+    for i = 1, 2 do
+      local o = r[i].output
+      assert.matches("FIRST\t2\tfalse", o, 1, true)
+      assert.matches("LATER\ttrue\tfalse\t[^\n]*all_reduce on rank " .. (i - 1) ..
+                     ": the process group was aborted: abort_process_group called on rank 0 at [^\n]*script.lua:13", o)
+      assert.matches("DESTROYED", o, 1, true)
+    end
+  end)
+
   for _, b in ipairs(BACKENDS) do
     it("a timed-out all_reduce on one rank makes the other rank's next all_reduce raise, not add the stale contribution (" .. b[1] .. ")", function()
       local r = mp.run { code = PRELUDE .. [[
