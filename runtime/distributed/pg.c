@@ -249,10 +249,15 @@ void pg_abort_poll(ddp_pg *pg) {
   void *v = NULL;
   size_t n = 0;
   pthread_mutex_lock(&pg->abort_mu);
-  if (pg->abort_failed_at > 0 && mono_s() - pg->abort_failed_at < ABORT_POLL_BACKOFF_S) {
+  double now = mono_s();
+  /* at most every PG_ABORT_POLL_S (the watcher may wake sooner for a stall report), and
+   * not for a while after a failed poll */
+  if (now - pg->abort_polled_at < PG_ABORT_POLL_S * 0.8 ||
+      (pg->abort_failed_at > 0 && now - pg->abort_failed_at < ABORT_POLL_BACKOFF_S)) {
     pthread_mutex_unlock(&pg->abort_mu);
     return;
   }
+  pg->abort_polled_at = now;
   ddp_store *st = abort_store(pg, ABORT_POLL_TIMEOUT_S);
   if (!st) pg->abort_failed_at = mono_s();
   if (st && (ddp_store_check(st, keys, 1, &have) || (have && ddp_store_get(st, key, &v, &n)))) {

@@ -116,6 +116,7 @@ struct ddp_pg {
   pthread_mutex_t abort_mu; /* abort_store */
   ddp_store *abort_store;   /* the abort's own store connection; NULL: none yet */
   double abort_failed_at;   /* CLOCK_MONOTONIC s of its last failure (polls pause a while) */
+  double abort_polled_at;   /* CLOCK_MONOTONIC s of the watcher's last poll */
 };
 
 /* Note [pg backend]. Entries marked optional may be NULL. */

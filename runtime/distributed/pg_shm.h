@@ -16,7 +16,8 @@
  *
  * Errors follow gloo_shim.h: a status, the reason in `err` (DDP_GLOO_ERR_CAP bytes) and the
  * group rank at fault in *peer (-1 when unknown). After a failure the segment's counters no
- * longer agree between ranks: pg_gloo.c breaks the group, as after a Gloo failure. */
+ * longer agree between ranks: pg_gloo.c aborts the group, as after a Gloo failure (Note
+ * [group abort] in pg.c), which poisons the segment (ddp_shm_abort). */
 #ifndef DDP_PG_SHM_H
 #define DDP_PG_SHM_H
 
