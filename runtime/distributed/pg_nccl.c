@@ -166,6 +166,8 @@ static int nccl_agree(ddp_pg *pg, ddp_work *w) {
   return status;
 }
 
+static void nccl_abort_group(ddp_pg *pg, ddp_work *w);
+
 /* The backend's `enqueue`: no queue, the collective goes on the stream now. */
 static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   w->refs = 1; /* no queue: the caller's reference only */
@@ -176,6 +178,7 @@ static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   if (pg_fp_applies(w->kind) && !(broken && *broken)) {
     int st = nccl_agree(pg, w);
     if (st) {
+      nccl_abort_group(pg, w);
       pg_work_unref(w);
       return st;
     }
@@ -201,10 +204,26 @@ static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
 
 /* ---- work handles ------------------------------------------------------------------------ */
 
-/* Name the collective, the rank and the backend in a failure's message. */
+/* Note [group abort] (pg.c): a collective that failed in the communicator (its exchange of
+ * fingerprints, a wait, a poll) aborts the group on every rank; the peers learn it from the
+ * store. The caller's error stays as it was. */
+static void nccl_abort_group(ddp_pg *pg, ddp_work *w) {
+  ddp_saved_error e;
+  ddp_error_save(&e);
+  char msg[PG_MSG_CAP], site[PG_SITE_CAP + 64];
+  pg_work_site(w, site, sizeof site);
+  snprintf(msg, sizeof msg, "%s%s", e.text, site);
+  pg_abort(pg, e.status ? e.status : DDP_ERR_STATE, msg, NULL);
+  ddp_error_restore(&e);
+}
+
+/* Name the collective, the rank and the backend in a failure's message (and abort the
+ * group: a wait or a poll failed). */
 static int nccl_prefix(ddp_work *w, int status) {
-  if (status)
+  if (status) {
     ddp_error_prefix("%s on rank %d (nccl backend)", pg_op_names[w->kind], w->pg->global[w->pg->rank]);
+    nccl_abort_group(w->pg, w);
+  }
   return status;
 }
 
