@@ -121,7 +121,8 @@ void pg_work_finish(ddp_work *w, int status, const char *msg) {
  *     gloo poisons its shared-memory segment (Note [shm abort] in pg_shm.c: every wait of
  *     every rank checks it, so the peers see it within microseconds to milliseconds) and
  *     fails its Gloo connections (Note [gloo abort] in gloo_shim.cc: the peers' operations
- *     on them fail at once); nccl aborts the communicator (ncclCommAbort).
+ *     on them fail at once); nccl poisons its fingerprint segment and aborts the
+ *     communicator (ncclCommAbort) on the program's thread (Note [nccl abort]).
  *  3. The other ranks learn of it from the segment, from a failed connection (their own
  *     failure then finds the key taken in step 1 and adopts its message), or from the
  *     process's watcher thread (pg_recorder.c), which checks the key of every live group
@@ -181,7 +182,6 @@ static void abort_remote(ddp_pg *pg, const char *msg) {
   int already = pg->aborting;
   if (!already) {
     pg->aborting = 1;
-    pg->abort_remote = 1;
     pg->failed = DDP_ERR_PEER;
     snprintf(pg->failure, sizeof pg->failure, "%s", msg);
   }
@@ -216,8 +216,7 @@ void pg_abort(ddp_pg *pg, int status, const char *msg, char *first) {
     }
     pthread_mutex_unlock(&pg->abort_mu);
     if (rc == 0 && v && n > 0 && (n != strlen(msg) || memcmp(v, msg, n) != 0)) {
-      pthread_mutex_lock(&pg->lock);
-      pg->abort_remote = 1;
+      pthread_mutex_lock(&pg->lock); /* another rank's failure came first */
       pg->failed = DDP_ERR_PEER;
       snprintf(pg->failure, sizeof pg->failure, "%.*s", (int)(n < PG_MSG_CAP ? n : PG_MSG_CAP - 1),
                (const char *)v);

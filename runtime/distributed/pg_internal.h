@@ -112,7 +112,6 @@ struct ddp_pg {
   /* Note [group abort] (pg.c): guarded by lock */
   int live;                 /* made: an abort may reach the backend (pg_mark_live) */
   int aborting;             /* this rank learned of the failure and is (was) poisoning the group */
-  int abort_remote;         /* 1: the failure came from another rank (the store or the segment) */
   pthread_mutex_t abort_mu; /* abort_store */
   ddp_store *abort_store;   /* the abort's own store connection; NULL: none yet */
   double abort_failed_at;   /* CLOCK_MONOTONIC s of its last failure (polls pause a while) */
