@@ -119,6 +119,33 @@ dos.sleep(1)
       end
     end)
 
+    it("abort_process_group fails the asynchronous work pending on another rank, queued ones too (" .. b[1] .. ")", function()
+      local r = mp.run { code = PRELUDE .. [[
+dist.init_process_group{backend = "gloo", timeout = 30}
+local R = dist.get_rank()
+dist.barrier()
+if R == 0 then
+  dos.sleep(1.5)
+  stamp("abort")
+  dist.abort_process_group()
+  dos.sleep(1)
+else
+  local w1 = dist.all_reduce(dl.ones({8}), {async_op = true})
+  local w2 = dist.broadcast(dl.ones({8}), 0, {async_op = true}) -- queued behind w1
+  for i, w in ipairs { w1, w2 } do
+    local ok, err = pcall(w.wait, w)
+    stamp("raised" .. i)
+    print("WAIT" .. i, ok, err)
+  end
+end
+]], env = b[2], timeout = 40 }
+      assert.is_true(r.ok, mp.describe(r))
+      local o0, o1 = r[1].output, r[2].output
+      assert.matches("WAIT1\tfalse\t[^\n]*all_reduce on rank 1: the process group was aborted: abort_process_group called on rank 0", o1)
+      assert.matches("WAIT2\tfalse\t[^\n]*broadcast on rank 1: the process group was aborted: abort_process_group called on rank 0", o1)
+      assert.is_true(stamp(o1, "raised2") - stamp(o0, "abort") < 2.5, o0 .. o1)
+    end)
+
     it("abort_process_group on one rank makes the other rank's pending collective raise within a second, and the group can be made again (" .. b[1] .. ")", function()
       local r = mp.run { code = PRELUDE .. [[
 local R = tonumber(os.getenv("RANK"))
