@@ -316,8 +316,11 @@ void ddp_gloo_free(ddp_gloo *g) {
 // give out (the published pair addresses are not the connections' ends in this Gloo); short
 // Gloo timeouts in a loop cannot work, as a timed-out operation leaves its context unusable.
 // Debian's libgloo-dev installs gloo/transport/tcp/pair.h but not gloo/common/memory.h,
-// which it includes, so the one member the shim calls is declared below; the pair's dynamic
-// type is checked by name before the cast (a pair of another transport is left alone).
+// which it includes, so the one member the shim calls is declared below, in a stand-in for
+// Gloo's class that adds no data member, virtual function or inline code (nothing of it is
+// emitted: the call goes to libgloo's symbol); the pair's dynamic type is checked by name
+// before the cast (a pair of another transport is left alone, and its waits end only at
+// their timeout).
 }  // extern "C"
 
 namespace gloo {
