@@ -119,6 +119,32 @@ dos.sleep(1)
       end
     end)
 
+    it("aborting a subgroup leaves the world working, and new_group makes another (" .. b[1] .. ")", function()
+      local r = mp.run { code = PRELUDE .. [[
+dist.init_process_group{backend = "gloo", timeout = 10}
+local R = dist.get_rank()
+local sub = dist.new_group({0, 1})
+if R == 0 then dist.abort_process_group(sub) end
+dos.sleep(1)
+print("SUB", dist.is_aborted(sub), pcall(dist.all_reduce, dl.ones{1}, {group = sub}))
+local t = dl.ones{1}
+dist.all_reduce(t)
+print("WORLD", t:item(), dist.is_aborted())
+dist.destroy_process_group(sub)
+local u = dl.ones{1}
+dist.all_reduce(u, {group = dist.new_group({0, 1})})
+print("SUB2", u:item())
+dos.sleep(0.5)
+]], env = b[2], timeout = 40 }
+      assert.is_true(r.ok, mp.describe(r))
+      for i = 1, 2 do
+        local o = r[i].output
+        assert.matches("SUB\ttrue\tfalse\t[^\n]*the process group was aborted: abort_process_group called on rank 0 at [^\n]*script.lua:8", o)
+        assert.matches("WORLD\t2\tfalse", o, 1, true)
+        assert.matches("SUB2\t2", o, 1, true)
+      end
+    end)
+
     it("abort_process_group fails the asynchronous work pending on another rank, queued ones too (" .. b[1] .. ")", function()
       local r = mp.run { code = PRELUDE .. [[
 dist.init_process_group{backend = "gloo", timeout = 30}
