@@ -62,6 +62,7 @@ function M.init()
   state.rank, state.world_size = env.rank, env.world_size
   dist.init_process_group { store = state.store, rank = env.rank, world_size = env.world_size,
                             group_name = group_name() }
+  state.group = dist.get_default_group()
 end
 
 --- ranks.heal() -> true when it made the default group again (Note [REPL group abort]):
@@ -69,7 +70,10 @@ end
 -- was aborted (<first failure>); made a new one". Raises when the new group cannot be made.
 function M.heal()
   local dist = require "ddplua.distributed"
-  if not state.store or not dist.is_initialized() then return false end
+  -- only the group made here (not one the user made at the prompt instead)
+  if not state.store or not dist.is_initialized() or dist.get_default_group() ~= state.group then
+    return false
+  end
   local key = group_name() .. "/abort"
   local why
   if dist.is_aborted() then
@@ -84,6 +88,7 @@ function M.heal()
   state.generation = state.generation + 1
   dist.init_process_group { store = state.store, rank = state.rank, world_size = state.world_size,
                             group_name = group_name() }
+  state.group = dist.get_default_group()
   print(("ddplua: the process group was aborted (%s); made a new one"):format(why))
   return true
 end
