@@ -13,7 +13,8 @@
 -- rank's device only, and its work:wait() makes the current stream wait (the host goes on;
 -- work:synchronize() blocks the host), as PyTorch. Every collective has a timeout (the group's, default 300 s);
 -- a dead peer or a timeout raises an error naming the collective, this rank and, when it can
--- be known, the peer's rank, and the group is unusable afterwards.
+-- be known, the peer's rank, and aborts the group on every rank (see abort_process_group):
+-- pending and later collectives raise naming that first failure.
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local tensor = require "ddplua.tensor"
