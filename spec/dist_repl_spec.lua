@@ -130,4 +130,43 @@ describe("distributed REPL", function()
     while not term:dead() and os.time() < deadline do os.execute("sleep 0.1") end
     assert.is_true(term:dead())
   end)
+
+  local function now()
+    local p = io.popen("date +%s.%N")
+    local t = tonumber(p:read("*l"))
+    p:close()
+    return t
+  end
+
+  -- Note [REPL group abort] (lua/ddplua/repl/ranks.lua): Ctrl-C used to leave a rank blocked
+  -- in a collective for the group's 300 s timeout.
+  it_tty("Ctrl-C ends a collective blocked on a peer within a second, and the next line makes the group again", function()
+    local term = pty.start(exe .. " --nproc_per_node=2 --standalone -i")
+    finally(function() term:close() end)
+    term:wait_for("Ctrl-D exits.", 120)
+    term:wait_prompt(nil, 120)
+    -- rank 0 waits in an all_reduce that rank 1 (busy in a loop) never calls
+    local line = "if dist.get_rank() == 0 then dist.all_reduce(dl.ones{2}) else while true do end end"
+    local before = #term:screen()
+    term:send(line, "Enter")
+    local _, e = term:wait_for(line .. "\n", 60, math.max(1, before - #line - 8))
+    os.execute("sleep 1")
+    local t0 = now()
+    term:send("C-c")
+    local screen = term:wait_prompt(nil, 60, e - 1)
+    local took = now() - t0
+    assert.is_true(took < 2.5, ("the prompt came back %.2f s after Ctrl-C:\n%s"):format(took, screen))
+    -- rank 0's collective ended with the abort (or the interrupt that came with it)
+    assert.matches("%[rank 0%] [^\n]*ddplua: [^\n]*", screen:sub(e))
+    assert.matches("[rank 1] ddplua: interrupted!", screen:sub(e), 1, true)
+    -- the next line makes the group again on both ranks, then runs on it
+    local out = term:enter("dist.all_reduce(dl.ones{2})", 60)
+    assert.matches("[all ranks] ddplua: the process group was aborted (interrupted (Ctrl-C in the distributed REPL) on rank 0 while all_reduce #", out, 1, true)
+    assert.matches("[all ranks] tensor([2.0000, 2.0000])", out, 1, true)
+    assert.matches("[all ranks] 2", term:enter("dist.get_world_size()", 60), 1, true)
+    term:send("C-d")
+    local deadline = os.time() + 60
+    while not term:dead() and os.time() < deadline do os.execute("sleep 0.1") end
+    assert.is_true(term:dead())
+  end)
 end)

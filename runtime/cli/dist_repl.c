@@ -10,7 +10,7 @@
  *   accepts N connections             <------- 'H' "<rank>"
  *   reads a complete input (repl.c: libedit,
  *   the session checks it is complete)
- *   sends it to every rank (or one: %rank K) -> 'L' <code>: run as at their own prompt
+ *   sends it to every rank (or one: %rank K) -> 'L' <code> ('R' for %rank K): run as at their own prompt
  *   waits for every answer            <------- 'O' <what the input printed, stdout+stderr>
  *   prints them: identical ones once as "[all ranks] ...", the others "[rank K] ..."
  *
@@ -19,8 +19,11 @@
  * An error is output like any other: it shows, and the session goes on. Ctrl-C at the
  * prompt drops the line; while ranks run, this process sends an 'I' frame to every rank
  * involved (the launcher sits in its own process group, so the terminal's Ctrl-C reaches only
- * this process); a thread of each rank raises SIGINT in its main thread, its REPL turns it
- * into "interrupted!", and the answers come back as usual. A rank that dies ends the session:
+ * this process); a thread of each rank aborts the process groups with a collective pending
+ * (so a rank blocked in one gets out at once, and its peers too: Note [REPL group abort] in
+ * lua/ddplua/repl/ranks.lua, which also makes the default group again before the next input)
+ * and raises SIGINT in its main thread, its REPL turns it into "interrupted!", and the
+ * answers come back as usual. A rank that dies ends the session:
  * the prompt names it, gives the launcher a moment to report why, and exits non-zero. The
  * prompt's death ends the job: the launcher has PR_SET_PDEATHSIG = SIGTERM and stops its
  * ranks, and a rank whose prompt connection ends while it runs an input ends itself. Ctrl-D
@@ -232,15 +235,22 @@ static void *watch(void *arg) {
     size_t len;
     ddp_repl_reader_take(&r, &type, &data, &len);
     free(data);
-    if (type == 'I') pthread_kill(w->main, SIGINT);
+    if (type == 'I') {
+      /* Note [REPL group abort] (ranks.lua): a collective the program's thread is blocked in
+       * returns with the abort (on every rank) instead of waiting out its timeout */
+      ddp_pg_abort_pending("interrupted (Ctrl-C in the distributed REPL)");
+      pthread_kill(w->main, SIGINT);
+    }
   }
   ddp_repl_reader_free(&r);
   return NULL;
 }
 
 /* Run `code` with fds 1 and 2 pointed at a temporary file (and Ctrl-C frames watched); the
- * output is returned malloc'd. */
-static char *run_captured(lua_State *L, int fd, const char *code, size_t len, size_t *out_len) {
+ * output is returned malloc'd. every_rank: every rank runs this input (an 'L' frame, not
+ * 'R'), so an aborted default group is made again first (Note [REPL group abort]). */
+static char *run_captured(lua_State *L, int fd, const char *code, size_t len, int every_rank,
+                          size_t *out_len) {
   fflush(stdout);
   fflush(stderr);
   FILE *tmp = tmpfile();
@@ -251,6 +261,7 @@ static char *run_captured(lua_State *L, int fd, const char *code, size_t len, si
   }
   watcher w = {fd, {-1, -1}, saved2, pthread_self(), 0};
   int watching = pipe(w.stop) == 0 && pthread_create(&w.thread, NULL, watch, &w) == 0;
+  if (every_rank) (void)ddp_host_dostring(L, "require('ddplua.repl.ranks').heal()", "=(distributed REPL)");
   ddp_repl_eval(L, code, len);
   if (watching) {
     (void)!write(w.stop[1], "", 1);
@@ -335,7 +346,7 @@ int ddp_repl_serve(lua_State *L, const char *address) {
   /* the rank's prompt-level names: `dist` and its default group (env://) */
   if (ddp_host_dostring(L,
         "dist = require 'ddplua.distributed'\n"
-        "if not dist.is_initialized() then dist.init_process_group() end\n"
+        "require('ddplua.repl.ranks').init()\n" /* Note [REPL group abort] */
         "dist = require('ddplua.repl.ranks').prompt_dist(dist)",
         "=(distributed REPL)") != 0)
     return DDP_CLI_EXIT_ERROR;
@@ -383,12 +394,12 @@ int ddp_repl_serve(lua_State *L, const char *address) {
       status = DDP_CLI_EXIT_ERROR;
       break;
     }
-    if (type != 'L') { /* a Ctrl-C frame that came after the input ended */
+    if (type != 'L' && type != 'R') { /* a Ctrl-C frame that came after the input ended */
       free(code);
       continue;
     }
     size_t out_len = 0;
-    char *out = run_captured(L, fd, code, len, &out_len);
+    char *out = run_captured(L, fd, code, len, type == 'L', &out_len);
     free(code);
     int failed = send_frame(fd, 'O', out ? out : "", out_len);
     free(out);
@@ -474,7 +485,10 @@ static int run_on_ranks(void *ctx, const char *code, size_t len) {
     out[r] = NULL;
     out_len[r] = 0;
     if (only >= 0 && r != only) continue;
-    if (send_frame(rk->fd[r], 'L', code, len) != 0) end_with_lost_rank(rk, r, "its connection is closed");
+    /* 'R': this rank alone (%rank K), which must not make the group again (Note [REPL
+     * group abort] in lua/ddplua/repl/ranks.lua) */
+    if (send_frame(rk->fd[r], only >= 0 ? 'R' : 'L', code, len) != 0)
+      end_with_lost_rank(rk, r, "its connection is closed");
     ddp_repl_reader_init(&rd[r], DDP_REPL_FRAME_MAX);
     waiting++;
   }

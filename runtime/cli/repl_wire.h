@@ -4,8 +4,9 @@
  *
  * A frame: one type byte, the payload length as exactly 10 decimal digits, the payload.
  * Types: 'H' hello (rank -> prompt), 'A' answer (prompt -> rank), 'P' proof (rank -> prompt),
- * 'L' an input to run (prompt -> rank), 'I' interrupt (prompt -> rank, empty), 'O' what an
- * input printed (rank -> prompt).
+ * 'L' an input to run on every rank (prompt -> rank), 'R' an input for this rank alone
+ * (%rank K), 'I' interrupt (prompt -> rank, empty), 'O' what an input printed (rank ->
+ * prompt).
  */
 #ifndef DDPLUA_CLI_REPL_WIRE_H
 #define DDPLUA_CLI_REPL_WIRE_H

@@ -25,6 +25,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "ddplua.h"
@@ -363,6 +364,63 @@ void ddp_gloo_free(ddp_gloo *g) {
   try {
     delete g;
   } catch (...) {
+  }
+}
+
+// Note [gloo abort]: a Gloo operation blocks in its buffers' waits, and only the peer's
+// bytes, a transport error or the operation's timeout end it. The way in from another thread
+// is the one Gloo itself takes when a wait times out (tcp::Context::signalException,
+// "Application timeout caused pair closure"): tcp::Pair::signalExceptionExternal, which
+// under the pair's own mutex (the one its device thread holds for every read and write)
+// hands an exception to every buffer with an operation pending on the pair (their waits
+// throw it), fails every later operation on the pair at once, and closes its socket, so the
+// peer's operations on that connection fail too ("Connection closed by peer"). It is
+// idempotent (a pair keeps its first exception). The context and its pairs stay allocated
+// until ddp_gloo_free, which never runs at the same time (pg.c takes the group off the
+// watcher's list first, and the communication thread is joined before it). Rejected:
+// Context::closeConnections closes the sockets but wakes no buffer (a pending receive waits
+// out its timeout); shutting the sockets down needs their descriptors, which Gloo does not
+// give out (the published pair addresses are not the connections' ends in this Gloo); short
+// Gloo timeouts in a loop cannot work, as a timed-out operation leaves its context unusable.
+// Debian's libgloo-dev installs gloo/transport/tcp/pair.h but not gloo/common/memory.h,
+// which it includes, so the one member the shim calls is declared below, in a stand-in for
+// Gloo's class that adds no data member, virtual function or inline code (nothing of it is
+// emitted: the call goes to libgloo's symbol); the pair's dynamic type is checked by name
+// before the cast (a pair of another transport is left alone, and its waits end only at
+// their timeout).
+}  // extern "C"
+
+namespace gloo {
+namespace transport {
+namespace tcp {
+class Pair : public ::gloo::transport::Pair {
+ public:
+  std::exception_ptr signalExceptionExternal(const std::string &msg);  // libgloo's
+};
+}  // namespace tcp
+}  // namespace transport
+}  // namespace gloo
+
+namespace {
+
+constexpr const char *kTcpPairType = "N4gloo9transport3tcp4PairE";  // typeid(tcp::Pair).name()
+
+}  // namespace
+
+extern "C" {
+
+void ddp_gloo_abort(ddp_gloo *g, const char *why) {
+  if (!g || !g->ctx) return;
+  std::string msg = why && *why ? why : "the process group was aborted";
+  for (int j = 0; j < g->size; j++) {
+    if (j == g->rank) continue;
+    try {
+      gloo::transport::Pair *pair = g->ctx->getPair(j).get();
+      if (pair && strcmp(typeid(*pair).name(), kTcpPairType) == 0)
+        static_cast<gloo::transport::tcp::Pair *>(pair)->signalExceptionExternal(msg);
+    } catch (...) {
+      // nothing to wake on a pair that cannot be reached
+    }
   }
 }
 

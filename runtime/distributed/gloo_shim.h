@@ -38,6 +38,10 @@ int ddp_gloo_new(ddp_gloo **out, const ddp_gloo_store *store, const char *prefix
                  int size, const char *hostname, const char *iface, double timeout_s,
                  char *err);
 void ddp_gloo_free(ddp_gloo *g);
+/* Make every operation of g, blocked now or started later, fail with `why` (any thread; not
+ * during ddp_gloo_free): Note [gloo abort] in gloo_shim.cc. The peers' operations on the
+ * closed connections fail too. NULL is ignored. */
+void ddp_gloo_abort(ddp_gloo *g, const char *why);
 void ddp_gloo_set_timeout(ddp_gloo *g, double timeout_s);
 
 /* Collectives on contiguous buffers. `dtype` (enum ddp_dtype) is one of f32, f64, i64, i32,

@@ -12,6 +12,7 @@
 #include "distributed/pg_fingerprint.h"
 #include "distributed/pg_internal.h"
 #include "distributed/pg_recorder.h"
+#include "distributed/store_wire.h"
 
 const double PG_DEFAULT_TIMEOUT_S = 300.0;
 
@@ -102,13 +103,220 @@ void pg_work_finish(ddp_work *w, int status, const char *msg) {
   pthread_mutex_unlock(&w->mu);
 }
 
-void pg_break(ddp_pg *pg, int status, const char *msg) {
+/* ---- group abort ---------------------------------------------------------------------- */
+
+/* Note [group abort]: a process group whose collective failed on one rank (a timeout, a
+ * peer's death, a fingerprint mismatch) or that a rank aborted (ddp_pg_abort, the
+ * distributed REPL's Ctrl-C) is poisoned on every rank, as NCCL's ncclCommAbort and
+ * PyTorch's abort_process_group: every pending and later collective of the group on every
+ * rank fails within about a second, naming the group's first failure (the rank, the
+ * collective, its call site, the cause). Without it a rank that went on after a peer gave
+ * up paired its next collective with the abandoned one (issue 24: through shared memory
+ * rank 1 got 21 = its own 20 + rank 0's stale 1), and a rank left waiting waited out its
+ * own timeout.
+ *  1. The rank that fails first (pg_abort) records the failure in pg->failure (every later
+ *     call of the group on this rank fails at once with it: check_group, pg_queue.c), then
+ *     agrees on the group's first failure through the store: compare_set of
+ *     "<prefix>/abort" from empty to its message, so the first writer of any rank wins and
+ *     every rank adopts the stored message. This goes over the abort's own store connection
+ *     (abort_store, short timeout): the group's connection may be held by the program's
+ *     thread in a long store wait.
+ *  2. Then it poisons the group with the agreed message through the backend's `abort`:
+ *     gloo poisons its shared-memory segment (Note [shm abort] in pg_shm.c: every wait of
+ *     every rank checks it, so the peers see it within microseconds to milliseconds) and
+ *     fails its Gloo connections (Note [gloo abort] in gloo_shim.cc: the peers' operations
+ *     on them fail at once); nccl poisons its fingerprint segment and aborts the
+ *     communicator (ncclCommAbort) on the program's thread (Note [nccl abort]).
+ *  3. The other ranks learn of it from the segment, from a failed connection (their own
+ *     failure then finds the key taken in step 1 and adopts its message), or from the
+ *     process's watcher thread (pg_recorder.c), which checks the key of every live group
+ *     every PG_ABORT_POLL_S over the same abort connection (pg_abort_poll) and poisons the
+ *     group there too (step 2: so a rank blocked on a healthy connection to a third rank
+ *     gets out as well). The store is written before anything is poisoned, so a rank
+ *     that sees the poison finds the key.
+ * A work item that fails because of the abort says "<op> on rank N: the process group was
+ * aborted: <first failure>". An aborted group stays aborted; ddp_pg_free it and make a new
+ * one (under another prefix on the same store: the key stays). */
+
+const double PG_ABORT_POLL_S = 0.25;
+/* The abort connection's timeouts: a poll's (short: the watcher also prints stall reports,
+ * which a store that does not answer must not hold up: Note [stall report store]), the
+ * compare_set's; and how long polls pause after a failed one. */
+static const double ABORT_POLL_TIMEOUT_S = 0.25, ABORT_STORE_TIMEOUT_S = 2.0,
+                    ABORT_POLL_BACKOFF_S = 2.0;
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The abort's store connection (Note [group abort]), opened on first use, with requests
+ * timing out after timeout_s; under abort_mu. A file store is used as it is. NULL when the
+ * store cannot be reached (error cleared). */
+static ddp_store *abort_store(ddp_pg *pg, double timeout_s) {
+  if (!pg->store) return NULL;
+  if (pg->store->kind != STORE_KIND_TCP) return pg->store;
+  if (!pg->abort_store && store_tcp_client_like(&pg->abort_store, pg->store, timeout_s)) {
+    pg->abort_store = NULL;
+    ddp_clear_error();
+  }
+  if (pg->abort_store) ddp_store_set_timeout(pg->abort_store, timeout_s);
+  return pg->abort_store;
+}
+
+/* After a failed request: drop the connection (made anew at the next use) and pause the
+ * polls. Under abort_mu. */
+static void abort_store_failed(ddp_pg *pg) {
+  ddp_clear_error();
+  pg->abort_failed_at = mono_s();
+  if (pg->abort_store) {
+    ddp_store_free(pg->abort_store);
+    pg->abort_store = NULL;
+  }
+}
+
+static void abort_key(const ddp_pg *pg, char *key, size_t cap) {
+  snprintf(key, cap, "%s/abort", pg->prefix);
+}
+
+/* Poison the group on this rank with a failure learnt from another rank (step 3). */
+static void abort_remote(ddp_pg *pg, const char *msg) {
   pthread_mutex_lock(&pg->lock);
-  if (!pg->failed) {
-    pg->failed = status;
+  int already = pg->aborting;
+  if (!already) {
+    pg->aborting = 1;
+    pg->failed = DDP_ERR_PEER;
+    snprintf(pg->failure, sizeof pg->failure, "%s", msg);
+  }
+  int live = pg->live;
+  pthread_mutex_unlock(&pg->lock);
+  if (!already && live && pg->backend->abort) pg->backend->abort(pg);
+}
+
+void pg_abort_learned(ddp_pg *pg, const char *msg) { abort_remote(pg, msg); }
+
+void pg_abort(ddp_pg *pg, int status, const char *msg, char *first) {
+  pthread_mutex_lock(&pg->lock);
+  int already = pg->aborting;
+  if (!already) {
+    pg->aborting = 1;
+    pg->failed = status ? status : DDP_ERR_STATE;
     snprintf(pg->failure, sizeof pg->failure, "%s", msg);
   }
   pthread_mutex_unlock(&pg->lock);
+  if (!already) {
+    /* step 1: the group's first failure, from any rank */
+    char key[600];
+    abort_key(pg, key, sizeof key);
+    void *v = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&pg->abort_mu);
+    ddp_store *st = abort_store(pg, ABORT_STORE_TIMEOUT_S);
+    int rc = st ? ddp_store_compare_set(st, key, "", 0, msg, strlen(msg), &v, &n) : -1;
+    if (rc > 0) {
+      if (st == pg->abort_store) abort_store_failed(pg);
+      else ddp_clear_error();
+    }
+    pthread_mutex_unlock(&pg->abort_mu);
+    if (rc == 0 && v && n > 0 && (n != strlen(msg) || memcmp(v, msg, n) != 0)) {
+      pthread_mutex_lock(&pg->lock); /* another rank's failure came first */
+      pg->failed = DDP_ERR_PEER;
+      snprintf(pg->failure, sizeof pg->failure, "%.*s", (int)(n < PG_MSG_CAP ? n : PG_MSG_CAP - 1),
+               (const char *)v);
+      pthread_mutex_unlock(&pg->lock);
+    }
+    ddp_store_free_value(v);
+    /* step 2 */
+    pthread_mutex_lock(&pg->lock);
+    int live = pg->live;
+    pthread_mutex_unlock(&pg->lock);
+    if (live && pg->backend->abort) pg->backend->abort(pg);
+  }
+  if (first) {
+    pthread_mutex_lock(&pg->lock);
+    snprintf(first, PG_MSG_CAP, "%s", pg->failure);
+    pthread_mutex_unlock(&pg->lock);
+  }
+}
+
+void pg_abort_poll(ddp_pg *pg) {
+  pthread_mutex_lock(&pg->lock);
+  int skip = pg->aborting || !pg->live;
+  pthread_mutex_unlock(&pg->lock);
+  if (skip || !pg->store) return;
+  char key[600];
+  abort_key(pg, key, sizeof key);
+  const char *keys[1] = {key};
+  int have = 0;
+  void *v = NULL;
+  size_t n = 0;
+  pthread_mutex_lock(&pg->abort_mu);
+  double now = mono_s();
+  /* at most every PG_ABORT_POLL_S (the watcher may wake sooner for a stall report), and
+   * not for a while after a failed poll */
+  if (now - pg->abort_polled_at < PG_ABORT_POLL_S * 0.8 ||
+      (pg->abort_failed_at > 0 && now - pg->abort_failed_at < ABORT_POLL_BACKOFF_S)) {
+    pthread_mutex_unlock(&pg->abort_mu);
+    return;
+  }
+  pg->abort_polled_at = now;
+  ddp_store *st = abort_store(pg, ABORT_POLL_TIMEOUT_S);
+  if (!st) pg->abort_failed_at = mono_s();
+  if (st && (ddp_store_check(st, keys, 1, &have) || (have && ddp_store_get(st, key, &v, &n)))) {
+    have = 0;
+    if (st == pg->abort_store) abort_store_failed(pg);
+    else ddp_clear_error();
+  }
+  pthread_mutex_unlock(&pg->abort_mu);
+  if (have && v) {
+    char msg[PG_MSG_CAP];
+    snprintf(msg, sizeof msg, "%.*s", (int)(n < PG_MSG_CAP ? n : PG_MSG_CAP - 1), (const char *)v);
+    abort_remote(pg, msg);
+  }
+  ddp_store_free_value(v);
+}
+
+void pg_aborted_message(ddp_pg *pg, const ddp_work *w, char *msg) {
+  char first[PG_MSG_CAP];
+  pthread_mutex_lock(&pg->lock);
+  snprintf(first, sizeof first, "%s", pg->failure);
+  pthread_mutex_unlock(&pg->lock);
+  snprintf(msg, PG_MSG_CAP, "%s on rank %d: the process group was aborted: %s",
+           pg_op_names[w->kind], pg->global[pg->rank], first);
+}
+
+void pg_work_site(const ddp_work *w, char *out, size_t cap) {
+  if (w->site[0])
+    snprintf(out, cap, " (%s #%llu called at %s)", pg_op_names[w->kind],
+             (unsigned long long)w->seq, w->site);
+  else
+    snprintf(out, cap, "%s", "");
+}
+
+void pg_mark_live(ddp_pg *pg) {
+  pthread_mutex_lock(&pg->lock);
+  pg->live = 1;
+  pthread_mutex_unlock(&pg->lock);
+}
+
+int ddp_pg_abort(ddp_pg *pg, const char *reason) {
+  if (!pg) DDP_FAIL(DDP_ERR_ARG, "abort_process_group: no process group");
+  char msg[PG_MSG_CAP];
+  const char *site = pg_call_site();
+  snprintf(msg, sizeof msg, "%s on rank %d%s%s", reason && *reason ? reason : "abort_process_group called",
+           pg->global[pg->rank], site[0] ? " at " : "", site);
+  pg_abort(pg, DDP_ERR_STATE, msg, NULL);
+  if (pg->live && pg->backend->abort_owned) pg->backend->abort_owned(pg);
+  return DDP_OK;
+}
+
+int ddp_pg_is_aborted(const ddp_pg *pg) {
+  if (!pg) return 0;
+  pthread_mutex_lock((pthread_mutex_t *)&pg->lock);
+  int a = pg->aborting;
+  pthread_mutex_unlock((pthread_mutex_t *)&pg->lock);
+  return a;
 }
 
 int pg_chunk_view(ddp_tensor **out, ddp_tensor *buf, int64_t index, int ndim,
@@ -160,6 +368,7 @@ ddp_pg *pg_header_new(const pg_backend *backend, struct ddp_store *store, int ra
   const char *stall = getenv("DDPLUA_STALL_REPORT_S");
   pg->stall_report_s = stall && atof(stall) > 0 ? atof(stall) : PG_DEFAULT_STALL_REPORT_S;
   pthread_mutex_init(&pg->lock, NULL);
+  pthread_mutex_init(&pg->abort_mu, NULL);
   pthread_cond_init(&pg->cv, NULL);
   pthread_cond_init(&pg->p2p_cv, NULL);
   pg->rec = pg_rec_new(); /* NULL: nothing recorded, the group works the same */
@@ -172,9 +381,11 @@ void pg_header_free(ddp_pg *pg) {
   if (!pg) return;
   pg_watch_remove(pg);
   pg_rec_free(pg->rec);
+  ddp_store_free(pg->abort_store);
   free(pg->global);
   free(pg->prefix);
   pthread_mutex_destroy(&pg->lock);
+  pthread_mutex_destroy(&pg->abort_mu);
   pthread_cond_destroy(&pg->cv);
   pthread_cond_destroy(&pg->p2p_cv);
   free(pg);
@@ -222,6 +433,9 @@ int ddp_pg_new_group(ddp_pg **out, ddp_pg *parent, const int *ranks, int n) {
 
 void ddp_pg_free(ddp_pg *pg) {
   if (!pg) return;
+  /* First out of the watcher's list: once this returns the watcher no longer touches the
+   * group (no abort reaches a backend being freed: Note [group abort]). */
+  pg_watch_remove(pg);
   pg->backend->free(pg);
   pg_header_free(pg);
 }
@@ -257,6 +471,7 @@ int ddp_pg_set_stall_report(ddp_pg *pg, double seconds) {
 }
 
 const char *ddp_pg_error(const ddp_pg *pg) {
+  if (ddp_pg_is_aborted(pg)) return pg->failure; /* the group's first failure, of any rank */
   if (pg && pg->backend->error) return pg->backend->error(pg);
   return pg && pg->failed ? pg->failure : "";
 }
@@ -267,8 +482,18 @@ int ddp_pg_device(const ddp_pg *pg) { return pg ? pg->device : DDP_DEVICE_CPU; }
 
 /* ---- argument checks --------------------------------------------------------------------- */
 
+/* A group, not aborted (Note [group abort]: every later call fails at once, naming the
+ * first failure). */
 static int check_group(ddp_pg *pg, const char *op) {
   if (!pg) DDP_FAIL(DDP_ERR_ARG, "%s: no process group (call init_process_group first)", op);
+  pthread_mutex_lock(&pg->lock);
+  int failed = pg->aborting ? pg->failed : 0;
+  char first[PG_MSG_CAP];
+  if (failed) snprintf(first, sizeof first, "%s", pg->failure);
+  pthread_mutex_unlock(&pg->lock);
+  if (failed)
+    DDP_FAIL(failed, "%s on rank %d: the process group was aborted: %s", op,
+             pg->global[pg->rank], first);
   return DDP_OK;
 }
 

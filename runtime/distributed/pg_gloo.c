@@ -28,6 +28,7 @@ enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not
 /* The `peer` of a failure: -2 a local (staging) failure, -3 a fingerprint mismatch whose
  * message is complete in `err` (Note [collective fingerprints]). */
 enum { PEER_LOCAL = -2, PEER_MISMATCH = -3 };
+/* DDP_SHM_PEER_ABORTED (pg_shm.h, -4): the segment was poisoned, err holds the first failure. */
 
 /* The state of a gloo group (ddp_pg.impl). */
 typedef struct gloo_state {
@@ -496,22 +497,36 @@ core_failed:
   return ddp_last_status() ? ddp_last_status() : DDP_ERR_MEMORY;
 }
 
-/* Record the failure of w (status, the shim's message, the peer at fault) and finish it. */
+/* Record the failure of w (status, the shim's message, the peer at fault) and finish it.
+ * Every failure but a local staging one aborts the group (Note [group abort] in pg.c):
+ * Gloo's context is unusable after an exception, the segment's counters no longer agree,
+ * and after a fingerprint mismatch the ranks' programs went apart. */
 static void fail_work(ddp_pg *pg, ddp_work *w, int status, const char *err, int peer) {
   char msg[PG_MSG_CAP];
+  pthread_mutex_lock(&pg->lock);
+  int aborting = pg->aborting;
+  pthread_mutex_unlock(&pg->lock);
   if (peer == PEER_LOCAL) { /* staging (memory) failure on this rank */
     snprintf(msg, sizeof msg, "%s on rank %d: %s", pg_op_names[w->kind], pg->global[pg->rank], err);
-  } else if (peer == PEER_MISMATCH) {
-    /* Every rank of the group fails here; the data never moved, but the ranks' programs
-     * went apart: nothing later can be trusted to match. */
-    snprintf(msg, sizeof msg, "%s", err);
-    pg_break(pg, status, msg);
+  } else if (peer == DDP_SHM_PEER_ABORTED || aborting) {
+    /* another rank poisoned the segment, or this rank's abort made the operation fail */
+    if (peer == DDP_SHM_PEER_ABORTED) pg_abort_learned(pg, err);
+    pg_aborted_message(pg, w, msg);
   } else {
-    /* In a pair the peer at fault can only be the other rank. */
-    if (peer < 0 && pg->size == 2) peer = 1 - pg->rank;
-    describe_failure(pg, w, status, err, peer, msg);
-    /* Gloo's context is unusable after an exception: the group is broken for good. */
-    pg_break(pg, status, msg);
+    if (peer == PEER_MISMATCH) { /* the message names both calls and their call sites */
+      snprintf(msg, sizeof msg, "%s", err);
+    } else {
+      /* In a pair the peer at fault can only be the other rank. */
+      if (peer < 0 && pg->size == 2) peer = 1 - pg->rank;
+      describe_failure(pg, w, status, err, peer, msg);
+      char site[PG_SITE_CAP + 64];
+      pg_work_site(w, site, sizeof site);
+      size_t used = strlen(msg);
+      snprintf(msg + used, sizeof msg - used, "%s", site);
+    }
+    char first[PG_MSG_CAP];
+    pg_abort(pg, status, msg, first);
+    if (strcmp(first, msg) != 0) pg_aborted_message(pg, w, msg); /* another rank was first */
   }
   pg_work_finish(w, status, msg);
 }
@@ -808,6 +823,7 @@ static int pg_create(ddp_pg **out, struct ddp_store *store, int rank, int size,
     status = hier_setup(s, store, prefix, rank, size, global, host, iface, timeout_s);
   if (!status) status = pg_queue_start(pg, gloo_run, gloo_complete);
   if (status) goto failed;
+  pg_mark_live(pg);
   *out = pg;
   return DDP_OK;
 
@@ -831,6 +847,21 @@ static int gloo_new_group(ddp_pg **out, ddp_pg *parent, int rank, int size, cons
   return pg_create(out, parent->store, rank, size, prefix, parent->timeout_s, global);
 }
 
+/* Note [group abort] (pg.c), step 2: the segments are poisoned and the Gloo connections
+ * failed (Note [shm abort], Note [gloo abort]), each with the group's first failure. */
+static void gloo_abort(ddp_pg *pg) {
+  gloo_state *s = state(pg);
+  if (!s) return;
+  char msg[PG_MSG_CAP];
+  pthread_mutex_lock(&pg->lock);
+  snprintf(msg, sizeof msg, "%s", pg->failure);
+  pthread_mutex_unlock(&pg->lock);
+  ddp_shm_abort(s->shm, msg);
+  ddp_shm_abort(s->node_shm, msg);
+  ddp_gloo_abort(s->gloo, msg);
+  ddp_gloo_abort(s->leaders, msg);
+}
+
 static void gloo_free(ddp_pg *pg) {
   pg_queue_stop(pg);
   gloo_state_free(state(pg));
@@ -847,5 +878,6 @@ const pg_backend pg_gloo_backend = {
   .can_inline = gloo_can_inline,
   .shared_zeros = gloo_shared_zeros,
   .new_group = gloo_new_group,
+  .abort = gloo_abort,
   .free = gloo_free,
 };

@@ -136,7 +136,14 @@ struct ddp_pg {
   uint64_t fp_seq;          /* fingerprinted collectives submitted so far (Note [collective
                              * fingerprints]); touched by the submitting thread */
   int failed;               /* status of the first failure, 0 while healthy */
-  char failure[PG_MSG_CAP];
+  char failure[PG_MSG_CAP]; /* its message: the group's first failure (Note [group abort]) */
+  /* Note [group abort] (pg.c): guarded by lock */
+  int live;                 /* made: an abort may reach the backend (pg_mark_live) */
+  int aborting;             /* this rank learned of the failure and is (was) poisoning the group */
+  pthread_mutex_t abort_mu; /* abort_store */
+  ddp_store *abort_store;   /* the abort's own store connection; NULL: none yet */
+  double abort_failed_at;   /* CLOCK_MONOTONIC s of its last failure (polls pause a while) */
+  double abort_polled_at;   /* CLOCK_MONOTONIC s of the watcher's last poll */
 };
 
 /* Note [pg backend]. Entries marked optional may be NULL. */
@@ -166,6 +173,13 @@ struct pg_backend {
   /* Optional: ddp_pg_shared_zeros (without it: ordinary memory, *placed = 0). */
   int (*shared_zeros)(ddp_tensor **out, ddp_pg *pg, int ndim, const int64_t *shape, int dtype,
                       int *placed);
+  /* Optional (Note [group abort]): make every blocked operation of the group return with
+   * an error, now and from now on; may be called from any thread, more than once, while the
+   * group's threads run (never after `free` began). pg->failure holds the first failure. */
+  void (*abort)(ddp_pg *pg);
+  /* Optional: ddp_pg_abort on the program's thread, after `abort`: what only that thread
+   * may do (nccl: ncclCommAbort, which must not race the program's own calls). */
+  void (*abort_owned)(ddp_pg *pg);
   /* Optional: the first failure's message ("" while healthy); default: pg->failure. */
   const char *(*error)(const ddp_pg *pg);
   /* Stop and release the backend's state (impl); pg_header_free follows. */
@@ -190,8 +204,30 @@ void pg_header_free(ddp_pg *pg);
 void pg_work_finish(ddp_work *w, int status, const char *msg);
 /* Drop one reference of w; the last one releases its tensors (and the backend's parts). */
 void pg_work_unref(ddp_work *w);
-/* Record the group's first failure (the group is broken for good afterwards). */
-void pg_break(ddp_pg *pg, int status, const char *msg);
+/* Note [group abort]: the group failed on this rank (a collective timed out, a peer
+ * failed, the ranks' fingerprints disagree, or the user aborted): agree with the other ranks
+ * on the group's first failure (the store key "<prefix>/abort", first writer wins) and poison
+ * the group everywhere (backend `abort`). msg names the rank, the collective, its call site
+ * and the cause. The group's first failure is msg, or an earlier one of any rank,
+ * which is copied into `first` (PG_MSG_CAP bytes; may be NULL) and stays in pg->failure.
+ * Idempotent (a second call only copies the first failure); any thread. */
+void pg_abort(ddp_pg *pg, int status, const char *msg, char *first);
+/* Poison the group on this rank with a failure another rank recorded first (msg: its
+ * message, from the segment or the store). Idempotent; any thread. */
+void pg_abort_learned(ddp_pg *pg, const char *msg);
+/* The group is made: from now on an abort reaches its backend (before, its state may be
+ * half made or being freed). Backends call it at the end of a successful creation. */
+void pg_mark_live(ddp_pg *pg);
+/* How often the watcher checks the abort key of each live group (Note [group abort]). */
+extern const double PG_ABORT_POLL_S;
+/* The message of a work item that failed because the group was aborted: "<op> on rank N:
+ * the process group was aborted: <first failure>" into msg (PG_MSG_CAP). */
+void pg_aborted_message(ddp_pg *pg, const ddp_work *w, char *msg);
+/* The call site of w for messages: " (<op> #<seq> called at <site>)", or "" when unknown. */
+void pg_work_site(const ddp_work *w, char *out, size_t cap);
+/* The watcher (pg_recorder.c): has another rank aborted the group? Reads the store key
+ * (Note [group abort]); poisons the group here when it has. */
+void pg_abort_poll(ddp_pg *pg);
 /* Note [sharding collectives]: copy the packed output w->out of a coalesced kind into the
  * caller's outputs w->outs (on the calling thread's current stream for device tensors). */
 int pg_unpack_coalesced(ddp_work *w);

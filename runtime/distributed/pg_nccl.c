@@ -203,6 +203,8 @@ static int nccl_agree(ddp_pg *pg, ddp_work *w) {
   return status;
 }
 
+static void nccl_abort_group(ddp_pg *pg, ddp_work *w);
+
 /* The backend's `enqueue`: no queue, the collective goes on the stream now. */
 static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   w->refs = 1; /* no queue: the caller's reference only */
@@ -213,6 +215,7 @@ static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
   if (pg_fp_applies(w->kind) && !(broken && *broken)) {
     int st = nccl_agree(pg, w);
     if (st) {
+      nccl_abort_group(pg, w);
       pg_work_unref(w);
       return st;
     }
@@ -238,10 +241,26 @@ static int nccl_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
 
 /* ---- work handles ------------------------------------------------------------------------ */
 
-/* Name the collective, the rank and the backend in a failure's message. */
+/* Note [group abort] (pg.c): a collective that failed in the communicator (its exchange of
+ * fingerprints, a wait, a poll) aborts the group on every rank; the peers learn it from the
+ * store. The caller's error stays as it was. */
+static void nccl_abort_group(ddp_pg *pg, ddp_work *w) {
+  ddp_saved_error e;
+  ddp_error_save(&e);
+  char msg[PG_MSG_CAP], site[PG_SITE_CAP + 64];
+  pg_work_site(w, site, sizeof site);
+  snprintf(msg, sizeof msg, "%s%s", e.text, site);
+  pg_abort(pg, e.status ? e.status : DDP_ERR_STATE, msg, NULL);
+  ddp_error_restore(&e);
+}
+
+/* Name the collective, the rank and the backend in a failure's message (and abort the
+ * group: a wait or a poll failed). */
 static int nccl_prefix(ddp_work *w, int status) {
-  if (status)
+  if (status) {
     ddp_error_prefix("%s on rank %d (nccl backend)", pg_op_names[w->kind], w->pg->global[w->pg->rank]);
+    nccl_abort_group(w->pg, w);
+  }
   return status;
 }
 
@@ -289,8 +308,32 @@ static int nccl_check_tensor(const ddp_pg *pg, const ddp_tensor *t, const char *
 
 /* ---- groups ------------------------------------------------------------------------------ */
 
+/* Note [nccl abort]: Note [group abort] (pg.c) for nccl. The plug-in's communicator is used
+ * by the program's thread without a lock (an enqueue, a poll), so ncclCommAbort, which frees
+ * it, is called only from that thread: at ddp_pg_abort (abort_owned) and when an aborted
+ * group is freed (instead of destroying it, which would wait for work that will never
+ * finish). An abort learnt on another thread (the watcher, the REPL's interrupt) poisons the
+ * fingerprint segment, where a host blocked in the arrival step then fails at once, and
+ * every later call of the group fails before it reaches the communicator (pg.c:
+ * check_group); a host blocked in ddp_work_synchronize still waits for its timeout. */
+static void nccl_abort(ddp_pg *pg) {
+  nccl_state *s = state(pg);
+  if (!s) return;
+  char msg[PG_MSG_CAP];
+  pthread_mutex_lock(&pg->lock);
+  snprintf(msg, sizeof msg, "%s", pg->failure);
+  pthread_mutex_unlock(&pg->lock);
+  ddp_shm_abort(s->shm, msg);
+}
+
+static void nccl_abort_owned(ddp_pg *pg) {
+  nccl_state *s = state(pg);
+  if (s && s->comm) s->api->comm_abort(s->comm);
+}
+
 static void nccl_free(ddp_pg *pg) { /* no threads: the communicator flushes its queued work */
   nccl_state *s = state(pg);
+  if (s && s->comm && ddp_pg_is_aborted(pg)) s->api->comm_abort(s->comm); /* Note [nccl abort] */
   if (s && s->comm) s->api->comm_destroy(s->comm);
   if (s) ddp_shm_free(s->shm);
   free(s);
@@ -343,6 +386,7 @@ static int pg_create_nccl(ddp_pg **out, struct ddp_store *store, int rank, int s
                      ddp_device_str(device), prefix);
     return status;
   }
+  pg_mark_live(pg);
   *out = pg;
   return DDP_OK;
 }
@@ -400,6 +444,8 @@ const pg_backend pg_nccl_backend = {
   .check_tensor = nccl_check_tensor,
   .new_group = nccl_new_group,
   .set_timeout = nccl_set_timeout,
+  .abort = nccl_abort,
+  .abort_owned = nccl_abort_owned,
   .error = nccl_error,
   .free = nccl_free,
 };

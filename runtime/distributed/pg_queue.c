@@ -34,12 +34,13 @@ static struct timespec deadline_after(double seconds) {
 }
 
 /* Run one item; returns 1 when it was posted (the point-to-point thread then owns the
- * queue's reference). A broken group fails every later item with its first failure. */
+ * queue's reference). An aborted group fails every later item with its first failure
+ * (Note [group abort] in pg.c). */
 static int run_item(ddp_pg *pg, ddp_work *w) {
   char msg[PG_MSG_CAP];
   pthread_mutex_lock(&pg->lock);
   int failed = pg->failed;
-  if (failed) snprintf(msg, sizeof msg, "%s on rank %d: the process group failed earlier: %s",
+  if (failed) snprintf(msg, sizeof msg, "%s on rank %d: the process group was aborted: %s",
                        pg_op_names[w->kind], pg->global[pg->rank], pg->failure);
   pthread_mutex_unlock(&pg->lock);
   if (failed) {
@@ -159,7 +160,7 @@ int pg_queue_submit(ddp_work **handle, ddp_pg *pg, ddp_work *w) {
     w->refs = 1;
     pg_work_unref(w);
     if (failed)
-      DDP_FAIL(failed, "%s on rank %d: the process group failed earlier: %s", op, me, first);
+      DDP_FAIL(failed, "%s on rank %d: the process group was aborted: %s", op, me, first);
     DDP_FAIL(DDP_ERR_STATE, "%s on rank %d: the process group is being destroyed", op, me);
   }
   if (run_here) {

@@ -181,6 +181,21 @@ static int oldest_running(pg_recorder *r, pg_record *out, pg_record *done) {
   return found;
 }
 
+/* The oldest collective enqueued and not finished (queued or running) among the newest
+ * records, copied into *out; 0 when there is none. Under r->mu. */
+static int oldest_pending(pg_recorder *r, pg_record *out) {
+  int found = 0;
+  uint64_t last = r->next_id, first = last > PG_REC_CAP ? last - PG_REC_CAP + 1 : 1;
+  for (uint64_t id = last; id >= first && id && id + 256 > last; id--) {
+    const pg_record *e = find(r, id);
+    if (e && !e->completed) {
+      *out = *e;
+      found = 1;
+    }
+  }
+  return found;
+}
+
 /* Note [stall report hosts]: a rank that stops answering is often a whole machine gone (a
  * cut link, a dead node), which the report should name. At group creation every rank
  * publishes its host name under "<prefix>/stall_host/<group rank>" (pg_rec_publish_host);
@@ -385,10 +400,12 @@ static void *watcher(void *arg) {
       char buf[64];
       while (read(wake_pipe[0], buf, sizeof buf) > 0) dump = 1;
     }
-    double next = 0, cap = 1.0;
+    /* Note [group abort] (pg.c): every live group's abort key, every PG_ABORT_POLL_S */
+    double next = 0, cap = PG_ABORT_POLL_S;
     pthread_mutex_lock(&watch_mu);
     for (ddp_pg *pg = watch_head; pg; pg = pg->watch_next) {
       if (dump) ddp_pg_dump_flight_recorder(pg, 2);
+      pg_abort_poll(pg);
       double stall_s;
       double due = stall_check(pg, &stall_s);
       if (due > 0 && (next == 0 || due < next)) next = due;
@@ -425,6 +442,29 @@ static void watch_start(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
   }
+}
+
+int ddp_pg_abort_pending(const char *reason) {
+  int n = 0;
+  pthread_mutex_lock(&watch_mu);
+  for (ddp_pg *pg = watch_head; pg; pg = pg->watch_next) {
+    pg_record cur;
+    int pending = 0;
+    if (pg->rec) {
+      pthread_mutex_lock(&pg->rec->mu);
+      pending = oldest_pending(pg->rec, &cur);
+      pthread_mutex_unlock(&pg->rec->mu);
+    }
+    if (!pending) continue;
+    char msg[PG_MSG_CAP];
+    snprintf(msg, sizeof msg, "%s on rank %d while %s #%llu (called at %s) was pending",
+             reason && *reason ? reason : "interrupted", pg->global[pg->rank], kind_name(cur.kind),
+             (unsigned long long)cur.seq, cur.site[0] ? cur.site : "?");
+    pg_abort(pg, DDP_ERR_STATE, msg, NULL);
+    n++;
+  }
+  pthread_mutex_unlock(&watch_mu);
+  return n;
 }
 
 void pg_watch_add(ddp_pg *pg) {

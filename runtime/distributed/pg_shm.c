@@ -9,7 +9,8 @@
  *           arrival parity the fingerprint digest and the zero-copy offset), so ranks
  *           publishing at once never share a cache line; then two DDP_SHM_FP_BYTES
  *           fingerprint records per rank and two SMALL_BYTES small-message areas per rank
- *           (Note [shm arrival], Note [shm small messages]);
+ *           (Note [shm arrival], Note [shm small messages]), and the group's abort record
+ *           (Note [shm abort]);
  *   slots:  one SLOT_BYTES slot per rank (two halves for the staged all-reduce: Note [shm
  *           pipelined all-reduce]);
  *   arena:  ARENA_BYTES per rank, sparse: pages exist only under live blocks
@@ -169,6 +170,24 @@ typedef struct {
                          * start; 0: none), by parity (Note [shm zero copy]) */
 } rank_record;
 _Static_assert(sizeof(rank_record) <= LINE, "rank_record fits its LINE");
+
+/* Note [shm abort]: the poison of Note [group abort] (pg.c) in the segment, one record for
+ * the group after the small-message areas. The first rank to abort moves `state` from 0 to
+ * 1 (compare-and-swap: one writer), writes its message, publishes 2 and wakes every rank's
+ * sleepers (Note [shm wake-ups]; the futex words are shared between the processes). Every
+ * wait of every rank checks it -- at its start, before the fast path, so that a rank
+ * arriving after a peer gave up cannot complete a collective on the peer's abandoned
+ * contribution (issue 24: rank 1 got 21 = its 20 + rank 0's stale 1), and between sleeps
+ * (at most CHECK_NS apart, sooner when woken) -- and the arrival checks it before it
+ * publishes anything. A poisoned segment is never healed: the group is done (a new group
+ * maps a new segment). The check is one load of a line nobody writes while the group is
+ * healthy. */
+enum { ABORT_MSG_BYTES = 2048 - 8 };
+typedef struct {
+  _Atomic int32_t state; /* 0 healthy, 1 being written, 2 aborted (msg complete) */
+  int32_t rank;          /* the group rank that poisoned it */
+  char msg[ABORT_MSG_BYTES];
+} abort_record;
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the futex word is seq's low half");
 
 /* Note [shm arena]: each rank owns ARENA_BYTES of the segment, past the slots, for tensors
@@ -221,8 +240,14 @@ static unsigned char *small_area(ddp_shm *s, int r, int which) {
          ((size_t)r * 2 + (size_t)which) * SMALL_BYTES;
 }
 
+/* The group's abort record (Note [shm abort]), after the small-message areas. */
+static abort_record *abort_rec(ddp_shm *s) {
+  return (abort_record *)(s->base + (size_t)s->size * (LINE + 2 * DDP_SHM_FP_BYTES + 2 * SMALL_BYTES));
+}
+
 static size_t header_size(int world_size) {
-  size_t h = (size_t)world_size * (LINE + 2 * DDP_SHM_FP_BYTES + 2 * SMALL_BYTES);
+  size_t h = (size_t)world_size * (LINE + 2 * DDP_SHM_FP_BYTES + 2 * SMALL_BYTES) +
+             sizeof(abort_record);
   return (h + PAGE - 1) & ~(size_t)(PAGE - 1);
 }
 
@@ -700,8 +725,46 @@ static void spin_learn(ddp_shm *s, int met, int64_t waited) {
   s->spin_ns = b < SPIN_MIN_NS ? SPIN_MIN_NS : b > SPIN_MAX_NS ? SPIN_MAX_NS : b;
 }
 
+/* Note [shm abort]: 1 when the group was aborted, with the first abort's message in err
+ * and *peer = DDP_SHM_PEER_ABORTED. */
+static int poisoned(ddp_shm *s, char *err, int *peer) {
+  abort_record *a = abort_rec(s);
+  int32_t st = atomic_load_explicit(&a->state, memory_order_acquire);
+  if (!st) return 0;
+  /* the writer is copying its message: a few hundred bytes (bounded: it may have died) */
+  for (long i = 0; st == 1 && i < 10000000; i++) {
+    cpu_relax();
+    st = atomic_load_explicit(&a->state, memory_order_acquire);
+  }
+  if (st == 2)
+    snprintf(err, DDP_GLOO_ERR_CAP, "%.*s", ABORT_MSG_BYTES - 1, a->msg);
+  else
+    snprintf(err, DDP_GLOO_ERR_CAP, "rank %d aborted the group", s->global[a->rank]);
+  *peer = DDP_SHM_PEER_ABORTED;
+  return 1;
+}
+
+void ddp_shm_abort(ddp_shm *s, const char *msg) {
+  if (!s) return;
+  abort_record *a = abort_rec(s);
+  int32_t healthy = 0;
+  if (atomic_compare_exchange_strong(&a->state, &healthy, 1)) {
+    a->rank = s->rank;
+    snprintf(a->msg, sizeof a->msg, "%s", msg && *msg ? msg : "the process group was aborted");
+    atomic_store_explicit(&a->state, 2, memory_order_release);
+  }
+  for (int r = 0; r < s->size; r++)
+    syscall(SYS_futex, (uint32_t *)&record(s, r)->seq, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+int ddp_shm_aborted(ddp_shm *s, char *msg) {
+  int peer;
+  return s && poisoned(s, msg, &peer);
+}
+
 static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *phase,
                     char *err, int *peer) {
+  if (poisoned(s, err, peer)) return DDP_ERR_PEER;
   if (first_missing(s, target) < 0) return DDP_OK;
   int64_t start = now_ns(), last_check = start;
   for (int64_t t = start; t - start < s->spin_ns; t = now_ns()) {
@@ -718,6 +781,7 @@ static int wait_all(ddp_shm *s, uint64_t target, double timeout_s, const char *p
   int64_t limit = (int64_t)((timeout_s < 1e9 ? timeout_s : 1e9) * 1e9); /* no overflow */
   for (;;) {
     int64_t t = now_ns();
+    if (poisoned(s, err, peer)) return DDP_ERR_PEER;
     if (first_missing(s, target) < 0) {
       /* a longer spin would have met them: learn it, or a wake-up's latency keeps both
        * sides asleep for good (Note [shm adaptive spin]) */
@@ -864,6 +928,7 @@ int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest,
              fp_bytes, kind);
     return DDP_ERR_STATE;
   }
+  if (poisoned(s, err, peer)) return DDP_ERR_PEER; /* Note [shm abort]: publish nothing */
   int which = (int)(s->arrivals & 1);
   rank_record *me = record(s, s->rank);
   memcpy(fp_record(s, s->rank, which), fp, fp_bytes);

@@ -16,7 +16,8 @@
  *
  * Errors follow gloo_shim.h: a status, the reason in `err` (DDP_GLOO_ERR_CAP bytes) and the
  * group rank at fault in *peer (-1 when unknown). After a failure the segment's counters no
- * longer agree between ranks: pg_gloo.c breaks the group, as after a Gloo failure. */
+ * longer agree between ranks: pg_gloo.c aborts the group, as after a Gloo failure (Note
+ * [group abort] in pg.c), which poisons the segment (ddp_shm_abort). */
 #ifndef DDP_PG_SHM_H
 #define DDP_PG_SHM_H
 
@@ -85,6 +86,18 @@ int ddp_shm_arrive(ddp_shm *s, const void *fp, size_t fp_bytes, uint64_t digest,
  * each phase: DDP_ERR_TIMEOUT naming the ranks that did not arrive; DDP_ERR_PEER when a peer's
  * process died or closed the group; DDP_ERR_STATE for an op the segment does not take. */
 int ddp_shm_run(ddp_shm *s, const ddp_shm_op *op, double timeout_s, char *err, int *peer);
+
+/* *peer after a wait found the group aborted (Note [shm abort] in pg_shm.c): the status
+ * is DDP_ERR_PEER and err holds the first abort's message. */
+enum { DDP_SHM_PEER_ABORTED = -4 };
+
+/* Poison the segment for every rank of the group (Note [shm abort]): every wait, now or
+ * later, of every rank fails with the first poisoner's `msg`. Any thread; idempotent (the
+ * first message stays). NULL s is ignored. */
+void ddp_shm_abort(ddp_shm *s, const char *msg);
+
+/* 1 when the segment is poisoned, with the first message in msg (DDP_GLOO_ERR_CAP bytes). */
+int ddp_shm_aborted(ddp_shm *s, char *msg);
 
 /* `nbytes` of zeroed memory in this rank's part of the segment's arena (Note [shm arena]),
  * page aligned, or NULL when the arena has no room left (or the kernel gives no pages: a

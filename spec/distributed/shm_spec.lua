@@ -235,7 +235,7 @@ describe("shared-memory all_reduce #dist", function()
     local e = ranks[1].err
     assert.matches("all_reduce failed on rank 0: peer rank 1 disconnected", e.dead, 1, true)
     assert(ranks[1].out.elapsed[1] <= 5, "the survivor took " .. ranks[1].out.elapsed[1] .. " s")
-    assert.matches("the process group failed earlier", e.later, 1, true)
+    assert.matches("the process group was aborted", e.later, 1, true)
     assert.equal(0, raw[1].status)
     assert.equal(128 + 9, raw[2].status)
   end)

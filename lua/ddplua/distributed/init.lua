@@ -13,7 +13,8 @@
 -- rank's device only, and its work:wait() makes the current stream wait (the host goes on;
 -- work:synchronize() blocks the host), as PyTorch. Every collective has a timeout (the group's, default 300 s);
 -- a dead peer or a timeout raises an error naming the collective, this rank and, when it can
--- be known, the peer's rank, and the group is unusable afterwards.
+-- be known, the peer's rank, and aborts the group on every rank (see abort_process_group):
+-- pending and later collectives raise naming that first failure.
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local tensor = require "ddplua.tensor"
@@ -255,6 +256,7 @@ function M.init_process_group(opts)
   for i = 1, world_size do ranks[i] = i - 1 end
   state.group = Group.new(pg_box[0], ranks, { store = store, backend = backend })
   state.store = store
+  state.owns_store = opts.store == nil -- a store the caller passed outlives the group
   state.backend = backend
   state.local_rank = env.local_rank or rank
 end
@@ -397,8 +399,10 @@ function M.set_timeout(seconds, group)
 end
 
 --- dist.destroy_process_group(group): free group (default: the world and every subgroup,
--- then the store). Queued work finishes first; peers still waiting on this rank then see it
--- disconnect.
+-- then the store, unless the store was passed to init_process_group as `store`, which the
+-- caller keeps, as in PyTorch). Queued work finishes first; peers still waiting on this rank
+-- then see it disconnect. Also frees an aborted group (abort_process_group), after which
+-- init_process_group may make a new one.
 function M.destroy_process_group(group)
   if group and group ~= state.group then
     group:destroy()
@@ -406,7 +410,7 @@ function M.destroy_process_group(group)
   end
   local g = default_group("destroy_process_group")
   g:destroy()
-  if state.store and state.store.close then state.store:close() end
+  if state.owns_store and state.store and state.store.close then state.store:close() end
   state.group, state.store, state.backend = nil, nil, nil
 end
 
@@ -798,6 +802,30 @@ function M.monitored_barrier(opts)
   if not g:is_member() then raise("monitored_barrier: this rank is not a member of the group") end
   require("ddplua.distributed.monitored_barrier").run(state.store, g.ranks, g:rank(), timeout,
                                                       opts and opts.wait_all_ranks)
+end
+
+--- dist.abort_process_group(group): abort group (default: the world) on every rank, as
+-- PyTorch's abort_process_group and NCCL's ncclCommAbort: the group's collectives pending on
+-- any rank, and every later one, raise within about a second with "<collective> on rank N:
+-- the process group was aborted: abort_process_group called on rank <this rank> at
+-- <file:line>" (or the group's earlier failure, when one came first: every failed or
+-- timed-out collective aborts its group the same way). The group cannot be used again:
+-- destroy_process_group(group) and make a new one (init_process_group; on the same store,
+-- under another group_name, since the abort stays recorded in the store under the group's
+-- name). Idempotent. Raises for a group that was destroyed.
+function M.abort_process_group(group)
+  set_call_site()
+  local g = group or default_group("abort_process_group")
+  if getmetatable(g) ~= Group then raise("abort_process_group: group must be a process group") end
+  check(C.ddp_pg_abort(g:ptr("abort_process_group"), nil))
+end
+
+--- dist.is_aborted(group) -> true when group (default: the world) was aborted, by
+-- abort_process_group on any rank or by a failed collective (the collectives' errors name
+-- the first failure).
+function M.is_aborted(group)
+  local g = group or default_group("is_aborted")
+  return C.ddp_pg_is_aborted(g:ptr("is_aborted")) ~= 0
 end
 
 -- ---- helpers ------------------------------------------------------------------------------

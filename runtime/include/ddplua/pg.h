@@ -57,8 +57,9 @@
  * DDP_ERR_ARG. Failures of the transport come back from the blocking call or from
  * ddp_work_wait: DDP_ERR_PEER when a peer disconnected (its process died), DDP_ERR_TIMEOUT
  * when the collective ran past the group's timeout; the message names the collective, this
- * rank and, when it can be known, the peer's rank (global ranks of the job). After such a
- * failure the group is broken: every later call fails at once with the first error.
+ * rank and, when it can be known, the peer's rank (global ranks of the job), and the call
+ * site. Such a failure aborts the group on every rank (ddp_pg_abort): pending and later calls
+ * of every rank fail at once with the group's first failure.
  */
 
 typedef struct ddp_pg ddp_pg;
@@ -158,6 +159,30 @@ int ddp_pg_dump_flight_recorder(const ddp_pg *pg, int fd);
 
 /* The first failure of the group ("" while it is healthy). */
 const char *ddp_pg_error(const ddp_pg *pg);
+
+/* Abort the group on every rank (torch.distributed's abort_process_group; NCCL's
+ * ncclCommAbort has the same meaning): the group's collectives pending on any rank, and
+ * every later one, fail within about a second (DDP_ERR_STATE here, DDP_ERR_PEER elsewhere)
+ * with "<collective> on rank N: the process group was aborted: <first failure>", where the
+ * first failure is "<reason> on rank <this rank> at <call site>" (reason NULL or "":
+ * "abort_process_group called"; the call site is the one ddp_pg_set_call_site set) unless
+ * another rank's failure came first (Note [group abort] in runtime/distributed/pg.c). Every
+ * failed or timed-out collective aborts its group the same way. The group cannot be used
+ * again: ddp_pg_free it (work handles may be waited for and freed first or after), and make
+ * a new group (with another prefix when it meets through the same store). Any thread;
+ * idempotent. Errors: DDP_ERR_ARG for NULL. */
+int ddp_pg_abort(ddp_pg *pg, const char *reason);
+
+/* 1 when the group was aborted (ddp_pg_abort on any rank, or a failed collective), else 0
+ * (also for NULL). The reason is ddp_pg_error's. */
+int ddp_pg_is_aborted(const ddp_pg *pg);
+
+/* Abort (as ddp_pg_abort) every live group of this process that has a collective queued or
+ * running, with the first failure "<reason> on rank N while <collective> #<seq> (called at
+ * <call site>) was pending". For an interrupt (the distributed REPL's Ctrl-C): any thread,
+ * while the program's thread is blocked in the collective. Returns how many groups it
+ * aborted. */
+int ddp_pg_abort_pending(const char *reason);
 
 /* The caller's source location ("file", line; line <= 0: `file` is the whole text; NULL
  * clears it) recorded with the collectives this thread submits from now on, for the
