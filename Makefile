@@ -9,10 +9,11 @@
 #   make deps       install the Debian packages the build and the specs need (apt-get; sudo
 #                   when not root); does nothing when they are all present
 #   make config     print what was found, one ✓ or ✗ line each
-#   make test       deps + build + the layer check + every spec under busted/LuaJIT (ends with
-#                   "N passed, N failed")
-#   make layers     the layer check alone: the #include lines of runtime/ against the layer
-#                   rules (Note [layers] in tools/check_layers.lua); no compiling
+#   make test       deps + build + the layer check (on the objects just built) + every spec
+#                   under busted/LuaJIT (ends with "N passed, N failed")
+#   make layers     the layer check alone, no compiling: the #include lines of runtime/ and
+#                   the symbols of the objects in $(BUILD)/obj (when built) against the layer
+#                   rules (Notes [layers] and [symbol layers] in tools/check_layers.lua)
 #   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
 #                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md
@@ -234,14 +235,14 @@ ifneq ($(SANITIZE),)
 endif
 
 layers:
-	luajit tools/check_layers.lua
+	luajit tools/check_layers.lua . $(BUILD)
 
 docs:
 	luajit tools/gen_docs.lua . $(BUILD)/docs
 
 test: deps
 	@$(MAKE) --no-print-directory all
-	luajit tools/check_layers.lua
+	luajit tools/check_layers.lua . $(BUILD)
 	tools/run_specs.sh $(BUSTED_ENV)
 
 train: deps

@@ -1,6 +1,8 @@
--- tools/check_layers.lua: the layer rules of runtime/, checked over the #include lines of
--- every C, C++ and CUDA file under runtime/ (no compiling; `make test` runs it before the
--- specs, and spec/layers_spec.lua runs it on the real tree and on broken copies).
+-- tools/check_layers.lua: the layer rules of ddplua, checked without compiling: the
+-- #include lines of every C, C++ and CUDA file under runtime/ and the symbols the built
+-- objects define and use (nm).
+-- `make test` runs it after the build and before the specs; spec/layers_spec.lua runs it on
+-- the real tree and on broken copies.
 --
 -- Note [layers]: the runtime is a stack of layers; a file may include headers of its own
 -- layer and of the layers below it, never above. Bottom to top:
@@ -34,11 +36,26 @@
 -- runtime/ that no layer claims, a Lua header outside cli/, and an include cycle between
 -- files (headers that include each other, even within one layer).
 --
--- Usage: luajit tools/check_layers.lua [ROOT]   (ROOT: the repository, default ".")
--- Prints one line per violation, "path:line: what" (paths relative to ROOT), and exits 1
--- when there is any; else prints a one-line summary and exits 0.
+-- Note [symbol layers]: includes alone miss calls. Every layer includes the public header
+-- ddplua.h (the api layer), which declares the whole C API, so a core file could call
+-- ddp_add (an op) with no upward include at all. Given a build folder, the check also reads
+-- the global symbols of every object under BUILD/obj/runtime/ (C, C++ and CUDA; `nm -A -g`,
+-- one run) and fails when an object uses (nm U or w) a symbol whose only strong definitions
+-- (T, D, B, R, ...) are in objects of higher layers. An object takes the layer of its
+-- source (obj/runtime/core/tensor.o: runtime/core/tensor.c, .cc, .cpp or .cu); an object
+-- whose source is gone is a stale leftover of an earlier build, never linked, and is
+-- skipped. Weak definitions (W, V, u: C++ inline functions and template instances, which
+-- every object using them carries) and symbols no object defines (libc, Gloo, CUDA) are
+-- no layer's.
+--
+-- Usage: luajit tools/check_layers.lua [ROOT [BUILD]]   (ROOT: the repository, default ".";
+-- BUILD: the build folder, relative to the current folder; without it, or without objects
+-- in it, the symbols are not checked and the summary says so)
+-- Prints one line per violation, "path:line: what" (paths relative to ROOT; objects as
+-- BUILD/obj/...), and exits 1 when there is any; else prints a summary and exits 0.
 
 local root = arg[1] or "."
+local build = arg[2]
 
 -- Layers bottom to top. A file belongs to the first layer one of whose patterns matches its
 -- path relative to runtime/ (so the tape's two files are claimed before autograd/ is).
@@ -143,8 +160,11 @@ for line in listing:lines() do files[#files + 1] = normalize(line) end
 listing:close()
 
 local problems = {}
+local function report(fmt, ...)
+  problems[#problems + 1] = string.format(fmt, ...)
+end
 local function problem(rel, line, fmt, ...)
-  problems[#problems + 1] = string.format("runtime/%s:%d: " .. fmt, rel, line, ...)
+  report("runtime/%s:%d: " .. fmt, rel, line, ...)
 end
 
 local edges, n_includes = {}, 0 -- edges[file] = { {to = rel, line = n} }
@@ -200,13 +220,110 @@ for _, rel in ipairs(files) do
   if not state[rel] then visit(rel) end
 end
 
+-- ---- symbols (Note [symbol layers]) -------------------------------------------------------
+
+local function shell_quote(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
+
+-- The source of an object, relative to runtime/ ("core/tensor.o" -> "core/tensor.c"), or nil.
+local SOURCE_EXTENSIONS = { "c", "cc", "cpp", "cu" }
+local function source_of(obj_rel)
+  local stem = obj_rel:gsub("%.o$", "")
+  for _, ext in ipairs(SOURCE_EXTENSIONS) do
+    if exists(root .. "/runtime/" .. stem .. "." .. ext) then return stem .. "." .. ext end
+  end
+  return nil
+end
+
+local symbols_summary
+local function check_symbols()
+  if not build then
+    symbols_summary = "symbols not checked (no build folder given: luajit tools/check_layers.lua " ..
+      "ROOT BUILD)"
+    return
+  end
+  local obj_root = build .. "/obj/runtime"
+  local found = assert(io.popen("cd " .. shell_quote(obj_root) .. " 2>/dev/null && find . -name '*.o' " ..
+    "-type f | LC_ALL=C sort"))
+  local objects, stale = {}, 0 -- { {rel = "core/tensor.o", rank =, layer =} }
+  for line in found:lines() do
+    local rel = normalize(line)
+    local src = source_of(rel)
+    if src then
+      local rank, name = layer_of(src)
+      if rank then objects[#objects + 1] = { rel = rel, src = src, rank = rank, layer = name } end
+    else
+      stale = stale + 1
+    end
+  end
+  found:close()
+  if #objects == 0 then
+    symbols_summary = "symbols not checked (no objects under " .. obj_root .. ": build first)"
+    return
+  end
+  local by_path = {}
+  local paths = {}
+  for _, o in ipairs(objects) do
+    o.path = obj_root .. "/" .. o.rel
+    by_path[o.path] = o
+    paths[#paths + 1] = shell_quote(o.path)
+  end
+  -- One nm run: "path:address TYPE name" per global symbol (no address for undefined ones).
+  local nm = assert(io.popen("LC_ALL=C nm -A -g " .. table.concat(paths, " ") .. " 2>&1; echo \"nm status $?\""))
+  local defined, uses, status = {}, {}, nil -- defined[sym] = {objects}; uses = { {o, sym} }
+  for line in nm:lines() do
+    local path, kind, sym = line:match("^(.-):%x*%s+(%a)%s+(%S+)$")
+    local o = path and by_path[path]
+    if o then
+      if kind == "U" or kind == "w" then
+        uses[#uses + 1] = { o, sym }
+      elseif kind:match("%u") and kind ~= "W" and kind ~= "V" then
+        defined[sym] = defined[sym] or {}
+        table.insert(defined[sym], o)
+      end
+    elseif line:match("^nm status %d+$") then
+      status = tonumber(line:match("%d+"))
+    end
+  end
+  nm:close()
+  if status ~= 0 then
+    report("%s: nm failed (status %s): cannot read the objects' symbols", obj_root, tostring(status))
+    return
+  end
+  local n_refs = 0
+  for _, u in ipairs(uses) do
+    local o, sym = u[1], u[2]
+    local definers = defined[sym]
+    if definers then
+      n_refs = n_refs + 1
+      local lowest
+      for _, d in ipairs(definers) do
+        if not lowest or d.rank < lowest.rank then lowest = d end
+      end
+      if lowest.rank > o.rank then
+        local allowed = {}
+        for i = 1, o.rank do allowed[#allowed + 1] = LAYERS[i].name end
+        report("%s (runtime/%s): uses %s, defined in %s/%s (layer %s), from layer %s: %s may use " ..
+          "only %s", o.path, o.src, sym, obj_root, lowest.rel, lowest.layer, o.layer, o.layer,
+          table.concat(allowed, ", "))
+      end
+    end
+  end
+  symbols_summary = string.format("symbols ok, %d objects, %d references between them%s", #objects,
+    n_refs, stale > 0 and string.format(" (%d stale object%s without a source skipped)", stale,
+    stale == 1 and "" or "s") or "")
+end
+
+check_symbols()
+
 if #problems > 0 then
   for _, p in ipairs(problems) do io.stderr:write(p, "\n") end
   io.stderr:write(string.format("check_layers: %d violation%s of the layer rules " ..
-    "(Note [layers] in tools/check_layers.lua)\n", #problems, #problems == 1 and "" or "s"))
+    "(Note [layers] and [symbol layers] in tools/check_layers.lua)\n", #problems,
+    #problems == 1 and "" or "s"))
   os.exit(1)
 end
 local names = {}
 for _, layer in ipairs(LAYERS) do names[#names + 1] = layer.name end
 print(string.format("check_layers: ok, %d files, %d includes, layers %s", #files, n_includes,
   table.concat(names, " < ")))
+print("check_layers: " .. symbols_summary)
