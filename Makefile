@@ -11,9 +11,10 @@
 #   make config     print what was found, one ✓ or ✗ line each
 #   make test       deps + build + the layer check (on the objects just built) + every spec
 #                   under busted/LuaJIT (ends with "N passed, N failed")
-#   make layers     the layer check alone, no compiling: the #include lines of runtime/ and
-#                   the symbols of the objects in $(BUILD)/obj (when built) against the layer
-#                   rules (Notes [layers] and [symbol layers] in tools/check_layers.lua)
+#   make layers     the layer check alone, no compiling: the #include lines of runtime/, the
+#                   symbols of the objects in $(BUILD)/obj (when built) and the require graph
+#                   of lua/ddplua against the layer rules (Notes [layers], [symbol layers] and
+#                   [lua layers] in tools/check_layers.lua)
 #   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
 #                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md

@@ -1,9 +1,11 @@
 -- Specs for tools/check_layers.lua, the layer check `make test` runs after the build and
--- before the specs (Notes [layers] and [symbol layers] there): it passes on
+-- before the specs (Notes [layers], [symbol layers] and [lua layers] there): it passes on
 -- the real tree and build, and fails, naming what is at fault, on copies broken the ways it
 -- must catch. Includes: a core file that includes an ops header, an include from a lower
 -- layer to a higher one elsewhere, a Lua header in the library, an include cycle, a file no
 -- layer claims. Symbols: a core object that calls ddp_add (an op) with no upward include.
+-- Lua requires: an upward require, the umbrella required by a library module, a cycle of
+-- lazy requires, user code (models/) required by the library, a computed module name.
 local files = require "files"
 
 local tmpdir
@@ -48,7 +50,7 @@ local function append(root, rel, text)
 end
 
 describe("tools/check_layers.lua", function()
-  it("passes on the real tree and build: includes and symbols", function()
+  it("passes on the real tree and build: includes, symbols and Lua requires", function()
     local status, out = check(".", "build")
     assert.are.equal(0, status, out)
     assert.matches("check_layers: ok", out)
@@ -56,12 +58,15 @@ describe("tools/check_layers.lua", function()
     local objects, refs = out:match("check_layers: symbols ok, (%d+) objects, (%d+) references")
     assert.is_truthy(objects, out)
     assert.is_true(tonumber(objects) > 50 and tonumber(refs) > 500, out)
+    assert.matches("check_layers: lua ok, %d+ modules, %d+ requires, layers base < tensor < " ..
+      "autograd < optim < data < distributed < nn < app < umbrella", out)
   end)
 
   it("without a build folder checks includes and requires only, and says so", function()
     local status, out = check(".")
     assert.are.equal(0, status, out)
     assert.matches("check_layers: symbols not checked (no build folder given", out, 1, true)
+    assert.matches("check_layers: lua ok", out, 1, true)
     status, out = check(".", tmpdir .. "/no-build-here")
     assert.are.equal(0, status, out)
     assert.matches("check_layers: symbols not checked (no objects under " .. tmpdir ..
@@ -96,6 +101,56 @@ describe("tools/check_layers.lua", function()
     status, out = check(root, build)
     assert.are.equal(0, status, out)
     assert.matches("check_layers: symbols ok", out, 1, true)
+  end)
+
+  it("fails on an upward Lua require, however lazy, naming the file, line, modules and layers", function()
+    local root = copy_tree()
+    local line = append(root, "lua/ddplua/tensor.lua", "-- require \"ddplua.nn\" in a comment is no require\n" ..
+      "local in_a_string = 'require \"ddplua.nn\"'\n--[[ require \"ddplua.optim\" ]]\n" ..
+      "local function later() return require(\"ddplua.data\").DataLoader end\n")
+    local umbrella = append(root, "lua/ddplua/nn/linear.lua", "local function dl() return require 'ddplua' end\n")
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("lua/ddplua/tensor.lua:" .. line .. ': ddplua.tensor requires "ddplua.data" (layer data) ' ..
+      "from layer tensor: tensor may require only base, tensor", out, 1, true)
+    assert.matches("lua/ddplua/nn/linear.lua:" .. umbrella .. ': ddplua.nn.linear requires "ddplua" (layer ' ..
+      "umbrella) from layer nn", out, 1, true)
+    assert.is_nil(out:find("ddplua.nn\" (layer", 1, true))
+    assert.is_nil(out:find("ddplua.optim\" (layer", 1, true))
+  end)
+
+  it("fails on a require cycle, even one closed by a lazy require within one layer", function()
+    local root = copy_tree()
+    local line = append(root, "lua/ddplua/optim/optimizer.lua",
+      "local function sgd() return require \"ddplua.optim.sgd\" end\n")
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    local n, sgd_line = 0, nil -- where sgd.lua requires the optimizer base class
+    for l in io.lines(root .. "/lua/ddplua/optim/sgd.lua") do
+      n = n + 1
+      if l:find('require "ddplua.optim.optimizer"', 1, true) then sgd_line = n break end
+    end
+    assert.is_truthy(sgd_line)
+    assert.matches("lua/ddplua/optim/sgd.lua:" .. sgd_line .. ": require cycle: ddplua.optim.optimizer -> " ..
+      "ddplua.optim.sgd (lua/ddplua/optim/optimizer.lua:" .. line .. ") -> ddplua.optim.optimizer " ..
+      "(lua/ddplua/optim/sgd.lua:" .. sgd_line .. ")", out, 1, true)
+    assert.matches("1 violation of the layer rules", out, 1, true)
+  end)
+
+  it("fails on a library module that requires user code or a computed name", function()
+    local root = copy_tree()
+    local user = append(root, "lua/ddplua/utils/train_config.lua",
+      "local function net(name) return require(\"models.\" .. name) end\n")
+    local computed = append(root, "lua/ddplua/data/loader.lua",
+      "local function load(name) return require(name) end\n")
+    local status, out = check(root)
+    assert.are.equal(1, status, out)
+    assert.matches("lua/ddplua/utils/train_config.lua:" .. user .. ': ddplua.utils.train_config requires ' ..
+      '"models." .. ..., which is no ddplua module and no LuaJIT library: library code never requires ' ..
+      "user code", out, 1, true)
+    assert.matches("lua/ddplua/data/loader.lua:" .. computed .. ": ddplua.data.loader requires a computed " ..
+      "module name", out, 1, true)
+    assert.matches("2 violations of the layer rules", out, 1, true)
   end)
 
   it("fails when a core file includes an ops header, naming the file, line and include", function()
