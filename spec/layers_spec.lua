@@ -12,6 +12,10 @@ local tmpdir
 setup(function() tmpdir = files.tmpdir("layers") end)
 teardown(function() files.remove(tmpdir) end)
 
+-- The build folder the specs run against: the one holding the library they load (build/, or
+-- build-sanitize/ when make test runs with SANITIZE=...).
+local BUILD = (os.getenv("DDPLUA_LIB") or "build/libddplua.so"):match("^(.*)/[^/]*$")
+
 -- Run the check on the repository at root (and the build folder build, when given);
 -- returns (exit status, output).
 local function check(root, build)
@@ -19,15 +23,16 @@ local function check(root, build)
     (build and (" " .. files.quote(build)) or ""))
 end
 
--- A fresh copy of runtime/ and lua/ under a new folder of tmpdir (with build/obj/ too when
--- with_objects); returns that folder (the root).
+-- A fresh copy of runtime/ and lua/ under a new folder of tmpdir (with BUILD's obj/ as
+-- build/obj/ too when with_objects); returns that folder (the root).
 local copies = 0
 local function copy_tree(with_objects)
   copies = copies + 1
   local root = tmpdir .. "/tree" .. copies
   local q = files.quote(root)
   local status, out = files.run("mkdir -p " .. q .. " && cp -R runtime lua " .. q ..
-    (with_objects and (" && mkdir -p " .. q .. "/build && cp -R build/obj " .. q .. "/build/obj") or ""))
+    (with_objects and (" && mkdir -p " .. q .. "/build && cp -R " .. files.quote(BUILD .. "/obj") .. " " .. q ..
+      "/build/obj") or ""))
   assert(status == 0, out)
   return root
 end
@@ -51,7 +56,7 @@ end
 
 describe("tools/check_layers.lua", function()
   it("passes on the real tree and build: includes, symbols and Lua requires", function()
-    local status, out = check(".", "build")
+    local status, out = check(".", BUILD)
     assert.are.equal(0, status, out)
     assert.matches("check_layers: ok", out)
     assert.matches("core < backend < tape < ops < autograd < io < distributed < cli", out, 1, true)
