@@ -68,7 +68,7 @@ LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lz -lm -ldl -pthread
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
-                 runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
+                 runtime/tape/*.c runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
 LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
 CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))

@@ -170,17 +170,17 @@ describe("tools/check_layers.lua", function()
 
   it("fails on an include from a lower layer to a higher one outside core", function()
     local root = copy_tree()
-    local line = append(root, "runtime/backend/cpu/copy.c", '#include "autograd/autograd.h"\n')
+    local line = append(root, "runtime/backend/cpu/copy.c", '#include "tape/tape.h"\n')
     local status, out = check(root)
     assert.are.equal(1, status, out)
-    assert.matches("runtime/backend/cpu/copy.c:" .. line .. ': includes "autograd/autograd.h" ' ..
+    assert.matches("runtime/backend/cpu/copy.c:" .. line .. ': includes "tape/tape.h" ' ..
       "(layer tape) from layer backend", out, 1, true)
     -- the engine is above the ops; the tape is not
     root = copy_tree()
-    line = append(root, "runtime/autograd/node.c", '#include "ops/copy.h"\n')
+    line = append(root, "runtime/tape/node.c", '#include "ops/copy.h"\n')
     status, out = check(root)
     assert.are.equal(1, status, out)
-    assert.matches("runtime/autograd/node.c:" .. line .. ': includes "ops/copy.h" (layer ops) ' ..
+    assert.matches("runtime/tape/node.c:" .. line .. ': includes "ops/copy.h" (layer ops) ' ..
       "from layer tape", out, 1, true)
   end)
 

@@ -18,14 +18,14 @@
 --                plug-in and its interfaces (cuda/plugin.h, cuda/nccl_api.h), the simulated
 --                device, and the device registry (registry.c: dlopen of the plug-in,
 --                ddp_kernels_for, the core's device table) with the public CUDA calls
---   tape         runtime/autograd/autograd.h, node.c and view_history.c: nodes, saved
---                tensors, grad mode, hooks, in-place history of views; what an op needs to
---                record itself
+--   tape         runtime/tape/: tape.h, node.c and view_history.c: nodes, saved tensors,
+--                grad mode, hooks, in-place history of views; what an op needs to record
+--                itself
 --   ops          runtime/ops/: every op's front door (checks, promotion, recording on the
 --                tape, one call through the kernel table); copies, casts, device moves,
 --                random fills and gradient accumulation are ops too
---   autograd     the rest of runtime/autograd/: the backward engine, which calls ops to sum
---                gradients (ops/copy.h), so it sits above them
+--   autograd     runtime/autograd/: the backward engine, which calls ops to sum gradients
+--                (ops/copy.h), so it sits above them
 --   io           runtime/io/: datasets, loaders, checkpoints
 --   distributed  runtime/distributed/: store, process
 --                groups, reducer, sampler
@@ -90,12 +90,12 @@ local root = arg[1] or "."
 local build = arg[2]
 
 -- Layers bottom to top. A file belongs to the first layer one of whose patterns matches its
--- path relative to runtime/ (so the tape's two files are claimed before autograd/ is).
+-- path relative to runtime/.
 local LAYERS = {
   { name = "api", "^include/" },
   { name = "core", "^core/" },
   { name = "backend", "^backend/" },
-  { name = "tape", "^autograd/autograd%.h$", "^autograd/node%.c$", "^autograd/view_history%.c$" },
+  { name = "tape", "^tape/" },
   { name = "ops", "^ops/" },
   { name = "autograd", "^autograd/" },
   { name = "io", "^io/" },
