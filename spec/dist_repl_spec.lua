@@ -55,7 +55,7 @@ describe("distributed REPL", function()
       assert.matches(answer, out, 1, true)
     end
     assert.equal(3, answers, plain)
-    assert.matches("dist.all_reduce(t, opts)    [lua/ddplua/distributed/init.lua:", out, 1, true)
+    assert.matches("dist.all_reduce(t, opts)    [lua/ddplua/distributed/distributed_c10d.lua:", out, 1, true)
     assert.not_matches("no doc comment", out, 1, true)
   end)
 

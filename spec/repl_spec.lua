@@ -134,7 +134,7 @@ describe_tty("REPL in a terminal", function()
     it("?dl.zeros prints its signature and doc comment", function()
       local out = enter("?dl.zeros")
       assert.matches("dl.zeros(shape, opts)", out, 1, true)
-      assert.matches("lua/ddplua/init.lua:", out, 1, true)
+      assert.matches("lua/ddplua/functions.lua:", out, 1, true)
       assert.matches("dl.zeros(shape, opts) / dl.ones(shape, opts)", out, 1, true)
     end)
 

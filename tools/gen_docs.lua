@@ -11,7 +11,8 @@ local doc = require "doc_comments"
 local root, outdir = arg[1] or ".", arg[2] or "build/docs"
 
 local SECTIONS = {
-  { id = "tensors", title = "Tensors and ops", match = { "^ddplua$", "^ddplua%.tensor$", "^ddplua%.ops" } },
+  { id = "tensors", title = "Tensors and ops", match = { "^ddplua$", "^ddplua%.functions$", "^ddplua%.tensor$",
+    "^ddplua%.ops" } },
   { id = "nn", title = "nn: layers and modules", match = { "^ddplua%.nn" } },
   { id = "optim", title = "optim: optimizers and schedulers", match = { "^ddplua%.optim" } },
   { id = "data", title = "data: datasets and loading", match = { "^ddplua%.data" } },

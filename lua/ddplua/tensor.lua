@@ -137,7 +137,7 @@ end
 function Tensor.backward(t, gradient, opts)
   if opts ~= nil then
     opts = options.check("backward", opts, BACKWARD_KNOWN)
-    if opts.create_graph then require("ddplua.autograd").refuse_create_graph("backward") end
+    if opts.create_graph then engine.refuse_create_graph("backward") end
   end
   engine.run1(t, gradient, opts and opts.retain_graph)
 end
@@ -431,10 +431,11 @@ meta.__tostring = format.tensor
 
 -- ---- the op modules ---------------------------------------------------------------------
 
-local op_modules = { "ddplua.ops.elementwise", "ddplua.ops.reduce", "ddplua.ops.shape", "ddplua.ops.nn",
-  "ddplua.ops.norm", "ddplua.ops.loss" }
-for _, name in ipairs(op_modules) do
-  local mod = require(name)
+-- In this order (a later module's method of the same name wins); ddplua.functions takes their
+-- `functions` (dl.add, dl.cat, ...) from this list.
+local op_modules = { require "ddplua.ops.elementwise", require "ddplua.ops.reduce",
+  require "ddplua.ops.shape", require "ddplua.ops.nn", require "ddplua.ops.norm", require "ddplua.ops.loss" }
+for _, mod in ipairs(op_modules) do
   for k, v in pairs(mod.methods or {}) do Tensor[k] = v end
   for k, v in pairs(mod.meta or {}) do meta[k] = v end
 end

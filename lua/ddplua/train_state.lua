@@ -14,7 +14,7 @@
 -- the header's __metadata__ as JSON: a nested table is written as {"$k": [[key, value], ...]}
 -- so numeric keys (PyTorch's 0-based parameter ids) and string keys both survive, and a
 -- tensor inside such a table as {"$t": "<tensor name>"}.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local checkpoint = require "ddplua.checkpoint"
 

@@ -22,7 +22,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "ops/autocast.h"
 #include "ops/copy.h"
 

@@ -112,7 +112,7 @@ struct ddp_tensor {
   ddp_node *grad_fn;           /* producing node (owned reference), NULL for leaves */
   ddp_tensor_hooks *hooks;     /* post-accumulate hooks, owned */
   int64_t backward_pending;    /* engine scratch: edges still to deliver to this leaf */
-  /* Note [views and their base] (runtime/autograd/view_history.c): a view made by a view
+  /* Note [views and their base] (runtime/tape/view_history.c): a view made by a view
    * op (narrow, select, view, t, ...) knows the tensor whose storage it shows, so that an
    * in-place write through the view can rewrite that tensor's history. */
   ddp_tensor *view_base;       /* owned; never itself a view; NULL for non-views */
@@ -258,13 +258,13 @@ int ddp_tensor_empty_pinned(ddp_tensor **out, int ndim, const int64_t *shape, in
 
 /* A tensor sharing src's storage and geometry, written into t (t's old storage is
  * released; its grad is dropped when it no longer fits). No autograd checks: those are
- * ddp_tensor_set_data's (runtime/autograd/node.c). */
+ * ddp_tensor_set_data's (runtime/tape/node.c). */
 void ddp_tensor_set_data_raw(ddp_tensor *t, const ddp_tensor *src);
 
 /* ---- autograd metadata -----------------------------------------------------------------
  * Note [autograd release hook]: a tensor's grad_fn and hooks are autograd's objects, which
  * the core cannot free (it includes nothing above it). Autograd registers one function at
- * load (runtime/autograd/node.c) that the core calls when a tensor is cleared, with the
+ * load (runtime/tape/node.c) that the core calls when a tensor is cleared, with the
  * metadata it held; it is only ever non-NULL metadata that autograd itself attached. */
 typedef void (*ddp_autograd_release_fn)(ddp_tensor *t, ddp_node *grad_fn,
                                         ddp_tensor_hooks *hooks);

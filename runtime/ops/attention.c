@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 

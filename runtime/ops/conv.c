@@ -3,7 +3,7 @@
  * conv2d_backward of its kernel table: backend/cpu/conv.c, backend/cuda/conv.cu). */
 #include <limits.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/autocast.h"

@@ -1,7 +1,7 @@
 /* runtime/ops/copy.c: the copy ops: copy_ across dtypes, strides and devices, fill_,
  * zero_, contiguous, clone and the dtype cast (to). Kernels through the device's table
  * (ddp_kernels_for); bytes between devices through the core's device memory calls. */
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/copy.h"

@@ -4,7 +4,7 @@
  * copy op. */
 #include <stdio.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "core/core.h"
 #include "ops/copy.h"
 

@@ -14,7 +14,7 @@
  * when recording, the node. */
 #include <math.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/autocast.h"

@@ -16,7 +16,7 @@
  * gradient flows back through the cast), the f32 loss is computed and cast back. */
 #include <stdio.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/autocast.h"

@@ -13,7 +13,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/autocast.h"

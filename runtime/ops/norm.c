@@ -10,7 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/autocast.h"

@@ -2,7 +2,7 @@
  * their backward. Shape rules follow PyTorch's Pool.h (pooling_output_shape,
  * pool2d_shape_check). Kernels come from the input's device's table (backend/cpu/pool.c,
  * backend/cuda/pool.cu). */
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 

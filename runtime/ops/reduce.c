@@ -18,7 +18,7 @@
  * (the *_device functions below), with the tensors' dtypes instead of double. */
 #include <math.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
 #include "ops/autocast.h"

@@ -1,5 +1,5 @@
 -- Specs for in-place writes under autograd (Note [in-place on views] in
--- runtime/autograd/view_history.c): version counters, views that know their base, in-place
+-- runtime/tape/view_history.c): version counters, views that know their base, in-place
 -- ops on views rewriting the base's history (PyTorch's CopySlices), the leaf rules, and the
 -- saved-tensor check of every op that saves. Expected values are PyTorch 1.13's in f64,
 -- worked out by hand in the comments (d/dx of sum(y*y) is 2*y*dy/dx).

@@ -1,5 +1,5 @@
 -- In-place ops on a view of a leaf that is itself a view (issue 23, item 5; Note [in-place
--- on a view of a leaf] in runtime/autograd/view_history.c): t = zeros(2, 2); x = t:view(4);
+-- on a view of a leaf] in runtime/tape/view_history.c): t = zeros(2, 2); x = t:view(4);
 -- x.requires_grad = true makes x a leaf that requires grad while its base t does not, and
 -- x:narrow(1, 1, 2):mul_(2) used to go through. PyTorch 1.13 raises "a view of a leaf
 -- Variable that requires grad is being used in an in-place operation." for it, for

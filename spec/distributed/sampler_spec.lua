@@ -226,8 +226,8 @@ describe("ddplua.distributed.sampler", function()
 
   describe("defaults", function()
     local saved_env
-    before_each(function() saved_env = package.loaded["ddplua.distributed"] end)
-    after_each(function() package.loaded["ddplua.distributed"] = saved_env end)
+    before_each(function() saved_env = package.loaded["ddplua.distributed.distributed_c10d"] end)
+    after_each(function() package.loaded["ddplua.distributed.distributed_c10d"] = saved_env end)
 
     it("are shuffle = true, seed = 0, drop_last = false, pad = true, epoch 0", function()
       local s = DistributedSampler(10, { num_replicas = 3, rank = 0 })
@@ -241,7 +241,7 @@ describe("ddplua.distributed.sampler", function()
     end)
 
     it("takes the world size and rank from an initialized process group", function()
-      package.loaded["ddplua.distributed"] = {
+      package.loaded["ddplua.distributed.distributed_c10d"] = {
         is_initialized = function() return true end,
         get_world_size = function() return 3 end,
         get_rank = function() return 2 end,
@@ -256,7 +256,7 @@ describe("ddplua.distributed.sampler", function()
     end)
 
     it("falls back to 1 and 0 without a process group (or to WORLD_SIZE / RANK)", function()
-      package.loaded["ddplua.distributed"] = { is_initialized = function() return false end }
+      package.loaded["ddplua.distributed.distributed_c10d"] = { is_initialized = function() return false end }
       local s = DistributedSampler(4, { shuffle = false })
       local ws, rk = os.getenv("WORLD_SIZE"), os.getenv("RANK")
       assert.equal(ws and tonumber(ws) or 1, s.num_replicas)
@@ -268,7 +268,7 @@ describe("ddplua.distributed.sampler", function()
       local f = assert(io.open(script, "w"))
       f:write([[
 package.path = "lua/?.lua;lua/?/init.lua;build/lua/?.lua;" .. package.path
-package.loaded["ddplua.distributed"] = { is_initialized = function() return false end }
+package.loaded["ddplua.distributed.distributed_c10d"] = { is_initialized = function() return false end }
 local DS = require "ddplua.distributed.sampler"
 local s = DS(10, { shuffle = false })
 io.write(s.num_replicas, " ", s.rank, " ", table.concat(s:indices():tolist(), ","), "\n")
@@ -282,7 +282,7 @@ io.write(s.num_replicas, " ", s.rank, " ", table.concat(s:indices():tolist(), ",
     end)
 
     it("asks for explicit values when the process group module is incomplete", function()
-      package.loaded["ddplua.distributed"] = { is_initialized = function() return true end }
+      package.loaded["ddplua.distributed.distributed_c10d"] = { is_initialized = function() return true end }
       assert.has_error(function() DistributedSampler(10) end)
       local ok, err = pcall(DistributedSampler, 10)
       assert.is_false(ok)

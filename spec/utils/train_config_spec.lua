@@ -1,5 +1,6 @@
--- Specs for ddplua.utils.train_config: defaults and command-line overrides, the optimizer
--- and schedule built from a config, and the messages for bad configs.
+-- Specs for ddplua.utils.train_config: defaults and command-line overrides, the model (built
+-- through the caller's find_model: the library never requires models/), the optimizer and
+-- schedule built from a config, and the messages for bad configs.
 local train_config = require "ddplua.utils.train_config"
 local files = require "files"
 
@@ -28,7 +29,7 @@ describe("ddplua.utils.train_config", function()
 
   it("builds the model, the optimizer and the schedule over all steps", function()
     local cfg = train_config.load("configs/fashion_mnist_mlp.lua", { epochs = 2 })
-    local model = train_config.model(cfg)
+    local model = train_config.model(cfg, function(name) return require("models." .. name) end)
     assert.is_true(#model:parameters() > 0)
     local opt = train_config.optimizer(cfg, model:parameters())
     assert.are.equal(cfg.optimizer.lr, opt.param_groups[1].lr)
@@ -37,6 +38,25 @@ describe("ddplua.utils.train_config", function()
     assert.are.equal(20, sched.T_max)
     cfg.schedule = nil
     assert.is_nil(train_config.scheduler(cfg, opt, 10))
+  end)
+
+  it("takes the model constructor from the caller's find_model, never from models/ itself", function()
+    -- a name no file under models/ has: only the caller's lookup knows it
+    local cfg = train_config.load(write("own.lua", 'return { model = "caller_only_net", model_opts = { width = 3 } }'))
+    local asked, built_with
+    local model = train_config.model(cfg, function(name)
+      asked = name
+      return function(opts) built_with = opts return { kind = "caller's model" } end
+    end)
+    assert.are.equal("caller_only_net", asked)
+    assert.are.same({ width = 3 }, built_with)
+    assert.are.equal("caller's model", model.kind)
+    local ok, err = pcall(train_config.model, cfg, nil, "t.lua")
+    assert.is_false(ok)
+    assert.matches("^t.lua: train_config.model%(cfg, find_model%): find_model must be a function", err)
+    ok, err = pcall(train_config.model, cfg, function() return nil end, "t.lua")
+    assert.is_false(ok)
+    assert.matches("^t.lua: no model named 'caller_only_net'", err)
   end)
 
   it("names the file or the field at fault", function()

@@ -98,9 +98,9 @@ end
 
 -- The found-inf flags of every rank, combined (Note [found_inf across ranks]).
 local function combine_across_ranks(found)
-  local dist = package.loaded["ddplua.distributed"]
+  local dist = package.loaded["ddplua.distributed.distributed_c10d"]
   if not (dist and dist.is_initialized()) then return found end
-  local dl = require "ddplua"
+  local dl = require "ddplua.functions"
   local flag = dl.tensor({ found and 1 or 0 }, { dtype = "f32" })
   local device = dist.get_backend() == "nccl" and ("cuda:" .. dl.cuda.current_device()) or nil
   if device then flag = flag:to(device) end

@@ -153,4 +153,13 @@ function M.run(outputs, grads, inputs, retain_graph)
   return walk(w, buf and buf.ev or ffi.new("ddp_backward_event"), inputs, ni)
 end
 
+--- Raise the create_graph error (name: the calling function, for the message): ddplua
+-- computes first-order gradients only. Re-exported as ddplua.autograd.refuse_create_graph.
+function M.refuse_create_graph(name)
+  lib.raise(name .. ": create_graph = true is not supported: ddplua computes first-order "
+    .. "gradients only (the gradients it returns have no graph, so differentiating them "
+    .. "again would be wrong); compute higher-order terms another way (e.g. finite "
+    .. "differences of a first-order gradient)")
+end
+
 return M

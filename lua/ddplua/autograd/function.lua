@@ -52,7 +52,7 @@ function Record:run_backward(w, g)
   end
   ctx.saved_tensors = saved
   local grads = {}
-  local dl = require "ddplua"
+  local dl = require "ddplua.functions"
   for k = 1, self.n_outputs do
     local o = self.outputs[k]
     if k == self.differentiable then grads[k] = g

@@ -31,13 +31,9 @@ local function as_list(v, what, holes)
   return v, n
 end
 
---- Raise the create_graph error (name: the calling function, for the message).
-function M.refuse_create_graph(name)
-  lib.raise(name .. ": create_graph = true is not supported: ddplua computes first-order "
-    .. "gradients only (the gradients it returns have no graph, so differentiating them "
-    .. "again would be wrong); compute higher-order terms another way (e.g. finite "
-    .. "differences of a first-order gradient)")
-end
+--- Raise the create_graph error (name: the calling function, for the message); defined in
+-- ddplua.autograd.engine, which t:backward also calls (ddplua.tensor sits below this module).
+M.refuse_create_graph = engine.refuse_create_graph
 
 local GRAD_KNOWN = options.known { "retain_graph", "create_graph", "allow_unused" }
 

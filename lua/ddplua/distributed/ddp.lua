@@ -15,7 +15,7 @@
 -- is then collective too. Parameters with requires_grad = false are not reduced (as PyTorch).
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local ffi, C = lib.ffi, lib.C
 local check, raise = lib.check, lib.raise
 local DDPJoinHook = require "ddplua.distributed.ddp_join_hook"
@@ -41,7 +41,7 @@ local digest_box = ffi.new("uint64_t[1]")
 
 -- ---- process group --------------------------------------------------------------------
 
-local function dist_module() return require "ddplua.distributed" end
+local function dist_module() return require "ddplua.distributed.distributed_c10d" end
 
 -- The group to reduce over: opts.process_group, else the default (world) group.
 local function resolve_group(pg)

@@ -7,7 +7,7 @@
 --   DDPJoinHook.pre_forward(ddp, grad)  a non-joined rank's forward under an enabled Join
 --   DDPJoinHook.new(ddp, opts)          the hook a joined rank runs (main_hook, post_hook)
 local lib = require "ddplua.lib"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local Join = require "ddplua.distributed.algorithms.join"
 local ffi, C = lib.ffi, lib.C
 local check, raise = lib.check, lib.raise

@@ -3,7 +3,7 @@
 -- n-dimensional array (rank r at row-major position r) and holds, for every mesh
 -- dimension, the process group of the ranks that differ from this one only along it.
 --
---   local dist = require "ddplua.distributed"
+--   local dist = require "ddplua.distributed.distributed_c10d"
 --   local mesh = dist.init_device_mesh("cpu", {dist.get_world_size()}, {mesh_dim_names = {"dp"}})
 --   local model = DDP(net, {device_mesh = mesh})      -- reduces over mesh:get_group()
 --
@@ -23,7 +23,7 @@ local raise = lib.raise
 local DeviceMesh = {}
 DeviceMesh.__index = DeviceMesh
 
-local function dist_module() return require "ddplua.distributed" end
+local function dist_module() return require "ddplua.distributed.distributed_c10d" end
 
 -- "(2, 1)" / "(2,)", Python's tuple form (PyTorch's messages print tuples).
 local function tuple(list)
@@ -262,7 +262,7 @@ function DeviceMesh.init_device_mesh(device_type, mesh_shape, opts)
   if device_type ~= "cpu" and device_type ~= "cuda" then
     raise(("init_device_mesh: device_type must be 'cpu' or 'cuda', got '%s'"):format(device_type))
   end
-  local dl = require "ddplua"
+  local dl = require "ddplua.functions"
   if device_type == "cuda" and not dl.cuda.is_available() then
     raise("init_device_mesh: device_type 'cuda' but CUDA is not available: " .. dl.cuda.unavailable_reason())
   end

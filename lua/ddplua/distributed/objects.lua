@@ -155,8 +155,8 @@ end
 
 -- ---- transport ----------------------------------------------------------------------------
 
-local function dist() return require "ddplua.distributed" end
-local function dl() return require "ddplua" end
+local function dist() return require "ddplua.distributed.distributed_c10d" end
+local function dl() return require "ddplua.functions" end
 
 local function raise(msg) error(msg, 3) end
 

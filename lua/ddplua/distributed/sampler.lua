@@ -54,10 +54,10 @@ local function env_int(name)
 end
 
 local function process_group()
-  local ok, dist = pcall(require, "ddplua.distributed")
+  local ok, dist = pcall(require, "ddplua.distributed.distributed_c10d")
   if not ok then
-    if tostring(dist):find("module 'ddplua.distributed' not found", 1, true) then return nil end
-    lib.raise("DistributedSampler: cannot load ddplua.distributed (" .. tostring(dist) ..
+    if tostring(dist):find("module 'ddplua.distributed.distributed_c10d' not found", 1, true) then return nil end
+    lib.raise("DistributedSampler: cannot load ddplua.distributed.distributed_c10d (" .. tostring(dist) ..
       "); pass num_replicas and rank explicitly")
   end
   if type(dist) ~= "table" or type(dist.is_initialized) ~= "function" then return nil end

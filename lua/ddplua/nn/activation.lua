@@ -4,7 +4,7 @@
 -- required: PyTorch's implicit dim is deprecated). Each is element-wise (or along dim) on
 -- any shape; see the dl functions of the same names. Small stateless classes, kept in
 -- one file as PyTorch keeps them.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 local Module = module.Module

@@ -1,7 +1,7 @@
 --- ddplua.nn.adaptive_avg_pool2d: nn.AdaptiveAvgPool2d(output_size), PyTorch's: x (N, C, H, W)
 -- or (C, H, W) -> (..., OH, OW) averaging adaptive windows; output_size a number or {OH, OW}.
 -- See dl.adaptive_avg_pool2d.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local module = require "ddplua.nn.module"
 local window_args = require "ddplua.nn.window_args"
 local lib = require "ddplua.lib"

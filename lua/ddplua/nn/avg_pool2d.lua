@@ -3,7 +3,7 @@
 -- opts.stride (= kernel_size), opts.padding (0), opts.ceil_mode (false),
 -- opts.count_include_pad (true). See dl.avg_pool2d.
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local module = require "ddplua.nn.module"
 local window_args = require "ddplua.nn.window_args"
 

@@ -8,7 +8,7 @@
 -- Training mode normalises with the batch statistics and updates the running ones (when
 -- tracked); eval mode uses the running statistics (or the batch's when not tracked).
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 

@@ -9,7 +9,7 @@
 -- PyTorch: weight kaiming_uniform_(a = sqrt(5)), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))
 -- with fan_in = C_in / groups * kH * kW.
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 local init = require "ddplua.nn.weight_init"

@@ -33,7 +33,7 @@
 -- PyTorch recommends DistributedDataParallel (one process per device) over DataParallel
 -- for speed; so does ddplua (ddplua.distributed).
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 local ffi, C = lib.ffi, lib.C

@@ -2,7 +2,7 @@
 -- element with probability p (0.5) and scales the rest by 1 / (1 - p); in eval mode returns
 -- x. opts.generator: a dl.Generator for the masks (default generator). Raises for p
 -- outside [0, 1].
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"

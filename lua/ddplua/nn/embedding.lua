@@ -6,7 +6,7 @@
 -- opts.dtype ("f32"); opts.device ("cpu"; "cuda", "cuda:k": initialised on the CPU, then
 -- moved).
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 local init = require "ddplua.nn.weight_init"

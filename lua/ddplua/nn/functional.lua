@@ -4,7 +4,7 @@
 -- ddplua convention). Thin wrappers over the dl functions: shapes, dtypes, gradients and
 -- errors are theirs (runtime/include/ddplua/ops_*.h, lua/ddplua/ops/*.lua).
 -- Dimensions count from 1 (Lua); class labels and embedding ids count from 0 (data).
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 
 local F = {}
 

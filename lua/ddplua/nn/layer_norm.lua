@@ -4,7 +4,7 @@
 -- normalized_shape); opts.bias (true; false leaves bias out); opts.dtype ("f32");
 -- opts.device ("cpu"; "cuda", "cuda:k": made on the CPU, then moved).
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 

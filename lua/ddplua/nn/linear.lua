@@ -7,7 +7,7 @@
 -- weight kaiming_uniform_(a = sqrt(5)) (bound 1 / sqrt(in_features)), bias
 -- U(-1 / sqrt(in_features), 1 / sqrt(in_features)), as PyTorch's reset_parameters.
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 local init = require "ddplua.nn.weight_init"

@@ -6,7 +6,7 @@
 -- NLLLoss([opts]): log-probabilities; opts as CrossEntropyLoss's but label_smoothing.
 -- MSELoss([opts]): opts.reduction. See dl.cross_entropy, dl.nll_loss, dl.mse_loss.
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 local Module = module.Module

@@ -31,7 +31,7 @@
 -- Iteration: parameters(), buffers(), children(), modules() return Lua lists;
 -- named_parameters(), named_buffers(), named_children(), named_modules() return iterators:
 --   for name, p in net:named_parameters() do ... end
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local ffi = lib.ffi
 

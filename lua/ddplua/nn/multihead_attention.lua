@@ -25,7 +25,7 @@
 --   explicitly; with need_weights = false attn_weights is nil and the attention runs as
 --   the fused dl.scaled_dot_product_attention (memory linear in L and S).
 -- Raises naming MultiheadAttention for shapes that do not fit (PyTorch's messages).
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"

@@ -4,7 +4,7 @@
 -- (PyTorch's OrderedDict form); nn.Sequential({m1, m2}) is nn.Sequential(m1, m2).
 -- seq[i] is the i-th child (1-based as Lua, negative from the end; nil past the end),
 -- seq[i] = m replaces it; seq:len() counts them (Lua 5.1's # cannot be overridden).
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local module = require "ddplua.nn.module"
 

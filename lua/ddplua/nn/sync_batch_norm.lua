@@ -20,7 +20,7 @@
 -- Gradients of weight and bias stay local: DDP averages them as any other parameter's.
 -- Unlike PyTorch 1.x it works on the CPU (gloo) as well as on CUDA (nccl).
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local bn = require "ddplua.nn.batch_norm"
 local Group = require "ddplua.distributed.group"

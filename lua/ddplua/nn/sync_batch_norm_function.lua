@@ -35,7 +35,7 @@
 -- batch_norm_elemt, batch_norm_backward_reduce, batch_norm_backward_elemt: PyTorch's
 -- names); the rest is (C)-sized tensor ops and dl.distributed collectives. So a CUDA input
 -- runs on its device with nccl, and nothing is read back on the host.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local Function = require "ddplua.autograd.function"
 
 local SyncBatchNormFunction = Function:extend("SyncBatchNorm")

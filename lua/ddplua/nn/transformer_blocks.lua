@@ -1,7 +1,7 @@
 --- ddplua.nn.transformer_blocks: the parts nn.TransformerEncoderLayer and
 -- nn.TransformerDecoderLayer share (internal): option checks, the attention, feed-forward
 -- and norm children built as PyTorch 1.13 builds them.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local LayerNorm = require "ddplua.nn.layer_norm"
 local Linear = require "ddplua.nn.linear"

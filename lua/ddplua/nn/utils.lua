@@ -2,7 +2,7 @@
 -- max_norm, opts) and clip_grad_value_(params, clip_value), re-exported from
 -- ddplua.optim.clip_grad (loaded on first use), and parameters_to_vector /
 -- vector_to_parameters.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 
 local M = {}

@@ -4,7 +4,7 @@
 -- dl.manual_seed makes them reproducible. Formulas: He et al. 2015 ("Delving Deep into
 -- Rectifiers", kaiming_*), Glorot & Bengio 2010 ("Understanding the difficulty of training
 -- deep feedforward neural networks", xavier_*), gains and fans as torch/nn/init.py.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 
 local M = {}

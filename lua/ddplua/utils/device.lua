@@ -3,7 +3,7 @@
 --
 --   local device = require("ddplua.utils.device").choose(opts.device)   -- "cpu" or "cuda:k"
 local options = require "ddplua.options"
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 
 local M = {}
 

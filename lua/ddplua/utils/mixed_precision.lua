@@ -11,7 +11,7 @@
 -- exponent range, so no loss scaling (as PyTorch's recipe). "f16": autocast in f16 and a
 -- dl.amp.GradScaler (PyTorch's defaults) against gradient underflow. nil or "f32": nothing.
 -- Raises (error(msg, 0), prefixed by prog) for any other value.
-local dl = require "ddplua"
+local amp = require "ddplua.amp"
 
 local M = {}
 M.__index = M
@@ -24,9 +24,9 @@ function M.new(mode, device, prog)
   end
   local self = setmetatable({ mode = (mode ~= "f32") and mode or nil }, M)
   if self.mode then
-    self.region = dl.autocast(device == "cpu" and "cpu" or "cuda", { dtype = self.mode })
+    self.region = amp.autocast(device == "cpu" and "cpu" or "cuda", { dtype = self.mode })
   end
-  if self.mode == "f16" then self.scaler = dl.amp.GradScaler() end
+  if self.mode == "f16" then self.scaler = amp.GradScaler() end
   return self
 end
 

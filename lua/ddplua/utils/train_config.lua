@@ -4,12 +4,13 @@
 --   local train_config = require "ddplua.utils.train_config"
 --   local cfg = train_config.load("configs/fashion_mnist_cnn.lua", { epochs = 5, lr = 0.1 })
 --   local train_set, test_set = train_config.datasets(cfg)
---   local model = train_config.model(cfg)
+--   local model = train_config.model(cfg, function(name) return require("models." .. name) end)
 --   local opt = train_config.optimizer(cfg, model:parameters())
 --   local sched = train_config.scheduler(cfg, opt, #loader)   -- nil when cfg.schedule is nil
 --
--- A config's fields: name (default: the file's name), model (a module under models/,
--- called with model_opts), dataset ("fashion_mnist" (default), "mnist", "cifar10"),
+-- A config's fields: name (default: the file's name), model (the name of a model, such as a
+-- module under models/, which the caller's find_model turns into a constructor called with
+-- model_opts), dataset ("fashion_mnist" (default), "mnist", "cifar10"),
 -- data_root, augment (CIFAR-10 random crop and flip), batch_size (64), epochs (3), seed (0),
 -- subset / test_subset (first N samples), optimizer ({name = "SGD", lr = 0.05, momentum =
 -- 0.9} by default; any ddplua.optim class with its options), schedule (nil or {name = a
@@ -78,9 +79,23 @@ function M.datasets(cfg, prog)
   error(prog .. ": unknown dataset '" .. tostring(cfg.dataset) .. "'", 0)
 end
 
---- train_config.model(cfg) -> a new nn.Module: require("models." .. cfg.model)(cfg.model_opts).
-function M.model(cfg)
-  return require("models." .. cfg.model)(cfg.model_opts)
+--- train_config.model(cfg, find_model, prog) -> a new nn.Module:
+-- find_model(cfg.model)(cfg.model_opts). find_model(name) returns the constructor of the
+-- model `name`; the caller supplies it (train.lua: function(name) return require("models."
+-- .. name) end), because models/ is the user's code and a library module never requires
+-- user code (Note [lua layers] in tools/check_layers.lua). Raises when find_model is not a
+-- function or finds no constructor for cfg.model.
+function M.model(cfg, find_model, prog)
+  prog = prog or "ddplua"
+  if type(find_model) ~= "function" then
+    error(("%s: train_config.model(cfg, find_model): find_model must be a function (name -> "
+      .. "model constructor), got %s"):format(prog, type(find_model)), 0)
+  end
+  local ctor = find_model(cfg.model)
+  if ctor == nil then
+    error(("%s: no model named '%s' (find_model returned nil)"):format(prog, tostring(cfg.model)), 0)
+  end
+  return ctor(cfg.model_opts)
 end
 
 -- A copy of a {name = ..., options...} table without its name.

@@ -155,11 +155,11 @@ end
 
 setmetatable(Join, { __call = function(_, a, b) return Join.new(a, b) end })
 
-local function dist() return require "ddplua.distributed" end
+local function dist() return require "ddplua.distributed.distributed_c10d" end
 
 -- A (1,) f32 tensor holding v on `device` (-1: the CPU).
 local function scalar(v, device)
-  local dl = require "ddplua"
+  local dl = require "ddplua.functions"
   local o = device ~= nil and device >= 0 and { device = device } or nil
   return v == 0 and dl.zeros({ 1 }, o) or dl.full({ 1 }, v, o)
 end

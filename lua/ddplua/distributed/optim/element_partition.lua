@@ -22,8 +22,8 @@ local NAME = "ZeroRedundancyOptimizer"
 local M = {}
 M.__index = M
 
-local function dist() return require "ddplua.distributed" end
-local function dl() return require "ddplua" end
+local function dist() return require "ddplua.distributed.distributed_c10d" end
+local function dl() return require "ddplua.functions" end
 
 -- Address of a tensor handle's C object: two handles of one tensor give the same key.
 local function address(p) return tonumber(ffi.cast("intptr_t", p)) end

@@ -24,8 +24,8 @@ local M = {}
 
 local is_tensor = tensor.is_tensor
 
-local function dist() return require "ddplua.distributed" end
-local function dl() return require "ddplua" end
+local function dist() return require "ddplua.distributed.distributed_c10d" end
+local function dl() return require "ddplua.functions" end
 
 -- A copy of v with its tensors replaced by stubs; tensors[k] is the k-th tensor met.
 local function skeleton_of(v, tensors)
@@ -85,7 +85,7 @@ function M.broadcast(sd, src, group, device)
     for k, t in ipairs(tensors) do descs[k] = { dtype = t:type(), shape = t:size() } end
     msg = { skel, descs }
   end
-  d.broadcast_object_list(msg, src, { group = group })
+  require("ddplua.distributed.objects").broadcast_object_list(msg, src, { group = group })
   local skel, descs = msg[1], msg[2]
   local received = {}
   for _, dtype in ipairs(dtypes_of(descs)) do

@@ -59,8 +59,8 @@ setmetatable(ZeRO, { __call = function(cls, ...) return cls.new(...) end })
 
 local is_tensor = tensor.is_tensor
 
-local function dist() return require "ddplua.distributed" end
-local function dl() return require "ddplua" end
+local function dist() return require "ddplua.distributed.distributed_c10d" end
+local function dl() return require "ddplua.functions" end
 
 -- Address of a tensor handle's C object: two handles of one tensor give the same key.
 local function address(p) return tonumber(ffi.cast("intptr_t", p)) end
@@ -396,7 +396,8 @@ local join_module
 local function join()
   if join_module == nil then
     local name = "ddplua.distributed.algorithms.join"
-    join_module = package.loaded[name] or (package.searchpath(name, package.path) and require(name)) or false
+    join_module = package.loaded[name]
+      or (package.searchpath(name, package.path) and require "ddplua.distributed.algorithms.join") or false
   end
   return join_module
 end

@@ -15,7 +15,7 @@ local lib = require "ddplua.lib"
 
 local M = {}
 
-local function dist() return require "ddplua.distributed" end
+local function dist() return require "ddplua.distributed.distributed_c10d" end
 
 local function first(v) return type(v) == "table" and v[1] or v end
 

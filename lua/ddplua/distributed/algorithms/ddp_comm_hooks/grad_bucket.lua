@@ -24,7 +24,7 @@ end
 -- comm hook], ddplua/reducer_join.h); the bucket's own buffer is not touched.
 function GradBucket.zeros_like(reducer, k, params)
   check(C.ddp_reducer_bucket_buffer(reducer, k, box))
-  local zeros = require("ddplua").zeros_like(lib.wrap(box[0]))
+  local zeros = require("ddplua.functions").zeros_like(lib.wrap(box[0]))
   local b = GradBucket.new(reducer, k, params)
   b._buffer, b._zeros = zeros, zeros
   return b

@@ -1,10 +1,10 @@
-/* runtime/autograd/node.c: nodes of the tape, saved tensors, grad mode, tensor-level
+/* runtime/tape/node.c: nodes of the tape, saved tensors, grad mode, tensor-level
  * autograd accessors (set_data's leaf rules included) and post-accumulate hooks. The tape
  * layer: it uses the core only (see tools/check_layers.lua). */
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 
 static __thread int grad_mode_off; /* 0: enabled (the default for every thread) */
 

@@ -1,6 +1,6 @@
-/* runtime/autograd/autograd.h: the tape as ops see it. This header, node.c and
+/* runtime/tape/tape.h: the tape as ops see it. This header, node.c and
  * view_history.c (in-place writes through views) are the tape layer, below the ops (which record nodes) and above the core and backend; the backward
- * engine (engine.c) sits above the ops, whose front doors it calls to sum gradients. The
+ * engine (runtime/autograd/engine.c) sits above the ops, whose front doors it calls to sum gradients. The
  * tape includes only the core (tools/check_layers.lua checks it).
  *
  * How an op records itself (the pattern every front door in runtime/ops follows):
@@ -104,7 +104,7 @@ void ddp_autograd_set_output(ddp_tensor *out, ddp_node *node);
 int ddp_autograd_record_unary(ddp_tensor **out, ddp_tensor *input, const char *name,
                               ddp_backward_fn backward, const int64_t *iattr, int n_iattr);
 
-/* ---- in-place writes (runtime/autograd/view_history.c; Note [in-place on views]) ---- */
+/* ---- in-place writes (runtime/tape/view_history.c; Note [in-place on views]) ---- */
 
 /* The check every in-place op runs before writing self while grad mode is on, PyTorch's:
  * "<op>: a leaf Variable that requires grad is being used in an in-place operation." and,

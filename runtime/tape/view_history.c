@@ -1,4 +1,4 @@
-/* runtime/autograd/view_history.c: the history of in-place writes, through views included.
+/* runtime/tape/view_history.c: the history of in-place writes, through views included.
  * Part of the tape layer (ops call it to record an in-place op); it reaches tensors through
  * the core and copies through the kernel table only.
  *
@@ -29,7 +29,7 @@
  * their gradients follow the last write of each element. */
 #include <stdlib.h>
 
-#include "autograd/autograd.h"
+#include "tape/tape.h"
 #include "backend/kernels.h"
 
 /* A view's and its base's geometry in their common storage. */
