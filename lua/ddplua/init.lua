@@ -280,6 +280,11 @@ setmetatable(M, { __index = function(t, k)
     local f = require("ddplua.amp")[k]
     rawset(t, k, f)
     return f
+  elseif k == "utils" then -- dl.utils.checkpoint / checkpoint_sequential (torch.utils.checkpoint's)
+    local ck = require "ddplua.utils.checkpoint"
+    local utils = { checkpoint = ck.checkpoint, checkpoint_sequential = ck.checkpoint_sequential }
+    rawset(t, k, utils)
+    return utils
   elseif k == "spawn" then -- dl.spawn(fn, nprocs, opts): torch.multiprocessing.spawn's job
     local spawn = require "ddplua.distributed.spawn"
     rawset(t, k, spawn)

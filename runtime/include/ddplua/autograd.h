@@ -90,6 +90,21 @@ int ddp_autograd_record_function(ddp_tensor *output, const char *name, int64_t i
                                  int n_inputs, ddp_tensor *const *inputs, int n_saved,
                                  ddp_tensor *const *saved);
 
+/* The creation number of the newest node recorded so far (process-wide; nodes recorded
+ * later have larger numbers): take it before running a segment for
+ * ddp_autograd_segment_leaves. */
+int64_t ddp_autograd_seq_now(void);
+
+/* The leaves that require grad on which the n outputs (NULL entries allowed) depend through
+ * nodes recorded after `since` (a ddp_autograd_seq_now value), each once, in the order
+ * found; an output that is itself such a leaf counts. Up to cap of them go to leaves (new
+ * references); *n_leaves gets how many there are (call again with cap >= *n_leaves when it
+ * is larger). Note [checkpoint segment] in runtime/autograd/node.c. Errors (DDP_ERR_ARG):
+ * a node recorded at or before `since` is reached (a tensor requiring grad computed outside
+ * the segment, captured by it, named by its grad_fn); DDP_ERR_MEMORY. */
+int ddp_autograd_segment_leaves(int n, ddp_tensor *const *outputs, int64_t since, int cap,
+                                ddp_tensor **leaves, int *n_leaves);
+
 enum ddp_hook_kind {
   DDP_HOOK_GRAD = 1,            /* sees (and may replace) the gradient w.r.t. the tensor */
   DDP_HOOK_POST_ACCUMULATE = 2  /* a leaf's .grad is final */
