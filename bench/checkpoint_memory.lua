@@ -11,7 +11,8 @@
 -- with S segments; S = sqrt(depth) is the classic choice); per_layer (every block in an
 -- nn.CheckpointWrapper). Peak: dl.memory_stats().peak (CPU tensor bytes the runtime's
 -- allocator holds for live tensors, the highest point), reset before each step with the
--- parameters and their gradients already allocated; the median over `steps` steps (each
+-- parameters and their gradients already allocated (zero_grad keeps them: set_to_none =
+-- false, so activations_mib = peak - parameters - gradients is what the step added); the median over `steps` steps (each
 -- measured alone) and the median step time are printed, one line per mode:
 --   mode=<m> peak_mib=<p> activations_mib=<p - params and grads> step_ms=<t>
 local dl = require "ddplua"
@@ -72,7 +73,7 @@ for _, mode in ipairs(modes) do
     collectgarbage("collect") -- the bench, not the step, starts each measure clean
     dl.reset_peak_memory()
     local t0 = clock.now()
-    opt:zero_grad()
+    opt:zero_grad({ set_to_none = false }) -- gradients stay allocated: peak - 2 x params is the rest
     loss_fn(forward(), y):backward()
     opt:step()
     times[s] = clock.now() - t0
