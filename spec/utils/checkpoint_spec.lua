@@ -142,6 +142,21 @@ describe("dl.utils.checkpoint", function()
     end
   end)
 
+  it("shows a parameter's register_hook hook the whole gradient once, as without checkpointing", function()
+    local w = dl.tensor({ 0.5, -1.5 }, { dtype = "f64", requires_grad = true })
+    local x = dl.tensor({ 1, 2 }, { dtype = "f64", requires_grad = true })
+    local seen = {}
+    w:register_hook(function(g) seen[#seen + 1] = g:tolist() end)
+    local seg = function(t) return (t * w):tanh() * w end
+    ;(dl.utils.checkpoint(seg, x * 2) * w):sum():backward()
+    local got = seen
+    seen = {}
+    ;(seg(x * 2) * w):sum():backward()
+    assert.equal(1, #seen)
+    assert.equal(1, #got) -- not once more with the segment's part during the recomputation
+    for i = 1, 2 do assert.near(seen[1][i], got[1][i], 1e-14) end
+  end)
+
   it("nests, returns inputs and views, and runs plainly under no_grad", function()
     local m = mlp(2, 4)
     local x = dl.randn({ 3, 4 }, { generator = dl.Generator(5) })
