@@ -34,14 +34,15 @@
 -- Differences: the segment must take as arguments any tensor requiring grad it uses that
 -- was computed outside it (parameters and other leaves may be captured): a captured
 -- non-leaf raises, naming its grad_fn. Differentiable outputs must share one dtype and
--- device (they are packed into one buffer: a node has one output). A register_hook hook on
--- a parameter used inside the segment also sees the segment's contribution alone during
--- the recomputation. Only the default generator's state is saved and restored (as PyTorch
+-- device (they are packed into one buffer: a node has one output). The recomputation's
+-- walk runs no leaf's register_hook hook (ddp_backward_skip_leaf_hooks): a parameter's
+-- hook sees its whole gradient once, in the outer walk, as without checkpointing. Only the default generator's state is saved and restored (as PyTorch
 -- restores the default CPU and CUDA generators, not generators passed to ops).
 local lib = require "ddplua.lib"
 local options = require "ddplua.options"
 local generator = require "ddplua.generator"
 local Function = require "ddplua.autograd.function"
+local engine = require "ddplua.autograd.engine"
 local ffi, C = lib.ffi, lib.C
 
 local M = {}
@@ -212,8 +213,9 @@ function Checkpoint._gradients(st, g)
   local inputs = {}
   for _, i in ipairs(st.arg_pos) do inputs[#inputs + 1] = inner[i] end
   for _, leaf in ipairs(st.leaves) do inputs[#inputs + 1] = leaf end
-  local dl = require "ddplua"
-  return dl.autograd.grad(outs, inputs, grads, { allow_unused = true }), #inputs
+  -- autograd.grad's walk, but without the leaves' register_hook hooks: the outer walk shows
+  -- them each parameter's whole gradient (this part included) once
+  return engine.run(outs, grads, inputs, false, true), #inputs
 end
 
 -- Options first (a plain table with no list part: not a module, nor a list of functions)

@@ -56,6 +56,14 @@ int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *output
                        ddp_tensor *const *grads, int n_inputs, ddp_tensor *const *inputs,
                        int retain_graph);
 
+/* Call between ddp_backward_begin and the first step: the walk runs no DDP_HOOK_GRAD hook
+ * of a leaf (the hooks registered on leaf tensors, register_hook's); the gradients are
+ * delivered as without them. For a walk that computes a part of a gradient the outer
+ * walk delivers again in full (a checkpointed segment's recomputation, Note [checkpoint
+ * node] in lua/ddplua/utils/checkpoint.lua), so a hook sees the whole gradient once.
+ * Errors: DDP_ERR_STATE after the first step or on a failed walk. */
+int ddp_backward_skip_leaf_hooks(ddp_backward_walk *w);
+
 /* Run the walk to its next event (filled into *ev). Returns a status: an op's backward
  * failing, a saved tensor modified in place (naming the op), a gradient of the wrong
  * shape from a Function. After a failure only ddp_backward_end may follow. */
