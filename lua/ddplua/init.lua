@@ -4,7 +4,7 @@
 -- {dtype = "f64", device = "cuda:1", requires_grad = true}), seeding, grad mode, threads and the functional
 -- forms of the ops (dl.add(a, b), dl.matmul(a, b), dl.cat({a, b}, 1), ...): all defined in
 -- ddplua.functions and re-exported here; plus the packages (dl.autograd, and on first use
--- dl.nn, dl.optim, dl.data, dl.checkpoint, dl.distributed, dl.amp, dl.futures, dl.spawn,
+-- dl.nn, dl.optim, dl.data, dl.checkpoint, dl.distributed, dl.amp, dl.futures, dl.utils, dl.spawn,
 -- dl.autocast).
 --
 -- This umbrella is for scripts: it sits above every package, so no library module requires
@@ -28,6 +28,11 @@ local PACKAGES = {
   -- dl.autocast, dl.is_autocast_enabled: ddplua.amp's
   autocast = function() return require("ddplua.amp").autocast end,
   is_autocast_enabled = function() return require("ddplua.amp").is_autocast_enabled end,
+  -- dl.utils.checkpoint / checkpoint_sequential (torch.utils.checkpoint's)
+  utils = function()
+    local ck = require "ddplua.nn.checkpoint"
+    return { checkpoint = ck.checkpoint, checkpoint_sequential = ck.checkpoint_sequential }
+  end,
   -- dl.spawn(fn, nprocs, opts): torch.multiprocessing.spawn's job
   spawn = function() return require "ddplua.distributed.spawn" end,
 }

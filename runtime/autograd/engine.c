@@ -298,6 +298,7 @@ struct ddp_backward_walk {
   ddp_tensor **buf_leaf, **buf_grad; /* leaves with grad hooks: their summed gradients */
   int n_buf, cap_buf, buf_at;
   int depth;               /* 0: the outermost walk of its thread (Note [reentrant backward]) */
+  int skip_leaf_hooks;     /* leaves' grad hooks are not run (ddp_backward_skip_leaf_hooks) */
   pending_vec aside;       /* depth > 0: the outer walks' leaf counts */
 };
 
@@ -458,7 +459,7 @@ int ddp_backward_step(ddp_backward_walk *w, ddp_backward_event *ev) {
       break;
     case PH_LEAF: {
       ddp_tensor *leaf = e->leaf;
-      if (!has_grad_hooks(leaf)) { /* straight into .grad (or the result) */
+      if (w->skip_leaf_hooks || !has_grad_hooks(leaf)) { /* straight into .grad (or the result) */
         status = deliver(w, leaf, w->grads[i], n->name);
         if (status) return walk_fail(w, status);
         w->hook_i = 0;
@@ -520,6 +521,13 @@ int ddp_backward_step(ddp_backward_walk *w, ddp_backward_event *ev) {
       break;
     }
   }
+}
+
+int ddp_backward_skip_leaf_hooks(ddp_backward_walk *w) {
+  if (!w || w->failed || w->phase != PH_POP || w->cur)
+    DDP_FAIL(DDP_ERR_STATE, "backward: leaf hooks can be skipped only before the first step");
+  w->skip_leaf_hooks = 1;
+  return DDP_OK;
 }
 
 int ddp_backward_answer(ddp_backward_walk *w, int i, ddp_tensor *grad) {

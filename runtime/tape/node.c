@@ -25,6 +25,10 @@ int ddp_autograd_needed(int n, ddp_tensor *const *inputs) {
   return 0;
 }
 
+static int64_t next_seq; /* the last seq given to a node (Note [backward order]) */
+
+int64_t ddp_autograd_seq_now(void) { return __atomic_load_n(&next_seq, __ATOMIC_RELAXED); }
+
 ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
                        ddp_tensor *const *inputs, int n_saved) {
   /* one block: the node, then its edges, input metadata and saved slots */
@@ -42,7 +46,6 @@ ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
   ddp_edge *edges = (ddp_edge *)(block + edges_at);
   ddp_input_meta *meta = (ddp_input_meta *)(block + meta_at);
   ddp_saved *saved = (ddp_saved *)(block + saved_at);
-  static int64_t next_seq;
   n->refcount = 1;
   n->seq = __atomic_add_fetch(&next_seq, 1, __ATOMIC_RELAXED);
   n->name = name;
@@ -436,4 +439,151 @@ int ddp_autograd_record_function(ddp_tensor *output, const char *name, int64_t i
   }
   ddp_autograd_set_output(output, n);
   return DDP_OK;
+}
+
+/* ---- a checkpointed segment's leaves (Note [checkpoint segment]) ---------------------- */
+
+/* Note [checkpoint segment]: activation checkpointing (ddplua.utils.checkpoint) runs a
+ * function once with grad mode on and keeps only its outputs, detached; one node then
+ * stands for the whole segment, its inputs being the function's tensor arguments (passed in
+ * as fresh leaves) and every leaf that requires grad the segment reached (the parameters it
+ * used). ddp_autograd_segment_leaves finds those leaves: it walks back from the outputs
+ * through the nodes recorded since the segment started (seq > since: nodes get increasing
+ * seqs) and stops at leaves. A node recorded before is a tensor from outside that the
+ * function captured instead of taking it as an argument: its gradient would have no way
+ * out of the segment, so that is an error naming the node. */
+
+/* A stack of nodes. */
+typedef struct {
+  ddp_node **items;
+  size_t n, cap;
+} node_vec_t;
+
+/* A set of node pointers: open addressing, grown at half full. */
+typedef struct {
+  ddp_node **slots;
+  size_t cap, n;
+} node_set;
+
+static size_t node_hash(const ddp_node *n, size_t cap) {
+  uintptr_t h = (uintptr_t)n;
+  h ^= h >> 17;
+  h *= (uintptr_t)0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 7) & (cap - 1);
+}
+
+/* 1 when added, 0 when already there, -1 without memory. */
+static int node_set_add(node_set *s, ddp_node *n) {
+  if (2 * (s->n + 1) > s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    ddp_node **slots = calloc(cap, sizeof *slots);
+    if (!slots) return -1;
+    for (size_t k = 0; k < s->cap; k++) {
+      if (!s->slots[k]) continue;
+      size_t j = node_hash(s->slots[k], cap);
+      while (slots[j]) j = (j + 1) & (cap - 1);
+      slots[j] = s->slots[k];
+    }
+    free(s->slots);
+    s->slots = slots;
+    s->cap = cap;
+  }
+  size_t j = node_hash(n, s->cap);
+  while (s->slots[j]) {
+    if (s->slots[j] == n) return 0;
+    j = (j + 1) & (s->cap - 1);
+  }
+  s->slots[j] = n;
+  s->n++;
+  return 1;
+}
+
+/* A growable list of leaves (owned references), each once. */
+typedef struct {
+  ddp_tensor **items;
+  int n, cap;
+} leaf_list;
+
+static int leaf_list_add(leaf_list *l, ddp_tensor *t) {
+  for (int k = 0; k < l->n; k++)
+    if (l->items[k] == t) return DDP_OK;
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 16;
+    ddp_tensor **items = realloc(l->items, (size_t)cap * sizeof *items);
+    if (!items) DDP_FAIL(DDP_ERR_MEMORY, "checkpoint: out of memory");
+    l->items = items;
+    l->cap = cap;
+  }
+  ddp_tensor_retain(t);
+  l->items[l->n++] = t;
+  return DDP_OK;
+}
+
+/* Push node on the walk's stack unless seen already. */
+static int segment_push(node_set *seen, node_vec_t *stack, ddp_node *node) {
+  int added = node_set_add(seen, node);
+  if (added < 0) DDP_FAIL(DDP_ERR_MEMORY, "checkpoint: out of memory");
+  if (!added) return DDP_OK;
+  if (stack->n == stack->cap) {
+    size_t cap = stack->cap ? 2 * stack->cap : 64;
+    ddp_node **items = realloc(stack->items, cap * sizeof *items);
+    if (!items) DDP_FAIL(DDP_ERR_MEMORY, "checkpoint: out of memory");
+    stack->items = items;
+    stack->cap = cap;
+  }
+  stack->items[stack->n++] = node;
+  return DDP_OK;
+}
+
+int ddp_autograd_segment_leaves(int n, ddp_tensor *const *outputs, int64_t since, int cap,
+                                ddp_tensor **leaves, int *n_leaves) {
+  *n_leaves = 0;
+  node_set seen = {0};
+  node_vec_t stack = {0};
+  leaf_list found = {0};
+  int status = DDP_OK;
+  for (int i = 0; i < n && !status; i++) {
+    ddp_tensor *t = outputs[i];
+    if (!t) continue;
+    if ((status = ddp_check_alive(t, "checkpoint", "output"))) break;
+    if ((status = ddp_autograd_refresh_view(t))) break;
+    if (!t->requires_grad) continue;
+    if (!t->grad_fn) { /* a leaf returned as it is (an argument passed through) */
+      status = leaf_list_add(&found, t);
+    } else if (t->grad_fn->seq <= since) {
+      status = DDP_ERROR(DDP_ERR_ARG, "checkpoint: output %d was computed by %s before the "
+                         "checkpointed function ran (it must compute its outputs itself)", i + 1,
+                         t->grad_fn->name);
+    } else {
+      status = segment_push(&seen, &stack, t->grad_fn);
+    }
+  }
+  while (!status && stack.n) {
+    ddp_node *node = stack.items[--stack.n];
+    for (int i = 0; i < node->n_inputs && !status; i++) {
+      ddp_edge *e = &node->edges[i];
+      if (e->leaf) {
+        status = leaf_list_add(&found, e->leaf);
+      } else if (e->fn && e->fn->seq <= since) {
+        status = DDP_ERROR(DDP_ERR_ARG, "checkpoint: the checkpointed function uses a tensor "
+                           "that requires grad, computed outside it by %s, without taking it as "
+                           "an argument (pass that tensor to checkpoint as an argument of the "
+                           "function)", e->fn->name);
+      } else if (e->fn) {
+        status = segment_push(&seen, &stack, e->fn);
+      }
+    }
+  }
+  free(stack.items);
+  free(seen.slots);
+  if (!status) {
+    for (int k = 0; k < found.n && k < cap; k++) {
+      ddp_tensor_retain(found.items[k]);
+      leaves[k] = found.items[k];
+    }
+    *n_leaves = found.n;
+  }
+  for (int k = 0; k < found.n; k++) ddp_tensor_release(found.items[k]);
+  free(found.items);
+  return status;
 }

@@ -132,13 +132,14 @@ function M.run1(output, grad, retain_graph)
   return walk(w, buf and buf.ev or ffi.new("ddp_backward_event"), nil, 0)
 end
 
---- run(outputs, grads, inputs, retain_graph) -> the gradients w.r.t. inputs (a table of
+--- run(outputs, grads, inputs, retain_graph, skip_leaf_hooks) -> the gradients w.r.t. inputs (a table of
 -- tensors or nil, when inputs is given). outputs: a list of tensors that require grad;
 -- grads: a list of the same length (nil entries: 1 for one-element outputs); inputs: nil
 -- (backward: leaves accumulate into .grad) or a list (autograd.grad: nothing touches .grad).
--- Raises the first error (an op's, a hook's, a Function's) at the caller's line; the walk
--- is always ended and grad mode restored.
-function M.run(outputs, grads, inputs, retain_graph)
+-- skip_leaf_hooks: leaves' register_hook hooks do not run (ddp_backward_skip_leaf_hooks;
+-- a checkpoint's recomputation). Raises the first error (an op's, a hook's, a Function's)
+-- at the caller's line; the walk is always ended and grad mode restored.
+function M.run(outputs, grads, inputs, retain_graph, skip_leaf_hooks)
   local n, ni = #outputs, inputs and #inputs or 0
   local buf = depth == 0 and cached or nil
   local outs = tensor_array(buf and buf.outs, outputs, n)
@@ -147,6 +148,14 @@ function M.run(outputs, grads, inputs, retain_graph)
   local wbox = buf and buf.wbox or ffi.new("ddp_backward_walk*[1]")
   check(C.ddp_backward_begin(wbox, n, outs, gs, ni, ins, retain_graph and 1 or 0))
   local w = wbox[0]
+  if skip_leaf_hooks then
+    local status = C.ddp_backward_skip_leaf_hooks(w)
+    if status ~= 0 then
+      local msg = ffi.string(C.ddp_last_error())
+      C.ddp_backward_end(w)
+      lib.raise(msg)
+    end
+  end
   depth = depth + 1
   for i = 0, n - 1 do outs[i], gs[i] = nil, nil end -- the walk holds its own references
   for i = 0, ni - 1 do ins[i] = nil end

@@ -1,7 +1,8 @@
 --- ddplua.nn: neural-network layers, as PyTorch's torch.nn. `local nn = require "ddplua.nn"`.
 --
 --   nn.Module, nn.Parameter, nn.is_parameter, nn.is_module, nn.state_dict_keys  (module.lua)
---   containers: nn.Sequential, nn.ModuleList, nn.ModuleDict; nn.DataParallel (data_parallel.lua)
+--   containers: nn.Sequential, nn.ModuleList, nn.ModuleDict; nn.DataParallel (data_parallel.lua);
+--     nn.CheckpointWrapper (checkpoint_wrapper.lua: activation checkpointing of a module)
 --   layers: nn.Linear, nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
 --     nn.BatchNorm1d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.LayerNorm, nn.Dropout, nn.Flatten, nn.Embedding,
 --     nn.Identity, nn.ReLU, nn.LeakyReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU,
@@ -46,6 +47,7 @@ M.MultiheadAttention = require "ddplua.nn.multihead_attention"
 M.TransformerEncoderLayer = require "ddplua.nn.transformer_encoder_layer"
 M.TransformerDecoderLayer = require "ddplua.nn.transformer_decoder_layer"
 M.DataParallel = require "ddplua.nn.data_parallel"
+M.CheckpointWrapper = require "ddplua.nn.checkpoint_wrapper"
 
 for name, cls in pairs(require "ddplua.nn.activation") do M[name] = cls end
 for name, cls in pairs(require "ddplua.nn.loss") do M[name] = cls end

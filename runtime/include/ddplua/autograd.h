@@ -56,6 +56,14 @@ int ddp_backward_begin(ddp_backward_walk **out, int n, ddp_tensor *const *output
                        ddp_tensor *const *grads, int n_inputs, ddp_tensor *const *inputs,
                        int retain_graph);
 
+/* Call between ddp_backward_begin and the first step: the walk runs no DDP_HOOK_GRAD hook
+ * of a leaf (the hooks registered on leaf tensors, register_hook's); the gradients are
+ * delivered as without them. For a walk that computes a part of a gradient the outer
+ * walk delivers again in full (a checkpointed segment's recomputation, Note [checkpoint
+ * node] in lua/ddplua/utils/checkpoint.lua), so a hook sees the whole gradient once.
+ * Errors: DDP_ERR_STATE after the first step or on a failed walk. */
+int ddp_backward_skip_leaf_hooks(ddp_backward_walk *w);
+
 /* Run the walk to its next event (filled into *ev). Returns a status: an op's backward
  * failing, a saved tensor modified in place (naming the op), a gradient of the wrong
  * shape from a Function. After a failure only ddp_backward_end may follow. */
@@ -89,6 +97,21 @@ void ddp_backward_end(ddp_backward_walk *w);
 int ddp_autograd_record_function(ddp_tensor *output, const char *name, int64_t id,
                                  int n_inputs, ddp_tensor *const *inputs, int n_saved,
                                  ddp_tensor *const *saved);
+
+/* The creation number of the newest node recorded so far (process-wide; nodes recorded
+ * later have larger numbers): take it before running a segment for
+ * ddp_autograd_segment_leaves. */
+int64_t ddp_autograd_seq_now(void);
+
+/* The leaves that require grad on which the n outputs (NULL entries allowed) depend through
+ * nodes recorded after `since` (a ddp_autograd_seq_now value), each once, in the order
+ * found; an output that is itself such a leaf counts. Up to cap of them go to leaves (new
+ * references); *n_leaves gets how many there are (call again with cap >= *n_leaves when it
+ * is larger). Note [checkpoint segment] in runtime/autograd/node.c. Errors (DDP_ERR_ARG):
+ * a node recorded at or before `since` is reached (a tensor requiring grad computed outside
+ * the segment, captured by it, named by its grad_fn); DDP_ERR_MEMORY. */
+int ddp_autograd_segment_leaves(int n, ddp_tensor *const *outputs, int64_t since, int cap,
+                                ddp_tensor **leaves, int *n_leaves);
 
 enum ddp_hook_kind {
   DDP_HOOK_GRAD = 1,            /* sees (and may replace) the gradient w.r.t. the tensor */
