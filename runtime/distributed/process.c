@@ -76,6 +76,7 @@ typedef struct worker {
   double failed_at; /* the worker's own stamp of its failure (Note [report pipe]), 0: none */
   double ended_at;  /* when the parent saw it end (report pipe closed, or reaped), 0: not yet */
   unsigned long seen_poll; /* the ddp_procs_poll call that first saw its report or end, 0 */
+  int signalled;    /* the parent signalled it to stop while it ran (Note [first failure]) */
   stream out, err;
   char prefix[32];
   size_t prefix_len;
@@ -660,6 +661,7 @@ static void signal_all(ddp_procs *p, int sig) {
   for (int i = 0; i < p->cfg.nprocs; i++) {
     worker *w = &p->workers[i];
     if (!w->running) continue;
+    w->signalled = 1;
     if (!p->cfg.own_group || kill(-w->pid, sig) != 0) kill(w->pid, sig);
   }
 }
@@ -681,7 +683,7 @@ static int failed_status(int status) { return !(WIFEXITED(status) && WEXITSTATUS
 
 /* Reap the workers that ended (Note [first failure]). Returns how many still run. */
 static int reap(ddp_procs *p) {
-  int running = 0;
+  int running = 0, any_failed = 0;
   for (int i = 0; i < p->cfg.nprocs; i++) {
     worker *w = &p->workers[i];
     if (!w->running) continue;
@@ -697,10 +699,13 @@ static int reap(ddp_procs *p) {
     close_fd(&w->report_fd);
     if (!w->seen_poll) w->seen_poll = p->polls;
     if (!w->ended_at) w->ended_at = now_s();
-    if (failed_status(w->status) && !p->stopping) {
-      p->stopping = 1;
-      ddp_procs_terminate(p, SIGTERM);
-    }
+    if (failed_status(w->status)) any_failed = 1;
+  }
+  /* the others are stopped only after every worker that already ended was reaped, so none
+   * of those counts as signalled (Note [first failure]) */
+  if (any_failed && !p->stopping) {
+    p->stopping = 1;
+    ddp_procs_terminate(p, SIGTERM);
   }
   return running;
 }
@@ -795,8 +800,13 @@ void ddp_procs_stop(ddp_procs *p) {
  *   - otherwise the one seen in an earlier ddp_procs_poll call came first, and in the same
  *     call the unstamped death is the cause (a peer that lost it reports an error, which
  *     takes longer than dying);
- *   - two unstamped deaths compare the moments they were seen. */
+ *   - two unstamped deaths compare the moments they were seen.
+ * Before all that, a worker the parent did not signal comes before one it did: a worker
+ * stopped because another failed dies of the parent's SIGTERM, often in the very poll call
+ * that reaped the failure (seen once in spawn_spec under load: "process 0 terminated with
+ * signal SIGTERM" reported instead of rank 1's error). */
 static int failed_before(const worker *a, const worker *b) {
+  if (a->signalled != b->signalled) return !a->signalled;
   if (a->failed_at > 0 && b->failed_at > 0) return a->failed_at < b->failed_at;
   if (a->seen_poll != b->seen_poll) return a->seen_poll < b->seen_poll;
   if ((a->failed_at > 0) != (b->failed_at > 0)) return !(a->failed_at > 0);
