@@ -70,6 +70,7 @@ function MLP:init(c, lin)
   self.dropout = nn.Dropout(c.dropout)
 end
 
+--- mlp(x) -> c_proj(gelu(c_fc(x))) with dropout, x's shape (B, T, n_embd).
 function MLP:forward(x) return self.dropout(self.c_proj(self.gelu(self.c_fc(x)))) end
 
 local Block = nn.Module:extend("Block")
@@ -81,6 +82,7 @@ function Block:init(c, lin, ln)
   self.mlp = MLP(c, lin)
 end
 
+--- block(x) -> x + attn(ln_1(x)), then + mlp(ln_2(.)): a pre-norm residual block, (B, T, n_embd).
 function Block:forward(x)
   x = x + self.attn(self.ln_1(x))
   return x + self.mlp(self.ln_2(x))
