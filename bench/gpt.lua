@@ -12,7 +12,9 @@
 -- (the shakespeare_char config's). --amp bf16 runs the forward under autocast.
 -- Prints one line (rank 0): "gpt layers=.. heads=.. embd=.. block=.. batch=.. procs=..
 -- threads=.. amp=.. tokens_per_s=.. step_ms=.."; tokens/s counts every rank's tokens over
--- the timed steps (after --warmup untimed ones). --profile adds a line with the mean
+-- the timed steps (after --warmup untimed ones); cpu_tokens_per_s divides them by the CPU
+-- seconds of rank 0's process (all its threads, os.clock) times the number of processes:
+-- the work per token, which other jobs on a shared machine barely move. --profile adds a line with the mean
 -- milliseconds of forward, backward (with the exposed all-reduce) and optimizer (clip + step).
 local dl = require "ddplua"
 local clock = require "ddplua.clock"
@@ -78,10 +80,10 @@ local amp = require("ddplua.utils.mixed_precision").new(amp_mode, "cpu", "bench/
 local params = model:parameters()
 
 local t_fwd, t_bwd, t_opt = 0, 0, 0
-local t0
+local t0, cpu0
 for step = 1, o.warmup + o.steps do
   if step == o.warmup + 1 then
-    t0, t_fwd, t_bwd, t_opt = clock.now(), 0, 0, 0
+    t0, cpu0, t_fwd, t_bwd, t_opt = clock.now(), os.clock(), 0, 0, 0
   end
   local x, y = next_batch()
   local a = clock.now()
@@ -95,12 +97,12 @@ for step = 1, o.warmup + o.steps do
   local d = clock.now()
   t_fwd, t_bwd, t_opt = t_fwd + (b - a), t_bwd + (c - b), t_opt + (d - c)
 end
-local seconds = clock.now() - t0
+local seconds, cpu_seconds = clock.now() - t0, os.clock() - cpu0
 local tokens = o.steps * o.batch_size * o.block_size * world
 if rank == 0 then
-  print(("gpt layers=%d heads=%d embd=%d block=%d batch=%d procs=%d threads=%d amp=%s tokens_per_s=%.1f step_ms=%.2f")
+  print(("gpt layers=%d heads=%d embd=%d block=%d batch=%d procs=%d threads=%d amp=%s tokens_per_s=%.1f step_ms=%.2f cpu_tokens_per_s=%.1f")
     :format(o.n_layer, o.n_head, o.n_embd, o.block_size, o.batch_size, world, o.threads, amp_mode or "f32",
-      tokens / seconds, seconds / o.steps * 1e3))
+      tokens / seconds, seconds / o.steps * 1e3, tokens / (cpu_seconds * world)))
   if profile then
     print(("profile forward_ms=%.2f backward_ms=%.2f optimizer_ms=%.2f"):format(t_fwd / o.steps * 1e3,
       t_bwd / o.steps * 1e3, t_opt / o.steps * 1e3))

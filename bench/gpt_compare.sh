@@ -35,8 +35,10 @@ for ((r = 1; r <= rounds; r++)); do
   fws=(ddplua torch); ((r % 2 == 0)) && fws=(torch ddplua)
   for layout in 1x2 2x1; do
     for fw in "${fws[@]}"; do
-      run "$layout" "$fw" | sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' | head -n 1 > "$tmp/$layout.$fw.$r"
-      echo "round $r $layout $fw: $(cat "$tmp/$layout.$fw.$r")" >&2
+      line=$(run "$layout" "$fw" | grep -m 1 ' tokens_per_s=')
+      echo "$line" | sed -n 's/.* tokens_per_s=\([0-9.]*\).*/\1/p' > "$tmp/$layout.$fw.$r"
+      echo "$line" | sed -n 's/.* cpu_tokens_per_s=\([0-9.]*\).*/\1/p' > "$tmp/cpu.$layout.$fw.$r"
+      echo "round $r $layout $fw: $(cat "$tmp/$layout.$fw.$r") tokens/s, $(cat "$tmp/cpu.$layout.$fw.$r") per CPU s" >&2
     done
   done
 done
@@ -48,11 +50,15 @@ echo "$(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p' | head -n 1),
 echo "Shape: \`$shape\` (batch per process)${AMP:+, amp $AMP}; $steps timed steps after $warmup, $rounds rounds alternating which framework runs first; medians (range)."
 echo "Commands: \`ROUNDS=$rounds STEPS=$steps WARMUP=$warmup${AMP:+ AMP=$AMP} bash bench/gpt_compare.sh\`."
 echo
-echo "| layout | ddplua tokens/s | PyTorch 1.13 tokens/s | ratio | ranges (ddplua; PyTorch) |"
-echo "|---|---|---|---|---|"
+echo "tokens/s is wall-clock (all ranks); tokens per CPU second divides by the CPU time of the processes (all their threads), which the other jobs on a shared machine move far less."
+echo
+echo "| layout | ddplua tokens/s | PyTorch 1.13 tokens/s | ratio | ranges (ddplua; PyTorch) | ddplua tokens/CPU s | PyTorch tokens/CPU s | ratio |"
+echo "|---|---|---|---|---|---|---|---|"
 for layout in 1x2 2x1; do
   d=$(cat "$tmp/$layout.ddplua".* | median); t=$(cat "$tmp/$layout.torch".* | median)
   ratio=$(awk -v a="$d" -v b="$t" 'BEGIN {if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f×", a / b}')
   label=$([ "$layout" = 1x2 ] && echo "1 process × 2 threads" || echo "DDP 2 × 1 thread")
-  echo "| $label | $(printf %.0f "$d" 2>/dev/null || echo "$d") | $(printf %.0f "$t" 2>/dev/null || echo "$t") | $ratio | $(cat "$tmp/$layout.ddplua".* | range); $(cat "$tmp/$layout.torch".* | range) |"
+  dc=$(cat "$tmp/cpu.$layout.ddplua".* | median); tc=$(cat "$tmp/cpu.$layout.torch".* | median)
+  cratio=$(awk -v a="$dc" -v b="$tc" 'BEGIN {if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f×", a / b}')
+  echo "| $label | $(printf %.0f "$d" 2>/dev/null || echo "$d") | $(printf %.0f "$t" 2>/dev/null || echo "$t") | $ratio | $(cat "$tmp/$layout.ddplua".* | range); $(cat "$tmp/$layout.torch".* | range) | $(printf %.0f "$dc" 2>/dev/null || echo "$dc") | $(printf %.0f "$tc" 2>/dev/null || echo "$tc") | $cratio |"
 done

@@ -10,7 +10,8 @@ Run with Debian's /usr/bin/python3 (python3-torch), PyTorch at its best per TOOL
     OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/gpt_torch.py --threads 2 ...
 or under torchrun for DDP (gloo; tokens/s of all ranks, printed by rank 0):
     /usr/bin/python3 -m torch.distributed.run --nproc_per_node 2 bench/gpt_torch.py --threads 1 ...
-Prints "gpt ... tokens_per_s=<x> step_ms=<y>" as bench/gpt.lua; --amp bf16 runs the forward
+Prints "gpt ... tokens_per_s=<x> step_ms=<y> cpu_tokens_per_s=<z>" as bench/gpt.lua (z: tokens
+per CPU second of rank 0's process, time.process_time, times the processes); --amp bf16 runs the forward
 under torch.autocast("cpu", dtype=torch.bfloat16)."""
 import argparse, math, os, time
 
@@ -189,7 +190,7 @@ if a.train_iters:
 t0 = None
 for step in range(a.warmup + a.steps):
     if step == a.warmup:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
     x, y = get_batch()
     if a.amp == "bf16":
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -200,10 +201,11 @@ for step in range(a.warmup + a.steps):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-seconds = time.perf_counter() - t0
+seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
 if rank == 0:
-    print("gpt layers=%d heads=%d embd=%d block=%d batch=%d procs=%d threads=%d amp=%s tokens_per_s=%.1f step_ms=%.2f" % (
-        a.n_layer, a.n_head, a.n_embd, T, B, world, a.threads, a.amp or "f32", a.steps * B * T * world / seconds,
-        seconds / a.steps * 1e3))
+    print("gpt layers=%d heads=%d embd=%d block=%d batch=%d procs=%d threads=%d amp=%s tokens_per_s=%.1f step_ms=%.2f "
+          "cpu_tokens_per_s=%.1f" % (
+              a.n_layer, a.n_head, a.n_embd, T, B, world, a.threads, a.amp or "f32", a.steps * B * T * world / seconds,
+              seconds / a.steps * 1e3, a.steps * B * T / cpu_seconds))
 if world > 1:
     dist.destroy_process_group()
