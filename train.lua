@@ -47,7 +47,7 @@ for _, a in ipairs {
   { "--subset", "N", "train on the first N training samples only (quick runs, specs)", "number" },
   { "--test-subset", "N", "evaluate on the first N test samples only", "number" },
   { "--stop-after", "N", "stop after epoch N of the planned ones, as if interrupted (the\n"
-    .. "schedule still spans all epochs; --resume continues)", "number" },
+    .. "schedule still spans all epochs; --resume continues); iteration N for text configs", "number" },
   { "--threads", "N", "threads for the kernels and OpenBLAS", "number" },
   { "--amp", "DTYPE", "mixed precision: bf16 (autocast) or f16 (autocast + GradScaler)" },
   { "--data-root", "DIR", "dataset folder (CIFAR-10 binary batches; Fashion-MNIST has a default)" },

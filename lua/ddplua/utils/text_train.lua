@@ -26,7 +26,8 @@
 -- uninterrupted run), out/model.safetensors (the model alone, nanoGPT's names, Note [gpt
 -- weight tying] in models/gpt.lua), out/model_config.json and out/meta.json (what `ddplua
 -- sample` needs), and a row of out/metrics.csv; then it takes the step (none at max_iters).
--- opts.stop_after N stops after the evaluation at iteration N, as if interrupted.
+-- opts.stop_after N stops after the evaluation at iteration N, as if interrupted. The loop
+-- runs on the CPU (Gloo between the ranks); train.lua's --device is not read here.
 --
 -- Note [text resume windows]: each rank's training windows come from its own Philox stream
 -- (text.RandomWindows); every rank draws local_batch windows per micro-step, so after `it`
@@ -92,6 +93,13 @@ function M.run(cfg, opts, prog)
   local is_main = rank == 0
   local function say(...) if is_main then print(...) end end
   local accum = cfg.gradient_accumulation_steps or 1
+  for _, k in ipairs { "block_size", "batch_size", "max_iters" } do
+    local v = cfg[k]
+    if type(v) ~= "number" or v < (k == "max_iters" and 0 or 1) or v % 1 ~= 0 then
+      error(("%s: the config's %s must be a %s integer, got %s"):format(prog, k, k == "max_iters" and "non-negative"
+        or "positive", tostring(v)), 0)
+    end
+  end
   if cfg.batch_size % (world * accum) ~= 0 then
     error(("%s: the batch size %d (global) does not divide over %d processes x %d accumulation steps"):format(prog,
       cfg.batch_size, world, accum), 0)
