@@ -85,7 +85,7 @@ end
 function M.run(cfg, opts, prog)
   prog = prog or "train.lua"
   local dist
-  if os.getenv("LOCAL_RANK") then
+  if require("ddplua.utils.device").launcher_local_rank() then -- under the launcher with WORLD_SIZE > 1
     dist = require "ddplua.distributed"
     dist.init_process_group { backend = "gloo" }
   end
