@@ -19,6 +19,8 @@
 -- Writes runs/<name>/metrics.csv (a row per epoch), checkpoint.safetensors (the whole
 -- training state: --resume continues to the same weights as an uninterrupted run) and
 -- model.safetensors (the model alone).
+-- A config with task = "text" (configs/shakespeare_char_gpt.lua) trains a language model
+-- on token files instead, nanoGPT's loop: ddplua/utils/text_train.lua.
 local dl = require "ddplua"
 local data = require "ddplua.data"
 local clock = require "ddplua.clock"
@@ -48,7 +50,7 @@ for _, a in ipairs {
   { "--subset", "N", "train on the first N training samples only (quick runs, specs)", "number" },
   { "--test-subset", "N", "evaluate on the first N test samples only", "number" },
   { "--stop-after", "N", "stop after epoch N of the planned ones, as if interrupted (the\n"
-    .. "schedule still spans all epochs; --resume continues)", "number" },
+    .. "schedule still spans all epochs; --resume continues); iteration N for text configs", "number" },
   { "--threads", "N", "threads for the kernels and OpenBLAS", "number" },
   { "--amp", "DTYPE", "mixed precision: bf16 (autocast) or f16 (autocast + GradScaler)" },
   { "--data-root", "DIR", "dataset folder (CIFAR-10 binary batches; Fashion-MNIST has a default)" },
@@ -59,6 +61,12 @@ for _, a in ipairs {
     .. "communication, optimizer) after each epoch" },
   { "--device", "D", "cpu, cuda (the current device) or cuda:K; default cuda when CUDA is\n"
     .. "available, else cpu. Under the launcher cuda means cuda:LOCAL_RANK" },
+  -- language models (configs with task = "text": ddplua/utils/text_train.lua)
+  { "--max-iters", "N", "text: number of iterations (--stop-after N counts iterations there)", "number" },
+  { "--eval-interval", "N", "text: evaluate and checkpoint every N iterations", "number" },
+  { "--eval-iters", "N", "text: evaluate over N * batch_size fixed windows of each file", "number" },
+  { "--gradient-accumulation-steps", "N", "text: micro-steps per iteration (the batch is split)", "number" },
+  { "--data-dir", "DIR", "text: folder of train.bin, val.bin and meta.json" },
 } do
   parser:add_argument(a[1], { metavar = a[2], help = a[3], type = a[4], action = a[2] and "store" or "store_true" })
 end
@@ -127,6 +135,7 @@ local function main(argv)
   local opts = parser:parse_args(argv)
   local cfg = train_config.load(opts.config or "configs/fashion_mnist_cnn.lua", opts, PROG)
   if opts.threads then dl.set_num_threads(opts.threads) end
+  if cfg.task == "text" then return require("ddplua.utils.text_train").run(cfg, opts, PROG) end
   local device = device_util.choose(opts.device or cfg.device, { prog = PROG })
   local dist
   if device_util.launcher_local_rank() then

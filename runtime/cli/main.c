@@ -38,6 +38,7 @@ typedef struct subcommand {
 
 static const subcommand subcommands[] = {
   {"prepare", ddp_cli_run_lua_tool, "tokenize text files into train.bin / val.bin (nanoGPT's token files) and meta.json"},
+  {"sample", ddp_cli_run_lua_tool, "print text sampled from a language model train.lua trained (--checkpoint DIR --start TEXT)"},
   {"plot", ddp_cli_run_lua_tool, "plot loss and accuracy of runs/<name> to a PNG (gnuplot)"},
   {"verify", ddp_cli_run_lua_tool, "compare replica checkpoints (safetensors) tensor by tensor; exit 1 if any differ"},
   {NULL, NULL, NULL},

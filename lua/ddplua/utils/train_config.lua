@@ -16,7 +16,8 @@
 -- 0.9} by default; any ddplua.optim class with its options), schedule (nil or {name = a
 -- scheduler class, options...}; CosineAnnealingLR's T_max and OneCycleLR's total_steps
 -- default to all steps of all epochs), device, amp (nil, "bf16" or "f16": mixed precision,
--- ddplua/utils/mixed_precision.lua).
+-- ddplua/utils/mixed_precision.lua). A config with task = "text" trains a language model on
+-- token files instead (its fields: ddplua/utils/text_train.lua).
 --
 -- Every function takes an optional `prog` (default "ddplua") that prefixes its messages;
 -- errors are raised with error(msg, 0) (a user's file or flag is at fault, not a line).
@@ -27,11 +28,13 @@ local optim = require "ddplua.optim"
 local M = {}
 
 -- The fields a command line may override directly (opts key = config key).
-local OVERRIDES = { "epochs", "batch_size", "seed", "subset", "test_subset", "data_root", "amp" }
+local OVERRIDES = { "epochs", "batch_size", "seed", "subset", "test_subset", "data_root", "amp", "max_iters",
+  "eval_interval", "eval_iters", "gradient_accumulation_steps", "data_dir" }
 
 --- train_config.load(path, overrides, prog) -> cfg: run the config file at `path` and
 -- apply `overrides` (a table as ddplua.utils.argparse returns: epochs, batch_size, seed,
--- subset, test_subset, data_root, amp replace the config's; lr replaces optimizer.lr; out is the
+-- subset, test_subset, data_root, amp, and for text configs max_iters, eval_interval,
+-- eval_iters, gradient_accumulation_steps, data_dir replace the config's; lr replaces optimizer.lr; out is the
 -- output folder, default "runs/<name>"), then fill the defaults (see the top). Raises when
 -- the file cannot be loaded or does not return a table.
 function M.load(path, overrides, prog)
