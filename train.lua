@@ -135,7 +135,7 @@ local function main(argv)
   local opts = parser:parse_args(argv)
   local cfg = train_config.load(opts.config or "configs/fashion_mnist_cnn.lua", opts, PROG)
   if opts.threads then dl.set_num_threads(opts.threads) end
-  if cfg.task == "text" then return require("ddplua.utils.text_train").run(cfg, opts, PROG) end
+  if cfg.task == "text" then return require("ddplua.utils.text_train").run(cfg, opts, PROG, find_model) end
   local device = device_util.choose(opts.device or cfg.device, { prog = PROG })
   local dist
   if device_util.launcher_local_rank() then

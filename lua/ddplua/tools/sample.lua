@@ -12,7 +12,7 @@
 -- samples separated by a line of dashes. Exit status: 0; 2 on a usage error or an unusable
 -- DIR (missing or bad file, a prompt with characters outside the vocabulary), with the
 -- message on stderr.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local checkpoint = require "ddplua.checkpoint"
 local text = require "ddplua.data.text"
 
@@ -35,12 +35,15 @@ local function read_file(path)
 end
 
 -- The model class models/<name>.lua: from ./ first, else beside this project's lua/ folder.
+-- Loaded by path, not required: library code does not require the user's modules (Note
+-- [lua layers] in tools/check_layers.lua), and a models/ file is the user's.
 local function model_class(name)
-  local ok, cls = pcall(require, "models." .. name)
-  if ok then return cls end
-  local here = debug.getinfo(1, "S").source:match("^@(.*)/lua/ddplua/tools/[^/]+$")
-  if not here then error(cls, 0) end
-  local chunk, err = loadfile(here .. "/models/" .. name .. ".lua")
+  if not name:match("^[%w_]+$") then error("--model must be a module name under models/, got " .. name, 0) end
+  local chunk, err = loadfile("models/" .. name .. ".lua")
+  if not chunk then
+    local here = debug.getinfo(1, "S").source:match("^@(.*)/lua/ddplua/tools/[^/]+$")
+    if here then chunk, err = loadfile(here .. "/models/" .. name .. ".lua") end
+  end
   if not chunk then error(err, 0) end
   return chunk()
 end

@@ -34,7 +34,7 @@
 -- iterations every stream has moved by it * accumulation * local_batch windows. The
 -- checkpoint (written by rank 0 alone) stores that count, and a resumed rank puts its own
 -- stream at its start plus the count: no per-rank state has to be saved.
-local dl = require "ddplua"
+local dl = require "ddplua.functions"
 local clock = require "ddplua.clock"
 local checkpoint = require "ddplua.checkpoint"
 local optim = require "ddplua.optim"
@@ -79,10 +79,12 @@ local function write_file(path, s)
   assert(os.rename(tmp, path))
 end
 
---- text_train.run(cfg, opts, prog): the training job (see the top). opts: train.lua's parsed
--- flags (resume, stop_after, quiet, threads, device are read here). Raises (error(msg, 0))
+--- text_train.run(cfg, opts, prog, find_model): the training job (see the top). opts:
+-- train.lua's parsed flags (resume, stop_after, quiet, threads, device are read here);
+-- find_model(name) -> the model constructor of models/<name> (the caller's lookup:
+-- train_config.model's contract). Raises (error(msg, 0))
 -- on a batch that does not divide over the ranks and micro-steps, or missing data.
-function M.run(cfg, opts, prog)
+function M.run(cfg, opts, prog, find_model)
   prog = prog or "train.lua"
   local dist
   if require("ddplua.utils.device").launcher_local_rank() then -- under the launcher with WORLD_SIZE > 1
@@ -119,7 +121,7 @@ function M.run(cfg, opts, prog)
   local model_cfg = {}
   for k, v in pairs(cfg.model_opts or {}) do model_cfg[k] = v end
   model_cfg.vocab_size, model_cfg.block_size = V, T
-  local model = train_config.model { model = cfg.model, model_opts = model_cfg }
+  local model = train_config.model({ model = cfg.model, model_opts = model_cfg }, find_model, prog)
   local net = dist and require("ddplua.distributed.ddp")(model) or model
   local o = cfg.optimizer
   local opt = model:configure_optimizers(o.weight_decay or 0.1, o.lr, o.betas or { 0.9, 0.99 })
