@@ -661,7 +661,7 @@ static void signal_all(ddp_procs *p, int sig) {
   for (int i = 0; i < p->cfg.nprocs; i++) {
     worker *w = &p->workers[i];
     if (!w->running) continue;
-    w->signalled = 1;
+    if (!w->failed_at) w->signalled = 1; /* one that reported its failure failed first */
     if (!p->cfg.own_group || kill(-w->pid, sig) != 0) kill(w->pid, sig);
   }
 }
@@ -801,7 +801,9 @@ void ddp_procs_stop(ddp_procs *p) {
  *     call the unstamped death is the cause (a peer that lost it reports an error, which
  *     takes longer than dying);
  *   - two unstamped deaths compare the moments they were seen.
- * Before all that, a worker the parent did not signal comes before one it did: a worker
+ * Before all that, a worker the parent did not signal comes before one it signalled while
+ * it had reported no failure (one that had reported is no bystander: the launcher stops
+ * the others as soon as a report arrives, before the reporter exits): a worker
  * stopped because another failed dies of the parent's SIGTERM, often in the very poll call
  * that reaped the failure (seen once in spawn_spec under load: "process 0 terminated with
  * signal SIGTERM" reported instead of rank 1's error). */
