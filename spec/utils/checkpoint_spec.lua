@@ -198,7 +198,15 @@ describe("dl.utils.checkpoint", function()
     assert.is_true(ck <= 2 * 64 * width * 4, "checkpointed " .. ck)
   end)
 
+  -- With the JIT off: in the suite's shared process, compiled traces of earlier specs can
+  -- keep a dead segment's handles reachable until a later collection (once, in a full run,
+  -- the checkpointed step peaked at twice the plain one; never seen with the JIT off). That
+  -- is a known limit of the handle registry (README, activation checkpointing), not what
+  -- this spec measures.
   it("lowers the peak memory of a training step (Note [checkpoint collection])", function()
+    jit.flush()
+    jit.off()
+    finally(function() jit.on() end)
     local m = mlp(8, 256)
     local x = dl.randn({ 1024, 256 }, { generator = dl.Generator(7) })
     local function peak_of(forward)
