@@ -12,6 +12,7 @@
 #include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "ops/copy.h"
 
 static const char *const OP = "scaled_dot_product_attention";
 
@@ -19,20 +20,6 @@ static int is_half(int dtype) { return dtype == DDP_F16 || dtype == DDP_BF16; }
 
 /* 1 when backward must produce a gradient for input i of node n. */
 static int wanted(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
-
-/* A contiguous tensor with t's values in `dtype` and no graph. */
-static int detached_as(ddp_tensor **out, ddp_tensor *t, int dtype) {
-  *out = NULL;
-  ddp_tensor *alias = ddp_tensor_alias(t);
-  if (!alias) return ddp_last_status();
-  ddp_tensor *converted;
-  int status = ddp_to_dtype(&converted, alias, dtype);
-  ddp_tensor_release(alias);
-  if (status) return status;
-  status = ddp_contiguous(out, converted);
-  ddp_tensor_release(converted);
-  return status;
-}
 
 /* *out = t itself (a detached alias) when the kernels can read it in place: dtype `dtype`,
  * contiguous rows (last stride 1) and a row stride of at least the row length (a BLAS
@@ -47,7 +34,7 @@ static int readable_as(ddp_tensor **out, ddp_tensor *t, int dtype, int64_t *sb, 
   if (in_place) {
     if (!(*out = ddp_tensor_alias(t))) return ddp_last_status();
   } else {
-    DDP_TRY(detached_as(out, t, dtype));
+    DDP_TRY(ddp_detached_as(out, t, dtype));
     row_stride = n;
   }
   for (int d = 0; d < nd - 2; d++) sb[d] = (*out)->strides[d];
@@ -75,7 +62,7 @@ static int attention_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   DDP_TRY(DDP_KERNEL_CHECK(kt, attention_backward, "ScaledDotProductAttentionBackward"));
   ddp_tensor *tmp[5] = {0}; /* dout, dq, dk, dv, dmask (full) */
   int status;
-  if ((status = detached_as(&tmp[0], grad, dt)) ||
+  if ((status = ddp_detached_as(&tmp[0], grad, dt)) ||
       (status = ddp_tensor_zeros(&tmp[1], q->ndim, q->shape, dt, dev)) ||
       (status = ddp_tensor_zeros(&tmp[2], k->ndim, k->shape, dt, dev)) ||
       (status = ddp_tensor_zeros(&tmp[3], v->ndim, v->shape, dt, dev)))
@@ -186,7 +173,7 @@ static int attention_compute(ddp_tensor **out, ddp_tensor *query, ddp_tensor *ke
   if ((status = readable_as(&tmp[0], query, dt, g->q_sb, &g->q_sl)) ||
       (status = readable_as(&tmp[1], key, dt, g->k_sb, &g->k_sl)) ||
       (status = readable_as(&tmp[2], value, dt, g->v_sb, &g->v_sl)) ||
-      (attn_mask && (status = detached_as(&tmp[3], attn_mask, attn_mask->dtype))))
+      (attn_mask && (status = ddp_detached_as(&tmp[3], attn_mask, attn_mask->dtype))))
     goto done;
   if (attn_mask) {
     /* strides of the contiguous mask, right-aligned against (batch..., L, S), 0 where it

@@ -223,3 +223,15 @@ int ddp_to_dtype(ddp_tensor **out, ddp_tensor *t, int dtype) {
   return copy_out(out, t, dtype, "to", "ToCopyBackward");
 }
 
+int ddp_detached_as(ddp_tensor **out, ddp_tensor *t, int dtype) {
+  *out = NULL;
+  ddp_tensor *alias = ddp_tensor_alias(t);
+  if (!alias) return ddp_last_status();
+  ddp_tensor *converted;
+  int status = ddp_to_dtype(&converted, alias, dtype);
+  ddp_tensor_release(alias);
+  if (status) return status;
+  status = ddp_contiguous(out, converted);
+  ddp_tensor_release(converted);
+  return status;
+}

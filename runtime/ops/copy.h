@@ -15,4 +15,8 @@ int ddp_copy_raw(ddp_tensor *dst, const ddp_tensor *src, const char *op);
  * Both on one device (else DDP_ERR_ARG). */
 int ddp_accumulate_(ddp_tensor *dst, const ddp_tensor *src);
 
+/* *out = a contiguous tensor with t's values in `dtype` and no graph (for a backward that
+ * computes in another dtype than its saved tensors, or needs them contiguous). */
+int ddp_detached_as(ddp_tensor **out, ddp_tensor *t, int dtype);
+
 #endif /* DDP_OPS_COPY_H */

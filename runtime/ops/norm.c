@@ -13,6 +13,7 @@
 #include "tape/tape.h"
 #include "backend/kernels.h"
 #include "core/core.h"
+#include "ops/copy.h"
 #include "ops/autocast.h"
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -24,21 +25,6 @@ static int is_half(int dtype) { return dtype == DDP_F16 || dtype == DDP_BF16; }
 
 /* 1 when backward must produce a gradient for input i of node n. */
 static int wanted(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
-
-/* A contiguous tensor with t's values in `dtype` and no graph (t itself, detached, when
- * it already is one). */
-static int detached_as(ddp_tensor **out, ddp_tensor *t, int dtype) {
-  *out = NULL;
-  ddp_tensor *alias = ddp_tensor_alias(t);
-  if (!alias) return ddp_last_status();
-  ddp_tensor *converted;
-  int status = ddp_to_dtype(&converted, alias, dtype);
-  ddp_tensor_release(alias);
-  if (status) return status;
-  status = ddp_contiguous(out, converted);
-  ddp_tensor_release(converted);
-  return status;
-}
 
 /* Release up to 8 tensors (NULLs allowed). */
 static void release_all(ddp_tensor **ts, int n) {
@@ -180,8 +166,8 @@ static int batch_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   /* x, g, w, sum_dy, sum_dy_xmu, a, b, d */
   ddp_tensor *tmp[8] = {0};
   int status;
-  if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)) ||
-      (w0 && (status = detached_as(&tmp[2], w0, dt))))
+  if ((status = ddp_detached_as(&tmp[0], x0, dt)) || (status = ddp_detached_as(&tmp[1], grad, dt)) ||
+      (w0 && (status = ddp_detached_as(&tmp[2], w0, dt))))
     goto done;
   ddp_tensor *x = tmp[0], *g = tmp[1];
   int64_t N = x->shape[0], C = x->shape[1], S = 1;
@@ -282,18 +268,18 @@ static int batch_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *r
   int64_t mask_bytes = N * C * S / 8;
   ddp_tensor *inputs[4] = {input, weight, bias, residual};
   int n_in = relu ? 4 : 3, record = ddp_autograd_needed(n_in, inputs);
-  if ((status = detached_as(&tmp[0], input, dt)) ||
-      (residual && (status = detached_as(&tmp[9], residual, dt))) ||
+  if ((status = ddp_detached_as(&tmp[0], input, dt)) ||
+      (residual && (status = ddp_detached_as(&tmp[9], residual, dt))) ||
       (record && relu && residual && dt == DDP_F32 && S % 8 == 0 &&
        (status = ddp_tensor_empty(&tmp[10], 1, &mask_bytes, DDP_U8, dev))))
     goto done;
   ddp_tensor *x = tmp[0];
   if (training)
     status = bn_moments(&tmp[1], &tmp[2], k, x, N, C, S);
-  else if (!(status = detached_as(&tmp[1], rm, DDP_F64)))
-    status = detached_as(&tmp[2], rv, DDP_F64);
-  if (status || (weight && (status = detached_as(&tmp[3], weight, dt))) ||
-      (bias && (status = detached_as(&tmp[4], bias, dt))))
+  else if (!(status = ddp_detached_as(&tmp[1], rm, DDP_F64)))
+    status = ddp_detached_as(&tmp[2], rv, DDP_F64);
+  if (status || (weight && (status = ddp_detached_as(&tmp[3], weight, dt))) ||
+      (bias && (status = ddp_detached_as(&tmp[4], bias, dt))))
     goto done;
   for (int i = 5; i < 9; i++)
     if ((status = channel_empty(&tmp[i], C, dt, dev))) goto done;
@@ -471,7 +457,7 @@ int ddp_batch_norm_stats(ddp_tensor **out_mean, ddp_tensor **out_invstd, ddp_ten
   const ddp_kernels *k;
   DDP_TRY(bn_kernels(&k, dev, "batch_norm_stats"));
   ddp_tensor *tmp[3] = {0}; /* x, mean, var (f64) */
-  int status = detached_as(&tmp[0], input, dt);
+  int status = ddp_detached_as(&tmp[0], input, dt);
   if (!status) status = bn_moments(&tmp[1], &tmp[2], k, tmp[0], N, C, S);
   if (!status) status = channel_empty(out_mean, C, dt, dev);
   if (!status) status = channel_empty(out_invstd, C, dt, dev);
@@ -497,7 +483,7 @@ int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor
   const ddp_kernels *k;
   DDP_TRY(bn_kernels(&k, dev, "batch_norm_sums"));
   ddp_tensor *x;
-  DDP_TRY(detached_as(&x, input, dt));
+  DDP_TRY(ddp_detached_as(&x, input, dt));
   int status = channel_empty(out_sum, C, DDP_F64, dev);
   if (!status) status = channel_empty(out_sumsq, C, DDP_F64, dev);
   if (!status) {
@@ -541,10 +527,10 @@ int ddp_batch_norm_elemt(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight
   /* x, w, b (dt), mean, var (f64), mean, scale, shift (dt) */
   ddp_tensor *tmp[8] = {0};
   int status;
-  if ((status = detached_as(&tmp[0], input, dt)) ||
-      (weight && (status = detached_as(&tmp[1], weight, dt))) ||
-      (bias && (status = detached_as(&tmp[2], bias, dt))) ||
-      (status = detached_as(&tmp[3], mean, DDP_F64)) || (status = detached_as(&tmp[4], var, DDP_F64)))
+  if ((status = ddp_detached_as(&tmp[0], input, dt)) ||
+      (weight && (status = ddp_detached_as(&tmp[1], weight, dt))) ||
+      (bias && (status = ddp_detached_as(&tmp[2], bias, dt))) ||
+      (status = ddp_detached_as(&tmp[3], mean, DDP_F64)) || (status = ddp_detached_as(&tmp[4], var, DDP_F64)))
     goto done;
   for (int i = 5; i < 8; i++)
     if ((status = channel_empty(&tmp[i], C, dt, dev))) goto done;
@@ -584,8 +570,8 @@ int ddp_batch_norm_backward_reduce(ddp_tensor **out_sum_dy, ddp_tensor **out_sum
   DDP_TRY(bn_kernels(&k, dev, "batch_norm_backward_reduce"));
   ddp_tensor *tmp[3] = {0}; /* dy, x, mean (dt) */
   int status;
-  if ((status = detached_as(&tmp[0], grad_out, dt)) || (status = detached_as(&tmp[1], input, dt)) ||
-      (status = detached_as(&tmp[2], mean, dt)) ||
+  if ((status = ddp_detached_as(&tmp[0], grad_out, dt)) || (status = ddp_detached_as(&tmp[1], input, dt)) ||
+      (status = ddp_detached_as(&tmp[2], mean, dt)) ||
       (status = channel_empty(out_sum_dy, C, DDP_F64, dev)) ||
       (status = channel_empty(out_sum_dy_xmu, C, DDP_F64, dev)))
     goto done;
@@ -624,11 +610,11 @@ int ddp_batch_norm_backward_elemt(ddp_tensor **grad_in, ddp_tensor *grad_out, dd
   /* dy, x, mean, invstd, w (dt), mean_dy, mean_dy_xmu (f64), a, b, d (dt) */
   ddp_tensor *tmp[10] = {0};
   int status;
-  if ((status = detached_as(&tmp[0], grad_out, dt)) || (status = detached_as(&tmp[1], input, dt)) ||
-      (status = detached_as(&tmp[2], mean, dt)) || (status = detached_as(&tmp[3], invstd, dt)) ||
-      (weight && (status = detached_as(&tmp[4], weight, dt))) ||
-      (status = detached_as(&tmp[5], mean_dy, DDP_F64)) ||
-      (status = detached_as(&tmp[6], mean_dy_xmu, DDP_F64)))
+  if ((status = ddp_detached_as(&tmp[0], grad_out, dt)) || (status = ddp_detached_as(&tmp[1], input, dt)) ||
+      (status = ddp_detached_as(&tmp[2], mean, dt)) || (status = ddp_detached_as(&tmp[3], invstd, dt)) ||
+      (weight && (status = ddp_detached_as(&tmp[4], weight, dt))) ||
+      (status = ddp_detached_as(&tmp[5], mean_dy, DDP_F64)) ||
+      (status = ddp_detached_as(&tmp[6], mean_dy_xmu, DDP_F64)))
     goto done;
   for (int i = 7; i < 10; i++)
     if ((status = channel_empty(&tmp[i], C, dt, dev))) goto done;
@@ -667,8 +653,8 @@ static int layer_norm_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   DDP_TRY(DDP_KERNEL_CHECK(k, ln_backward, "LayerNormBackward"));
   ddp_tensor *tmp[3] = {0}; /* x, g, w */
   int status;
-  if ((status = detached_as(&tmp[0], x0, dt)) || (status = detached_as(&tmp[1], grad, dt)) ||
-      (w0 && (status = detached_as(&tmp[2], w0, dt))))
+  if ((status = ddp_detached_as(&tmp[0], x0, dt)) || (status = ddp_detached_as(&tmp[1], grad, dt)) ||
+      (w0 && (status = ddp_detached_as(&tmp[2], w0, dt))))
     goto done;
   for (int i = 0; i < 3; i++) {
     if (!wanted(n, i)) continue;
@@ -705,9 +691,9 @@ static int layer_norm_compute(ddp_tensor **out, ddp_tensor *input, ddp_tensor *w
   DDP_TRY(DDP_KERNEL_CHECK(k, ln_forward, "layer_norm"));
   ddp_tensor *tmp[5] = {0}; /* x, w, b, mean, rstd */
   int status;
-  if ((status = detached_as(&tmp[0], input, dt)) ||
-      (weight && (status = detached_as(&tmp[1], weight, dt))) ||
-      (bias && (status = detached_as(&tmp[2], bias, dt))) ||
+  if ((status = ddp_detached_as(&tmp[0], input, dt)) ||
+      (weight && (status = ddp_detached_as(&tmp[1], weight, dt))) ||
+      (bias && (status = ddp_detached_as(&tmp[2], bias, dt))) ||
       (status = ddp_tensor_empty(&tmp[3], 1, &M, dt, dev)) ||
       (status = ddp_tensor_empty(&tmp[4], 1, &M, dt, dev)) ||
       (status = ddp_tensor_empty(out, input->ndim, input->shape, dt, dev)))
@@ -799,7 +785,7 @@ static int dropout_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   if (!mask) return ddp_last_status();
   ddp_tensor *g;
   int dt = n->inputs[0].dtype;
-  DDP_TRY(detached_as(&g, grad, dt));
+  DDP_TRY(ddp_detached_as(&g, grad, dt));
   int status = ddp_tensor_empty(&gi[0], g->ndim, g->shape, dt, g->device);
   if (!status) status = masked_scale(gi[0], g, mask, n->fattr[0], "DropoutBackward");
   ddp_tensor_release(g);
@@ -839,7 +825,7 @@ int ddp_dropout(ddp_tensor **out, ddp_tensor *input, double p, int training, ddp
     ddp_tensor_release(mask);
     mask = moved;
   }
-  if (!status) status = detached_as(&x, input, input->dtype);
+  if (!status) status = ddp_detached_as(&x, input, input->dtype);
   if (!status) status = ddp_tensor_empty(out, input->ndim, input->shape, input->dtype, input->device);
   if (!status) status = masked_scale(*out, x, mask, scale, "dropout");
   if (!status) {
@@ -877,7 +863,7 @@ static int embedding_backward(ddp_node *n, ddp_tensor *grad, ddp_tensor **gi) {
   DDP_TRY(DDP_KERNEL_CHECK(k, embedding_backward, "EmbeddingBackward"));
   ddp_tensor *idx = NULL, *g = NULL, *dw = NULL;
   int status;
-  if ((status = detached_as(&idx, idx0, DDP_I64)) || (status = detached_as(&g, grad, acc)) ||
+  if ((status = ddp_detached_as(&idx, idx0, DDP_I64)) || (status = ddp_detached_as(&g, grad, acc)) ||
       (status = ddp_tensor_zeros(&dw, 2, wm->shape, acc, dev)))
     goto done;
   k->embedding_backward(acc, dptr(dw), dptr(g), dptr(idx), idx->numel, D, n->iattr[0]);
@@ -918,7 +904,7 @@ int ddp_embedding(ddp_tensor **out, ddp_tensor *weight, ddp_tensor *indices, int
    * synchronisation, as PyTorch's device-side assert would not need; the message stays
    * the CPU's). */
   ddp_tensor *idx = NULL, *w = NULL, *host_idx = NULL;
-  int status = detached_as(&idx, indices, DDP_I64);
+  int status = ddp_detached_as(&idx, indices, DDP_I64);
   if (status) return status;
   if (dev != DDP_DEVICE_CPU &&
       (status = ddp_tensor_to_device(&host_idx, idx, DDP_DEVICE_CPU, 0)))
@@ -934,7 +920,7 @@ int ddp_embedding(ddp_tensor **out, ddp_tensor *weight, ddp_tensor *indices, int
   int64_t shape[DDP_MAX_DIMS];
   memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
   shape[indices->ndim] = D;
-  if ((status = detached_as(&w, weight, weight->dtype)) ||
+  if ((status = ddp_detached_as(&w, weight, weight->dtype)) ||
       (status = ddp_tensor_empty(out, indices->ndim + 1, shape, weight->dtype, weight->device)))
     goto done;
   gather(dptr(*out), dptr(w), dptr(idx), idx->numel, D * (int64_t)ddp_dtype_size(weight->dtype));
