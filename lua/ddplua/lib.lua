@@ -95,29 +95,30 @@ M.collect_if_needed = collect_if_needed
 --   * each batch a DataLoader hands out, and the end of dl.no_grad(fn): the temporaries
 --     of the previous batch of an evaluation loop (no backward there), and those of fn;
 --   * dl.empty_cache() collects before it returns the cached blocks (as dl.cuda.empty_cache).
--- "Worth it": the runtime allocated more than STEP_BYTES (4 MiB) and STEP_HEAPS (4) times
+-- "Worth it": the runtime allocated more than STEP_BYTES (8 MiB) and STEP_HEAPS (8) times
 -- the Lua heap (as the last collection here left it) since the mark
--- (ddp_memory_allocated_bytes counts every allocation, freed or not): a collection can newly
--- free at most what was allocated since the last one. The mark moves at each collection
--- made here and at the end of every outermost backward: the walk's own allocations (the
--- gradients) are freed by the engine itself or kept as .grad, and counting them would
--- collect a second time in each step for nothing. (The growth of the live bytes is no
--- measure: a collection that collector pressure runs in the middle of a forward frees the
--- previous step's dead tensors, and the live bytes then hide this forward's.) A full
--- collection of bench/train.lua's ~0.8 MB Lua heap took 0.26 ms with the MLP and 0.58 ms
--- with the CNN (which frees the step's tensors in it), so 4 heaps of tensors bound its cost
--- to well under a nanosecond per byte it may free: the CNN's forward (~12 MB, ~17 ms a
--- step) collects once a step, as train.lua did by hand before (its Note [step memory], now
--- gone), and the MLP's (~0.1 MB, ~0.75 ms a step) every ~40 steps, where a collection in
--- every step would cost a third of the step. So at each of these points the tensors nobody
--- can reach hold at most max(4 MiB, 4 heaps), plus what the script still reached at the
--- last collection and dropped since (the previous step's outputs: freed by the next
--- collection): a bound that depends neither on the collector's pacing nor on how much the
--- script keeps live (Note [collector pressure]'s headroom grows with that: ~14 MB with
--- Fashion-MNIST's 55 MB in memory), which stays the backstop between these points. Nothing
--- here frees a tensor that a handle still reaches. CUDA memory is not counted (the CPU
--- allocator's bytes only).
-local STEP_BYTES, STEP_HEAPS = 4 * 1024 * 1024, 4
+-- (ddp_memory_allocated_bytes counts every allocation, freed or not, the loader thread's
+-- batches included): a collection can newly free at most what was allocated since the last
+-- one. The mark moves at each collection made here and at the end of every outermost
+-- backward: the walk's own allocations (the gradients) are freed by the engine itself or
+-- kept as .grad, and counting them would collect a second time in each step for nothing.
+-- (The growth of the live bytes is no measure: a collection that collector pressure runs in
+-- the middle of a forward frees the previous step's dead tensors, and the live bytes then
+-- hide this forward's.) A full collection of bench/train.lua's ~0.8 MB Lua heap took 0.26
+-- ms with the MLP and 0.58 ms with the CNN (which frees the step's tensors in it); 8 heaps
+-- of tensors per collection is Note [collector pressure]'s rate. The CNN's forward (~12 MB
+-- at batch 64, ~17 ms a step) collects once a step, as train.lua did by hand before (its
+-- Note [step memory], now gone); the MLP's step (~0.35 MB with its batch, ~0.75 ms)
+-- every ~20 steps, where a collection in every step would cost a third of the step (a bound
+-- of 4 MiB and 4 heaps, every ~12 steps, cost it ~3% of its CPU in bench/RESULTS.md's
+-- paired runs). So at each of these points the tensors nobody can reach hold at most
+-- max(8 MiB, 8 heaps), plus what the script still reached at the last collection and
+-- dropped since (the previous step's outputs: freed by the next collection): a bound that
+-- depends neither on the collector's pacing nor on how much the script keeps live (Note
+-- [collector pressure]'s headroom grows with that: ~14 MB with Fashion-MNIST's 55 MB in
+-- memory), which stays the backstop between these points. Nothing here frees a tensor that
+-- a handle still reaches. CUDA memory is not counted (the CPU allocator's bytes only).
+local STEP_BYTES, STEP_HEAPS = 8 * 1024 * 1024, 8
 local step_mark = 0 -- ddp_memory_allocated_bytes() at the last mark
 local step_heap = 0 -- the Lua heap's bytes after the last collection made here (its count
                     -- before one includes the garbage, which would raise the bound)

@@ -7,18 +7,20 @@
 -- heap (over 10 MiB after many spec files) would set the rule's bound by itself.
 local files = require "files"
 
--- The shared prelude: a small model whose forward on 1024 samples makes ~6 MiB of
--- intermediates (two (1024, 768) f32 activations of 3 MiB, then small ones): more than the
--- rule's bound in a fresh process (4 MiB and 4 Lua heaps), less than collector pressure's
--- headroom (8 MiB; Note [collector pressure]), which alone left them to pile up.
+-- The shared prelude: a small model whose forward on 2048 samples makes ~10 MiB of
+-- intermediates (two (2048, 640) f32 activations of 5 MiB, then small ones), beside a 64
+-- MiB tensor kept live as a dataset is: more than the rule's bound in a fresh process (8
+-- MiB and 8 Lua heaps), less than collector pressure's headroom with that much live (a
+-- quarter of it: Note [collector pressure]), which alone left them to pile up.
 local PRELUDE = [[
 local dl = require "ddplua"
 local nn = require "ddplua.nn"
 local MiB = 2 ^ 20
 dl.manual_seed(0)
-local lin1, lin2 = nn.Linear(64, 768), nn.Linear(768, 1)
+local dataset = dl.zeros({ 64 * MiB / 4 }) -- stays live, as a training set does
+local lin1, lin2 = nn.Linear(64, 640), nn.Linear(640, 1)
 local function model(input) return lin2(lin1(input):relu()) end
-local x = dl.randn({ 1024, 64 })
+local x = dl.randn({ 2048, 64 })
 local function live() return dl.memory_stats().live end
 local function report(name, v) print(("%s=%d"):format(name, v)) end
 print(("heap=%d"):format(collectgarbage("count") * 1024))
@@ -98,8 +100,8 @@ report("dropped", live() - plain)
   it("releases an evaluation loop's per-batch temporaries and those of no_grad", function()
     local out = files.run_fresh("lifetimes_eval", PRELUDE .. [[
 local data = require "ddplua.data"
-local set = data.TensorDataset(dl.randn({ 1024 * 6, 64 }), dl.zeros({ 1024 * 6 }, { dtype = "i64" }))
-local loader = data.DataLoader(set, { batch_size = 1024 })
+local set = data.TensorDataset(dl.randn({ 2048 * 6, 64 }), dl.zeros({ 2048 * 6 }, { dtype = "i64" }))
+local loader = data.DataLoader(set, { batch_size = 2048 })
 local first, worst
 dl.no_grad(function()
   for xb in loader:iter() do
@@ -107,7 +109,7 @@ dl.no_grad(function()
     first = first or at
     worst = math.max(worst or at, at)
     local logits = model(xb)
-    assert(logits:size(1) == 1024)
+    assert(logits:size(1) == 2048)
   end
 end)
 report("batch_growth", worst - first)
@@ -116,7 +118,7 @@ dl.no_grad(function() for _ = 1, 3 do model(x) end end)
 report("no_grad_growth", live() - before)
 ]])
     local batch_growth, no_grad_growth = field(out, "batch_growth"), field(out, "no_grad_growth")
-    -- a batch's input (0.25 MiB) and logits may still sit in the loop's slots; not a forward
+    -- a batch's input (0.5 MiB) and logits may still sit in the loop's slots; not a forward
     assert(batch_growth <= 1 * MiB, ("per-batch temporaries piled up: %.2f MiB"):format(batch_growth / MiB))
     assert(no_grad_growth <= 1024, ("no_grad(fn) left %.2f MiB of fn's temporaries"):format(no_grad_growth / MiB))
   end)
