@@ -91,7 +91,8 @@ M.collect_if_needed = collect_if_needed
 --     gradients; what the graph saved goes node by node as the walk runs each node's
 --     backward (the C engine frees a node's saved tensors right after it, retain_graph
 --     false); so when backward returns, the runtime holds the tensors the script can
---     reach, and nothing of the graph's but its small node blocks (not tensor bytes);
+--     reach (and, when the step allocated less than the bound below, what it dropped),
+--     and nothing of the graph's but its small node blocks (not tensor bytes);
 --   * each batch a DataLoader hands out, and the end of dl.no_grad(fn): the temporaries
 --     of the previous batch of an evaluation loop (no backward there), and those of fn;
 --   * dl.empty_cache() collects before it returns the cached blocks (as dl.cuda.empty_cache).
