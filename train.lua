@@ -71,56 +71,35 @@ for _, a in ipairs {
   parser:add_argument(a[1], { metavar = a[2], help = a[3], type = a[4], action = a[2] and "store" or "store_true" })
 end
 
--- Note [evaluation memory]: tensors are freed when the Lua collector finds their handles,
--- which it does once the runtime's live bytes pass a threshold (Note [collector pressure] in
--- ddplua/lib.lua): a quarter of what is live (with the dataset's 55 MB, ~14 MB or more) of
--- dead activations wait for it. So
--- the test pass starts and ends by collecting and emptying the CPU block cache, and
--- collects after each batch (a full collection of this small Lua heap takes ~0.2 ms). The
--- test batches are each process's training batch (64 in one process, 32 per rank of 2): a
--- forward of the CNN on 256 samples held ~90 MB of activations, the run's peak RSS, and
--- one on 64 per rank still passed the training step of 32 (the test metrics are sums over
--- the same samples; only the f32 rounding of each batch's loss sum changes with the
--- grouping). The short last batch of either phase needs blocks of sizes the cache
--- does not hold, so it also starts with a release. Values are untouched: only when memory
--- returns changes.
---
--- Note [step memory]: within a training step the same lag kept the activations that the
--- backward pass does not need (the CNN's convolution outputs, the input of each ReLU)
--- alive through the backward, and those of the two previous steps too: 182 MiB peak RSS
--- with the default config. So after a forward that left more than STEP_COLLECT_BYTES of
--- new tensors, the step collects: what only the dead handles held is freed before the
--- backward allocates the gradients, and what the graph saved goes as the backward releases
--- it, so the next step finds the blocks in the cache (Note [block cache] in
--- runtime/core/alloc.c). Peak RSS of the default run: 182 -> 99 MiB with the block cache's
--- carving. The collection of this ~0.9 MB Lua heap costs ~2% of a CNN step (measured: 76 ms
--- of 3.6 s over 100 steps); the MLP's forward (~0.3 MB) never reaches the bound, so its
--- fast steps pay nothing.
-local STEP_COLLECT_BYTES = 4 * 2 ^ 20
-local function release_memory()
-  collectgarbage()
-  dl.empty_cache()
-end
+-- Note [evaluation memory]: the script never collects: the library frees the temporaries a
+-- step dropped at the next backward and at each batch the loader hands out (Note [step
+-- lifetimes] in ddplua/lib.lua), and the gradients and saved tensors as the backward runs.
+-- What is left to the script is the CPU block cache: the test pass starts and ends by
+-- emptying it (dl.empty_cache), so the evaluation's blocks come from the training's and go
+-- back after; and the short last batch of either phase needs blocks of sizes the cache does
+-- not hold, so it also starts with an empty_cache. The test batches are each process's
+-- training batch (64 in one process, 32 per rank of 2): a forward of the CNN on 256 samples
+-- held ~90 MB of activations, the run's peak RSS (the test metrics are sums over the same
+-- samples; only the f32 rounding of each batch's loss sum changes with the grouping).
+-- Values are untouched: only when memory returns changes.
 
 --- Sums of (loss, correct, count) over the test samples of every rank; `loader` makes
 -- batches of `eval_batch` (the last may be shorter).
 local function evaluate(model, loader, dist, device, eval_batch)
   model:eval()
-  release_memory() -- Note [evaluation memory]
+  dl.empty_cache() -- Note [evaluation memory]
   local loss_sum, correct, count = 0, 0, 0
   dl.no_grad(function()
     for x, y in loader:iter() do
-      if y:numel() ~= eval_batch then release_memory() end -- Note [evaluation memory]
+      if y:numel() ~= eval_batch then dl.empty_cache() end -- Note [evaluation memory]
       x, y = x:to(device, { non_blocking = true }), y:to(device, { non_blocking = true })
       local logits = model(x)
       loss_sum = loss_sum + dl.cross_entropy(logits, y, { reduction = "sum" }):item()
       correct = correct + logits:argmax(2):eq(y):sum():item()
       count = count + y:numel()
-      x, y, logits = nil, nil, nil
-      collectgarbage()
     end
   end)
-  release_memory()
+  dl.empty_cache()
   model:train()
   if dist then loss_sum, correct, count = unpack(dist.sum_over_ranks({ loss_sum, correct, count }, { device = device })) end
   return loss_sum / math.max(count, 1), correct / math.max(count, 1)
@@ -198,13 +177,11 @@ local function main(argv)
     local loss_sum, correct, seen, b = 0, 0, 0, 0
     prof:start()
     for x, y in loader:iter() do
-      if y:numel() ~= local_batch then release_memory() end -- the short last batch: Note [evaluation memory]
+      if y:numel() ~= local_batch then dl.empty_cache() end -- the short last batch: Note [evaluation memory]
       x, y = x:to(device, { non_blocking = true }), y:to(device, { non_blocking = true })
       prof:lap("data")
       opt:zero_grad()
-      local live0 = dl.memory_stats().live
       local logits, loss = amp:run(function() local l = net(x); return l, dl.cross_entropy(l, y) end)
-      if dl.memory_stats().live - live0 > STEP_COLLECT_BYTES then collectgarbage() end -- Note [step memory]
       prof:lap("forward")
       amp:backward(loss)
       prof:lap("backward")

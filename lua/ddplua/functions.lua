@@ -236,11 +236,13 @@ function M.manual_seed(seed)
 end
 
 --- dl.no_grad(fn, ...): run fn with grad mode off (nothing recorded), restoring the mode
--- even when fn raises; returns fn's results.
+-- even when fn raises; returns fn's results. The temporaries fn dropped are released when
+-- it returns (Note [step lifetimes] in ddplua/lib.lua).
 function M.no_grad(fn, ...)
   local prev = C.ddp_set_grad_enabled(0)
   local res = { pcall(fn, ...) }
   C.ddp_set_grad_enabled(prev)
+  lib.release_step()
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2, table.maxn(res))
 end
@@ -270,8 +272,13 @@ function M.memory_stats()
     cached = tonumber(C.ddp_memory_cached_bytes()) }
 end
 
---- Return the allocator's cached blocks to the system.
-function M.empty_cache() C.ddp_memory_empty_cache() end
+--- dl.empty_cache(): return the allocator's cached blocks to the system. Runs a full Lua
+-- collection first, so that the blocks of tensors no longer referenced are returned too (as
+-- dl.cuda.empty_cache; Note [step lifetimes] in ddplua/lib.lua).
+function M.empty_cache()
+  collectgarbage("collect")
+  C.ddp_memory_empty_cache()
+end
 function M.reset_peak_memory() C.ddp_memory_reset_peak() end
 
 -- functional forms of the ops (dl.add, dl.cat, ...: each op module's `functions`)

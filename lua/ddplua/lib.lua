@@ -79,6 +79,68 @@ local function collect_if_needed()
 end
 M.collect_if_needed = collect_if_needed
 
+-- Note [step lifetimes] (DESIGN.md "Tensors": tensor lifetimes are not the script's
+-- business). A tensor the script can no longer reach is held by its handle until a
+-- collection finds the handle (Note [handle registry]); nothing short of a collection can
+-- tell a dropped handle from one the script keeps, and a handle the script keeps must stay
+-- readable. So the library collects at the points of a training or evaluation loop where
+-- the step's temporaries have just become unreachable, and only when they are worth it:
+--   * the start of every outermost backward (ddplua.autograd.engine): the forward's
+--     intermediates that the graph did not save (a convolution's output once its ReLU ran,
+--     every handle a module's forward dropped) are freed before the backward allocates the
+--     gradients; what the graph saved goes node by node as the walk runs each node's
+--     backward (the C engine frees a node's saved tensors right after it, retain_graph
+--     false); so when backward returns, the runtime holds the tensors the script can
+--     reach (and, when the step allocated less than the bound below, what it dropped),
+--     and nothing of the graph's but its small node blocks (not tensor bytes);
+--   * each batch a DataLoader hands out, and the end of dl.no_grad(fn): the temporaries
+--     of the previous batch of an evaluation loop (no backward there), and those of fn;
+--   * dl.empty_cache() collects before it returns the cached blocks (as dl.cuda.empty_cache).
+-- "Worth it": the runtime allocated more than STEP_BYTES (8 MiB) and STEP_HEAPS (8) times
+-- the Lua heap (as the last collection here left it) since the mark
+-- (ddp_memory_allocated_bytes counts every allocation, freed or not, the loader thread's
+-- batches included): a collection can newly free at most what was allocated since the last
+-- one. The mark moves at each collection made here and at the end of every outermost
+-- backward: the walk's own allocations (the gradients) are freed by the engine itself or
+-- kept as .grad, and counting them would collect a second time in each step for nothing.
+-- (The growth of the live bytes is no measure: a collection that collector pressure runs in
+-- the middle of a forward frees the previous step's dead tensors, and the live bytes then
+-- hide this forward's.) A full collection of bench/train.lua's ~0.8 MB Lua heap took 0.26
+-- ms with the MLP and 0.58 ms with the CNN (which frees the step's tensors in it); 8 heaps
+-- of tensors per collection is Note [collector pressure]'s rate. The CNN's forward (~12 MB
+-- at batch 64, ~17 ms a step) collects once a step, as train.lua did by hand before (its
+-- Note [step memory], now gone); the MLP's step (~0.35 MB with its batch, ~0.75 ms)
+-- every ~20 steps, where a collection in every step would cost a third of the step (a bound
+-- of 4 MiB and 4 heaps, every ~12 steps, cost it ~3% of its CPU in bench/RESULTS.md's
+-- paired runs). So at each of these points the tensors nobody can reach hold at most
+-- max(8 MiB, 8 heaps), plus what the script still reached at the last collection and
+-- dropped since (the previous step's outputs: freed by the next collection): a bound that
+-- depends neither on the collector's pacing nor on how much the script keeps live (Note
+-- [collector pressure]'s headroom grows with that: ~14 MB with Fashion-MNIST's 55 MB in
+-- memory), which stays the backstop between these points. Nothing here frees a tensor that
+-- a handle still reaches. CUDA memory is not counted (the CPU allocator's bytes only).
+local STEP_BYTES, STEP_HEAPS = 8 * 1024 * 1024, 8
+local step_mark = 0 -- ddp_memory_allocated_bytes() at the last mark
+local step_heap = 0 -- the Lua heap's bytes after the last collection made here (its count
+                    -- before one includes the garbage, which would raise the bound)
+
+--- Release what the previous step left unreachable when it is worth a collection (Note
+-- [step lifetimes]); called by the library at step boundaries, never needed in scripts.
+function M.release_step()
+  local since = tonumber(C.ddp_memory_allocated_bytes()) - step_mark
+  if since > STEP_BYTES and since > step_heap * STEP_HEAPS then
+    collectgarbage("collect")
+    step_mark = tonumber(C.ddp_memory_allocated_bytes())
+    step_heap = collectgarbage("count") * 1024
+  end
+end
+
+--- Move the mark of Note [step lifetimes] to now without collecting (the end of an
+-- outermost backward: what its walk allocated, the engine frees or keeps as .grad).
+function M.step_mark()
+  step_mark = tonumber(C.ddp_memory_allocated_bytes())
+end
+
 -- Note [handle registry]: a tensor handle owns one reference, released once the collector
 -- finds the handle unreachable. LuaJIT's per-object finaliser (ffi.gc) costs about 250 ns
 -- per handle here (an insert into its finaliser table, then one protected call per object,

@@ -50,6 +50,7 @@
 #include "core/core.h"
 
 static int64_t live_bytes, peak_bytes;
+static int64_t allocated_bytes; /* every byte ever counted by count_alloc (never decreases) */
 static int64_t most_live_bytes; /* the highest live_bytes ever (peak_bytes may be reset) */
 
 enum { SMALL_BLOCK = 1024 };                 /* up to this: malloc, 16-byte aligned */
@@ -239,6 +240,7 @@ int64_t ddp_memory_cached_bytes(void) {
 }
 
 static void count_alloc(size_t nbytes) {
+  __atomic_add_fetch(&allocated_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   int64_t live = __atomic_add_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
   int64_t peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
   while (live > peak &&
@@ -414,6 +416,9 @@ void ddp_free_block_counted(void *p, size_t nbytes) {
 }
 
 int64_t ddp_memory_live_bytes(void) { return __atomic_load_n(&live_bytes, __ATOMIC_RELAXED); }
+int64_t ddp_memory_allocated_bytes(void) {
+  return __atomic_load_n(&allocated_bytes, __ATOMIC_RELAXED);
+}
 int64_t ddp_memory_peak_bytes(void) { return __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED); }
 void ddp_memory_reset_peak(void) {
   __atomic_store_n(&peak_bytes, ddp_memory_live_bytes(), __ATOMIC_RELAXED);

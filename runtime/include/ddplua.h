@@ -109,6 +109,11 @@ const char *ddp_cuda_unavailable_reason(void);
 /* Bytes of CPU tensor memory allocated by the runtime and not yet freed. */
 int64_t ddp_memory_live_bytes(void);
 
+/* Bytes of CPU tensor memory allocated by the runtime since start, freed or not (a counter
+ * that only grows; the difference of two readings is what was allocated between them: the
+ * Lua front end's Note [step lifetimes], lua/ddplua/lib.lua). */
+int64_t ddp_memory_allocated_bytes(void);
+
 /* Highest value ddp_memory_live_bytes() reached since start or the last reset, in bytes. */
 int64_t ddp_memory_peak_bytes(void);
 

@@ -98,6 +98,8 @@ local function finish(w, ok, err, inputs, ni)
   end
   C.ddp_backward_end(w)
   depth = depth - 1
+  -- the walk's gradients are no dropped handles (Note [step lifetimes], ddplua/lib.lua)
+  if depth == 0 then lib.step_mark() end
   M.forget_dropped()
   if not ok then error(err, 0) end
   return results
@@ -120,6 +122,8 @@ end
 --- run1(output, grad, retain_graph): run({output}, {grad}, nil, retain_graph) without the
 -- tables (Tensor.backward, once per training step).
 function M.run1(output, grad, retain_graph)
+  -- the forward's dropped tensors go first (Note [step lifetimes], ddplua/lib.lua)
+  if depth == 0 then lib.release_step() end
   local buf = depth == 0 and cached or nil
   local outs = buf and buf.outs or ffi.new("ddp_tensor*[1]")
   local gs = buf and buf.gs or ffi.new("ddp_tensor*[1]")
@@ -141,6 +145,7 @@ end
 -- at the caller's line; the walk is always ended and grad mode restored.
 function M.run(outputs, grads, inputs, retain_graph, skip_leaf_hooks)
   local n, ni = #outputs, inputs and #inputs or 0
+  if depth == 0 then lib.release_step() end -- Note [step lifetimes], ddplua/lib.lua
   local buf = depth == 0 and cached or nil
   local outs = tensor_array(buf and buf.outs, outputs, n)
   local gs = tensor_array(buf and buf.gs, grads or {}, n)

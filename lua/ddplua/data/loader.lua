@@ -186,6 +186,7 @@ local function c_iter(self, sources, tfs, order)
   return function()
     local h = ep.handle
     if h == nil then return nil end
+    lib.release_step() -- the previous batch's dropped temporaries (Note [step lifetimes])
     local st = C.ddp_io_loader_next(h, outs)
     if st == C.DDP_IO_END then
       if self.epoch == ep then self:close() else ep.handle = nil end
@@ -289,6 +290,7 @@ local function lua_iter(self, order)
   local collate_fn = self.collate_fn
   return function()
     if b >= nb or self.epoch ~= ep then return nil end
+    lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
     local start = b * self.batch_size
     local stop = math.min(start + self.batch_size, total)
     b = b + 1
