@@ -44,6 +44,13 @@ int listen_host_is_loopback(const char *host) {
   return all;
 }
 
+int join_check_secret(const char *what, const char *host, int port, size_t secret_len) {
+  if (secret_len > 0 || listen_host_is_loopback(host)) return DDP_OK;
+  DDP_FAIL(DDP_ERR_ARG, "%s: refusing to join the store at %s:%d without the job's secret: a store "
+           "beyond loopback never runs without one. Set DDPLUA_STORE_SECRET to the same random value "
+           "on every rank (README \"Security\")", what, host, port);
+}
+
 int listen_check_secret(const char *what, const char *host, int port, size_t secret_len) {
   if (secret_len > 0) return DDP_OK;
   char where[320];

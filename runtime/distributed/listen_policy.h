@@ -16,4 +16,11 @@ int listen_host_is_loopback(const char *host);
  * any other address with an empty secret. */
 int listen_check_secret(const char *what, const char *host, int port, size_t secret_len);
 
+/* The same rule for a client joining a store at host:port: a store beyond loopback never
+ * runs without a secret (listen_check_secret refuses it), so a client with an empty secret
+ * and such an address stops at once with the same advice, instead of waiting out its timeout
+ * for a server that cannot exist (every rank of an srun job without a secret says what to
+ * set, not only rank 0). DDP_OK on loopback; DDP_ERR_ARG otherwise. */
+int join_check_secret(const char *what, const char *host, int port, size_t secret_len);
+
 #endif

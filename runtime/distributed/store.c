@@ -620,6 +620,7 @@ int ddp_store_tcp_open(ddp_store **out, const char *host, int port, const ddp_st
   if (st) ddp_fail_at(__FILE__, __LINE__, st, "store: out of memory");
   else memcpy(s->secret, secret, s->secret_len + 1);
   if (!st && is_server) st = listen_check_secret("store server", host, port, s->secret_len);
+  if (!st && !is_server) st = join_check_secret("store", host, port, s->secret_len);
   if (!st && is_server) {
     store_server_config cfg = {
         .secret = s->secret, .secret_len = s->secret_len,

@@ -167,6 +167,25 @@ describe("store security #faults #dist", function()
       assert.matches("status=1\n$", out)
     end)
 
+    -- rank 1 of the same job: it listens on nothing, but would wait out its whole timeout
+    -- for a store that rank 0 refused to start
+    it("an srun-style rank > 0 with MASTER_ADDR off loopback and no secret stops at once, saying what to set", function()
+      local p = io.popen("hostname -I 2>/dev/null")
+      local addr = (p:read("*a") or ""):match("^(%d+%.%d+%.%d+%.%d+)") or "0.0.0.0"
+      p:close()
+      local path = os.tmpname()
+      write_file(path, "require('ddplua.distributed').init_process_group{timeout = 20}; print('joined')")
+      local t0 = now()
+      local out = io.popen(("env -u DDPLUA_STORE_SECRET -u RANK -u WORLD_SIZE SLURM_PROCID=1 SLURM_NTASKS=2 " ..
+        "SLURM_LOCALID=1 MASTER_ADDR=%s MASTER_PORT=%d timeout 60 %s %s 2>&1; echo status=$?")
+        :format(addr, mp.free_port(), sh(exe), sh(path))):read("*a")
+      os.remove(path)
+      assert.is_true(now() - t0 < 10, ("took %.1f s:\n%s"):format(now() - t0, out))
+      assert.matches("refusing to join the store at " .. addr, out, 1, true)
+      assert.matches("Set DDPLUA_STORE_SECRET", out, 1, true)
+      assert.matches("status=1\n$", out)
+    end)
+
     it("warns once when it listens on loopback without a secret", function()
       local out = files.run_fresh("store-nosecret", [[
         local store = require "ddplua.distributed.store"
