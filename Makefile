@@ -245,15 +245,13 @@ FUZZ_BASE  := -std=gnu11 -march=$(ARCH) -pthread -Iruntime/include -Iruntime $(B
 FUZZ_CFLAGS := $(FUZZ_BASE) -O1 -g $(FUZZ_SAN) $(filter-out -Wno-format-truncation,$(WARN)) \
                -Wno-unknown-pragmas
 FUZZ_LIB_SRCS := $(sort $(wildcard runtime/core/*.c)) \
-                 runtime/io/idx.c runtime/io/cifar.c runtime/io/safetensors.c \
+                 runtime/io/idx.c runtime/io/cifar.c runtime/io/safetensors.c runtime/io/tokens.c \
                  runtime/distributed/store.c runtime/distributed/store_file.c \
                  runtime/distributed/store_server.c runtime/distributed/objects.c \
                  runtime/distributed/listen_policy.c
 FUZZ_NOCOV_SRCS := runtime/distributed/store_auth.c
-# The distributed REPL's frames (runtime/cli/dist_repl.c) get their targets once its frame
-# parser is a pure function: list the file(s) holding it here (compiled with
-# $(LUAJIT_CFLAGS) when they include Lua's headers; link $(LUAJIT_LIBS) then) and add
-# fuzz/repl_<name>.c with fuzz/corpus/repl_<name>/ (and fuzz/repl.dict).
+# The distributed REPL's frame reader (runtime/cli/repl_wire.c, fuzz/repl_frames.c): cli/
+# files are compiled with $(LUAJIT_CFLAGS), as they may include Lua's headers.
 FUZZ_CLI_SRCS := runtime/cli/repl_wire.c
 FUZZ_SUPPORT_SRCS := $(sort $(wildcard runtime/backend/cpu/*.c)) runtime/backend/registry.c \
                  runtime/tape/node.c runtime/tape/view_history.c \

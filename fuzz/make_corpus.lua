@@ -75,6 +75,21 @@ write("cifar", "two", record(0, 1) .. record(9, 2))
 write("cifar", "bad_label", record(10, 0))
 write("cifar", "short", record(1, 0):sub(1, 3000))
 
+-- ---- token files (fuzz/tokens.c: vocab byte, block byte, 2-byte start, then uint16 words) --
+local function tokens(vocab_byte, block_byte, start, words)
+  local out = { string.char(vocab_byte, block_byte), le(start, 2) }
+  for _, w in ipairs(words) do out[#out + 1] = le(w, 2) end
+  return table.concat(out)
+end
+write("tokens", "chars", tokens(1, 3, 2, { 18, 47, 56, 57, 58, 1, 15, 47, 58, 47, 64, 43, 52 }))
+write("tokens", "gpt2_vocab", tokens(196, 7, 0, { 50256, 464, 3290, 0, 50255, 11, 13, 198, 262 }))
+write("tokens", "full_range", tokens(255, 0, 1, { 65535, 0, 65535 }))
+write("tokens", "empty", tokens(1, 0, 0, {}))
+write("tokens", "too_short", tokens(1, 15, 0, { 1, 2, 3 }))
+write("tokens", "bad_token", tokens(0, 1, 0, { 0, 1 }))
+write("tokens", "odd_size", tokens(1, 1, 0, { 5, 6 }) .. "\1")
+write("tokens", "start_past_end", tokens(1, 1, 40000, { 5, 6, 7 }))
+
 -- ---- the store (Note [store wire protocol]) ---------------------------------------------
 local function frame(op, ...)
   local out = { string.char(op), le(select("#", ...), 4) }

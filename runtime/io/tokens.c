@@ -1,6 +1,7 @@
 /* runtime/io/tokens.c: token files as nanoGPT's data/<name>/prepare.py writes them
  * (train.bin / val.bin: the token ids as raw little-endian uint16, no header), memory-mapped
- * for reading, written atomically, and the (B, T) windows a language model trains on.
+ * for reading, written atomically, and the (B, T) windows a language model trains on. The same
+ * checks run on bytes in memory (ddp_io_tokens_from_bytes: what fuzz/tokens.c feeds).
  *
  * Note [token windows]: a window starting at token i of a file of n tokens is
  *   x[t] = tokens[i + t], y[t] = tokens[i + t + 1]   for t in 0 .. T-1,
@@ -33,10 +34,10 @@
 #endif
 
 struct ddp_io_tokens {
-  char *path;
-  const uint16_t *tokens; /* (n) mapped read-only; NULL when n is 0 */
+  char *path;             /* the file's path, or the name given to ddp_io_tokens_from_bytes */
+  const uint16_t *tokens; /* (n) mapped read-only, or an owned copy; NULL when n is 0 */
   int64_t n;
-  size_t map_bytes;
+  size_t map_bytes;       /* bytes mapped; 0 when tokens is an owned copy (malloc) */
   int64_t vocab_size;
 };
 
@@ -49,53 +50,39 @@ static int check_range(const ddp_io_tokens *f, const char *op, int64_t from, int
   return DDP_OK;
 }
 
-int ddp_io_tokens_open(ddp_io_tokens **out, const char *path, int64_t vocab_size) {
-  *out = NULL;
-  if (!path || !*path) DDP_FAIL(DDP_ERR_ARG, "tokens_open: empty path");
+/* The checks every token source shares, before any byte is read: vocab_size in range. */
+static int check_vocab(const char *op, const char *name, int64_t vocab_size) {
   if (vocab_size < 1 || vocab_size > 65536)
-    DDP_FAIL(DDP_ERR_ARG, "tokens_open: %s: vocab_size must be in 1 .. 65536 (uint16 tokens), got %lld", path,
+    DDP_FAIL(DDP_ERR_ARG, "%s: %s: vocab_size must be in 1 .. 65536 (uint16 tokens), got %lld", op, name,
              (long long)vocab_size);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) DDP_FAIL(DDP_ERR_IO, "tokens_open: cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    DDP_FAIL(DDP_ERR_IO, "tokens_open: cannot stat %s: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    DDP_FAIL(DDP_ERR_IO, "tokens_open: %s is not a regular file", path);
-  }
-  if (st.st_size % 2) {
-    close(fd);
-    DDP_FAIL(DDP_ERR_IO, "tokens_open: %s: size %lld bytes is odd: not a file of uint16 tokens", path,
-             (long long)st.st_size);
-  }
+  return DDP_OK;
+}
+
+/* A size in bytes a token file may have: even. */
+static int check_size(const char *op, const char *name, int64_t bytes) {
+  if (bytes % 2)
+    DDP_FAIL(DDP_ERR_IO, "%s: %s: size %lld bytes is odd: not a file of uint16 tokens", op, name, (long long)bytes);
+  return DDP_OK;
+}
+
+/* A new ddp_io_tokens named `name` with no tokens yet. */
+static int tokens_new(ddp_io_tokens **out, const char *op, const char *name, int64_t vocab_size) {
   ddp_io_tokens *f = calloc(1, sizeof *f);
-  char *copy = strdup(path);
+  char *copy = strdup(name);
   if (!f || !copy) {
     free(f);
     free(copy);
-    close(fd);
-    DDP_FAIL(DDP_ERR_MEMORY, "tokens_open: out of memory");
+    DDP_FAIL(DDP_ERR_MEMORY, "%s: %s: out of memory", op, name);
   }
   f->path = copy;
-  f->n = (int64_t)st.st_size / 2;
   f->vocab_size = vocab_size;
-  if (f->n > 0) {
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      int e = errno;
-      close(fd);
-      ddp_io_tokens_free(f);
-      DDP_FAIL(DDP_ERR_IO, "tokens_open: cannot map %s: %s", path, strerror(e));
-    }
-    f->tokens = p;
-    f->map_bytes = (size_t)st.st_size;
-  }
-  close(fd); /* the mapping keeps the file */
-  int status = check_range(f, "tokens_open", 0, f->n);
+  *out = f;
+  return DDP_OK;
+}
+
+/* The last step of every source: all tokens below vocab_size, or f is freed. */
+static int finish_open(ddp_io_tokens **out, ddp_io_tokens *f, const char *op) {
+  int status = check_range(f, op, 0, f->n);
   if (status) {
     ddp_io_tokens_free(f);
     return status;
@@ -104,13 +91,80 @@ int ddp_io_tokens_open(ddp_io_tokens **out, const char *path, int64_t vocab_size
   return DDP_OK;
 }
 
+int ddp_io_tokens_open(ddp_io_tokens **out, const char *path, int64_t vocab_size) {
+  const char *op = "tokens_open";
+  *out = NULL;
+  if (!path || !*path) DDP_FAIL(DDP_ERR_ARG, "%s: empty path", op);
+  DDP_TRY(check_vocab(op, path, vocab_size));
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) DDP_FAIL(DDP_ERR_IO, "%s: cannot open %s: %s", op, path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    DDP_FAIL(DDP_ERR_IO, "%s: cannot stat %s: %s", op, path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    DDP_FAIL(DDP_ERR_IO, "%s: %s is not a regular file", op, path);
+  }
+  ddp_io_tokens *f = NULL;
+  int status = check_size(op, path, (int64_t)st.st_size);
+  if (!status) status = tokens_new(&f, op, path, vocab_size);
+  if (status) {
+    close(fd);
+    return status;
+  }
+  f->n = (int64_t)st.st_size / 2;
+  if (f->n > 0) {
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      close(fd);
+      ddp_io_tokens_free(f);
+      DDP_FAIL(DDP_ERR_IO, "%s: cannot map %s: %s", op, path, strerror(e));
+    }
+    f->tokens = p;
+    f->map_bytes = (size_t)st.st_size;
+  }
+  close(fd); /* the mapping keeps the file */
+  return finish_open(out, f, op);
+}
+
+int ddp_io_tokens_from_bytes(ddp_io_tokens **out, const void *data, size_t size, const char *name,
+                             int64_t vocab_size) {
+  const char *op = "tokens_from_bytes";
+  *out = NULL;
+  if (!name || !*name) DDP_FAIL(DDP_ERR_ARG, "%s: empty name", op);
+  if (!data && size) DDP_FAIL(DDP_ERR_ARG, "%s: %s: no data for %zu bytes", op, name, size);
+  if (size > (size_t)INT64_MAX) DDP_FAIL(DDP_ERR_ARG, "%s: %s: %zu bytes is too large", op, name, size);
+  DDP_TRY(check_vocab(op, name, vocab_size));
+  DDP_TRY(check_size(op, name, (int64_t)size));
+  ddp_io_tokens *f = NULL;
+  DDP_TRY(tokens_new(&f, op, name, vocab_size));
+  if (size) {
+    uint16_t *copy = malloc(size);
+    if (!copy) {
+      ddp_io_tokens_free(f);
+      DDP_FAIL(DDP_ERR_MEMORY, "%s: %s: out of memory for %zu bytes", op, name, size);
+    }
+    memcpy(copy, data, size); /* the caller's buffer may be unaligned or go away */
+    f->tokens = copy;
+    f->n = (int64_t)(size / 2);
+  }
+  return finish_open(out, f, op);
+}
+
 int64_t ddp_io_tokens_count(const ddp_io_tokens *f) { return f ? f->n : 0; }
 
 const char *ddp_io_tokens_path(const ddp_io_tokens *f) { return f ? f->path : ""; }
 
 void ddp_io_tokens_free(ddp_io_tokens *f) {
   if (!f) return;
-  if (f->tokens) munmap((void *)f->tokens, f->map_bytes);
+  if (f->map_bytes)
+    munmap((void *)f->tokens, f->map_bytes);
+  else
+    free((void *)f->tokens);
   free(f->path);
   free(f);
 }
@@ -206,9 +260,7 @@ int ddp_io_tokens_write(const char *path, ddp_tensor *tokens, int64_t vocab_size
   const char *op = "tokens_write";
   if (!path || !*path) DDP_FAIL(DDP_ERR_ARG, "%s: empty path", op);
   DDP_TRY(ddp_check_alive(tokens, op, "tokens"));
-  if (vocab_size < 1 || vocab_size > 65536)
-    DDP_FAIL(DDP_ERR_ARG, "%s: %s: vocab_size must be in 1 .. 65536 (uint16 tokens), got %lld", op, path,
-             (long long)vocab_size);
+  DDP_TRY(check_vocab(op, path, vocab_size));
   if (tokens->ndim != 1) DDP_FAIL(DDP_ERR_ARG, "%s: %s: tokens must be 1-d, got %d dims", op, path, tokens->ndim);
   if (ddp_dtype_is_floating(tokens->dtype) || tokens->dtype == DDP_BOOL)
     DDP_FAIL(DDP_ERR_ARG, "%s: %s: tokens must be an integer tensor (i64, i32 or u8), got %s", op, path,

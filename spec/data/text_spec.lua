@@ -206,6 +206,23 @@ print(len(chars), len(train), len(val))
       assert.is_nil(listing:find("w.bin", 1, true))
     end)
 
+    it("checks bytes in memory as it checks a file (ddp_io_tokens_from_bytes, the fuzz target's door)", function()
+      local function from_bytes(bytes, vocab)
+        local out = ffi.new("ddp_io_tokens*[1]")
+        lib.check(C.ddp_io_tokens_from_bytes(out, bytes, #bytes, "mem.bin", vocab))
+        return ffi.gc(out[0], C.ddp_io_tokens_free)
+      end
+      local f = from_bytes("\5\0\7\1\0\0", 300) -- 5, 263, 0: copied, the string may go
+      assert.are.equal(3, tonumber(C.ddp_io_tokens_count(f)))
+      assert.are.equal("mem.bin", ffi.string(C.ddp_io_tokens_path(f)))
+      lib.check(C.ddp_io_tokens_read(lib.box, f, 0, 3))
+      assert.are.same({ 5, 263, 0 }, lib.wrap(lib.box[0]):tolist())
+      assert.are.equal(0, tonumber(C.ddp_io_tokens_count(from_bytes("", 1))))
+      assert.matches("mem.bin: size 3 bytes is odd: not a file of uint16 tokens", err_of(from_bytes, "abc", 100))
+      assert.matches("mem.bin: token 1 %(0%-based%) is 263, not below vocab_size 263", err_of(from_bytes, "\5\0\7\1", 263))
+      assert.matches("mem.bin: vocab_size must be in 1 .. 65536", err_of(from_bytes, "\5\0", 65537))
+    end)
+
     it("draws random windows from the generator's Philox blocks as documented", function()
       local list = {}
       for i = 1, 300 do list[i] = (i * 7) % 1000 end

@@ -185,13 +185,22 @@ typedef struct ddp_io_tokens ddp_io_tokens;
  * vocab_size. An empty file opens (0 tokens). Free with ddp_io_tokens_free. */
 int ddp_io_tokens_open(ddp_io_tokens **out, const char *path, int64_t vocab_size);
 
+/* The same checks as ddp_io_tokens_open on `size` bytes in memory (a token file already
+ * read, received or embedded), which are copied: the buffer may be freed after the call and
+ * need not be aligned. `name` stands for the file in errors and ddp_io_tokens_path. Errors:
+ * DDP_ERR_IO naming `name` for an odd size or a token >= vocab_size (its position and
+ * value); DDP_ERR_ARG for an empty name, NULL data with size > 0 or a bad vocab_size;
+ * DDP_ERR_MEMORY. Zero bytes give 0 tokens. Free with ddp_io_tokens_free. */
+int ddp_io_tokens_from_bytes(ddp_io_tokens **out, const void *data, size_t size, const char *name,
+                             int64_t vocab_size);
+
 /* Number of tokens of the file (0 for NULL). */
 int64_t ddp_io_tokens_count(const ddp_io_tokens *f);
 
 /* The path the file was opened with ("" for NULL); valid until it is freed. */
 const char *ddp_io_tokens_path(const ddp_io_tokens *f);
 
-/* Unmap and free. NULL is ignored. Tensors made from the file are copies and stay. */
+/* Unmap (or free the copy) and free. NULL is ignored. Tensors made from the file are copies and stay. */
 void ddp_io_tokens_free(ddp_io_tokens *f);
 
 /* Tokens [start, start + count) as a new 1-d i64 tensor (count). Errors (DDP_ERR_ARG, naming
