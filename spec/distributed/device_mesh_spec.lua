@@ -147,4 +147,46 @@ try("cuda", function() dist.init_device_mesh("cuda", {2}) end)
       end
     end
   end)
+  it("slices a 2 x 2 mesh by name (Note [mesh slices]); DDP over mesh['dp'] equals one process (4 ranks)", function()
+    local ranks = run([[
+local mesh = dist.init_device_mesh("cpu", {2, 2}, {mesh_dim_names = {"dp", "tp"}})
+local dp, tp = mesh["dp"], mesh["tp"]
+out("coord", table.concat(mesh:get_coordinate(), ","))
+out("dp", tostring(dp) .. " " .. table.concat(dp.mesh, ",") .. " " .. dp:get_local_rank())
+out("tp", tostring(tp) .. " " .. table.concat(tp.mesh, ",") .. " " .. tp:get_local_rank())
+out("same_groups", tostring(dp:get_group() == mesh:get_group("dp")) .. " " .. tostring(tp:get_group() == mesh:get_group(2)))
+local both = mesh[{"dp", "tp"}]
+out("both", tostring(both) .. " " .. both.mesh[2][1])
+out("tp_of_tp", table.concat(tp["tp"].mesh, ","))
+local t = dl.tensor{RANK}
+dist.all_reduce(t, {group = tp:get_group()})
+out("tp_sum", t:item())
+-- DDP over the dp slice: each dp group holds ranks with the same tp coordinate, and each
+-- takes its dp shard of the batches, so every rank must end with the one-process model.
+local model = train(DDP(mlp(), {device_mesh = dp}), 2, dp:get_local_rank())
+out("vs_single", max_abs(model.module, train(mlp(), 1, 0)))
+out("params", params_text(model.module))
+try("reversed", function() return mesh[{"tp", "dp"}] end)
+try("unknown", function() return mesh["pp"] end)
+try("unnamed", function() return dist.init_device_mesh("cpu", {4})["dp"] end)
+]], 4)
+    local want_dp = { "0,2", "1,3", "0,2", "1,3" }
+    local want_tp = { "0,1", "0,1", "2,3", "2,3" }
+    for r = 1, 4 do
+      local o, e = ranks[r].out, ranks[r].err
+      local dp_c, tp_c = math.floor((r - 1) / 2), (r - 1) % 2
+      assert.are.equal(dp_c .. "," .. tp_c, o.coord)
+      assert.are.equal("DeviceMesh((dp=2,), device: 'cpu', stride: (2,)) " .. want_dp[r] .. " " .. dp_c, o.dp)
+      assert.are.equal("DeviceMesh((tp=2,), device: 'cpu', stride: (1,)) " .. want_tp[r] .. " " .. tp_c, o.tp)
+      assert.are.equal("true true", o.same_groups)
+      assert.are.equal("DeviceMesh((dp=2, tp=2), device: 'cpu', stride: (2, 1)) 2", o.both)
+      assert.are.equal(want_tp[r], o.tp_of_tp)
+      assert.are.equal(tostring(want_tp[r] == "0,1" and 1 or 5), o.tp_sum)
+      assert.is_true(tonumber(o.vs_single) < 1e-6, o.vs_single)
+      assert.are.equal(ranks[1].out.params, o.params)
+      assert.matches("Invalid mesh_dim_names %('tp', 'dp'%) specified%. Valid mesh_dim_names are %('dp', 'tp'%)", e.reversed)
+      assert.matches("Invalid mesh_dim_names %('pp',%) specified", e.unknown)
+      assert.matches("Cannot slice a DeviceMesh without mesh_dim_names! %(asked for %('dp',%)%)", e.unnamed)
+    end
+  end)
 end)

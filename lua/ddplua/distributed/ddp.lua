@@ -212,7 +212,8 @@ end
 
 --- DDP(module, opts) -> the wrapped module. opts:
 --   process_group (default: the world), device_mesh (a 1-D DeviceMesh from
---   dist.init_device_mesh: DDP reduces over its group; not together with process_group,
+--   dist.init_device_mesh, or a slice mesh["dp"] of a larger one: DDP reduces over its
+--   group; not together with process_group,
 --   and a mesh of more dimensions raises "Only 1D device mesh is supported", as PyTorch),
 --   bucket_cap_mb = 25 (MiB per bucket; the first
 --   bucket is min(1 MiB, bucket_cap_mb)), find_unused_parameters = false (mark parameters that got no gradient

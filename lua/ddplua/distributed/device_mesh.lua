@@ -7,10 +7,13 @@
 --   local mesh = dist.init_device_mesh("cpu", {dist.get_world_size()}, {mesh_dim_names = {"dp"}})
 --   local model = DDP(net, {device_mesh = mesh})      -- reduces over mesh:get_group()
 --
--- What ddplua uses a mesh for is DDP's `device_mesh` option, which takes 1-D meshes only
--- (as PyTorch's DDP). Meshes of more dimensions can be built and queried (get_group,
--- get_local_rank, size), because PyTorch builds them and DDP must be able to refuse one,
--- but there is no slicing (mesh["dp"]), no DTensor and no tensor parallelism in ddplua.
+--   local mesh2 = dist.init_device_mesh("cpu", {2, 2}, {mesh_dim_names = {"dp", "tp"}})
+--   local dp = mesh2["dp"]                             -- a 1-D mesh: this rank's dp group
+--   local model = DDP(net, {device_mesh = dp})         -- DDP beside tensor parallelism
+--
+-- DDP's `device_mesh` option takes 1-D meshes only (as PyTorch's DDP): a 1-D mesh of its
+-- own, or one dimension sliced out of a larger mesh (mesh["dp"]), the seed's DDP + tensor
+-- parallel composition. Slicing (Note [mesh slices]) makes no new process group.
 --
 -- Note [mesh dimensions count from 1]: as every dimension in ddplua (Torch7's rule), mesh
 -- dimensions are numbered 1 .. ndim where PyTorch writes 0 .. ndim-1: PyTorch's
@@ -21,7 +24,19 @@ local lib = require "ddplua.lib"
 local raise = lib.raise
 
 local DeviceMesh = {}
-DeviceMesh.__index = DeviceMesh
+
+-- The fields a mesh may leave unset (nil): reading them must not be taken for a slice.
+local OPTIONAL_FIELDS = { mesh_dim_names = true, coordinate = true }
+
+-- mesh.field and mesh:method() as usual; mesh["name"] / mesh[{"a", "b"}] slice (Note [mesh
+-- slices]). A string that is neither a method, a field nor a dimension name raises.
+DeviceMesh.__index = function(self, key)
+  local method = DeviceMesh[key]
+  if method ~= nil then return method end
+  if OPTIONAL_FIELDS[key] then return nil end
+  if type(key) == "string" or type(key) == "table" then return DeviceMesh._slice(self, key) end
+  return nil
+end
 
 local function dist_module() return require "ddplua.distributed.distributed_c10d" end
 
@@ -83,6 +98,15 @@ local function contains(list, v)
   return false
 end
 
+-- This rank's 0-based coordinate in a root mesh of `shape` (row-major over ranks
+-- 0 .. numel-1), or nil when the rank is beyond the mesh.
+local function coordinate_of(rank, shape, strides, numel)
+  if rank >= numel then return nil end
+  local c = {}
+  for d = 1, #shape do c[d] = math.floor(rank / strides[d]) % shape[d] end
+  return c
+end
+
 --- DeviceMesh.new(device_type, mesh_shape, mesh_dim_names) -> a DeviceMesh over global
 -- ranks 0 .. prod(mesh_shape)-1 of the initialised default group. Collective: every rank
 -- of the world calls it with the same arguments (it calls new_group for each subgroup of
@@ -100,11 +124,13 @@ function DeviceMesh.new(device_type, shape, names)
     shape = { unpack(shape) },
     ndim = #shape,
     stride = strides,
+    base = 0,
     mesh = rank_array(shape, 1, 0, strides),
     mesh_dim_names = names and { unpack(names) } or nil,
     numel = numel,
     groups = {},
     in_mesh = rank < numel,
+    coordinate = coordinate_of(rank, shape, strides, numel),
   }, DeviceMesh)
   if #shape == 1 and numel == world then
     self.groups[1] = dist.get_default_group()
@@ -117,6 +143,75 @@ function DeviceMesh.new(device_type, shape, names)
     end
   end
   return self
+end
+
+-- Note [mesh slices]
+-- mesh["tp"] (or mesh[{"dp", "tp"}], names in the mesh's order) is the mesh of the ranks
+-- that share this rank's coordinates on every other dimension, as PyTorch's
+-- DeviceMesh.__getitem__: on a (dp=2, tp=2) mesh of ranks {{0, 1}, {2, 3}}, rank 3's
+-- mesh["tp"] holds {2, 3} and its mesh["dp"] {1, 3}. A slice keeps the parent's process
+-- group of each kept dimension (no new group is made, so slicing is not a collective and
+-- any rank may slice at any time) and addresses its ranks as the parent does: rank at
+-- coordinate c = base + sum_k c[k] * stride[k], with the parent's strides of the kept
+-- dimensions and base = the parent's base plus this rank's offset along the dropped ones.
+-- The printed stride is that of PyTorch's sliced mesh tensor: (2,) for mesh["dp"] above.
+function DeviceMesh._slice(self, key)
+  local names = type(key) == "table" and key or { key }
+  local shown = quoted_tuple(names)
+  if not self.mesh_dim_names or #self.mesh_dim_names == 0 then
+    raise("DeviceMesh: Cannot slice a DeviceMesh without mesh_dim_names! (asked for " .. shown .. ")")
+  end
+  local dims = {}
+  for i, n in ipairs(names) do
+    local found
+    for d, have in ipairs(self.mesh_dim_names) do
+      if have == n then found = d end
+    end
+    if type(n) ~= "string" or not found or (i > 1 and found <= dims[i - 1]) then
+      raise(("DeviceMesh: Invalid mesh_dim_names %s specified. Valid mesh_dim_names are %s, named in this order.")
+            :format(shown, quoted_tuple(self.mesh_dim_names)))
+    end
+    dims[i] = found
+  end
+  if #dims == 0 then raise("DeviceMesh: a slice needs at least one mesh dimension name") end
+  if not self.coordinate then
+    raise(("DeviceMesh: rank %d is not in the mesh %s, so it has no slice %s"):format(
+      dist_module().get_rank(), tostring(self), shown))
+  end
+  local kept = {}
+  for _, d in ipairs(dims) do kept[d] = true end
+  local base = self.base
+  for d = 1, self.ndim do
+    if not kept[d] then base = base + self.coordinate[d] * self.stride[d] end
+  end
+  local shape, stride, groups, coord, dim_names = {}, {}, {}, {}, {}
+  local numel = 1
+  for i, d in ipairs(dims) do
+    shape[i], stride[i], groups[i], coord[i] = self.shape[d], self.stride[d], self.groups[d], self.coordinate[d]
+    dim_names[i] = self.mesh_dim_names[d]
+    numel = numel * shape[i]
+  end
+  return setmetatable({
+    device_type = self.device_type,
+    shape = shape,
+    ndim = #shape,
+    stride = stride,
+    base = base,
+    mesh = rank_array(shape, 1, base, stride),
+    mesh_dim_names = dim_names,
+    numel = numel,
+    groups = groups,
+    in_mesh = true,
+    coordinate = coord,
+  }, DeviceMesh)
+end
+
+--- mesh:get_coordinate() -> this rank's coordinates in the mesh, one per dimension, each
+-- counting from 0 (data, as ranks; PyTorch's get_coordinate), or nil when the rank is
+-- outside the mesh.
+function DeviceMesh:get_coordinate()
+  local c = rawget(self, "coordinate")
+  return c and { unpack(c) } or nil
 end
 
 --- DeviceMesh.is_device_mesh(v) -> true when v is a DeviceMesh.
