@@ -48,16 +48,21 @@ function CausalSelfAttention:init(c, lin)
 end
 
 --- attn(x) -> (B, T, C): causal self-attention of x (B, T, C) through the fused
--- scaled_dot_product_attention (dropout on the weights while training).
+-- scaled_dot_product_attention (dropout on the weights while training). Under tensor
+-- parallelism (GPT.tp_plan) c_attn gives this rank's heads only: q, k and v of C / tp
+-- features each, so the width and the head count are read from c_attn's output.
 function CausalSelfAttention:forward(x)
   local s = x:size()
   local B, T, C = s[1], s[2], s[3]
   local hs = C / self.n_head
-  local qkv = self.c_attn(x):split(C, 3)
-  local function heads(t) return t:view(B, T, self.n_head, hs):transpose(2, 3) end -- (B, nh, T, hs)
+  local qkv_all = self.c_attn(x)
+  local Cl = qkv_all:size(3) / 3 -- C, or this rank's C / tp
+  local nh = Cl / hs
+  local qkv = qkv_all:split(Cl, 3)
+  local function heads(t) return t:view(B, T, nh, hs):transpose(2, 3) end -- (B, nh, T, hs)
   local y = F.scaled_dot_product_attention(heads(qkv[1]), heads(qkv[2]), heads(qkv[3]),
     { is_causal = true, dropout_p = self.training and self.dropout or 0 })
-  y = y:transpose(2, 3):contiguous():view(B, T, C)
+  y = y:transpose(2, 3):contiguous():view(B, T, Cl)
   return self.resid_dropout(self.c_proj(y))
 end
 
@@ -242,6 +247,33 @@ function GPT:configure_optimizers(weight_decay, learning_rate, betas)
   end
   return optim.AdamW({ { params = decay, weight_decay = weight_decay }, { params = no_decay, weight_decay = 0.0 } },
     { lr = learning_rate, betas = betas })
+end
+
+--- GPT.tp_plan(config, tp_size) -> the Megatron-style tensor-parallel plan of this model
+-- for ddplua.distributed.tensor.parallel.parallelize_module over a tp mesh of tp_size ranks:
+-- the token embedding and lm_head (tied) cut by vocabulary rows (RowwiseParallel on wte:
+-- vocabulary-parallel lookup; ColwiseParallel on lm_head with class-sharded DTensor logits,
+-- so the loss is the vocabulary-parallel cross entropy), each attention's fused q/k/v
+-- projection cut by heads (ColwiseParallel{fused = 3}) and its output projection by rows of
+-- its input (RowwiseParallel), each MLP column- then row-parallel. The position embedding,
+-- LayerNorms and biases of row-parallel layers stay replicated. Under it forward returns
+-- DTensor logits and loss (loss:backward(), loss:item() as usual). Raises when n_head is
+-- not a multiple of tp_size.
+function GPT.tp_plan(config, tp_size)
+  local tp = require "ddplua.distributed.tensor.parallel"
+  local dt = require "ddplua.distributed.tensor"
+  local n_head = (config and config.n_head) or DEFAULTS.n_head
+  if n_head % tp_size ~= 0 then
+    error(("GPT.tp_plan: n_head (%d) must be a multiple of the tensor-parallel size (%d)"):format(n_head, tp_size), 2)
+  end
+  return {
+    ["transformer.wte"] = tp.RowwiseParallel { input_layouts = dt.Replicate() },
+    ["transformer.h.*.attn.c_attn"] = tp.ColwiseParallel { fused = 3 },
+    ["transformer.h.*.attn.c_proj"] = tp.RowwiseParallel(),
+    ["transformer.h.*.mlp.c_fc"] = tp.ColwiseParallel(),
+    ["transformer.h.*.mlp.c_proj"] = tp.RowwiseParallel(),
+    ["lm_head"] = tp.ColwiseParallel { output_layouts = dt.Shard(-1), use_local_output = false },
+  }
 end
 
 return GPT

@@ -90,8 +90,13 @@ function F.flatten(x, start_dim, end_dim) return x:flatten(start_dim or 1, end_d
 
 --- F.cross_entropy(input, target[, opts]): logits (N, C) or (N, C, d...), target class ids
 -- (i64, 0-based) or probabilities; opts.weight, reduction ("mean"), ignore_index (-100),
--- label_smoothing (0).
-function F.cross_entropy(input, target, opts) return dl.cross_entropy(input, target, opts) end
+-- label_smoothing (0). A DTensor input (tensor parallelism) takes the sharding rule of
+-- ddplua.distributed.tensor.ops.cross_entropy: class-sharded logits give the
+-- vocabulary-parallel loss (loss_parallel), a Replicate 0-d DTensor.
+function F.cross_entropy(input, target, opts)
+  if type(input) == "table" then return require("ddplua.distributed.tensor.ops").cross_entropy(input, target, opts) end
+  return dl.cross_entropy(input, target, opts)
+end
 
 --- F.nll_loss(input, target[, opts]): log-probabilities; opts as cross_entropy's but
 -- label_smoothing.

@@ -355,6 +355,12 @@ end
 function M.cross_entropy(logits, target, opts)
   local mesh = logits.device_mesh
   local ignore = opts and opts.ignore_index or -100
+  for k, v in pairs(opts or {}) do
+    if k ~= "ignore_index" and not (k == "reduction" and v == "mean") then
+      raise(("DTensor: op 'cross_entropy' supports ignore_index and reduction = 'mean' only, got %s = %s")
+            :format(tostring(k), tostring(v)))
+    end
+  end
   if is_dt(target) then target = target:full_tensor() end
   logits = no_partial(logits)
   local vocab_dim
@@ -372,12 +378,64 @@ function M.cross_entropy(logits, target, opts)
   return DT()._new(out, mesh, all_replicate(mesh.ndim), {})
 end
 
+-- ---- view / reshape ----------------------------------------------------------------------
+
+--- view(dt, ...) / reshape(dt, ...) -> the DTensor of the new global shape (one size may be
+-- -1). A sharded dimension must come through whole: a dimension of the new shape with its
+-- size and the same number of elements before it (so (B, T, V) Shard(3) views as (B*T, V)
+-- Shard(2)); the local tensor is viewed (reshape: reshaped) to its piece of the new shape.
+-- Partial and Replicate carry over. Raises naming the shapes when a shard would be split
+-- or merged.
+local function reshaper(name)
+  return function(self, ...)
+    local sizes = select("#", ...) == 1 and type((...)) == "table" and { unpack((...)) } or { ... }
+    local old = self:size()
+    local total, unknown = 1, nil
+    for i, v in ipairs(sizes) do
+      if v == -1 then unknown = i else total = total * v end
+    end
+    if unknown then sizes[unknown] = self:numel() / math.max(total, 1) end
+    local function before(shape, d)
+      local n = 1
+      for i = 1, d - 1 do n = n * shape[i] end
+      return n
+    end
+    local placements, local_sizes = {}, { unpack(sizes) }
+    for i, p in ipairs(self.placements) do
+      placements[i] = p
+      if p.kind == "shard" then
+        local found
+        for e = 1, #sizes do
+          if sizes[e] == old[p.dim] and before(sizes, e) == before(old, p.dim) then found = e end
+        end
+        if not found then
+          raise(("DTensor: op '%s' from (%s) to (%s) would split or merge the sharded dimension %d (placements %s)")
+                :format(name, table.concat(old, ", "), table.concat(sizes, ", "), p.dim, tuple(self.placements)))
+        end
+        placements[i] = Shard(found)
+        local_sizes[found] = self:to_local():size(p.dim)
+      end
+    end
+    local l = self:to_local()
+    return DT()._new(l[name](l, local_sizes), self.device_mesh, placements, sizes)
+  end
+end
+
+--- backward(dt, ...) -> the local tensor's backward: a loss computed alike on every rank
+-- (Replicate) or a Partial value whose pieces add up (Note [DTensor gradients]).
+local function backward(self, ...) return self:to_local():backward(...) end
+
+--- item(dt) -> the number a 0-d or one-element DTensor holds (reduced first when Partial).
+local function item(self) return no_partial(self):full_tensor():item() end
+
 -- ---- method dispatch -------------------------------------------------------------------
 
 local METHODS = {
   linear = M.linear, matmul = M.matmul,
   layer_norm = M.layer_norm, dropout = M.dropout,
   add = M.__add, sub = M.__sub, mul = M.__mul, div = M.__div, neg = M.__unm,
+  view = reshaper("view"), reshape = reshaper("reshape"), backward = backward, item = item,
+  cross_entropy = M.cross_entropy, embedding = M.embedding,
 }
 
 --- method(dt, name) -> the function dt:name(...) runs: a rule above, or raises
