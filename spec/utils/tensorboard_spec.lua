@@ -233,14 +233,14 @@ describe("ddplua.utils.tensorboard", function()
   end)
 
   describe("read by the tensorboard package", function()
-    local cache = os.getenv("DDPLUA_DATA") or ((os.getenv("XDG_CACHE_HOME") or (os.getenv("HOME") .. "/.cache")) .. "/ddplua")
+    local cache = os.getenv("DDPLUA_DATA") or ((os.getenv("XDG_CACHE_HOME") or ((os.getenv("HOME") or "/tmp") .. "/.cache")) .. "/ddplua")
     local venv = cache .. "/tensorboard-venv"
     local function have_tensorboard()
       return (files.run(venv .. "/bin/python -c 'import tensorboard' ")) == 0
     end
     local ready, why = have_tensorboard(), nil
     if not ready then
-      local status, out = files.run(("mkdir -p %s && %s -m venv %s && timeout 600 %s/bin/pip install -q tensorboard"):format(
+      local status, out = files.run(("(mkdir -p %s && %s -m venv %s && timeout 600 %s/bin/pip install -q tensorboard)"):format(
         files.quote(cache), PY, files.quote(venv), files.quote(venv)))
       ready = status == 0 and have_tensorboard()
       if not ready then why = (out:match("[^\n]*ERROR[^\n]*") or out:sub(-300)) end
@@ -250,7 +250,7 @@ describe("ddplua.utils.tensorboard", function()
       return
     end
 
-    it("reads back the scalars, the histogram and the text", function()
+    it("reads back the scalars, the histogram, the text and the hparams", function()
       local w = SummaryWriter(dir .. "/tb")
       local logged = {}
       for step = 1, 4 do
@@ -259,8 +259,10 @@ describe("ddplua.utils.tensorboard", function()
       end
       w:add_histogram("weights", { -1, 0.5, 0.25, 2, 2 }, 4, 4)
       w:add_text("note", "hello", 4)
+      w:add_hparams({ lr = 0.25, optimizer = "adam" }, { ["hparam/loss"] = 0.5 }, nil, "hp")
       w:close()
-      local status, out = files.run(venv .. "/bin/python spec/fixtures/tfevents_tensorboard.py " .. files.quote(dir .. "/tb"))
+      local status, out = files.run(venv .. "/bin/python spec/fixtures/tfevents_tensorboard.py " .. files.quote(dir .. "/tb")
+        .. " " .. files.quote(dir .. "/tb/hp"))
       assert.are.equal(0, status, out)
       local got = assert(loadstring(out))()
       assert.are.equal(4, #got.loss)
@@ -273,6 +275,8 @@ describe("ddplua.utils.tensorboard", function()
       assert.are.same({ -1, -0.25, 0.5, 1.25, 2 }, h.bucket_limit)
       assert.are.same({ 0, 1, 1, 1, 2 }, h.bucket)
       assert.are.same({ "hello" }, got.text)
+      assert.are.same({ names = { "lr", "optimizer" }, types = { 3, 1 }, metrics = { "hparam/loss" },
+        values = { lr = 0.25, optimizer = "adam" }, status = 1 }, got.hparams)
     end)
   end)
 end)
