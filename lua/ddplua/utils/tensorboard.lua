@@ -24,6 +24,7 @@
 local lib = require "ddplua.lib"
 local tensor = require "ddplua.tensor"
 local options = require "ddplua.options"
+local os_ = require "ddplua.os"
 local ffi, C = lib.ffi, lib.C
 
 local M = {}
@@ -144,7 +145,7 @@ function SummaryWriter:add_scalars(main_tag, tag_scalar_dict, global_step, wallt
   lib.c_string(main_tag, op, "main_tag")
   if type(tag_scalar_dict) ~= "table" then lib.raise(op .. ": tag_scalar_dict must be a table, got " .. type(tag_scalar_dict)) end
   local step = step_of(global_step, op)
-  local wall = walltime == nil and tonumber(C.ddp_os_wall_seconds()) or walltime_of(walltime, op)
+  local wall = walltime == nil and os_.time() or walltime_of(walltime, op)
   local keys = {}
   for k in pairs(tag_scalar_dict) do
     if type(k) ~= "string" then lib.raise(op .. ": the keys of tag_scalar_dict must be strings, got " .. type(k)) end
@@ -273,7 +274,7 @@ function SummaryWriter:add_hparams(hparam_dict, metric_dict, hparam_domain_discr
   local c_metrics = ffi.new("const char*[?]", math.max(#metrics, 1))
   for i, k in ipairs(metrics) do c_metrics[i - 1] = k end
   local step = step_of(global_step, op)
-  if run_name == nil or run_name == "" then run_name = ("%.7f"):format(tonumber(C.ddp_os_wall_seconds())) end
+  if run_name == nil or run_name == "" then run_name = ("%.7f"):format(os_.time()) end
   lib.c_string(run_name, op, "run_name")
   local w = M.SummaryWriter(self.log_dir .. "/" .. run_name, { all_ranks = true, filename_suffix = self.filename_suffix })
   local ok, err = pcall(function()
