@@ -212,6 +212,10 @@ describe("ddplua.utils.tensorboard", function()
     w:close() -- a second close does nothing
     ok, err = pcall(function() w:add_scalar("s", 1, 1) end)
     assert.matches("SummaryWriter.add_scalar: the writer of '.*/e' is closed", err)
+    -- PyTorch's queue options are accepted (nothing to queue); an unknown option raises
+    SummaryWriter(dir .. "/q", { max_queue = 5, flush_secs = 10 }):close()
+    ok, err = pcall(function() SummaryWriter(dir .. "/q", { purge_step = 3 }) end)
+    assert.matches("SummaryWriter: unknown option 'purge_step'", err)
     -- a file where the folder should be: the error names it
     files.write(dir, "blocker", "x")
     ok, err = pcall(function() SummaryWriter(dir .. "/blocker/run") end)

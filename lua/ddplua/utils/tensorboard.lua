@@ -33,7 +33,7 @@ local SummaryWriter = {}
 SummaryWriter.__index = SummaryWriter
 
 local NAN = 0 / 0
-local KNOWN = options.known { "comment", "filename_suffix", "all_ranks", "rank" }
+local KNOWN = options.known { "comment", "filename_suffix", "all_ranks", "rank", "max_queue", "flush_secs" }
 
 -- This process's rank (Note [summary writer ranks]).
 local function current_rank()
@@ -81,10 +81,12 @@ end
 
 --- SummaryWriter(log_dir[, opts]) -> a writer (PyTorch's SummaryWriter(log_dir, comment,
 -- filename_suffix=...)). log_dir: the folder of the event file, created with its parents
--- when missing; nil: "runs/<Mon DD_HH-MM-SS>_<host><comment>" as PyTorch. opts: comment
--- (appended to the default log_dir only), filename_suffix (appended to the file's name),
--- all_ranks (default false: only rank 0 writes, Note [summary writer ranks]), rank (the
--- rank to assume instead of asking the process group). The event file is created at once
+-- when missing; nil: "runs/<Mon DD_HH-MM-SS>_<$HOSTNAME or localhost><comment>" as PyTorch.
+-- opts: comment (appended to the default log_dir only), filename_suffix (appended to the
+-- file's name), all_ranks (default false: only rank 0 writes, Note [summary writer ranks]),
+-- rank (the rank to assume instead of asking the process group); PyTorch's max_queue and
+-- flush_secs are accepted and have nothing to do (every record is in the file when its
+-- call returns: Note [event file appends]). The event file is created at once
 -- (its first record is the file-version event). Raises when the folder or the file cannot
 -- be created, naming it. writer.log_dir is the folder, writer.enabled whether this
 -- writer writes, writer:file_path() its file ("" when disabled).
