@@ -18,7 +18,9 @@
 -- another device.
 -- Writes runs/<name>/metrics.csv (a row per epoch), checkpoint.safetensors (the whole
 -- training state: --resume continues to the same weights as an uninterrupted run) and
--- model.safetensors (the model alone).
+-- model.safetensors (the model alone). --tensorboard DIR also writes TensorBoard event files
+-- (rank 0, ddplua.utils.tensorboard): per step the loss (rank 0's batch), the learning
+-- rate, samples/s, the gradient norm and the communication time; per epoch the metrics.
 -- A config with task = "text" (configs/shakespeare_char_gpt.lua) trains a language model
 -- on token files instead, nanoGPT's loop: ddplua/utils/text_train.lua.
 local dl = require "ddplua"
@@ -33,6 +35,8 @@ local MetricsFile = require "ddplua.utils.metrics_file"
 local StepProfiler = require "ddplua.utils.step_profiler"
 local mixed_precision = require "ddplua.utils.mixed_precision"
 local DistributedSampler = require "ddplua.distributed.sampler"
+local SummaryWriter = require("ddplua.utils.tensorboard").SummaryWriter
+local clip_grad = require "ddplua.optim.clip_grad"
 
 local PROG = "train.lua"
 -- The constructor of the model a config names: models/<name>.lua, this script's own code
@@ -59,6 +63,10 @@ for _, a in ipairs {
     .. "epoch (for `ddplua verify`)" },
   { "--profile", nil, "print a per-step time breakdown (data, forward, backward, exposed\n"
     .. "communication, optimizer) after each epoch" },
+  { "--tensorboard", "DIR", "write TensorBoard event files into DIR (rank 0): per step train/loss,\n"
+    .. "train/lr, train/samples_per_s, train/grad_norm, comm/exposed_seconds (and\n"
+    .. "comm/avg_backward_comm_seconds under DDP); per epoch epoch/* (the metrics.csv row)" },
+  { "--log-every", "N", "print rank 0's loss every N steps (\"step S loss L\", L to 9 digits)", "number" },
   { "--device", "D", "cpu, cuda (the current device) or cuda:K; default cuda when CUDA is\n"
     .. "available, else cpu. Under the launcher cuda means cuda:LOCAL_RANK" },
   -- language models (configs with task = "text": ddplua/utils/text_train.lua)
@@ -165,6 +173,12 @@ local function main(argv)
   say(("training %s: %s on %s, %d samples, batch %d (%d per process), %d epochs, %d process(es) x %d thread(s), device %s"):format(
     cfg.name, cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, local_batch, cfg.epochs, world,
     dl.get_num_threads(), device == "cpu" and "cpu" or (device .. (world > 1 and " (cuda:LOCAL_RANK)" or ""))))
+  -- TensorBoard (Note [summary writer ranks]: a writer that writes nothing on ranks > 0)
+  local tb = opts.tensorboard and SummaryWriter(opts.tensorboard, { rank = rank })
+  local log_every = opts.log_every
+  if log_every and (log_every < 1 or log_every ~= math.floor(log_every)) then
+    error(("%s: --log-every must be a positive integer, got %s"):format(PROG, tostring(log_every)), 0)
+  end
   local prof = StepProfiler.new { enabled = opts.profile == true, synchronize = device ~= "cpu" and dl.cuda.synchronize or nil }
   local test_acc
   model:train()
@@ -174,6 +188,7 @@ local function main(argv)
     local bar = Progress.new { label = ("epoch %d/%d"):format(epoch, cfg.epochs), total = #loader,
       enabled = is_main and not opts.quiet }
     local t0 = clock.now()
+    local t_step = t0
     local loss_sum, correct, seen, b = 0, 0, 0, 0
     prof:start()
     for x, y in loader:iter() do
@@ -185,15 +200,35 @@ local function main(argv)
       prof:lap("forward")
       amp:backward(loss)
       prof:lap("backward")
+      local lr = opt.param_groups[1].lr -- this step's rate (the scheduler moves it below)
+      -- the gradients' total 2-norm (after DDP's all-reduce: every rank's), unscaled under f16
+      local grad_norm = tb and tb.enabled and clip_grad.clip_grad_norm_(model:parameters(), math.huge)
+        / (amp.scaler and amp.scaler:get_scale() or 1)
       amp:step(opt)
       if sched then sched:step() end
       step, b = step + 1, b + 1
-      loss_sum = loss_sum + loss:item() * y:numel()
+      local loss_value = loss:item()
+      loss_sum = loss_sum + loss_value * y:numel()
       correct = correct + logits:argmax(2):eq(y):sum():item()
       seen = seen + y:numel()
       prof:lap("optimizer")
       prof:add("comm", net.exposed_comm_seconds and net:exposed_comm_seconds() or 0)
       prof:step_done()
+      local now = clock.now()
+      if log_every and step % log_every == 0 then say(("step %d loss %.9g"):format(step, loss_value)) end
+      if tb and tb.enabled then
+        tb:add_scalar("train/loss", loss_value, step)
+        tb:add_scalar("train/lr", lr, step)
+        tb:add_scalar("train/samples_per_s", y:numel() * world / math.max(now - t_step, 1e-9), step)
+        tb:add_scalar("train/grad_norm", grad_norm, step)
+        if dist then
+          tb:add_scalar("comm/exposed_seconds", net:exposed_comm_seconds(), step)
+          tb:add_scalar("comm/avg_backward_comm_seconds", net:_get_ddp_logging_data().avg_backward_comm_time * 1e-9, step)
+        else
+          tb:add_scalar("comm/exposed_seconds", 0, step)
+        end
+      end
+      t_step = now
       bar:update(b, loss_sum / seen, seen * world / math.max(clock.now() - t0, 1e-9))
       prof:start()
     end
@@ -208,6 +243,12 @@ local function main(argv)
     say(("epoch %d/%d train loss %.4f acc %.4f | test loss %.4f acc %.4f | %.1f s, %.0f samples/s"):format(
       epoch, cfg.epochs, row.train_loss, row.train_acc, test_loss, test_acc, seconds, row.samples_per_s))
     prof:report("profile epoch " .. epoch, say)
+    if tb then
+      for _, c in ipairs(METRICS) do
+        if c[1] ~= "epoch" and c[1] ~= "step" then tb:add_scalar("epoch/" .. c[1], row[c[1]], step) end
+      end
+      tb:flush()
+    end
     if is_main then
       metrics:write(row)
       train_state.save(cfg.out .. "/checkpoint.safetensors", { model = model, optimizer = opt, scheduler = sched,
@@ -221,6 +262,7 @@ local function main(argv)
     end
   end
   if metrics then metrics:close() end
+  if tb then tb:close() end
   loader:close()
   test_loader:close()
   if test_acc then say(("final test accuracy %.4f"):format(test_acc)) end

@@ -19,6 +19,18 @@ describe("ddplua.os", function()
     assert.is_true(dt >= 0.04 and dt < 5, "slept 0.05 s, measured " .. dt)
   end)
 
+  it("reads the time of day in seconds since the epoch, with fractions", function()
+    local before = os.time()
+    local t = os_.time()
+    local after = os.time()
+    assert.is_true(t >= before and t < after + 1, ("os.time %d..%d, os_.time %.6f"):format(before, after, t))
+    local frac = false
+    for _ = 1, 50 do
+      if os_.time() % 1 ~= 0 then frac = true end
+    end
+    assert.is_true(frac)
+  end)
+
   it("sleeps the time asked and refuses a bad duration", function()
     local t0 = os_.monotonic()
     os_.sleep(0.2)

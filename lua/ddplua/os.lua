@@ -18,6 +18,12 @@ function M.monotonic()
   return C.ddp_os_monotonic_seconds()
 end
 
+--- Seconds since the Unix epoch (CLOCK_REALTIME, fractions included), as Python's
+-- time.time(): the time of day (TensorBoard's wall times), not for intervals.
+function M.time()
+  return C.ddp_os_wall_seconds()
+end
+
 --- Sleep `seconds` (a number >= 0, fractions allowed), as Python's time.sleep: a signal
 -- handled meanwhile (SIGUSR1's flight-recorder dump) does not cut it short, unlike libc's
 -- sleep through the FFI. Raises for a negative or non-number argument.

@@ -16,6 +16,12 @@ double ddp_os_monotonic_seconds(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double ddp_os_wall_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 int ddp_os_isatty(int fd) { return isatty(fd) == 1; }
 
 int ddp_os_sleep(double seconds) {

@@ -2,8 +2,9 @@
  *
  * Data input and checkpoints (runtime/io/): dataset file readers (IDX, CIFAR-10 binary,
  * token files), batch collation with the usual image transforms, a batch loader with a
- * prefetch thread, and safetensors checkpoint files. Every reader names the file and the fault in its error
- * (DDP_ERR_IO) and never crashes on malformed input.
+ * prefetch thread, safetensors checkpoint files, and TensorBoard event files (written
+ * only). Every reader names the file and the fault in its error (DDP_ERR_IO) and never
+ * crashes on malformed input.
  */
 
 /* ---------------------------------------------------------------------------------------
@@ -336,3 +337,77 @@ const char *ddp_io_safetensors_metadata_value(const ddp_io_safetensors *f, int i
 
 /* Free the file object (tensors handed out keep their own references). NULL is ignored. */
 void ddp_io_safetensors_free(ddp_io_safetensors *f);
+
+/* ---------------------------------------------------------------------------------------
+ * TensorBoard event files (runtime/io/event_file.c; Lua: ddplua.utils.tensorboard)
+ *
+ * What torch.utils.tensorboard's SummaryWriter writes: a TFRecord file of
+ * tensorboard.Event messages (proto/, the upstream names and field numbers), each record
+ * framed with its length and masked CRC-32Cs (Note [event record framing]) and appended
+ * with one write() (Note [event file appends]). One thread at a time per file. Every error
+ * names the event file; the messages start with "SummaryWriter.<method>".
+ * Common arguments: step is the global step (0 when none); walltime is seconds since the
+ * epoch, NaN for the current time.
+ * ------------------------------------------------------------------------------------- */
+
+/* An event file open for writing. */
+typedef struct ddp_event_file ddp_event_file;
+
+/* Kinds of hyperparameter for ddp_event_file_add_hparams. */
+enum ddp_hparam_kind { DDP_HPARAM_NUMBER = 0, DDP_HPARAM_STRING = 1, DDP_HPARAM_BOOL = 2 };
+
+/* CRC-32C (Castagnoli) of n bytes at data, continuing from crc (0 to start): RFC 3720
+ * B.4's parameters; ddp_crc32c(0, "123456789", 9) == 0xE3069283. */
+uint32_t ddp_crc32c(uint32_t crc, const void *data, size_t n);
+
+/* Create log_dir (and its parents) when missing and a new event file in it named
+ * "events.out.tfevents.<10-digit seconds>.<host>.<pid>.<counter><filename_suffix>"
+ * (tensorboard's name; suffix NULL or ""), whose first record is the file-version event
+ * ("brain.Event:2"). Errors: DDP_ERR_ARG for an empty log_dir; DDP_ERR_IO when the folder
+ * or the file cannot be created (naming it, with strerror); DDP_ERR_MEMORY. */
+int ddp_event_file_open(ddp_event_file **out, const char *log_dir, const char *filename_suffix);
+
+/* The file's path (valid until it is closed; "" for NULL). */
+const char *ddp_event_file_path(const ddp_event_file *f);
+
+/* Append a scalar (Summary.Value.simple_value: value rounded to f32), as PyTorch's
+ * add_scalar. Errors: DDP_ERR_ARG for an empty tag; DDP_ERR_IO on a failed write. */
+int ddp_event_file_add_scalar(ddp_event_file *f, const char *tag, double value, int64_t step,
+                              double walltime);
+
+/* Append a histogram of the n (> 0) finite values (HistogramProto: min, max, num, sum,
+ * sum_squares, bucket_limit, bucket), computed as PyTorch's add_histogram does (Note
+ * [histogram buckets]): bins from edges (nedges >= 2, increasing) when edges is not NULL,
+ * else nbins equal bins from min to max when nbins > 0, else (nbins 0) TensorBoard's
+ * default exponential bins; max_bins > 0 merges bins down to at most that many.
+ * Errors (DDP_ERR_ARG): no values ("The input has no element"), a NaN or infinity (naming
+ * the element), edges not increasing, nbins < 0, no value inside the bins; DDP_ERR_IO. */
+int ddp_event_file_add_histogram(ddp_event_file *f, const char *tag, const double *values, int64_t n,
+                                 int64_t nbins, const double *edges, int64_t nedges, int64_t max_bins,
+                                 int64_t step, double walltime);
+
+/* Append a text summary as PyTorch's add_text: tag "<tag>/text_summary", a DT_STRING
+ * tensor of shape (1) holding text (UTF-8), plugin "text". Errors: DDP_ERR_ARG for an
+ * empty tag or NULL text; DDP_ERR_IO. */
+int ddp_event_file_add_text(ddp_event_file *f, const char *tag, const char *text, int64_t step,
+                            double walltime);
+
+/* Append the hparams plugin's three summaries as PyTorch's add_hparams writes them (tags
+ * "_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"):
+ * the n hyperparameters names[i] of kind kinds[i] (enum ddp_hparam_kind) with value
+ * numbers[i] (NUMBER; BOOL: non-zero is true) or strings[i] (STRING), and the nmetrics
+ * metric tags (their values are scalars the caller adds). PyTorch writes these into a
+ * file of their own (log_dir/<run_name>). Errors (DDP_ERR_ARG): an empty name or tag, an
+ * unknown kind, a NULL string; DDP_ERR_IO; DDP_ERR_MEMORY. */
+int ddp_event_file_add_hparams(ddp_event_file *f, int n, const char *const *names, const int *kinds,
+                               const double *numbers, const char *const *strings, int nmetrics,
+                               const char *const *metric_tags, int64_t step, double walltime);
+
+/* fsync the file: what was appended survives a machine crash (records are already in the
+ * file for readers: Note [event file appends]). Errors: DDP_ERR_STATE for NULL,
+ * DDP_ERR_IO. */
+int ddp_event_file_flush(ddp_event_file *f);
+
+/* fsync, close and free the file (NULL: nothing). Returns DDP_ERR_IO when the sync or
+ * the close failed; the object is freed all the same. */
+int ddp_event_file_close(ddp_event_file *f);

@@ -9,6 +9,10 @@
  * time of day. Never fails; nanosecond resolution on Linux. */
 double ddp_os_monotonic_seconds(void);
 
+/* Seconds since the Unix epoch (CLOCK_REALTIME, Python's time.time()): the time of day,
+ * e.g. the wall_time of TensorBoard events. Never fails. */
+double ddp_os_wall_seconds(void);
+
 /* Sleep `seconds` (0 .. 1e9, fractions allowed) on the monotonic clock. A signal whose
  * handler runs meanwhile (SIGUSR1's flight-recorder dump, Note [flight recorder]) does not
  * cut it short: the sleep resumes until the deadline, as Python's time.sleep (PEP 475);
