@@ -1,0 +1,309 @@
+--- ddplua.distributed.checkpoint: distributed checkpoints, after torch.distributed.checkpoint
+-- (DCP): every rank writes its own pieces, one metadata file says where each piece of each
+-- tensor lies, and loading onto any world size or mesh reads the pieces each rank needs.
+--
+--   local dcp = require "ddplua.distributed.checkpoint"
+--   dcp.save(dcp.get_model_state_dict(model), {checkpoint_id = "ckpt/step_100"})
+--   dcp.load(dcp.get_model_state_dict(model2), {checkpoint_id = "ckpt/step_100"})  -- in place
+--
+-- Note [DCP layout]: a checkpoint is a folder. `__<rank>_0.safetensors` holds the pieces rank
+-- <rank> wrote, one safetensors tensor per piece, named "<name>" for a whole tensor and
+-- "<name>@<o1>,<o2>,..." for the piece at those 0-based offsets; `.metadata` is a
+-- safetensors file without tensors whose __metadata__ "dcp" is the JSON plan: per tensor
+-- name its global shape, dtype and chunks {file, key, offsets, lengths}. Every file is
+-- written atomically (temporary file, fsync, rename), the metadata last, by rank 0, after
+-- every rank wrote its pieces: a folder with a `.metadata` is complete. Values of the state
+-- dict: a plain tensor is taken as the same on every rank and offered by rank 0; a DTensor
+-- offers its local piece (a Partial one is reduced first) from the rank at coordinate 0 of
+-- every mesh dimension it is replicated on. The ranks exchange what they offer
+-- (all_gather_object) and each chunk is written once, by the lowest rank offering it
+-- (replicas the DTensor's mesh does not show, such as the dp ranks of a tensor-parallel
+-- model, offer the same chunk), as PyTorch's DCP deduplicates its save plans. Loading copies into the given state dict's tensors (in place, no_grad)
+-- the part of each saved chunk that overlaps this rank's piece, so the saving and the
+-- loading layouts are independent.
+local lib = require "ddplua.lib"
+local dl = require "ddplua.functions"
+local checkpoint = require "ddplua.checkpoint"
+local options = require "ddplua.options"
+local DTensor = require "ddplua.distributed.tensor.dtensor"
+local placement_types = require "ddplua.distributed.tensor.placement_types"
+
+local raise = lib.raise
+
+local M = {}
+
+local function dist() return require "ddplua.distributed.distributed_c10d" end
+
+local function rank_and_world(group)
+  local d = dist()
+  if not d.is_initialized() then return 0, 1 end
+  return d.get_rank(group), d.get_world_size(group)
+end
+
+local function sorted_names(sd, op)
+  if type(sd) ~= "table" then raise(op .. ": state_dict must be a table name -> tensor or DTensor, got " .. type(sd)) end
+  local names = {}
+  for k, v in pairs(sd) do
+    if type(k) ~= "string" then raise(op .. ": state_dict keys must be strings, got " .. type(k)) end
+    if not dl.is_tensor(v) and not DTensor.is_dtensor(v) and not (type(v) == "table" and rawget(v, "fused_blocks")) then
+      raise(("%s: state_dict['%s'] must be a tensor or a DTensor, got %s"):format(op, k, type(v)))
+    end
+    names[#names + 1] = k
+  end
+  table.sort(names)
+  return names
+end
+
+-- The regions of the global tensor that this rank holds of state dict value v, each
+-- {offsets (0-based), lengths, tensor (the local view holding it)}, and whether this rank
+-- writes them (Note [DCP layout]). v: a tensor (one region, the whole; rank 0 writes), a
+-- DTensor (its piece), or a fused parameter of tensor parallelism ({fused_blocks = k,
+-- tensor = local, spec = parallel spec}: k regions, one per block).
+local function regions_of(v, rank)
+  if dl.is_tensor(v) then
+    local offsets = {}
+    for d = 1, v:dim() do offsets[d] = 0 end
+    return { { offsets = offsets, lengths = v:size(), tensor = v } }, rank == 0
+  end
+  local mesh, shape, placements, t
+  if DTensor.is_dtensor(v) then
+    mesh, shape, placements, t = v.device_mesh, v:size(), v.placements, v:to_local()
+  else
+    mesh, shape, placements, t = v.spec.mesh, { unpack(v.spec.shape) }, v.spec.placements, v.tensor
+  end
+  local k = rawget(v, "fused_blocks") or 1
+  local coord = mesh:get_coordinate()
+  local offsets, lengths, writer = {}, { unpack(shape) }, true
+  for d = 1, #shape do offsets[d] = 0 end
+  local fused_dim = k > 1 and placements[1].dim or nil
+  if fused_dim then lengths[fused_dim] = lengths[fused_dim] / k end
+  for i, p in ipairs(placements) do -- Note [nested shards]: mesh dimension order
+    if p.kind == "shard" then
+      local start, len = placement_types.local_range(lengths[p.dim], mesh.shape[i], coord[i])
+      offsets[p.dim] = offsets[p.dim] + start
+      lengths[p.dim] = len
+    elseif coord[i] ~= 0 then
+      writer = false -- a replica: the rank at coordinate 0 writes it
+    end
+  end
+  if not fused_dim then return { { offsets = offsets, lengths = lengths, tensor = t } }, writer end
+  local out = {}
+  for b = 0, k - 1 do
+    local o = { unpack(offsets) }
+    o[fused_dim] = o[fused_dim] + b * (shape[fused_dim] / k)
+    out[b + 1] = { offsets = o, lengths = { unpack(lengths) },
+      tensor = t:narrow(fused_dim, b * lengths[fused_dim] + 1, lengths[fused_dim]) }
+  end
+  return out, writer
+end
+
+local function global_shape(v)
+  if dl.is_tensor(v) then return v:size() end
+  if DTensor.is_dtensor(v) then return v:size() end
+  return { unpack(v.spec.shape) }
+end
+
+local function file_name(rank) return ("__%d_0.safetensors"):format(rank) end
+
+-- v with every Partial placement reduced (a DTensor); other values as they are.
+local function without_partial(v)
+  if not DTensor.is_dtensor(v) then return v end
+  local want, change = {}, false
+  for i, p in ipairs(v.placements) do
+    want[i] = p
+    if p.kind == "partial" then want[i], change = placement_types.Replicate(), true end
+  end
+  return change and v:redistribute(v.device_mesh, want) or v
+end
+
+local SAVE = options.known { "checkpoint_id", "process_group" }
+
+--- dcp.save(state_dict, {checkpoint_id = DIR, process_group = }) -> nil: write state_dict
+-- (name -> tensor or DTensor) to the folder DIR (created) as Note [DCP layout] says.
+-- Collective over process_group (default: the world; without a process group, one process
+-- writes everything): every rank calls it with the same names. Returns when the whole
+-- checkpoint is written (its .metadata last). Raises naming the tensor or the file.
+function M.save(state_dict, opts)
+  opts = options.check("dcp.save", opts, SAVE)
+  local dir = opts.checkpoint_id
+  if type(dir) ~= "string" or dir == "" then raise("dcp.save: checkpoint_id must be a folder path") end
+  local group = opts.process_group
+  local rank, world = rank_and_world(group)
+  local names = sorted_names(state_dict, "dcp.save")
+  require("ddplua.os").mkdir_p(dir)
+  local local_chunks, plan = {}, {}
+  for _, name in ipairs(names) do
+    local v = without_partial(state_dict[name])
+    local regions, writer = regions_of(v, rank)
+    if writer then
+      for _, r in ipairs(regions) do
+        local key = dl.is_tensor(v) and name or (name .. "@" .. table.concat(r.offsets, ","))
+        local_chunks[key] = r.tensor
+        plan[#plan + 1] = { name = name, key = key, offsets = r.offsets, lengths = r.lengths,
+          shape = global_shape(v), dtype = r.tensor.dtype }
+      end
+    end
+  end
+  local plans = { plan }
+  if world > 1 then
+    plans = {}
+    require("ddplua.distributed.objects").all_gather_object(plans, plan, { group = group })
+  end
+  -- Each chunk is written once, by the lowest rank that holds it: replicas a DTensor's mesh
+  -- does not show (the dp ranks of a tensor-parallel model) offer the same chunk.
+  local owner, owned = {}, {}
+  for r, p in ipairs(plans) do
+    for _, c in ipairs(p) do
+      local id = c.key .. "/" .. table.concat(c.lengths, ",")
+      if not owner[id] then
+        owner[id] = r - 1
+        owned[#owned + 1] = { rank = r - 1, chunk = c }
+      end
+    end
+  end
+  local mine = {}
+  for _, o in ipairs(owned) do
+    if o.rank == rank then
+      local t = local_chunks[o.chunk.key]
+      mine[o.chunk.key] = dl.no_grad(function() return t:detach():contiguous() end)
+    end
+  end
+  if next(mine) then checkpoint.save(dir .. "/" .. file_name(rank), mine, nil) end
+  if world > 1 then dist().barrier({ group = group }) end -- every piece is on disk
+  if rank == 0 then
+    local meta = {}
+    for _, o in ipairs(owned) do
+      local c = o.chunk
+      local m = meta[c.name]
+      if not m then
+        m = { shape = c.shape, dtype = c.dtype, chunks = {} }
+        meta[c.name] = m
+      end
+      m.chunks[#m.chunks + 1] = { file = file_name(o.rank), key = c.key, offsets = c.offsets, lengths = c.lengths }
+    end
+    for _, name in ipairs(names) do
+      if not meta[name] then raise(("dcp.save: no rank wrote a piece of '%s'"):format(name)) end
+    end
+    checkpoint.save(dir .. "/.metadata", {}, { dcp = { version = 1, world_size = world, tensors = meta } })
+  end
+  if world > 1 then dist().barrier({ group = group }) end
+end
+
+--- dcp.read_metadata(dir) -> the plan of Note [DCP layout]: {world_size =, tensors = {name =
+-- {shape, dtype, chunks}}}. Raises naming the folder when it holds no complete checkpoint.
+function M.read_metadata(dir)
+  local f = io.open(dir .. "/.metadata", "rb")
+  if not f then raise(("dcp.load: %s holds no checkpoint (no .metadata: not written, or the save did not finish)"):format(dir)) end
+  f:close()
+  local _, meta = checkpoint.load(dir .. "/.metadata")
+  if type(meta) ~= "table" or type(meta.dcp) ~= "table" or type(meta.dcp.tensors) ~= "table" then
+    raise(("dcp.load: %s/.metadata is not a ddplua distributed checkpoint's metadata"):format(dir))
+  end
+  return meta.dcp
+end
+
+-- Copy into `dst` (lengths `dl_len` at offsets `d_off` of the global tensor) the overlap of
+-- the chunk `src` (at c_off, c_len); returns the number of elements copied.
+local function copy_overlap(dst, d_off, d_len, src, c_off, c_len)
+  local a, b = dst, src
+  local count = 1
+  for d = 1, #d_off do
+    local lo = math.max(d_off[d], c_off[d])
+    local hi = math.min(d_off[d] + d_len[d], c_off[d] + c_len[d])
+    if hi <= lo then return 0 end
+    a = a:narrow(d, lo - d_off[d] + 1, hi - lo)
+    b = b:narrow(d, lo - c_off[d] + 1, hi - lo)
+    count = count * (hi - lo)
+  end
+  a:copy_(b)
+  return count
+end
+
+local LOAD = options.known { "checkpoint_id", "process_group" }
+
+--- dcp.load(state_dict, {checkpoint_id = DIR}) -> state_dict, its tensors (and DTensors'
+-- local tensors) overwritten in place with the saved values of their pieces, whatever the
+-- world size, mesh or placements the checkpoint was saved with (Note [DCP layout]). Every
+-- name of state_dict must be in the checkpoint with the same global shape. Needs no
+-- process group (no collectives). Raises naming the tensor and the folder for a missing
+-- name, another shape, or a piece no saved chunk covers.
+function M.load(state_dict, opts)
+  opts = options.check("dcp.load", opts, LOAD)
+  local dir = opts.checkpoint_id
+  if type(dir) ~= "string" or dir == "" then raise("dcp.load: checkpoint_id must be a folder path") end
+  local meta = M.read_metadata(dir)
+  local rank = rank_and_world(opts.process_group)
+  local files = {}
+  local function chunk(file, key)
+    if not files[file] then files[file] = checkpoint.load(dir .. "/" .. file) end
+    local t = files[file][key]
+    if not t then raise(("dcp.load: %s/%s has no tensor '%s' (the metadata names it)"):format(dir, file, key)) end
+    return t
+  end
+  dl.no_grad(function()
+    for _, name in ipairs(sorted_names(state_dict, "dcp.load")) do
+      local v = state_dict[name]
+      local m = meta.tensors[name]
+      if not m then raise(("dcp.load: '%s' is not in the checkpoint %s"):format(name, dir)) end
+      local shape = global_shape(v)
+      if table.concat(shape, ",") ~= table.concat(m.shape, ",") then
+        raise(("dcp.load: '%s' has shape (%s) but the checkpoint %s holds (%s)"):format(name,
+          table.concat(shape, ", "), dir, table.concat(m.shape, ", ")))
+      end
+      for _, r in ipairs((regions_of(v, rank))) do
+        local want, got = 1, 0
+        for _, n in ipairs(r.lengths) do want = want * n end
+        for _, c in ipairs(m.chunks) do
+          got = got + copy_overlap(r.tensor, r.offsets, r.lengths, chunk(c.file, c.key), c.offsets, c.lengths)
+        end
+        if got ~= want then
+          raise(("dcp.load: the chunks of '%s' in %s cover %d of the %d elements this rank needs"):format(name, dir,
+            got, want))
+        end
+      end
+    end
+  end)
+  return state_dict
+end
+
+--- dcp.get_model_state_dict(model) -> name -> tensor or DTensor: model's state dict with
+-- every parameter that tensor parallelism cut (ddplua.distributed.tensor.parallel) as a
+-- DTensor of its piece, so save writes pieces and load fills them. The tensors share the
+-- model's data (load writes into the model).
+function M.get_model_state_dict(model)
+  local parallel = require "ddplua.distributed.tensor.parallel"
+  local sd = model:state_dict()
+  local out = {}
+  for name, t in pairs(sd) do
+    local ok, p = pcall(model.get_parameter, model, name)
+    local spec = ok and p ~= nil and parallel.param_spec(p)
+    if spec and spec.fused then -- blocks cut one by one: a region per block
+      out[name] = { fused_blocks = spec.fused, tensor = t, spec = spec }
+    else
+      out[name] = spec and DTensor.from_local(t, spec.mesh, spec.placements, { shape = spec.shape }) or t
+    end
+  end
+  return out
+end
+
+--- dcp.dcp_to_safetensors(dir, path) -> nil: the checkpoint in folder dir as one
+-- safetensors file of whole tensors at path (what `ddplua verify`, checkpoint.load and
+-- PyTorch's safetensors read), as PyTorch's format_utils.dcp_to_torch_save. One process;
+-- raises as load.
+function M.dcp_to_safetensors(dir, path)
+  local meta = M.read_metadata(dir)
+  local whole = {}
+  for name, m in pairs(meta.tensors) do whole[name] = dl.zeros(m.shape, { dtype = m.dtype }) end
+  M.load(whole, { checkpoint_id = dir })
+  checkpoint.save(path, whole, nil)
+end
+
+--- dcp.safetensors_to_dcp(path, dir) -> nil: a safetensors file of whole tensors as a
+-- distributed checkpoint (PyTorch's format_utils.torch_save_to_dcp). Collective as save when
+-- a process group exists.
+function M.safetensors_to_dcp(path, dir)
+  local tensors = checkpoint.load(path)
+  M.save(tensors, { checkpoint_id = dir })
+end
+
+return M
