@@ -37,6 +37,9 @@ end })
 --- dist.init_device_mesh(device_type, mesh_shape, opts) and dist.DeviceMesh: device meshes
 -- (ddplua.distributed.device_mesh), after torch.distributed.device_mesh.
 --- dist.optim: distributed optimizers, ZeroRedundancyOptimizer (ddplua.distributed.optim).
+--- dist.tensor: DTensor and its placements (ddplua.distributed.tensor), dist.tensor.parallel
+-- (ddplua.distributed.tensor.parallel), dist.checkpoint (ddplua.distributed.checkpoint), as
+-- torch.distributed.tensor, torch.distributed.tensor.parallel, torch.distributed.checkpoint.
 --- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
 -- collectives of Lua values (ddplua.distributed.objects).
 local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
@@ -47,6 +50,12 @@ local MODULES = {
   DistributedSampler = function() return require "ddplua.distributed.sampler" end,
   DeviceMesh = function() return require "ddplua.distributed.device_mesh" end,
   optim = function() return require "ddplua.distributed.optim" end,
+  tensor = function()
+    local t = require "ddplua.distributed.tensor"
+    t.parallel = require "ddplua.distributed.tensor.parallel"
+    return t
+  end,
+  checkpoint = function() return require "ddplua.distributed.checkpoint" end,
 }
 setmetatable(M, { __index = function(t, k)
   local load = MODULES[k]

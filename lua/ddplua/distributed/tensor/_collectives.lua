@@ -100,6 +100,7 @@ function Gather.forward(ctx, x, d, n, group)
   ctx.d, ctx.group = d, group
   return gather_dim(x, d, n, group)
 end
+--- Gather's backward: this rank's piece of the whole gradient.
 function Gather.backward(ctx, g) return piece(g, ctx.d, ctx.group) end
 
 local Scatter = Function:extend("DTensorScatter")
@@ -107,10 +108,12 @@ function Scatter.forward(ctx, x, d, group)
   ctx.d, ctx.n, ctx.group = d, x:size(d), group
   return piece(x, d, group)
 end
+--- Scatter's backward: the pieces' gradients all-gathered into the whole.
 function Scatter.backward(ctx, g) return gather_dim(g:contiguous(), ctx.d, ctx.n, ctx.group) end
 
 local Reduce = Function:extend("DTensorReduce")
 function Reduce.forward(ctx, x, op, group) return all_reduce(x, op, group) end
+--- Reduce's backward: the gradient as it is (Replicate: whole on every rank).
 function Reduce.backward(ctx, g) return g end
 
 local ReduceScatter = Function:extend("DTensorReduceScatter")
@@ -118,6 +121,7 @@ function ReduceScatter.forward(ctx, x, d, op, group)
   ctx.d, ctx.n, ctx.group = d, x:size(d), group
   return reduce_scatter_dim(x, d, op, group)
 end
+--- ReduceScatter's backward: the pieces' gradients all-gathered.
 function ReduceScatter.backward(ctx, g) return gather_dim(g:contiguous(), ctx.d, ctx.n, ctx.group) end
 
 local Partition = Function:extend("DTensorPartition")
@@ -125,6 +129,7 @@ function Partition.forward(ctx, x, op, group)
   if op == "avg" or dist().get_rank(group) == 0 then return x:clone() end
   return dl.zeros_like(x)
 end
+--- Partition's backward: the gradient as it is.
 function Partition.backward(ctx, g) return g end
 
 local Copy = Function:extend("DTensorCopy")
@@ -132,6 +137,7 @@ function Copy.forward(ctx, x, group)
   ctx.group = group
   return x:clone()
 end
+--- Copy's backward: the gradient all-reduced (summed) over the group.
 function Copy.backward(ctx, g) return all_reduce(g, "sum", ctx.group) end
 
 --- gather(x, d, n, group) -> Shard(d) -> Replicate: the pieces of every rank of group joined

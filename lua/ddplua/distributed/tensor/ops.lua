@@ -339,6 +339,8 @@ function VocabParallelCE.forward(ctx, logits, target, start, group, ignore_index
   return loss
 end
 
+--- VocabParallelCE's backward: (softmax - one-hot of the target) * g / count on this rank's
+-- classes, rows with ignore_index zero.
 function VocabParallelCE.backward(ctx, g)
   local onehot = dl.zeros_like(ctx.softmax):scatter_add(2, ctx.local_t:unsqueeze(2),
     ctx.inside:to(ctx.softmax.dtype):unsqueeze(2))
