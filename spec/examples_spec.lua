@@ -8,7 +8,7 @@ local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 -- The examples this spec runs; a new example must be added here (checked below).
 local COVERED = { ["amp_ddp_overview.lua"] = true, ["ddp_minimal.lua"] = true, ["ddp_spawn.lua"] = true, ["single_process.lua"] = true,
   ["multigpu_demo_v1.lua"] = true, ["multigpu_demo_v2.lua"] = true, ["multigpu_demo_v3.lua"] = true, ["compare_demos.lua"] = true,
-  ["hpo.lua"] = true }
+  ["hpo.lua"] = true, ["tensor_parallel_example.lua"] = true, ["sequence_parallel_example.lua"] = true }
 
 describe("examples/", function()
   it("trains with DDP under `ddplua --nproc_per_node=2` (ddp_minimal.lua) #dist", function()
@@ -19,6 +19,19 @@ describe("examples/", function()
     assert.is_true(loss < 1.5, "loss after 60 steps: " .. loss) -- chance is ln 10 = 2.30
     assert.not_matches("%[rank 1%]: epoch", out)
   end)
+
+  for _, case in ipairs { { "tensor_parallel_example.lua", "Tensor Parallel" }, { "sequence_parallel_example.lua", "Sequence Parallel" } } do
+    it(("runs pytorch/examples' %s on 4 ranks with the losses of one process #dist"):format(case[1]), function()
+      local status, out = files.run(exe .. " --nproc_per_node=4 --standalone examples/" .. case[1] .. " --iters 5 --check")
+      assert.are.equal(0, status, out)
+      local _, iters = out:gsub("%[rank 0%]: " .. case[2] .. " iter %d completed", "")
+      assert.are.equal(5, iters, out)
+      local diff = tonumber(out:match("largest relative loss difference against one process: (%S+)"))
+      assert.is_truthy(diff, out)
+      assert.is_true(diff <= 1e-5, out)
+      assert.matches(case[2] .. " training completed!", out, 1, true)
+    end)
+  end
 
   it("trains with DDP in the dl.spawn style (ddp_spawn.lua) #dist", function()
     local status, out = files.run(exe .. " examples/ddp_spawn.lua --nprocs 2 --steps 60")
