@@ -121,6 +121,41 @@ io.write("OUT int ", i:item(), "\n")
 dist.barrier()
 ]]
 
+-- Device tensors: each rank's gradients against closed forms (loss on rank r weighs its
+-- outputs by r + 1, so the sums over the ranks are 1 + 2 = 3), on the simulated device
+-- through gloo's host staging and through the simulated NCCL table.
+local DEVICE = [[
+local lib = require "ddplua.lib"
+local box = lib.ffi.new("ddp_tensor*[1]")
+local function dev(t, d) lib.check(lib.C.ddp_tensor_to_device(box, t, d, 0)); return lib.wrap(box[0]) end
+local function leaf(shape) return dev(dl.ones(shape), RANK):requires_grad_() end
+local function grad(x) return table.concat(dev(x.grad, -1):view({ -1 }):tolist(), ",") end
+local w = RANK + 1
+local a = leaf({ 2 })
+local la = (F.all_reduce(a) * w):sum()
+la:backward()
+io.write("OUT dev_all_reduce ", grad(a), "\n")
+local b = leaf({ 2, 2 })
+local lb = (F.all_gather_tensor(b, 2) * w):sum()
+lb:backward()
+io.write("OUT dev_all_gather_tensor ", grad(b), "\n")
+local c = leaf({ 4 })
+local rs = F.reduce_scatter_tensor(c, 1)
+local lc = (rs * dev(dl.tensor({ 1, 2 }), RANK)):sum()
+lc:backward()
+io.write("OUT dev_reduce_scatter_tensor ", grad(c), "\n")
+local d = leaf({ 2 })
+local ld = (F.all_to_all_single(dev(dl.zeros({ 2 }), RANK), d) * w):sum()
+ld:backward()
+io.write("OUT dev_all_to_all_single ", grad(d), "\n")
+local e = leaf({ 2 })
+local le = (F.broadcast(e, 1) * w):sum()
+le:backward()
+io.write("OUT dev_broadcast ", grad(e), "\n")
+io.flush()
+dist.barrier()
+]]
+
 local function run(code, env)
   local r = mp.run { code = PRELUDE .. code, nprocs = 2, timeout = 60, env = env }
   assert(r.ok, "ranks failed:\n" .. mp.describe(r))
@@ -168,6 +203,29 @@ describe("ddplua.distributed.nn.functional #dist", function()
   it("passes a 2-rank f64 gradcheck of every collective through Gloo over TCP", function()
     assert_gradchecks(run(GRADCHECK, { DDPLUA_SHM = "0" }))
   end)
+
+  local SIM = root .. "/build/libddplua_cuda_sim.so"
+  for _, case in ipairs {
+    { "gloo staging", { DDPLUA_CUDA_PLUGIN = SIM } },
+    { "simulated NCCL", { DDPLUA_CUDA_PLUGIN = SIM, DDPLUA_SIM_NCCL = "1" }, "nccl" },
+  } do
+    it("differentiates device tensors (simulated device, " .. case[1] .. ")", function()
+      local code = DEVICE
+      if case[3] then
+        -- the prelude's gloo group is the default; start an nccl one instead
+        code = "dist.destroy_process_group()\ndist.init_process_group { backend = 'nccl', timeout = 20 }\n" .. code
+      end
+      local ranks = run(code, case[2])
+      for i = 1, 2 do
+        local out = ranks[i].out
+        assert.are.equal("3,3", out.dev_all_reduce)
+        assert.are.equal("3,3,3,3", out.dev_all_gather_tensor)
+        assert.are.equal("1,2,1,2", out.dev_reduce_scatter_tensor) -- chunk j weighs [1, 2] on rank j
+        assert.are.equal("1,2", out.dev_all_to_all_single)
+        assert.are.equal(i == 2 and "3,3" or "0,0", out.dev_broadcast)
+      end
+    end)
+  end
 
   it("gathers the right values, runs adjoints without a gradient, and names errors as PyTorch", function()
     local ranks = run(BEHAVIOUR)
