@@ -53,6 +53,7 @@ static void ctx_free(void *p) {
     ddp_set_grad_enabled(prev_);                                                           \
   } while (0)
 
+/* The checks every front door starts with: out, the group and a live input (*out = NULL). */
 static int check_args(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in, const char *name) {
   if (!out) DDP_FAIL(DDP_ERR_ARG, "%s: out is NULL", name);
   *out = NULL;
@@ -60,6 +61,7 @@ static int check_args(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in, const char *
   return ddp_check_alive(in, name, "tensor");
 }
 
+/* root (`what`: "src" or "dst") must be a group rank. */
 static int check_root(ddp_pg *pg, int root, const char *name, const char *what) {
   int w = ddp_pg_size(pg);
   if (root < 0 || root >= w)
@@ -78,6 +80,7 @@ static int check_ndim(const ddp_tensor *in, const char *name) {
   return DDP_OK;
 }
 
+/* op must be an enum ddp_reduce_op. */
 static int check_op(int op, const char *name) {
   if (!ddp_reduce_op_name(op))
     DDP_FAIL(DDP_ERR_ARG, "%s: unknown reduce op %d", name, op);
@@ -264,6 +267,7 @@ static int scatter_along(ddp_tensor **out, ddp_pg *pg, ddp_tensor *t, int d, int
 
 /* ---- all_reduce --------------------------------------------------------------------- */
 
+/* AllReduceBackward: the all-reduce (sum) of the gradient. */
 static int all_reduce_backward(ddp_node *n, ddp_tensor *grad_output, ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
   DDP_TRY(check_sum_backward(c, "all_reduce"));
@@ -295,6 +299,7 @@ int ddp_dist_fn_all_reduce(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in, int op)
 
 /* ---- broadcast ---------------------------------------------------------------------- */
 
+/* BroadcastBackward: the gradients summed on src; zeros on the other ranks. */
 static int broadcast_backward(ddp_node *n, ddp_tensor *grad_output, ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
   ddp_tensor *g = NULL;
@@ -326,6 +331,7 @@ int ddp_dist_fn_broadcast(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in, int src)
 
 /* ---- reduce ------------------------------------------------------------------------- */
 
+/* ReduceBackward: dst's gradient broadcast, plus the own gradient off dst. */
 static int reduce_backward(ddp_node *n, ddp_tensor *grad_output, ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
   DDP_TRY(check_sum_backward(c, "reduce"));
@@ -365,6 +371,7 @@ int ddp_dist_fn_reduce(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in, int dst, in
 
 /* ---- all_gather_tensor / reduce_scatter_tensor -------------------------------------- */
 
+/* AllGatherTensorBackward: reduce_scatter_tensor (sum) of the gradient along the dim. */
 static int all_gather_tensor_backward(ddp_node *n, ddp_tensor *grad_output,
                                       ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
@@ -391,6 +398,7 @@ int ddp_dist_fn_all_gather_tensor(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in, 
   return finish(st, out, in, "AllGatherTensorBackward", all_gather_tensor_backward, c);
 }
 
+/* ReduceScatterTensorBackward: all_gather_tensor of the gradient along the dim. */
 static int reduce_scatter_tensor_backward(ddp_node *n, ddp_tensor *grad_output,
                                           ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
@@ -430,6 +438,7 @@ int ddp_dist_fn_reduce_scatter_tensor(ddp_tensor **out, ddp_pg *pg, ddp_tensor *
 
 /* ---- all_to_all_single -------------------------------------------------------------- */
 
+/* AllToAllSingleBackward: the exchange of the gradient with the split sizes swapped. */
 static int all_to_all_single_backward(ddp_node *n, ddp_tensor *grad_output,
                                       ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
@@ -516,6 +525,7 @@ int ddp_dist_fn_all_to_all_single(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in,
 
 /* ---- gather / scatter --------------------------------------------------------------- */
 
+/* GatherBackward: dst's (world, ...) gradient scattered back to the ranks. */
 static int gather_backward(ddp_node *n, ddp_tensor *grad_output, ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
   const ddp_input_meta *m = &n->inputs[0];
@@ -556,6 +566,7 @@ int ddp_dist_fn_gather(ddp_tensor **out, ddp_pg *pg, ddp_tensor *in, int dst) {
   return finish(st, out, in, "GatherBackward", gather_backward, c);
 }
 
+/* ScatterBackward: the ranks' gradients gathered on src as (world, ...); zeros elsewhere. */
 static int scatter_backward(ddp_node *n, ddp_tensor *grad_output, ddp_tensor **grad_inputs) {
   coll_ctx *c = n->extra;
   const ddp_input_meta *m = &n->inputs[0];

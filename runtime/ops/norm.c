@@ -522,6 +522,7 @@ enum { BE_INPUT, BE_WEIGHT, BE_MEAN, BE_VAR, BE_SAVED };
 /* Saved slots of BatchNormMomentsBackward (its output (2, C) saved: row 1 is the mean). */
 enum { BM_INPUT, BM_MOMENTS, BM_SAVED };
 
+/* 1 when input i of n gets a gradient (a node or a leaf behind its edge). */
 static int edge_needed(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
 
 /* t converted to the dtype of input i of n, into grads[i] (t's reference is taken). */
@@ -546,6 +547,8 @@ static int channel_full(ddp_tensor **out, int64_t C, double v, int dev) {
   return status;
 }
 
+/* BatchNormElemtBackward: the five gradients of Note [differentiable sync batch norm steps],
+ * each computed only when its input needs one. */
 static int elemt_backward(ddp_node *n, ddp_tensor *dy, ddp_tensor **grads) {
   ddp_tensor *x = ddp_node_saved(n, BE_INPUT), *mean = ddp_node_saved(n, BE_MEAN);
   ddp_tensor *var = ddp_node_saved(n, BE_VAR);
@@ -602,6 +605,8 @@ static int elemt_backward(ddp_node *n, ddp_tensor *dy, ddp_tensor **grads) {
   return status;
 }
 
+/* BatchNormMomentsBackward: dx = dmean / M + 2 dvar (x - mean) / M through
+ * bn_backward_elemt (Note [differentiable sync batch norm steps]); zeros for an empty batch. */
 static int moments_backward(ddp_node *n, ddp_tensor *gout, ddp_tensor **grads) {
   ddp_tensor *x = ddp_node_saved(n, BM_INPUT), *mom = ddp_node_saved(n, BM_MOMENTS);
   if (!x || !mom) return ddp_last_status();
