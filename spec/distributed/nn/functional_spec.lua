@@ -204,6 +204,37 @@ describe("ddplua.distributed.nn.functional #dist", function()
     assert_gradchecks(run(GRADCHECK, { DDPLUA_SHM = "0" }))
   end)
 
+  it("fails on both ranks when they disagree, forward or backward, naming both call sites", function()
+    local r = mp.run { code = PRELUDE .. [[
+dist.set_timeout(10)
+local x = dl.ones({ 2 }, { dtype = "f64", requires_grad = true })
+emit_err("shape", function() F.all_gather(RANK == 0 and x or dl.ones({ 3 }, { dtype = "f64" })) end)
+]], nprocs = 2, timeout = 30, kill_on_failure = false }
+    for i = 1, 2 do
+      local line = r[i].output:match("ERR shape ([^\n]*)")
+      assert.is_not_nil(line, r[i].output)
+      assert.matches("collective mismatch", line, 1, true)
+      assert.matches("shape (1, 2)", line, 1, true)
+      assert.matches("shape (1, 3)", line, 1, true)
+    end
+    -- rank 1 skips the backward of its all_reduce: its next collective meets rank 0's
+    -- backward all-reduce, whose call site is named after the forward's line
+    r = mp.run { code = PRELUDE .. [[
+dist.set_timeout(10)
+local x = dl.ones({ 2 }, { dtype = "f64", requires_grad = true })
+local y = F.all_reduce(x)
+emit_err("backward", function()
+  if RANK == 0 then y:sum():backward() else dist.broadcast(dl.ones({ 2 }, { dtype = "f64" }), 0) end
+end)
+]], nprocs = 2, timeout = 30, kill_on_failure = false }
+    for i = 1, 2 do
+      local line = r[i].output:match("ERR backward ([^\n]*)")
+      assert.is_not_nil(line, r[i].output)
+      assert.matches("collective mismatch", line, 1, true)
+      assert.matches("at backward of [^ ]*script.lua:%d+", line)
+    end
+  end)
+
   local SIM = root .. "/build/libddplua_cuda_sim.so"
   for _, case in ipairs {
     { "gloo staging", { DDPLUA_CUDA_PLUGIN = SIM } },
