@@ -430,7 +430,8 @@ int ddp_backward_step(ddp_backward_walk *w, ddp_backward_event *ev) {
           ev->n_inputs = n->n_inputs;
           return DDP_OK;
         }
-      } else if (w->g && n->backward) {
+      } else if ((w->g || n->collective) && n->backward) {
+        /* a collective runs without a gradient too (Note [collectives on the tape]) */
         status = n->backward(n, w->g, w->grads);
         if (status) return walk_fail(w, status);
       }

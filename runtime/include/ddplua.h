@@ -414,6 +414,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/amp.h"
 #include "ddplua/store.h"
 #include "ddplua/pg.h"
+#include "ddplua/dist_functional.h"
 #include "ddplua/objects.h"
 #include "ddplua/sampler.h"
 #include "ddplua/reducer.h"

@@ -501,6 +501,179 @@ int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor
 
 /* ---- the elementwise steps of a synchronised batch norm ------------------------------------ */
 
+/* Note [differentiable sync batch norm steps]: nn.SyncBatchNorm is written with ordinary ops
+ * and the differentiable collectives (lua/ddplua/nn/sync_batch_norm_function.lua), and two
+ * of its steps are passes over the data that must stay single kernels: the per-channel
+ * moments of the local batch (ddp_batch_norm_moments) and the normalisation with the global
+ * statistics (ddp_batch_norm_elemt). Both record a node, so the tape derives the layer's
+ * backward: the gradients of the (C)-sized statistics come back through the statistics'
+ * all-gather, and these nodes turn them into the input's gradient with the same reduction
+ * and element-wise kernels as batch norm's own backward (bn_backward_reduce,
+ * bn_backward_elemt). With x (N, C, *), M = N * spatial values per channel, dy the output
+ * gradient, invstd = 1 / sqrt(var + eps):
+ *   elemt:   dx = dy * invstd * w, dw = sum(dy (x - mean)) * invstd, db = sum(dy),
+ *            dmean = -sum(dy) * invstd * w, dvar = -sum(dy (x - mean)) * w * invstd^3 / 2
+ *   moments: dx = dmean / M + 2 dvar (x - mean) / M
+ * (the per-channel sums over N and the spatial dims). Gradients come back in each input's
+ * dtype. */
+
+/* Saved slots of BatchNormElemtBackward (fattr[0]: eps). */
+enum { BE_INPUT, BE_WEIGHT, BE_MEAN, BE_VAR, BE_SAVED };
+/* Saved slots of BatchNormMomentsBackward (its output (2, C) saved: row 1 is the mean). */
+enum { BM_INPUT, BM_MOMENTS, BM_SAVED };
+
+/* 1 when input i of n gets a gradient (a node or a leaf behind its edge). */
+static int edge_needed(const ddp_node *n, int i) { return n->edges[i].fn || n->edges[i].leaf; }
+
+/* t converted to the dtype of input i of n, into grads[i] (t's reference is taken). */
+static int grad_as_input(ddp_tensor **grads, ddp_node *n, int i, ddp_tensor *t) {
+  if (t->dtype == n->inputs[i].dtype) {
+    grads[i] = t;
+    return DDP_OK;
+  }
+  int status = ddp_to_dtype(&grads[i], t, n->inputs[i].dtype);
+  ddp_tensor_release(t);
+  return status;
+}
+
+/* A (C) f64 tensor filled with v on device dev. */
+static int channel_full(ddp_tensor **out, int64_t C, double v, int dev) {
+  DDP_TRY(ddp_tensor_empty(out, 1, &C, DDP_F64, dev));
+  int status = ddp_fill_(*out, v);
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
+}
+
+/* BatchNormElemtBackward: the five gradients of Note [differentiable sync batch norm steps],
+ * each computed only when its input needs one. */
+static int elemt_backward(ddp_node *n, ddp_tensor *dy, ddp_tensor **grads) {
+  ddp_tensor *x = ddp_node_saved(n, BE_INPUT), *mean = ddp_node_saved(n, BE_MEAN);
+  ddp_tensor *var = ddp_node_saved(n, BE_VAR);
+  if (!x || !mean || !var) return ddp_last_status();
+  ddp_tensor *w = n->inputs[1].ndim ? ddp_node_saved(n, BE_WEIGHT) : NULL;
+  int64_t C = x->shape[1];
+  /* v64, invstd, sum_dy, sum_dy_xmu, zeros, w64, scratch... */
+  ddp_tensor *t[12] = {0};
+  ddp_tensor *g = NULL;
+  int status = ddp_detached_as(&t[0], var, DDP_F64);
+  if (!status) status = ddp_add_scalar(&t[1], t[0], n->fattr[0]);
+  if (!status) status = ddp_rsqrt(&t[2], t[1]); /* invstd (C) f64 */
+  if (!status && w) status = ddp_detached_as(&t[3], w, DDP_F64);
+  int need_sums = edge_needed(n, 1) || edge_needed(n, 2) || edge_needed(n, 3) || edge_needed(n, 4);
+  if (!status && need_sums) status = ddp_batch_norm_backward_reduce(&t[4], &t[5], dy, x, mean);
+  if (!status && edge_needed(n, 0)) {
+    status = channel_full(&t[6], C, 0.0, x->device);
+    if (!status) status = ddp_batch_norm_backward_elemt(&g, dy, x, mean, t[2], w, t[6], t[6]);
+    if (!status) status = grad_as_input(grads, n, 0, g);
+  }
+  if (!status && w && edge_needed(n, 1)) { /* dw = sum_dy_xmu * invstd */
+    status = ddp_mul(&g, t[5], t[2]);
+    if (!status) status = grad_as_input(grads, n, 1, g);
+  }
+  if (!status && edge_needed(n, 2)) { /* db = sum_dy */
+    ddp_tensor_retain(t[4]);
+    status = grad_as_input(grads, n, 2, t[4]);
+  }
+  if (!status && edge_needed(n, 3)) { /* dmean = -sum_dy * invstd * w */
+    status = ddp_mul_scalar(&t[7], t[4], -1.0);
+    if (!status) status = ddp_mul(&t[8], t[7], t[2]);
+    if (!status && w) status = ddp_mul(&g, t[8], t[3]);
+    else if (!status) {
+      g = t[8];
+      t[8] = NULL;
+    }
+    if (!status) status = grad_as_input(grads, n, 3, g);
+  }
+  if (!status && edge_needed(n, 4)) { /* dvar = -sum_dy_xmu * w * invstd^3 / 2 */
+    status = ddp_mul(&t[9], t[2], t[2]);
+    if (!status) status = ddp_mul(&t[10], t[9], t[2]);
+    if (!status) status = ddp_mul_scalar(&t[11], t[5], -0.5);
+    ddp_tensor *h = NULL;
+    if (!status) status = ddp_mul(&h, t[11], t[10]);
+    if (!status && w) {
+      status = ddp_mul(&g, h, t[3]);
+      ddp_tensor_release(h);
+    } else if (!status) {
+      g = h;
+    }
+    if (!status) status = grad_as_input(grads, n, 4, g);
+  }
+  release_all(t, 12);
+  return status;
+}
+
+/* BatchNormMomentsBackward: dx = dmean / M + 2 dvar (x - mean) / M through
+ * bn_backward_elemt (Note [differentiable sync batch norm steps]); zeros for an empty batch. */
+static int moments_backward(ddp_node *n, ddp_tensor *gout, ddp_tensor **grads) {
+  ddp_tensor *x = ddp_node_saved(n, BM_INPUT), *mom = ddp_node_saved(n, BM_MOMENTS);
+  if (!x || !mom) return ddp_last_status();
+  int64_t N = 0, C = 0, S = 1;
+  DDP_TRY(check_bn_input(x, "batch_norm_moments backward", &N, &C, &S));
+  if (N * S == 0) return ddp_tensor_zeros(&grads[0], x->ndim, x->shape, n->inputs[0].dtype, x->device);
+  double M = (double)(N * S);
+  /* g_mean, g_var, mean (views), mean_dy, mean_dy_xmu, ones, minus ones, zeros (x-shaped) */
+  ddp_tensor *t[8] = {0};
+  ddp_tensor *g = NULL;
+  int status = ddp_select(&t[0], gout, 0, 0);
+  if (!status) status = ddp_select(&t[1], gout, 0, 1);
+  if (!status) status = ddp_select(&t[2], mom, 0, 0);
+  if (!status) status = ddp_mul_scalar(&t[3], t[0], 1.0 / M);
+  if (!status) status = ddp_mul_scalar(&t[4], t[1], 2.0 / M);
+  if (!status) status = channel_full(&t[5], C, 1.0, x->device);
+  if (!status) status = channel_full(&t[6], C, -1.0, x->device);
+  if (!status)
+    status = ddp_tensor_zeros(&t[7], x->ndim, x->shape, x->dtype == DDP_F64 ? DDP_F64 : DDP_F32,
+                              x->device);
+  /* backward_elemt's w invstd (dy - mean_dy - (x - mean) invstd^2 mean_dy_xmu) with dy = 0,
+   * invstd = 1, w = -1: mean_dy + (x - mean) mean_dy_xmu */
+  if (!status) status = ddp_batch_norm_backward_elemt(&g, t[7], x, t[2], t[5], t[6], t[3], t[4]);
+  if (!status) status = grad_as_input(grads, n, 0, g);
+  release_all(t, 8);
+  return status;
+}
+
+int ddp_batch_norm_moments(ddp_tensor **out, ddp_tensor *input) {
+  *out = NULL;
+  int64_t N = 0, C = 0, S = 1;
+  DDP_TRY(check_bn_input(input, "batch_norm_moments", &N, &C, &S));
+  int dt = input->dtype == DDP_F64 ? DDP_F64 : DDP_F32, dev = input->device;
+  const ddp_kernels *k;
+  DDP_TRY(bn_kernels(&k, dev, "batch_norm_moments"));
+  int64_t shape[2] = {2, C};
+  DDP_TRY(ddp_tensor_zeros(out, 2, shape, DDP_F64, dev));
+  ddp_tensor *tmp[3] = {0}; /* x, mean, var (f64) */
+  int status = DDP_OK;
+  if (N * S > 0) {
+    status = ddp_detached_as(&tmp[0], input, dt);
+    if (!status) status = bn_moments(&tmp[1], &tmp[2], k, tmp[0], N, C, S);
+    ddp_tensor *row = NULL;
+    for (int r = 0; r < 2 && !status; r++) {
+      status = ddp_select(&row, *out, 0, r);
+      if (!status) status = ddp_copy_(row, tmp[1 + r]);
+      ddp_tensor_release(row);
+      row = NULL;
+    }
+  }
+  if (!status && ddp_autograd_needed(1, &input)) {
+    ddp_node *n = ddp_node_new("BatchNormMomentsBackward", moments_backward, 1, &input, BM_SAVED);
+    if (!n) status = ddp_last_status();
+    if (!status) status = ddp_node_save(n, BM_INPUT, input);
+    if (!status) status = ddp_node_save(n, BM_MOMENTS, *out);
+    if (!status) ddp_autograd_set_output(*out, n);
+    else if (n) ddp_node_release(n);
+  }
+  release_all(tmp, 3);
+  if (status) {
+    ddp_tensor_release(*out);
+    *out = NULL;
+  }
+  return status;
+}
+
+
 
 /* Checks shared by the three ops below: input (N, C, *) floating, the per-channel tensors
  * (C) floating, all on one device (names[0] is the input). */
@@ -542,6 +715,21 @@ int ddp_batch_norm_elemt(ddp_tensor **out, ddp_tensor *input, ddp_tensor *weight
   if (N * S > 0)
     k->bn_apply(dt, dptr(*out), dptr(tmp[0]), dptr(tmp[5]), dptr(tmp[6]), dptr(tmp[7]), N, C, S);
   status = ddp_device_check(dev, "batch_norm_elemt");
+  if (!status && ddp_autograd_needed(5, ts)) {
+    ddp_node *n = ddp_node_new("BatchNormElemtBackward", elemt_backward, 5, ts, BE_SAVED);
+    if (!n) {
+      status = ddp_last_status();
+      goto done;
+    }
+    ddp_tensor *saved[BE_SAVED] = {input, weight, mean, var};
+    for (int i = 0; i < BE_SAVED && !status; i++) status = ddp_node_save(n, i, saved[i]);
+    n->fattr[0] = eps;
+    if (status) {
+      ddp_node_release(n);
+      goto done;
+    }
+    ddp_autograd_set_output(*out, n);
+  }
 done:
   if (status) {
     ddp_tensor_release(*out);

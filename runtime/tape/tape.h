@@ -72,6 +72,10 @@ struct ddp_node {
   void (*extra_free)(void *);
   ddp_tensor *retain_target; /* weak: the output that asked for retain_grad */
   int64_t seq;               /* creation order: the engine runs later nodes first */
+  uint8_t collective;        /* a differentiable collective's node: the engine runs its
+                              * backward even without a gradient (grad_output NULL), so every
+                              * rank joins the adjoint collective (Note [collectives on the
+                              * tape] in ddplua/dist_functional.h) */
   /* engine scratch, valid during one backward */
   int64_t deps;
   ddp_tensor *grad_sum;

@@ -77,6 +77,22 @@ describe("collective fingerprints #faults #dist", function()
     end
   end
 
+  -- The call site skips the library's own frames: a collective that a library module
+  -- submits (here all_gather_object's, in ddplua.distributed.objects) names the user's line.
+  -- When distributed_c10d moved out of distributed/init.lua, the prefix of the library's
+  -- files kept the old file name and named objects.lua instead.
+  it("a collective a library module submits names the user's line, not the module's", function()
+    local r = mp.run { code = SCRIPT:format("dist.all_gather_object({}, {1})", "dist.all_reduce(T(dl.ones({4})))"),
+      timeout = 20, kill_on_failure = false }
+    assert.is_falsy(r.timed_out, mp.describe(r))
+    for rank = 1, 2 do
+      local o = r[rank].output
+      assert.matches("collective mismatch", o, 1, true)
+      assert.matches("at [^ ]*script.lua:10", o)
+      assert.not_matches("called [%w_]+%b() at [^ ]*objects%.lua", o) -- (the traceback may name it)
+    end
+  end)
+
   it("agreeing collectives of every kind still run (gloo through shared memory)", function()
     local r = mp.run { code = [[
 local dl = require "ddplua"

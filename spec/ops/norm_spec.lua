@@ -321,6 +321,34 @@ describe("ddplua.ops.norm", function()
         dl.batch_norm_backward_elemt, x, x, dl.zeros({ 3 }), nil, nil, dl.zeros({ 3 }), dl.zeros({ 3 }))
     end)
 
+    -- Note [differentiable sync batch norm steps]: nn.SyncBatchNorm's two passes over the
+    -- data record nodes, so the tape derives the layer's backward
+    it("differentiates batch_norm_moments and batch_norm_elemt (gradcheck in every argument)", function()
+      local shape = { 3, 2, 2 }
+      local x = randn(shape, 41, "f64")
+      local m = dl.batch_norm_moments(x)
+      assert.equal("f64", m.dtype)
+      assert.same({ 2, 2 }, m:size())
+      assert_close(m:select(1, 1), x:mean({ 1, 3 }), { atol = 1e-13 })
+      assert_close(m:select(1, 2), x:var({ 1, 3 }, { correction = 0 }), { atol = 1e-13 })
+      gradcheck(function(xx) return dl.batch_norm_moments(xx) end, { randn(shape, 42, "f64") })
+      gradcheck(function(xx) return dl.batch_norm_moments(xx) end, { randn({ 4, 3 }, 43, "f64") })
+      local mean, var = randn({ 2 }, 44, "f64"), randn({ 2 }, 45, "f64"):abs() + 0.5
+      gradcheck(function(xx, ww, bb, mm, vv) return dl.batch_norm_elemt(xx, ww, bb, mm, vv, 1e-3) end,
+        { randn(shape, 46, "f64"), randn({ 2 }, 47, "f64"), randn({ 2 }, 48, "f64"), mean, var })
+      gradcheck(function(xx, mm, vv) return dl.batch_norm_elemt(xx, nil, nil, mm, vv, 1e-3) end,
+        { randn(shape, 49, "f64"), randn({ 2 }, 51, "f64"), randn({ 2 }, 52, "f64"):abs() + 0.5 })
+      -- f32 input: gradients in the inputs' dtypes; an empty batch: zero moments, empty gradient
+      local x32 = randn(shape, 50, "f32"):requires_grad_()
+      dl.batch_norm_elemt(x32, nil, nil, mean, var, 1e-3):sum():backward()
+      assert.equal("f32", x32.grad.dtype)
+      local e = dl.zeros({ 0, 2 }):requires_grad_()
+      local me = dl.batch_norm_moments(e)
+      assert.same({ { 0, 0 }, { 0, 0 } }, me:tolist())
+      me:sum():backward()
+      assert.same({ 0, 2 }, e.grad:size())
+    end)
+
     it("raises naming batch_norm on bad arguments", function()
       local x = dl.zeros { 4, 3, 2 }
       raises("batch_norm: running_mean of shape %(4,%) does not match the 3 channels", function()

@@ -398,8 +398,10 @@ end
 
 -- ---- collectives ------------------------------------------------------------------------
 
--- The source prefix of the library's own files ("@/.../lua/ddplua/"): call sites skip them.
-local lib_prefix = debug.getinfo(1, "S").source:gsub("distributed/init%.lua$", "")
+-- The source prefix of the library's own files ("@/.../lua/ddplua/"): call sites skip them
+-- (this file's name must be stripped: the pattern once named distributed/init.lua, which left
+-- the whole path of this file, so the frames of the other library modules counted as calls).
+local lib_prefix = (debug.getinfo(1, "S").source:gsub("distributed/distributed_c10d%.lua$", ""))
 
 -- Note [collective fingerprints] (runtime/distributed/pg_fingerprint.h): record the Lua
 -- caller of the collective about to be submitted (the first frame outside the library, so
@@ -855,5 +857,12 @@ end
 function M.print0(...)
   if M.is_main_process() then print(...) end
 end
+
+--- Internal helpers for the modules under ddplua.distributed that submit collectives of
+-- their own (ddplua.distributed.nn.functional): group_of(opts, op) -> the group of
+-- opts.group or the default one (raises naming op); op_arg(opts, name) -> the enum
+-- ddp_reduce_op of opts.op (default "sum"; raises for an unknown name); set_call_site()
+-- records the first caller outside the library for the next collective's fingerprint.
+M._internal = { group_of = group_of, op_arg = op_arg, set_call_site = set_call_site }
 
 return M

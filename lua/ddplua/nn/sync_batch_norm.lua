@@ -10,10 +10,12 @@
 -- at forward time). Input: any rank >= 2, channels in dim 2 (N, C), (N, C, L), (N, C, H, W).
 --
 -- In training with a group of more than one rank, the forward all-gathers each rank's
--- per-channel mean, invstd and count, normalises with the global mean and biased variance,
--- and updates the running stats with the global mean and unbiased variance; the backward
--- all-reduces the two per-channel gradient sums (ddplua.nn.sync_batch_norm_function, after
--- PyTorch's torch/nn/modules/_functions.py). Every rank of the group must run the layer the
+-- per-channel mean, biased variance and count, normalises with the global mean and biased
+-- variance, and updates the running stats with the global mean and unbiased variance; the
+-- forward is made of differentiable ops and collectives (ddplua.nn.sync_batch_norm_function
+-- over ddplua.distributed.nn.functional, after PyTorch's torch/nn/modules/_functions.py), so
+-- the backward is the tape's, in C, with the all-gather's adjoint (a reduce-scatter of the
+-- statistics' gradients) as its one collective. Every rank of the group must run the layer the
 -- same number of times; batch sizes may differ (also 0). Eval mode uses the running stats
 -- without any communication; without an initialised process group, or with a group of size
 -- 1, the layer is exactly nn.BatchNorm (as PyTorch, which falls back to F.batch_norm).
@@ -24,7 +26,7 @@ local dl = require "ddplua.functions"
 local lib = require "ddplua.lib"
 local bn = require "ddplua.nn.batch_norm"
 local Group = require "ddplua.distributed.group"
-local SyncBatchNormFunction = require "ddplua.nn.sync_batch_norm_function"
+local sync_batch_norm = require "ddplua.nn.sync_batch_norm_function"
 
 local BatchNorm = bn.BatchNorm
 local SyncBatchNorm = BatchNorm:extend("SyncBatchNorm")
@@ -102,9 +104,9 @@ function SyncBatchNorm:forward(x)
   end
   local running_mean = self.track_running_stats and self.running_mean or nil
   local running_var = self.track_running_stats and self.running_var or nil
-  return SyncBatchNormFunction.apply(x, self.weight, self.bias, {
+  return sync_batch_norm(x, self.weight, self.bias, {
     running_mean = running_mean, running_var = running_var, eps = self.eps, momentum = factor,
-    group = group, world_size = group:size() })
+    group = group })
 end
 
 -- Whether m is a batch norm layer (an instance of BatchNorm1d/2d, SyncBatchNorm, ...).

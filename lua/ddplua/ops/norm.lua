@@ -58,6 +58,14 @@ function functions.batch_norm_stats(x, eps)
   return wrap(mean), wrap(invstd)
 end
 
+--- dl.batch_norm_moments(x) -> (2, C) f64: row 1 the per-channel mean, row 2 the biased
+-- variance of x (N, C, *) over N and the spatial dims (zeros for an empty batch), from batch
+-- norm's kernels. Differentiable in x (the local statistics of nn.SyncBatchNorm).
+function functions.batch_norm_moments(x)
+  check(C.ddp_batch_norm_moments(box, x))
+  return wrap(box[0])
+end
+
 --- dl.batch_norm_sums(x) -> sum (C), sumsq (C): per-channel sum and sum of squares of
 -- x (N, C, *) in f64 (what a synchronised batch norm all-reduces); no autograd.
 function functions.batch_norm_sums(x)
@@ -70,7 +78,9 @@ end
 -- sqrt(var + eps) * weight + bias per channel, with given mean and biased var (C) (a
 -- synchronised batch norm's global statistics; PyTorch's torch.batch_norm_elemt).
 -- x (N, C, *) f32/f64 (f16/bf16 answered in f32); weight, bias (C) or nil; eps default
--- 1e-5. No autograd. Raises (naming batch_norm_elemt) as ddp_batch_norm_elemt.
+-- 1e-5. Differentiable in x, weight, bias, mean and var (Note [differentiable sync batch
+-- norm steps] in runtime/ops/norm.c). Raises (naming batch_norm_elemt) as
+-- ddp_batch_norm_elemt.
 function functions.batch_norm_elemt(x, weight, bias, mean, var, eps)
   check(C.ddp_batch_norm_elemt(box, x, weight, bias, mean, var, eps or 1e-5))
   return wrap(box[0])

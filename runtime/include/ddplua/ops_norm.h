@@ -58,11 +58,21 @@ int ddp_batch_norm_stats(ddp_tensor **out_mean, ddp_tensor **out_invstd, ddp_ten
  * Errors: as ddp_batch_norm_stats. */
 int ddp_batch_norm_sums(ddp_tensor **out_sum, ddp_tensor **out_sumsq, ddp_tensor *input);
 
+/* Per-channel moments of input (N, C, *) (rank >= 2, floating; N may be 0): out (2, C) f64,
+ * row 0 the mean and row 1 the BIASED variance over N and the spatial dims (zeros when there
+ * are no values), from the kernels of batch norm's training forward. Differentiable
+ * (BatchNormMomentsBackward: dx = dmean / M + 2 dvar (x - mean) / M with M values per
+ * channel; Note [differentiable sync batch norm steps] in runtime/ops/norm.c): the local
+ * statistics of nn.SyncBatchNorm. Errors: as ddp_batch_norm_stats (an empty batch allowed). */
+int ddp_batch_norm_moments(ddp_tensor **out, ddp_tensor *input);
+
 /* The elementwise steps of a synchronised batch norm (nn.SyncBatchNorm), after PyTorch's
  * torch.batch_norm_elemt, torch.batch_norm_backward_reduce and
  * torch.batch_norm_backward_elemt (used by torch/nn/modules/_functions.py): the statistics
- * come from elsewhere (all ranks of a group), these ops do the passes over the data. None
- * is differentiable (they record nothing). Inputs f32 or f64 (f16/bf16 computed in f32 and
+ * come from elsewhere (all ranks of a group), these ops do the passes over the data.
+ * ddp_batch_norm_elemt is differentiable in input, weight, bias, mean and var
+ * (BatchNormElemtBackward, Note [differentiable sync batch norm steps] in
+ * runtime/ops/norm.c); the two backward steps record nothing. Inputs f32 or f64 (f16/bf16 computed in f32 and
  * answered in f32); per-channel tensors (C) of any floating dtype, converted; every tensor
  * on input's device; per-channel arithmetic in double, as ddp_batch_norm.
  *
