@@ -37,6 +37,8 @@ end })
 --- dist.init_device_mesh(device_type, mesh_shape, opts) and dist.DeviceMesh: device meshes
 -- (ddplua.distributed.device_mesh), after torch.distributed.device_mesh.
 --- dist.optim: distributed optimizers, ZeroRedundancyOptimizer (ddplua.distributed.optim).
+--- dist.fsdp: fully sharded data parallel, fully_shard and MixedPrecisionPolicy
+-- (ddplua.distributed.fsdp), as torch.distributed.fsdp.
 --- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
 -- collectives of Lua values (ddplua.distributed.objects).
 local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
@@ -47,6 +49,7 @@ local MODULES = {
   DistributedSampler = function() return require "ddplua.distributed.sampler" end,
   DeviceMesh = function() return require "ddplua.distributed.device_mesh" end,
   optim = function() return require "ddplua.distributed.optim" end,
+  fsdp = function() return require "ddplua.distributed.fsdp" end,
 }
 setmetatable(M, { __index = function(t, k)
   local load = MODULES[k]
