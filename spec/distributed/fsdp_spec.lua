@@ -1,0 +1,212 @@
+-- Specs for fully_shard (lua/ddplua/distributed/fsdp/) with real ranks on 127.0.0.1
+-- (spec/helpers/multiproc.lua through ddp_ranks).
+--
+-- Reference: every rank also trains the unwrapped model on the WHOLE batch in-process (one
+-- process's training), while the FSDP model sees this rank's rows of it; after the steps
+-- the full state dict (all-gathered) must equal the reference's state dict: the largest
+-- |a - b| over every entry is printed and asserted (f64 <= 1e-10, f32 <= 1e-5).
+local ddp_ranks = require "ddp_ranks"
+
+local PRELUDE = ddp_ranks.prelude {
+  init = '{backend = "gloo", timeout = 30}',
+} .. [[
+fsdp = dist.fsdp
+GPT = require "models.gpt"
+-- 6-15-1-4 (f64 by default): 15 rows (odd: padded on 2 ranks) and a (1, 15) weight and (1)
+-- bias: fewer rows than ranks (rank 1 holds (0, 15) and (0) shards).
+function mlp(dtype)
+  dl.manual_seed(1)
+  local o = {dtype = dtype or "f64"}
+  return nn.Sequential(nn.Linear(6, 15, o), nn.Tanh(), nn.Linear(15, 1, o), nn.Tanh(), nn.Linear(1, 4, o))
+end
+function gpt(dtype)
+  dl.manual_seed(3)
+  return GPT{block_size = 8, vocab_size = 13, n_layer = 2, n_head = 2, n_embd = 8, dtype = dtype or "f64"}
+end
+-- fully_shard each transformer block, then the root.
+function shard_gpt(m, opts)
+  for _, b in ipairs(m.transformer.h:list()) do fsdp.fully_shard(b, opts) end
+  return fsdp.fully_shard(m, opts)
+end
+-- This rank's rows of a batch tensor (first dimension split in WORLD equal parts).
+function mine(t)
+  local n = t:size(1) / WORLD
+  return t:narrow(1, RANK * n + 1, n)
+end
+-- The largest |a - b| between the full state dict of an FSDP model and a reference's;
+-- -1 when their key sets differ. strip: a pattern removed from the FSDP model's keys.
+function worst_vs(model, ref, strip)
+  local full = fsdp.get_model_state_dict(model, {full_state_dict = true})
+  local rsd, worst, n, nr = ref:state_dict(), 0, 0, 0
+  for _ in pairs(rsd) do nr = nr + 1 end
+  for k, v in pairs(full) do
+    n = n + 1
+    local r = rsd[strip and k:gsub(strip, "") or k]
+    if r == nil then return -1 end
+    worst = math.max(worst, (v - r):abs():max():item())
+  end
+  return n == nr and worst or -1
+end
+function mse(a, b) return (a - b):pow(2):mean() end
+]]
+
+local run = ddp_ranks.runner(PRELUDE, { timeout = 60 })
+
+local function num(ranks, i, name)
+  local v = tonumber(ranks[i].out[name])
+  assert(v ~= nil, ("rank %d printed no %s"):format(i - 1, name))
+  return v
+end
+
+local function assert_within(ranks, names, tol)
+  for i = 1, #ranks do
+    for _, name in ipairs(names) do
+      local d = num(ranks, i, name)
+      assert.is_true(d >= 0 and d <= tol, ("rank %d: %s = %s (tolerance %g)"):format(i - 1, name, tostring(d), tol))
+    end
+  end
+end
+
+describe("ddplua.distributed.fsdp", function()
+  it("#dist an MLP with odd rows and fewer rows than ranks, 5 steps of AdamW and of SGD on 2 ranks, equals one process (f64)", function()
+    local ranks = run([[
+for _, kind in ipairs{"adamw", "sgd"} do
+  local ref, m = mlp(), mlp()
+  for i = 1, 5, 2 do fsdp.fully_shard(m[i]) end
+  fsdp.fully_shard(m)
+  out(kind .. "_class", m:_get_name() .. "," .. m[1]:_get_name())
+  local make = kind == "adamw" and function(ps) return optim.AdamW(ps, {lr = 0.01}) end
+    or function(ps) return optim.SGD(ps, {lr = 0.1, momentum = 0.9}) end
+  local o1, o2 = make(ref:parameters()), make(m:parameters())
+  dl.manual_seed(100)
+  for s = 1, 5 do
+    local x, y = dl.randn({8, 6}, {dtype = "f64"}), dl.randn({8, 4}, {dtype = "f64"})
+    o1:zero_grad(); mse(ref(x), y):backward(); o1:step()
+    o2:zero_grad(); mse(m(mine(x)), mine(y)):backward(); o2:step()
+  end
+  out(kind, worst_vs(m, ref))
+end
+-- the registered parameters are the shards: rows 0..7 / 8..14 of the (15, 6) weight, the
+-- (1, 15) weight on rank 0 only
+local m = mlp()
+fsdp.fully_shard(m)
+out("shard_rows", m[1].weight:size(1) .. "," .. m[3].weight:size(1) .. "," .. m[3].bias:size(1))
+local sh = fsdp.get_sharded_state_dict(m)
+out("offsets", sh["0.weight"].offsets[1] .. "," .. table.concat(sh["0.weight"].global_shape, "x"))
+out("params_are_shards", m:parameters()[1] == m[1].weight)
+]], 2)
+    assert_within(ranks, { "adamw", "sgd" }, 1e-10)
+    assert.equal("FSDPSequential,FSDPLinear", ranks[1].out.adamw_class)
+    assert.equal("8,1,1", ranks[1].out.shard_rows)
+    assert.equal("7,0,0", ranks[2].out.shard_rows)
+    assert.equal("0,15x6", ranks[1].out.offsets)
+    assert.equal("8,15x6", ranks[2].out.offsets)
+    assert.equal("true", ranks[1].out.params_are_shards)
+  end)
+
+  it("#dist the GPT wrapped per block and at the root: AdamW with reshard_after_forward true and false, gradient accumulation without sync, equals one process (f64); SGD in f32", function()
+    local ranks = run([[
+for _, mode in ipairs{"reshard", "keep", "accumulate"} do
+  local ref, m = gpt(), shard_gpt(gpt(), {reshard_after_forward = mode ~= "keep"})
+  local o1 = optim.AdamW(ref:parameters(), {lr = 0.01})
+  local o2 = optim.AdamW(m:parameters(), {lr = 0.01})
+  dl.manual_seed(100)
+  for s = 1, 5 do
+    local x, y = dl.randint(0, 13, {4, 8}), dl.randint(0, 13, {4, 8})
+    o1:zero_grad(); local _, l1 = ref(x, y); l1:backward(); o1:step()
+    o2:zero_grad()
+    local xm, ym = mine(x), mine(y)
+    if mode == "accumulate" then -- two micro-batches, one reduce-scatter
+      m:set_requires_gradient_sync(false)
+      local _, la = m(xm:narrow(1, 1, 1), ym:narrow(1, 1, 1)); (la * 0.5):backward()
+      m:set_requires_gradient_sync(true)
+      local _, lb = m(xm:narrow(1, 2, 1), ym:narrow(1, 2, 1)); (lb * 0.5):backward()
+    else
+      local _, l2 = m(xm, ym); l2:backward()
+    end
+    o2:step()
+  end
+  out(mode, worst_vs(m, ref))
+end
+local ref, m = gpt("f32"), shard_gpt(gpt("f32"))
+local o1, o2 = optim.SGD(ref:parameters(), {lr = 0.1}), optim.SGD(m:parameters(), {lr = 0.1})
+dl.manual_seed(100)
+for s = 1, 5 do
+  local x, y = dl.randint(0, 13, {4, 8}), dl.randint(0, 13, {4, 8})
+  o1:zero_grad(); local _, l1 = ref(x, y); l1:backward(); o1:step()
+  o2:zero_grad(); local _, l2 = m(mine(x), mine(y)); l2:backward(); o2:step()
+end
+out("sgd_f32", worst_vs(m, ref))
+]], 2)
+    assert_within(ranks, { "reshard", "keep", "accumulate" }, 1e-10)
+    assert_within(ranks, { "sgd_f32" }, 1e-5)
+  end)
+
+  it("#dist works with activation checkpointing: checkpoint() around an FSDP module and CheckpointWrapper inside one (f64)", function()
+    local ranks = run([[
+Net = nn.Module:extend("Net")
+function Net:init(ck)
+  local o = {dtype = "f64"}
+  self.l1, self.l2, self.l3 = nn.Linear(6, 9, o), nn.Linear(9, 7, o), nn.Linear(7, 3, o)
+  self.ck = ck
+end
+function Net:forward(x)
+  local function f(m, v) if self.ck then return dl.utils.checkpoint(m, v) end return m(v) end
+  return self.l3(dl.tanh(f(self.l2, dl.tanh(f(self.l1, x)))))
+end
+for _, mode in ipairs{"around", "inside"} do
+  dl.manual_seed(1); local ref = Net(false)
+  dl.manual_seed(1); local m = Net(mode == "around")
+  if mode == "inside" then m.l1, m.l2 = nn.CheckpointWrapper(m.l1), nn.CheckpointWrapper(m.l2) end
+  fsdp.fully_shard(m.l1); fsdp.fully_shard(m.l2); fsdp.fully_shard(m)
+  local o1 = optim.SGD(ref:parameters(), {lr = 0.1, momentum = 0.9})
+  local o2 = optim.SGD(m:parameters(), {lr = 0.1, momentum = 0.9})
+  dl.manual_seed(100)
+  for s = 1, 5 do
+    local x, y = dl.randn({8, 6}, {dtype = "f64"}), dl.randn({8, 3}, {dtype = "f64"})
+    o1:zero_grad(); mse(ref(x), y):backward(); o1:step()
+    o2:zero_grad(); mse(m(mine(x)), mine(y)):backward(); o2:step()
+  end
+  out(mode, worst_vs(m, ref, "_checkpoint_wrapped_module%."))
+end
+]], 2)
+    assert_within(ranks, { "around", "inside" }, 1e-10)
+  end)
+
+  it("#dist on 4 ranks the GPT's parameter + gradient + AdamW state bytes per rank are <= 0.3x DDP's, and its full state dict equals one process's", function()
+    local ranks = run([[
+local function tiny() dl.manual_seed(3); return GPT{block_size = 16, vocab_size = 64, n_layer = 2, n_head = 2, n_embd = 64} end
+dl.manual_seed(7)
+local x, y = dl.randint(0, 64, {4, 16}), dl.randint(0, 64, {4, 16})
+-- live allocator bytes after dropping what the script no longer reaches
+local function live() dl.empty_cache(); return dl.memory_stats().live end
+local function step(model, opt, xb, yb) opt:zero_grad(); local _, loss = model(xb, yb); loss:backward(); opt:step() end
+local base = live()
+local model = tiny()
+local ddp = DDP(model)
+local opt = optim.AdamW(ddp:parameters(), {lr = 1e-3})
+step(ddp, opt, mine(x), mine(y))
+local ddp_bytes = live() - base
+model, ddp, opt = nil, nil, nil
+base = live()
+model = tiny()
+for _, b in ipairs(model.transformer.h:list()) do fsdp.fully_shard(b) end
+fsdp.fully_shard(model)
+opt = optim.AdamW(model:parameters(), {lr = 1e-3})
+step(model, opt, mine(x), mine(y))
+local fsdp_bytes = live() - base
+out("ddp_bytes", ddp_bytes)
+out("fsdp_bytes", fsdp_bytes)
+local ref = tiny()
+local ro = optim.AdamW(ref:parameters(), {lr = 1e-3})
+step(ref, ro, x, y)
+out("full", worst_vs(model, ref))
+]], 4, { timeout = 90 })
+    for i = 1, 4 do
+      local d, f = num(ranks, i, "ddp_bytes"), num(ranks, i, "fsdp_bytes")
+      assert.is_true(d > 0 and f > 0 and f <= 0.3 * d,
+        ("rank %d: FSDP holds %d bytes, DDP %d (ratio %.3f, bar 0.3)"):format(i - 1, f, d, f / d))
+    end
+    assert_within(ranks, { "full" }, 1e-5)
+  end)
+end)
