@@ -173,6 +173,74 @@ end
     assert_within(ranks, { "around", "inside" }, 1e-10)
   end)
 
+  it("#dist prefetches: from the second step the next module's all-gather is in flight while one computes, forward and backward (set_prefetch(false) turns it off)", function()
+    local ranks = run([[
+-- Probe: a Linear that records, during its forward and its input gradient, the state of
+-- the param group of `peer`
+Probe = nn.Linear:extend("Probe")
+function Probe:forward(x)
+  if self.peer then
+    self.seen[#self.seen + 1] = "f:" .. self.peer:_get_fsdp_state().group.state
+    local peer, seen = self.x_peer, self.seen
+    x:register_hook(function() seen[#seen + 1] = "b:" .. peer:_get_fsdp_state().group.state end)
+  end
+  return nn.Linear.forward(self, x)
+end
+for _, prefetch in ipairs{true, false} do
+  dl.manual_seed(1)
+  local a, b, c = Probe(4, 6), Probe(6, 5), Probe(5, 2)
+  local m = nn.Sequential(a, nn.Tanh(), b, nn.Tanh(), c)
+  fsdp.fully_shard(a); fsdp.fully_shard(b); fsdp.fully_shard(c); fsdp.fully_shard(m)
+  m:set_prefetch(prefetch)
+  -- b's forward sees c's group; b's input gradient (b's backward) sees a's group
+  b.seen = {}
+  b.peer = c
+  b.x_peer = a
+  for s = 1, 2 do
+    local x = dl.randn({2, 4}):requires_grad_(true)
+    m(x):sum():backward()
+  end
+  out(prefetch and "on" or "off", table.concat(b.seen, ","))
+end
+]], 2)
+    -- the forward order is known once the first forward ended: step 1's forward does not
+    -- prefetch, its backward does (b's pre-backward issued a's all-gather); step 2 both
+    assert.equal("f:sharded,b:gathering,f:gathering,b:gathering", ranks[1].out.on)
+    assert.equal("f:sharded,b:sharded,f:sharded,b:sharded", ranks[1].out.off)
+  end)
+
+  it("#dist mixed precision: param_dtype f32 over f64 shards computes in f32, reduces in f64 and keeps f64 gradients and optimizer", function()
+    local ranks = run([[
+Probe = nn.Linear:extend("Probe")
+function Probe:forward(x)
+  self.dtypes = self.weight.dtype .. "/" .. x.dtype
+  return nn.Linear.forward(self, x)
+end
+dl.manual_seed(1)
+local o = {dtype = "f64"}
+local function net() dl.manual_seed(1); return nn.Sequential(Probe(6, 9, o), nn.Tanh(), Probe(9, 3, o)) end
+local ref, m = net(), net()
+local mp = fsdp.MixedPrecisionPolicy{param_dtype = "f32", reduce_dtype = "f64"}
+fsdp.fully_shard(m[1], {mp_policy = mp}); fsdp.fully_shard(m, {mp_policy = mp})
+local o1, o2 = optim.SGD(ref:parameters(), {lr = 0.1}), optim.SGD(m:parameters(), {lr = 0.1})
+dl.manual_seed(100)
+for s = 1, 3 do
+  local x, y = dl.randn({8, 6}, o), dl.randn({8, 3}, o)
+  o1:zero_grad(); mse(ref(x), y):backward(); o1:step()
+  o2:zero_grad(); mse(m(mine(x)), mine(y)):backward()
+  out("grad_dtype", m[1].weight.grad.dtype .. "," .. m[1].weight.dtype)
+  o2:step()
+end
+out("compute", m[1].dtypes .. "," .. m[3].dtypes)
+out("worst", worst_vs(m, ref))
+try("bad_policy", function() fsdp.MixedPrecisionPolicy{param_dtype = "i64"} end)
+]], 2)
+    assert.equal("f32/f32,f32/f32", ranks[1].out.compute)
+    assert.equal("f64,f64", ranks[1].out.grad_dtype)
+    assert_within(ranks, { "worst" }, 1e-5)
+    assert.truthy(ranks[1].err.bad_policy:find("param_dtype must be a floating dtype name", 1, true))
+  end)
+
   it("#dist on 4 ranks the GPT's parameter + gradient + AdamW state bytes per rank are <= 0.3x DDP's, and its full state dict equals one process's", function()
     local ranks = run([[
 local function tiny() dl.manual_seed(3); return GPT{block_size = 16, vocab_size = 64, n_layer = 2, n_head = 2, n_embd = 64} end

@@ -104,6 +104,11 @@ function FSDPModule:set_prefetch(enabled)
   for _, s in ipairs(states_below(self)) do s.prefetch = enabled and true or false end
 end
 
+--- module:_get_fsdp_state() -> the FSDPState (ddplua.distributed.fsdp.state) fully_shard
+-- attached, as PyTorch's: its .group (the FSDPParamGroup: .state is "sharded", "gathering"
+-- while an all-gather is in flight, or "unsharded"), for tests and tools.
+function FSDPModule:_get_fsdp_state() return state(self, "_get_fsdp_state") end
+
 -- The FSDP subclass of each class (one per class, as PyTorch's cls_to_fsdp_cls).
 local fsdp_classes = setmetatable({}, { __mode = "k" })
 
