@@ -18,6 +18,7 @@
 -- unsharded_accumulated_grad).
 local lib = require "ddplua.lib"
 local dl = require "ddplua.functions"
+local clock = require "ddplua.clock"
 local c10d = require "ddplua.distributed.distributed_c10d"
 
 local FSDPParamGroup = {}
@@ -35,6 +36,7 @@ function FSDPParamGroup.new(fsdp_params, group, opts)
     reshard_after_forward = opts.reshard_after_forward,
     world = c10d.get_world_size(group),
     requires_gradient_sync = true,
+    all_gather_wait_s = 0, -- seconds spent blocked on this group's all-gathers (exposed)
     offsets = {}, flat_numel = 0, n_need_grad = 0, n_ready = 0,
   }, FSDPParamGroup)
   local dtype = opts.param_dtype
@@ -71,12 +73,16 @@ function FSDPParamGroup:unshard(async)
 end
 
 --- g:wait_for_unshard(): finish an all-gather started by unshard (wait, copy out into the
--- unsharded parameters, free the buffers) and register the unsharded parameters.
+-- unsharded parameters, free the buffers) and register the unsharded parameters. The time
+-- blocked in the wait is added to g.all_gather_wait_s (seconds): the all-gather time that
+-- computation did not hide (bench/fsdp.lua reports it with prefetch on and off).
 function FSDPParamGroup:wait_for_unshard()
   if self.state == "gathering" then
     local gather = self.gather
     self.gather = nil
+    local t0 = clock.now()
     gather.work:wait()
+    self.all_gather_wait_s = self.all_gather_wait_s + (clock.now() - t0)
     dl.no_grad(function()
       for i, fp in ipairs(self.params) do
         local version = fp:alloc_unsharded()
