@@ -4,7 +4,10 @@
 --   build/ddplua --nproc_per_node=2 --standalone bench/fsdp.lua --mode fsdp \
 --     [--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 8 --steps 20 --warmup 5]
 -- --mode: ddp (DistributedDataParallel), fsdp (prefetch on, the default), fsdp-noprefetch
--- (set_prefetch(false)), fsdp-keep (reshard_after_forward = false). A step: uniform random
+-- (set_prefetch(false)), fsdp-keep (reshard_after_forward = false), fsdp-ab (prefetch on in
+-- odd timed steps and off in even ones, in one process: a paired comparison that load from
+-- other jobs moves alike; prints "fsdp mode=fsdp-ab on_ms=.. off_ms=.. on_wait_ms=..
+-- off_wait_ms=..", medians of each half). A step: uniform random
 -- tokens (batch-size windows per rank, the same on every run), forward with the loss,
 -- backward, AdamW (lr 1e-3). One line from rank 0: "fsdp mode=.. step_ms=<median> min_ms=..
 -- max_ms=.. state_bytes=.. peak_bytes=..": state_bytes = the allocator's live bytes held
@@ -33,8 +36,10 @@ while i <= #arg do
     i = i + 2
   end
 end
-local MODES = { ddp = true, fsdp = true, ["fsdp-noprefetch"] = true, ["fsdp-keep"] = true }
-if not MODES[mode] then error("bench/fsdp.lua: --mode must be ddp, fsdp, fsdp-noprefetch or fsdp-keep", 0) end
+local MODES = { ddp = true, fsdp = true, ["fsdp-noprefetch"] = true, ["fsdp-keep"] = true, ["fsdp-ab"] = true }
+if not MODES[mode] then
+  error("bench/fsdp.lua: --mode must be ddp, fsdp, fsdp-noprefetch, fsdp-keep or fsdp-ab", 0)
+end
 
 dl.set_num_threads(1)
 dist.init_process_group { backend = "gloo" }
@@ -74,7 +79,40 @@ local function step(s)
   opt:step()
 end
 
+-- seconds blocked on all-gathers so far, over every FSDP group (rank 0's)
+local function waited()
+  local w = 0
+  for _, m in ipairs(model:modules()) do
+    if dist.fsdp.is_fsdp_module(m) then w = w + m:_get_fsdp_state().group.all_gather_wait_s end
+  end
+  return w
+end
+
+local function median(list)
+  table.sort(list)
+  return list[math.floor((#list + 1) / 2)]
+end
+
 for s = 1, o.warmup do step(s) end
+if mode == "fsdp-ab" then
+  local ms, wait = { on = {}, off = {} }, { on = {}, off = {} }
+  for s = 1, 2 * o.steps do
+    local key = s % 2 == 1 and "on" or "off"
+    model:set_prefetch(key == "on")
+    dist.barrier()
+    local w0, t0 = waited(), clock.now()
+    step(s)
+    ms[key][#ms[key] + 1] = (clock.now() - t0) * 1e3
+    wait[key][#wait[key] + 1] = (waited() - w0) * 1e3
+  end
+  if rank == 0 then
+    print(("fsdp mode=fsdp-ab procs=%d layers=%d embd=%d block=%d batch=%d on_ms=%.2f off_ms=%.2f on_wait_ms=%.2f off_wait_ms=%.2f")
+      :format(dist.get_world_size(), o.n_layer, o.n_embd, o.block_size, o.batch_size, median(ms.on), median(ms.off),
+        median(wait.on), median(wait.off)))
+  end
+  dist.destroy_process_group()
+  return
+end
 local state_bytes = live() - base
 dl.reset_peak_memory()
 local times = {}
@@ -86,13 +124,7 @@ for s = 1, o.steps do
 end
 local peak = dl.memory_stats().peak - base
 -- the all-gather time no computation hid: seconds blocked in the groups' waits, per step
-local wait_ms = 0
-if mode ~= "ddp" then
-  for _, m in ipairs(model:modules()) do
-    if dist.fsdp.is_fsdp_module(m) then wait_ms = wait_ms + m:_get_fsdp_state().group.all_gather_wait_s end
-  end
-  wait_ms = wait_ms * 1e3 / (o.warmup + o.steps)
-end
+local wait_ms = mode ~= "ddp" and waited() * 1e3 / (o.warmup + o.steps) or 0
 table.sort(times)
 if rank == 0 then
   print(("fsdp mode=%s procs=%d layers=%d embd=%d block=%d batch=%d step_ms=%.2f min_ms=%.2f max_ms=%.2f state_bytes=%d peak_bytes=%d allgather_wait_ms=%.2f")

@@ -25,6 +25,11 @@ for ((r = 0; r < ROUNDS; r++)); do
     lines[$m]+="$out"$'\n'
   done
 done
+# the paired prefetch comparison: on and off alternate step by step in one process
+ab=""
+for ((r = 0; r < ROUNDS; r++)); do
+  ab+="$(build/ddplua --nproc_per_node=2 --standalone bench/fsdp.lua --mode fsdp-ab "${args[@]}" 2>&1 | grep -o 'fsdp mode=.*' || true)"$'\n'
+done
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 field() { grep -o "$1=[0-9.]*" | cut -d= -f2; }
 echo "$(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores shared with other work, commit $(git rev-parse --short HEAD)."
@@ -43,3 +48,10 @@ for m in "${modes[@]}"; do
   awk -v m="$m" -v ms="$ms" -v st="$st" -v pk="$pk" -v wt="$wt" -v dms="$d_ms" -v dst="$d_st" -v dpk="$d_pk" \
     'BEGIN { printf "| %s | %.1f | %.2fx | %s | %d | %.2fx | %d | %.2fx |\n", m, ms, ms / dms, (m == "ddp" ? "-" : sprintf("%.2f", wt)), st, st / dst, pk, pk / dpk }'
 done
+echo
+echo "Prefetch on and off alternating step by step in one process (fsdp-ab; medians of each half, then of $ROUNDS rounds):"
+echo
+echo "| prefetch | step ms | all-gather wait ms / step |"
+echo "|---|---|---|"
+echo "| on | $(printf '%s' "$ab" | field on_ms | median) | $(printf '%s' "$ab" | field on_wait_ms | median) |"
+echo "| off | $(printf '%s' "$ab" | field off_ms | median) | $(printf '%s' "$ab" | field off_wait_ms | median) |"
