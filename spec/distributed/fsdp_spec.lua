@@ -173,6 +173,43 @@ end
     assert_within(ranks, { "around", "inside" }, 1e-10)
   end)
 
+  it("#dist takes a 1-D DeviceMesh, and names what is wrong: a non-module, a second call, a 2-D mesh, an original parameter used after sharding, an unsharded parameter kept past its reshard", function()
+    local ranks = run([[
+local mesh = dist.init_device_mesh("cpu", {WORLD}, {mesh_dim_names = {"dp"}})
+local ref, m = mlp(), mlp()
+fsdp.fully_shard(m[1], {mesh = mesh}); fsdp.fully_shard(m, {mesh = mesh})
+local o1, o2 = optim.SGD(ref:parameters(), {lr = 0.1}), optim.SGD(m:parameters(), {lr = 0.1})
+dl.manual_seed(100)
+local x, y = dl.randn({8, 6}, {dtype = "f64"}), dl.randn({8, 4}, {dtype = "f64"})
+mse(ref(x), y):backward(); o1:step()
+mse(m(mine(x)), mine(y)):backward(); o2:step()
+out("mesh", worst_vs(m, ref))
+try("not_module", function() fsdp.fully_shard(42) end)
+try("twice", function() fsdp.fully_shard(m) end)
+try("mesh_2d", function() fsdp.fully_shard(mlp(), {mesh = dist.init_device_mesh("cpu", {1, WORLD})}) end)
+try("unknown_option", function() fsdp.fully_shard(mlp(), {reshard = true}) end)
+local m2 = mlp()
+local original = m2[1].weight
+fsdp.fully_shard(m2)
+try("original", function() return original + 1 end)
+-- a Probe keeps the unsharded weight its forward used; after the forward it is freed
+Keep = nn.Linear:extend("Keep")
+function Keep:forward(x) self.kept = self.weight; return nn.Linear.forward(self, x) end
+local m3 = nn.Sequential(Keep(6, 4, {dtype = "f64"}), nn.Tanh(), nn.Linear(4, 2, {dtype = "f64"}))
+fsdp.fully_shard(m3[1]); fsdp.fully_shard(m3)
+m3(dl.randn({2, 6}, {dtype = "f64"}))
+try("kept", function() return m3[1].kept:sum() end)
+]], 2)
+    assert_within(ranks, { "mesh" }, 1e-10)
+    local e = ranks[1].err
+    assert.truthy(e.not_module:find("fully_shard: module must be an nn.Module, got number", 1, true))
+    assert.truthy(e.twice:find("already fully_shard'ed", 1, true))
+    assert.truthy(e.mesh_2d:find("expected a 1-D mesh", 1, true))
+    assert.truthy(e.unknown_option:find("reshard", 1, true))
+    assert.truthy(e.original:find("freed tensor", 1, true))
+    assert.truthy(e.kept:find("has no data: its storage was resized to 0 bytes", 1, true))
+  end)
+
   it("#dist prefetches: from the second step the next module's all-gather is in flight while one computes, forward and backward (set_prefetch(false) turns it off)", function()
     local ranks = run([[
 -- Probe: a Linear that records, during its forward and its input gradient, the state of
