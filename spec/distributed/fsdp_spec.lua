@@ -210,6 +210,35 @@ try("kept", function() return m3[1].kept:sum() end)
     assert.truthy(e.kept:find("has no data: its storage was resized to 0 bytes", 1, true))
   end)
 
+  it("#dist frees a dropped FSDP model (shards, unsharded parameters, hooks): no growth over models built, trained and dropped", function()
+    local ranks = run([[
+local function live() dl.empty_cache(); return dl.memory_stats().live end
+local base, sizes = live(), {}
+for i = 1, 3 do
+  local m = shard_gpt(gpt())
+  local opt = optim.AdamW(m:parameters(), {lr = 1e-3})
+  local x = dl.randint(0, 13, {2, 8})
+  local _, loss = m(x, x); loss:backward(); opt:step()
+  m, opt, loss = nil, nil, nil
+  sizes[i] = live() - base
+end
+out("sizes", table.concat(sizes, ","))
+local m = shard_gpt(gpt())
+local held = live() - base
+out("model", held - sizes[3])
+]], 2)
+    for i = 1, 2 do
+      local a, b, c = ranks[i].out.sizes:match("^(%-?%d+),(%-?%d+),(%-?%d+)$")
+      local model = num(ranks, i, "model")
+      assert.is_true(model > 0)
+      -- what stays after dropping a model (the run's own small leftovers) does not grow with
+      -- the models dropped, and is less than one model's shards
+      assert.is_true(tonumber(c) < model, ranks[i].out.sizes .. " vs one model " .. model)
+      assert.equal(b, c, "bytes left after models 1, 2, 3: " .. ranks[i].out.sizes)
+      assert.is_truthy(a)
+    end
+  end)
+
   it("#dist prefetches: from the second step the next module's all-gather is in flight while one computes, forward and backward (set_prefetch(false) turns it off)", function()
     local ranks = run([[
 -- Probe: a Linear that records, during its forward and its input gradient, the state of

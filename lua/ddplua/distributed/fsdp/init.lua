@@ -51,11 +51,31 @@ local M = {}
 
 M.MixedPrecisionPolicy = MixedPrecisionPolicy
 
--- module -> FSDPState (weak keys); tensor (original parameter or shard) -> true for every
--- parameter a fully_shard call already manages; shard -> FSDPParam.
-local states_of = setmetatable({}, { __mode = "k" })
+-- Note [fsdp lifetimes]: a module's FSDPState lives in the module itself (the plain
+-- attribute _fsdp_state, as PyTorch keeps its state on the module), never in a table of
+-- this file keyed by module: LuaJIT's weak-keyed tables are no ephemerons, so a state that
+-- refers back to its module (and to every shard) would keep them all alive for ever; the
+-- unsharded parameters' post-accumulate-grad hooks reach the state through a weak
+-- reference for the same reason (the engine's hook registry holds the hooks strongly).
+-- states_of[m] reads that attribute. `managed` (weak keys, value true) marks every tensor a
+-- fully_shard call already took (originals, shards, unsharded parameters).
+local states_of = setmetatable({}, { __index = function(_, m)
+  local attrs = type(m) == "table" and rawget(m, "_attrs")
+  return attrs and rawget(attrs, "_fsdp_state") or nil
+end, __newindex = function() error("fsdp: states_of is read-only", 2) end })
 local managed = setmetatable({}, { __mode = "k" })
-local fsdp_param_of = setmetatable({}, { __mode = "k" })
+
+-- tensor (shard or unsharded parameter) -> its FSDPParam, for every FSDP module under model
+local function param_map(model)
+  local map = {}
+  for _, m in ipairs(model:modules()) do
+    local s = states_of[m]
+    if s then
+      for _, fp in ipairs(s.group.params) do map[fp.sharded], map[fp.unsharded] = fp, fp end
+    end
+  end
+  return map
+end
 
 -- FSDP forwards under way (a forward with none around it is a root's).
 local active_forwards = 0
@@ -196,7 +216,6 @@ function M.fully_shard(module, opts)
     fp.group = group
     fsdp_params[i] = fp
     managed[p], managed[fp.sharded], managed[fp.unsharded] = true, true, true
-    fsdp_param_of[fp.sharded], fsdp_param_of[fp.unsharded] = fp, fp
     fp:to_sharded()
     -- Note [fsdp original parameters]: the whole original tensor is freed now (its handle
     -- stays, as a freed tensor): its bytes are what sharding saves, and a handle something
@@ -211,7 +230,7 @@ function M.fully_shard(module, opts)
   local s = FSDPState.new(module, group_state, { param_dtype = mp and mp.param_dtype })
   s:register_grad_hooks()
   group_state:reshard() -- frees the unsharded storages (allocated so the hooks could go on)
-  states_of[module] = s
+  rawget(module, "_attrs")._fsdp_state = s -- Note [fsdp lifetimes]
   setmetatable(module, fsdp_class(getmetatable(module)))
   return module
 end
@@ -222,9 +241,9 @@ function M.is_fsdp_module(v) return type(v) == "table" and states_of[v] ~= nil e
 --- fsdp.get_model_state_dict(model[, opts]) and fsdp.get_sharded_state_dict(model),
 -- fsdp.set_model_state_dict(model, sd): see ddplua.distributed.fsdp.state_dict.
 function M.get_model_state_dict(model, opts)
-  return state_dict.get_model_state_dict(model, fsdp_param_of, opts)
+  return state_dict.get_model_state_dict(model, param_map(model), opts)
 end
-function M.get_sharded_state_dict(model) return state_dict.get_sharded_state_dict(model, fsdp_param_of) end
-function M.set_model_state_dict(model, sd) return state_dict.set_model_state_dict(model, fsdp_param_of, sd) end
+function M.get_sharded_state_dict(model) return state_dict.get_sharded_state_dict(model, param_map(model)) end
+function M.set_model_state_dict(model, sd) return state_dict.set_model_state_dict(model, param_map(model), sd) end
 
 return M

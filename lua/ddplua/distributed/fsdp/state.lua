@@ -112,10 +112,15 @@ function FSDPState:post_forward(...)
   if engine.is_running() then return end
   local hooked = false
   if dl.is_grad_enabled() then
+    self.weak_self = self.weak_self or setmetatable({ state = self }, { __mode = "v" })
+    local ref = self.weak_self -- Note [fsdp lifetimes]: the hooks hold the state weakly
     each_tensor(function(t)
       if t.requires_grad then
         hooked = true
-        t:register_hook(function() self:pre_backward() end)
+        t:register_hook(function()
+          local s = ref.state
+          if s then s:pre_backward() end
+        end)
       end
     end, ...)
   end
@@ -163,12 +168,15 @@ function FSDPState:finish_backward()
 end
 
 --- state:register_grad_hooks(): the post-accumulate-grad hook of each unsharded parameter
--- that requires grad (once, at fully_shard: the unsharded parameters are persistent).
+-- that requires grad (once, at fully_shard: the unsharded parameters are persistent). The
+-- hooks hold the state weakly (Note [fsdp lifetimes] in ddplua.distributed.fsdp).
 function FSDPState:register_grad_hooks()
+  local ref = setmetatable({ state = self }, { __mode = "v" }) -- Note [fsdp lifetimes]
   for _, fp in ipairs(self.group.params) do
     if fp.requires_grad then
       fp.unsharded:register_post_accumulate_grad_hook(function()
-        if self.group:grad_ready() then self:post_backward() end
+        local s = ref.state
+        if s and s.group:grad_ready() then s:post_backward() end
       end)
     end
   end
