@@ -4,6 +4,7 @@
 local dl = require "ddplua"
 local lib = require "ddplua.lib"
 local C = lib.C
+local cuda = require "cuda"
 
 local function resize(t, nbytes) return C.ddp_tensor_storage_resize_(t, nbytes) end
 local function last_error() return lib.ffi.string(C.ddp_last_error()) end
@@ -57,6 +58,21 @@ describe("storage resize_ (Note [storage resize])", function()
     C.ddp_tensor_version_restore(w2, version)
     y2:backward()
     assert.same({ 7, 8, 9 }, x2.grad:tolist())
+  end)
+
+  it("frees and re-allocates device storage in place (the simulated CUDA device)", function()
+    local status, out = cuda.run_sim([[
+local C = require("ddplua.lib").C
+local t = dl.ones({300}):cuda()
+local v = t:narrow(1, 1, 2)
+io.write(C.ddp_tensor_storage_resize_(t, 0), " ")
+io.write(tostring(pcall(function() return v:sum() end)), " ")
+io.write(C.ddp_tensor_storage_resize_(t, 4 * 300), " ")
+t:fill_(2)
+io.write(v:sum():item(), "\n")
+]])
+    assert.equal(0, status, out)
+    assert.equal("0 false 0 4\n", out)
   end)
 
   it("refuses a negative size and a freed tensor", function()
