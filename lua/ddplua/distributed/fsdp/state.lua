@@ -31,7 +31,9 @@ local engine = require "ddplua.autograd.engine"
 local FSDPState = {}
 FSDPState.__index = FSDPState
 
---- FSDPState.new(module, param_group) -> the state of a module fully_shard was applied to.
+--- FSDPState.new(module, param_group, opts) -> the state of a module fully_shard was applied
+-- to; opts.param_dtype: the dtype its forward's floating tensor arguments are cast to (nil:
+-- none). Not a root until lazy_init decides (is_root nil).
 function FSDPState.new(module, param_group, opts)
   return setmetatable({
     module = module, group = param_group, is_root = nil, prefetch = true,
@@ -72,7 +74,9 @@ local function cast_args(dtype, n, ...)
   return args
 end
 
---- state:pre_forward(...) -> the forward's arguments (cast to param_dtype when set).
+--- state:pre_forward(n, ...) -> the forward's n arguments as a list when they were cast to
+-- param_dtype, else nil (use them as given). Records the forward order (the root's first
+-- forward), unshards this group and prefetches the next one (Note [fsdp hooks]).
 function FSDPState:pre_forward(n, ...)
   local root = self.root
   local recomputing = engine.is_running()
