@@ -93,6 +93,12 @@ typedef struct ddp_storage {
   int64_t version;        /* bumped by every in-place write (saved-tensor checks) */
   ddp_deleter_fn deleter; /* DDP_STORAGE_EXTERNAL only; may be NULL */
   void *deleter_ctx;
+  /* Note [storage resize] (runtime/core/tensor.c): bytes of the small block that holds this
+   * struct when its data was inline before a resize moved the data out (0 otherwise), and
+   * whether ddp_tensor_storage_resize_ ever ran on it (only then does ddp_check_alive
+   * compare a tensor's extent with nbytes). */
+  uint32_t block_bytes;
+  uint8_t resized;
 } ddp_storage;
 
 struct ddp_tensor {
@@ -136,6 +142,10 @@ static inline char *ddp_data(const ddp_tensor *t) {
 /* Fail unless t is a live tensor. `op` and `arg` name the call and argument for the
  * message, e.g. ddp_check_alive(t, "add", "other"). */
 int ddp_check_alive(const ddp_tensor *t, const char *op, const char *arg);
+
+/* 1 when t's elements lie inside its storage's bytes; 0 when a storage resize (Note
+ * [storage resize], runtime/core/tensor.c) left the storage shorter than t's extent. */
+int ddp_tensor_storage_fits(const ddp_tensor *t);
 
 /* A new tensor header viewing `base`'s storage with the given geometry (no autograd,
  * requires_grad 0). The caller checks the geometry stays inside the storage. */

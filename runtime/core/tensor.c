@@ -49,7 +49,7 @@ static void storage_release(ddp_storage *s) {
     ddp_free_block_counted(s, INLINE_OFFSET + s->nbytes);
     return;
   case DDP_STORAGE_ALLOC:
-    ddp_free(s->data, s->nbytes);
+    if (s->data) ddp_free(s->data, s->nbytes);
     break;
   case DDP_STORAGE_DEVICE:
     ddp_device_free(s->data);
@@ -61,7 +61,74 @@ static void storage_release(ddp_storage *s) {
     if (s->deleter) s->deleter(s->data, s->deleter_ctx);
     break;
   }
-  free(s);
+  if (s->block_bytes) ddp_free_block_counted(s, s->block_bytes); /* Note [storage resize] */
+  else free(s);
+}
+
+/* Note [storage resize]: ddp_tensor_storage_resize_ gives a storage new data of another size
+ * in place, as PyTorch's untyped_storage().resize_(n): the storage struct stays, so every
+ * tensor header over it (views, autograd's saved aliases, Note [saved tensors] in
+ * runtime/tape/node.c) sees the change. FSDP frees an unsharded parameter after forward this
+ * way (resize to 0) and re-allocates it before backward, so the graph's saved tensors read
+ * the re-gathered values. Runtime-owned memory only (ALLOC, INLINE, DEVICE). An INLINE
+ * storage's data lives in the struct's own small block: the resize moves the data out
+ * (kind becomes ALLOC) and remembers the block's size in block_bytes for storage_release.
+ * Once a storage was resized, ddp_check_alive compares each tensor's extent with nbytes, so
+ * using a tensor whose storage is shorter than its shape is an error, never a read past the
+ * data (the flag keeps that check off the path of every other tensor). */
+int ddp_tensor_storage_resize_(ddp_tensor *t, int64_t nbytes) {
+  if (!t) DDP_FAIL(DDP_ERR_ARG, "storage resize_: argument 'self' is nil (expected a tensor)");
+  if (!t->storage)
+    DDP_FAIL(DDP_ERR_STATE, "storage resize_: argument 'self' is a freed tensor (:free() was "
+             "called on it)");
+  ddp_storage *s = t->storage;
+  if (nbytes < 0)
+    DDP_FAIL(DDP_ERR_ARG, "storage resize_: nbytes must be >= 0, got %lld", (long long)nbytes);
+  if (s->kind == DDP_STORAGE_EXTERNAL || s->kind == DDP_STORAGE_PINNED)
+    DDP_FAIL(DDP_ERR_ARG,
+             "storage resize_: the storage of this tensor is %s memory the allocator does not "
+             "own; only tensors made by the runtime can be resized",
+             s->kind == DDP_STORAGE_PINNED ? "pinned" : "external (from_blob)");
+  size_t n = (size_t)nbytes, keep = n < s->nbytes ? n : s->nbytes;
+  s->resized = 1;
+  if (n == s->nbytes) return DDP_OK;
+  void *data = NULL;
+  if (n > 0) {
+    if (s->device != DDP_DEVICE_CPU) {
+      DDP_TRY(ddp_device_alloc(&data, s->device, n));
+    } else if (!(data = ddp_alloc(n))) {
+      DDP_FAIL(DDP_ERR_MEMORY, "storage resize_: out of memory allocating %zu bytes", n);
+    }
+    if (keep) {
+      int st = ddp_device_memcpy(data, s->device, s->data, s->device, keep, "storage resize_");
+      if (st) {
+        if (s->device != DDP_DEVICE_CPU) ddp_device_free(data);
+        else ddp_free(data, n);
+        return st;
+      }
+    }
+    if (n > keep) DDP_TRY(ddp_device_memset((char *)data + keep, s->device, 0, n - keep,
+                                            "storage resize_"));
+  }
+  switch (s->kind) {
+  case DDP_STORAGE_INLINE: /* the old data is part of the struct's block: keep the block */
+    s->block_bytes = (uint32_t)(INLINE_OFFSET + s->nbytes);
+    s->kind = s->device != DDP_DEVICE_CPU ? DDP_STORAGE_DEVICE : DDP_STORAGE_ALLOC;
+    break;
+  case DDP_STORAGE_ALLOC:
+    if (s->data) ddp_free(s->data, s->nbytes);
+    break;
+  default: /* DDP_STORAGE_DEVICE */
+    if (s->data) ddp_device_free(s->data);
+    break;
+  }
+  s->data = data;
+  s->nbytes = n;
+  return DDP_OK;
+}
+
+void ddp_tensor_version_restore(ddp_tensor *t, int64_t version) {
+  if (t && t->storage) t->storage->version = version;
 }
 
 /* ---- tensor headers ----------------------------------------------------------------- */
@@ -395,7 +462,21 @@ int ddp_check_alive(const ddp_tensor *t, const char *op, const char *arg) {
   if (!t->storage)
     DDP_FAIL(DDP_ERR_STATE, "%s: argument '%s' is a freed tensor (:free() was called on it)",
              op, arg);
+  if (__builtin_expect(t->storage->resized, 0) && !ddp_tensor_storage_fits(t))
+    DDP_FAIL(DDP_ERR_STATE,
+             "%s: argument '%s' of shape %s has no data: its storage was resized to %zu bytes "
+             "(storage resize_, as FSDP frees an unsharded parameter after forward; "
+             "Note [storage resize])",
+             op, arg, DDP_SHAPE(t), t->storage->nbytes);
   return DDP_OK;
+}
+
+int ddp_tensor_storage_fits(const ddp_tensor *t) {
+  if (!t || !t->storage) return 0;
+  if (t->numel == 0) return 1;
+  int64_t last = t->offset;
+  for (int i = 0; i < t->ndim; i++) last += (t->shape[i] - 1) * t->strides[i];
+  return (uint64_t)(last + 1) * ddp_dtype_size(t->dtype) <= t->storage->nbytes;
 }
 
 /* ---- accessors ---------------------------------------------------------------------- */

@@ -209,6 +209,25 @@ int64_t ddp_tensor_storage_bytes(const ddp_tensor *t);
 /* Times the storage was written in place (in-place ops, copies into it). */
 int64_t ddp_tensor_version(const ddp_tensor *t);
 
+/* Give t's storage new data of `nbytes` bytes in place, as PyTorch's
+ * t.untyped_storage().resize_(nbytes): the first min(old, new) bytes are kept, the rest is
+ * zero; every tensor over the storage (views, autograd's saved tensors) sees the new data.
+ * nbytes 0 frees the data and keeps the tensor object: any later use of a tensor whose
+ * elements lie past the storage's bytes is an error (DDP_ERR_STATE, "... has no data: its
+ * storage was resized to 0 bytes"), never a read of freed memory, until a resize back to
+ * the bytes its shape needs (numel * element size for a contiguous tensor). FSDP frees
+ * unsharded parameters this way after forward (Note [storage resize] in
+ * runtime/core/tensor.c). Errors: DDP_ERR_ARG for nbytes < 0 or memory the runtime does not
+ * own (from_blob, pinned); DDP_ERR_STATE for a freed tensor; DDP_ERR_MEMORY. */
+int ddp_tensor_storage_resize_(ddp_tensor *t, int64_t nbytes);
+
+/* Set the version counter of t's storage (ddp_tensor_version) back to `version`, as PyTorch's
+ * torch.autograd._unsafe_preserve_version_counter: for a writer that refills a storage with
+ * the very values autograd saved (FSDP's all-gather before backward), which must not read as
+ * an in-place modification. Anything else makes the saved-tensor check useless. NULL or a
+ * freed tensor is ignored. */
+void ddp_tensor_version_restore(ddp_tensor *t, int64_t version);
+
 /* The single element of a one-element tensor, as a double. DDP_ERR_ARG when numel != 1. */
 int ddp_tensor_item(const ddp_tensor *t, double *out);
 

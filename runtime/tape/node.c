@@ -96,6 +96,15 @@ ddp_tensor *ddp_node_saved(ddp_node *node, int slot) {
               node->name);
     return NULL;
   }
+  if (s->tensor && !ddp_tensor_storage_fits(s->tensor)) { /* Note [storage resize] */
+    DDP_ERROR(DDP_ERR_STATE,
+              "%s: a tensor of shape %s saved for the gradient has no data: its storage was "
+              "resized to %zu bytes after the forward and not re-allocated before backward "
+              "(FSDP re-gathers a resharded parameter in its pre-backward hook: was the "
+              "module's output used outside the graph?)",
+              node->name, DDP_SHAPE(s->tensor), s->tensor->storage->nbytes);
+    return NULL;
+  }
   if (s->tensor && s->tensor->storage->version != s->version) {
     DDP_ERROR(DDP_ERR_STATE,
               "%s: a tensor of shape %s saved for the gradient was modified by an in-place "

@@ -90,6 +90,37 @@ local function tensor_array(buf, list, n)
   return a
 end
 
+-- Callbacks queued during the outermost walk (M.queue_callback), run when it ends.
+local final_callbacks = {}
+
+--- engine.is_running() -> true while a backward walk (backward or autograd.grad) is under
+-- way: hooks and Functions' backward run inside one; a module's forward called then is a
+-- recomputation (activation checkpointing), which FSDP's post-forward must not reshard.
+function M.is_running() return depth > 0 end
+
+--- engine.queue_callback(fn): run fn() once the outermost backward walk now under way has
+-- finished (after every hook of the walk), as PyTorch's
+-- Variable._execution_engine.queue_callback: FSDP finishes the post-backward of param
+-- groups whose gradients never arrived there. Callbacks run in the order queued, each at
+-- most once; when the walk fails they are dropped. Raises when no walk is running.
+function M.queue_callback(fn)
+  if depth == 0 then lib.raise("queue_callback: no backward is running (call it from a hook)") end
+  if type(fn) ~= "function" then lib.raise("queue_callback: fn must be a function, got " .. type(fn)) end
+  final_callbacks[#final_callbacks + 1] = fn
+end
+
+-- Run the queued callbacks (a callback may queue more: they run too); errors propagate.
+local function run_final_callbacks()
+  local i = 1
+  while final_callbacks[i] do
+    local fn = final_callbacks[i]
+    final_callbacks[i] = false
+    fn()
+    i = i + 1
+  end
+  for k = #final_callbacks, 1, -1 do final_callbacks[k] = nil end
+end
+
 local function finish(w, ok, err, inputs, ni)
   local results
   if ok and inputs then
@@ -97,6 +128,14 @@ local function finish(w, ok, err, inputs, ni)
     for i = 1, ni do results[i] = wrap(C.ddp_backward_result(w, i - 1)) end
   end
   C.ddp_backward_end(w)
+  -- callbacks run while depth still counts this walk (one that queues another is legal)
+  if depth == 1 and #final_callbacks > 0 then
+    if ok then
+      local cb_ok, cb_err = pcall(run_final_callbacks)
+      if not cb_ok then ok, err = false, cb_err end
+    end
+    for k = #final_callbacks, 1, -1 do final_callbacks[k] = nil end
+  end
   depth = depth - 1
   -- the walk's gradients are no dropped handles (Note [step lifetimes], ddplua/lib.lua)
   if depth == 0 then lib.step_mark() end

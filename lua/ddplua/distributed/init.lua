@@ -40,6 +40,8 @@ end })
 --- dist.tensor: DTensor and its placements (ddplua.distributed.tensor), dist.tensor.parallel
 -- (ddplua.distributed.tensor.parallel), dist.checkpoint (ddplua.distributed.checkpoint), as
 -- torch.distributed.tensor, torch.distributed.tensor.parallel, torch.distributed.checkpoint.
+--- dist.fsdp: fully sharded data parallel, fully_shard and MixedPrecisionPolicy
+-- (ddplua.distributed.fsdp), as torch.distributed.fsdp.
 --- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
 -- collectives of Lua values (ddplua.distributed.objects).
 local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
@@ -56,6 +58,7 @@ local MODULES = {
     return t
   end,
   checkpoint = function() return require "ddplua.distributed.checkpoint" end,
+  fsdp = function() return require "ddplua.distributed.fsdp" end,
 }
 setmetatable(M, { __index = function(t, k)
   local load = MODULES[k]
