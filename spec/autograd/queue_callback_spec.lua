@@ -1,7 +1,19 @@
 -- Specs for ddplua.autograd.engine's queue_callback and is_running (PyTorch's
 -- Variable._execution_engine.queue_callback): what FSDP's end-of-backward relies on.
 local dl = require "ddplua"
-local engine = require "ddplua.autograd.engine"
+-- The engine the tensor methods run: busted loads the modules afresh for each spec file
+-- while the tensor metatype (ffi.metatype, once per process) keeps the methods of the first
+-- load, so a plain require here may give another instance of the engine than backward uses.
+local function engine_of_backward()
+  local backward = dl.tensor({ 1 }).backward
+  for i = 1, 50 do
+    local name, v = debug.getupvalue(backward, i)
+    if name == nil then break end
+    if name == "engine" then return v end
+  end
+  return require "ddplua.autograd.engine"
+end
+local engine = engine_of_backward()
 
 describe("autograd engine queue_callback", function()
   it("runs a callback queued from a hook once, after every hook of the outermost walk", function()
