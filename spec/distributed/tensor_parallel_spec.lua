@@ -103,4 +103,24 @@ out("state", sd_diff(tp.full_state_dict(model), ref:state_dict()))
       assert.is_true(small(o.state, 1e-10), ("rank %d: state dict differs by %s"):format(r - 1, tostring(o.state)))
     end
   end)
+  it("FSDP over mesh['dp'] of a tensor-parallel GPT on a 2 x 2 mesh equals one process, 20 steps (4 ranks)", function()
+    local ranks = run([[
+local fsdp = require "ddplua.distributed.fsdp"
+local ref = gpt()
+train(ref, 20, 1, 4)
+local mesh = dist.init_device_mesh("cpu", {2, 2}, {mesh_dim_names = {"dp", "tp"}})
+local model = tp.parallelize_module(gpt(), mesh["tp"], GPT_CLASS.tp_plan(CONFIG, 2))
+for _, block in ipairs(model.transformer.h:list()) do fsdp.fully_shard(block, {mesh = mesh["dp"]}) end
+fsdp.fully_shard(model, {mesh = mesh["dp"]})
+local dp = mesh:get_coordinate()[1]
+out("shard_rows", model.transformer.h[1].mlp.c_fc.weight:size(1)) -- 32 rows: 16 per tp rank, 8 per dp rank
+train(model, 20, 1 + 2 * dp, 2)
+out("state", sd_diff(tp.full_state_dict(model, fsdp.get_model_state_dict(model, {full_state_dict = true})), ref:state_dict()))
+]], 4)
+    for r = 1, 4 do
+      local o = ranks[r].out
+      assert.are.equal("8", o.shard_rows)
+      assert.is_true(small(o.state, 1e-10), ("rank %d: state dict differs by %s"):format(r - 1, tostring(o.state)))
+    end
+  end)
 end)

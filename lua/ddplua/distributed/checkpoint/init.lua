@@ -272,11 +272,10 @@ end
 -- model's data (load writes into the model).
 function M.get_model_state_dict(model)
   local parallel = require "ddplua.distributed.tensor.parallel"
-  local sd = model:state_dict()
+  local specs = parallel.specs_by_name(model)
   local out = {}
-  for name, t in pairs(sd) do
-    local ok, p = pcall(model.get_parameter, model, name)
-    local spec = ok and p ~= nil and parallel.param_spec(p)
+  for name, t in pairs(model:state_dict()) do
+    local spec = specs[name]
     if spec and spec.fused then -- blocks cut one by one: a region per block
       out[name] = { fused_blocks = spec.fused, tensor = t, spec = spec }
     else

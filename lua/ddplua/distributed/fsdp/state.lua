@@ -100,11 +100,14 @@ function FSDPState:pre_forward(n, ...)
   return nil
 end
 
--- Tensors among the outputs (one level of tables, as a forward returns values or a list).
+-- Tensors among the outputs (one level of tables, as a forward returns values or a list; a
+-- DTensor of tensor parallelism counts by its local tensor).
 local function each_tensor(fn, ...)
+  local DTensor = require "ddplua.distributed.tensor.dtensor"
   for i = 1, select("#", ...) do
     local v = select(i, ...)
     if dl.is_tensor(v) then fn(v)
+    elseif DTensor.is_dtensor(v) then fn(v:to_local())
     elseif type(v) == "table" and getmetatable(v) == nil then
       for _, x in pairs(v) do if dl.is_tensor(x) then fn(x) end end
     end

@@ -27,24 +27,38 @@ local M = {
 --- loss_parallel(fn) -> what fn returns (see above).
 function M.loss_parallel(fn) return fn() end
 
---- param_spec(p) -> {mesh, placements, shape, fused} for a parameter parallelize_module cut
--- (Note [parallel parameters]), else nil.
+--- param_spec(p) -> {mesh, placements, shape, fused} for a parameter tensor parallelize_module
+-- cut (Note [parallel parameters]), else nil.
 function M.param_spec(p) return style.specs[p] end
 
---- full_tensor(p) -> the whole parameter p (a new tensor) from its pieces: collective over
--- the tp mesh when p was cut; p itself when not.
-function M.full_tensor(p)
-  local spec = style.specs[p]
-  if not spec then return p end
+--- specs_by_name(module) -> name -> spec for every cut parameter of module, by its state_dict
+-- name ("transformer.h.0.attn.c_attn.weight"); both names of a tied parameter.
+function M.specs_by_name(module)
+  local out = {}
+  for prefix, sub in module:named_modules() do
+    local specs = style.module_specs[sub]
+    if specs then
+      for name, spec in pairs(specs) do out[(prefix == "" and "" or prefix .. ".") .. name] = spec end
+    end
+  end
+  return out
+end
+
+--- full_tensor(t, spec) -> the whole tensor (new) from this rank's piece t of a parameter cut
+-- as spec says (param_spec); collective over spec.mesh. Returns t itself when spec
+-- is nil and t was not cut. full_tensor(p) takes p's own spec.
+function M.full_tensor(t, spec)
+  spec = spec or style.specs[t]
+  if not spec then return t end
   return dl.no_grad(function()
     if not spec.fused then
-      return DTensor.from_local(p, spec.mesh, spec.placements, { shape = spec.shape }):full_tensor()
+      return DTensor.from_local(t:detach(), spec.mesh, spec.placements, { shape = spec.shape }):full_tensor()
     end
     local d = spec.placements[1].dim
     local block_shape = { unpack(spec.shape) }
     block_shape[d] = block_shape[d] / spec.fused
     local parts = {}
-    for b, piece in ipairs(p:chunk(spec.fused, d)) do
+    for b, piece in ipairs(t:detach():chunk(spec.fused, d)) do
       parts[b] = DTensor.from_local(piece:contiguous(), spec.mesh, { placement_types.Shard(d) },
         { shape = block_shape }):full_tensor()
     end
@@ -52,23 +66,20 @@ function M.full_tensor(p)
   end)
 end
 
---- full_state_dict(module) -> a state dict (name -> tensor) of module with every cut
--- parameter whole: the state dict of the module before parallelize_module, for
--- checkpoints and comparisons. Collective over the tp mesh (every rank calls it).
-function M.full_state_dict(module)
-  local sd = module:state_dict()
+--- full_state_dict(module[, sd]) -> a state dict (name -> tensor) of module with every cut
+-- parameter whole: the state dict of the module before parallelize_module, for checkpoints
+-- and comparisons. sd: the tensor-parallel pieces by name (default module:state_dict(); give
+-- FSDP's full state dict, fsdp.get_model_state_dict(model, {full_state_dict = true}), when FSDP shards the pieces
+-- further). Collective over the tp mesh (every rank calls it; names in sorted order).
+function M.full_state_dict(module, sd)
+  sd = sd or module:state_dict()
+  local specs = M.specs_by_name(module)
   local names = {}
   for name in pairs(sd) do names[#names + 1] = name end
-  table.sort(names) -- the same order on every rank: each cut parameter is one collective
-  local out, whole = {}, {}
+  table.sort(names)
+  local out = {}
   for _, name in ipairs(names) do
-    local ok, p = pcall(module.get_parameter, module, name)
-    if ok and p ~= nil and style.specs[p] then
-      whole[p] = whole[p] or M.full_tensor(p) -- a tied parameter is gathered once
-      out[name] = whole[p]
-    else
-      out[name] = sd[name]
-    end
+    out[name] = specs[name] and M.full_tensor(sd[name], specs[name]) or sd[name]
   end
   return out
 end

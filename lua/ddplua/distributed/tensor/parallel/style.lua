@@ -41,24 +41,36 @@ local Shard, Replicate = placement_types.Shard, placement_types.Replicate
 
 local M = {}
 
--- Note [parallel parameters]: what parallelize_module did to a parameter, by the parameter
--- (weak keys): {mesh, placements, shape = the global shape, fused = k or nil}.
+-- Note [parallel parameters]: what parallelize_module did to a parameter: {mesh, placements,
+-- shape = the global shape, fused = k or nil}, kept by the module and the parameter's name
+-- there (module_specs[module][name]: what the styles' forwards read, whatever tensor the
+-- name holds at the time, as FSDP swaps shards and unsharded tensors in and out), and by the
+-- tensor it was first applied to (specs[tensor]: tied parameters are cut once). Weak keys.
 local specs = setmetatable({}, { __mode = "k" })
-M.specs = specs
+local module_specs = setmetatable({}, { __mode = "k" })
+M.specs, M.module_specs = specs, module_specs
 
--- Replace p's data by this rank's piece (placement `pl`, fused blocks k), once.
-local function shard_param(p, mesh, pl, fused, who)
+local function remember(mod, name, spec)
+  module_specs[mod] = module_specs[mod] or {}
+  module_specs[mod][name] = spec
+end
+
+-- Replace the data of mod's parameter `name` by this rank's piece (placement `pl`, fused
+-- blocks k), once per tensor.
+local function shard_param(mod, name, mesh, pl, fused, who)
+  local p = mod[name]
   if p == nil then return end
   local shape = p:size()
+  pl = placement_types.normalize(pl, #shape)
   local spec = specs[p]
   if spec then -- a tied parameter, already cut: the same cut or an error
     if spec.placements[1] ~= pl or spec.fused ~= fused then
       raise(("%s: a parameter shared with another parallelized module is cut as %s there, not %s")
             :format(who, tostring(spec.placements[1]), tostring(pl)))
     end
+    remember(mod, name, spec)
     return
   end
-  pl = placement_types.normalize(pl, #shape)
   local k = mesh:get_local_rank()
   local W = mesh:size()
   local piece
@@ -81,12 +93,15 @@ local function shard_param(p, mesh, pl, fused, who)
   lib.check(lib.C.ddp_tensor_set_data(p, piece))
   if g ~= nil then p.grad = nil end
   specs[p] = { mesh = mesh, placements = { pl }, shape = shape, fused = fused }
+  remember(mod, name, specs[p])
 end
 
--- p as a DTensor (its spec from shard_param, or Replicate).
-local function param_dt(p, mesh)
+-- mod's parameter `name` (the tensor it holds now) as a DTensor: its spec from shard_param,
+-- or Replicate.
+local function param_dt(mod, name, mesh)
+  local p = mod[name]
   if p == nil then return nil end
-  local spec = specs[p]
+  local spec = module_specs[mod] and module_specs[mod][name]
   if spec then return DTensor.from_local(p, mesh, spec.placements, { shape = spec.shape }) end
   return DTensor.from_local(p, mesh, { Replicate() })
 end
@@ -142,22 +157,22 @@ function M.ColwiseParallel(opts)
   s.apply = function(self, mod, mesh)
     local kind = mod:_get_name()
     if kind == "Linear" then
-      shard_param(mod.weight, mesh, Shard(1), self.fused, "ColwiseParallel")
-      shard_param(mod.bias, mesh, Shard(1), self.fused, "ColwiseParallel")
+      shard_param(mod, "weight", mesh, Shard(1), self.fused, "ColwiseParallel")
+      shard_param(mod, "bias", mesh, Shard(1), self.fused, "ColwiseParallel")
       wrap_forward(mod, function(m, _, x)
         local xd = to_dt(x, mesh, self.input_layouts, Replicate())
         if self.fused then -- local blocks: the input's gradient summed over the ranks
           local lx = coll.copy(xd:to_local(), mesh:get_group())
           return require("ddplua.functions").linear(lx, m.weight, m.bias)
         end
-        return finish(ops.linear(xd, param_dt(m.weight, mesh), param_dt(m.bias, mesh)), mesh,
+        return finish(ops.linear(xd, param_dt(m, "weight", mesh), param_dt(m, "bias", mesh)), mesh,
           self.output_layouts, self.use_local_output)
       end)
     elseif kind == "Embedding" then
       if self.fused then raise("ColwiseParallel: fused applies to nn.Linear only") end
-      shard_param(mod.weight, mesh, Shard(2), nil, "ColwiseParallel")
+      shard_param(mod, "weight", mesh, Shard(2), nil, "ColwiseParallel")
       wrap_forward(mod, function(m, _, ids)
-        local y = ops.embedding(to_dt(ids, mesh, self.input_layouts, Replicate()), param_dt(m.weight, mesh),
+        local y = ops.embedding(to_dt(ids, mesh, self.input_layouts, Replicate()), param_dt(m, "weight", mesh),
           { padding_idx = m.padding_idx })
         return finish(y, mesh, self.output_layouts, self.use_local_output)
       end)
@@ -179,17 +194,17 @@ function M.RowwiseParallel(opts)
   s.apply = function(self, mod, mesh)
     local kind = mod:_get_name()
     if kind == "Linear" then
-      shard_param(mod.weight, mesh, Shard(2), nil, "RowwiseParallel")
+      shard_param(mod, "weight", mesh, Shard(2), nil, "RowwiseParallel")
       wrap_forward(mod, function(m, _, x)
         local xd = to_dt(x, mesh, self.input_layouts or Shard(-1), Shard(-1))
-        local y = ops.linear(xd, param_dt(m.weight, mesh), m.bias and param_dt(m.bias, mesh))
+        local y = ops.linear(xd, param_dt(m, "weight", mesh), param_dt(m, "bias", mesh))
         return finish(y, mesh, self.output_layouts, self.use_local_output)
       end)
     elseif kind == "Embedding" then
-      shard_param(mod.weight, mesh, Shard(1), nil, "RowwiseParallel")
+      shard_param(mod, "weight", mesh, Shard(1), nil, "RowwiseParallel")
       wrap_forward(mod, function(m, _, ids)
         local y = ops.embedding(to_dt(ids, mesh, self.input_layouts or Replicate(), Replicate()),
-          param_dt(m.weight, mesh), { padding_idx = m.padding_idx })
+          param_dt(m, "weight", mesh), { padding_idx = m.padding_idx })
         return finish(y, mesh, self.output_layouts, self.use_local_output)
       end)
     else
