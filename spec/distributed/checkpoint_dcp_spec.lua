@@ -88,4 +88,45 @@ out("converted", sd_diff(ckpt.load(DIR .. "/converted.safetensors"), want))
     assert.matches("^0 over %d+$", one[1].out.diff)
     assert.matches("^0 over %d+$", one[1].out.converted)
   end)
+  it("saves FSDP + TP shards on 4 ranks, loads into FSDP on 2 ranks and into one process", function()
+    local save = run(([[
+local fsdp = require "ddplua.distributed.fsdp"
+local DIR = %q
+local mesh = dist.init_device_mesh("cpu", {2, 2}, {mesh_dim_names = {"dp", "tp"}})
+local model = tp.parallelize_module(gpt(3), mesh["tp"], GPT.tp_plan(CONFIG, 2))
+for _, block in ipairs(model.transformer.h:list()) do fsdp.fully_shard(block, {mesh = mesh["dp"]}) end
+fsdp.fully_shard(model, {mesh = mesh["dp"]})
+local opt = model:configure_optimizers(0.1, 1e-2, {0.9, 0.95})
+dl.manual_seed(9)
+local idx, tgt = dl.randint(0, 13, {4, 8}, {dtype = "i64"}), dl.randint(0, 13, {4, 8}, {dtype = "i64"})
+local dp = mesh:get_coordinate()[1]
+local _, loss = model(idx:narrow(1, 1 + 2 * dp, 2), tgt:narrow(1, 1 + 2 * dp, 2))
+loss:backward()
+opt:step()
+dcp.save(dcp.get_model_state_dict(model), {checkpoint_id = DIR .. "/fsdp_tp"})
+local full = tp.full_state_dict(model, fsdp.get_model_state_dict(model, {full_state_dict = true}))
+if RANK == 0 then ckpt.save(DIR .. "/fsdp_tp_full.safetensors", full) end
+dist.barrier()
+]]):format(dir), 4)
+    assert.are.equal(4, #save)
+
+    local two = run(([[
+local fsdp = require "ddplua.distributed.fsdp"
+local DIR = %q
+local model = gpt(77)
+for _, block in ipairs(model.transformer.h:list()) do fsdp.fully_shard(block) end
+fsdp.fully_shard(model)
+dcp.load(dcp.get_model_state_dict(model), {checkpoint_id = DIR .. "/fsdp_tp"})
+out("diff", sd_diff(fsdp.get_model_state_dict(model, {full_state_dict = true}), ckpt.load(DIR .. "/fsdp_tp_full.safetensors")))
+]]):format(dir), 2)
+    for r = 1, 2 do assert.matches("^0 over %d+$", two[r].out.diff) end
+
+    local one = run(([[
+local DIR = %q
+local model = gpt(55)
+dcp.load(model:state_dict(), {checkpoint_id = DIR .. "/fsdp_tp"})
+out("diff", sd_diff(model:state_dict(), ckpt.load(DIR .. "/fsdp_tp_full.safetensors")))
+]]):format(dir), 1)
+    assert.matches("^0 over %d+$", one[1].out.diff)
+  end)
 end)

@@ -15,7 +15,8 @@
 -- every rank wrote its pieces: a folder with a `.metadata` is complete. Values of the state
 -- dict: a plain tensor is taken as the same on every rank and offered by rank 0; a DTensor
 -- offers its local piece (a Partial one is reduced first) from the rank at coordinate 0 of
--- every mesh dimension it is replicated on. The ranks exchange what they offer
+-- every mesh dimension it is replicated on; {pieces, shape} (get_model_state_dict's form of
+-- FSDP shards and tensor-parallel pieces) offers its regions from every rank. The ranks exchange what they offer
 -- (all_gather_object) and each chunk is written once, by the lowest rank offering it
 -- (replicas the DTensor's mesh does not show, such as the dp ranks of a tensor-parallel
 -- model, offer the same chunk), as PyTorch's DCP deduplicates its save plans. Loading copies into the given state dict's tensors (in place, no_grad)
@@ -45,7 +46,7 @@ local function sorted_names(sd, op)
   local names = {}
   for k, v in pairs(sd) do
     if type(k) ~= "string" then raise(op .. ": state_dict keys must be strings, got " .. type(k)) end
-    if not dl.is_tensor(v) and not DTensor.is_dtensor(v) and not (type(v) == "table" and rawget(v, "fused_blocks")) then
+    if not dl.is_tensor(v) and not DTensor.is_dtensor(v) and not (type(v) == "table" and rawget(v, "pieces")) then
       raise(("%s: state_dict['%s'] must be a tensor or a DTensor, got %s"):format(op, k, type(v)))
     end
     names[#names + 1] = k
@@ -56,51 +57,35 @@ end
 
 -- The regions of the global tensor that this rank holds of state dict value v, each
 -- {offsets (0-based), lengths, tensor (the local view holding it)}, and whether this rank
--- writes them (Note [DCP layout]). v: a tensor (one region, the whole; rank 0 writes), a
--- DTensor (its piece), or a fused parameter of tensor parallelism ({fused_blocks = k,
--- tensor = local, spec = parallel spec}: k regions, one per block).
+-- offers them (Note [DCP layout]). v: a tensor (one region, the whole; rank 0 offers it), a
+-- DTensor (its piece), or {pieces = {regions}, shape = global shape} (what
+-- get_model_state_dict makes of FSDP shards and tensor-parallel pieces; every rank offers).
 local function regions_of(v, rank)
   if dl.is_tensor(v) then
     local offsets = {}
     for d = 1, v:dim() do offsets[d] = 0 end
     return { { offsets = offsets, lengths = v:size(), tensor = v } }, rank == 0
   end
-  local mesh, shape, placements, t
-  if DTensor.is_dtensor(v) then
-    mesh, shape, placements, t = v.device_mesh, v:size(), v.placements, v:to_local()
-  else
-    mesh, shape, placements, t = v.spec.mesh, { unpack(v.spec.shape) }, v.spec.placements, v.tensor
-  end
-  local k = rawget(v, "fused_blocks") or 1
+  if not DTensor.is_dtensor(v) then return v.pieces, true end
+  local mesh, shape = v.device_mesh, v:size()
   local coord = mesh:get_coordinate()
   local offsets, lengths, writer = {}, { unpack(shape) }, true
   for d = 1, #shape do offsets[d] = 0 end
-  local fused_dim = k > 1 and placements[1].dim or nil
-  if fused_dim then lengths[fused_dim] = lengths[fused_dim] / k end
-  for i, p in ipairs(placements) do -- Note [nested shards]: mesh dimension order
+  for i, p in ipairs(v.placements) do -- Note [nested shards]: mesh dimension order
     if p.kind == "shard" then
       local start, len = placement_types.local_range(lengths[p.dim], mesh.shape[i], coord[i])
       offsets[p.dim] = offsets[p.dim] + start
       lengths[p.dim] = len
     elseif coord[i] ~= 0 then
-      writer = false -- a replica: the rank at coordinate 0 writes it
+      writer = false -- a replica: the rank at coordinate 0 offers it
     end
   end
-  if not fused_dim then return { { offsets = offsets, lengths = lengths, tensor = t } }, writer end
-  local out = {}
-  for b = 0, k - 1 do
-    local o = { unpack(offsets) }
-    o[fused_dim] = o[fused_dim] + b * (shape[fused_dim] / k)
-    out[b + 1] = { offsets = o, lengths = { unpack(lengths) },
-      tensor = t:narrow(fused_dim, b * lengths[fused_dim] + 1, lengths[fused_dim]) }
-  end
-  return out, writer
+  return { { offsets = offsets, lengths = lengths, tensor = v:to_local() } }, writer
 end
 
 local function global_shape(v)
-  if dl.is_tensor(v) then return v:size() end
-  if DTensor.is_dtensor(v) then return v:size() end
-  return { unpack(v.spec.shape) }
+  if dl.is_tensor(v) or DTensor.is_dtensor(v) then return v:size() end
+  return { unpack(v.shape) }
 end
 
 local function file_name(rank) return ("__%d_0.safetensors"):format(rank) end
@@ -266,20 +251,51 @@ function M.load(state_dict, opts)
   return state_dict
 end
 
---- dcp.get_model_state_dict(model) -> name -> tensor or DTensor: model's state dict with
--- every parameter that tensor parallelism cut (ddplua.distributed.tensor.parallel) as a
--- DTensor of its piece, so save writes pieces and load fills them. The tensors share the
--- model's data (load writes into the model).
+-- The regions of the global tensor held by `t`, the piece at `offsets` (0-based) of this
+-- rank's tensor-parallel piece (shape local_shape) of a parameter cut as `spec` says (nil:
+-- not cut, the piece lies in the whole tensor).
+local function tp_regions(t, offsets, spec)
+  if not spec then return { { offsets = offsets, lengths = t:size(), tensor = t } } end
+  local d = spec.placements[1].dim
+  local k = spec.fused or 1
+  local n = spec.shape[d] / k -- the size of a block along d (the whole dimension when not fused)
+  local start, len = placement_types.local_range(n, spec.mesh:size(), spec.mesh:get_local_rank())
+  local size = t:size()
+  local lo_t, hi_t = offsets[d], offsets[d] + size[d] -- t's rows of this rank's piece along d
+  local out = {}
+  for j = 0, k - 1 do -- block j: rows [j len, (j+1) len) of the piece, [j n + start, ...) globally
+    local lo, hi = math.max(lo_t, j * len), math.min(hi_t, (j + 1) * len)
+    if hi > lo then
+      local o, l = { unpack(offsets) }, { unpack(size) }
+      o[d], l[d] = j * n + start + (lo - j * len), hi - lo
+      out[#out + 1] = { offsets = o, lengths = l, tensor = t:narrow(d, lo - lo_t + 1, hi - lo) }
+    end
+  end
+  return out
+end
+
+--- dcp.get_model_state_dict(model) -> name -> what save writes and load fills for model: its
+-- state dict, with each parameter that tensor parallelism (ddplua.distributed.tensor.parallel)
+-- or fully_shard (ddplua.distributed.fsdp) cut given as this rank's regions of the whole
+-- tensor (FSDP's rows of a tensor-parallel piece, a fused projection's blocks: any
+-- combination). The tensors share the model's data (load writes into the model).
 function M.get_model_state_dict(model)
   local parallel = require "ddplua.distributed.tensor.parallel"
+  local fsdp = require "ddplua.distributed.fsdp"
   local specs = parallel.specs_by_name(model)
+  local shards = fsdp.is_fsdp_module(model) and fsdp.get_sharded_state_dict(model) or {}
   local out = {}
   for name, t in pairs(model:state_dict()) do
-    local spec = specs[name]
-    if spec and spec.fused then -- blocks cut one by one: a region per block
-      out[name] = { fused_blocks = spec.fused, tensor = t, spec = spec }
+    local spec, shard = specs[name], shards[name]
+    local managed = shard and shard.offsets and table.concat(shard.global_shape, ",") ~= table.concat(shard.tensor:size(), ",")
+    if not spec and not managed then
+      out[name] = t
     else
-      out[name] = spec and DTensor.from_local(t, spec.mesh, spec.placements, { shape = spec.shape }) or t
+      local piece, offsets = t, {}
+      for d = 1, t:dim() do offsets[d] = 0 end
+      local shape = t:size()
+      if managed then piece, offsets, shape = shard.tensor, { unpack(shard.offsets) }, { unpack(shard.global_shape) } end
+      out[name] = { pieces = tp_regions(piece, offsets, spec), shape = spec and { unpack(spec.shape) } or shape }
     end
   end
   return out
