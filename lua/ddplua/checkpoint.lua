@@ -187,21 +187,23 @@ end
 -- safetensors, atomically (temporary file, fsync, rename; stale temporary files of path
 -- that killed savers left are removed first). Tensors are written in name
 -- order within each element size. Raises naming the path and the cause.
-function M.save(path, tensors, metadata)
-  lib.path(path, "checkpoint.save")
-  if type(tensors) ~= "table" then lib.raise("checkpoint.save: tensors must be a table name -> tensor") end
+-- The C arguments of a save: names (sorted), tensors (host copies of device tensors),
+-- metadata keys and values, and the Lua values that must stay alive during the call.
+local function marshal(path, tensors, metadata, op)
+  lib.path(path, op)
+  if type(tensors) ~= "table" then lib.raise(op .. ": tensors must be a table name -> tensor") end
   local names = {}
   for k, v in pairs(tensors) do
-    lib.c_string(k, "checkpoint.save", "a tensor name")
-    if not is_tensor(v) then lib.raise("checkpoint.save: tensors['" .. k .. "'] is not a tensor") end
+    lib.c_string(k, op, "a tensor name")
+    if not is_tensor(v) then lib.raise(op .. ": tensors['" .. k .. "'] is not a tensor") end
     names[#names + 1] = k
   end
   table.sort(names)
   local keys, json_keys = {}, {}
   for k, v in pairs(metadata or {}) do
-    lib.c_string(k, "checkpoint.save", "a metadata key")
-    if type(v) == "string" then lib.c_string(v, "checkpoint.save", "metadata '" .. k .. "'") end
-    if k == JSON_KEYS then lib.raise("checkpoint.save: metadata key '" .. JSON_KEYS .. "' is reserved") end
+    lib.c_string(k, op, "a metadata key")
+    if type(v) == "string" then lib.c_string(v, op, "metadata '" .. k .. "'") end
+    if k == JSON_KEYS then lib.raise(op .. ": metadata key '" .. JSON_KEYS .. "' is reserved") end
     keys[#keys + 1] = k
     if type(v) ~= "string" then json_keys[#json_keys + 1] = k end
   end
@@ -235,8 +237,38 @@ function M.save(path, tensors, metadata)
     ckeys[nm - 1] = JSON_KEYS
     cvalues[nm - 1] = v
   end
-  check(C.ddp_io_save_safetensors(path, n, cnames, ctensors, nm, ckeys, cvalues))
+  return n, cnames, ctensors, nm, ckeys, cvalues, anchor
 end
+
+function M.save(path, tensors, metadata)
+  local n, cnames, ctensors, nm, ckeys, cvalues, anchor = marshal(path, tensors, metadata, "checkpoint.save")
+  check(C.ddp_io_save_safetensors(path, n, cnames, ctensors, nm, ckeys, cvalues))
+  local _ = anchor
+end
+
+local AsyncSave = {}
+AsyncSave.__index = AsyncSave
+
+--- checkpoint.save_async(path, tensors, metadata) -> a pending write: what save writes,
+-- written on a thread of its own (runtime/io/safetensors_async.c). The tensors are copied
+-- before it returns (Note [async save snapshot]), so training may go on changing them.
+-- handle:wait([timeout_s]) raises the write's error (naming the path) or a timeout;
+-- handle:done() -> true once the write finished. Raises at once for the arguments save
+-- refuses.
+function M.save_async(path, tensors, metadata)
+  local n, cnames, ctensors, nm, ckeys, cvalues, anchor = marshal(path, tensors, metadata, "checkpoint.save_async")
+  local box = ffi.new("ddp_io_async_save*[1]")
+  check(C.ddp_io_save_safetensors_async(box, path, n, cnames, ctensors, nm, ckeys, cvalues))
+  local _ = anchor
+  return setmetatable({ handle = ffi.gc(box[0], C.ddp_io_async_save_free), path = path }, AsyncSave)
+end
+
+--- handle:wait([timeout_s]): block until the write finished (timeout_s: seconds, default no
+-- limit); raises its error.
+function AsyncSave:wait(timeout_s) check(C.ddp_io_async_save_wait(self.handle, timeout_s or 0)) end
+
+--- handle:done() -> true when the write finished (successfully or not).
+function AsyncSave:done() return C.ddp_io_async_save_done(self.handle) == 1 end
 
 --- checkpoint.sweep_temp_files(path) -> n: remove the temporary files that savers of `path`
 -- killed midway left behind (on this host, by processes that no longer run; Note

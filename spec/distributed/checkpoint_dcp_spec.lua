@@ -129,4 +129,34 @@ out("diff", sd_diff(model:state_dict(), ckpt.load(DIR .. "/fsdp_tp_full.safetens
 ]]):format(dir), 1)
     assert.matches("^0 over %d+$", one[1].out.diff)
   end)
+  it("async_save writes while training goes on; the checkpoint is the state at the call (2 ranks)", function()
+    local ranks = run(([[
+local DIR = %q
+local mesh = dist.init_device_mesh("cpu", {2}, {mesh_dim_names = {"tp"}})
+local model = tp.parallelize_module(gpt(3), mesh, GPT.tp_plan(CONFIG, 2))
+local before = {}
+for k, v in pairs(tp.full_state_dict(model)) do before[k] = v:clone() end -- a snapshot (state_dict views share data)
+local fut = dcp.async_save(dcp.get_model_state_dict(model), {checkpoint_id = DIR .. "/async"})
+-- training changes the parameters before the write is waited for
+local opt = model:configure_optimizers(0.1, 0.5, {0.9, 0.95})
+local idx = dl.randint(0, 13, {2, 8}, {dtype = "i64"})
+local _, loss = model(idx, idx)
+loss:backward()
+opt:step()
+out("dir", fut:wait())
+out("changed", sd_diff(tp.full_state_dict(model), before))
+local fresh = tp.parallelize_module(gpt(77), mesh, GPT.tp_plan(CONFIG, 2))
+dcp.load(dcp.get_model_state_dict(fresh), {checkpoint_id = DIR .. "/async"})
+out("loaded", sd_diff(tp.full_state_dict(fresh), before))
+local ckpt_lib = require "ddplua.checkpoint"
+try("bad_dir", function() ckpt_lib.save_async("/proc/none/x.safetensors", {a = dl.zeros{2}}):wait() end)
+]]):format(dir), 2)
+    for r = 1, 2 do
+      local o, e = ranks[r].out, ranks[r].err
+      assert.are.equal(dir .. "/async", o.dir)
+      assert.is_true(tonumber(o.changed:match("^(%S+)")) > 0, o.changed) -- the step did change them
+      assert.matches("^0 over %d+$", o.loaded)
+      assert.matches("/proc/none/x%.safetensors", e.bad_dir)
+    end
+  end)
 end)

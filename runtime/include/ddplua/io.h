@@ -295,6 +295,30 @@ int ddp_io_save_safetensors(const char *path, int n, const char *const *names,
                             ddp_tensor **tensors, int nmeta, const char *const *keys,
                             const char *const *values);
 
+/* An asynchronous safetensors write (runtime/io/safetensors_async.c). */
+typedef struct ddp_io_async_save ddp_io_async_save;
+
+/* Start writing what ddp_io_save_safetensors would write, on a thread of its own: the
+ * tensors (CPU, live) are copied (contiguous clones, no autograd) and the strings duplicated
+ * before the call returns (Note [async save snapshot]), so the caller may change them at
+ * once. Wait with ddp_io_async_save_wait, free with ddp_io_async_save_free. Errors now:
+ * DDP_ERR_ARG (empty path, a freed or non-CPU tensor, naming it), DDP_ERR_MEMORY; the
+ * write's own errors come from the wait. */
+int ddp_io_save_safetensors_async(ddp_io_async_save **out, const char *path, int n, const char *const *names,
+                                  ddp_tensor **tensors, int nmeta, const char *const *keys,
+                                  const char *const *values);
+
+/* 1 when the write finished (successfully or not), else 0; 1 for NULL. */
+int ddp_io_async_save_done(ddp_io_async_save *h);
+
+/* Wait up to timeout_s seconds (<= 0: no limit) for the write: DDP_OK when the file is
+ * written; the write's error (ddp_io_save_safetensors's status and message); DDP_ERR_TIMEOUT
+ * naming the path when it is still running (wait again later). */
+int ddp_io_async_save_wait(ddp_io_async_save *h, double timeout_s);
+
+/* Join the writer (waiting for it) and free the handle. NULL is ignored. */
+void ddp_io_async_save_free(ddp_io_async_save *h);
+
 /* Remove the temporary files that writers of `path` killed midway left behind ("<path>.tmp.
  * <host>.<pid>" of this host whose pid no longer runs, and the "<path>.tmp.<pid>" of earlier
  * versions; a file of a writer still running, or of another host, stays). *removed (may be

@@ -103,18 +103,16 @@ end
 
 local SAVE = options.known { "checkpoint_id", "process_group" }
 
---- dcp.save(state_dict, {checkpoint_id = DIR, process_group = }) -> nil: write state_dict
--- (name -> tensor or DTensor) to the folder DIR (created) as Note [DCP layout] says.
--- Collective over process_group (default: the world; without a process group, one process
--- writes everything): every rank calls it with the same names. Returns when the whole
--- checkpoint is written (its .metadata last). Raises naming the tensor or the file.
-function M.save(state_dict, opts)
-  opts = options.check("dcp.save", opts, SAVE)
+-- The first part of a save, collective: check the arguments, agree on who writes which
+-- chunk (Note [DCP layout]). Returns the plan: dir, group, rank, world, names, owned (every
+-- chunk with its writer), mine (this rank's chunks: key -> tensor, the model's views).
+local function plan_save(state_dict, opts, op)
+  opts = options.check(op, opts, SAVE)
   local dir = opts.checkpoint_id
-  if type(dir) ~= "string" or dir == "" then raise("dcp.save: checkpoint_id must be a folder path") end
+  if type(dir) ~= "string" or dir == "" then raise(op .. ": checkpoint_id must be a folder path") end
   local group = opts.process_group
   local rank, world = rank_and_world(group)
-  local names = sorted_names(state_dict, "dcp.save")
+  local names = sorted_names(state_dict, op)
   require("ddplua.os").mkdir_p(dir)
   local local_chunks, plan = {}, {}
   for _, name in ipairs(names) do
@@ -153,11 +151,17 @@ function M.save(state_dict, opts)
       mine[o.chunk.key] = dl.no_grad(function() return t:detach():contiguous() end)
     end
   end
-  if next(mine) then checkpoint.save(dir .. "/" .. file_name(rank), mine, nil) end
-  if world > 1 then dist().barrier({ group = group }) end -- every piece is on disk
-  if rank == 0 then
+  return { dir = dir, group = group, rank = rank, world = world, names = names, owned = owned, mine = mine,
+    file = dir .. "/" .. file_name(rank) }
+end
+
+-- The last part of a save, collective: once every rank wrote its file, rank 0 writes the
+-- metadata; returns when it is on disk.
+local function finish_save(p)
+  if p.world > 1 then dist().barrier({ group = p.group }) end -- every piece is on disk
+  if p.rank == 0 then
     local meta = {}
-    for _, o in ipairs(owned) do
+    for _, o in ipairs(p.owned) do
       local c = o.chunk
       local m = meta[c.name]
       if not m then
@@ -166,12 +170,47 @@ function M.save(state_dict, opts)
       end
       m.chunks[#m.chunks + 1] = { file = file_name(o.rank), key = c.key, offsets = c.offsets, lengths = c.lengths }
     end
-    for _, name in ipairs(names) do
+    for _, name in ipairs(p.names) do
       if not meta[name] then raise(("dcp.save: no rank wrote a piece of '%s'"):format(name)) end
     end
-    checkpoint.save(dir .. "/.metadata", {}, { dcp = { version = 1, world_size = world, tensors = meta } })
+    checkpoint.save(p.dir .. "/.metadata", {}, { dcp = { version = 1, world_size = p.world, tensors = meta } })
   end
-  if world > 1 then dist().barrier({ group = group }) end
+  if p.world > 1 then dist().barrier({ group = p.group }) end
+end
+
+--- dcp.save(state_dict, {checkpoint_id = DIR, process_group = }) -> nil: write state_dict
+-- (name -> tensor, DTensor, or what get_model_state_dict gives) to the folder DIR (created)
+-- as Note [DCP layout] says. Collective over process_group (default: the world; without a
+-- process group, one process writes everything): every rank calls it with the same names.
+-- Returns when the whole checkpoint is written (its .metadata last). Raises naming the
+-- tensor or the file.
+function M.save(state_dict, opts)
+  local p = plan_save(state_dict, opts, "dcp.save")
+  if next(p.mine) then checkpoint.save(p.file, p.mine, nil) end
+  finish_save(p)
+end
+
+--- dcp.async_save(state_dict, opts) -> a Future (ddplua.futures), as PyTorch's
+-- dist.checkpoint.async_save: the ranks agree on the chunks now (a collective), each rank's
+-- chunks are copied and written on a thread of its own (checkpoint.save_async, Note [async
+-- save snapshot]) while training goes on, and fut:wait() (every rank must call it, before
+-- the next save) waits for the write and then has rank 0 write the metadata (collective).
+-- The checkpoint is complete when wait returns. Errors of the write are raised by wait.
+function M.async_save(state_dict, opts)
+  local p = plan_save(state_dict, opts, "dcp.async_save")
+  local pending = next(p.mine) and checkpoint.save_async(p.file, p.mine, nil) or nil
+  p.mine = nil -- the write holds its own copies
+  local finished = false
+  local work = {
+    wait = function(_, timeout)
+      if finished then return end
+      if pending then pending:wait(timeout) end
+      finish_save(p)
+      finished = true
+    end,
+    is_completed = function() return finished or pending == nil or pending:done() end,
+  }
+  return require("ddplua.futures").from_work(work, p.dir)
 end
 
 --- dcp.read_metadata(dir) -> the plan of Note [DCP layout]: {world_size =, tensors = {name =
