@@ -181,12 +181,6 @@ end
 
 -- ---- save / load -------------------------------------------------------------------------
 
---- checkpoint.save(path, tensors, metadata): write `tensors` (table name -> tensor, any
--- device: device tensors are copied to the host first; any dtype of f32 f64 f16 bf16 i64 i32 u8 bool) and `metadata` (table string key -> string,
--- number, boolean or nested table; see Note [checkpoint metadata]; may be nil) to path as
--- safetensors, atomically (temporary file, fsync, rename; stale temporary files of path
--- that killed savers left are removed first). Tensors are written in name
--- order within each element size. Raises naming the path and the cause.
 -- The C arguments of a save: names (sorted), tensors (host copies of device tensors),
 -- metadata keys and values, and the Lua values that must stay alive during the call.
 local function marshal(path, tensors, metadata, op)
@@ -240,6 +234,12 @@ local function marshal(path, tensors, metadata, op)
   return n, cnames, ctensors, nm, ckeys, cvalues, anchor
 end
 
+--- checkpoint.save(path, tensors, metadata): write `tensors` (table name -> tensor, any
+-- device: device tensors are copied to the host first; any dtype of f32 f64 f16 bf16 i64 i32 u8 bool) and `metadata` (table string key -> string,
+-- number, boolean or nested table; see Note [checkpoint metadata]; may be nil) to path as
+-- safetensors, atomically (temporary file, fsync, rename; stale temporary files of path
+-- that killed savers left are removed first). Tensors are written in name
+-- order within each element size. Raises naming the path and the cause.
 function M.save(path, tensors, metadata)
   local n, cnames, ctensors, nm, ckeys, cvalues, anchor = marshal(path, tensors, metadata, "checkpoint.save")
   check(C.ddp_io_save_safetensors(path, n, cnames, ctensors, nm, ckeys, cvalues))
