@@ -8,7 +8,7 @@ local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 -- The examples this spec runs; a new example must be added here (checked below).
 local COVERED = { ["amp_ddp_overview.lua"] = true, ["ddp_minimal.lua"] = true, ["ddp_spawn.lua"] = true, ["single_process.lua"] = true,
   ["multigpu_demo_v1.lua"] = true, ["multigpu_demo_v2.lua"] = true, ["multigpu_demo_v3.lua"] = true, ["compare_demos.lua"] = true,
-  ["hpo.lua"] = true, ["tensor_parallel_example.lua"] = true, ["sequence_parallel_example.lua"] = true }
+  ["hpo.lua"] = true, ["tensor_parallel_example.lua"] = true, ["sequence_parallel_example.lua"] = true, ["fsdp_tp_example.lua"] = true }
 
 describe("examples/", function()
   it("trains with DDP under `ddplua --nproc_per_node=2` (ddp_minimal.lua) #dist", function()
@@ -20,16 +20,18 @@ describe("examples/", function()
     assert.not_matches("%[rank 1%]: epoch", out)
   end)
 
-  for _, case in ipairs { { "tensor_parallel_example.lua", "Tensor Parallel" }, { "sequence_parallel_example.lua", "Sequence Parallel" } } do
+  for _, case in ipairs { { "tensor_parallel_example.lua", "Tensor Parallel iter %d completed", "Tensor Parallel training completed!" },
+    { "sequence_parallel_example.lua", "Sequence Parallel iter %d completed", "Sequence Parallel training completed!" },
+    { "fsdp_tp_example.lua", "2D iter %d complete", "2D training successfully completed!" } } do
     it(("runs pytorch/examples' %s on 4 ranks with the losses of one process #dist"):format(case[1]), function()
       local status, out = files.run(exe .. " --nproc_per_node=4 --standalone examples/" .. case[1] .. " --iters 5 --check")
       assert.are.equal(0, status, out)
-      local _, iters = out:gsub("%[rank 0%]: " .. case[2] .. " iter %d completed", "")
+      local _, iters = out:gsub("%[rank 0%]: " .. case[2], "")
       assert.are.equal(5, iters, out)
       local diff = tonumber(out:match("largest relative loss difference against one process: (%S+)"))
       assert.is_truthy(diff, out)
       assert.is_true(diff <= 1e-5, out)
-      assert.matches(case[2] .. " training completed!", out, 1, true)
+      assert.matches(case[3], out, 1, true)
     end)
   end
 

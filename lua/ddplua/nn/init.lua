@@ -4,7 +4,7 @@
 --   containers: nn.Sequential, nn.ModuleList, nn.ModuleDict; nn.DataParallel (data_parallel.lua);
 --     nn.CheckpointWrapper (checkpoint_wrapper.lua: activation checkpointing of a module)
 --   layers: nn.Linear, nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
---     nn.BatchNorm1d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.LayerNorm, nn.Dropout, nn.Flatten, nn.Embedding,
+--     nn.BatchNorm1d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.LayerNorm, nn.RMSNorm, nn.Dropout, nn.Flatten, nn.Embedding,
 --     nn.Identity, nn.ReLU, nn.LeakyReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU,
 --     nn.Softmax, nn.LogSoftmax
 --   transformers: nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer
@@ -39,6 +39,7 @@ local bn = require "ddplua.nn.batch_norm"
 M.BatchNorm1d, M.BatchNorm2d = bn.BatchNorm1d, bn.BatchNorm2d
 M.SyncBatchNorm = require "ddplua.nn.sync_batch_norm"
 M.LayerNorm = require "ddplua.nn.layer_norm"
+M.RMSNorm = require "ddplua.nn.rms_norm"
 M.Dropout = require "ddplua.nn.dropout"
 M.Flatten = require "ddplua.nn.flatten"
 M.Embedding = require "ddplua.nn.embedding"

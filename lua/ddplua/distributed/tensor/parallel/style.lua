@@ -15,8 +15,10 @@
 --       nn.Embedding: weight cut by rows (the vocabulary), ids replicated (input_layouts
 --       default Replicate()), the Partial output reduced.
 --   SequenceParallel{sequence_dim = 2, use_local_output = false}
---       nn.LayerNorm, nn.Dropout: parameters replicated, the input taken as Shard(sequence_dim)
---       (when not already a DTensor), the output a DTensor of the same placement.
+--       nn.LayerNorm, nn.RMSNorm, nn.Dropout or any module computing position by position:
+--       parameters replicated (their gradients all-reduced over the tp ranks), the input taken
+--       as Shard(sequence_dim) (a plain tensor) or redistributed to it (a DTensor), the output
+--       a DTensor of that placement.
 --   PrepareModuleInput{input_layouts = {...}, desired_input_layouts = {...},
 --                      use_local_output = false}
 --   PrepareModuleOutput{output_layouts = {...}, desired_output_layouts = {...},
@@ -223,18 +225,34 @@ function M.SequenceParallel(opts)
   s.apply = function(self, mod, mesh)
     local kind = mod:_get_name()
     local run
-    if kind == "LayerNorm" then
-      run = function(m, x)
-        return ops.layer_norm(x, m.normalized_shape, { weight = m.weight, bias = m.bias, eps = m.eps })
-      end
-    elseif kind == "Dropout" then
-      run = function(m, x) return ops.dropout(x, m.p, { training = m.training, generator = m.generator }) end
+    if kind == "Dropout" then -- the whole tensor's mask, each rank its piece (Note [DTensor dropout])
+      run = function(m, _, x) return ops.dropout(x, m.p, { training = m.training, generator = m.generator }) end
     else
-      raise("SequenceParallel: applies to nn.LayerNorm and nn.Dropout, got " .. kind)
+      -- Any other module computing position by position (LayerNorm, RMSNorm, activations):
+      -- its forward on this rank's piece, each parameter through a copy whose gradient is
+      -- all-reduced over the tp ranks (each holds the gradient of its positions only: Note
+      -- [DTensor gradients]).
+      run = function(m, original, x)
+        local params = rawget(m, "_parameters")
+        local saved = {}
+        for _, name in ipairs(params.names) do
+          local p = params.values[name]
+          if p ~= nil then
+            saved[name] = p
+            params.values[name] = coll.copy(p, mesh:get_group())
+          end
+        end
+        local ok, y = pcall(original, m, x:to_local())
+        for name, p in pairs(saved) do params.values[name] = p end
+        if not ok then error(y, 0) end
+        local shape = y:dim() == x:dim() and x:size() or nil
+        return DTensor.from_local(y, mesh, x.placements, shape and { shape = shape } or nil)
+      end
     end
-    wrap_forward(mod, function(m, _, x)
-      local xd = to_dt(x, mesh, Shard(self.sequence_dim), nil)
-      return finish(run(m, xd), mesh, nil, self.use_local_output)
+    wrap_forward(mod, function(m, original, x)
+      local seq = Shard(self.sequence_dim)
+      local xd = to_dt(x, mesh, seq, seq)
+      return finish(run(m, original, xd), mesh, nil, self.use_local_output)
     end)
   end
   return s
