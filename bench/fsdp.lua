@@ -3,7 +3,9 @@
 -- all-gather / compute overlap). Run under the launcher (bench/fsdp.sh runs every mode):
 --   build/ddplua --nproc_per_node=2 --standalone bench/fsdp.lua --mode fsdp \
 --     [--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 8 --steps 20 --warmup 5]
--- --mode: ddp (DistributedDataParallel), fsdp (prefetch on, the default), fsdp-noprefetch
+-- --mode: ddp (DistributedDataParallel), ddp-tp and fsdp-tp (DDP / FSDP over dp of a (dp, 2)
+-- mesh whose tp pairs cut the GPT by GPT.tp_plan; tokens_per_s counts the dp groups' batches),
+-- fsdp (prefetch on, the default), fsdp-noprefetch
 -- (set_prefetch(false)), fsdp-keep (reshard_after_forward = false), fsdp-ab (prefetch on in
 -- odd timed steps and off in even ones, in one process: a paired comparison that load from
 -- other jobs moves alike; prints "fsdp mode=fsdp-ab on_ms=.. off_ms=.. on_wait_ms=..
@@ -36,10 +38,14 @@ while i <= #arg do
     i = i + 2
   end
 end
-local MODES = { ddp = true, fsdp = true, ["fsdp-noprefetch"] = true, ["fsdp-keep"] = true, ["fsdp-ab"] = true }
+local MODES = { ddp = true, fsdp = true, ["fsdp-noprefetch"] = true, ["fsdp-keep"] = true, ["fsdp-ab"] = true,
+  ["ddp-tp"] = true, ["fsdp-tp"] = true }
 if not MODES[mode] then
-  error("bench/fsdp.lua: --mode must be ddp, fsdp, fsdp-noprefetch, fsdp-keep or fsdp-ab", 0)
+  error("bench/fsdp.lua: --mode must be ddp, fsdp, fsdp-noprefetch, fsdp-keep, fsdp-ab, ddp-tp or fsdp-tp", 0)
 end
+-- ddp-tp / fsdp-tp: a (dp, tp) mesh with tp = 2 (an even world size): the GPT cut by
+-- GPT.tp_plan over tp, then DDP / FSDP (per block + root) over dp; each dp group its batch.
+local TP = (mode == "ddp-tp" or mode == "fsdp-tp") and 2 or 1
 
 dl.set_num_threads(1)
 dist.init_process_group { backend = "gloo" }
@@ -54,7 +60,19 @@ dl.manual_seed(1)
 local model = GPT { n_layer = o.n_layer, n_head = o.n_head, n_embd = o.n_embd, block_size = o.block_size,
   vocab_size = V, dropout = 0.0, bias = false }
 local net = model
-if mode == "ddp" then
+local dp_rank, dp_size = rank, dist.get_world_size()
+if TP > 1 then
+  local tp = require "ddplua.distributed.tensor.parallel"
+  local mesh = dist.init_device_mesh("cpu", { dist.get_world_size() / TP, TP }, { mesh_dim_names = { "dp", "tp" } })
+  dp_rank, dp_size = mesh:get_coordinate()[1], mesh:size("dp")
+  tp.parallelize_module(model, mesh["tp"], GPT.tp_plan({ n_head = o.n_head }, TP))
+  if mode == "ddp-tp" then
+    net = dist.DistributedDataParallel(model, { device_mesh = mesh["dp"] })
+  else
+    for _, b in ipairs(model.transformer.h:list()) do dist.fsdp.fully_shard(b, { mesh = mesh["dp"] }) end
+    dist.fsdp.fully_shard(model, { mesh = mesh["dp"] })
+  end
+elseif mode == "ddp" then
   net = dist.DistributedDataParallel(model)
 else
   local fsdp = dist.fsdp
@@ -65,7 +83,7 @@ else
 end
 local opt = optim.AdamW(net:parameters(), { lr = 1e-3 })
 
-dl.manual_seed(100 + rank)
+dl.manual_seed(100 + dp_rank)
 local xs, ys = {}, {}
 for s = 1, 4 do
   xs[s] = dl.randint(0, V, { o.batch_size, o.block_size })
@@ -124,11 +142,12 @@ for s = 1, o.steps do
 end
 local peak = dl.memory_stats().peak - base
 -- the all-gather time no computation hid: seconds blocked in the groups' waits, per step
-local wait_ms = mode ~= "ddp" and waited() * 1e3 / (o.warmup + o.steps) or 0
+local wait_ms = mode:match("^fsdp") and waited() * 1e3 / (o.warmup + o.steps) or 0
 table.sort(times)
 if rank == 0 then
-  print(("fsdp mode=%s procs=%d layers=%d embd=%d block=%d batch=%d step_ms=%.2f min_ms=%.2f max_ms=%.2f state_bytes=%d peak_bytes=%d allgather_wait_ms=%.2f")
+  local med = times[math.floor((#times + 1) / 2)]
+  print(("fsdp mode=%s procs=%d layers=%d embd=%d block=%d batch=%d step_ms=%.2f min_ms=%.2f max_ms=%.2f state_bytes=%d peak_bytes=%d allgather_wait_ms=%.2f tokens_per_s=%.0f")
     :format(mode, dist.get_world_size(), o.n_layer, o.n_embd, o.block_size, o.batch_size,
-      times[math.floor((#times + 1) / 2)], times[1], times[#times], state_bytes, peak, wait_ms))
+      med, times[1], times[#times], state_bytes, peak, wait_ms, dp_size * o.batch_size * o.block_size / (med / 1e3)))
 end
 dist.destroy_process_group()
