@@ -37,6 +37,7 @@ local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
 local transforms = require "ddplua.data.transforms"
 local generator = require "ddplua.generator"
+local iterable = require "ddplua.data.iterable_dataset"
 local ffi, C = lib.ffi, lib.C
 local check, wrap, box = lib.check, lib.wrap, lib.box
 
@@ -86,6 +87,10 @@ function M.DataLoader(dataset, opts)
   end
   if opts.collate_fn ~= nil and type(opts.collate_fn) ~= "function" then
     lib.raise("DataLoader: collate_fn must be a function(samples) -> batch, got " .. type(opts.collate_fn))
+  end
+  if iterable.is_iterable(dataset) and (opts.sampler or opts.shuffle) then
+    lib.raise(("DataLoader with IterableDataset: expected unspecified %s option, but got %s"):format(
+      opts.sampler and "sampler" or "shuffle", opts.sampler and tostring(opts.sampler) or "shuffle=true"))
   end
   if opts.sampler and type(opts.sampler.indices) ~= "function" then
     lib.raise("DataLoader: sampler must have an indices() method")
@@ -334,6 +339,16 @@ end
 -- stopped by the next iter(), loader:close() or the collector).
 function DataLoader.iter(self)
   self:close()
+  if iterable.is_iterable(self.dataset) then -- a stream: batches in stream order
+    local collate = self.collate_fn or M.default_collate
+    local it = iterable.batches(self.dataset, self.batch_size, self.drop_last, collate)
+    if not self.pin_memory then return it end
+    return function()
+      local out = { it() }
+      pin_all(out, table.maxn(out))
+      return unpack(out, 1, table.maxn(out))
+    end
+  end
   local order = epoch_order(self)
   local ds = self.dataset
   local ok, f = pcall(function() return ds.c_sources end)

@@ -124,12 +124,22 @@ local function steps(t)
   return { t }
 end
 
---- True when every step of t runs in C (no plain functions).
+--- True when every step of t folds into the batch loader's C spec (no plain functions and
+-- no per-sample steps such as Resize: those have an `apply` method and run one call each).
 function M.c_able(t)
   for _, s in ipairs(steps(t)) do
-    if type(s) == "function" then return false end
+    if type(s) == "function" or s.apply then return false end
   end
   return true
+end
+
+--- transforms.new_step(kind, fields, apply): a transform object of `kind` run per sample by
+-- apply(step, x, generator) -> new tensor (for the vision transforms of
+-- ddplua.data.vision_transforms); `fields` become its fields. It composes with the others
+-- in a Compose, which then takes the per-sample path (c_able is false).
+function M.new_step(kind, fields, apply)
+  fields.apply = apply
+  return new(kind, fields)
 end
 
 --- Fold transform t (nil: none) into a C spec (ddp_io_transform) for a source of dtype
@@ -182,7 +192,9 @@ end
 function Transform.__call(t, x, generator)
   if not M.c_able(t) then
     for _, s in ipairs(steps(t)) do
-      if type(s) == "function" then x = s(x) else x = s(x, generator) end
+      if type(s) == "function" then x = s(x)
+      elseif s.apply then x = s:apply(x, generator)
+      else x = s(x, generator) end -- a C step alone
     end
     return x
   end
@@ -204,6 +216,7 @@ function Transform.__tostring(t)
   elseif t.kind == "normalize" then
     return "Normalize({" .. table.concat(t.mean, ", ") .. "}, {" .. table.concat(t.std, ", ") .. "})"
   elseif t.kind == "crop" then return ("RandomCrop({%d, %d}, {padding = %d})"):format(t.h, t.w, t.padding)
+  elseif t.describe then return t.describe
   else return "RandomHorizontalFlip(" .. t.p .. ")" end
 end
 
