@@ -289,7 +289,8 @@ local function lua_iter(self, order)
   local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
   local total = order:numel()
   local nb = self.drop_last and math.floor(total / self.batch_size) or math.ceil(total / self.batch_size)
-  local ep = { handle = nil }
+  -- ep keeps `order` alive: idx points into its storage, and nothing else holds it
+  local ep = { handle = nil, order = order }
   self.epoch = ep
   local b = 0
   local collate_fn = self.collate_fn
