@@ -159,3 +159,34 @@ write("repl_frames", "prompt_answer_input_interrupt", "\1\3" .. frame("A", hex64
 write("repl_frames", "review-eleven-bytes", "\0\1H0000000010")
 write("repl_frames", "review-signed-length", "\0\1H-000000001")
 write("repl_frames", "review-truncated-answer", "\1\1A0000000129" .. string.rep("a", 20))
+
+-- ---- images (fuzz/image.c) -------------------------------------------------------------
+-- Written by ddplua's own encoders (data.write_png / write_jpeg, runtime/io/image.c): needs
+-- build/libddplua.so; skipped with a note when it is not built.
+package.path = "lua/?.lua;lua/?/init.lua;build/lua/?.lua;" .. package.path
+local ok_dl, dl = pcall(require, "ddplua")
+if ok_dl then
+  local data = require "ddplua.data"
+  local tmp = os.tmpname()
+  local function encoded(fn, img, ...)
+    fn(tmp, img, ...)
+    local f = assert(io.open(tmp, "rb"))
+    local s = f:read("*a")
+    f:close()
+    return s
+  end
+  local gray = (dl.rand({ 1, 3, 5 }, { generator = dl.Generator(1) }) * 255):to("u8")
+  local rgb = (dl.rand({ 3, 4, 4 }, { generator = dl.Generator(2) }) * 255):to("u8")
+  local png_gray, png_rgb = encoded(data.write_png, gray), encoded(data.write_png, rgb)
+  local jpg_gray, jpg_rgb = encoded(data.write_jpeg, gray, 80), encoded(data.write_jpeg, rgb, 50)
+  write("image", "png_gray", png_gray)
+  write("image", "png_rgb", png_rgb)
+  write("image", "jpeg_gray", jpg_gray)
+  write("image", "jpeg_rgb", jpg_rgb)
+  write("image", "png_truncated", png_rgb:sub(1, #png_rgb - 12))
+  write("image", "jpeg_truncated", jpg_rgb:sub(1, math.floor(#jpg_rgb / 2)))
+  write("image", "png_signature_only", png_rgb:sub(1, 8))
+  os.remove(tmp)
+else
+  io.stderr:write("make_corpus: build/libddplua.so not loadable, fuzz/corpus/image not written: " .. tostring(dl) .. "\n")
+end

@@ -210,7 +210,9 @@ int ddp_image_decode(ddp_tensor **out, const void *data, size_t size, const char
   if (size >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff)
     return decode_jpeg(out, data, size, name, mode, layout);
   char seen[64] = "";
-  for (size_t i = 0; i < size && i < 8; i++) snprintf(seen + 3 * i, 4, i ? " %02x" : "%02x", b[i]);
+  size_t at = 0;
+  for (size_t i = 0; i < size && i < 8; i++)
+    at += (size_t)snprintf(seen + at, sizeof seen - at, "%s%02x", i ? " " : "", b[i]);
   DDP_FAIL(DDP_ERR_IO,
            "read_image: %s is not a PNG or JPEG file (%zu bytes, starting %s; expected 89 50 4e "
            "47 or ff d8 ff)",
