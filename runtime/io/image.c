@@ -13,12 +13,10 @@
  * by jpeg_destroy_*). libjpeg's warnings (a truncated stream it would pad with gray, a
  * corrupt segment) are failures too, as PIL refuses a truncated file. Sizes are bounded
  * (each side <= 65535, <= 2^28 pixels) before any pixel buffer is allocated. */
-#include <errno.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <jpeglib.h>
 #include <png.h>
@@ -221,32 +219,9 @@ int ddp_image_decode(ddp_tensor **out, const void *data, size_t size, const char
 
 int ddp_image_read(ddp_tensor **out, const char *path, int mode, int layout) {
   *out = NULL;
-  if (!path) DDP_FAIL(DDP_ERR_ARG, "read_image: path is NULL");
-  FILE *f = fopen(path, "rb");
-  if (!f) DDP_FAIL(DDP_ERR_IO, "read_image: cannot open %s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    fclose(f);
-    DDP_FAIL(DDP_ERR_IO, "read_image: %s is not a regular file", path);
-  }
-  if (st.st_size > ((int64_t)1 << 32)) {
-    fclose(f);
-    DDP_FAIL(DDP_ERR_IO, "read_image: %s has %lld bytes: more than 4 GiB", path, (long long)st.st_size);
-  }
-  size_t size = (size_t)st.st_size;
-  uint8_t *buf = malloc(size ? size : 1);
-  if (!buf) {
-    fclose(f);
-    DDP_FAIL(DDP_ERR_MEMORY, "read_image: out of memory for %s (%zu bytes)", path, size);
-  }
-  size_t got = fread(buf, 1, size, f);
-  int rerr = ferror(f);
-  fclose(f);
-  if (got != size) {
-    free(buf);
-    DDP_FAIL(DDP_ERR_IO, "read_image: %s: read failed: %s", path,
-             rerr ? strerror(errno) : "the file shrank while being read");
-  }
+  uint8_t *buf;
+  size_t size;
+  DDP_TRY(ddp_io_read_file(path, "read_image", (size_t)1 << 32, &buf, &size));
   int status = ddp_image_decode(out, buf, size, path, mode, layout);
   free(buf);
   return status;

@@ -8,6 +8,7 @@
 --   data.get_worker_info()                    -- nil in the main process
 --   data.ImageFolder{root = dir}, data.DatasetFolder{root = dir, loader = fn, extensions = {...}}
 --   data.read_image(path), data.write_png(path, img), data.write_jpeg(path, img, quality)
+--   data.read_npy(path), data.read_npz(path), data.read_csv(path, {header = true})
 --   data.Resize(32), data.CenterCrop(28), data.RandomResizedCrop(24), data.ColorJitter{...},
 --   data.ToTensor()                           -- ddplua/data/vision_transforms.lua
 --   data.Compose{data.RandomCrop(32, {padding = 4}), data.RandomHorizontalFlip(),
@@ -31,6 +32,7 @@ local worker_info = require "ddplua.data.worker_info"
 local image = require "ddplua.data.image"
 local image_folder = require "ddplua.data.image_folder"
 local vision = require "ddplua.data.vision_transforms"
+local arrays = require "ddplua.data.arrays"
 
 local M = {}
 
@@ -52,6 +54,9 @@ M.IMG_EXTENSIONS = image_folder.IMG_EXTENSIONS
 M.read_image = image.read_image
 M.write_png = image.write_png
 M.write_jpeg = image.write_jpeg
+M.read_npy = arrays.read_npy
+M.read_npz = arrays.read_npz
+M.read_csv = arrays.read_csv
 
 M.ToFloat = transforms.ToFloat
 M.Normalize = transforms.Normalize
