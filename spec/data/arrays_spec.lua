@@ -150,5 +150,8 @@ describe("data.read_csv", function()
     assert.matches("has no data rows", err_of("e.csv", ""))
     assert.matches("record 1: ", err_of("q.csv", '"1"x,2\n'))
     assert.error_matches(function() data.read_csv(tmpdir .. "/n.csv", { delimiter = ",," }) end, "one%-byte string")
+    -- a NUL byte in a column name would split it in two in the names' NUL-separated list
+    -- (found by fuzz/csv.c: "2 names for 1 columns")
+    assert.matches("record 1, column 1: the column name holds a NUL byte", err_of("nul.csv", "3\0" .. "16\n5\n", { header = true }))
   end)
 end)
