@@ -34,6 +34,11 @@ static void on_field(void *s, size_t len, void *data) {
   int in_header = st->header && st->record == 0;
   st->field++;
   if (in_header) {
+    if (memchr(text, 0, len)) { /* the names are NUL-separated: a NUL inside would split one */
+      st->status = DDP_ERROR(DDP_ERR_IO, "read_csv: %s: record 1, column %lld: the column name holds a NUL byte",
+                             st->name, (long long)st->field);
+      return;
+    }
     if (st->names_len + len + 1 > st->names_cap) {
       size_t nc = (st->names_len + len + 1) * 2;
       char *nb = realloc(st->names, nc);

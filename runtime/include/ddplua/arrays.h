@@ -56,9 +56,9 @@ void ddp_npz_free(ddp_npz *z);
  * fields are read by strtod after trimming spaces ("nan", "inf", hex floats included).
  * Blank lines are skipped. Errors: DDP_ERR_ARG when cap < *needed (nothing else is
  * returned; call again with a larger buffer); DDP_ERR_IO naming the file and: cannot
- * open, no data rows, a record whose field count differs from the first's (its line), a
- * field that is not a number (line, column (1-based) and the text), a malformed quoted
- * field (libcsv's message), more than 2^28 fields. */
+ * open, no data rows, a record whose field count differs from the first's (its number), a
+ * field that is not a number (record, column (1-based) and the text), a column name
+ * holding a NUL byte, a malformed quoted field (libcsv's message), more than 2^28 fields. */
 int ddp_csv_read(ddp_tensor **out, const char *path, int delimiter, int header, char *names,
                  size_t cap, size_t *needed);
 
