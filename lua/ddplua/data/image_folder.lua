@@ -111,7 +111,7 @@ end
 local DatasetFolder = { name = "DatasetFolder" }
 
 local KNOWN = { root = true, loader = true, extensions = true, is_valid_file = true, transform = true,
-  target_transform = true, generator = true, mode = true, layout = true }
+  target_transform = true, generator = true }
 
 --- data.DatasetFolder{root = dir, loader = fn(path) -> sample, extensions = {".x", ...} or
 -- is_valid_file = fn(path), transform = ..., target_transform = fn, generator = g}: the

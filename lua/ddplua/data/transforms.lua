@@ -14,6 +14,11 @@
 --   data.Compose{t1, t2, ...}      in order; plain Lua functions x -> x may appear too
 --                                  (then the dataset falls back to the Lua path)
 --
+-- The vision transforms that resize or recolour (data.Resize, CenterCrop, RandomResizedCrop,
+-- ColorJitter, ToTensor: ddplua/data/vision_transforms.lua) are per-sample steps
+-- (new_step): each runs its own C kernel on one sample, so a Compose holding one takes the
+-- per-sample path (c_able is false) and a dataset using it the DataLoader's Lua path.
+--
 -- In C the work runs as crop, flip, scale, normalize whatever the order given; results are
 -- the same because crop and flip move pixels and scale/normalize act on values, with one
 -- exception handled: padding added after Normalize is 0 in the output, padding added
