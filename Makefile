@@ -334,6 +334,10 @@ config:
 	check "libedit"             "test -f /usr/include/editline/readline.h"; \
 	check "cJSON"               "test -f /usr/include/cjson/cJSON.h"; \
 	check "Gloo"                "test -f /usr/include/gloo/allreduce.h"; \
+	check "libpng (data.read_image)" "test -f /usr/include/png.h"; \
+	check "libjpeg-turbo (data.read_image)" "test -f /usr/include/jpeglib.h"; \
+	check "libzip (data.read_npz)" "test -f /usr/include/zip.h"; \
+	check "libcsv (data.read_csv)" "test -f /usr/include/csv.h"; \
 	check "gnuplot (ddplua plot)" "command -v gnuplot"; \
 	check "tmux (REPL specs)"   "command -v tmux"; \
 	check "Open MPI (mpirun launch spec)" "command -v mpirun"; \
