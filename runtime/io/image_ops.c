@@ -113,6 +113,9 @@ int ddp_image_resized_crop(ddp_tensor **out, ddp_tensor *img, int64_t top, int64
   if (oh > 65535 || ow > 65535 || h > 65535 || w > 65535)
     DDP_FAIL(DDP_ERR_ARG, "resized_crop: sizes above 65535 (window %lld x %lld, output %lld x %lld)",
              (long long)h, (long long)w, (long long)oh, (long long)ow);
+  if (top < -65535 || top > 65535 || left < -65535 || left > 65535)
+    DDP_FAIL(DDP_ERR_ARG, "resized_crop: the window's corner (%lld, %lld) is beyond +-65535",
+             (long long)top, (long long)left);
   ddp_tensor *src;
   int64_t planes, H, W;
   DDP_TRY(image_in("resized_crop", img, &src, &planes, &H, &W));

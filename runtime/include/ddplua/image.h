@@ -53,7 +53,8 @@ int ddp_image_write_jpeg(const char *path, ddp_tensor *img, int quality);
  * on the window, computed in f32 (source x = (x' + 0.5) * w / ow - 0.5, clamped at 0). A u8
  * image gives u8, rounded half to even (torchvision's resize of u8 tensors); f32 gives f32.
  * When (oh, ow) = (h, w) the window is copied as is. Runs on the thread pool. Errors
- * (DDP_ERR_ARG): another dtype, fewer than 2 dims, not on the CPU, h, w, oh or ow < 1. */
+ * (DDP_ERR_ARG): another dtype, fewer than 2 dims, not on the CPU, h, w, oh or ow < 1 or
+ * above 65535, top or left beyond +-65535. */
 int ddp_image_resized_crop(ddp_tensor **out, ddp_tensor *img, int64_t top, int64_t left,
                            int64_t h, int64_t w, int64_t oh, int64_t ow);
 
