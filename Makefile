@@ -306,7 +306,7 @@ DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted l
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox \
                 tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge python3-pip \
                 libsentencepiece-dev clang-14 libclang-rt-14-dev \
-                libpng-dev libjpeg62-turbo-dev libzip-dev libcsv-dev
+                libpng-dev libjpeg62-turbo-dev libzip-dev libcsv-dev python3-torchvision
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \

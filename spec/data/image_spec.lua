@@ -185,3 +185,52 @@ describe("data.ImageFolder", function()
       "Both extensions and is_valid_file cannot be None or not None at the same time")
   end)
 end)
+
+describe("data.ImageFolder against torchvision 0.14", function()
+  local pytorch = require "pytorch"
+
+  it("finds the same classes, samples and targets, and decodes the same pixels as PIL", function()
+    local root = tmpdir .. "/tv"
+    local os_ = require "ddplua.os"
+    local img = gradient(9, 11)
+    local names = { "zeta/b.png", "zeta/A.png", "Alpha/x/y/1.jpg", "Alpha/x/0.png", "Alpha/2.jpeg", "beta/q.JPG",
+      "beta/skip.txt", "beta/sub.png/ok.png" }
+    for _, p in ipairs(names) do
+      local full = root .. "/" .. p
+      os_.mkdir_p(full:match("(.*)/[^/]*$"))
+      if p:match("%.txt$") then write_bytes(full, "x")
+      elseif p:lower():match("%.png$") then data.write_png(full, img)
+      else data.write_jpeg(full, img, 85) end
+    end
+    local ref, why = pytorch.run(([==[
+import torchvision, numpy as np
+from PIL import Image
+ds = torchvision.datasets.ImageFolder(%q)
+pix = [np.asarray(Image.open(p).convert("RGB")).astype(int).tolist() for p, _ in ds.samples]
+gray = [np.asarray(Image.open(p).convert("L")).astype(int).tolist() for p, _ in ds.samples]
+print(json.dumps({"classes": ds.classes, "class_to_idx": ds.class_to_idx,
+                  "samples": [[p, t] for p, t in ds.samples], "targets": ds.targets, "pix": pix, "gray": gray}))
+]==]):format(root))
+    if not ref then return pending(why) end
+    local ds = data.ImageFolder { root = root, layout = "HWC" }
+    assert.are.same(ref.classes, ds.classes)
+    assert.are.same(ref.class_to_idx, ds.class_to_idx)
+    assert.are.same(ref.samples, ds.samples)
+    assert.are.same(ref.targets, ds.targets)
+    local gds = data.ImageFolder { root = root, mode = "gray" }
+    for i = 1, #ds do
+      local x = ds:get(i)
+      local g = gds:get(i)
+      local h, w = x:size(1), x:size(2)
+      local worst, gworst = 0, 0
+      for y = 1, h do
+        for xx = 1, w do
+          for c = 1, 3 do worst = math.max(worst, math.abs(x:get(y, xx, c) - ref.pix[i][y][xx][c])) end
+          gworst = math.max(gworst, math.abs(g:get(1, y, xx) - ref.gray[i][y][xx]))
+        end
+      end
+      assert.are.equal(0, worst, ds.samples[i][1])   -- libpng and libjpeg-turbo, as PIL's
+      assert.are.equal(0, gworst, ds.samples[i][1])  -- and PIL's convert("L")
+    end
+  end)
+end)

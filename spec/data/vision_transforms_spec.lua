@@ -156,3 +156,44 @@ describe("data.ToTensor", function()
     assert.are.equal("Compose{ToTensor(), CenterCrop({6, 6}), Normalize({0.5, 0.5, 0.5}, {0.25, 0.25, 0.25})}", tostring(tf))
   end)
 end)
+
+describe("the vision transforms against torchvision 0.14's functional", function()
+  it("give torchvision's resize (antialias False), center_crop, adjust_* and to_tensor", function()
+    local ok, why = torch_ref.available()
+    if not ok then return pending(why) end
+    local probe = io.popen("/usr/bin/python3 -c 'import torchvision' 2>&1; echo rc=$?")
+    local txt = probe:read("*a")
+    probe:close()
+    if not txt:match("rc=0%s*$") then return pending("no torchvision (python3-torchvision)") end
+    local xu = (dl.rand({ 3, 13, 10 }, { generator = dl.Generator(11) }) * 255):to("u8")
+    local xf = dl.rand({ 3, 7, 12 }, { generator = dl.Generator(12) })
+    local hwc = xu:permute { 2, 3, 1 }:contiguous()
+    local out = {
+      resize_u8 = data.Resize(6)(xu), resize_f = data.Resize { 11, 5 }(xf),
+      crop_u8 = data.CenterCrop { 6, 5 }(xu), crop_big = data.CenterCrop { 16, 9 }(xf),
+      bright_u8 = data.ColorJitter { brightness = { 1.3, 1.3 } }(xu),
+      contrast_u8 = data.ColorJitter { contrast = { 0.6, 0.6 } }(xu),
+      contrast_f = data.ColorJitter { contrast = { 1.8, 1.8 } }(xf),
+      to_tensor = data.ToTensor()(hwc),
+    }
+    local ref = torch_ref.run([[
+import torchvision.transforms.functional as F
+torch.set_default_dtype(torch.float32)  # as torchvision runs (the helper sets f64)
+xu, xf = T["xu"], T["xf"].float()
+OUT["resize_u8"] = F.resize(xu, 6, antialias=False)
+OUT["resize_f"] = F.resize(xf, [11, 5], antialias=False)
+OUT["crop_u8"] = F.center_crop(xu, [6, 5])
+OUT["crop_big"] = F.center_crop(xf, [16, 9])
+OUT["bright_u8"] = F.adjust_brightness(xu, 1.3)
+OUT["contrast_u8"] = F.adjust_contrast(xu, 0.6)
+OUT["contrast_f"] = F.adjust_contrast(xf, 1.8)
+OUT["to_tensor"] = F.to_tensor(T["hwc"].numpy())
+]], { xu = xu, xf = xf, hwc = hwc })
+    for k, v in pairs(out) do
+      assert.are.same(ref[k]:size(), v:size(), k)
+      assert.are.equal(ref[k].dtype, v.dtype, k)
+      local tol = v.dtype == "u8" and 0 or 1e-6
+      assert.is_true(max_abs(ref[k], v) <= tol, k .. ": " .. max_abs(ref[k], v))
+    end
+  end)
+end)
