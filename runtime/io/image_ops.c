@@ -76,9 +76,44 @@ static inline float window_px(const resize_ctx *c, const void *plane, int64_t y,
   return ((const float *)plane)[y * c->W + x];
 }
 
+/* One output row from the two source rows r0 and r1 (the window inside the image: no
+ * bounds checks), the same arithmetic as the general path below. */
+#define RESIZE_ROW_INSIDE(T, STORE)                                                          \
+  do {                                                                                     \
+    const T *r0 = (const T *)plane + (ty->i0 + c->top) * c->W + c->left;                  \
+    const T *r1 = (const T *)plane + (ty->i1 + c->top) * c->W + c->left;                  \
+    for (int64_t x = 0; x < c->ow; x++) {                                                  \
+      const tap *tx = &c->tx[x];                                                           \
+      float v = ty->l0 * (tx->l0 * (float)r0[tx->i0] + tx->l1 * (float)r0[tx->i1]) +        \
+                ty->l1 * (tx->l0 * (float)r1[tx->i0] + tx->l1 * (float)r1[tx->i1]);         \
+      STORE;                                                                               \
+    }                                                                                      \
+  } while (0)
+
 /* Rows [begin, end) of planes x oh output rows. */
 static void resize_rows(void *ctx, int64_t begin, int64_t end) {
   const resize_ctx *c = ctx;
+  int inside = c->top >= 0 && c->left >= 0 && c->top + c->ty[c->oh - 1].i1 < c->H &&
+               c->left + c->tx[c->ow - 1].i1 < c->W;
+  if (inside) { /* the common case (Resize, RandomResizedCrop): no padding to check for */
+    for (int64_t r = begin; r < end; r++) {
+      int64_t p = r / c->oh, y = r % c->oh;
+      const tap *ty = &c->ty[y];
+      if (c->src->dtype == DDP_U8) {
+        const uint8_t *plane = (const uint8_t *)ddp_data(c->src) + p * c->H * c->W;
+        uint8_t *orow = (uint8_t *)ddp_data(c->dst) + (p * c->oh + y) * c->ow;
+        RESIZE_ROW_INSIDE(uint8_t, {
+          v = nearbyintf(v);
+          orow[x] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        });
+      } else {
+        const float *plane = (const float *)ddp_data(c->src) + p * c->H * c->W;
+        float *orow = (float *)ddp_data(c->dst) + (p * c->oh + y) * c->ow;
+        RESIZE_ROW_INSIDE(float, orow[x] = v);
+      }
+    }
+    return;
+  }
   int u8 = c->src->dtype == DDP_U8;
   size_t esz = u8 ? 1 : 4;
   for (int64_t r = begin; r < end; r++) {

@@ -194,12 +194,37 @@ end
 
 --- tf(x[, generator]): apply the transform to one sample x (C, H, W) (any dtype), giving a
 -- new tensor. Plain functions inside a Compose are called as f(x).
+-- The per-sample plan of a transform that is not c_able: its steps in order, each run of
+-- consecutive C steps (no kind twice) folded into one Compose so that it is one C pass
+-- (made once, kept in t.plan).
+local function plan(t)
+  if t.plan then return t.plan end
+  local out, run, kinds = {}, {}, {}
+  local function flush()
+    if #run == 1 then out[#out + 1] = run[1] elseif #run > 1 then out[#out + 1] = M.Compose(run) end
+    run, kinds = {}, {}
+  end
+  for _, s in ipairs(steps(t)) do
+    if type(s) == "function" or s.apply then
+      flush()
+      out[#out + 1] = s
+    else
+      if kinds[s.kind] then flush() end
+      run[#run + 1] = s
+      kinds[s.kind] = true
+    end
+  end
+  flush()
+  t.plan = out
+  return out
+end
+
 function Transform.__call(t, x, generator)
   if not M.c_able(t) then
-    for _, s in ipairs(steps(t)) do
+    for _, s in ipairs(plan(t)) do
       if type(s) == "function" then x = s(x)
       elseif s.apply then x = s:apply(x, generator)
-      else x = s(x, generator) end -- a C step alone
+      else x = s(x, generator) end -- C steps: one pass
     end
     return x
   end
