@@ -27,6 +27,10 @@
 -- data.default_collate(samples) is the default's collation of such a list, for a
 -- collate_fn that adjusts it.
 --
+-- An IterableDataset (ddplua/data/iterable_dataset.lua) is read as a stream: batches of its
+-- ds:stream() in order (its share for this rank, Note [iterable sharding]), collated as
+-- above; no sampler or shuffle (PyTorch's rule), and #loader only when the dataset has len.
+--
 -- Sampler protocol: any object with sampler:indices() returning the epoch's sample order
 -- as a Lua table or a 1-d i64 tensor of 0-based indices (dataset positions minus one, as
 -- PyTorch's samplers yield). Called once per iter(). Optionally sampler:len() (or #sampler)

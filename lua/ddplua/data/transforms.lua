@@ -192,8 +192,6 @@ function M.sample(src, i, spec, generator)
   return wrap(box[0])
 end
 
---- tf(x[, generator]): apply the transform to one sample x (C, H, W) (any dtype), giving a
--- new tensor. Plain functions inside a Compose are called as f(x).
 -- The per-sample plan of a transform that is not c_able: its steps in order, each run of
 -- consecutive C steps (no kind twice) folded into one Compose so that it is one C pass
 -- (made once, kept in t.plan).
@@ -219,6 +217,8 @@ local function plan(t)
   return out
 end
 
+--- tf(x[, generator]): apply the transform to one sample x (C, H, W) (any dtype), giving a
+-- new tensor. Plain functions inside a Compose are called as f(x).
 function Transform.__call(t, x, generator)
   if not M.c_able(t) then
     for _, s in ipairs(plan(t)) do
