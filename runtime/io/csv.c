@@ -75,7 +75,7 @@ static void on_field(void *s, size_t len, void *data) {
   if (b == e) {
     v = NAN; /* an empty field: a missing value, as pandas reads it */
   } else {
-    char buf[64];
+    char buf[256]; /* a number field is at most 255 bytes (ddplua/arrays.h) */
     char *end = NULL;
     if (e - b < sizeof buf && memchr(text + b, 0, e - b) == NULL) {
       memcpy(buf, text + b, e - b);

@@ -53,7 +53,8 @@ void ddp_npz_free(ddp_npz *z);
  * holds the column names: they are written to names (cap bytes) one after the other, each
  * ending with a NUL byte, and *needed is set to the bytes they take (0 without a header);
  * names may be NULL when cap is 0. Empty fields are NaN (as pandas reads them); other
- * fields are read by strtod after trimming spaces ("nan", "inf", hex floats included).
+ * fields (at most 255 bytes) are read by strtod after trimming spaces ("nan", "inf", hex
+ * floats included).
  * Blank lines are skipped. Errors: DDP_ERR_ARG when cap < *needed (nothing else is
  * returned; call again with a larger buffer); DDP_ERR_IO naming the file and: cannot
  * open, no data rows, a record whose field count differs from the first's (its number), a
