@@ -112,6 +112,11 @@ print(json.dumps(out))
       assert.is_truthy(tostring(err):find(path, 1, true), tostring(err))
       assert.is_truthy(tostring(err):find(c[3]), c[1] .. ": " .. tostring(err))
     end
+    -- a key with nothing after it at the header's end: the value was read past the header
+    -- (a heap overflow under ASan, found by fuzz/npy.c)
+    local hdr = "{'descr': '<f4', 'fortran_order': False, 'shape':"
+    local cut = write_bytes(tmpdir .. "/cut.npy", "\147NUMPY\1\0" .. string.char(#hdr, 0) .. hdr)
+    assert.error_matches(function() data.read_npy(cut) end, "cut.npy: the header lacks 'shape'")
     write_bytes(tmpdir .. "/bad.npz", "PK\3\4 not really a zip")
     assert.error_matches(function() data.read_npz(tmpdir .. "/bad.npz") end, "bad.npz is not a readable zip archive")
     assert.error_matches(function() data.read_npz(tmpdir .. "/missing.npz") end, "cannot open .*missing.npz")
