@@ -19,7 +19,8 @@
 
 /* ---- the header's dict literal --------------------------------------------------------- */
 
-/* The text after `'key':` in the header h (n bytes), spaces skipped; NULL if absent. */
+/* The text after `'key':` in the header h (n bytes), spaces skipped; NULL if absent or
+ * if nothing follows within the header (the value is read up to h + n, never past it). */
 static const char *header_value(const char *h, size_t n, const char *key) {
   size_t k = strlen(key);
   for (size_t i = 0; i + k + 2 < n; i++) {
@@ -29,7 +30,7 @@ static const char *header_value(const char *h, size_t n, const char *key) {
       if (j < n && h[j] == ':') {
         j++;
         while (j < n && h[j] == ' ') j++;
-        return h + j;
+        return j < n ? h + j : NULL;
       }
     }
   }
