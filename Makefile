@@ -76,7 +76,7 @@ CFLAGS  := -std=gnu11 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime $(BLAS_CFLAGS) -I$(BUILD)/proto
 CXXFLAGS := -std=gnu++17 $(OPT) $(SAN) $(WARN) -fPIC -march=$(ARCH) -pthread \
            -Iruntime/include -Iruntime
-LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lprotobuf-c -lz -lm -ldl -pthread
+LDLIBS  := $(BLAS_LIBS) -lgloo -lcjson -lprotobuf-c -lpng -ljpeg -lzip -lcsv -lz -lm -ldl -pthread
 
 # SentencePiece (the BPE tokenizer, runtime/io/sentencepiece_shim.cc): used when its headers
 # are installed (libsentencepiece-dev) unless NO_SENTENCEPIECE=1; without it the shim's
@@ -271,6 +271,7 @@ FUZZ_CFLAGS := $(FUZZ_BASE) -O1 -g $(FUZZ_SAN) $(filter-out -Wno-format-truncati
                -Wno-unknown-pragmas
 FUZZ_LIB_SRCS := $(sort $(wildcard runtime/core/*.c)) \
                  runtime/io/idx.c runtime/io/cifar.c runtime/io/safetensors.c runtime/io/tokens.c \
+                 runtime/io/image.c runtime/io/file_bytes.c runtime/io/npy.c runtime/io/csv.c \
                  runtime/distributed/store.c runtime/distributed/store_file.c \
                  runtime/distributed/store_server.c runtime/distributed/objects.c \
                  runtime/distributed/listen_policy.c
@@ -316,7 +317,7 @@ $(FUZZ_BUILD)/libddplua_fuzz.a: $(FUZZ_LIB_OBJS)
 $(FUZZ_BUILD)/fuzz/%: fuzz/%.c $(wildcard fuzz/*.h) $(FUZZ_BUILD)/libddplua_fuzz.a
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libddplua_fuzz.a \
-	  $(BLAS_LIBS) -lcjson -lz -lm -ldl -pthread
+	  $(BLAS_LIBS) -lcjson -lpng -ljpeg -lzip -lcsv -lz -lm -ldl -pthread
 
 fuzz-build: $(FUZZ_BINS)
 
@@ -328,7 +329,8 @@ DEB_PACKAGES := build-essential pkg-config luajit libluajit-5.1-dev lua-busted l
                 zlib1g-dev libedit-dev libcjson-dev libgloo-dev dataset-fashion-mnist gnuplot-nox \
                 tmux openmpi-bin iproute2 slurmctld slurmd slurm-client munge python3-pip \
                 libsentencepiece-dev clang-14 libclang-rt-14-dev libprotobuf-c-dev \
-                protobuf-c-compiler libprotobuf-dev python3-venv
+                protobuf-c-compiler libprotobuf-dev python3-venv \
+                libpng-dev libjpeg62-turbo-dev libzip-dev libcsv-dev python3-torchvision
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -358,6 +360,10 @@ config:
 	check "protobuf-c (TensorBoard event files)" "command -v protoc-c && test -f /usr/include/protobuf-c/protobuf-c.h"; \
 	check "python3 venv (TensorBoard reader spec)" "python3 -m venv --help"; \
 	check "Gloo"                "test -f /usr/include/gloo/allreduce.h"; \
+	check "libpng (data.read_image)" "test -f /usr/include/png.h"; \
+	check "libjpeg-turbo (data.read_image)" "test -f /usr/include/jpeglib.h"; \
+	check "libzip (data.read_npz)" "test -f /usr/include/zip.h"; \
+	check "libcsv (data.read_csv)" "test -f /usr/include/csv.h"; \
 	check "gnuplot (ddplua plot)" "command -v gnuplot"; \
 	check "tmux (REPL specs)"   "command -v tmux"; \
 	check "Open MPI (mpirun launch spec)" "command -v mpirun"; \

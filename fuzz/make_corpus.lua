@@ -174,3 +174,83 @@ write("repl_frames", "prompt_answer_input_interrupt", "\1\3" .. frame("A", hex64
 write("repl_frames", "review-eleven-bytes", "\0\1H0000000010")
 write("repl_frames", "review-signed-length", "\0\1H-000000001")
 write("repl_frames", "review-truncated-answer", "\1\1A0000000129" .. string.rep("a", 20))
+
+-- ---- images (fuzz/image.c) -------------------------------------------------------------
+-- Written by ddplua's own encoders (data.write_png / write_jpeg, runtime/io/image.c): needs
+-- build/libddplua.so; skipped with a note when it is not built.
+package.path = "lua/?.lua;lua/?/init.lua;build/lua/?.lua;" .. package.path
+local ok_dl, dl = pcall(require, "ddplua")
+if ok_dl then
+  local data = require "ddplua.data"
+  local tmp = os.tmpname()
+  local function encoded(fn, img, ...)
+    fn(tmp, img, ...)
+    local f = assert(io.open(tmp, "rb"))
+    local s = f:read("*a")
+    f:close()
+    return s
+  end
+  local gray = (dl.rand({ 1, 3, 5 }, { generator = dl.Generator(1) }) * 255):to("u8")
+  local rgb = (dl.rand({ 3, 4, 4 }, { generator = dl.Generator(2) }) * 255):to("u8")
+  local png_gray, png_rgb = encoded(data.write_png, gray), encoded(data.write_png, rgb)
+  local jpg_gray, jpg_rgb = encoded(data.write_jpeg, gray, 80), encoded(data.write_jpeg, rgb, 50)
+  write("image", "png_gray", png_gray)
+  write("image", "png_rgb", png_rgb)
+  write("image", "jpeg_gray", jpg_gray)
+  write("image", "jpeg_rgb", jpg_rgb)
+  write("image", "png_truncated", png_rgb:sub(1, #png_rgb - 12))
+  write("image", "jpeg_truncated", jpg_rgb:sub(1, math.floor(#jpg_rgb / 2)))
+  write("image", "png_signature_only", png_rgb:sub(1, 8))
+  os.remove(tmp)
+else
+  io.stderr:write("make_corpus: build/libddplua.so not loadable, fuzz/corpus/image not written: " .. tostring(dl) .. "\n")
+end
+
+-- ---- NumPy arrays and CSV tables (fuzz/npy.c, fuzz/npz.c, fuzz/csv.c) ---------------------
+local function npy(descr, shape, body, fortran)
+  local header = ("{'descr': '%s', 'fortran_order': %s, 'shape': %s, }"):format(descr, fortran and "True" or "False", shape)
+  local pad = 64 - (10 + #header + 1) % 64
+  header = header .. string.rep(" ", pad % 64) .. "\n"
+  return "\147NUMPY\1\0" .. le(#header, 2) .. header .. body
+end
+local npy_f4 = npy("<f4", "(2, 2)", le(0x3f800000, 4) .. le(0x40000000, 4) .. le(0, 4) .. le(0xbf800000, 4))
+local npy_i8 = npy(">i8", "(3,)", string.rep("\0", 7) .. "\1" .. string.rep("\255", 8) .. string.rep("\0", 7) .. "\7")
+write("npy", "f4_2x2", npy_f4)
+write("npy", "i8_big_endian", npy_i8)
+write("npy", "u1_fortran", npy("|u1", "(2, 3)", "\1\2\3\4\5\6", true))
+write("npy", "b1_scalar", npy("|b1", "()", "\1"))
+write("npy", "f2_empty", npy("<f2", "(0, 4)", ""))
+write("npy", "v2_header", "\147NUMPY\2\0" .. le(npy_f4:byte(9) + 256 * npy_f4:byte(10), 4) .. npy_f4:sub(11))
+write("npy", "truncated", npy_f4:sub(1, #npy_f4 - 3))
+
+-- a zip archive of stored entries (the layout numpy.savez writes, without compression)
+local zlib_ok, zlib = pcall(ffi.load, "z")
+if zlib_ok then
+  pcall(ffi.cdef, "unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len);")
+  local function zip(entries)
+    local out, central, offset = {}, {}, 0
+    for _, e in ipairs(entries) do
+      local name, body = e[1], e[2]
+      local crc = tonumber(zlib.crc32(0, body, #body))
+      local fields = le(20, 2) .. le(0, 2) .. le(0, 2) .. le(0, 2) .. le(0x21, 2) .. le(crc, 4) .. le(#body, 4) .. le(#body, 4)
+        .. le(#name, 2) .. le(0, 2)
+      local lfh = "PK\3\4" .. fields .. name .. body
+      central[#central + 1] = "PK\1\2" .. le(20, 2) .. fields:sub(1, 24) .. le(0, 2) .. le(0, 2) .. le(0, 2) .. le(0, 2)
+        .. le(0, 4) .. le(offset, 4) .. name
+      out[#out + 1] = lfh
+      offset = offset + #lfh
+    end
+    local cd = table.concat(central)
+    return table.concat(out) .. cd .. "PK\5\6" .. le(0, 2) .. le(0, 2) .. le(#entries, 2) .. le(#entries, 2)
+      .. le(#cd, 4) .. le(offset, 4) .. le(0, 2)
+  end
+  write("npz", "two_stored", zip { { "x.npy", npy_f4 }, { "y.npy", npy_i8 } })
+  write("npz", "one_and_other", zip { { "notes.txt", "hello" }, { "a.npy", npy_f4 } })
+  write("npz", "bad_entry", zip { { "t.npy", npy_f4:sub(1, 40) } })
+end
+
+-- byte 0: bit 0 header, bit 1 ';' as the delimiter (fuzz/csv.c)
+write("csv", "header_quotes", "\1" .. 'a,"b, c",d\n1,2.5,-3e2\n"4",,0x10\r\n')
+write("csv", "semicolon", "\2" .. "1;2\n3;4\n\n5;6\n")
+write("csv", "ragged", "\0" .. "1,2\n3\n")
+write("csv", "bad_quote", "\1" .. 'a\n"1"x\n')

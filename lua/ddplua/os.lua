@@ -7,6 +7,7 @@
 --   os_.sleep(0.5)                             -- seconds; signals do not cut it short
 --   if os_.isatty(1) then ... end              -- stdout is a terminal
 --   os_.mkdir_p("runs/x/checkpoints")          -- raises naming the component and the reason
+--   for _, e in ipairs(os_.list_dir("data")) do print(e.name, e.type) end
 --   print(os_.resource_usage().peak_rss_bytes)
 local lib = require "ddplua.lib"
 local ffi, C = lib.ffi, lib.C
@@ -42,6 +43,32 @@ end
 function M.mkdir_p(path)
   lib.path(path, "mkdir_p")
   lib.check(C.ddp_os_mkdir_p(path))
+end
+
+--- os_.list_dir(path) -> a list of {name = string, type = "dir" | "file" | "other"} for the
+-- entries of folder `path` ("." and ".." left out; symbolic links followed), unsorted.
+-- Raises naming the folder and the reason when it cannot be read.
+function M.list_dir(path)
+  lib.path(path, "list_dir")
+  local needed = ffi.new("size_t[1]")
+  local cap = 4096
+  local buf
+  while true do
+    buf = ffi.new("char[?]", cap)
+    local st = C.ddp_os_list_dir(path, buf, cap, needed)
+    if st == 0 then break end
+    if tonumber(needed[0]) <= cap then lib.check(st) end
+    cap = tonumber(needed[0])
+  end
+  local out, at, n = {}, 0, tonumber(needed[0])
+  local types = { d = "dir", f = "file", o = "other" }
+  while at < n do
+    local t = string.char(buf[at])
+    local name = ffi.string(buf + at + 1)
+    out[#out + 1] = { name = name, type = types[t] or "other" }
+    at = at + #name + 2
+  end
+  return out
 end
 
 local ru = ffi.new("ddp_os_rusage")

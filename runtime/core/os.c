@@ -1,7 +1,9 @@
 /* runtime/core/os.c: the OS services of ddplua/os.h (clock, terminals, folders, resource
  * usage, byte comparison, sleep). Core is the bottom layer: this file includes libc/POSIX headers
  * and core/core.h only. */
+#include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -89,3 +91,43 @@ int ddp_os_resource_usage(ddp_os_rusage *out) {
 }
 
 int ddp_os_bytes_equal(const void *a, const void *b, size_t n) { return n == 0 || memcmp(a, b, n) == 0; }
+
+int ddp_os_list_dir(const char *path, char *buf, size_t cap, size_t *needed) {
+  if (!path || !needed) DDP_FAIL(DDP_ERR_ARG, "list_dir: path and needed must not be NULL");
+  *needed = 0;
+  DIR *d = opendir(path);
+  if (!d) DDP_FAIL(DDP_ERR_IO, "list_dir: cannot open folder %s: %s", path, strerror(errno));
+  size_t total = 0, plen = strlen(path);
+  int status = DDP_OK;
+  for (;;) {
+    errno = 0;
+    struct dirent *e = readdir(d);
+    if (!e) {
+      if (errno) status = DDP_ERROR(DDP_ERR_IO, "list_dir: cannot read folder %s: %s", path, strerror(errno));
+      break;
+    }
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    size_t nlen = strlen(e->d_name);
+    char *full = malloc(plen + nlen + 2);
+    if (!full) {
+      status = DDP_ERROR(DDP_ERR_MEMORY, "list_dir: out of memory");
+      break;
+    }
+    snprintf(full, plen + nlen + 2, "%s/%s", path, e->d_name);
+    struct stat st;
+    char type = 'o';
+    if (stat(full, &st) == 0) type = S_ISDIR(st.st_mode) ? 'd' : S_ISREG(st.st_mode) ? 'f' : 'o';
+    free(full);
+    if (buf && total + nlen + 2 <= cap) {
+      buf[total] = type;
+      memcpy(buf + total + 1, e->d_name, nlen + 1);
+    }
+    total += nlen + 2;
+  }
+  closedir(d);
+  if (status) return status;
+  *needed = total;
+  if (total > cap)
+    DDP_FAIL(DDP_ERR_ARG, "list_dir: %s needs a buffer of %zu bytes, got %zu", path, total, cap);
+  return DDP_OK;
+}

@@ -41,4 +41,10 @@ int ddp_io_gather(ddp_tensor **out, const ddp_tensor *src, const int64_t *idx, i
 int ddp_io_write_atomic(const char *path, const char *op, int n, const void *const *bufs,
                         const size_t *lens);
 
+/* Read the whole regular file at `path` into a new malloc'd buffer (*data, *size bytes; a
+ * 1-byte block for an empty file; the caller frees it). Files above `max` bytes are
+ * refused. Errors (DDP_ERR_IO) start with `op` and name the file: cannot open (strerror),
+ * not a regular file, too large, a short read (runtime/io/file_bytes.c). */
+int ddp_io_read_file(const char *path, const char *op, size_t max, uint8_t **data, size_t *size);
+
 #endif /* DDP_IO_INTERNAL_H */

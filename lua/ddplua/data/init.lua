@@ -3,6 +3,14 @@
 --   data.FashionMNIST{train = true}           -- (60000, 1, 28, 28) u8 + labels 0..9
 --   data.MNIST{root = ...}, data.CIFAR10{root = ...}, data.TensorDataset(x, y)
 --   data.Subset(ds, {0, 5, 9})                -- 0-based dataset indices, as PyTorch
+--   data.random_split(ds, {0.8, 0.2}, g), data.ConcatDataset{ds1, ds2}
+--   data.IterableDataset(class, state)        -- streams, sharded over ranks and workers
+--   data.get_worker_info()                    -- nil in the main process
+--   data.ImageFolder{root = dir}, data.DatasetFolder{root = dir, loader = fn, extensions = {...}}
+--   data.read_image(path), data.write_png(path, img), data.write_jpeg(path, img, quality)
+--   data.read_npy(path), data.read_npz(path), data.read_csv(path, {header = true})
+--   data.Resize(32), data.CenterCrop(28), data.RandomResizedCrop(24), data.ColorJitter{...},
+--   data.ToTensor()                           -- ddplua/data/vision_transforms.lua
 --   data.Compose{data.RandomCrop(32, {padding = 4}), data.RandomHorizontalFlip(),
 --                data.ToFloat(), data.Normalize(mean, std)}
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
@@ -17,6 +25,14 @@
 local datasets = require "ddplua.data.datasets"
 local transforms = require "ddplua.data.transforms"
 local loader = require "ddplua.data.loader"
+local random_split = require "ddplua.data.random_split"
+local concat_dataset = require "ddplua.data.concat_dataset"
+local iterable_dataset = require "ddplua.data.iterable_dataset"
+local worker_info = require "ddplua.data.worker_info"
+local image = require "ddplua.data.image"
+local image_folder = require "ddplua.data.image_folder"
+local vision = require "ddplua.data.vision_transforms"
+local arrays = require "ddplua.data.arrays"
 
 local M = {}
 
@@ -28,12 +44,30 @@ M.CIFAR10 = datasets.CIFAR10
 M.Dataset = datasets.Dataset
 M.read_idx = datasets.read_idx
 M.read_cifar = datasets.read_cifar
+M.random_split = random_split.random_split
+M.ConcatDataset = concat_dataset.ConcatDataset
+M.IterableDataset = iterable_dataset.IterableDataset
+M.get_worker_info = worker_info.get_worker_info
+M.DatasetFolder = image_folder.DatasetFolder
+M.ImageFolder = image_folder.ImageFolder
+M.IMG_EXTENSIONS = image_folder.IMG_EXTENSIONS
+M.read_image = image.read_image
+M.write_png = image.write_png
+M.write_jpeg = image.write_jpeg
+M.read_npy = arrays.read_npy
+M.read_npz = arrays.read_npz
+M.read_csv = arrays.read_csv
 
 M.ToFloat = transforms.ToFloat
 M.Normalize = transforms.Normalize
 M.RandomCrop = transforms.RandomCrop
 M.RandomHorizontalFlip = transforms.RandomHorizontalFlip
 M.Compose = transforms.Compose
+M.Resize = vision.Resize
+M.CenterCrop = vision.CenterCrop
+M.RandomResizedCrop = vision.RandomResizedCrop
+M.ColorJitter = vision.ColorJitter
+M.ToTensor = vision.ToTensor
 M.is_transform = transforms.is_transform
 
 M.DataLoader = loader.DataLoader

@@ -27,6 +27,10 @@
 -- data.default_collate(samples) is the default's collation of such a list, for a
 -- collate_fn that adjusts it.
 --
+-- An IterableDataset (ddplua/data/iterable_dataset.lua) is read as a stream: batches of its
+-- ds:stream() in order (its share for this rank, Note [iterable sharding]), collated as
+-- above; no sampler or shuffle (PyTorch's rule), and #loader only when the dataset has len.
+--
 -- Sampler protocol: any object with sampler:indices() returning the epoch's sample order
 -- as a Lua table or a 1-d i64 tensor of 0-based indices (dataset positions minus one, as
 -- PyTorch's samplers yield). Called once per iter(). Optionally sampler:len() (or #sampler)
@@ -37,6 +41,7 @@ local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
 local transforms = require "ddplua.data.transforms"
 local generator = require "ddplua.generator"
+local iterable = require "ddplua.data.iterable_dataset"
 local ffi, C = lib.ffi, lib.C
 local check, wrap, box = lib.check, lib.wrap, lib.box
 
@@ -86,6 +91,10 @@ function M.DataLoader(dataset, opts)
   end
   if opts.collate_fn ~= nil and type(opts.collate_fn) ~= "function" then
     lib.raise("DataLoader: collate_fn must be a function(samples) -> batch, got " .. type(opts.collate_fn))
+  end
+  if iterable.is_iterable(dataset) and (opts.sampler or opts.shuffle) then
+    lib.raise(("DataLoader with IterableDataset: expected unspecified %s option, but got %s"):format(
+      opts.sampler and "sampler" or "shuffle", opts.sampler and tostring(opts.sampler) or "shuffle=true"))
   end
   if opts.sampler and type(opts.sampler.indices) ~= "function" then
     lib.raise("DataLoader: sampler must have an indices() method")
@@ -284,7 +293,8 @@ local function lua_iter(self, order)
   local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
   local total = order:numel()
   local nb = self.drop_last and math.floor(total / self.batch_size) or math.ceil(total / self.batch_size)
-  local ep = { handle = nil }
+  -- ep keeps `order` alive: idx points into its storage, and nothing else holds it
+  local ep = { handle = nil, order = order }
   self.epoch = ep
   local b = 0
   local collate_fn = self.collate_fn
@@ -334,6 +344,16 @@ end
 -- stopped by the next iter(), loader:close() or the collector).
 function DataLoader.iter(self)
   self:close()
+  if iterable.is_iterable(self.dataset) then -- a stream: batches in stream order
+    local collate = self.collate_fn or M.default_collate
+    local it = iterable.batches(self.dataset, self.batch_size, self.drop_last, collate)
+    if not self.pin_memory then return it end
+    return function()
+      local out = { it() }
+      pin_all(out, table.maxn(out))
+      return unpack(out, 1, table.maxn(out))
+    end
+  end
   local order = epoch_order(self)
   local ds = self.dataset
   local ok, f = pcall(function() return ds.c_sources end)

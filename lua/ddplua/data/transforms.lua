@@ -14,6 +14,11 @@
 --   data.Compose{t1, t2, ...}      in order; plain Lua functions x -> x may appear too
 --                                  (then the dataset falls back to the Lua path)
 --
+-- The vision transforms that resize or recolour (data.Resize, CenterCrop, RandomResizedCrop,
+-- ColorJitter, ToTensor: ddplua/data/vision_transforms.lua) are per-sample steps
+-- (new_step): each runs its own C kernel on one sample, so a Compose holding one takes the
+-- per-sample path (c_able is false) and a dataset using it the DataLoader's Lua path.
+--
 -- In C the work runs as crop, flip, scale, normalize whatever the order given; results are
 -- the same because crop and flip move pixels and scale/normalize act on values, with one
 -- exception handled: padding added after Normalize is 0 in the output, padding added
@@ -124,12 +129,22 @@ local function steps(t)
   return { t }
 end
 
---- True when every step of t runs in C (no plain functions).
+--- True when every step of t folds into the batch loader's C spec (no plain functions and
+-- no per-sample steps such as Resize: those have an `apply` method and run one call each).
 function M.c_able(t)
   for _, s in ipairs(steps(t)) do
-    if type(s) == "function" then return false end
+    if type(s) == "function" or s.apply then return false end
   end
   return true
+end
+
+--- transforms.new_step(kind, fields, apply): a transform object of `kind` run per sample by
+-- apply(step, x, generator) -> new tensor (for the vision transforms of
+-- ddplua.data.vision_transforms); `fields` become its fields. It composes with the others
+-- in a Compose, which then takes the per-sample path (c_able is false).
+function M.new_step(kind, fields, apply)
+  fields.apply = apply
+  return new(kind, fields)
 end
 
 --- Fold transform t (nil: none) into a C spec (ddp_io_transform) for a source of dtype
@@ -177,12 +192,39 @@ function M.sample(src, i, spec, generator)
   return wrap(box[0])
 end
 
+-- The per-sample plan of a transform that is not c_able: its steps in order, each run of
+-- consecutive C steps (no kind twice) folded into one Compose so that it is one C pass
+-- (made once, kept in t.plan).
+local function plan(t)
+  if t.plan then return t.plan end
+  local out, run, kinds = {}, {}, {}
+  local function flush()
+    if #run == 1 then out[#out + 1] = run[1] elseif #run > 1 then out[#out + 1] = M.Compose(run) end
+    run, kinds = {}, {}
+  end
+  for _, s in ipairs(steps(t)) do
+    if type(s) == "function" or s.apply then
+      flush()
+      out[#out + 1] = s
+    else
+      if kinds[s.kind] then flush() end
+      run[#run + 1] = s
+      kinds[s.kind] = true
+    end
+  end
+  flush()
+  t.plan = out
+  return out
+end
+
 --- tf(x[, generator]): apply the transform to one sample x (C, H, W) (any dtype), giving a
 -- new tensor. Plain functions inside a Compose are called as f(x).
 function Transform.__call(t, x, generator)
   if not M.c_able(t) then
-    for _, s in ipairs(steps(t)) do
-      if type(s) == "function" then x = s(x) else x = s(x, generator) end
+    for _, s in ipairs(plan(t)) do
+      if type(s) == "function" then x = s(x)
+      elseif s.apply then x = s:apply(x, generator)
+      else x = s(x, generator) end -- C steps: one pass
     end
     return x
   end
@@ -204,6 +246,7 @@ function Transform.__tostring(t)
   elseif t.kind == "normalize" then
     return "Normalize({" .. table.concat(t.mean, ", ") .. "}, {" .. table.concat(t.std, ", ") .. "})"
   elseif t.kind == "crop" then return ("RandomCrop({%d, %d}, {padding = %d})"):format(t.h, t.w, t.padding)
+  elseif t.describe then return t.describe
   else return "RandomHorizontalFlip(" .. t.p .. ")" end
 end
 

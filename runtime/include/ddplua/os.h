@@ -30,6 +30,15 @@ int ddp_os_isatty(int fd);
  * (strerror), e.g. "mkdir -p 'a/b/c': cannot create 'a/b': Not a directory". */
 int ddp_os_mkdir_p(const char *path);
 
+/* The entries of folder `path` ("." and ".." left out), unsorted, as records of one type
+ * byte ('d' a folder, 'f' a regular file, 'o' anything else; symbolic links followed, a
+ * dangling one is 'o') then the name and a NUL byte, written to buf (cap bytes); *needed
+ * is set to the bytes all the records take. When cap < *needed the buffer holds only part
+ * of them and DDP_ERR_ARG is returned with *needed set: retry with a larger buffer.
+ * Errors: DDP_ERR_ARG for a NULL path or needed; DDP_ERR_IO naming the folder and the
+ * reason (strerror) when it cannot be opened or read. */
+int ddp_os_list_dir(const char *path, char *buf, size_t cap, size_t *needed);
+
 /* Resource usage of the calling process so far (getrusage(RUSAGE_SELF)). */
 typedef struct ddp_os_rusage {
   int64_t peak_rss_bytes; /* largest resident set size reached, bytes */
