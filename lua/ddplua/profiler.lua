@@ -41,7 +41,7 @@ local A = M.ProfilerAction
 local CATEGORY = {
   op = C.DDP_PROF_OP, autograd = C.DDP_PROF_AUTOGRAD, collective = C.DDP_PROF_COLLECTIVE,
   bucket = C.DDP_PROF_BUCKET, loader = C.DDP_PROF_LOADER, optimizer = C.DDP_PROF_OPTIMIZER,
-  user_annotation = C.DDP_PROF_USER, step = C.DDP_PROF_STEP,
+  user_annotation = C.DDP_PROF_USER, step = C.DDP_PROF_STEP, memory = C.DDP_PROF_MEMORY,
 }
 
 -- ---- ranges ------------------------------------------------------------------------------
@@ -179,7 +179,8 @@ local function read_events()
   local names, cats, out = {}, {}, {}
   for i = 0, tonumber(n_box[0]) - 1 do
     local e = buf[i]
-    local key = tonumber(ffi.cast("intptr_t", e.name))
+    -- one literal may name an op and a node ("CrossEntropyBackward"): key by both
+    local key = tonumber(ffi.cast("intptr_t", e.name)) * 16 + e.category
     local name = names[key]
     if not name then
       name = ffi.string(e.name)
@@ -338,7 +339,7 @@ end
 
 --- prof:events() -> the last saved recording: a list of {name, cat, ts, dur, tid, bytes,
 -- arg, detail} (ts, dur in ns of this rank's clock; cat one of "op", "autograd",
--- "collective", "bucket", "loader", "optimizer", "user_annotation", "step").
+-- "collective", "bucket", "loader", "optimizer", "user_annotation", "step", "memory").
 function Profile:events()
   if not self.events_ then raise("profile: nothing recorded yet (no saved step; call stop())", 2) end
   return self.events_
@@ -413,7 +414,7 @@ end
 -- or is not a trace.
 function M.read_chrome_trace(path)
   local f, err = io.open(path, "r")
-  if not f then raise(("trace: cannot read %s: %s"):format(path, tostring(err)), 2) end
+  if not f then raise("trace: cannot read " .. tostring(err), 2) end
   local text = f:read("*a")
   f:close()
   local ok, doc = pcall(require("ddplua.checkpoint").json_decode, text)
@@ -545,11 +546,12 @@ Averages.__tostring = function(self) return self:table() end
 
 -- Categories that are work of the rank (not annotations): what coverage counts.
 M.WORK_CATEGORIES = { op = true, autograd = true, collective = true, bucket = true, loader = true,
-  optimizer = true }
+  optimizer = true, memory = true }
 
 --- profiler.step_coverage(events) -> a list, one per ProfilerStep#N event, of {pid, step
 -- (the name), ts, dur (ns), covered (ns), fraction}: how much of the step's wall time the
--- union of the rank's work events (op, autograd, collective, bucket, loader, optimizer; every
+-- union of the rank's work events (op, autograd, collective, bucket, loader, optimizer,
+-- memory: the collections that release tensors; every
 -- thread of that rank) covers. Used by `ddplua trace summary` and the specs: what no event
 -- covers is time in Lua between ops.
 function M.step_coverage(events)

@@ -30,7 +30,9 @@
  *  - the data loader: DataLoader.__next__ around ddp_io_loader_next (a wait on the prefetch
  *    thread, or the making of the batch when there is none);
  *  - the front end: ranges (ddp_profiler_range_push/pop): optimizer steps,
- *    record_function, the profiler's steps.
+ *    record_function, the profiler's steps, and the collections that release tensors
+ *    (ddplua/lib.lua: Note [step lifetimes], Note [collector pacing]; category memory,
+ *    work of the step as an op's deallocations are in PyTorch).
  *
  * Buffers: a thread gets its buffer on its first event (under the list's lock, once per
  * thread and session) and from then on appends without a lock: the event is written, then
@@ -95,7 +97,7 @@ static __thread int range_depth;
 
 static const char *const CATEGORY_NAMES[] = {"op",        "autograd",        "collective",
                                              "bucket",    "loader",          "optimizer",
-                                             "user_annotation", "step"};
+                                             "user_annotation", "step",      "memory"};
 _Static_assert(sizeof CATEGORY_NAMES / sizeof CATEGORY_NAMES[0] == DDP_PROF_CATEGORY_COUNT,
                "CATEGORY_NAMES: one name per enum ddp_prof_category, in enum order");
 

@@ -277,6 +277,7 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
   /* Note [comm hooks]: with a hook the hook divides. Note [join shadow iteration]: under
    * join the divisor may be the non-joined ranks. */
   double scale = r->comm_hook ? 1.0 : 1.0 / (r->div_factor > 0 ? r->div_factor : r->world);
+  int64_t t0 = DDP_PROF_ON() ? ddp_prof_now() : 0;
   if (r->as_view && p->grad == view) {
     DDP_TRY(copy_scaled(view, view, scale));
   } else {
@@ -285,6 +286,9 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
      * re-created as the view; an unused one stays as it is, Note [unused parameters]). */
     if (r->as_view && used) DDP_TRY(ddp_tensor_set_grad(p, view));
   }
+  if (t0) /* Note [profiler events]: the gradient into its bucket slot */
+    ddp_prof_record("DDP copy gradient", DDP_PROF_BUCKET, t0,
+                    view->numel * (int64_t)ddp_dtype_size(view->dtype), r->bucket_of[i], NULL);
   if (r->fused_optim && used) DDP_TRY(ddp_tensor_set_grad(p, NULL)); /* Note [optimizer in backward] */
   if (--b->pending == 0) r->n_complete++;
   return reducer_launch_ready_buckets(r);

@@ -92,7 +92,7 @@ local function summary(path, sort_by, rows)
   local cov = profiler.step_coverage(events)
   if #cov > 0 then
     io.write("\nStep coverage (share of each ProfilerStep's wall time inside op, autograd,\n"
-      .. "collective, bucket, loader or optimizer events, all threads of the rank):\n")
+      .. "collective, bucket, loader, optimizer or memory events, all threads of the rank):\n")
     table.sort(cov, function(a, b) if a.pid ~= b.pid then return a.pid < b.pid end return a.ts < b.ts end)
     for _, c in ipairs(cov) do
       io.write(("  rank %d  %-18s %10.3f ms  %6.1f%%\n"):format(c.pid, c.step, c.dur / 1e6, 100 * c.fraction))
@@ -106,13 +106,13 @@ end
 
 -- Lanes of the timeline: which categories draw where.
 local LANES = {
-  { name = "compute", cats = { op = true, autograd = true, optimizer = true }, color = "#4e79a7" },
+  { name = "compute", cats = { op = true, autograd = true, optimizer = true, memory = true }, color = "#4e79a7" },
   { name = "communication", cats = { collective = true, bucket = true }, color = "#e15759" },
   { name = "data", cats = { loader = true }, color = "#59a14f" },
 }
 
 --- trace.plot(path, out): draw the timeline PNG of trace `path` (one rank or merged) with
--- gnuplot: for each rank three lanes (compute: op, autograd, optimizer; communication:
+-- gnuplot: for each rank three lanes (compute: op, autograd, optimizer, memory; communication:
 -- collectives and DDP buckets; data: loader waits), time in ms from the first event, the
 -- ProfilerStep boundaries as dashed lines; blank is idle. Raises when gnuplot is missing
 -- or fails.

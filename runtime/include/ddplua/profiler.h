@@ -30,6 +30,8 @@ enum ddp_prof_category {
   DDP_PROF_OPTIMIZER,  /* an optimizer step (range pushed by ddplua.optim) */
   DDP_PROF_USER,       /* record_function and other ranges of the front end */
   DDP_PROF_STEP,       /* ProfilerStep#N: one profiler step (range) */
+  DDP_PROF_MEMORY,     /* the front end releasing tensors (a collection, Note [step
+                        * lifetimes]): "ddplua: collect garbage", "ddplua: release tensors" */
   DDP_PROF_CATEGORY_COUNT
 };
 
@@ -100,5 +102,5 @@ int ddp_profiler_range_depth(void);
 int64_t ddp_profiler_now_ns(void);
 
 /* The name of a category ("op", "autograd", "collective", "bucket", "loader",
- * "optimizer", "user_annotation", "step"), "?" out of range. */
+ * "optimizer", "user_annotation", "step", "memory"), "?" out of range. */
 const char *ddp_profiler_category_name(int category);
