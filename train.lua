@@ -31,6 +31,7 @@ local device_util = require "ddplua.utils.device"
 local Progress = require "ddplua.utils.progress"
 local MetricsFile = require "ddplua.utils.metrics_file"
 local StepProfiler = require "ddplua.utils.step_profiler"
+local profiler = require "ddplua.profiler"
 local mixed_precision = require "ddplua.utils.mixed_precision"
 local DistributedSampler = require "ddplua.distributed.sampler"
 
@@ -59,6 +60,8 @@ for _, a in ipairs {
     .. "epoch (for `ddplua verify`)" },
   { "--profile", nil, "print a per-step time breakdown (data, forward, backward, exposed\n"
     .. "communication, optimizer) after each epoch" },
+  { "--profile-trace", "DIR", "record steps 3-5 with ddplua.profiler on every rank: Chrome traces\n"
+    .. "DIR/rank<R>.5.pt.trace.json (`ddplua trace merge DIR`) and rank 0's key_averages table" },
   { "--device", "D", "cpu, cuda (the current device) or cuda:K; default cuda when CUDA is\n"
     .. "available, else cpu. Under the launcher cuda means cuda:LOCAL_RANK" },
   -- language models (configs with task = "text": ddplua/utils/text_train.lua)
@@ -166,6 +169,17 @@ local function main(argv)
     cfg.name, cfg.model, cfg.dataset or "fashion_mnist", n_train, cfg.batch_size, local_batch, cfg.epochs, world,
     dl.get_num_threads(), device == "cpu" and "cpu" or (device .. (world > 1 and " (cuda:LOCAL_RANK)" or ""))))
   local prof = StepProfiler.new { enabled = opts.profile == true, synchronize = device ~= "cpu" and dl.cuda.synchronize or nil }
+  -- --profile-trace: torch.profiler's usual schedule (skip a step, warm up one, record three)
+  local tracer = opts.profile_trace and profiler.profile {
+    schedule = profiler.schedule { wait = 1, warmup = 1, active = 3, ["repeat"] = 1 },
+    on_trace_ready = function(p)
+      profiler.tensorboard_trace_handler(opts.profile_trace)(p)
+      say(("profile: steps 3-5 of every rank in %s (merge: ddplua trace merge %s)"):format(opts.profile_trace,
+        opts.profile_trace))
+      say(p:key_averages():table { sort_by = "self_cpu_time_total", row_limit = 15 })
+    end,
+  }
+  if tracer then tracer:start() end
   local test_acc
   model:train()
   for epoch = start_epoch, math.min(cfg.epochs, opts.stop_after or cfg.epochs) do
@@ -194,6 +208,7 @@ local function main(argv)
       prof:lap("optimizer")
       prof:add("comm", net.exposed_comm_seconds and net:exposed_comm_seconds() or 0)
       prof:step_done()
+      if tracer then tracer:step() end
       bar:update(b, loss_sum / seen, seen * world / math.max(clock.now() - t0, 1e-9))
       prof:start()
     end
@@ -220,6 +235,7 @@ local function main(argv)
       train_state.save_model(("%s/model_rank%d.safetensors"):format(cfg.out, rank), model)
     end
   end
+  if tracer then tracer:stop() end
   if metrics then metrics:close() end
   loader:close()
   test_loader:close()
