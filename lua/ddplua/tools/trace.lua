@@ -160,6 +160,7 @@ function M.plot(path, out)
     "set grid xtics",
     "set title " .. quote("ddplua trace: " .. path:match("[^/]*$") .. " (blank: idle)"),
     "set style fill solid 1.0 noborder",
+    "set key outside top center horizontal",
   }
   for _, x in ipairs(steps) do
     lines[#lines + 1] = ("set arrow from %.6f, graph 0 to %.6f, graph 1 nohead dt 2 lc rgb '#888888'"):format(x, x)
