@@ -251,14 +251,14 @@ end
 
 local function recording(action) return action == A.RECORD or action == A.RECORD_AND_SAVE end
 
-function Profile:open_step()
+local function open_step(self)
   if recording(self.action) and not self.step_open then
     check(C.ddp_profiler_range_push("ProfilerStep#" .. self.step_num, C.DDP_PROF_STEP))
     self.step_open = true
   end
 end
 
-function Profile:close_step()
+local function close_step(self)
   if self.step_open then
     check(C.ddp_profiler_range_pop())
     self.step_open = false
@@ -267,7 +267,7 @@ end
 
 -- Enter `action` coming from self.action (the C stream follows: on for WARMUP and RECORD*,
 -- warm-up events dropped when recording begins).
-function Profile:enter(action)
+local function enter(self, action)
   local prev = self.action
   if action ~= A.NONE and C.ddp_profiler_enabled() == 0 then
     check(C.ddp_profiler_start(self.per_thread, self.record_shapes and C.DDP_PROF_RECORD_SHAPES or 0))
@@ -276,12 +276,12 @@ function Profile:enter(action)
   end
   if action == A.NONE and C.ddp_profiler_enabled() ~= 0 then C.ddp_profiler_stop() end
   self.action = action
-  self:open_step()
+  open_step(self)
 end
 
 -- Stop recording, keep the events, call on_trace_ready.
-function Profile:save()
-  self:close_step()
+local function save(self)
+  close_step(self)
   C.ddp_profiler_stop()
   self.dropped = tonumber(C.ddp_profiler_dropped())
   self.events_ = read_events()
@@ -306,7 +306,7 @@ function Profile:start()
   self.started = true
   self.step_num = 0
   self.action = A.NONE
-  self:enter(self.schedule and self.schedule(0) or A.RECORD)
+  enter(self, self.schedule and self.schedule(0) or A.RECORD)
   return self
 end
 
@@ -315,12 +315,12 @@ end
 -- on_trace_ready. Call it once per iteration, on every rank.
 function Profile:step()
   if not self.started then raise("profile:step: not started (call prof:start() first)", 2) end
-  self:close_step()
+  close_step(self)
   local prev = self.action
   self.step_num = self.step_num + 1
   local nxt = self.schedule and self.schedule(self.step_num) or A.RECORD
-  if prev == A.RECORD_AND_SAVE then self:save() end
-  self:enter(nxt)
+  if prev == A.RECORD_AND_SAVE then save(self) end
+  enter(self, nxt)
 end
 
 --- prof:stop(): stop recording; a recording not saved yet (no schedule, or cut short) is
@@ -329,9 +329,9 @@ function Profile:stop()
   if not self.started then return end
   self.started = false
   if recording(self.action) then
-    self:save()
+    save(self)
   else
-    self:close_step()
+    close_step(self)
     C.ddp_profiler_stop()
     self.action = A.NONE
   end

@@ -136,9 +136,6 @@ function M:zero_grad(opts)
   end
 end
 
---- opt:step(closure): one update of every parameter that has a .grad (those without are
--- skipped and get no state). closure (optional) is called first with grad mode on, to
--- recompute the loss; its result is returned.
 -- The profiler's name of an optimizer step: PyTorch's "Optimizer.step#SGD.step".
 local function profile_name(opt)
   local mt = getmetatable(opt)
@@ -146,6 +143,10 @@ local function profile_name(opt)
   return ("Optimizer.step#%s.step"):format(type(cls) == "string" and cls or "Optimizer")
 end
 
+--- opt:step(closure): one update of every parameter that has a .grad (those without are
+-- skipped and get no state). closure (optional) is called first with grad mode on, to
+-- recompute the loss; its result is returned. While a profiler records, the update is one
+-- range named "Optimizer.step#<Class>.step" (ddplua.profiler).
 function M:step(closure)
   local loss
   if closure then
