@@ -12,8 +12,9 @@
  *    extends the event (ddp_prof_note_inputs). So every op of every device is covered
  *    without touching the ops, from its output's allocation to its node (its argument
  *    checks before that are not); a bracket that no op closes (a storage made outside an
- *    op, as a data-loader batch) is dropped at the next range, node or loader event
- *    (ddp_prof_kernel_cancel);
+ *    op, as a data-loader batch or a collective's staging buffer) is dropped when the
+ *    thread records any other kind of event or opens or closes a range, and when a node's
+ *    backward or a batch begins (ddp_prof_kernel_cancel);
  *  - autograd: the engine around each node's backward function (runtime/autograd/engine.c);
  *    the ops the backward calls nest inside as op events;
  *  - collectives: the flight recorder of the process groups (Note [flight recorder]),
@@ -177,6 +178,7 @@ static void publish(prof_buf *b) {
 void ddp_prof_record_span(const char *name, int category, int64_t begin_ns, int64_t end_ns,
                           int64_t bytes, int64_t arg, const char *detail) {
   if (!ddp_prof_active) return;
+  if (category != DDP_PROF_OP) kernel_begin = 0; /* an open op bracket is no op's (below) */
   prof_buf *b;
   ddp_prof_event *e = next_slot(&b);
   if (!e) return;

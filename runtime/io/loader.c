@@ -55,6 +55,7 @@ struct ddp_io_loader {
 /* Make batch b into outs[0 .. nsrc-1]; use_pool: on the consumer's thread (Note [gather
  * on the pool], batch.c). */
 static int make_batch(ddp_io_loader *l, int64_t b, ddp_tensor **outs, int use_pool) {
+  if (DDP_PROF_ON()) ddp_prof_kernel_cancel(); /* Note [profiler events]: no op yet */
   int64_t start = b * l->batch_size;
   int64_t n = l->len - start < l->batch_size ? l->len - start : l->batch_size;
   for (int k = 0; k < l->nsrc; k++) {
