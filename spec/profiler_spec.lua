@@ -103,16 +103,20 @@ describe("ddplua.profiler", function()
       A.RECORD_AND_SAVE, A.NONE, A.NONE }, got)
 
     local step = mlp_setup()
-    local ready = {}
-    local prof = profiler.profile {
-      schedule = profiler.schedule { wait = 1, warmup = 1, active = 2, ["repeat"] = 1 },
-      on_trace_ready = function(p) ready[#ready + 1] = names_of(p:events(), "step") end,
-    }
-    prof:start()
-    for _ = 1, 6 do step(); prof:step() end
-    prof:stop()
-    -- one save, with the two active steps only (not the wait or warm-up steps)
-    assert.same({ { ["ProfilerStep#2"] = 1, ["ProfilerStep#3"] = 1 } }, ready)
+    -- the schedule as a function or as the table profiler.schedule takes
+    for _, sched in ipairs { profiler.schedule { wait = 1, warmup = 1, active = 2, ["repeat"] = 1 },
+      { wait = 1, warmup = 1, active = 2, ["repeat"] = 1 } } do
+      local ready = {}
+      local prof = profiler.profile {
+        schedule = sched,
+        on_trace_ready = function(p) ready[#ready + 1] = names_of(p:events(), "step") end,
+      }
+      prof:start()
+      for _ = 1, 6 do step(); prof:step() end
+      prof:stop()
+      -- one save, with the two active steps only (not the wait or warm-up steps)
+      assert.same({ { ["ProfilerStep#2"] = 1, ["ProfilerStep#3"] = 1 } }, ready)
+    end
   end)
 
   it("record_function and range_push/range_pop nest ranges; a stray pop raises", function()

@@ -212,7 +212,8 @@ Profile.__index = Profile
 --- profiler.profile{activities, schedule, record_shapes, on_trace_ready, align_clocks,
 -- events_per_thread} -> a profile object (not started):
 --   activities: a list of ProfilerActivity values (default {CPU});
---   schedule: a function step -> ProfilerAction (profiler.schedule{...}); without one,
+--   schedule: a function step -> ProfilerAction (profiler.schedule{...}), or the table
+--     {wait, warmup, active, repeat, skip_first} that profiler.schedule takes; without one,
 --     everything between start() and stop() is recorded and saved at stop();
 --   record_shapes: op events carry their input shapes (Note [profiler shapes]);
 --   on_trace_ready: fn(prof), called after each RECORD_AND_SAVE step (and at stop() for a
@@ -231,8 +232,11 @@ function M.profile(opts)
       raise(("profile: unknown activity %s (ProfilerActivity.CPU or .CUDA)"):format(tostring(a)), 2)
     end
   end
-  if opts.schedule ~= nil and type(opts.schedule) ~= "function" then
-    raise("profile: schedule must be a function step -> ProfilerAction (profiler.schedule{...})", 2)
+  local schedule = opts.schedule
+  if type(schedule) == "table" then schedule = M.schedule(schedule) end
+  if schedule ~= nil and type(schedule) ~= "function" then
+    raise("profile: schedule must be a table {wait, warmup, active, repeat} or a function step -> "
+      .. "ProfilerAction (profiler.schedule{...})", 2)
   end
   if opts.on_trace_ready ~= nil and type(opts.on_trace_ready) ~= "function" then
     raise("profile: on_trace_ready must be a function(prof)", 2)
@@ -242,7 +246,7 @@ function M.profile(opts)
     raise("profile: events_per_thread must be an integer >= 0", 2)
   end
   return setmetatable({
-    activities = activities, schedule = opts.schedule, record_shapes = opts.record_shapes and true or false,
+    activities = activities, schedule = schedule, record_shapes = opts.record_shapes and true or false,
     on_trace_ready = opts.on_trace_ready, align = opts.align_clocks ~= false, per_thread = per_thread,
     step_num = 0, action = A.NONE, started = false, step_open = false, events_ = nil,
     rank = 0, world_size = 1, clock_offset_ns = 0, clock_error_ns = 0, dropped = 0,
