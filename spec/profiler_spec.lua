@@ -56,6 +56,12 @@ local function mlp_setup()
 end
 
 describe("ddplua.profiler", function()
+  -- a failed test must not leave the process recording (the next start would refuse)
+  after_each(function()
+    C.ddp_profiler_stop()
+    while C.ddp_profiler_range_depth() > 0 do C.ddp_profiler_range_pop() end
+  end)
+
   it("records nothing while off, and ops, autograd nodes and optimizer steps while on", function()
     local step = mlp_setup()
     step()
@@ -181,6 +187,21 @@ describe("ddplua.profiler", function()
     assert.matches("Name%s+Self CPU %%%s+Self CPU%s+CPU total %%%s+CPU total%s+CPU time avg%s+# of Calls", text)
     assert.matches("Self CPU time total: ", text)
     assert.has_error(function() avg:table { sort_by = "flops" } end)
+  end)
+
+  it("drops what does not fit a thread's buffer and counts it", function()
+    local a = dl.ones { 4 }
+    local prof = profiler.profile { events_per_thread = 10 }
+    prof:start()
+    for _ = 1, 30 do a:add(1) end
+    prof:stop()
+    local n = #prof:events()
+    assert.is_true(n <= 10, "at most the buffer's 10 events, got " .. n)
+    assert.is_true(prof.dropped >= 30 - n, "dropped " .. prof.dropped)
+    local path = tmpdir .. "/dropped.json"
+    prof:export_chrome_trace(path)
+    local _, meta = profiler.read_chrome_trace(path)
+    assert.equal(prof.dropped, meta.dropped)
   end)
 
   it("refuses a second profiler while one records, and bad options", function()
