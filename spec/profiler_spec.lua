@@ -290,6 +290,9 @@ describe("ddplua.profiler on a DDP run #dist", function()
         "one host, one clock: the measured offset is within its bound")
       local cov = profiler.step_coverage(events)
       assert.equal(3, #cov)
+      assert.equal(3, names_of(events, "user_annotation")["DistributedDataParallel.forward"])
+      assert.equal(3, names_of(events, "optimizer")["Optimizer.step#SGD.step"])
+      assert.is_true(names_of(events, "loader")["DataLoader.__next__"] >= 3)
       -- every bucket's all-reduce in every profiled step: collectives whose call site names
       -- the bucket, with the bucket's bytes
       for _, c in ipairs(cov) do
