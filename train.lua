@@ -33,6 +33,7 @@ local device_util = require "ddplua.utils.device"
 local Progress = require "ddplua.utils.progress"
 local MetricsFile = require "ddplua.utils.metrics_file"
 local StepProfiler = require "ddplua.utils.step_profiler"
+local profiler = require "ddplua.profiler"
 local mixed_precision = require "ddplua.utils.mixed_precision"
 local DistributedSampler = require "ddplua.distributed.sampler"
 local SummaryWriter = require("ddplua.utils.tensorboard").SummaryWriter
@@ -67,6 +68,8 @@ for _, a in ipairs {
     .. "train/lr, train/samples_per_s, train/grad_norm, comm/exposed_seconds (and\n"
     .. "comm/avg_backward_comm_seconds under DDP); per epoch epoch/* (the metrics.csv row)" },
   { "--log-every", "N", "print rank 0's loss every N steps (\"step S loss L\", L to 9 digits)", "number" },
+  { "--profile-trace", "DIR", "record steps 3-5 with ddplua.profiler on every rank: Chrome traces\n"
+    .. "DIR/rank<R>.5.pt.trace.json (`ddplua trace merge DIR`) and rank 0's key_averages table" },
   { "--device", "D", "cpu, cuda (the current device) or cuda:K; default cuda when CUDA is\n"
     .. "available, else cpu. Under the launcher cuda means cuda:LOCAL_RANK" },
   -- language models (configs with task = "text": ddplua/utils/text_train.lua)
@@ -180,6 +183,17 @@ local function main(argv)
     error(("%s: --log-every must be a positive integer, got %s"):format(PROG, tostring(log_every)), 0)
   end
   local prof = StepProfiler.new { enabled = opts.profile == true, synchronize = device ~= "cpu" and dl.cuda.synchronize or nil }
+  -- --profile-trace: torch.profiler's usual schedule (skip a step, warm up one, record three)
+  local tracer = opts.profile_trace and profiler.profile {
+    schedule = profiler.schedule { wait = 1, warmup = 1, active = 3, ["repeat"] = 1 },
+    on_trace_ready = function(p)
+      profiler.tensorboard_trace_handler(opts.profile_trace)(p)
+      say(("profile: steps 3-5 of every rank in %s (merge: ddplua trace merge %s)"):format(opts.profile_trace,
+        opts.profile_trace))
+      say(p:key_averages():table { sort_by = "self_cpu_time_total", row_limit = 15 })
+    end,
+  }
+  if tracer then tracer:start() end
   local test_acc
   model:train()
   for epoch = start_epoch, math.min(cfg.epochs, opts.stop_after or cfg.epochs) do
@@ -229,6 +243,7 @@ local function main(argv)
         end
       end
       t_step = now
+      if tracer then tracer:step() end
       bar:update(b, loss_sum / seen, seen * world / math.max(clock.now() - t0, 1e-9))
       prof:start()
     end
@@ -261,6 +276,7 @@ local function main(argv)
       train_state.save_model(("%s/model_rank%d.safetensors"):format(cfg.out, rank), model)
     end
   end
+  if tracer then tracer:stop() end
   if metrics then metrics:close() end
   if tb then tb:close() end
   loader:close()

@@ -66,8 +66,8 @@
 --                init.lua, which only re-exports (as torch.distributed does)
 --   nn           ddplua.nn.*: above distributed because SyncBatchNorm calls collectives,
 --                while nothing in distributed builds layers
---   app          ddplua.utils.*, train_state, tools.*, repl.*: what scripts and the
---                executable use around a training loop
+--   app          ddplua.utils.*, train_state, tools.*, repl.*, profiler: what scripts and
+--                the executable use around a training loop
 --   umbrella     ddplua (init.lua): re-exports ddplua.functions and loads the packages on
 --                first use; for user code only, no library module requires it
 --
@@ -360,7 +360,7 @@ local LUA_LAYERS = {
   { name = "distributed", "^ddplua%.distributed$", "^ddplua%.distributed%." },
   { name = "nn", "^ddplua%.nn$", "^ddplua%.nn%." },
   { name = "app", "^ddplua%.utils%.", "^ddplua%.train_state$", "^ddplua%.tools%.", "^ddplua%.repl$",
-    "^ddplua%.repl%." },
+    "^ddplua%.repl%.", "^ddplua%.profiler$" },
   { name = "umbrella", "^ddplua$" },
 }
 

@@ -68,10 +68,22 @@ end
 local MIN_HEADROOM, HEAP_FACTOR, LIVE_DIVISOR = 8 * 1024 * 1024, 8, 4
 local threshold = MIN_HEADROOM
 
+-- collectgarbage("collect"), seen by a recording profiler as "ddplua: collect garbage"
+-- (category memory, Note [profiler events]): the tensors it frees are the step's work.
+local function collect()
+  if C.ddp_profiler_enabled() ~= 0 then
+    C.ddp_profiler_range_push("ddplua: collect garbage", C.DDP_PROF_MEMORY)
+    collectgarbage("collect")
+    C.ddp_profiler_range_pop()
+  else
+    collectgarbage("collect")
+  end
+end
+
 local function collect_if_needed()
   local live = tonumber(C.ddp_memory_live_bytes())
   if live > threshold then
-    collectgarbage("collect")
+    collect()
     live = tonumber(C.ddp_memory_live_bytes())
     threshold = live + math.max(MIN_HEADROOM, collectgarbage("count") * 1024 * HEAP_FACTOR,
                                 live / LIVE_DIVISOR)
@@ -129,7 +141,7 @@ local step_heap = 0 -- the Lua heap's bytes after the last collection made here 
 function M.release_step()
   local since = tonumber(C.ddp_memory_allocated_bytes()) - step_mark
   if since > STEP_BYTES and since > step_heap * STEP_HEAPS then
-    collectgarbage("collect")
+    collect()
     step_mark = tonumber(C.ddp_memory_allocated_bytes())
     step_heap = collectgarbage("count") * 1024
   end
@@ -193,7 +205,12 @@ local function sweep(all)
       n_free = n_free + 1
     end
   end
-  if n > 0 then C.ddp_tensor_release_indexed(owned, dead, n) end
+  if n > 0 then
+    local profiled = C.ddp_profiler_enabled() ~= 0 -- Note [profiler events]: memory
+    if profiled then C.ddp_profiler_range_push("ddplua: release tensors", C.DDP_PROF_MEMORY) end
+    C.ddp_tensor_release_indexed(owned, dead, n)
+    if profiled then C.ddp_profiler_range_pop() end
+  end
   made_since_sweep = 0
   sweep_every = math.max(MIN_SWEEP_EVERY, collectgarbage("count") * (1024 / 128))
 end
@@ -252,7 +269,7 @@ function M.wrap(ptr)
   if ptr == nil then return nil end
   made_since_sweep = made_since_sweep + 1
   if made_since_sweep > sweep_every then
-    collectgarbage("collect") -- Note [collector pacing]; its sweep resets the count
+    collect() -- Note [collector pacing]; its sweep resets the count
   else
     collect_if_needed()
   end

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "core/profiler.h"
 #include "tape/tape.h"
 #include "ops/autocast.h"
 #include "ops/copy.h"
@@ -432,7 +433,16 @@ int ddp_backward_step(ddp_backward_walk *w, ddp_backward_event *ev) {
         }
       } else if ((w->g || n->collective) && n->backward) {
         /* a collective runs without a gradient too (Note [collectives on the tape]) */
+        int64_t t0 = 0;
+        if (DDP_PROF_ON()) { /* Note [profiler events] */
+          ddp_prof_kernel_cancel();
+          t0 = ddp_prof_now();
+        }
         status = n->backward(n, w->g, w->grads);
+        if (t0) {
+          ddp_prof_kernel_cancel();
+          ddp_prof_record(n->name, DDP_PROF_AUTOGRAD, t0, -1, -1, NULL);
+        }
         if (status) return walk_fail(w, status);
       }
       break;

@@ -17,6 +17,7 @@
 #include "backend/kernels.h"
 #include "backend/registry.h"
 #include "core/core.h"
+#include "core/profiler.h"
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static const ddp_cuda_api *api; /* set once the plug-in loaded and found a device */
@@ -109,12 +110,14 @@ const ddp_cuda_api *ddp_cuda_plugin(void) { return cuda(); }
 /* Before a tensor's kernels run its device is made current: Note [current device] in
  * backend/cuda_api.c. */
 const ddp_kernels *ddp_kernels_for(int device) {
+  if (DDP_PROF_ON()) ddp_prof_kernel_begin(); /* Note [profiler events] */
   if (device == DDP_DEVICE_CPU) return &ddp_cpu_kernels;
   if (!cuda() || api->set_device(device)) return NULL;
   return api->kernels;
 }
 
 int ddp_kernel_missing(const ddp_kernels *k, const char *kernel, const char *op) {
+  if (DDP_PROF_ON()) ddp_prof_kernel_end(NULL); /* no kernel ran: no event */
   if (!k && api && ddp_last_status()) {
     /* The plug-in is loaded: ddp_kernels_for failed to make the device current (a lost or
      * busy GPU), and recorded why; say that, not "not implemented". */
@@ -126,6 +129,7 @@ int ddp_kernel_missing(const ddp_kernels *k, const char *kernel, const char *op)
 }
 
 int ddp_device_check(int device, const char *op) {
+  if (DDP_PROF_ON()) ddp_prof_kernel_end(op); /* Note [profiler events] */
   if (device == DDP_DEVICE_CPU || !api) return DDP_OK;
   return api->check(op);
 }

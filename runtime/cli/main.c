@@ -41,6 +41,7 @@ static const subcommand subcommands[] = {
   {"sample", ddp_cli_run_lua_tool, "print text sampled from a language model train.lua trained (--checkpoint DIR --start TEXT)"},
   {"plot", ddp_cli_run_lua_tool, "plot loss and accuracy of runs/<name> to a PNG (gnuplot)"},
   {"verify", ddp_cli_run_lua_tool, "compare replica checkpoints (safetensors) tensor by tensor; exit 1 if any differ"},
+  {"trace", ddp_cli_run_lua_tool, "profiler traces: merge DIR (ranks on one timeline), summary FILE, plot FILE OUT.png"},
   {NULL, NULL, NULL},
 };
 

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "core/core.h"
+#include "core/profiler.h"
 
 /* ---- storage ------------------------------------------------------------------------ */
 
@@ -10,6 +11,7 @@
 enum { INLINE_MAX = 256, INLINE_OFFSET = 64 };
 
 static ddp_storage *storage_new(size_t nbytes, int device) {
+  if (DDP_PROF_ON()) ddp_prof_kernel_begin(); /* an op's output: Note [profiler events] */
   ddp_storage *s;
   if (device != DDP_DEVICE_CPU) { /* from the plug-in's caching allocator */
     s = calloc(1, sizeof *s);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/profiler.h"
 #include "distributed/pg_recorder.h"
 #include "distributed/store_wire.h"
 
@@ -89,16 +90,28 @@ void pg_rec_start(pg_recorder *r, const ddp_work *w) {
   pthread_mutex_unlock(&r->mu);
 }
 
+/* The profiler's event of a completed collective (Note [profiler events]): from its start to
+ * its end on this thread, with its bytes, sequence and call site. */
+static void pg_rec_profile(const pg_record *e) {
+  int64_t bytes = e->dtype >= 0 ? e->numel * (int64_t)ddp_dtype_size(e->dtype) : 0;
+  ddp_prof_record_span(e->kind >= 0 && e->kind < PG_OP_COUNT ? pg_op_names[e->kind] : "?",
+                       DDP_PROF_COLLECTIVE, (int64_t)(e->started * 1e9),
+                       (int64_t)(e->completed * 1e9), bytes, (int64_t)e->seq, e->site);
+}
+
 void pg_rec_complete(pg_recorder *r, const ddp_work *w, int status) {
   if (!r) return;
+  pg_record done = {0};
   pthread_mutex_lock(&r->mu);
   pg_record *e = find(r, w->rec_id);
   if (e && !e->completed) {
     e->completed = now_s();
     if (!e->started) e->started = e->completed;
     e->status = status;
+    done = *e;
   }
   pthread_mutex_unlock(&r->mu);
+  if (DDP_PROF_ON() && done.id) pg_rec_profile(&done);
 }
 
 /* ---- dump ------------------------------------------------------------------------------ */

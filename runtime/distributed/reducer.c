@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "core/profiler.h"
 #include "distributed/reducer_internal.h"
 
 /* ---- buckets --------------------------------------------------------------------------- */
@@ -175,6 +176,11 @@ int reducer_bucket_launch(ddp_reducer *r, int k) {
   bucket *b = &r->buckets[k];
   b->launched = 1;
   reducer_stats_bucket_launched(r, k);
+  if (DDP_PROF_ON()) { /* Note [profiler events]: the bucket is ready and goes out */
+    int64_t now = ddp_prof_now();
+    ddp_prof_record_span("DDP bucket ready", DDP_PROF_BUCKET, now, now,
+                         b->numel * (int64_t)ddp_dtype_size(b->dtype), k, NULL);
+  }
   if (r->comm_hook) return reducer_comm_hook_launch(r, k); /* Note [comm hooks] */
   if (!r->pg || r->world == 1) return DDP_OK;
   char site[64]; /* Note [collective fingerprints]: a mismatch names the bucket */
@@ -186,6 +192,9 @@ int reducer_bucket_launch(ddp_reducer *r, int k) {
     int64_t t0 = now_ns();
     int status = ddp_pg_allreduce(NULL, r->pg, b->buffer, DDP_REDUCE_SUM);
     r->here_ns += now_ns() - t0;
+    if (DDP_PROF_ON()) /* the backward's thread in the collective, queue wait included */
+      ddp_prof_record("DDP bucket all_reduce", DDP_PROF_BUCKET, t0,
+                      b->numel * (int64_t)ddp_dtype_size(b->dtype), k, NULL);
     return status ? bucket_failed(r, k, status) : DDP_OK;
   }
   int status = ddp_pg_allreduce(&b->work, r->pg, b->buffer, DDP_REDUCE_SUM);
@@ -268,6 +277,7 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
   /* Note [comm hooks]: with a hook the hook divides. Note [join shadow iteration]: under
    * join the divisor may be the non-joined ranks. */
   double scale = r->comm_hook ? 1.0 : 1.0 / (r->div_factor > 0 ? r->div_factor : r->world);
+  int64_t t0 = DDP_PROF_ON() ? ddp_prof_now() : 0;
   if (r->as_view && p->grad == view) {
     DDP_TRY(copy_scaled(view, view, scale));
   } else {
@@ -276,6 +286,9 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
      * re-created as the view; an unused one stays as it is, Note [unused parameters]). */
     if (r->as_view && used) DDP_TRY(ddp_tensor_set_grad(p, view));
   }
+  if (t0) /* Note [profiler events]: the gradient into its bucket slot */
+    ddp_prof_record("DDP copy gradient", DDP_PROF_BUCKET, t0,
+                    view->numel * (int64_t)ddp_dtype_size(view->dtype), r->bucket_of[i], NULL);
   if (r->fused_optim && used) DDP_TRY(ddp_tensor_set_grad(p, NULL)); /* Note [optimizer in backward] */
   if (--b->pending == 0) r->n_complete++;
   return reducer_launch_ready_buckets(r);
@@ -328,7 +341,11 @@ int reducer_bucket_wait(ddp_reducer *r, int k) {
   if (r->comm_hook) return reducer_comm_hook_wait(r, k); /* Note [comm hooks] */
   bucket *b = &r->buckets[k];
   if (!b->work) return DDP_OK;
+  int64_t t0 = DDP_PROF_ON() ? ddp_prof_now() : 0;
   int status = ddp_work_wait(b->work, r->timeout_s);
+  if (t0) /* Note [profiler events]: the wait for an all-reduce launched on the comm thread */
+    ddp_prof_record("DDP bucket wait", DDP_PROF_BUCKET, t0,
+                    b->numel * (int64_t)ddp_dtype_size(b->dtype), k, NULL);
   return status ? bucket_failed(r, k, status) : DDP_OK;
 }
 

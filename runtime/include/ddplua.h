@@ -446,6 +446,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/process.h"
 #include "ddplua/cuda.h"
 #include "ddplua/os.h"
+#include "ddplua/profiler.h"
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/profiler.h"
 #include "io/io_internal.h"
 
 enum { MAX_SOURCES = 8, WAIT_MS = 100, ERR_CAP = 2048 };
@@ -54,6 +55,7 @@ struct ddp_io_loader {
 /* Make batch b into outs[0 .. nsrc-1]; use_pool: on the consumer's thread (Note [gather
  * on the pool], batch.c). */
 static int make_batch(ddp_io_loader *l, int64_t b, ddp_tensor **outs, int use_pool) {
+  if (DDP_PROF_ON()) ddp_prof_kernel_cancel(); /* Note [profiler events]: no op yet */
   int64_t start = b * l->batch_size;
   int64_t n = l->len - start < l->batch_size ? l->len - start : l->batch_size;
   for (int k = 0; k < l->nsrc; k++) {
@@ -221,7 +223,21 @@ int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
   return DDP_OK;
 }
 
+static int loader_next(ddp_io_loader *l, ddp_tensor **outs);
+
+/* The profiler sees the consumer's wait (or the making of the batch without a prefetch
+ * thread) as DataLoader.__next__, PyTorch's name for it (Note [profiler events]). */
 int ddp_io_loader_next(ddp_io_loader *l, ddp_tensor **outs) {
+  int64_t t0 = DDP_PROF_ON() ? ddp_prof_now() : 0;
+  int status = loader_next(l, outs);
+  if (t0) {
+    ddp_prof_kernel_cancel(); /* the batch's storage is no op's output */
+    ddp_prof_record("DataLoader.__next__", DDP_PROF_LOADER, t0, -1, -1, NULL);
+  }
+  return status;
+}
+
+static int loader_next(ddp_io_loader *l, ddp_tensor **outs) {
   if (!l) DDP_FAIL(DDP_ERR_ARG, "loader_next: loader is NULL");
   for (int k = 0; k < l->nsrc; k++) outs[k] = NULL;
   if (!l->thread_started) {

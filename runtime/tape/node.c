@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "core/profiler.h"
 #include "tape/tape.h"
 
 static __thread int grad_mode_off; /* 0: enabled (the default for every thread) */
@@ -31,6 +32,7 @@ int64_t ddp_autograd_seq_now(void) { return __atomic_load_n(&next_seq, __ATOMIC_
 
 ddp_node *ddp_node_new(const char *name, ddp_backward_fn backward, int n_inputs,
                        ddp_tensor *const *inputs, int n_saved) {
+  if (DDP_PROF_ON()) ddp_prof_note_inputs(n_inputs, inputs); /* Note [profiler shapes] */
   /* one block: the node, then its edges, input metadata and saved slots */
   size_t edges_at = sizeof(ddp_node);
   size_t meta_at = edges_at + (size_t)n_inputs * sizeof(ddp_edge);

@@ -1,6 +1,6 @@
 -- Specs for train.lua end to end (run as `ddplua train.lua ...` in a subprocess): the loss
 -- falls on a subset, the same seed gives bitwise identical weights, and resuming from a
--- checkpoint equals an uninterrupted run; plus `ddplua plot`.
+-- checkpoint equals an uninterrupted run; --profile-trace; plus `ddplua plot`.
 local files = require "files"
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 local read_file = files.read
@@ -29,6 +29,24 @@ describe("train.lua", function()
     local csv = read_file(dir .. "/mlp/metrics.csv")
     assert.matches("^epoch,step,lr,train_loss,train_acc,test_loss,test_acc", csv)
     assert.matches("\n2,200,", csv)
+  end)
+
+  it("--profile-trace DIR records steps 3-5 as a Chrome trace and prints key_averages", function()
+    local ok, out = run(("train.lua --config configs/fashion_mnist_mlp.lua --subset 640 --test-subset 100 " ..
+      "--epochs 1 --threads 1 --quiet --out %s/run --profile-trace %s/trace"):format(dir, dir))
+    assert.is_true(ok, out)
+    assert.matches("profile: steps 3%-5 of every rank in", out)
+    assert.matches("Name%s+Self CPU %%", out)
+    local events, meta = require("ddplua.profiler").read_chrome_trace(dir .. "/trace/rank0.5.pt.trace.json")
+    assert.equal(0, meta.rank)
+    local steps, linear = {}, 0
+    for _, e in ipairs(events) do
+      if e.cat == "step" then steps[#steps + 1] = e.name end
+      if e.name == "linear" then linear = linear + 1 end
+    end
+    table.sort(steps)
+    assert.same({ "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4" }, steps)
+    assert.is_true(linear >= 3, "the MLP's linear ops are in the trace")
   end)
 
   it("gives bitwise identical weights for the same seed and different ones for another", function()

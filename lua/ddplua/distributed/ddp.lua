@@ -376,8 +376,20 @@ end
 -- rank 0's buffers (broadcast_buffers); runs the module; arms the reducer for the backward
 -- (unless inside no_sync). Under an enabled join (ddp:join) it first tells the joined ranks
 -- what to shadow (Note [join shadow iteration]) and broadcasts the buffers of the highest
--- rank still training instead of rank 0's. Returns what the module returns.
+-- rank still training instead of rank 0's. Returns what the module returns. While a profiler
+-- records (ddplua.profiler), the whole call is a range "DistributedDataParallel.forward", as
+-- in PyTorch's traces.
+local forward_body
 function DDP:forward(...)
+  if C.ddp_profiler_enabled() == 0 then return forward_body(self, ...) end
+  check(C.ddp_profiler_range_push("DistributedDataParallel.forward", C.DDP_PROF_USER))
+  local res = { pcall(forward_body, self, ...) }
+  check(C.ddp_profiler_range_pop())
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+
+forward_body = function(self, ...)
   local r = reducer_of(self, "forward")
   local grad = C.ddp_grad_enabled() ~= 0
   local buffer_root = 0

@@ -136,9 +136,17 @@ function M:zero_grad(opts)
   end
 end
 
+-- The profiler's name of an optimizer step: PyTorch's "Optimizer.step#SGD.step".
+local function profile_name(opt)
+  local mt = getmetatable(opt)
+  local cls = mt and rawget(mt, "name")
+  return ("Optimizer.step#%s.step"):format(type(cls) == "string" and cls or "Optimizer")
+end
+
 --- opt:step(closure): one update of every parameter that has a .grad (those without are
 -- skipped and get no state). closure (optional) is called first with grad mode on, to
--- recompute the loss; its result is returned.
+-- recompute the loss; its result is returned. While a profiler records, the update is one
+-- range named "Optimizer.step#<Class>.step" (ddplua.profiler).
 function M:step(closure)
   local loss
   if closure then
@@ -148,6 +156,19 @@ function M:step(closure)
     if not ok then error(res, 0) end
     loss = res
   end
+  if C.ddp_profiler_enabled() ~= 0 then -- Note [profiler events]: one optimizer range
+    lib.check(C.ddp_profiler_range_push(profile_name(self), C.DDP_PROF_OPTIMIZER))
+    local ok, err = pcall(self.step_all, self)
+    lib.check(C.ddp_profiler_range_pop())
+    if not ok then error(err, 0) end
+  else
+    self:step_all()
+  end
+  return loss
+end
+
+--- opt:step_all(): the update of every group (step's body, without the closure).
+function M:step_all()
   local state = self.state
   for _, group in ipairs(self.param_groups) do
     if not (self.step_group and self:step_group(group, state)) then
@@ -161,7 +182,6 @@ function M:step(closure)
       end
     end
   end
-  return loss
 end
 
 --- A zero tensor of p's shape and dtype (optimizer state).
