@@ -7,6 +7,8 @@
 --                data.ToFloat(), data.Normalize(mean, std)}
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
 --   data.DataLoader(ds, {batch_size = 8, collate_fn = function(samples) ... return batch end})
+--   data.DataLoader(ds, {batch_size = 64, num_workers = 2, persistent_workers = true})
+--   data.get_worker_info()                    -- {id, num_workers, seed, dataset} in a worker
 --   data.read_idx(path), data.read_cifar(paths)
 --   data.text: tokenizers, token files, windows and evaluation for language models
 --              (ddplua/data/text/init.lua)
@@ -38,6 +40,9 @@ M.is_transform = transforms.is_transform
 
 M.DataLoader = loader.DataLoader
 M.default_collate = loader.default_collate
+--- data.get_worker_info(): {id, num_workers, seed, dataset} in a DataLoader worker process,
+-- nil in the training process (ddplua/data/dataloader_workers.lua).
+M.get_worker_info = require("ddplua.data.dataloader_workers").get_worker_info
 
 -- Text data (tokenizers, token files, windows): loaded on first use of data.text.
 setmetatable(M, { __index = function(t, k)

@@ -1,0 +1,316 @@
+-- Specs for DataLoader worker processes (num_workers > 0, Note [dataloader workers] in
+-- lua/ddplua/data/dataloader_workers.lua): the same batches in the same order for every
+-- num_workers, worker_init_fn and get_worker_info inside the workers, a worker's error
+-- naming its sample index and batch with its traceback, a worker killed by SIGKILL
+-- reported within the timeout, a silent worker timing out, persistent workers reused
+-- across epochs, and nothing left behind (processes, descriptors, /dev/shm) after close or
+-- collection. The workers are forked processes: tiny datasets, a few seconds in all.
+local dl = require "ddplua"
+local data = require "ddplua.data"
+local object = require "ddplua.data.object"
+local dlos = require "ddplua.os"
+local lib = require "ddplua.lib"
+local ffi = lib.ffi
+
+for _, decl in ipairs { "int getpid(void);", "int kill(int pid, int sig);" } do
+  pcall(ffi.cdef, decl) -- one at a time: another spec may have declared some already
+end
+local SIGKILL = 9
+
+-- The pids of this process's children that are not zombies, and those that are (the
+-- workers: anything but the `ls` listing /proc).
+local function children()
+  local me = ffi.C.getpid()
+  local live, zombies = {}, {}
+  local p = io.popen("ls /proc")
+  for name in p:lines() do
+    if name:match("^%d+$") then
+      local f = io.open("/proc/" .. name .. "/stat")
+      local stat = f and f:read("*a")
+      if f then f:close() end
+      -- pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'
+      local comm, state, ppid
+      if stat then comm, state, ppid = stat:match("%((.*)%) (%S) (%d+)") end
+      -- (the `ls` reading /proc, and its shell, are children too)
+      if ppid and tonumber(ppid) == me and comm ~= "ls" and comm ~= "sh" then
+        if state == "Z" then zombies[#zombies + 1] = tonumber(name) else live[#live + 1] = tonumber(name) end
+      end
+    end
+  end
+  p:close()
+  return live, zombies
+end
+
+local function count_lines(cmd)
+  local p = io.popen(cmd)
+  local n = 0
+  for _ in p:lines() do n = n + 1 end
+  p:close()
+  return n
+end
+-- Sockets open here (the workers' channels are socketpairs; counting every descriptor
+-- would count the pipe of the `ls` too, or not, as it races).
+local function open_fds() return count_lines("ls -l /proc/" .. ffi.C.getpid() .. "/fd | grep socket:") end
+-- Shared memory of the loader: memfds still open here, or names under /dev/shm (the
+-- machine's other processes use /dev/shm too, so only names of ours count).
+local function memfds() return count_lines("ls -l /proc/" .. ffi.C.getpid() .. "/fd | grep memfd:") end
+local function shm_files() return count_lines("ls /dev/shm 2>/dev/null | grep -i -e dataloader -e ddplua-worker") end
+
+-- A Lua dataset of n samples: sample i is (x (2) f32 = {i, -i} scaled, label i % 3), made
+-- by ds:get (no c_sources, so the Lua path); `extra(i)` may add a third part or raise.
+local Dataset = { name = "LuaDataset" }
+function Dataset.len(self) return self.n end
+function Dataset.get(self, i)
+  if self.fail_at == i then error("sample " .. i .. " is corrupt") end
+  if self.hang then while true do dlos.sleep(0.05) end end
+  local x = dl.tensor({ i * 0.5, -i })
+  if self.extra then return x, i % 3, self.extra(i) end
+  return x, i % 3
+end
+local function dataset(n, fields)
+  local state = fields or {}
+  state.n = n
+  return object.new(Dataset, state)
+end
+
+-- Every batch of `epochs` epochs as a list of strings (values and dtypes), bit-exact.
+local function epochs_of(loader, epochs)
+  local out = {}
+  for _ = 1, epochs do
+    for x, y in loader:iter() do
+      out[#out + 1] = table.concat(x:view(-1):tolist(), ",") .. "|" .. table.concat(y:tolist(), ",") .. "|" ..
+        x.dtype .. y.dtype
+    end
+  end
+  return out
+end
+
+describe("DataLoader workers", function()
+  it("gives the same batches in the same order for num_workers 0, 1, 2, 3", function()
+    local ds = dataset(41)
+    local reference
+    for _, nw in ipairs { 0, 1, 2, 3 } do
+      for _, drop_last in ipairs { false, true } do
+        local loader = data.DataLoader(ds, { batch_size = 4, shuffle = true, generator = dl.Generator(7),
+          drop_last = drop_last, num_workers = nw })
+        local got = epochs_of(loader, 3)
+        loader:close()
+        local key = tostring(drop_last)
+        reference = reference or {}
+        if not reference[key] then
+          reference[key] = got
+          assert.are.equal(drop_last and 30 or 33, #got) -- 3 epochs of 10 or 11 batches
+        else
+          assert.are.same(reference[key], got, ("num_workers = %d, drop_last = %s"):format(nw, key))
+        end
+      end
+    end
+    -- the epochs differ (the shuffle is drawn afresh), and the first batch is a real one
+    assert.are_not.equal(reference["false"][1], reference["false"][12])
+  end)
+
+  it("runs collate_fn in the workers and brings back its tables, numbers and strings", function()
+    local ds = dataset(10)
+    local function collate(samples)
+      local xs, names = {}, {}
+      for k, s in ipairs(samples) do
+        xs[k] = s[1]
+        names[k] = "s" .. s[2]
+      end
+      return { x = dl.stack(xs), names = names, worker = data.get_worker_info() and data.get_worker_info().id or -1 },
+        #samples
+    end
+    local function run(nw)
+      local out = {}
+      local loader = data.DataLoader(ds, { batch_size = 3, collate_fn = collate, num_workers = nw })
+      for batch, count in loader:iter() do
+        out[#out + 1] = { x = batch.x:view(-1):tolist(), names = batch.names, count = count, worker = batch.worker }
+      end
+      return out
+    end
+    local base, two = run(0), run(2)
+    assert.are.equal(4, #two)
+    for b = 1, 4 do
+      assert.are.same(base[b].x, two[b].x)
+      assert.are.same(base[b].names, two[b].names)
+      assert.are.equal(base[b].count, two[b].count)
+      assert.are.equal(-1, base[b].worker)
+      assert.are.equal((b - 1) % 2, two[b].worker) -- batch b (from 0) by worker b % 2
+    end
+  end)
+
+  it("calls worker_init_fn in each worker and answers get_worker_info there only", function()
+    assert.is_nil(data.get_worker_info())
+    local init_id = -1
+    local ds = dataset(12, { extra = function()
+      local info = data.get_worker_info()
+      return dl.tensor({ info.id, info.num_workers, init_id, info.seed % 1000000,
+        dl.rand({}):item() * 1e6, info.dataset == nil and 0 or info.dataset.n })
+    end })
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 3,
+      worker_init_fn = function(id) init_id = id end })
+    local seeds, draws, b = {}, {}, 0
+    for _, _, info in loader:iter() do
+      local rows = info:tolist()
+      for _, r in ipairs(rows) do
+        assert.are.equal(b % 3, r[1])         -- the worker that made batch b
+        assert.are.equal(3, r[2])             -- num_workers
+        assert.are.equal(b % 3, r[3])         -- worker_init_fn(id) ran in that worker
+        assert.are.equal(12, r[6])            -- the worker's dataset
+        seeds[r[1]] = r[4]
+        draws[#draws + 1] = r[5]
+      end
+      b = b + 1
+    end
+    assert.are.equal(6, b)
+    -- seeds are base_seed + id (mod 10^6 here, barring a wrap), so the workers draw differently
+    assert.are.equal((seeds[0] + 1) % 1000000, seeds[1])
+    assert.are.equal((seeds[0] + 2) % 1000000, seeds[2])
+    assert.are_not.equal(draws[1], draws[3])
+    assert.is_nil(data.get_worker_info())
+    assert.are.equal(-1, init_id) -- worker_init_fn never ran in this process
+  end)
+
+  it("raises a worker's error in the training loop naming the sample index, the batch and the traceback", function()
+    local ds = dataset(20, { fail_at = 13 })
+    local loader = data.DataLoader(ds, { batch_size = 4, num_workers = 2 })
+    local seen = 0
+    local ok, err = pcall(function()
+      for _ in loader:iter() do seen = seen + 1 end
+    end)
+    assert.is_false(ok)
+    err = tostring(err)
+    assert.matches("worker process 1", err, 1, true)       -- batch 3 goes to worker 3 % 2
+    assert.matches("sample index 13 (ds:get(13))", err, 1, true)
+    assert.matches("of batch 3", err, 1, true)             -- samples 13..16 (positions 12..15)
+    assert.matches("sample 13 is corrupt", err, 1, true)
+    assert.matches("stack traceback", err, 1, true)
+    assert.matches("dataloader_workers_spec.lua", err, 1, true)
+    assert.are.equal(3, seen) -- the batches before it arrived first
+    loader:close()
+    local live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+  end)
+
+  it("reports a worker killed by SIGKILL with its pid and signal within the timeout", function()
+    local ds = dataset(8, { hang = true })
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 2, timeout = 30 })
+    local it = loader:iter()
+    local pids = loader:worker_pids()
+    assert.are.equal(2, #pids)
+    ffi.C.kill(pids[1], SIGKILL)
+    local t0 = dlos.monotonic()
+    local ok, err = pcall(it)
+    local waited = dlos.monotonic() - t0
+    assert.is_false(ok)
+    assert.matches(("DataLoader worker 0 (pid %d) exited unexpectedly: killed by signal SIGKILL"):format(pids[1]),
+      tostring(err), 1, true)
+    assert.is_true(waited < 5, "reported after " .. waited .. " s")
+    -- the other worker (hung in ds:get) was stopped and reaped with it
+    local live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+  end)
+
+  it("raises after `timeout` seconds when a worker sends nothing", function()
+    local loader = data.DataLoader(dataset(4, { hang = true }), { batch_size = 2, num_workers = 1, timeout = 0.3 })
+    local t0 = dlos.monotonic()
+    local ok, err = pcall(function() for _ in loader:iter() do end end)
+    local waited = dlos.monotonic() - t0
+    assert.is_false(ok)
+    assert.matches("DataLoader timed out after 0.3 seconds waiting for batch 0 from worker 0", tostring(err), 1, true)
+    assert.is_true(waited >= 0.3 and waited < 3, "waited " .. waited .. " s")
+    local live = children()
+    assert.are.same({}, live)
+  end)
+
+  it("keeps persistent workers across epochs and starts new ones per epoch otherwise", function()
+    local ds = dataset(10)
+    local loader = data.DataLoader(ds, { batch_size = 3, num_workers = 2, persistent_workers = true })
+    local first
+    for epoch = 1, 3 do
+      local n = 0
+      for _ in loader:iter() do n = n + 1 end
+      assert.are.equal(4, n)
+      local pids = loader:worker_pids()
+      assert.are.equal(2, #pids)
+      first = first or pids
+      assert.are.same(first, pids)
+      assert.are.equal(2, #children())
+    end
+    -- an epoch left early: the next one still gets its own batches, in order
+    for _ in loader:iter() do break end
+    local reference = epochs_of(data.DataLoader(ds, { batch_size = 3 }), 1)
+    assert.are.same(reference, epochs_of(loader, 1))
+    assert.are.same(first, loader:worker_pids())
+    loader:close()
+    assert.are.same({}, loader:worker_pids())
+
+    local plain = data.DataLoader(ds, { batch_size = 3, num_workers = 2 })
+    local seen = {}
+    for _ = 1, 2 do
+      for _ in plain:iter() do
+        for _, pid in ipairs(plain:worker_pids()) do seen[pid] = true end
+      end
+      assert.are.same({}, plain:worker_pids()) -- the epoch's workers ended with it
+    end
+    local distinct = 0
+    for _ in pairs(seen) do distinct = distinct + 1 end
+    assert.are.equal(4, distinct)
+  end)
+
+  it("leaves no process, zombie, descriptor or shared memory behind after close or collection", function()
+    local fds = open_fds()
+    local ds = dataset(30)
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 3, persistent_workers = true })
+    for _ in loader:iter() do break end
+    assert.are.equal(3, #children())
+    loader:close()
+    local live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+    -- a loader dropped mid-epoch: the collector stops its workers
+    local function drop()
+      local l = data.DataLoader(ds, { batch_size = 2, num_workers = 2 })
+      local it = l:iter()
+      it()
+      assert.are.equal(2, #children())
+    end
+    drop()
+    collectgarbage("collect")
+    collectgarbage("collect")
+    live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+    assert.are.equal(fds, open_fds())
+    assert.are.equal(0, memfds())
+    assert.are.equal(0, shm_files())
+  end)
+
+  it("keeps the C path for datasets with c_sources, with the same batches", function()
+    local x = dl.arange(0, 60):view(30, 2):to("f32")
+    local y = dl.arange(0, 30)
+    local ds = data.TensorDataset(x, y)
+    local a = epochs_of(data.DataLoader(ds, { batch_size = 4, shuffle = true, generator = dl.Generator(3) }), 2)
+    local loader = data.DataLoader(ds, { batch_size = 4, shuffle = true, generator = dl.Generator(3), num_workers = 2 })
+    assert.are.same(a, epochs_of(loader, 2))
+    assert.are.same({}, children()) -- a thread, no process
+  end)
+
+  it("checks the worker options as PyTorch does", function()
+    local ds = dataset(4)
+    assert.has_error(function() data.DataLoader(ds, { num_workers = -1 }) end,
+      "DataLoader: num_workers option should be non-negative; use num_workers=0 to disable multiprocessing (got -1)")
+    assert.error_matches(function() data.DataLoader(ds, { prefetch_factor = 2 }) end,
+      "prefetch_factor option could only be specified in multiprocessing", 1, true)
+    assert.error_matches(function() data.DataLoader(ds, { persistent_workers = true }) end,
+      "persistent_workers option needs num_workers > 0", 1, true)
+    assert.error_matches(function() data.DataLoader(ds, { num_workers = 1, timeout = -1 }) end,
+      "timeout option should be non-negative", 1, true)
+    assert.error_matches(function() data.DataLoader(ds, { num_workers = 1, worker_init_fn = 3 }) end,
+      "worker_init_fn must be a function", 1, true)
+    assert.are.equal(2, data.DataLoader(ds, { num_workers = 2 }).prefetch_factor)
+    assert.is_nil(data.DataLoader(ds, {}).prefetch_factor)
+  end)
+end)
