@@ -246,6 +246,9 @@ int ddp_io_workers_fork(ddp_io_workers *p, int worker_id, int *is_child) {
     /* the worker: its own channel only, and it dies with the loader's process */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
+    /* Ctrl-C reaches the whole foreground group: the training process handles it (and
+     * its workers die with it), a worker does not end on its own (as PyTorch's workers) */
+    signal(SIGINT, SIG_IGN);
     close(sv[0]);
     for (int w = 0; w < p->n; w++) {
       close_fd(&p->fd[w]);

@@ -298,6 +298,22 @@ describe("DataLoader workers", function()
     assert.are.same({}, children()) -- a thread, no process
   end)
 
+  it("lets a worker collect a C loader it inherited with its prefetch thread running", function()
+    -- the thread exists in the training process only: a worker that joined it hung
+    local c_loader = data.DataLoader(data.TensorDataset(dl.arange(0, 40):to("f32")), { batch_size = 2, prefetch = 2 })
+    local it = c_loader:iter()
+    it()
+    c_loader, it = nil, nil -- garbage now, in the workers forked below too
+    local ds = dataset(6, { extra = function()
+      collectgarbage("collect") -- the worker's collector finalizes its copy of the C loader
+      return 0
+    end })
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 1, timeout = 3 })
+    local n = 0
+    for _ in loader:iter() do n = n + 1 end
+    assert.are.equal(3, n)
+  end)
+
   it("checks the worker options as PyTorch does", function()
     local ds = dataset(4)
     assert.has_error(function() data.DataLoader(ds, { num_workers = -1 }) end,
