@@ -47,10 +47,12 @@ typedef struct {
   uint32_t magic, kind;
   int64_t tag, batch;
   int64_t count;        /* task: indices that follow */
-  uint64_t size;        /* result: payload bytes in the memfd */
-  uint32_t ntensors;    /* result: descriptors at the payload's start */
-  uint32_t pad;
-  uint64_t meta_len;    /* result: structure bytes after the descriptors (error: 0) */
+  uint64_t size;        /* result: payload bytes (in the slot, or in the error's memfd) */
+  uint32_t ntensors;    /* batch: descriptors at the payload's start */
+  uint32_t slot;        /* batch: the worker's slot holding the payload */
+  uint64_t meta_len;    /* batch: structure bytes after the descriptors */
+  uint64_t map_size;    /* batch: when non-zero, a new memfd of this size for the slot
+                           comes with the header (the slot grew) */
 } msg_header;
 
 typedef struct {
@@ -59,8 +61,28 @@ typedef struct {
   uint64_t offset, nbytes; /* of the tensor's bytes in the payload */
 } tensor_desc;
 
+/* Note [worker slots]: each worker writes its batches into `nslots` (the loader's
+ * prefetch_factor) memfds that stay mapped in both processes, so that a batch costs two
+ * memcpy and no page fault once the slots have grown to the batch size (on this kind of
+ * VM a new shared page costs ~10 us: a fresh memfd per 200 KiB batch cost ~0.5 ms on each
+ * side). Task number t of a worker (counted from its start) writes slot t % nslots. That
+ * slot is free then: the loader sends a worker at most nslots tasks ahead of the batches it
+ * took from it (Note [dataloader worker channels]) and copies a batch out of its slot
+ * before it sends the next task; the results of an abandoned epoch are never read. A slot
+ * that is too small is replaced by a larger memfd (1.25x the batch, whole pages), whose
+ * descriptor travels with that batch's header; the loader maps it, and keeps mapping the
+ * new slots it finds in headers it drops (the worker counts on it). */
+typedef struct {
+  char *ptr;       /* mapped slot (NULL: none yet) */
+  uint64_t size;   /* its bytes */
+} slot_map;
+
 struct ddp_io_workers {
   int n;
+  int nslots;       /* slots per worker (Note [worker slots]) */
+  slot_map *maps;   /* loader: (n * nslots) the workers' slots, read-only;
+                       worker: (nslots) its own, read-write */
+  int64_t tasks;    /* worker: tasks taken so far */
   pid_t owner;      /* the loader's process (getpid() at creation) */
   int self;         /* in a worker: its id; -1 in the loader's process */
   pid_t parent;     /* in a worker: the loader's pid */
@@ -86,23 +108,27 @@ static void close_fd(int *fd) {
   *fd = -1;
 }
 
-int ddp_io_workers_new(ddp_io_workers **out, int num_workers) {
+int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots) {
   if (!out) DDP_FAIL(DDP_ERR_ARG, "DataLoader workers: out is NULL");
   *out = NULL;
   if (num_workers < 1 || num_workers > MAX_WORKERS)
     DDP_FAIL(DDP_ERR_ARG, "DataLoader: num_workers must be in 1..%d here, got %d", MAX_WORKERS,
              num_workers);
+  if (slots < 1 || slots > 64)
+    DDP_FAIL(DDP_ERR_ARG, "DataLoader: prefetch_factor must be in 1..64 here, got %d", slots);
   ddp_io_workers *p = calloc(1, sizeof *p);
   if (p) {
     p->fd = malloc(sizeof(int) * (size_t)num_workers);
     p->pid = calloc((size_t)num_workers, sizeof(pid_t));
+    p->maps = calloc((size_t)num_workers * (size_t)slots, sizeof(slot_map));
   }
-  if (!p || !p->fd || !p->pid) {
-    if (p) { free(p->fd); free(p->pid); }
+  if (!p || !p->fd || !p->pid || !p->maps) {
+    if (p) { free(p->fd); free(p->pid); free(p->maps); }
     free(p);
     DDP_FAIL(DDP_ERR_MEMORY, "DataLoader workers: out of memory");
   }
   p->n = num_workers;
+  p->nslots = slots;
   p->owner = getpid();
   p->self = -1;
   for (int i = 0; i < num_workers; i++) p->fd[i] = -1;
@@ -176,6 +202,12 @@ static int worker_closed(ddp_io_workers *p, int w, int64_t batch) {
   return worker_gone(w, pid, why, batch);
 }
 
+static void unmap_slot(slot_map *m) {
+  if (m->ptr) munmap(m->ptr, m->size);
+  m->ptr = NULL;
+  m->size = 0;
+}
+
 void ddp_io_workers_free(ddp_io_workers *p) {
   if (!p) return;
   pthread_mutex_lock(&groups_mu);
@@ -208,6 +240,9 @@ void ddp_io_workers_free(ddp_io_workers *p) {
       usleep(1000);
     }
   }
+  int nmaps = p->self >= 0 ? p->nslots : p->n * p->nslots;
+  for (int i = 0; i < nmaps; i++) unmap_slot(&p->maps[i]);
+  free(p->maps);
   free(p->fd);
   free(p->pid);
   free(p);
@@ -254,12 +289,14 @@ int ddp_io_workers_fork(ddp_io_workers *p, int worker_id, int *is_child) {
       close_fd(&p->fd[w]);
       p->pid[w] = 0;
     }
+    for (int i = 0; i < p->n * p->nslots; i++) unmap_slot(&p->maps[i]);
     for (ddp_io_workers *q = all_groups; q; q = q->next) /* no lock: one thread after fork */
-      if (q != p)
+      if (q != p) {
         for (int w = 0; w < q->n; w++) {
           close_fd(&q->fd[w]);
           q->pid[w] = 0;
         }
+      }
     p->fd[worker_id] = sv[1];
     p->self = worker_id;
     p->parent = parent;
@@ -353,37 +390,35 @@ int ddp_io_worker_take(ddp_io_workers *p, int64_t *tag, int64_t *batch, int64_t 
   *tag = h.tag;
   *batch = h.batch;
   *count = h.count;
+  p->tasks++;
   return DDP_OK;
 }
 
 static size_t align_up(size_t x) { return (x + PAYLOAD_ALIGN - 1) & ~(size_t)(PAYLOAD_ALIGN - 1); }
 
-/* Worker side: send header h with a memfd of h->size bytes filled by fill(dst, ctx). */
-static int send_result(ddp_io_workers *p, msg_header *h,
-                       int (*fill)(char *dst, void *ctx), void *ctx) {
+/* Worker side: a new memfd of `size` bytes, mode 0600 (Note [dataloader worker channels]). */
+static int new_memfd(ddp_io_workers *p, uint64_t size, int *out) {
   int fd = memfd_create("ddplua-dataloader", MFD_CLOEXEC);
   if (fd < 0) DDP_FAIL(DDP_ERR_IO, "DataLoader worker %d: memfd_create: %s", p->self, strerror(errno));
-  int status = DDP_OK;
-  if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)h->size) != 0)
-    status = DDP_ERROR(DDP_ERR_IO, "DataLoader worker %d: sizing a %llu-byte batch: %s", p->self,
-                       (unsigned long long)h->size, strerror(errno));
-  if (!status && h->size > 0) {
-    char *dst = mmap(NULL, h->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (dst == MAP_FAILED)
-      status = DDP_ERROR(DDP_ERR_IO, "DataLoader worker %d: mmap of a %llu-byte batch: %s", p->self,
-                         (unsigned long long)h->size, strerror(errno));
-    else {
-      status = fill(dst, ctx);
-      munmap(dst, h->size);
-    }
+  if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)size) != 0) {
+    int e = errno;
+    close(fd);
+    DDP_FAIL(DDP_ERR_IO, "DataLoader worker %d: sizing a %llu-byte buffer: %s", p->self,
+             (unsigned long long)size, strerror(e));
   }
-  if (!status) {
-    char ctrl[CMSG_SPACE(sizeof(int))];
-    memset(ctrl, 0, sizeof ctrl);
-    struct iovec iov = { h, sizeof *h };
-    struct msghdr m = { 0 };
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
+  *out = fd;
+  return DDP_OK;
+}
+
+/* Worker side: send header h, with descriptor fd (-1: none) attached. */
+static int send_header(ddp_io_workers *p, msg_header *h, int fd) {
+  char ctrl[CMSG_SPACE(sizeof(int))];
+  memset(ctrl, 0, sizeof ctrl);
+  struct iovec iov = { h, sizeof *h };
+  struct msghdr m = { 0 };
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  if (fd >= 0) {
     m.msg_control = ctrl;
     m.msg_controllen = sizeof ctrl;
     struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
@@ -391,34 +426,53 @@ static int send_result(ddp_io_workers *p, msg_header *h,
     cm->cmsg_type = SCM_RIGHTS;
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    ssize_t k;
-    do k = sendmsg(p->fd[p->self], &m, MSG_NOSIGNAL);
-    while (k < 0 && errno == EINTR);
-    if (k != (ssize_t)sizeof *h)
-      status = DDP_ERROR(DDP_ERR_IO, "DataLoader worker %d: sending batch %lld: %s", p->self,
-                         (long long)h->batch, k < 0 ? strerror(errno) : "short send");
   }
-  close(fd);
-  return status;
+  ssize_t k;
+  do k = sendmsg(p->fd[p->self], &m, MSG_NOSIGNAL);
+  while (k < 0 && errno == EINTR);
+  if (k != (ssize_t)sizeof *h)
+    DDP_FAIL(DDP_ERR_IO, "DataLoader worker %d: sending batch %lld: %s", p->self, (long long)h->batch,
+             k < 0 ? strerror(errno) : "short send");
+  return DDP_OK;
 }
 
-typedef struct {
-  int n;
-  ddp_tensor **t;
-  tensor_desc *desc;
-  const void *meta;
-  size_t meta_len, meta_at;
-} batch_ctx;
+/* Worker side: the slot of the current task, grown to hold `size` bytes (Note [worker
+ * slots]); *new_fd gets the new memfd to send when it grew (else -1). */
+static int slot_for(ddp_io_workers *p, uint64_t size, uint32_t *slot, slot_map **map, int *new_fd) {
+  *new_fd = -1;
+  int s = (int)((p->tasks - 1) % p->nslots);
+  slot_map *m = &p->maps[s];
+  if (m->size < size || !m->ptr) {
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t want = size + size / 4;
+    want = (want + page - 1) / page * page;
+    if (want == 0) want = page;
+    int fd;
+    DDP_TRY(new_memfd(p, want, &fd));
+    char *ptr = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ptr == MAP_FAILED) {
+      int e = errno;
+      close(fd);
+      DDP_FAIL(DDP_ERR_IO, "DataLoader worker %d: mmap of a %llu-byte slot: %s", p->self,
+               (unsigned long long)want, strerror(e));
+    }
+    unmap_slot(m);
+    m->ptr = ptr;
+    m->size = want;
+    *new_fd = fd;
+  }
+  *slot = (uint32_t)s;
+  *map = m;
+  return DDP_OK;
+}
 
-static int fill_batch(char *dst, void *vctx) {
-  batch_ctx *c = vctx;
-  if (c->n) memcpy(dst, c->desc, sizeof(tensor_desc) * (size_t)c->n);
-  if (c->meta_len) memcpy(dst + c->meta_at, c->meta, c->meta_len);
-  for (int i = 0; i < c->n; i++) {
-    ddp_tensor *t = c->t[i];
-    if (!c->desc[i].nbytes) continue;
+/* Worker side: copy the n tensors into their places at dst (desc[i].offset). */
+static int fill_batch(char *dst, int n, ddp_tensor **ts, const tensor_desc *desc) {
+  for (int i = 0; i < n; i++) {
+    ddp_tensor *t = ts[i];
+    if (!desc[i].nbytes) continue;
     if (ddp_tensor_is_contiguous(t)) {
-      memcpy(dst + c->desc[i].offset, ddp_data(t), c->desc[i].nbytes);
+      memcpy(dst + desc[i].offset, ddp_data(t), desc[i].nbytes);
       continue;
     }
     /* strided: copy through a contiguous tensor (no autograd is recorded on aliases) */
@@ -426,7 +480,7 @@ static int fill_batch(char *dst, void *vctx) {
     int status = src ? ddp_tensor_empty(&tmp, t->ndim, t->shape, t->dtype, DDP_DEVICE_CPU)
                      : ddp_last_status();
     if (!status) status = ddp_copy_(tmp, src);
-    if (!status) memcpy(dst + c->desc[i].offset, ddp_data(tmp), c->desc[i].nbytes);
+    if (!status) memcpy(dst + desc[i].offset, ddp_data(tmp), desc[i].nbytes);
     ddp_tensor_release(tmp);
     ddp_tensor_release(src);
     if (status) return status;
@@ -439,6 +493,7 @@ int ddp_io_worker_send(ddp_io_workers *p, int64_t tag, int64_t batch, int ntenso
   if (!p || (ntensors > 0 && !tensors) || (meta_len > 0 && !meta) || ntensors < 0)
     DDP_FAIL(DDP_ERR_ARG, "DataLoader worker: bad argument");
   if (p->self < 0) DDP_FAIL(DDP_ERR_STATE, "DataLoader: ddp_io_worker_send outside a worker");
+  if (p->tasks < 1) DDP_FAIL(DDP_ERR_STATE, "DataLoader worker %d: a result before any task", p->self);
   if (ntensors > MAX_TENSORS || meta_len > MAX_META)
     DDP_FAIL(DDP_ERR_ARG, "DataLoader worker %d: batch %lld has %d tensors and %zu bytes of structure (at most %d and %llu)",
              p->self, (long long)batch, ntensors, meta_len, MAX_TENSORS, (unsigned long long)MAX_META);
@@ -447,18 +502,16 @@ int ddp_io_worker_send(ddp_io_workers *p, int64_t tag, int64_t batch, int ntenso
   size_t at = align_up(sizeof(tensor_desc) * (size_t)ntensors);
   size_t meta_at = at;
   at = align_up(at + meta_len);
-  for (int i = 0; i < ntensors; i++) {
+  int status = DDP_OK;
+  for (int i = 0; i < ntensors && !status; i++) {
     ddp_tensor *t = tensors[i];
     char arg[32];
     snprintf(arg, sizeof arg, "batch tensor %d", i + 1);
-    int status = ddp_check_alive(t, "DataLoader worker", arg);
+    status = ddp_check_alive(t, "DataLoader worker", arg);
     if (!status && t->device != DDP_DEVICE_CPU)
       status = DDP_ERROR(DDP_ERR_ARG, "DataLoader worker %d: batch tensor %d is on a device; workers return CPU tensors (move batches in the training loop)",
                          p->self, i + 1);
-    if (status) {
-      free(desc);
-      return status;
-    }
+    if (status) break;
     desc[i].dtype = t->dtype;
     desc[i].ndim = t->ndim;
     for (int d = 0; d < t->ndim; d++) desc[i].shape[d] = t->shape[d];
@@ -466,23 +519,24 @@ int ddp_io_worker_send(ddp_io_workers *p, int64_t tag, int64_t batch, int ntenso
     desc[i].offset = at;
     at = align_up(at + desc[i].nbytes);
   }
-  msg_header h = { .magic = MAGIC, .kind = KIND_BATCH, .tag = tag, .batch = batch,
-                   .size = at, .ntensors = (uint32_t)ntensors, .meta_len = meta_len };
-  batch_ctx c = { ntensors, tensors, desc, meta, meta_len, meta_at };
-  int status = send_result(p, &h, fill_batch, &c);
+  uint32_t slot = 0;
+  slot_map *m = NULL;
+  int fd = -1;
+  if (!status) status = slot_for(p, at, &slot, &m, &fd);
+  if (!status) {
+    if (ntensors) memcpy(m->ptr, desc, sizeof(tensor_desc) * (size_t)ntensors);
+    if (meta_len) memcpy(m->ptr + meta_at, meta, meta_len);
+    status = fill_batch(m->ptr, ntensors, tensors, desc);
+  }
+  if (!status) {
+    msg_header h = { .magic = MAGIC, .kind = KIND_BATCH, .tag = tag, .batch = batch, .size = at,
+                     .ntensors = (uint32_t)ntensors, .slot = slot, .meta_len = meta_len,
+                     .map_size = fd >= 0 ? m->size : 0 };
+    status = send_header(p, &h, fd);
+  }
+  if (fd >= 0) close(fd); /* the mapping stays; the loader has its own descriptor */
   free(desc);
   return status;
-}
-
-typedef struct {
-  const char *msg;
-  size_t len;
-} error_ctx;
-
-static int fill_error(char *dst, void *vctx) {
-  error_ctx *c = vctx;
-  memcpy(dst, c->msg, c->len);
-  return DDP_OK;
 }
 
 int ddp_io_worker_send_error(ddp_io_workers *p, int64_t tag, int64_t batch, const char *msg,
@@ -490,13 +544,26 @@ int ddp_io_worker_send_error(ddp_io_workers *p, int64_t tag, int64_t batch, cons
   if (!p || (len > 0 && !msg)) DDP_FAIL(DDP_ERR_ARG, "DataLoader worker: bad argument");
   if (p->self < 0) DDP_FAIL(DDP_ERR_STATE, "DataLoader: ddp_io_worker_send_error outside a worker");
   if (len > MAX_META) len = MAX_META;
+  int fd;
+  DDP_TRY(new_memfd(p, len, &fd));
+  int status = DDP_OK;
+  size_t done = 0;
+  while (done < len && !status) {
+    ssize_t k = pwrite(fd, msg + done, len - done, (off_t)done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0)
+      status = DDP_ERROR(DDP_ERR_IO, "DataLoader worker %d: writing an error message: %s", p->self,
+                         k < 0 ? strerror(errno) : "short write");
+    else done += (size_t)k;
+  }
   msg_header h = { .magic = MAGIC, .kind = KIND_ERROR, .tag = tag, .batch = batch, .size = len };
-  error_ctx c = { msg, len };
-  return send_result(p, &h, fill_error, &c);
+  if (!status) status = send_header(p, &h, fd);
+  close(fd);
+  return status;
 }
 
-/* Loader side: receive one header (and its memfd) from worker w, waiting in slices.
- * DDP_OK with *fd (-1 when none came), or an error (death, timeout, malformed). */
+/* Loader side: receive one header (and the descriptor sent with it) from worker w, waiting
+ * in slices. DDP_OK with *fd (-1 when none came), or an error (death, timeout, malformed). */
 static int recv_header(ddp_io_workers *p, int w, msg_header *h, int *fd, double deadline,
                        double timeout_s, int64_t batch) {
   *fd = -1;
@@ -504,13 +571,19 @@ static int recv_header(ddp_io_workers *p, int w, msg_header *h, int *fd, double 
   while (got < sizeof *h) {
     struct pollfd pf = { p->fd[w], POLLIN, 0 };
     int r = poll(&pf, 1, SLICE_MS);
-    if (r < 0 && errno != EINTR)
+    if (r < 0 && errno != EINTR) {
+      close_fd(fd);
       DDP_FAIL(DDP_ERR_IO, "DataLoader: waiting for worker %d: %s", w, strerror(errno));
+    }
     if (r <= 0) {
-      DDP_TRY(check_workers(p, batch));
-      if (deadline && now_s() > deadline)
-        DDP_FAIL(DDP_ERR_TIMEOUT, "DataLoader timed out after %g seconds waiting for batch %lld from worker %d (pid %d)",
-                 timeout_s, (long long)batch, w, (int)p->pid[w]);
+      int status = check_workers(p, batch);
+      if (!status && deadline && now_s() > deadline)
+        status = DDP_ERROR(DDP_ERR_TIMEOUT, "DataLoader timed out after %g seconds waiting for batch %lld from worker %d (pid %d)",
+                           timeout_s, (long long)batch, w, (int)p->pid[w]);
+      if (status) {
+        close_fd(fd);
+        return status;
+      }
       continue;
     }
     char ctrl[CMSG_SPACE(sizeof(int))];
@@ -522,10 +595,12 @@ static int recv_header(ddp_io_workers *p, int w, msg_header *h, int *fd, double 
     m.msg_controllen = sizeof ctrl;
     ssize_t k = recvmsg(p->fd[w], &m, MSG_CMSG_CLOEXEC);
     if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (k < 0 && errno != ECONNRESET)
+    if (k < 0 && errno != ECONNRESET) {
+      close_fd(fd);
       DDP_FAIL(DDP_ERR_IO, "DataLoader: reading from worker %d: %s", w, strerror(errno));
+    }
     if (k <= 0) {
-      if (*fd >= 0) close_fd(fd);
+      close_fd(fd);
       return worker_closed(p, w, batch);
     }
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
@@ -540,14 +615,34 @@ static int recv_header(ddp_io_workers *p, int w, msg_header *h, int *fd, double 
     }
     got += (size_t)k;
   }
-  if (h->magic != MAGIC || (h->kind != KIND_BATCH && h->kind != KIND_ERROR) || *fd < 0) {
+  int ok = h->magic == MAGIC;
+  if (ok && h->kind == KIND_ERROR) ok = *fd >= 0;
+  else if (ok && h->kind == KIND_BATCH) ok = h->slot < (uint32_t)p->nslots && ((h->map_size > 0) == (*fd >= 0));
+  else ok = 0;
+  if (!ok) {
     close_fd(fd);
     DDP_FAIL(DDP_ERR_IO, "DataLoader: malformed result from worker %d", w);
   }
   return DDP_OK;
 }
 
-/* Loader side: the tensors and structure of a result payload (size bytes at src). */
+/* Loader side: map the new slot that came with a batch header (Note [worker slots]). */
+static int map_slot(ddp_io_workers *p, int w, const msg_header *h, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < h->map_size)
+    DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d's slot %u is smaller than announced", w, h->slot);
+  char *ptr = mmap(NULL, h->map_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (ptr == MAP_FAILED)
+    DDP_FAIL(DDP_ERR_IO, "DataLoader: mapping worker %d's slot %u (%llu bytes): %s", w, h->slot,
+             (unsigned long long)h->map_size, strerror(errno));
+  slot_map *m = &p->maps[w * p->nslots + (int)h->slot];
+  unmap_slot(m);
+  m->ptr = ptr;
+  m->size = h->map_size;
+  return DDP_OK;
+}
+
+/* Loader side: the tensors and structure of a batch payload (size bytes at src). */
 static int unpack_batch(int w, const msg_header *h, const char *src, ddp_tensor **tensors,
                         int cap, int *ntensors, char **meta, size_t *meta_len) {
   uint64_t n = h->ntensors;
@@ -608,6 +703,28 @@ static int unpack_batch(int w, const msg_header *h, const char *src, ddp_tensor 
   return DDP_OK;
 }
 
+/* Loader side: a worker's error message (size bytes in the memfd fd) into *meta. */
+static int read_error(int w, const msg_header *h, int fd, char **meta, size_t *meta_len) {
+  if (h->size > MAX_META) DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d's error message is malformed", w);
+  char *m = malloc(h->size + 1);
+  if (!m) DDP_FAIL(DDP_ERR_MEMORY, "DataLoader: out of memory");
+  size_t done = 0;
+  while (done < h->size) {
+    ssize_t k = pread(fd, m + done, h->size - done, (off_t)done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      free(m);
+      DDP_FAIL(DDP_ERR_IO, "DataLoader: reading worker %d's error message: %s", w,
+               k < 0 ? strerror(errno) : "shorter than announced");
+    }
+    done += (size_t)k;
+  }
+  m[h->size] = 0;
+  *meta = m;
+  *meta_len = h->size;
+  return DDP_OK;
+}
+
 int ddp_io_workers_get(ddp_io_workers *p, int worker_id, int64_t tag, int64_t batch,
                        double timeout_s, ddp_tensor **tensors, int cap, int *ntensors,
                        char **meta, size_t *meta_len) {
@@ -623,47 +740,26 @@ int ddp_io_workers_get(ddp_io_workers *p, int worker_id, int64_t tag, int64_t ba
     msg_header h;
     int fd;
     DDP_TRY(recv_header(p, worker_id, &h, &fd, deadline, timeout_s, batch));
-    if (h.tag < tag) { /* an abandoned epoch's result (Note [dataloader worker channels]) */
-      close(fd);
+    int status = DDP_OK;
+    if (h.kind == KIND_BATCH && fd >= 0) status = map_slot(p, worker_id, &h, fd); /* even when dropped */
+    if (h.tag < tag && !status) { /* an abandoned epoch's result (Note [dataloader worker channels]) */
+      close_fd(&fd);
       continue;
     }
-    if (h.tag != tag || h.batch != batch) {
-      close(fd);
-      DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d sent batch %lld of epoch %lld, expected batch %lld of epoch %lld",
-               worker_id, (long long)h.batch, (long long)h.tag, (long long)batch, (long long)tag);
+    if (!status && (h.tag != tag || h.batch != batch))
+      status = DDP_ERROR(DDP_ERR_IO, "DataLoader: worker %d sent batch %lld of epoch %lld, expected batch %lld of epoch %lld",
+                         worker_id, (long long)h.batch, (long long)h.tag, (long long)batch, (long long)tag);
+    if (!status && h.kind == KIND_ERROR) {
+      status = read_error(worker_id, &h, fd, meta, meta_len);
+      if (!status) *ntensors = -1;
+    } else if (!status) {
+      slot_map *m = &p->maps[worker_id * p->nslots + (int)h.slot];
+      if (!m->ptr || h.size > m->size)
+        status = DDP_ERROR(DDP_ERR_IO, "DataLoader: worker %d's batch %lld does not fit its slot %u", worker_id,
+                           (long long)batch, h.slot);
+      else status = unpack_batch(worker_id, &h, m->ptr, tensors, cap, ntensors, meta, meta_len);
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < h.size) {
-      close(fd);
-      DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d's batch %lld: payload smaller than announced", worker_id,
-               (long long)batch);
-    }
-    const char *src = NULL;
-    if (h.size > 0) {
-      src = mmap(NULL, h.size, PROT_READ, MAP_SHARED, fd, 0);
-      if (src == MAP_FAILED) {
-        int e = errno;
-        close(fd);
-        DDP_FAIL(DDP_ERR_IO, "DataLoader: mapping worker %d's batch %lld: %s", worker_id,
-                 (long long)batch, strerror(e));
-      }
-    }
-    close(fd);
-    int status = DDP_OK;
-    if (h.kind == KIND_ERROR) {
-      char *m = malloc(h.size + 1);
-      if (!m) status = DDP_ERROR(DDP_ERR_MEMORY, "DataLoader: out of memory");
-      else {
-        if (h.size) memcpy(m, src, h.size);
-        m[h.size] = 0;
-        *meta = m;
-        *meta_len = h.size;
-        *ntensors = -1;
-      }
-    } else {
-      status = unpack_batch(worker_id, &h, src ? src : "", tensors, cap, ntensors, meta, meta_len);
-    }
-    if (src) munmap((void *)src, h.size);
+    close_fd(&fd);
     return status;
   }
 }

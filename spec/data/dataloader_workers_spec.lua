@@ -139,6 +139,37 @@ describe("DataLoader workers", function()
     end
   end)
 
+  it("brings back batches whose size changes from batch to batch, strided ones included", function()
+    -- each worker's shared-memory slots grow (a new memfd) when a batch outgrows them
+    local Ragged = { name = "Ragged" }
+    function Ragged.len() return 24 end
+    function Ragged.get(_, i) return dl.arange(0, i * 300):to("f32") end
+    local ds = object.new(Ragged, {})
+    local function collate(samples)
+      local total = 0
+      for _, s in ipairs(samples) do total = total + s:numel() end
+      local flat = dl.cat(samples, 1)
+      return flat, flat:view(total / 100, 100):t() -- the second is a strided view
+    end
+    local function run(nw, persistent)
+      local out = {}
+      local loader = data.DataLoader(ds, { batch_size = 5, shuffle = true, generator = dl.Generator(11),
+        collate_fn = collate, num_workers = nw, persistent_workers = persistent })
+      for _ = 1, 2 do
+        for flat, strided in loader:iter() do
+          local row_major = strided:contiguous():view(-1):tolist() -- the transpose's order
+          out[#out + 1] = { flat:numel(), flat:sum():item(), strided:size(1), row_major[2], row_major[#row_major - 1] }
+        end
+      end
+      loader:close()
+      return out
+    end
+    local base = run(0)
+    assert.are.equal(10, #base)
+    assert.are.same(base, run(2))
+    assert.are.same(base, run(3, true))
+  end)
+
   it("calls worker_init_fn in each worker and answers get_worker_info there only", function()
     assert.is_nil(data.get_worker_info())
     local init_id = -1

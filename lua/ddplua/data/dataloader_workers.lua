@@ -23,9 +23,14 @@
 --    ds:get therefore give other values than with num_workers = 0 (as in PyTorch).
 --  * A worker sets its compute threads to 1 (as PyTorch), runs worker_init_fn(worker_id)
 --    once, then makes the batches it is sent: ds:get for each sample, the collation
---    (default or collate_fn), and sends the tensors' bytes to the training process through
---    a memfd (Note [dataloader worker channels], ddplua/io_workers.h), which copies them
---    into new tensors in C: no Lua runs per sample on the training side.
+--    (default or collate_fn), and writes the tensors' bytes into one of its shared-memory
+--    slots (memfds mapped in both processes: Note [dataloader worker channels],
+--    ddplua/io_workers.h, and Note [worker slots], runtime/io/workers.c), from which the
+--    training process copies them into new tensors in C: no Lua runs per sample on the
+--    training side.
+--  * A worker must not use CUDA: a forked process cannot use its parent's CUDA context
+--    (as with PyTorch's fork start method). Batches come back as CPU tensors; pin_memory
+--    pins them in the training process.
 --  * Errors: a Lua error in a worker (ds:get, collate_fn, worker_init_fn) is sent back with
 --    the worker's traceback, the sample index (the i of ds:get(i)) and the batch, and raised
 --    in the training loop when that batch is due. A worker that dies (a signal, os.exit) is
@@ -155,6 +160,10 @@ local function worker_main(handle, id, nworkers, seed, dataset, init_fn, make_ba
       if st == C.DDP_IO_END then break end
       if st ~= 0 then error(ffi.string(C.ddp_last_error()), 0) end
       local b = tonumber(batch[0])
+      -- the previous batch's tensors (samples, collated batch) are garbage now: a task is a
+      -- step of this process (Note [step lifetimes], ddplua/lib.lua); without it the
+      -- worker's memory grew until a full collection, each batch on pages new to it
+      lib.release_step()
       where.sample = nil
       local msg
       if init_error then
@@ -195,11 +204,12 @@ end
 --- start(opts) -> a worker group {handle, num_workers, seed, pids, tag}: forks
 -- opts.num_workers workers (Note [dataloader workers]). opts: dataset, num_workers,
 -- worker_init_fn (or nil), seed (base_seed), batch_size (most samples per task),
+-- prefetch_factor (most tasks in flight per worker: its batch slots),
 -- make_batch (see worker_main). In the workers this never returns. Raises when a fork
 -- fails (the workers already forked are stopped).
 function M.start(opts)
   local box = ffi.new("ddp_io_workers*[1]")
-  check(C.ddp_io_workers_new(box, opts.num_workers))
+  check(C.ddp_io_workers_new(box, opts.num_workers, opts.prefetch_factor))
   local handle = ffi.gc(box[0], C.ddp_io_workers_free)
   local is_child = ffi.new("int[1]")
   local pids = {}

@@ -439,6 +439,7 @@ local function worker_iter(self, order)
   if not group or group.handle == nil then
     group = workers.start {
       dataset = self.dataset, num_workers = nw, worker_init_fn = self.worker_init_fn, batch_size = bs,
+      prefetch_factor = self.prefetch_factor,
       seed = workers.base_seed(self.generator, self.epochs),
       make_batch = function(indices, count, b, where) return make_batch(self, indices, count, b + 1, where) end,
     }

@@ -12,13 +12,16 @@
  *  - Tasks (loader -> worker): a header {tag, batch, count} and `count` int64 sample
  *    indices. The loader sends worker w the batches b with b % num_workers == w, in
  *    increasing b, at most prefetch_factor ahead; a worker does its tasks in order.
- *  - Results (worker -> loader): a header {tag, batch, kind, sizes} on the socket, the
- *    payload in a memfd passed with it (SCM_RIGHTS): tensor descriptors, the batch's
- *    structure (opaque bytes from Lua: `meta`), then each tensor's bytes, 64-byte aligned.
- *    The loader maps it read-only, checks every descriptor against the payload's size and
- *    copies each tensor's bytes into a new tensor (one memcpy per tensor, in C). The memfd
- *    is mode 0600, has no name in any file system (nothing under /dev/shm, nothing to
- *    unlink, nothing left behind by a crash) and lives until both sides closed it.
+ *  - Results (worker -> loader): a header {tag, batch, kind, sizes, slot} on the socket;
+ *    a batch's payload lies in one of the worker's prefetch_factor slots, memfds mapped in
+ *    both processes and reused batch after batch (Note [worker slots] in workers.c): tensor
+ *    descriptors, the batch's structure (opaque bytes from Lua: `meta`), then each
+ *    tensor's bytes, 64-byte aligned. A slot that grows comes as a new memfd with the
+ *    header (SCM_RIGHTS). The loader checks every descriptor against the payload's size
+ *    and copies each tensor's bytes into a new tensor (one memcpy per tensor, in C). An
+ *    error's text comes in a memfd of its own. A memfd is mode 0600, has no name in any
+ *    file system (nothing under /dev/shm, nothing to unlink, nothing left behind by a
+ *    crash) and is reachable only through the descriptors the two processes hold.
  *  - `tag` (the loader's epoch count) lets a persistent worker's results of an abandoned
  *    epoch be told apart and dropped.
  *  - Every wait is sliced (at most 100 ms) and checks the workers: a worker that ended is
@@ -29,9 +32,11 @@
 
 typedef struct ddp_io_workers ddp_io_workers;
 
-/* The channels of `num_workers` (1 .. 256) workers, none started. Errors: DDP_ERR_ARG for a
- * bad count; DDP_ERR_MEMORY. Free with ddp_io_workers_free. */
-int ddp_io_workers_new(ddp_io_workers **out, int num_workers);
+/* The channels of `num_workers` (1 .. 256) workers, none started, each with `slots`
+ * (1 .. 64: the loader's prefetch_factor, the most tasks a worker is sent ahead of the
+ * batches taken from it) batch slots. Errors: DDP_ERR_ARG for a bad count; DDP_ERR_MEMORY.
+ * Free with ddp_io_workers_free. */
+int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots);
 
 /* In the process that made them: close every channel (a worker sees the end of its tasks
  * and exits), wait up to 1 s for the workers to exit, SIGKILL those left and reap them all:
@@ -56,8 +61,9 @@ int ddp_io_workers_pid(const ddp_io_workers *p, int worker_id);
 int ddp_io_workers_count(const ddp_io_workers *p);
 
 /* In the loader's process: send worker `worker_id` the task (tag, batch, the `count`
- * 0-based sample indices). Waits at most timeout_s (<= 0: as long as the worker lives) for
- * room on the socket. Errors: DDP_ERR_PEER for a worker that ended (pid, exit code or
+ * 0-based sample indices); at most `slots` tasks ahead of the batches taken from that
+ * worker with ddp_io_workers_get (Note [worker slots]). Waits as long as the worker lives
+ * for room on the socket. Errors: DDP_ERR_PEER for a worker that ended (pid, exit code or
  * signal), DDP_ERR_TIMEOUT, DDP_ERR_ARG, DDP_ERR_IO. */
 int ddp_io_workers_put(ddp_io_workers *p, int worker_id, int64_t tag, int64_t batch,
                        const int64_t *indices, int64_t count);
@@ -83,8 +89,9 @@ int ddp_io_workers_get(ddp_io_workers *p, int worker_id, int64_t tag, int64_t ba
 int ddp_io_worker_take(ddp_io_workers *p, int64_t *tag, int64_t *batch, int64_t *indices,
                        int64_t cap, int64_t *count);
 
-/* In a worker: send the result of (tag, batch): `ntensors` tensors (CPU, live, any strides;
- * copied contiguous) and `meta_len` bytes of structure. Errors: DDP_ERR_ARG for a tensor
+/* In a worker: send the result of the task taken last, (tag, batch): `ntensors` tensors
+ * (CPU, live, any strides; copied contiguous into the task's slot) and `meta_len` bytes of
+ * structure. Errors: DDP_ERR_ARG for a tensor
  * not on the CPU or freed (naming its position), DDP_ERR_IO (memfd, mmap, send, with
  * strerror), DDP_ERR_STATE outside a worker. */
 int ddp_io_worker_send(ddp_io_workers *p, int64_t tag, int64_t batch, int ntensors,
