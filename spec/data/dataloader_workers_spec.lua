@@ -7,6 +7,7 @@
 -- collection. The workers are forked processes: tiny datasets, a few seconds in all.
 local dl = require "ddplua"
 local data = require "ddplua.data"
+local files = require "files"
 local object = require "ddplua.data.object"
 local dlos = require "ddplua.os"
 local lib = require "ddplua.lib"
@@ -317,6 +318,64 @@ describe("DataLoader workers", function()
     assert.are.equal(fds, open_fds())
     assert.are.equal(0, memfds())
     assert.are.equal(0, shm_files())
+  end)
+
+  it("takes its workers along when the training process exits without closing the loader", function()
+    local dir = files.tmpdir("workers-exit")
+    local script = files.write(dir, "main.lua", [[
+      local dl = require "ddplua"
+      local data = require "ddplua.data"
+      local object = require "ddplua.data.object"
+      local DS = { name = "DS" }
+      function DS.len() return 50 end
+      function DS.get(_, i) return dl.tensor({ i }) end
+      local loader = data.DataLoader(object.new(DS, {}), { batch_size = 2, num_workers = 2, persistent_workers = true })
+      for _ in loader:iter() do break end
+      print(table.concat(loader:worker_pids(), " "))
+      io.stdout:flush()
+      os.exit(0) -- no close, no collection
+    ]])
+    -- output to a file: a pipe would stay open as long as a worker lived
+    local status = os.execute("build/ddplua " .. files.quote(script) .. " > " .. files.quote(dir .. "/out.txt") .. " 2>&1")
+    local out = files.read(dir .. "/out.txt")
+    files.remove(dir)
+    assert.is_true(status == 0 or status == true, out)
+    local pids = {}
+    for pid in out:gmatch("%d+") do pids[#pids + 1] = tonumber(pid) end
+    assert.are.equal(2, #pids, out)
+    local deadline = dlos.monotonic() + 3
+    local function alive(pid)
+      local f = io.open("/proc/" .. pid .. "/stat")
+      if not f then return false end
+      local stat = f:read("*a")
+      f:close()
+      return stat:match("%) (%S)") ~= "Z"
+    end
+    while (alive(pids[1]) or alive(pids[2])) and dlos.monotonic() < deadline do dlos.sleep(0.02) end
+    assert.is_false(alive(pids[1]))
+    assert.is_false(alive(pids[2]))
+  end)
+
+  it("pins what the workers send when pin_memory is set (simulated CUDA device)", function()
+    local status, out = require("cuda").run_sim([[
+      local data = require "ddplua.data"
+      local object = require "ddplua.data.object"
+      local DS = { name = "DS" }
+      function DS.len() return 9 end
+      function DS.get(_, i) return dl.tensor({ i, -i }), i end
+      local ds = object.new(DS, {})
+      local plain, pinned = {}, 0
+      for x in data.DataLoader(ds, { batch_size = 2 }):iter() do plain[#plain + 1] = x:sum():item() end
+      local k = 0
+      for x, y in data.DataLoader(ds, { batch_size = 2, num_workers = 2, pin_memory = true }):iter() do
+        k = k + 1
+        assert(x:sum():item() == plain[k], "batch " .. k)
+        if x:is_pinned() and y:is_pinned() then pinned = pinned + 1 end
+      end
+      print("pinned " .. pinned .. " of " .. k)
+    ]])
+    assert.are.equal(0, status, out)
+    assert.matches("pinned 5 of 5", out, 1, true)
   end)
 
   it("keeps the C path for datasets with c_sources, with the same batches", function()
