@@ -56,6 +56,22 @@ local function open_fds() return count_lines("ls -l /proc/" .. ffi.C.getpid() ..
 -- machine's other processes use /dev/shm too, so only names of ours count).
 local function memfds() return count_lines("ls -l /proc/" .. ffi.C.getpid() .. "/fd | grep memfd:") end
 local function shm_files() return count_lines("ls /dev/shm 2>/dev/null | grep -i -e dataloader -e ddplua-worker") end
+-- The loader's shared-memory mappings in this process: {line = the /proc/self/maps line,
+-- mode = the octal mode of the memfd behind it}.
+local function shm_mappings()
+  local out = {}
+  local f = assert(io.open("/proc/" .. ffi.C.getpid() .. "/maps"))
+  for line in f:lines() do
+    if line:find("memfd:ddplua-dataloader", 1, true) then
+      local range = line:match("^(%x+%-%x+)")
+      local p = io.popen("stat -L -c %a /proc/" .. ffi.C.getpid() .. "/map_files/" .. range .. " 2>&1")
+      out[#out + 1] = { line = line, mode = p:read("*l") }
+      p:close()
+    end
+  end
+  f:close()
+  return out
+end
 
 -- A Lua dataset of n samples: sample i is (x (2) f32 = {i, -i} scaled, label i % 3), made
 -- by ds:get (no c_sources, so the Lua path); `extra(i)` may add a third part or raise.
@@ -298,7 +314,15 @@ describe("DataLoader workers", function()
     local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 3, persistent_workers = true })
     for _ in loader:iter() do break end
     assert.are.equal(3, #children())
+    -- the batch slots this process maps: memfds without a name (deleted) and of mode 0600
+    local slots = shm_mappings()
+    assert.is_true(#slots >= 1)
+    for _, m in ipairs(slots) do
+      assert.matches("(deleted)", m.line, 1, true)
+      assert.are.equal("600", m.mode, m.line)
+    end
     loader:close()
+    assert.are.same({}, shm_mappings()) -- unmapped
     local live, zombies = children()
     assert.are.same({}, live)
     assert.are.same({}, zombies)
