@@ -428,6 +428,76 @@ describe("DataLoader workers", function()
     assert.are.equal(3, n)
   end)
 
+  it("reads an iterable dataset in the workers, each its shard, batches taken from the workers in turn", function()
+    -- the stream protocol of ddplua.data.iterable_dataset: ds.is_iterable, ds:stream()
+    -- (the error below: worker 1's second batch, samples 5 and 7, is batch 3 of the loop)
+    -- (sharded here by get_worker_info as Note [iterable sharding] does: sample k to worker
+    -- k % num_workers)
+    local Stream = { name = "Stream", is_iterable = true }
+    function Stream.stream(self)
+      local info = data.get_worker_info()
+      local id, n = info and info.id or 0, info and info.num_workers or 1
+      local k = id - n
+      return function()
+        k = k + n
+        if self.fail_at == k then error("stream broke at " .. k) end
+        if k < self.n then return dl.tensor({ k }), k end
+      end
+    end
+    local function stream(n, fail_at) return object.new(Stream, { n = n, fail_at = fail_at }) end
+    -- PyTorch's order: worker w's j-th batch holds its shard's samples j*B .. j*B+B-1; the
+    -- loop takes batch j of workers 0, 1, ... in turn, skipping a worker whose stream ended
+    local function expected(n, nw, bs, drop_last)
+      local per = {}
+      for w = 0, nw - 1 do
+        per[w] = {}
+        local shard = {}
+        for k = w, n - 1, nw do shard[#shard + 1] = k end
+        for j = 1, #shard, bs do
+          local b = {}
+          for q = j, math.min(j + bs - 1, #shard) do b[#b + 1] = shard[q] end
+          if not drop_last or #b == bs then per[w][#per[w] + 1] = table.concat(b, ",") end
+        end
+      end
+      local out, j = {}, 1
+      while true do
+        local any = false
+        for w = 0, nw - 1 do
+          if per[w][j] then out[#out + 1], any = per[w][j], true end
+        end
+        if not any then return out end
+        j = j + 1
+      end
+    end
+    local function run(loader, epochs)
+      local out = {}
+      for _ = 1, epochs do
+        for x, y in loader:iter() do
+          assert.are.same(x:view(-1):tolist(), y:tolist())
+          out[#out + 1] = table.concat(y:tolist(), ",")
+        end
+      end
+      return out
+    end
+    for _, c in ipairs { { 23, 2, 4, false }, { 23, 3, 4, true }, { 5, 2, 2, false } } do
+      local n, nw, bs, drop_last = c[1], c[2], c[3], c[4]
+      local want = expected(n, nw, bs, drop_last)
+      local loader = data.DataLoader(stream(n), { batch_size = bs, num_workers = nw, drop_last = drop_last,
+        persistent_workers = true })
+      local got = run(loader, 2)
+      local twice = {}
+      for _, b in ipairs(want) do twice[#twice + 1] = b end
+      for _, b in ipairs(want) do twice[#twice + 1] = b end
+      assert.are.same(twice, got)
+      loader:close()
+    end
+    local ok, err = pcall(run, data.DataLoader(stream(12, 7), { batch_size = 2, num_workers = 2 }), 1)
+    assert.is_false(ok)
+    assert.matches("worker process 1 while reading sample 2 of its stream's batch of batch 3", tostring(err), 1, true)
+    assert.matches("stream broke at 7", tostring(err), 1, true)
+    assert.are.same({}, children())
+  end)
+
   it("checks the worker options as PyTorch does", function()
     local ds = dataset(4)
     assert.has_error(function() data.DataLoader(ds, { num_workers = -1 }) end,

@@ -31,6 +31,10 @@
 --  * A worker must not use CUDA: a forked process cannot use its parent's CUDA context
 --    (as with PyTorch's fork start method). Batches come back as CPU tensors; pin_memory
 --    pins them in the training process.
+--  * Iterable datasets (ds:stream()): worker w reads its copy of the stream, sharded by
+--    get_worker_info(), and its j-th batch is task j * N + w; the loop takes the workers'
+--    batches in turn and skips a worker whose stream ended (an end-of-stream result), as
+--    PyTorch does for an IterableDataset.
 --  * Errors: a Lua error in a worker (ds:get, collate_fn, worker_init_fn) is sent back with
 --    the worker's traceback, the sample index (the i of ds:get(i)) and the batch, and raised
 --    in the training loop when that batch is due. A worker that dies (a signal, os.exit) is
@@ -44,6 +48,7 @@
 --    (PR_SET_PDEATHSIG) and leaves when its socket closes. Nothing is left in /dev/shm.
 local lib = require "ddplua.lib"
 local generator = require "ddplua.generator"
+local worker_info = require "ddplua.data.worker_info"
 local buffer = require "string.buffer"
 local ffi, C = lib.ffi, lib.C
 local check, wrap = lib.check, lib.wrap
@@ -53,16 +58,15 @@ local M = {}
 local MAX_TENSORS = 256                  -- tensors per batch through the channel
 local TENSOR_KEY = "\0ddplua_tensor"     -- a tensor's place in a batch's structure
 
-local info = nil -- set in a worker process only
+local END_MARK = "\0ddplua:end of stream" -- a worker's stream has no more batches
 
 --- data.get_worker_info(): in a DataLoader worker process, a table {id = worker id (0 ..
 -- num_workers-1), num_workers = N, seed = the seed this worker gave the default generator
 -- and math.random (base_seed + id), dataset = the worker's copy of the dataset}; nil in
 -- the training process (as torch.utils.data.get_worker_info()). Useful in ds:get, a
--- collate_fn or worker_init_fn, e.g. to shard an iterable source per worker.
-function M.get_worker_info()
-  return info
-end
+-- collate_fn or worker_init_fn, e.g. to shard an iterable source per worker. The value
+-- lives in ddplua.data.worker_info, which the worker sets when it starts.
+M.get_worker_info = worker_info.get_worker_info
 
 local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 
@@ -117,8 +121,10 @@ local function flatten(values, n)
 end
 
 --- unflatten(tensors, ntensors, meta) -> the batch's values and their count: the inverse of
--- a worker's flatten (tensors: a ddp_tensor*[] whose references are taken).
+-- a worker's flatten (tensors: a ddp_tensor*[] whose references are taken); nil when the
+-- worker's stream ended (an iterable dataset).
 function M.unflatten(tbuf, ntensors, meta)
+  if meta == END_MARK then return nil end
   local ts = {}
   for k = 1, ntensors do ts[k] = wrap(tbuf[k - 1]) end
   if meta == "" then return ts, ntensors end
@@ -135,13 +141,15 @@ function M.unflatten(tbuf, ntensors, meta)
 end
 
 -- What a worker does until its socket closes; never returns (Note [dataloader workers]).
--- make_batch(indices, count, batch, where) -> values, n builds a batch from the 0-based
--- sample indices (where.sample is set to the 1-based index of each ds:get it calls).
+-- make_batch(indices, count, batch, where, tag) -> values, n builds a batch from the
+-- 0-based sample indices (where.sample is set to the 1-based index of each ds:get it
+-- calls), or, for an iterable dataset, the next batch of the worker's stream for epoch
+-- `tag` (nil at the stream's end).
 local function worker_main(handle, id, nworkers, seed, dataset, init_fn, make_batch, batch_size)
   local init_error
   local ok = pcall(function()
     C.ddp_set_num_threads(1)
-    info = { id = id, num_workers = nworkers, seed = seed, dataset = dataset }
+    worker_info.set_worker_info({ id = id, num_workers = nworkers, seed = seed, dataset = dataset })
     generator.default:manual_seed(seed)
     math.randomseed(seed % 2147483647)
     if init_fn then
@@ -164,13 +172,17 @@ local function worker_main(handle, id, nworkers, seed, dataset, init_fn, make_ba
       -- step of this process (Note [step lifetimes], ddplua/lib.lua); without it the
       -- worker's memory grew until a full collection, each batch on pages new to it
       lib.release_step()
-      where.sample = nil
+      where.sample, where.stream = nil, nil
       local msg
       if init_error then
         msg = init_error
       else
-        local bok, values, n = xpcall(make_batch, debug.traceback, indices, tonumber(count[0]), b, where)
-        if bok then
+        local bok, values, n = xpcall(make_batch, debug.traceback, indices, tonumber(count[0]), b, where,
+          tonumber(tag[0]))
+        if bok and values == nil then -- an iterable dataset's stream ended
+          st = C.ddp_io_worker_send(handle, tag[0], batch[0], 0, tbuf, END_MARK, #END_MARK)
+          if st ~= 0 then error(ffi.string(C.ddp_last_error()), 0) end
+        elseif bok then
           local fok, tensors, meta = pcall(flatten, values, n)
           if fok and #tensors > MAX_TENSORS then
             fok, tensors = false, ("the batch holds %d tensors, at most %d pass"):format(#tensors, MAX_TENSORS)
@@ -185,7 +197,9 @@ local function worker_main(handle, id, nworkers, seed, dataset, init_fn, make_ba
           end
         else
           local at = where.sample and (" while fetching sample index %d (ds:get(%d))"):format(where.sample,
-            where.sample) or " while collating"
+            where.sample)
+            or where.stream and (" while reading sample %d of its stream's batch"):format(where.position)
+            or " while collating"
           msg = ("Caught an error in DataLoader worker process %d%s of batch %d (batches count from 0).\n" ..
             "Original traceback:\n%s"):format(id, at, b, tostring(values))
         end

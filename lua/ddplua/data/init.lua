@@ -19,6 +19,7 @@
 local datasets = require "ddplua.data.datasets"
 local transforms = require "ddplua.data.transforms"
 local loader = require "ddplua.data.loader"
+local worker_info = require "ddplua.data.worker_info"
 
 local M = {}
 
@@ -40,9 +41,10 @@ M.is_transform = transforms.is_transform
 
 M.DataLoader = loader.DataLoader
 M.default_collate = loader.default_collate
---- data.get_worker_info(): {id, num_workers, seed, dataset} in a DataLoader worker process,
--- nil in the training process (ddplua/data/dataloader_workers.lua).
-M.get_worker_info = require("ddplua.data.dataloader_workers").get_worker_info
+-- data.get_worker_info(): {id, num_workers, seed, dataset} in a DataLoader worker process,
+-- nil in the training process (ddplua/data/worker_info.lua, set by the workers of
+-- ddplua/data/dataloader_workers.lua).
+M.get_worker_info = worker_info.get_worker_info
 
 -- Text data (tokenizers, token files, windows): loaded on first use of data.text.
 setmetatable(M, { __index = function(t, k)

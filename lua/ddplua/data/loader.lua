@@ -23,6 +23,10 @@
 --    collation run there), batch b by worker b % num_workers, and come back in order: the
 --    same batches in the same order as num_workers = 0. prefetch_factor (2) batches per
 --    worker are in flight. data.get_worker_info() answers inside a worker.
+--  * Iterable datasets (ds.is_iterable, samples from ds:stream(): the protocol of
+--    ddplua.data.iterable_dataset): each worker batches its own copy of the stream (which
+--    shards itself by data.get_worker_info()) and the loop takes one batch from each worker
+--    in turn, skipping those whose stream ended, as PyTorch's DataLoader does.
 --  * C path: the batches are already gathered in C off the training thread, with no Lua per
 --    sample; num_workers > 0 keeps that path and makes its prefetch thread run, keeping
 --    prefetch_factor * num_workers batches ready (unless `prefetch` is given). No process
@@ -428,6 +432,50 @@ local ntensors_box = ffi.new("int[1]")
 local meta_box = ffi.new("char*[1]")
 local meta_len_box = ffi.new("size_t[1]")
 
+-- The loader's worker group, started (forked) when there is none (Note [dataloader
+-- workers]); make(indices, count, b, where, tag) is what the workers run per task.
+local function worker_group(self, make)
+  local group = self.workers
+  if not group or group.handle == nil then
+    group = workers.start {
+      dataset = self.dataset, num_workers = self.num_workers, worker_init_fn = self.worker_init_fn,
+      batch_size = self.batch_size, prefetch_factor = self.prefetch_factor,
+      seed = workers.base_seed(self.generator, self.epochs), make_batch = make,
+    }
+    self.workers = group
+  end
+  group.tag = group.tag + 1
+  return group, group.tag
+end
+
+-- The error of a failed worker call (status ~= 0), or of a worker's error (status 0):
+-- stops the group unless it is persistent and sound, ends the epoch; returns the message.
+local function worker_failure(self, group, ep, status)
+  local msg = ffi.string(C.ddp_last_error())
+  if status ~= 0 or not self.persistent_workers then
+    workers.stop(group)
+    if self.workers == group then self.workers = nil end
+  end
+  if self.epoch == ep then self.epoch = nil end
+  return msg
+end
+
+-- Worker `w`'s result for batch b of epoch `tag`: its values and count, or nil at the end of
+-- its stream; raises the worker's error or the channel's.
+local function take_batch(self, group, ep, w, tag, b)
+  local st = C.ddp_io_workers_get(group.handle, w, tag, b, self.timeout, tensor_buf, 256, ntensors_box,
+    meta_box, meta_len_box)
+  if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
+  local meta = meta_box[0] ~= nil and ffi.string(meta_box[0], meta_len_box[0]) or ""
+  C.ddp_io_string_free(meta_box[0])
+  local nt = ntensors_box[0]
+  if nt < 0 then -- the worker's error, with its traceback
+    worker_failure(self, group, ep, 0)
+    lib.raise(meta)
+  end
+  return workers.unflatten(tensor_buf, nt, meta)
+end
+
 local function worker_iter(self, order)
   local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
   local total = order:numel()
@@ -435,36 +483,17 @@ local function worker_iter(self, order)
   local nb = self.drop_last and math.floor(total / bs) or math.ceil(total / bs)
   local nw = self.num_workers
   self.epochs = self.epochs + 1
-  local group = self.workers
-  if not group or group.handle == nil then
-    group = workers.start {
-      dataset = self.dataset, num_workers = nw, worker_init_fn = self.worker_init_fn, batch_size = bs,
-      prefetch_factor = self.prefetch_factor,
-      seed = workers.base_seed(self.generator, self.epochs),
-      make_batch = function(indices, count, b, where) return make_batch(self, indices, count, b + 1, where) end,
-    }
-    self.workers = group
-  end
-  group.tag = group.tag + 1
-  local tag = group.tag
+  local group, tag = worker_group(self, function(indices, count, b, where)
+    return make_batch(self, indices, count, b + 1, where)
+  end)
   local ep = { handle = nil }
   self.epoch = ep
   local sent, got = 0, 0
-  local function fail(status)
-    local msg = ffi.string(C.ddp_last_error())
-    -- a dead or silent worker leaves the group unusable; a clean error (status OK) does not
-    if status ~= 0 or not self.persistent_workers then
-      workers.stop(group)
-      if self.workers == group then self.workers = nil end
-    end
-    if self.epoch == ep then self.epoch = nil end
-    return msg
-  end
   local function send_next()
     local start = sent * bs
     local stop = math.min(start + bs, total)
     local st = C.ddp_io_workers_put(group.handle, sent % nw, tag, sent, idx + start, stop - start)
-    if st ~= 0 then lib.raise(fail(st)) end
+    if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
     sent = sent + 1
   end
   while sent < math.min(nb, self.prefetch_factor * nw) do send_next() end
@@ -476,22 +505,93 @@ local function worker_iter(self, order)
     end
     lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
     local _ = order -- the indices live in order's storage
-    local b = got
-    local st = C.ddp_io_workers_get(group.handle, b % nw, tag, b, self.timeout, tensor_buf, 256, ntensors_box,
-      meta_box, meta_len_box)
-    if st ~= 0 then lib.raise(fail(st)) end
+    local out, n = take_batch(self, group, ep, got % nw, tag, got)
     got = got + 1
-    local meta = meta_box[0] ~= nil and ffi.string(meta_box[0], meta_len_box[0]) or ""
-    C.ddp_io_string_free(meta_box[0])
-    local nt = ntensors_box[0]
-    if nt < 0 then -- the worker's error, with its traceback
-      fail(0)
-      lib.raise(meta)
-    end
-    if sent < nb then send_next() end
-    local out, n = workers.unflatten(tensor_buf, nt, meta)
+    if sent < nb then send_next() end -- after the copy: the worker may reuse the slot
     if self.pin_memory then pin_all(out, n) end
     return unpack(out, 1, n)
+  end
+end
+
+-- Whether ds is an iterable dataset (a stream: ds.is_iterable, samples from ds:stream(),
+-- the protocol of ddplua.data.iterable_dataset).
+local function is_iterable(ds)
+  local ok, v = pcall(function() return ds.is_iterable end)
+  return ok and v == true
+end
+
+-- In a worker: the batches of its copy of an iterable dataset's stream (sharded over the
+-- workers by the stream itself through get_worker_info: Note [iterable sharding]), a new
+-- stream for each epoch `tag`; nil once it ended (a short last batch is kept unless
+-- drop_last).
+local function stream_batches(self)
+  local stream_tag, stream, done
+  return function(_, _, _, where, tag)
+    where.stream = true -- for the error message: the stream's sample in progress
+    if tag ~= stream_tag then stream_tag, stream, done = tag, self.dataset:stream(), false end
+    if done then return nil end
+    local samples = {}
+    while #samples < self.batch_size do
+      where.position = #samples + 1
+      local sample = { stream() }
+      local n = table.maxn(sample)
+      if n == 0 then
+        done = true
+        break
+      end
+      samples[#samples + 1] = n == 1 and sample[1] or sample
+    end
+    where.stream = nil
+    if #samples == 0 or (self.drop_last and #samples < self.batch_size) then
+      done = true
+      return nil
+    end
+    local out = { (self.collate_fn or M.default_collate)(samples) }
+    if out[1] == nil then lib.raise("DataLoader: collate_fn returned nil (it must return the batch)") end
+    return out, table.maxn(out)
+  end
+end
+
+-- Iterable dataset with workers: each worker batches its own shard of the stream; the loop
+-- takes one batch from each worker in turn (worker k-th batch is task k * num_workers + w),
+-- skipping the workers whose stream ended, until every stream ended: PyTorch's order for an
+-- IterableDataset with workers.
+local function iterable_worker_iter(self)
+  local nw, pf = self.num_workers, self.prefetch_factor
+  self.epochs = self.epochs + 1
+  local group, tag = worker_group(self, stream_batches(self))
+  local ep = { handle = nil }
+  self.epoch = ep
+  local sent, taken, ended, left = {}, {}, {}, nw
+  local function send_next(w)
+    local st = C.ddp_io_workers_put(group.handle, w, tag, sent[w] * nw + w, nil, 0)
+    if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
+    sent[w] = sent[w] + 1
+  end
+  for w = 0, nw - 1 do
+    sent[w], taken[w] = 0, 0
+    for _ = 1, pf do send_next(w) end
+  end
+  local w = 0
+  return function()
+    if self.epoch ~= ep or group.handle == nil then return nil end
+    lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
+    while left > 0 do
+      while ended[w] do w = (w + 1) % nw end
+      local out, n = take_batch(self, group, ep, w, tag, taken[w] * nw + w)
+      taken[w] = taken[w] + 1
+      if out == nil then
+        ended[w] = true
+        left = left - 1
+      else
+        send_next(w)
+        w = (w + 1) % nw
+        if self.pin_memory then pin_all(out, n) end
+        return unpack(out, 1, n)
+      end
+    end
+    close_epoch(self)
+    return nil
   end
 end
 
@@ -502,6 +602,7 @@ end
 -- stopped by the next iter(), loader:close() or the collector).
 function DataLoader.iter(self)
   close_epoch(self)
+  if self.num_workers > 0 and is_iterable(self.dataset) then return iterable_worker_iter(self) end
   local order = epoch_order(self)
   local ds = self.dataset
   local ok, f = pcall(function() return ds.c_sources end)
