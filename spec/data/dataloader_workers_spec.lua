@@ -241,6 +241,21 @@ describe("DataLoader workers", function()
     assert.are.same({}, zombies)
   end)
 
+  it("raises an error of worker_init_fn, and a batch that cannot leave a worker, naming the cause", function()
+    local loader = data.DataLoader(dataset(6), { batch_size = 2, num_workers = 2,
+      worker_init_fn = function(id) if id == 1 then error("no config for worker " .. id) end end })
+    local ok, err = pcall(function() for _ in loader:iter() do end end)
+    assert.is_false(ok)
+    assert.matches("Caught an error in DataLoader worker process 1 in worker_init_fn(1)", tostring(err), 1, true)
+    assert.matches("no config for worker 1", tostring(err), 1, true)
+    loader = data.DataLoader(dataset(6), { batch_size = 2, num_workers = 1,
+      collate_fn = function(samples) return { n = #samples, f = print } end })
+    ok, err = pcall(function() for _ in loader:iter() do end end)
+    assert.is_false(ok)
+    assert.matches("the batch holds a function, which cannot leave the worker process", tostring(err), 1, true)
+    assert.are.same({}, children())
+  end)
+
   it("reports a worker killed by SIGKILL with its pid and signal within the timeout", function()
     local ds = dataset(8, { hang = true })
     local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 2, timeout = 30 })
