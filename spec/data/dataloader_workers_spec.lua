@@ -513,6 +513,46 @@ describe("DataLoader workers", function()
     assert.are.same({}, children())
   end)
 
+  it("gives each DDP rank the same batches with workers as without, beside gloo collectives #dist", function()
+    local mp = require "multiproc"
+    local r = mp.run { nprocs = 2, timeout = 60, code = [[
+      local dl = require "ddplua"
+      local data = require "ddplua.data"
+      local object = require "ddplua.data.object"
+      local dist = require "ddplua.distributed"
+      local DistributedSampler = require "ddplua.distributed.sampler"
+      dist.init_process_group { backend = "gloo" }
+      local DS = { name = "DS" }
+      function DS.len() return 37 end
+      function DS.get(_, i) return dl.tensor({ i, 2 * i }), i % 5 end
+      local ds = object.new(DS, {})
+      local function run(nw)
+        local sampler = DistributedSampler(37, { shuffle = true, seed = 3 })
+        local loader = data.DataLoader(ds, { batch_size = 4, sampler = sampler, num_workers = nw,
+          persistent_workers = nw > 0 })
+        local out = {}
+        for epoch = 1, 2 do
+          sampler:set_epoch(epoch)
+          for x, y in loader:iter() do
+            local s = x:sum()
+            dist.all_reduce(s) -- a collective while the workers run
+            out[#out + 1] = table.concat(x:view(-1):tolist(), ",") .. "|" .. table.concat(y:tolist(), ",") ..
+              "|" .. s:item()
+          end
+        end
+        loader:close()
+        return table.concat(out, ";")
+      end
+      local a, b = run(0), run(2)
+      print("SAME " .. tostring(a == b) .. " BATCHES " .. select(2, a:gsub(";", ";")) + 1)
+      dist.destroy_process_group()
+    ]] }
+    assert.is_true(r.ok, mp.describe(r))
+    for rank = 1, 2 do
+      assert.matches("SAME true BATCHES 10", r[rank].output, 1, true) -- 2 epochs of ceil(19 / 4)
+    end
+  end)
+
   it("checks the worker options as PyTorch does", function()
     local ds = dataset(4)
     assert.has_error(function() data.DataLoader(ds, { num_workers = -1 }) end,
