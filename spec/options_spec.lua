@@ -61,7 +61,7 @@ describe("ddplua.options #faults", function()
       local opt = optim.SGD({ dl.zeros({ 2 }, { requires_grad = true }) }, { lr = 0.1 })
       optim.StepLR(opt, { step_size = 1, bogus = 1 })
     end },
-    { "DataLoader", function() data.DataLoader(data.TensorDataset(dl.zeros({ 4, 2 })), { num_workers = 2 }) end },
+    { "DataLoader", function() data.DataLoader(data.TensorDataset(dl.zeros({ 4, 2 })), { num_worker = 2 }) end },
     { "DistributedSampler", function() DistributedSampler(10, { num_replicas = 1, rank = 0, bogus = 1 }) end },
     { "FashionMNIST", function() data.FashionMNIST { bogus = 1 } end },
     { "CIFAR10", function() data.CIFAR10 { bogus = 1 } end },

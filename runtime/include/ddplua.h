@@ -431,6 +431,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/io.h"
 #include "ddplua/image.h"
 #include "ddplua/arrays.h"
+#include "ddplua/io_workers.h"
 #include "ddplua/optim.h"
 #include "ddplua/amp.h"
 #include "ddplua/store.h"

@@ -42,7 +42,15 @@ struct ddp_io_loader {
   char err_msg[ERR_CAP];
   int thread_started;
   pthread_t thread;
+  pid_t owner;                      /* the process whose thread it is (Note [loader after fork]) */
 };
+
+/* Note [loader after fork]: a forked process (a DataLoader worker, Note [dataloader
+ * workers]; dl.spawn's children) inherits the loader's memory but not its thread, nor a
+ * consistent mutex if the thread held it at the fork. Its collector may still finalize its
+ * copy: joining a thread of another process hung the worker for ever. In any process but
+ * the one that made it, ddp_io_loader_free therefore touches nothing (the copy's memory
+ * goes with the process) and ddp_io_loader_next refuses. */
 
 /* Note [pinned batches]: with pin_memory the batch is gathered as usual and then copied
  * into page-locked host memory (ddp_tensor_pin_memory) by whoever makes it: the prefetch
@@ -166,6 +174,7 @@ int ddp_io_loader_new(ddp_io_loader **out, int nsources, ddp_tensor **sources,
   int64_t N = sources[0]->shape[0], len = order->numel;
   ddp_io_loader *l = calloc(1, sizeof *l);
   if (!l) DDP_FAIL(DDP_ERR_MEMORY, "loader: out of memory");
+  l->owner = getpid();
   l->order = malloc((size_t)(len ? len : 1) * sizeof *l->order);
   l->ring = calloc((size_t)(prefetch ? prefetch : 1) * (size_t)nsources, sizeof *l->ring);
   if (!l->order || !l->ring) {
@@ -240,6 +249,9 @@ int ddp_io_loader_next(ddp_io_loader *l, ddp_tensor **outs) {
 static int loader_next(ddp_io_loader *l, ddp_tensor **outs) {
   if (!l) DDP_FAIL(DDP_ERR_ARG, "loader_next: loader is NULL");
   for (int k = 0; k < l->nsrc; k++) outs[k] = NULL;
+  if (l->thread_started && l->owner != getpid())
+    DDP_FAIL(DDP_ERR_STATE, "loader_next: this loader's prefetch thread belongs to process %d, "
+             "not to this forked one (start a new iter() here)", (int)l->owner);
   if (!l->thread_started) {
     if (l->consumed >= l->nbatches) return DDP_IO_END;
     int status = make_batch(l, l->consumed, outs, 1);
@@ -300,6 +312,7 @@ int64_t ddp_io_loader_num_batches(const ddp_io_loader *l) { return l ? l->nbatch
 
 void ddp_io_loader_free(ddp_io_loader *l) {
   if (!l) return;
+  if (l->owner != getpid()) return; /* Note [loader after fork] */
   if (l->thread_started) {
     pthread_mutex_lock(&l->mu);
     l->stop = 1;

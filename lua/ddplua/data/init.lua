@@ -15,6 +15,8 @@
 --                data.ToFloat(), data.Normalize(mean, std)}
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
 --   data.DataLoader(ds, {batch_size = 8, collate_fn = function(samples) ... return batch end})
+--   data.DataLoader(ds, {batch_size = 64, num_workers = 2, persistent_workers = true})
+--   data.get_worker_info()                    -- {id, num_workers, seed, dataset} in a worker
 --   data.read_idx(path), data.read_cifar(paths)
 --   data.text: tokenizers, token files, windows and evaluation for language models
 --              (ddplua/data/text/init.lua)

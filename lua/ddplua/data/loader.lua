@@ -18,6 +18,21 @@
 --    shape stack to (B, ...); numbers become an i64 tensor when all are integers, else
 --    f64; booleans a bool tensor. `prefetch` is ignored there (no thread).
 --
+-- Workers (num_workers > 0, Note [dataloader workers] in ddplua/data/dataloader_workers.lua):
+--  * Lua path: the batches are made in num_workers forked worker processes (ds:get and the
+--    collation run there), batch b by worker b % num_workers, and come back in order: the
+--    same batches in the same order as num_workers = 0. prefetch_factor (2) batches per
+--    worker are in flight. data.get_worker_info() answers inside a worker.
+--  * Iterable datasets (ds.is_iterable, samples from ds:stream(): the protocol of
+--    ddplua.data.iterable_dataset): each worker batches its own copy of the stream (which
+--    shards itself by data.get_worker_info()) and the loop takes one batch from each worker
+--    in turn, skipping those whose stream ended, as PyTorch's DataLoader does.
+--  * C path: the batches are already gathered in C off the training thread, with no Lua per
+--    sample; num_workers > 0 keeps that path and makes its prefetch thread run, keeping
+--    prefetch_factor * num_workers batches ready (unless `prefetch` is given). No process
+--    is forked there, so worker_init_fn is not called and persistent_workers has nothing
+--    to keep. The batches are those of num_workers = 0 (Note [transform randomness]).
+--
 -- collate_fn (PyTorch's DataLoader argument): a function that receives the list of the
 -- batch's samples and returns the batch. Each sample is what ds:get(i) returned: the value
 -- itself when get returns one value, else the list {v1, v2, ...} of its values (Lua's
@@ -42,6 +57,7 @@ local object = require "ddplua.data.object"
 local transforms = require "ddplua.data.transforms"
 local generator = require "ddplua.generator"
 local iterable = require "ddplua.data.iterable_dataset"
+local workers = require "ddplua.data.dataloader_workers"
 local ffi, C = lib.ffi, lib.C
 local check, wrap, box = lib.check, lib.wrap, lib.box
 
@@ -52,7 +68,7 @@ local DataLoader = { name = "DataLoader" }
 local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 
 local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "drop_last", "prefetch", "pin_memory",
-  "collate_fn" }
+  "collate_fn", "num_workers", "prefetch_factor", "persistent_workers", "worker_init_fn", "timeout" }
 
 --- data.DataLoader(dataset, opts): batches of `dataset`.
 -- opts.batch_size (64), opts.shuffle (false: a new dl.randperm order each iter(), drawn from
@@ -66,12 +82,23 @@ local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "
 -- puts every batch tensor in pinned host memory, so that x:to("cuda", {non_blocking =
 -- true}) copies it asynchronously; on the C path the prefetch thread does the pinning, see
 -- Note [pinned batches] in runtime/io/loader.c; without CUDA nothing is pinned, as PyTorch,
--- and loader.pin_memory reads false), opts.collate_fn (nil: the default collation; a
--- function(samples) -> batch, see the top of this file). Raises on bad options.
+-- and loader.pin_memory reads false; with workers the training process pins what they
+-- send), opts.collate_fn (nil: the default collation; a function(samples) -> batch, see
+-- the top of this file; with workers it runs in the workers), opts.num_workers (0: batches
+-- made in the training process; N > 0: by N worker processes, see "Workers" above),
+-- opts.prefetch_factor (batches in flight per worker; 2 when num_workers > 0, and only
+-- allowed then, as PyTorch), opts.persistent_workers (false: the workers exit at each
+-- epoch's end; true: the same processes serve every epoch; needs num_workers > 0),
+-- opts.worker_init_fn (nil, or a function(worker_id) run once in each worker after its
+-- seeding; worker ids count from 0), opts.timeout (0: wait for a worker's batch as long as
+-- the workers live; T > 0: raise "DataLoader timed out after T seconds ..." past T seconds;
+-- a dead worker is reported at once either way). Raises on bad options, with PyTorch's
+-- texts where it has one.
 function M.DataLoader(dataset, opts)
   opts = options.check("DataLoader", opts, KNOWN)
   local known = { batch_size = true, shuffle = true, generator = true, sampler = true, drop_last = true, prefetch = true,
-    pin_memory = true, collate_fn = true }
+    pin_memory = true, collate_fn = true, num_workers = true, prefetch_factor = true, persistent_workers = true,
+    worker_init_fn = true, timeout = true }
   for k in pairs(opts) do
     if not known[k] then lib.raise("DataLoader: unknown option '" .. tostring(k) .. "'") end
   end
@@ -99,12 +126,38 @@ function M.DataLoader(dataset, opts)
   if opts.sampler and type(opts.sampler.indices) ~= "function" then
     lib.raise("DataLoader: sampler must have an indices() method")
   end
+  local nw = opts.num_workers or 0
+  if type(nw) ~= "number" or nw % 1 ~= 0 or nw < 0 then
+    lib.raise("DataLoader: num_workers option should be non-negative; use num_workers=0 to disable " ..
+      "multiprocessing (got " .. tostring(nw) .. ")")
+  end
+  local pf = opts.prefetch_factor
+  if pf ~= nil and nw == 0 then
+    lib.raise("DataLoader: prefetch_factor option could only be specified in multiprocessing. Let " ..
+      "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to nil")
+  end
+  pf = pf or (nw > 0 and 2 or nil)
+  if pf ~= nil and (type(pf) ~= "number" or pf % 1 ~= 0 or pf < 1) then
+    lib.raise("DataLoader: prefetch_factor must be an integer >= 1, got " .. tostring(pf))
+  end
+  if opts.persistent_workers and nw == 0 then
+    lib.raise("DataLoader: persistent_workers option needs num_workers > 0")
+  end
+  if opts.worker_init_fn ~= nil and type(opts.worker_init_fn) ~= "function" then
+    lib.raise("DataLoader: worker_init_fn must be a function(worker_id), got " .. type(opts.worker_init_fn))
+  end
+  local timeout = opts.timeout or 0
+  if type(timeout) ~= "number" or timeout < 0 or timeout ~= timeout then
+    lib.raise("DataLoader: timeout option should be non-negative (seconds), got " .. tostring(timeout))
+  end
   return object.new(DataLoader, {
     dataset = dataset, batch_size = bs, shuffle = opts.shuffle and true or false,
     sampler = opts.sampler, generator = opts.generator or generator.default,
     drop_last = opts.drop_last and true or false, prefetch = prefetch, epoch = nil,
     pin_memory = (opts.pin_memory and C.ddp_cuda_is_available() ~= 0) and true or false,
-    collate_fn = opts.collate_fn,
+    collate_fn = opts.collate_fn, num_workers = nw, prefetch_factor = pf,
+    persistent_workers = opts.persistent_workers and true or false, worker_init_fn = opts.worker_init_fn,
+    timeout = timeout, epochs = 0, workers = nil,
   })
 end
 
@@ -161,9 +214,9 @@ local function epoch_order(self)
   return wrap(box[0])
 end
 
---- Stop the current epoch's C loader (joins its thread, frees queued batches). Called by
--- iter() before a new epoch and when an epoch ends; safe to call any time.
-function DataLoader.close(self)
+-- Stop the current epoch: the C loader (joins its thread, frees queued batches) and, unless
+-- they are persistent, the epoch's workers.
+local function close_epoch(self)
   local ep = self.epoch
   if ep and ep.handle ~= nil then
     local h = ep.handle
@@ -172,6 +225,33 @@ function DataLoader.close(self)
     C.ddp_io_loader_free(h)
   end
   self.epoch = nil
+  if self.workers and not self.persistent_workers then
+    workers.stop(self.workers)
+    self.workers = nil
+  end
+end
+
+--- loader:close(): stop the current epoch's C loader (joins its thread, frees queued
+-- batches) and the worker processes, persistent ones included (each is reaped: Note
+-- [dataloader workers]). iter() and the end of an epoch do the same but keep persistent
+-- workers; the collector does it for a loader that is dropped. Safe to call any time and
+-- twice; the loader stays usable (a later iter() starts new workers).
+function DataLoader.close(self)
+  close_epoch(self)
+  if self.workers then
+    workers.stop(self.workers)
+    self.workers = nil
+  end
+end
+
+--- loader:worker_pids() -> the pids of the running worker processes (a list, empty when
+-- none run), e.g. to check that persistent workers are the same processes each epoch.
+function DataLoader.worker_pids(self)
+  local out = {}
+  if self.workers and self.workers.handle ~= nil then
+    for w = 0, self.num_workers - 1 do out[w + 1] = C.ddp_io_workers_pid(self.workers.handle, w) end
+  end
+  return out
 end
 
 -- C path: the iterator over a ddp_io_loader.
@@ -185,7 +265,8 @@ local function c_iter(self, sources, tfs, order)
   end
   local lbox = ffi.new("ddp_io_loader*[1]")
   local pin = self.pin_memory and 1 or 0
-  local prefetch = self.prefetch or C.ddp_io_loader_default_prefetch(pin)
+  local prefetch = self.prefetch or (self.num_workers > 0 and self.num_workers * self.prefetch_factor)
+    or C.ddp_io_loader_default_prefetch(pin)
   check(C.ddp_io_loader_new(lbox, n, srcs, specs, order, self.batch_size, self.drop_last and 1 or 0,
     prefetch, pin, self.generator.handle))
   local ep = { handle = ffi.gc(lbox[0], C.ddp_io_loader_free) }
@@ -198,7 +279,7 @@ local function c_iter(self, sources, tfs, order)
     lib.release_step() -- the previous batch's dropped temporaries (Note [step lifetimes])
     local st = C.ddp_io_loader_next(h, outs)
     if st == C.DDP_IO_END then
-      if self.epoch == ep then self:close() else ep.handle = nil end
+      if self.epoch == ep then close_epoch(self) else ep.handle = nil end
       return nil
     end
     check(st)
@@ -287,9 +368,53 @@ local function pin_all(values, n)
   end
 end
 
+-- One batch of the Lua path from the 0-based sample indices idx[0 .. count-1] (batch b,
+-- counting from 1, for messages): ds:get for each, collated by the default or by
+-- collate_fn. where.sample (when where is given) holds the ds:get index in progress.
+-- Returns the batch's values and their count. Runs in the training process
+-- (num_workers = 0) or in a worker.
+local function make_batch(self, idx, count, b, where)
+  local ds = self.dataset
+  local collate_fn = self.collate_fn
+  local out, n
+  if collate_fn then
+    local samples = {}
+    for p = 0, count - 1 do
+      local i = tonumber(idx[p]) + 1
+      if where then where.sample = i end
+      local sample = { ds:get(i) }
+      local cnt = table.maxn(sample)
+      samples[#samples + 1] = cnt == 1 and sample[1] or sample
+    end
+    if where then where.sample = nil end
+    out = { collate_fn(samples) }
+    n = table.maxn(out)
+    if out[1] == nil then
+      lib.raise(("DataLoader: collate_fn returned nil for batch %d (it must return the batch)"):format(b))
+    end
+  else
+    local parts, nparts = {}, nil
+    for p = 0, count - 1 do
+      local i = tonumber(idx[p]) + 1
+      if where then where.sample = i end
+      local sample = { ds:get(i) }
+      local cnt = table.maxn(sample)
+      nparts = nparts or cnt
+      if cnt ~= nparts then lib.raise(("DataLoader: samples have %d and %d parts"):format(nparts, cnt)) end
+      for k = 1, cnt do
+        parts[k] = parts[k] or {}
+        parts[k][#parts[k] + 1] = sample[k]
+      end
+    end
+    if where then where.sample = nil end
+    out, n = {}, nparts
+    for k = 1, nparts do out[k] = collate_part(parts[k], k) end
+  end
+  return out, n
+end
+
 -- Lua path: batches from ds:get, collated by the default or by collate_fn.
 local function lua_iter(self, order)
-  local ds = self.dataset
   local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
   local total = order:numel()
   local nb = self.drop_last and math.floor(total / self.batch_size) or math.ceil(total / self.batch_size)
@@ -297,43 +422,186 @@ local function lua_iter(self, order)
   local ep = { handle = nil, order = order }
   self.epoch = ep
   local b = 0
-  local collate_fn = self.collate_fn
   return function()
     if b >= nb or self.epoch ~= ep then return nil end
     lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
     local start = b * self.batch_size
     local stop = math.min(start + self.batch_size, total)
     b = b + 1
-    local out, n
-    if collate_fn then
-      local samples = {}
-      for p = start, stop - 1 do
-        local sample = { ds:get(tonumber(idx[p]) + 1) }
-        local cnt = table.maxn(sample)
-        samples[#samples + 1] = cnt == 1 and sample[1] or sample
-      end
-      out = { collate_fn(samples) }
-      n = table.maxn(out)
-      if out[1] == nil then
-        lib.raise(("DataLoader: collate_fn returned nil for batch %d (it must return the batch)"):format(b))
-      end
-    else
-      local parts, nparts = {}, nil
-      for p = start, stop - 1 do
-        local sample = { ds:get(tonumber(idx[p]) + 1) }
-        local cnt = table.maxn(sample)
-        nparts = nparts or cnt
-        if cnt ~= nparts then lib.raise(("DataLoader: samples have %d and %d parts"):format(nparts, cnt)) end
-        for k = 1, cnt do
-          parts[k] = parts[k] or {}
-          parts[k][#parts[k] + 1] = sample[k]
-        end
-      end
-      out, n = {}, nparts
-      for k = 1, nparts do out[k] = collate_part(parts[k], k) end
-    end
+    local _ = order -- the indices live in order's storage
+    local out, n = make_batch(self, idx + start, stop - start, b)
     if self.pin_memory then pin_all(out, n) end
     return unpack(out, 1, n)
+  end
+end
+
+-- Worker path (Note [dataloader workers]): batch b from worker b % num_workers, at most
+-- prefetch_factor batches per worker in flight.
+local tensor_buf = ffi.new("ddp_tensor*[?]", 256)
+local ntensors_box = ffi.new("int[1]")
+local meta_box = ffi.new("char*[1]")
+local meta_len_box = ffi.new("size_t[1]")
+
+-- The loader's worker group, started (forked) when there is none (Note [dataloader
+-- workers]); make(indices, count, b, where, tag) is what the workers run per task.
+local function worker_group(self, make)
+  local group = self.workers
+  if not group or group.handle == nil then
+    group = workers.start {
+      dataset = self.dataset, num_workers = self.num_workers, worker_init_fn = self.worker_init_fn,
+      batch_size = self.batch_size, prefetch_factor = self.prefetch_factor,
+      seed = workers.base_seed(self.generator, self.epochs), make_batch = make,
+    }
+    self.workers = group
+  end
+  group.tag = group.tag + 1
+  return group, group.tag
+end
+
+-- The error of a failed worker call (status ~= 0), or of a worker's error (status 0):
+-- stops the group unless it is persistent and sound, ends the epoch; returns the message.
+local function worker_failure(self, group, ep, status)
+  local msg = ffi.string(C.ddp_last_error())
+  if status ~= 0 or not self.persistent_workers then
+    workers.stop(group)
+    if self.workers == group then self.workers = nil end
+  end
+  if self.epoch == ep then self.epoch = nil end
+  return msg
+end
+
+-- Worker `w`'s result for batch b of epoch `tag`: its values and count, or nil at the end of
+-- its stream; raises the worker's error or the channel's.
+local function take_batch(self, group, ep, w, tag, b)
+  local st = C.ddp_io_workers_get(group.handle, w, tag, b, self.timeout, tensor_buf, 256, ntensors_box,
+    meta_box, meta_len_box)
+  if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
+  local meta = meta_box[0] ~= nil and ffi.string(meta_box[0], meta_len_box[0]) or ""
+  C.ddp_io_string_free(meta_box[0])
+  local nt = ntensors_box[0]
+  if nt < 0 then -- the worker's error, with its traceback
+    worker_failure(self, group, ep, 0)
+    lib.raise(meta)
+  end
+  return workers.unflatten(tensor_buf, nt, meta)
+end
+
+local function worker_iter(self, order)
+  local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
+  local total = order:numel()
+  local bs = self.batch_size
+  local nb = self.drop_last and math.floor(total / bs) or math.ceil(total / bs)
+  local nw = self.num_workers
+  self.epochs = self.epochs + 1
+  local group, tag = worker_group(self, function(indices, count, b, where)
+    return make_batch(self, indices, count, b + 1, where)
+  end)
+  local ep = { handle = nil }
+  self.epoch = ep
+  local sent, got = 0, 0
+  local function send_next()
+    local start = sent * bs
+    local stop = math.min(start + bs, total)
+    local st = C.ddp_io_workers_put(group.handle, sent % nw, tag, sent, idx + start, stop - start)
+    if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
+    sent = sent + 1
+  end
+  while sent < math.min(nb, self.prefetch_factor * nw) do send_next() end
+  return function()
+    if self.epoch ~= ep or group.handle == nil then return nil end
+    if got >= nb then
+      close_epoch(self)
+      return nil
+    end
+    lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
+    local _ = order -- the indices live in order's storage
+    local out, n = take_batch(self, group, ep, got % nw, tag, got)
+    got = got + 1
+    if sent < nb then send_next() end -- after the copy: the worker may reuse the slot
+    if self.pin_memory then pin_all(out, n) end
+    return unpack(out, 1, n)
+  end
+end
+
+-- Whether ds is an iterable dataset (a stream: ds.is_iterable, samples from ds:stream(),
+-- the protocol of ddplua.data.iterable_dataset).
+local function is_iterable(ds)
+  local ok, v = pcall(function() return ds.is_iterable end)
+  return ok and v == true
+end
+
+-- In a worker: the batches of its copy of an iterable dataset's stream (sharded over the
+-- workers by the stream itself through get_worker_info: Note [iterable sharding]), a new
+-- stream for each epoch `tag`; nil once it ended (a short last batch is kept unless
+-- drop_last).
+local function stream_batches(self)
+  local stream_tag, stream, done
+  return function(_, _, _, where, tag)
+    where.stream = true -- for the error message: the stream's sample in progress
+    if tag ~= stream_tag then stream_tag, stream, done = tag, self.dataset:stream(), false end
+    if done then return nil end
+    local samples = {}
+    while #samples < self.batch_size do
+      where.position = #samples + 1
+      local sample = { stream() }
+      local n = table.maxn(sample)
+      if n == 0 then
+        done = true
+        break
+      end
+      samples[#samples + 1] = n == 1 and sample[1] or sample
+    end
+    where.stream = nil
+    if #samples == 0 or (self.drop_last and #samples < self.batch_size) then
+      done = true
+      return nil
+    end
+    local out = { (self.collate_fn or M.default_collate)(samples) }
+    if out[1] == nil then lib.raise("DataLoader: collate_fn returned nil (it must return the batch)") end
+    return out, table.maxn(out)
+  end
+end
+
+-- Iterable dataset with workers: each worker batches its own shard of the stream; the loop
+-- takes one batch from each worker in turn (worker k-th batch is task k * num_workers + w),
+-- skipping the workers whose stream ended, until every stream ended: PyTorch's order for an
+-- IterableDataset with workers.
+local function iterable_worker_iter(self)
+  local nw, pf = self.num_workers, self.prefetch_factor
+  self.epochs = self.epochs + 1
+  local group, tag = worker_group(self, stream_batches(self))
+  local ep = { handle = nil }
+  self.epoch = ep
+  local sent, taken, ended, left = {}, {}, {}, nw
+  local function send_next(w)
+    local st = C.ddp_io_workers_put(group.handle, w, tag, sent[w] * nw + w, nil, 0)
+    if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
+    sent[w] = sent[w] + 1
+  end
+  for w = 0, nw - 1 do
+    sent[w], taken[w] = 0, 0
+    for _ = 1, pf do send_next(w) end
+  end
+  local w = 0
+  return function()
+    if self.epoch ~= ep or group.handle == nil then return nil end
+    lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
+    while left > 0 do
+      while ended[w] do w = (w + 1) % nw end
+      local out, n = take_batch(self, group, ep, w, tag, taken[w] * nw + w)
+      taken[w] = taken[w] + 1
+      if out == nil then
+        ended[w] = true
+        left = left - 1
+      else
+        send_next(w)
+        w = (w + 1) % nw
+        if self.pin_memory then pin_all(out, n) end
+        return unpack(out, 1, n)
+      end
+    end
+    close_epoch(self)
+    return nil
   end
 end
 
@@ -343,7 +611,8 @@ end
 -- iter() stops the previous epoch's loader; leaving the loop early is fine (the thread is
 -- stopped by the next iter(), loader:close() or the collector).
 function DataLoader.iter(self)
-  self:close()
+  close_epoch(self)
+  if self.num_workers > 0 and is_iterable(self.dataset) then return iterable_worker_iter(self) end
   if iterable.is_iterable(self.dataset) then -- a stream: batches in stream order
     local collate = self.collate_fn or M.default_collate
     local it = iterable.batches(self.dataset, self.batch_size, self.drop_last, collate)
@@ -369,6 +638,7 @@ function DataLoader.iter(self)
       return c_iter(self, sources, tfs or {}, order)
     end
   end
+  if self.num_workers > 0 then return worker_iter(self, order) end
   return lua_iter(self, order)
 end
 

@@ -1,0 +1,593 @@
+-- Specs for DataLoader worker processes (num_workers > 0, Note [dataloader workers] in
+-- lua/ddplua/data/dataloader_workers.lua): the same batches in the same order for every
+-- num_workers, worker_init_fn and get_worker_info inside the workers, a worker's error
+-- naming its sample index and batch with its traceback, a worker killed by SIGKILL
+-- reported within the timeout, a silent worker timing out, persistent workers reused
+-- across epochs, and nothing left behind (processes, descriptors, /dev/shm) after close or
+-- collection. The workers are forked processes: tiny datasets, a few seconds in all.
+local dl = require "ddplua"
+local data = require "ddplua.data"
+local files = require "files"
+local object = require "ddplua.data.object"
+local dlos = require "ddplua.os"
+local lib = require "ddplua.lib"
+local ffi = lib.ffi
+
+for _, decl in ipairs { "int getpid(void);", "int kill(int pid, int sig);" } do
+  pcall(ffi.cdef, decl) -- one at a time: another spec may have declared some already
+end
+local SIGKILL = 9
+
+-- The pids of this process's children that are not zombies, and those that are (the
+-- workers: anything but the `ls` listing /proc).
+local function children()
+  local me = ffi.C.getpid()
+  local live, zombies = {}, {}
+  local p = io.popen("ls /proc")
+  for name in p:lines() do
+    if name:match("^%d+$") then
+      local f = io.open("/proc/" .. name .. "/stat")
+      local stat = f and f:read("*a")
+      if f then f:close() end
+      -- pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'
+      local comm, state, ppid
+      if stat then comm, state, ppid = stat:match("%((.*)%) (%S) (%d+)") end
+      -- (the `ls` reading /proc, and its shell, are children too)
+      if ppid and tonumber(ppid) == me and comm ~= "ls" and comm ~= "sh" then
+        if state == "Z" then zombies[#zombies + 1] = tonumber(name) else live[#live + 1] = tonumber(name) end
+      end
+    end
+  end
+  p:close()
+  return live, zombies
+end
+
+local function count_lines(cmd)
+  local p = io.popen(cmd)
+  local n = 0
+  for _ in p:lines() do n = n + 1 end
+  p:close()
+  return n
+end
+-- Sockets open here (the workers' channels are socketpairs; counting every descriptor
+-- would count the pipe of the `ls` too, or not, as it races).
+local function open_fds() return count_lines("ls -l /proc/" .. ffi.C.getpid() .. "/fd | grep socket:") end
+-- Shared memory of the loader: memfds still open here, or names under /dev/shm (the
+-- machine's other processes use /dev/shm too, so only names of ours count).
+local function memfds() return count_lines("ls -l /proc/" .. ffi.C.getpid() .. "/fd | grep memfd:") end
+local function shm_files() return count_lines("ls /dev/shm 2>/dev/null | grep -i -e dataloader -e ddplua-worker") end
+-- The loader's shared-memory mappings in this process: {line = the /proc/self/maps line,
+-- mode = the octal mode of the memfd behind it}.
+local function shm_mappings()
+  local out = {}
+  local f = assert(io.open("/proc/" .. ffi.C.getpid() .. "/maps"))
+  for line in f:lines() do
+    if line:find("memfd:ddplua-dataloader", 1, true) then
+      local range = line:match("^(%x+%-%x+)")
+      local p = io.popen("stat -L -c %a /proc/" .. ffi.C.getpid() .. "/map_files/" .. range .. " 2>&1")
+      out[#out + 1] = { line = line, mode = p:read("*l") }
+      p:close()
+    end
+  end
+  f:close()
+  return out
+end
+
+-- A Lua dataset of n samples: sample i is (x (2) f32 = {i, -i} scaled, label i % 3), made
+-- by ds:get (no c_sources, so the Lua path); `extra(i)` may add a third part or raise.
+local Dataset = { name = "LuaDataset" }
+function Dataset.len(self) return self.n end
+function Dataset.get(self, i)
+  if self.fail_at == i then error("sample " .. i .. " is corrupt") end
+  if self.hang then while true do dlos.sleep(0.05) end end
+  local x = dl.tensor({ i * 0.5, -i })
+  if self.extra then return x, i % 3, self.extra(i) end
+  return x, i % 3
+end
+local function dataset(n, fields)
+  local state = fields or {}
+  state.n = n
+  return object.new(Dataset, state)
+end
+
+-- Every batch of `epochs` epochs as a list of strings (values and dtypes), bit-exact.
+local function epochs_of(loader, epochs)
+  local out = {}
+  for _ = 1, epochs do
+    for x, y in loader:iter() do
+      out[#out + 1] = table.concat(x:view(-1):tolist(), ",") .. "|" .. table.concat(y:tolist(), ",") .. "|" ..
+        x.dtype .. y.dtype
+    end
+  end
+  return out
+end
+
+describe("DataLoader workers", function()
+  it("gives the same batches in the same order for num_workers 0, 1, 2, 3", function()
+    local ds = dataset(41)
+    local reference
+    for _, nw in ipairs { 0, 1, 2, 3 } do
+      for _, drop_last in ipairs { false, true } do
+        local loader = data.DataLoader(ds, { batch_size = 4, shuffle = true, generator = dl.Generator(7),
+          drop_last = drop_last, num_workers = nw })
+        local got = epochs_of(loader, 3)
+        loader:close()
+        local key = tostring(drop_last)
+        reference = reference or {}
+        if not reference[key] then
+          reference[key] = got
+          assert.are.equal(drop_last and 30 or 33, #got) -- 3 epochs of 10 or 11 batches
+        else
+          assert.are.same(reference[key], got, ("num_workers = %d, drop_last = %s"):format(nw, key))
+        end
+      end
+    end
+    -- the epochs differ (the shuffle is drawn afresh), and the first batch is a real one
+    assert.are_not.equal(reference["false"][1], reference["false"][12])
+  end)
+
+  it("runs collate_fn in the workers and brings back its tables, numbers and strings", function()
+    local ds = dataset(10)
+    local function collate(samples)
+      local xs, names = {}, {}
+      for k, s in ipairs(samples) do
+        xs[k] = s[1]
+        names[k] = "s" .. s[2]
+      end
+      return { x = dl.stack(xs), names = names, worker = data.get_worker_info() and data.get_worker_info().id or -1 },
+        #samples
+    end
+    local function run(nw)
+      local out = {}
+      local loader = data.DataLoader(ds, { batch_size = 3, collate_fn = collate, num_workers = nw })
+      for batch, count in loader:iter() do
+        out[#out + 1] = { x = batch.x:view(-1):tolist(), names = batch.names, count = count, worker = batch.worker }
+      end
+      return out
+    end
+    local base, two = run(0), run(2)
+    assert.are.equal(4, #two)
+    for b = 1, 4 do
+      assert.are.same(base[b].x, two[b].x)
+      assert.are.same(base[b].names, two[b].names)
+      assert.are.equal(base[b].count, two[b].count)
+      assert.are.equal(-1, base[b].worker)
+      assert.are.equal((b - 1) % 2, two[b].worker) -- batch b (from 0) by worker b % 2
+    end
+  end)
+
+  it("brings back batches whose size changes from batch to batch, strided ones included", function()
+    -- each worker's shared-memory slots grow (a new memfd) when a batch outgrows them
+    local Ragged = { name = "Ragged" }
+    function Ragged.len() return 24 end
+    function Ragged.get(_, i) return dl.arange(0, i * 300):to("f32") end
+    local ds = object.new(Ragged, {})
+    local function collate(samples)
+      local total = 0
+      for _, s in ipairs(samples) do total = total + s:numel() end
+      local flat = dl.cat(samples, 1)
+      return flat, flat:view(total / 100, 100):t() -- the second is a strided view
+    end
+    local function run(nw, persistent)
+      local out = {}
+      local loader = data.DataLoader(ds, { batch_size = 5, shuffle = true, generator = dl.Generator(11),
+        collate_fn = collate, num_workers = nw, persistent_workers = persistent })
+      for _ = 1, 2 do
+        for flat, strided in loader:iter() do
+          local row_major = strided:contiguous():view(-1):tolist() -- the transpose's order
+          out[#out + 1] = { flat:numel(), flat:sum():item(), strided:size(1), row_major[2], row_major[#row_major - 1] }
+        end
+      end
+      loader:close()
+      return out
+    end
+    local base = run(0)
+    assert.are.equal(10, #base)
+    assert.are.same(base, run(2))
+    assert.are.same(base, run(3, true))
+  end)
+
+  it("calls worker_init_fn in each worker and answers get_worker_info there only", function()
+    assert.is_nil(data.get_worker_info())
+    local init_id = -1
+    local ds = dataset(12, { extra = function()
+      local info = data.get_worker_info()
+      return dl.tensor({ info.id, info.num_workers, init_id, info.seed % 1000000,
+        dl.rand({}):item() * 1e6, info.dataset == nil and 0 or info.dataset.n })
+    end })
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 3,
+      worker_init_fn = function(id) init_id = id end })
+    local seeds, draws, b = {}, {}, 0
+    for _, _, info in loader:iter() do
+      local rows = info:tolist()
+      for _, r in ipairs(rows) do
+        assert.are.equal(b % 3, r[1])         -- the worker that made batch b
+        assert.are.equal(3, r[2])             -- num_workers
+        assert.are.equal(b % 3, r[3])         -- worker_init_fn(id) ran in that worker
+        assert.are.equal(12, r[6])            -- the worker's dataset
+        seeds[r[1]] = r[4]
+        draws[#draws + 1] = r[5]
+      end
+      b = b + 1
+    end
+    assert.are.equal(6, b)
+    -- seeds are base_seed + id (mod 10^6 here, barring a wrap), so the workers draw differently
+    assert.are.equal((seeds[0] + 1) % 1000000, seeds[1])
+    assert.are.equal((seeds[0] + 2) % 1000000, seeds[2])
+    assert.are_not.equal(draws[1], draws[3])
+    assert.is_nil(data.get_worker_info())
+    assert.are.equal(-1, init_id) -- worker_init_fn never ran in this process
+  end)
+
+  it("raises a worker's error in the training loop naming the sample index, the batch and the traceback", function()
+    local ds = dataset(20, { fail_at = 13 })
+    local loader = data.DataLoader(ds, { batch_size = 4, num_workers = 2 })
+    local seen = 0
+    local ok, err = pcall(function()
+      for _ in loader:iter() do seen = seen + 1 end
+    end)
+    assert.is_false(ok)
+    err = tostring(err)
+    assert.matches("worker process 1", err, 1, true)       -- batch 3 goes to worker 3 % 2
+    assert.matches("sample index 13 (ds:get(13))", err, 1, true)
+    assert.matches("of batch 3", err, 1, true)             -- samples 13..16 (positions 12..15)
+    assert.matches("sample 13 is corrupt", err, 1, true)
+    assert.matches("stack traceback", err, 1, true)
+    assert.matches("dataloader_workers_spec.lua", err, 1, true)
+    assert.are.equal(3, seen) -- the batches before it arrived first
+    loader:close()
+    local live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+  end)
+
+  it("raises an error of worker_init_fn, and a batch that cannot leave a worker, naming the cause", function()
+    local loader = data.DataLoader(dataset(6), { batch_size = 2, num_workers = 2,
+      worker_init_fn = function(id) if id == 1 then error("no config for worker " .. id) end end })
+    local ok, err = pcall(function() for _ in loader:iter() do end end)
+    assert.is_false(ok)
+    assert.matches("Caught an error in DataLoader worker process 1 in worker_init_fn(1)", tostring(err), 1, true)
+    assert.matches("no config for worker 1", tostring(err), 1, true)
+    loader = data.DataLoader(dataset(6), { batch_size = 2, num_workers = 1,
+      collate_fn = function(samples) return { n = #samples, f = print } end })
+    ok, err = pcall(function() for _ in loader:iter() do end end)
+    assert.is_false(ok)
+    assert.matches("the batch holds a function, which cannot leave the worker process", tostring(err), 1, true)
+    assert.are.same({}, children())
+  end)
+
+  it("reports a worker killed by SIGKILL with its pid and signal within the timeout", function()
+    local ds = dataset(8, { hang = true })
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 2, timeout = 30 })
+    local it = loader:iter()
+    local pids = loader:worker_pids()
+    assert.are.equal(2, #pids)
+    ffi.C.kill(pids[1], SIGKILL)
+    local t0 = dlos.monotonic()
+    local ok, err = pcall(it)
+    local waited = dlos.monotonic() - t0
+    assert.is_false(ok)
+    assert.matches(("DataLoader worker 0 (pid %d) exited unexpectedly: killed by signal SIGKILL"):format(pids[1]),
+      tostring(err), 1, true)
+    assert.is_true(waited < 5, "reported after " .. waited .. " s")
+    -- the other worker (hung in ds:get) was stopped and reaped with it
+    local live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+  end)
+
+  it("raises after `timeout` seconds when a worker sends nothing", function()
+    local loader = data.DataLoader(dataset(4, { hang = true }), { batch_size = 2, num_workers = 1, timeout = 0.3 })
+    local t0 = dlos.monotonic()
+    local ok, err = pcall(function() for _ in loader:iter() do end end)
+    local waited = dlos.monotonic() - t0
+    assert.is_false(ok)
+    assert.matches("DataLoader timed out after 0.3 seconds waiting for batch 0 from worker 0", tostring(err), 1, true)
+    assert.is_true(waited >= 0.3 and waited < 3, "waited " .. waited .. " s")
+    local live = children()
+    assert.are.same({}, live)
+  end)
+
+  it("keeps persistent workers across epochs and starts new ones per epoch otherwise", function()
+    local ds = dataset(10)
+    local loader = data.DataLoader(ds, { batch_size = 3, num_workers = 2, persistent_workers = true })
+    local first
+    for epoch = 1, 3 do
+      local n = 0
+      for _ in loader:iter() do n = n + 1 end
+      assert.are.equal(4, n)
+      local pids = loader:worker_pids()
+      assert.are.equal(2, #pids)
+      first = first or pids
+      assert.are.same(first, pids)
+      assert.are.equal(2, #children())
+    end
+    -- an epoch left early: the next one still gets its own batches, in order
+    for _ in loader:iter() do break end
+    local reference = epochs_of(data.DataLoader(ds, { batch_size = 3 }), 1)
+    assert.are.same(reference, epochs_of(loader, 1))
+    assert.are.same(first, loader:worker_pids())
+    loader:close()
+    assert.are.same({}, loader:worker_pids())
+
+    local plain = data.DataLoader(ds, { batch_size = 3, num_workers = 2 })
+    local seen = {}
+    for _ = 1, 2 do
+      for _ in plain:iter() do
+        for _, pid in ipairs(plain:worker_pids()) do seen[pid] = true end
+      end
+      assert.are.same({}, plain:worker_pids()) -- the epoch's workers ended with it
+    end
+    local distinct = 0
+    for _ in pairs(seen) do distinct = distinct + 1 end
+    assert.are.equal(4, distinct)
+  end)
+
+  it("leaves no process, zombie, descriptor or shared memory behind after close or collection", function()
+    local fds = open_fds()
+    local ds = dataset(30)
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 3, persistent_workers = true })
+    for _ in loader:iter() do break end
+    assert.are.equal(3, #children())
+    -- the batch slots this process maps: memfds without a name (deleted) and of mode 0600
+    local slots = shm_mappings()
+    assert.is_true(#slots >= 1)
+    for _, m in ipairs(slots) do
+      assert.matches("(deleted)", m.line, 1, true)
+      -- (map_files needs CAP_SYS_ADMIN: without it stat fails and the mode goes unchecked)
+      if m.mode and m.mode:match("^%d+$") then assert.are.equal("600", m.mode, m.line) end
+    end
+    loader:close()
+    assert.are.same({}, shm_mappings()) -- unmapped
+    local live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+    -- a loader dropped mid-epoch: the collector stops its workers
+    local function drop()
+      local l = data.DataLoader(ds, { batch_size = 2, num_workers = 2 })
+      local it = l:iter()
+      it()
+      assert.are.equal(2, #children())
+    end
+    drop()
+    collectgarbage("collect")
+    collectgarbage("collect")
+    live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+    assert.are.equal(fds, open_fds())
+    assert.are.equal(0, memfds())
+    assert.are.equal(0, shm_files())
+  end)
+
+  it("takes its workers along when the training process exits without closing the loader", function()
+    local dir = files.tmpdir("workers-exit")
+    local script = files.write(dir, "main.lua", [[
+      local dl = require "ddplua"
+      local data = require "ddplua.data"
+      local object = require "ddplua.data.object"
+      local DS = { name = "DS" }
+      function DS.len() return 50 end
+      function DS.get(_, i) return dl.tensor({ i }) end
+      local loader = data.DataLoader(object.new(DS, {}), { batch_size = 2, num_workers = 2, persistent_workers = true })
+      for _ in loader:iter() do break end
+      print(table.concat(loader:worker_pids(), " "))
+      io.stdout:flush()
+      os.exit(0) -- no close, no collection
+    ]])
+    -- output to a file: a pipe would stay open as long as a worker lived
+    local status = os.execute("build/ddplua " .. files.quote(script) .. " > " .. files.quote(dir .. "/out.txt") .. " 2>&1")
+    local out = files.read(dir .. "/out.txt")
+    files.remove(dir)
+    assert.is_true(status == 0 or status == true, out)
+    local pids = {}
+    for pid in out:gmatch("%d+") do pids[#pids + 1] = tonumber(pid) end
+    assert.are.equal(2, #pids, out)
+    local deadline = dlos.monotonic() + 3
+    local function alive(pid)
+      local f = io.open("/proc/" .. pid .. "/stat")
+      if not f then return false end
+      local stat = f:read("*a")
+      f:close()
+      return stat:match("%) (%S)") ~= "Z"
+    end
+    while (alive(pids[1]) or alive(pids[2])) and dlos.monotonic() < deadline do dlos.sleep(0.02) end
+    assert.is_false(alive(pids[1]))
+    assert.is_false(alive(pids[2]))
+  end)
+
+  it("pins what the workers send when pin_memory is set (simulated CUDA device)", function()
+    local status, out = require("cuda").run_sim([[
+      local data = require "ddplua.data"
+      local object = require "ddplua.data.object"
+      local DS = { name = "DS" }
+      function DS.len() return 9 end
+      function DS.get(_, i) return dl.tensor({ i, -i }), i end
+      local ds = object.new(DS, {})
+      local plain, pinned = {}, 0
+      for x in data.DataLoader(ds, { batch_size = 2 }):iter() do plain[#plain + 1] = x:sum():item() end
+      local k = 0
+      for x, y in data.DataLoader(ds, { batch_size = 2, num_workers = 2, pin_memory = true }):iter() do
+        k = k + 1
+        assert(x:sum():item() == plain[k], "batch " .. k)
+        if x:is_pinned() and y:is_pinned() then pinned = pinned + 1 end
+      end
+      print("pinned " .. pinned .. " of " .. k)
+    ]])
+    assert.are.equal(0, status, out)
+    assert.matches("pinned 5 of 5", out, 1, true)
+  end)
+
+  it("closes one loader's workers at once while another loader's workers run", function()
+    -- the second loader's workers must not keep the first's sockets open (they would wait
+    -- for the SIGKILL after the 1 s grace)
+    local a = data.DataLoader(dataset(20), { batch_size = 2, num_workers = 2, persistent_workers = true })
+    local b = data.DataLoader(dataset(20), { batch_size = 2, num_workers = 2, persistent_workers = true })
+    local ia, ib = a:iter(), b:iter()
+    ia()
+    ib()
+    assert.are.equal(4, #children())
+    local t0 = dlos.monotonic()
+    a:close()
+    local took = dlos.monotonic() - t0
+    assert.is_true(took < 0.5, ("closing took %.2f s"):format(took))
+    assert.are.equal(2, #children())
+    local n = 1
+    for _ in ib do n = n + 1 end
+    assert.are.equal(10, n)
+    b:close()
+    assert.are.same({}, children())
+  end)
+
+  it("keeps the C path for datasets with c_sources, with the same batches", function()
+    local x = dl.arange(0, 60):view(30, 2):to("f32")
+    local y = dl.arange(0, 30)
+    local ds = data.TensorDataset(x, y)
+    local a = epochs_of(data.DataLoader(ds, { batch_size = 4, shuffle = true, generator = dl.Generator(3) }), 2)
+    local loader = data.DataLoader(ds, { batch_size = 4, shuffle = true, generator = dl.Generator(3), num_workers = 2 })
+    assert.are.same(a, epochs_of(loader, 2))
+    assert.are.same({}, children()) -- a thread, no process
+  end)
+
+  it("lets a worker collect a C loader it inherited with its prefetch thread running", function()
+    -- the thread exists in the training process only: a worker that joined it hung
+    local c_loader = data.DataLoader(data.TensorDataset(dl.arange(0, 40):to("f32")), { batch_size = 2, prefetch = 2 })
+    local it = c_loader:iter()
+    it()
+    c_loader, it = nil, nil -- garbage now, in the workers forked below too
+    local ds = dataset(6, { extra = function()
+      collectgarbage("collect") -- the worker's collector finalizes its copy of the C loader
+      return 0
+    end })
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 1, timeout = 3 })
+    local n = 0
+    for _ in loader:iter() do n = n + 1 end
+    assert.are.equal(3, n)
+  end)
+
+  it("reads an iterable dataset in the workers, each its shard, batches taken from the workers in turn", function()
+    -- the stream protocol of ddplua.data.iterable_dataset: ds.is_iterable, ds:stream()
+    -- (the error below: worker 1's second batch, samples 5 and 7, is batch 3 of the loop)
+    -- (sharded here by get_worker_info as Note [iterable sharding] does: sample k to worker
+    -- k % num_workers)
+    local Stream = { name = "Stream", is_iterable = true }
+    function Stream.stream(self)
+      local info = data.get_worker_info()
+      local id, n = info and info.id or 0, info and info.num_workers or 1
+      local k = id - n
+      return function()
+        k = k + n
+        if self.fail_at == k then error("stream broke at " .. k) end
+        if k < self.n then return dl.tensor({ k }), k end
+      end
+    end
+    local function stream(n, fail_at) return object.new(Stream, { n = n, fail_at = fail_at }) end
+    -- PyTorch's order: worker w's j-th batch holds its shard's samples j*B .. j*B+B-1; the
+    -- loop takes batch j of workers 0, 1, ... in turn, skipping a worker whose stream ended
+    local function expected(n, nw, bs, drop_last)
+      local per = {}
+      for w = 0, nw - 1 do
+        per[w] = {}
+        local shard = {}
+        for k = w, n - 1, nw do shard[#shard + 1] = k end
+        for j = 1, #shard, bs do
+          local b = {}
+          for q = j, math.min(j + bs - 1, #shard) do b[#b + 1] = shard[q] end
+          if not drop_last or #b == bs then per[w][#per[w] + 1] = table.concat(b, ",") end
+        end
+      end
+      local out, j = {}, 1
+      while true do
+        local any = false
+        for w = 0, nw - 1 do
+          if per[w][j] then out[#out + 1], any = per[w][j], true end
+        end
+        if not any then return out end
+        j = j + 1
+      end
+    end
+    local function run(loader, epochs)
+      local out = {}
+      for _ = 1, epochs do
+        for x, y in loader:iter() do
+          assert.are.same(x:view(-1):tolist(), y:tolist())
+          out[#out + 1] = table.concat(y:tolist(), ",")
+        end
+      end
+      return out
+    end
+    for _, c in ipairs { { 23, 2, 4, false }, { 23, 3, 4, true }, { 5, 2, 2, false } } do
+      local n, nw, bs, drop_last = c[1], c[2], c[3], c[4]
+      local want = expected(n, nw, bs, drop_last)
+      local loader = data.DataLoader(stream(n), { batch_size = bs, num_workers = nw, drop_last = drop_last,
+        persistent_workers = true })
+      local got = run(loader, 2)
+      local twice = {}
+      for _, b in ipairs(want) do twice[#twice + 1] = b end
+      for _, b in ipairs(want) do twice[#twice + 1] = b end
+      assert.are.same(twice, got)
+      loader:close()
+    end
+    local ok, err = pcall(run, data.DataLoader(stream(12, 7), { batch_size = 2, num_workers = 2 }), 1)
+    assert.is_false(ok)
+    assert.matches("worker process 1 while reading sample 2 of its stream's batch of batch 3", tostring(err), 1, true)
+    assert.matches("stream broke at 7", tostring(err), 1, true)
+    assert.are.same({}, children())
+  end)
+
+  it("gives each DDP rank the same batches with workers as without, beside gloo collectives #dist", function()
+    local mp = require "multiproc"
+    local r = mp.run { nprocs = 2, timeout = 60, code = [[
+      local dl = require "ddplua"
+      local data = require "ddplua.data"
+      local object = require "ddplua.data.object"
+      local dist = require "ddplua.distributed"
+      local DistributedSampler = require "ddplua.distributed.sampler"
+      dist.init_process_group { backend = "gloo" }
+      local DS = { name = "DS" }
+      function DS.len() return 37 end
+      function DS.get(_, i) return dl.tensor({ i, 2 * i }), i % 5 end
+      local ds = object.new(DS, {})
+      local function run(nw)
+        local sampler = DistributedSampler(37, { shuffle = true, seed = 3 })
+        local loader = data.DataLoader(ds, { batch_size = 4, sampler = sampler, num_workers = nw,
+          persistent_workers = nw > 0 })
+        local out = {}
+        for epoch = 1, 2 do
+          sampler:set_epoch(epoch)
+          for x, y in loader:iter() do
+            local s = x:sum()
+            dist.all_reduce(s) -- a collective while the workers run
+            out[#out + 1] = table.concat(x:view(-1):tolist(), ",") .. "|" .. table.concat(y:tolist(), ",") ..
+              "|" .. s:item()
+          end
+        end
+        loader:close()
+        return table.concat(out, ";")
+      end
+      local a, b = run(0), run(2)
+      print("SAME " .. tostring(a == b) .. " BATCHES " .. select(2, a:gsub(";", ";")) + 1)
+      dist.destroy_process_group()
+    ]] }
+    assert.is_true(r.ok, mp.describe(r))
+    for rank = 1, 2 do
+      assert.matches("SAME true BATCHES 10", r[rank].output, 1, true) -- 2 epochs of ceil(19 / 4)
+    end
+  end)
+
+  it("checks the worker options as PyTorch does", function()
+    local ds = dataset(4)
+    assert.has_error(function() data.DataLoader(ds, { num_workers = -1 }) end,
+      "DataLoader: num_workers option should be non-negative; use num_workers=0 to disable multiprocessing (got -1)")
+    assert.error_matches(function() data.DataLoader(ds, { prefetch_factor = 2 }) end,
+      "prefetch_factor option could only be specified in multiprocessing", 1, true)
+    assert.error_matches(function() data.DataLoader(ds, { persistent_workers = true }) end,
+      "persistent_workers option needs num_workers > 0", 1, true)
+    assert.error_matches(function() data.DataLoader(ds, { num_workers = 1, timeout = -1 }) end,
+      "timeout option should be non-negative", 1, true)
+    assert.error_matches(function() data.DataLoader(ds, { num_workers = 1, worker_init_fn = 3 }) end,
+      "worker_init_fn must be a function", 1, true)
+    assert.are.equal(2, data.DataLoader(ds, { num_workers = 2 }).prefetch_factor)
+    assert.is_nil(data.DataLoader(ds, {}).prefetch_factor)
+  end)
+end)
