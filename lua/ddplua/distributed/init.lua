@@ -40,6 +40,8 @@ end })
 --- dist.tensor: DTensor and its placements (ddplua.distributed.tensor), dist.tensor.parallel
 -- (ddplua.distributed.tensor.parallel), dist.checkpoint (ddplua.distributed.checkpoint), as
 -- torch.distributed.tensor, torch.distributed.tensor.parallel, torch.distributed.checkpoint.
+--- dist.elastic: the elastic training state, State{...} with commit / restore / sync
+-- (ddplua.distributed.elastic), as horovod.torch.elastic.State.
 --- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
 -- collectives of Lua values (ddplua.distributed.objects).
 local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
@@ -56,6 +58,7 @@ local MODULES = {
     return t
   end,
   checkpoint = function() return require "ddplua.distributed.checkpoint" end,
+  elastic = function() return require "ddplua.distributed.elastic" end,
 }
 setmetatable(M, { __index = function(t, k)
   local load = MODULES[k]
