@@ -311,6 +311,12 @@ static enum outcome run_attempt(launcher *L, ddp_rdzv *z, const ddp_rdzv_round *
                  : start != ALL_OK ? START_FAILED
                  : stopped != ALL_OK ? stopped
                  : ddp_procs_failed(p) >= 0 ? WORKER_FAILED : ALL_OK;
+  if (o == WORKER_FAILED && z && ddp_rdzv_should_stop(z, r) > 0) {
+    /* another node left for the next round first: its workers' going made ours fail */
+    say("round %d: the workers stopped after the membership changed (%s)", r->round, ddp_rdzv_error(z));
+    ddp_rdzv_join(z);
+    o = ROUND_ENDED;
+  }
   if (o == WORKER_FAILED) {
     report_failure(L, p);
     if (z) { /* the other nodes learn it now, not at their next collective's timeout */
