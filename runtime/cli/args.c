@@ -134,8 +134,8 @@ static int set_rdzv_id(ddp_cli_options *opts, const char *value) {
 /* --rdzv_backend: c10d (the store-based rendezvous, torchrun's recommended one) or static
  * (the fixed --nnodes / --node_rank job); others (etcd) are not built in. */
 static int set_rdzv_backend(ddp_cli_options *opts, const char *value) {
-  if (strcmp(value, "c10d") == 0) return 0;
-  if (strcmp(value, "static") == 0) return 0;
+  opts->launch.rdzv_static = strcmp(value, "static") == 0;
+  if (strcmp(value, "c10d") == 0 || opts->launch.rdzv_static) return 0;
   return bad_value("rdzv_backend", "c10d or static (the only backends built in)", value);
 }
 
@@ -320,6 +320,9 @@ static int check_launch(const ddp_cli_options *opts, char **argv) {
   if (l->elastic && l->standalone)
     return usage_error("option '--standalone' runs one node, not an elastic job (%s)",
                        "--nnodes=MIN:MAX or --rdzv_endpoint");
+  if (l->elastic && l->rdzv_static)
+    return usage_error("option '--rdzv_backend=static' runs a fixed job: give %s",
+                       "--nnodes=M and --node_rank=K, not --nnodes=MIN:MAX or --rdzv_endpoint");
   if (l->elastic && l->node_rank_set)
     return usage_error("option '--node_rank' cannot be given to an elastic job: %s",
                        "the rendezvous ranks the nodes in the order they join");

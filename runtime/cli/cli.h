@@ -46,6 +46,7 @@ typedef struct ddp_cli_launch {
   int elastic;        /* --nnodes=MIN:MAX or --rdzv_endpoint: an elastic job (elastic.c) */
   const char *rdzv_endpoint; /* --rdzv_endpoint=HOST[:PORT], or NULL (master_addr:master_port) */
   const char *rdzv_id;       /* --rdzv_id=JOB (TORCHELASTIC_RUN_ID; default "none") */
+  int rdzv_static;           /* --rdzv_backend=static: the fixed job (refused with elastic) */
   double last_call_s; /* --rdzv_conf last_call_timeout=S: once MIN nodes joined a round, wait
                          this long for more (default 30, torchrun's) */
   double join_timeout_s; /* --rdzv_conf join_timeout=S: a round that has not MIN nodes after

@@ -2,8 +2,9 @@
 -- [elastic rendezvous] in runtime/cli/rendezvous.c): the command line (MIN:MAX and its
 -- errors), then the rendezvous rounds with several agents on this one host, each agent a
 -- real launcher process standing for a node: the environment of a round's workers, a node
--- joining a running round (the others restart at the larger world size), a round that cannot
--- gather MIN nodes, and the restart budget. Each takes a few seconds.
+-- joining a running round (the others restart at the larger world size), an agent killed
+-- (the others go on from the last commit), a round that cannot gather MIN nodes, and the
+-- restart budget. Each takes a few seconds.
 local files = require "files"
 
 local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
@@ -60,6 +61,7 @@ describe("elastic launcher #dist", function()
       { "--nnodes=1:2 --rdzv_conf=timeout=3 x.lua", "the keys last_call_timeout and join_timeout" },
       { "--nnodes=1:2 --rdzv_conf=last_call_timeout=-1 x.lua", "a number of seconds > 0" },
       { "--nnodes=1:2 --rdzv_backend=etcd x.lua", "c10d or static" },
+      { "--nnodes=1:2 --rdzv_backend=static x.lua", "option '--rdzv_backend=static' runs a fixed job" },
       { "--nnodes=1:2 --rdzv_id='a b' x.lua", "a job id of letters, digits" },
     }
     for _, case in ipairs(cases) do
@@ -131,6 +133,33 @@ dist.destroy_process_group()
     assert.matches("round 1: node rank 1 of 2 nodes, world size 2", a, 1, true)
     assert.matches("env RANK=1 WORLD_SIZE=2 GROUP_RANK=1 GROUP_WORLD_SIZE=2 ROLE_RANK=1 RESTART=1 MAX=1 RUN=job-grow SUM=2", a, 1, true)
     assert.matches("env RANK=0 WORLD_SIZE=2 GROUP_RANK=0 GROUP_WORLD_SIZE=2 ROLE_RANK=0 RESTART=1 MAX=1 RUN=job-grow SUM=2", b, 1, true)
+  end)
+
+  it("goes on with the other agents when one is killed, resuming from the last commit", function()
+    local port = free_port()
+    local state = dir .. "/state.safetensors"
+    local cmd = agent(port, "job-kill", "2:3", "--max_restarts=2 --rdzv_conf=last_call_timeout=1",
+      "examples/elastic_train.lua") .. " --epochs 3 --step_sleep 0.02 --state " .. q(state)
+    local status, out = run(([[
+      %s > %s/a.log 2>&1 & a=$!
+      sleep 0.2
+      %s > %s/b.log 2>&1 & b=$!
+      %s > %s/c.log 2>&1 & c=$!
+      for i in $(seq 400); do [ -e %s ] && break; sleep 0.05; done
+      kill -KILL $c
+      wait $a; sa=$?
+      wait $b; sb=$?
+      echo "statuses $sa $sb"]]):format(cmd, dir, cmd, dir, cmd, dir, q(state)))
+    local logs = files.read(dir .. "/a.log") .. files.read(dir .. "/b.log")
+    assert.equal(0, status, out .. logs)
+    assert.matches("statuses 0 0", out, 1, true)
+    assert.matches("round 0: node rank %d of 3 nodes, world size 3", logs)
+    assert.matches("round 1: node rank %d of 2 nodes, world size 2", logs)
+    -- the workers of round 1 resumed from a commit of round 0, and finished the job
+    local serial = logs:match("round 1: world size 2, resuming epoch %d+ at sample %d+ of 240 %(commit (%d+)%)")
+    assert.is_truthy(serial, logs)
+    assert.is_true(tonumber(serial) >= 1, logs)
+    assert.matches("epoch 2 done at world size 2", logs, 1, true)
   end)
 
   it("ends a round that cannot gather MIN nodes within join_timeout, naming who came", function()
