@@ -481,8 +481,9 @@ static int elastic_job(launcher *L) {
     }
     rounds++;
     L->attempt = r.round;
-    say("round %d: node rank %d of %d nodes, world size %d (nodes: %s; master %s:%d)", r.round,
-        r.node_rank, r.nnodes, r.nnodes * L->nproc, r.nodes, r.master_addr, r.master_port);
+    say("round %d: node rank %d of %d nodes, world size %d (nodes: %s; master %s:%d)%s%s", r.round,
+        r.node_rank, r.nnodes, r.nnodes * L->nproc, r.nodes, r.master_addr, r.master_port,
+        r.gone[0] ? "; gone since the last round: " : "", r.gone);
     enum outcome o = run_attempt(L, z, &r);
     if (o == ALL_OK) {
       if (ddp_rdzv_finish(z, &r) != 0) say("%s", ddp_rdzv_error(z));

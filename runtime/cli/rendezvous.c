@@ -278,6 +278,24 @@ int ddp_rdzv_join(ddp_rdzv *z) {
   return take_ticket(z);
 }
 
+/* r->gone: the nodes of the previous closed round that are not in round r (the ones that
+ * died or left), "" when none. */
+static void gone_since(ddp_rdzv *z, ddp_rdzv_round *r) {
+  r->gone[0] = '\0';
+  int closed = 0;
+  if (r->round == 0 || has(z, r->round - 1, "closed", &closed) != 0 || !closed) return;
+  char v[32], before[1024];
+  if (get(z, r->round - 1, "closed", v, sizeof v) != 0) return;
+  node_list(z, r->round - 1, atoi(v), before, sizeof before);
+  size_t used = 0;
+  for (char *save = NULL, *name = strtok_r(before, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+    while (*name == ' ') name++;
+    if (strstr(r->nodes, name)) continue;
+    used += (size_t)snprintf(r->gone + used, sizeof r->gone - used, "%s%s", used ? ", " : "", name);
+    if (used >= sizeof r->gone) break;
+  }
+}
+
 int ddp_rdzv_next_round(ddp_rdzv *z, ddp_rdzv_round *r) {
   memset(r, 0, sizeof *r);
   int ended = 0;
@@ -349,6 +367,7 @@ join:
   snprintf(r->master_addr, sizeof r->master_addr, "%s", master);
   r->master_port = atoi(sp + 1);
   node_list(z, z->round, r->nnodes, r->nodes, sizeof r->nodes);
+  gone_since(z, r);
   z->round++; /* the next call joins the following round */
   z->ticket = -1;
   return 0;

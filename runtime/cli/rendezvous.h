@@ -28,6 +28,7 @@ typedef struct ddp_rdzv_round {
   char master_addr[256]; /* node rank 0's address, where worker rank 0 hosts its store */
   int master_port;       /* a free port on that node */
   char nodes[1024];      /* "name (address), ..." of the round's nodes in rank order */
+  char gone[1024];       /* the nodes of the round before that are not in this one, or "" */
 } ddp_rdzv_round;
 
 /* Connect to the rendezvous store (hosting it when cfg->host is an address of this machine

@@ -95,7 +95,7 @@ describe("elastic training across namespace nodes #dist", function()
     assert.is_true(tonumber(shrink) < 30, ("world size 2 came %s s after node 2 died\n%s"):format(shrink, logs))
     -- the survivors were told, and the newcomer's arrival restarted them
     assert.matches("round 0: node rank %d of 3 nodes, world size 3", logs)
-    assert.matches("node rank %d of 2 nodes, world size 2", logs)
+    assert.matches("node rank %d of 2 nodes, world size 2 %([^\n]*%); gone since the last round: node2 %(10%.213%.0%.3%)", logs)
     assert.matches("membership changed: node node2 %(10%.213%.0%.3%) waits to join round", logs)
 
     -- the rounds, their world sizes and resume points
