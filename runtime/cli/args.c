@@ -221,7 +221,7 @@ static const long_option long_options[] = {
   {"standalone", NULL, 1, set_standalone, "one node, MASTER_ADDR 127.0.0.1 and a free MASTER_PORT"},
   {"max_restarts", "R", 1, set_max_restarts,
    "restart the whole group up to R times (failures; elastic: also membership changes)"},
-  {"rdzv_endpoint", "HOST:PORT", 1, set_rdzv_endpoint,
+  {"rdzv_endpoint", "H:P", 1, set_rdzv_endpoint,
    "elastic rendezvous store, hosted by the agent on HOST (default master_addr:master_port)"},
   {"rdzv_id", "JOB", 1, set_rdzv_id, "the job's id (TORCHELASTIC_RUN_ID), the same on every node"},
   {"rdzv_backend", "c10d", 1, set_rdzv_backend, "c10d (store rendezvous) or static"},

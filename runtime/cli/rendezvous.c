@@ -410,6 +410,16 @@ int ddp_rdzv_finish(ddp_rdzv *z, const ddp_rdzv_round *r) {
                r->round, (long long)done, r->nnodes, r->nodes, z->cfg.join_timeout_s);
       return -1;
     }
+    int changed = 0;
+    if (has(z, r->round, "changed", &changed) != 0) return -1;
+    if (changed) { /* a node failed after ours succeeded: it will not report success */
+      char why[1024];
+      if (get(z, r->round, "changed", why, sizeof why) != 0) return -1;
+      snprintf(z->err, sizeof z->err,
+               "round %d: this node's workers succeeded, but then %s; the store closes now",
+               r->round, why);
+      return -1;
+    }
     ddp_os_sleep(POLL_S);
     if (add(z, r->round, "done", 0, &done) != 0) return -1;
   }
