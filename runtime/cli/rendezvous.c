@@ -68,6 +68,7 @@ struct ddp_rdzv {
 const char *ddp_rdzv_error(const ddp_rdzv *z) { return z->err; }
 int ddp_rdzv_is_host(const ddp_rdzv *z) { return z->is_host; }
 
+/* The store key "rdzv/<run_id>/<round>/<what>" (round < 0: "rdzv/<run_id>/<what>"). */
 static void key(const ddp_rdzv *z, char *out, size_t size, int round, const char *what) {
   if (round < 0) snprintf(out, size, "rdzv/%s/%s", z->run_id, what);
   else snprintf(out, size, "rdzv/%s/%d/%s", z->run_id, round, what);
@@ -101,6 +102,7 @@ static int get(ddp_rdzv *z, int round, const char *what, char *out, size_t size)
   return 0;
 }
 
+/* Set (round, what) to the string value. */
 static int set(ddp_rdzv *z, int round, const char *what, const char *value) {
   char k[512];
   key(z, k, sizeof k, round, what);
@@ -120,6 +122,7 @@ static int set_once(ddp_rdzv *z, int round, const char *what, const char *value)
   return 0;
 }
 
+/* Add delta to the counter (round, what); *out = its new value (delta 0: read it). */
 static int add(ddp_rdzv *z, int round, const char *what, int64_t delta, int64_t *out) {
   char k[512];
   key(z, k, sizeof k, round, what);
