@@ -8,7 +8,8 @@ local exe = os.getenv("DDPLUA_EXE") or "./build/ddplua"
 -- The examples this spec runs; a new example must be added here (checked below).
 local COVERED = { ["amp_ddp_overview.lua"] = true, ["ddp_minimal.lua"] = true, ["ddp_spawn.lua"] = true, ["single_process.lua"] = true,
   ["multigpu_demo_v1.lua"] = true, ["multigpu_demo_v2.lua"] = true, ["multigpu_demo_v3.lua"] = true, ["compare_demos.lua"] = true,
-  ["hpo.lua"] = true, ["tensor_parallel_example.lua"] = true, ["sequence_parallel_example.lua"] = true, ["fsdp_tp_example.lua"] = true }
+  ["hpo.lua"] = true, ["tensor_parallel_example.lua"] = true, ["sequence_parallel_example.lua"] = true, ["fsdp_tp_example.lua"] = true,
+  ["elastic_train.lua"] = "spec/multinode/elastic_spec.lua (three namespace nodes, one killed and back)" }
 
 describe("examples/", function()
   it("trains with DDP under `ddplua --nproc_per_node=2` (ddp_minimal.lua) #dist", function()

@@ -8,6 +8,7 @@
  * flags such as --nproc_per_node=N can be added as rows; subcommands (`ddplua verify ...`)
  * are dispatched before this parser runs (main.c).
  */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -76,12 +77,87 @@ static int set_nproc(ddp_cli_options *opts, const char *value) {
                    "a count of workers >= 1 (or auto, cpu, gpu)", &opts->launch.nproc_per_node);
 }
 
+/* --nnodes: a count M, or torchrun's elastic range MIN:MAX (1 <= MIN <= MAX), which makes
+ * the job elastic (Note [elastic rendezvous] in elastic.c). */
 static int set_nnodes(ddp_cli_options *opts, const char *value) {
-  return parse_int("nnodes", value, 1, 1 << 20, "a count of nodes >= 1", &opts->launch.nnodes);
+  const char *colon = strchr(value, ':');
+  if (!colon) {
+    if (parse_int("nnodes", value, 1, 1 << 20, "a count of nodes >= 1 or a range MIN:MAX",
+                  &opts->launch.nnodes) != 0)
+      return -1;
+    opts->launch.nnodes_max = opts->launch.nnodes;
+    return 0;
+  }
+  char lo[32];
+  size_t n = (size_t)(colon - value);
+  if (n == 0 || n >= sizeof lo) return bad_value("nnodes", "a range MIN:MAX of node counts", value);
+  memcpy(lo, value, n);
+  lo[n] = '\0';
+  int min, max;
+  if (parse_int("nnodes", lo, 1, 1 << 20, "a range MIN:MAX with MIN >= 1", &min) != 0 ||
+      parse_int("nnodes", colon + 1, 1, 1 << 20, "a range MIN:MAX with MAX >= 1", &max) != 0)
+    return -1;
+  if (min > max) return bad_value("nnodes", "a range MIN:MAX with MIN <= MAX", value);
+  opts->launch.nnodes = min;
+  opts->launch.nnodes_max = max;
+  opts->launch.elastic = 1;
+  return 0;
 }
 
 static int set_node_rank(ddp_cli_options *opts, const char *value) {
+  opts->launch.node_rank_set = 1;
   return parse_int("node_rank", value, 0, 1 << 20, "a node rank >= 0", &opts->launch.node_rank);
+}
+
+/* --rdzv_endpoint=HOST[:PORT]: where the rendezvous store is (hosted by the agent on HOST). */
+static int set_rdzv_endpoint(ddp_cli_options *opts, const char *value) {
+  if (!*value || *value == ':') return bad_value("rdzv_endpoint", "HOST[:PORT]", value);
+  const char *colon = strrchr(value, ':');
+  int port;
+  if (colon && parse_int("rdzv_endpoint", colon + 1, 1, 65535, "HOST:PORT with a port in 1..65535",
+                         &port) != 0)
+    return -1;
+  opts->launch.rdzv_endpoint = value;
+  opts->launch.elastic = 1;
+  return 0;
+}
+
+static int set_rdzv_id(ddp_cli_options *opts, const char *value) {
+  for (const char *c = value; *c; c++)
+    if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_' || *c == '.'))
+      return bad_value("rdzv_id", "a job id of letters, digits, '-', '_' and '.'", value);
+  if (!*value || strlen(value) > 128) return bad_value("rdzv_id", "a job id of 1..128 characters", value);
+  opts->launch.rdzv_id = value;
+  return 0;
+}
+
+/* --rdzv_backend: c10d (the store-based rendezvous, torchrun's recommended one) or static
+ * (the fixed --nnodes / --node_rank job); others (etcd) are not built in. */
+static int set_rdzv_backend(ddp_cli_options *opts, const char *value) {
+  opts->launch.rdzv_static = strcmp(value, "static") == 0;
+  if (strcmp(value, "c10d") == 0 || opts->launch.rdzv_static) return 0;
+  return bad_value("rdzv_backend", "c10d or static (the only backends built in)", value);
+}
+
+/* --rdzv_conf=key=value,...: last_call_timeout and join_timeout (seconds), as torchrun. */
+static int set_rdzv_conf(ddp_cli_options *opts, const char *value) {
+  char buf[256];
+  if (strlen(value) >= sizeof buf) return bad_value("rdzv_conf", "at most 255 characters", value);
+  snprintf(buf, sizeof buf, "%s", value);
+  for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(kv, '=');
+    if (!eq) return bad_value("rdzv_conf", "key=value pairs separated by ','", value);
+    *eq = '\0';
+    char *end;
+    errno = 0;
+    double v = strtod(eq + 1, &end);
+    if (errno || end == eq + 1 || *end || !(v > 0) || v > 1e6)
+      return bad_value("rdzv_conf", "a number of seconds > 0 for each timeout", value);
+    if (strcmp(kv, "last_call_timeout") == 0) opts->launch.last_call_s = v;
+    else if (strcmp(kv, "join_timeout") == 0) opts->launch.join_timeout_s = v;
+    else return bad_value("rdzv_conf", "the keys last_call_timeout and join_timeout", value);
+  }
+  return 0;
 }
 
 static int set_master_addr(ddp_cli_options *opts, const char *value) {
@@ -137,12 +213,20 @@ static const long_option long_options[] = {
   /* The launcher (torchrun's flags): any of them runs the script as a group of workers. */
   {"nproc_per_node", "N", 1, set_nproc,
    "start N workers on this node (auto: one per GPU, else per core; cpu; gpu)"},
-  {"nnodes", "M", 1, set_nnodes, "nodes in the job (default 1): WORLD_SIZE = M * N"},
+  {"nnodes", "M|MIN:MAX", 1, set_nnodes,
+   "nodes in the job (default 1): WORLD_SIZE = M * N; MIN:MAX an elastic job"},
   {"node_rank", "K", 1, set_node_rank, "this node's rank, 0..M-1 (default 0): RANK = K * N + local rank"},
   {"master_addr", "A", 1, set_master_addr, "host of rank 0, which hosts the store (default 127.0.0.1)"},
   {"master_port", "P", 1, set_master_port, "port of rank 0's store (default 29500)"},
   {"standalone", NULL, 1, set_standalone, "one node, MASTER_ADDR 127.0.0.1 and a free MASTER_PORT"},
-  {"max_restarts", "R", 1, set_max_restarts, "restart the whole group up to R times after a failure"},
+  {"max_restarts", "R", 1, set_max_restarts,
+   "restart the whole group up to R times (failures; elastic: also membership changes)"},
+  {"rdzv_endpoint", "H:P", 1, set_rdzv_endpoint,
+   "elastic rendezvous store, hosted by the agent on HOST (default master_addr:master_port)"},
+  {"rdzv_id", "JOB", 1, set_rdzv_id, "the job's id (TORCHELASTIC_RUN_ID), the same on every node"},
+  {"rdzv_backend", "c10d", 1, set_rdzv_backend, "c10d (store rendezvous) or static"},
+  {"rdzv_conf", "K=V,...", 1, set_rdzv_conf,
+   "last_call_timeout=S (default 30), join_timeout=S (default 600)"},
   {"log_dir", "DIR", 1, set_log_dir, "write DIR/rank_N/{stdout,stderr}.log (attempt_K/ with restarts)"},
   {"redirects", "0-3", 1, set_redirects, "send worker stdout (1), stderr (2), both (3) to log files only"},
   {"tee", "0-3", 1, set_tee, "send worker stdout (1), stderr (2), both (3) to log files and console"},
@@ -233,7 +317,18 @@ static int check_launch(const ddp_cli_options *opts, char **argv) {
   if (!l->requested) return DDP_CLI_EXIT_OK;
   if (l->standalone && l->nnodes != 1)
     return usage_error("option '--standalone' runs one node, not --nnodes=%s", "M > 1");
-  if (l->node_rank >= l->nnodes)
+  if (l->elastic && l->standalone)
+    return usage_error("option '--standalone' runs one node, not an elastic job (%s)",
+                       "--nnodes=MIN:MAX or --rdzv_endpoint");
+  if (l->elastic && l->rdzv_static)
+    return usage_error("option '--rdzv_backend=static' runs a fixed job: give %s",
+                       "--nnodes=M and --node_rank=K, not --nnodes=MIN:MAX or --rdzv_endpoint");
+  if (l->elastic && l->node_rank_set)
+    return usage_error("option '--node_rank' cannot be given to an elastic job: %s",
+                       "the rendezvous ranks the nodes in the order they join");
+  if (l->elastic && opts->interactive)
+    return usage_error("option '%s' cannot be used with an elastic job", "-i");
+  if (!l->elastic && l->node_rank >= l->nnodes)
     return usage_error("option '--node_rank' must be below --nnodes (%s)", "0 <= K < M");
   /* -i alone is the distributed REPL (dist_repl.c); after a script it has no meaning */
   if (opts->interactive && (opts->script || opts->n_actions > 0))
@@ -269,6 +364,9 @@ int ddp_cli_parse(ddp_cli_options *opts, int argc, char **argv) {
   memset(opts, 0, sizeof *opts);
   opts->launch.nproc_per_node = 1;
   opts->launch.nnodes = 1;
+  opts->launch.nnodes_max = 1;
+  opts->launch.last_call_s = 30;
+  opts->launch.join_timeout_s = 600;
   opts->launch.master_addr = "127.0.0.1";
   opts->launch.master_port = 29500;
   opts->launcher_arg = calloc((size_t)argc + 1, 1);

@@ -12,6 +12,7 @@
  *   repl_wire.c   the distributed REPL's frames and handshake payloads as pure functions
  *                 of bytes (shared by both ends and the fuzz target; no Lua, no sockets)
  *   launcher.c    the launcher (torchrun's job)
+ *   rendezvous.c  the elastic rendezvous of --nnodes=MIN:MAX on a TCP store (rendezvous.h)
  */
 #ifndef DDPLUA_CLI_H
 #define DDPLUA_CLI_H
@@ -38,8 +39,18 @@ typedef struct ddp_cli_action {
 typedef struct ddp_cli_launch {
   int requested;      /* a launcher flag was given: run the launcher, not the script */
   int nproc_per_node; /* --nproc_per_node=N (default 1; "auto"/"cpu"/"gpu" resolved here) */
-  int nnodes;         /* --nnodes=M (default 1) */
+  int nnodes;         /* --nnodes=M (default 1); with --nnodes=MIN:MAX, MIN */
+  int nnodes_max;     /* --nnodes=MIN:MAX: MAX (else equal to nnodes) */
   int node_rank;      /* --node_rank=K, 0 <= K < nnodes (default 0) */
+  int node_rank_set;  /* --node_rank appeared (refused with an elastic rendezvous) */
+  int elastic;        /* --nnodes=MIN:MAX or --rdzv_endpoint: an elastic job (elastic.c) */
+  const char *rdzv_endpoint; /* --rdzv_endpoint=HOST[:PORT], or NULL (master_addr:master_port) */
+  const char *rdzv_id;       /* --rdzv_id=JOB (TORCHELASTIC_RUN_ID; default "none") */
+  int rdzv_static;           /* --rdzv_backend=static: the fixed job (refused with elastic) */
+  double last_call_s; /* --rdzv_conf last_call_timeout=S: once MIN nodes joined a round, wait
+                         this long for more (default 30, torchrun's) */
+  double join_timeout_s; /* --rdzv_conf join_timeout=S: a round that has not MIN nodes after
+                            this long ends the job (default 600, torchrun's) */
   const char *master_addr; /* --master_addr=A (default "127.0.0.1") */
   int master_port;    /* --master_port=P (default 29500) */
   int standalone;     /* --standalone: one node, a free port on 127.0.0.1 */

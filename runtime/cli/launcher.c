@@ -10,9 +10,9 @@
  *   MASTER_ADDR, MASTER_PORT               (rank 0 hosts the store there under env://)
  *   TORCHELASTIC_RESTART_COUNT = DDPLUA_RESTART_COUNT = the restart (0 on the first attempt)
  *   TORCHELASTIC_MAX_RESTARTS = DDPLUA_MAX_RESTARTS = --max_restarts
- *   TORCHELASTIC_RUN_ID = "none" (torchrun's default --rdzv_id), with --standalone a fresh
- *                         random UUID per launch (as torchrun --standalone); the same for
- *                         every attempt
+ *   TORCHELASTIC_RUN_ID = --rdzv_id, else "none" (torchrun's default), with --standalone a
+ *                         fresh random UUID per launch (as torchrun --standalone); the same
+ *                         for every attempt
  *   TORCHELASTIC_USE_AGENT_STORE = False   (no launcher-hosted store: rank 0 hosts it)
  *   DDP_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS = max(1, cores / N) unless set
  *   DDPLUA_UNBUFFERED = 1 (line-buffered stdout in the worker, unless set)
@@ -22,7 +22,17 @@
  * reaches the launcher through its report pipe, Note [first failure]), NCCL_ASYNC_ERROR_HANDLING
  * (the nccl backend reads no such switch) and the file-timer ones (no watchdog server).
  *
- * The launcher runs no store and no Lua: it only starts, watches and stops processes, all
+ * Elastic jobs (--nnodes=MIN:MAX, or --rdzv_endpoint): instead of fixed node ranks, the
+ * agent joins rounds of a rendezvous on a store hosted by the endpoint's node (rendezvous.c,
+ * Note [elastic rendezvous]); each round sets GROUP_RANK (the join order), GROUP_WORLD_SIZE,
+ * WORLD_SIZE, RANK, MASTER_ADDR/PORT (node rank 0's address, a free port) and
+ * TORCHELASTIC_RESTART_COUNT (the round number). While the workers run, the agent asks the
+ * store every WATCH_S whether the round must end (a node waits to join, another node's
+ * workers failed); then, or when its own workers fail, it stops them and joins the next
+ * round, until the workers succeed or --max_restarts rounds have been used.
+ *
+ * The launcher of a fixed job runs no store (the elastic agent hosts the rendezvous store
+ * when it owns the endpoint's address) and no Lua: it only starts, watches and stops processes, all
  * through the runtime's process supervision API (ddplua/process.h, shared with dl.spawn),
  * which also owns the worker environment (Note [worker environment]) and the output
  * handling described next. What stays here is the command line, the signals, the restarts
@@ -61,12 +71,15 @@
 
 #include "cli.h"
 #include "ddplua.h"
+#include "rendezvous.h"
 
 #define GRACE_S 3.0          /* SIGTERM to SIGKILL */
 #define SUMMARY_LINES 12     /* stderr lines shown in the summary when stderr was not shown */
+#define WATCH_S 0.25         /* elastic: how often a running agent looks at the rendezvous */
 
-/* Why an attempt ended. */
-enum outcome { ALL_OK, WORKER_FAILED, SIGNALLED, START_FAILED };
+/* Why an attempt ended. ROUND_ENDED and STORE_LOST only in an elastic job: the rendezvous
+ * said the round must end (membership changed), or its store was lost. */
+enum outcome { ALL_OK, WORKER_FAILED, SIGNALLED, START_FAILED, ROUND_ENDED, STORE_LOST };
 
 typedef struct launcher {
   const ddp_cli_launch *cfg;
@@ -78,8 +91,9 @@ typedef struct launcher {
   char master_addr[256];
   int master_port;
   int attempt;
+  int nnodes, node_rank; /* of this attempt: the flags', or the elastic round's */
   int signal;         /* the signal that stopped the launcher, 0 */
-  char run_id[40];    /* TORCHELASTIC_RUN_ID */
+  char run_id[160];   /* TORCHELASTIC_RUN_ID: --rdzv_id, "none", or a UUID (--standalone) */
 } launcher;
 
 static void say(const char *fmt, ...) {
@@ -223,7 +237,7 @@ static void report_failure(const launcher *L, const ddp_procs *p) {
   }
   fflush(stdout);
   fprintf(stderr, DDP_CLI_NAME ": worker rank %d (local rank %d, pid %d) %s%s%s\n",
-          L->cfg->node_rank * L->nproc + i, i, ddp_procs_pid(p, i), how, *msg ? ": " : "", msg);
+          L->node_rank * L->nproc + i, i, ddp_procs_pid(p, i), how, *msg ? ": " : "", msg);
   if (!ddp_procs_on_console(p, DDP_PROCS_STDERR) && tail_len) {
     const char *log = ddp_procs_log_path(p, i, DDP_PROCS_STDERR);
     fprintf(stderr, DDP_CLI_NAME ": last lines of its stderr%s%s%s:\n", log[0] ? " (" : "", log,
@@ -238,16 +252,23 @@ static void report_failure(const launcher *L, const ddp_procs *p) {
  * ------------------------------------------------------------------------------------- */
 
 /* Start the workers, pass their output on, stop them all at the first failure or signal,
- * reap them (ddp_procs_poll does the watching). */
-static enum outcome run_attempt(launcher *L) {
+ * reap them (ddp_procs_poll does the watching). In an elastic job (z and r not NULL) the
+ * round gives the node count, this node's rank and the master, and every WATCH_S the agent
+ * asks the rendezvous whether the round must end (Note [elastic rendezvous] in
+ * rendezvous.c): then the workers are stopped (SIGTERM, SIGKILL after the grace period) and
+ * the attempt ends with ROUND_ENDED, or STORE_LOST when the store cannot be reached. */
+static enum outcome run_attempt(launcher *L, ddp_rdzv *z, const ddp_rdzv_round *r) {
   char dir[PATH_MAX];
   if (L->log_dir && L->cfg->max_restarts > 0)
     snprintf(dir, sizeof dir, "%s/attempt_%d", L->log_dir, L->attempt);
   else if (L->log_dir)
     snprintf(dir, sizeof dir, "%s", L->log_dir);
+  L->nnodes = r ? r->nnodes : L->cfg->nnodes;
+  L->node_rank = r ? r->node_rank : L->cfg->node_rank;
   ddp_procs_config cfg = {
-      .nprocs = L->nproc, .nnodes = L->cfg->nnodes, .node_rank = L->cfg->node_rank,
-      .master_addr = L->master_addr, .master_port = L->master_port, .attempt = L->attempt,
+      .nprocs = L->nproc, .nnodes = L->nnodes, .node_rank = L->node_rank,
+      .master_addr = r ? r->master_addr : L->master_addr,
+      .master_port = r ? r->master_port : L->master_port, .attempt = L->attempt,
       .max_restarts = L->cfg->max_restarts, .grace_s = GRACE_S, .own_group = 1,
       .capture = DDP_PROCS_STDOUT | DDP_PROCS_STDERR, .console = L->to_console,
       .log = L->to_file, .log_dir = L->log_dir ? dir : NULL};
@@ -267,16 +288,44 @@ static enum outcome run_attempt(launcher *L) {
       ddp_procs_terminate(p, SIGTERM);
     }
   }
+  enum outcome stopped = ALL_OK; /* ROUND_ENDED / STORE_LOST once the rendezvous said so */
+  double next_watch = ddp_os_monotonic_seconds() + WATCH_S;
   for (;;) {
     int woken = 0;
-    int more = ddp_procs_poll(p, 1.0, sig_pipe[0], &woken);
+    int more = ddp_procs_poll(p, z ? WATCH_S : 1.0, sig_pipe[0], &woken);
     if (woken) take_signals(L, p);
     if (!more) break;
+    if (z && stopped == ALL_OK && !L->signal && ddp_procs_failed(p) < 0 &&
+        ddp_os_monotonic_seconds() >= next_watch) {
+      int s = ddp_rdzv_should_stop(z, r);
+      if (s != 0) {
+        stopped = s > 0 ? ROUND_ENDED : STORE_LOST;
+        say("round %d: stopping the workers: %s", r->round, ddp_rdzv_error(z));
+        if (s > 0) ddp_rdzv_join(z); /* a place in the next round first (rendezvous.h) */
+        ddp_procs_terminate(p, SIGTERM);
+      }
+      next_watch = ddp_os_monotonic_seconds() + WATCH_S;
+    }
   }
   enum outcome o = L->signal ? SIGNALLED
                  : start != ALL_OK ? START_FAILED
+                 : stopped != ALL_OK ? stopped
                  : ddp_procs_failed(p) >= 0 ? WORKER_FAILED : ALL_OK;
-  if (o == WORKER_FAILED) report_failure(L, p);
+  if (o == WORKER_FAILED && z && ddp_rdzv_should_stop(z, r) > 0) {
+    /* another node left for the next round first: its workers' going made ours fail */
+    say("round %d: the workers stopped after the membership changed (%s)", r->round, ddp_rdzv_error(z));
+    ddp_rdzv_join(z);
+    o = ROUND_ENDED;
+  }
+  if (o == WORKER_FAILED) {
+    report_failure(L, p);
+    if (z) { /* the other nodes learn it now, not at their next collective's timeout */
+      char why[128];
+      snprintf(why, sizeof why, "worker rank %d failed", L->node_rank * L->nproc + ddp_procs_failed(p));
+      ddp_rdzv_mark_changed(z, r, why);
+      if (r->round < L->cfg->max_restarts) ddp_rdzv_join(z);
+    }
+  }
   ddp_procs_free(p);
   return o;
 }
@@ -329,7 +378,7 @@ static int choose_logs(launcher *L, char *tmp, size_t size) {
  * random version-4 UUID (torchrun --standalone draws one with uuid.uuid4()). */
 static int choose_run_id(launcher *L) {
   if (!L->cfg->standalone) {
-    snprintf(L->run_id, sizeof L->run_id, "none");
+    snprintf(L->run_id, sizeof L->run_id, "%s", L->cfg->rdzv_id ? L->cfg->rdzv_id : "none");
     return 0;
   }
   char hex[65];
@@ -347,10 +396,10 @@ static int choose_run_id(launcher *L) {
 static int choose_secret(const ddp_cli_launch *c) {
   const char *given = getenv("DDPLUA_STORE_SECRET");
   if (given && given[0]) return 0;
-  if (c->nnodes > 1) {
+  if (c->nnodes_max > 1) {
     say("--nnodes=%d: set DDPLUA_STORE_SECRET to the same secret on every node (for example "
         "the output of `od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'`), so that only "
-        "this job's ranks can use its store", c->nnodes);
+        "this job's ranks can use its store", c->nnodes_max);
     return -1;
   }
   char secret[65];
@@ -359,6 +408,119 @@ static int choose_secret(const ddp_cli_launch *c) {
     return -1;
   }
   return 0;
+}
+
+/* The fixed job (--nnodes=M --node_rank=K): run the group, restart it after a failure up to
+ * --max_restarts times. Returns the exit status. */
+static int static_job(launcher *L) {
+  const ddp_cli_launch *c = L->cfg;
+  int status = DDP_CLI_EXIT_ERROR;
+  for (L->attempt = 0;; L->attempt++) {
+    if (c->standalone && ddp_process_free_port(&L->master_port) != DDP_OK) {
+      say("--standalone: %s", ddp_last_error());
+      break;
+    }
+    enum outcome o = run_attempt(L, NULL, NULL);
+    if (o == ALL_OK) {
+      status = DDP_CLI_EXIT_OK;
+      break;
+    }
+    if (o == SIGNALLED) {
+      char name[32];
+      ddp_process_signal_name(L->signal, name, sizeof name);
+      say("stopped the workers on %s", name);
+      status = 128 + L->signal;
+      break;
+    }
+    if (o == START_FAILED) break;
+    if (L->attempt >= c->max_restarts) break;
+    say("restarting all %d workers (restart %d of %d)", L->nproc, L->attempt + 1, c->max_restarts);
+  }
+
+  return status;
+}
+
+/* The elastic job (--nnodes=MIN:MAX, Note [elastic rendezvous] in rendezvous.c): join a
+ * round, run the workers with the round's world, and when the round ends (a node left or
+ * waits to join, workers failed here or elsewhere) join the next one, until the workers all
+ * succeed, the job runs out of restarts or a round cannot gather MIN nodes in time.
+ * Returns the exit status. */
+static int elastic_job(launcher *L) {
+  const ddp_cli_launch *c = L->cfg;
+  char host[256];
+  int port = c->master_port;
+  snprintf(host, sizeof host, "%s", c->rdzv_endpoint ? c->rdzv_endpoint : c->master_addr);
+  char *colon = c->rdzv_endpoint ? strrchr(host, ':') : NULL;
+  if (colon) {
+    *colon = '\0';
+    port = atoi(colon + 1);
+  } else if (c->rdzv_endpoint) {
+    port = 29400; /* torchrun's default rendezvous port */
+  }
+  ddp_rdzv_config rc = {.host = host, .port = port, .run_id = L->run_id,
+                        .min_nodes = c->nnodes, .max_nodes = c->nnodes_max,
+                        .max_restarts = c->max_restarts, .last_call_s = c->last_call_s,
+                        .join_timeout_s = c->join_timeout_s};
+  ddp_rdzv *z = NULL;
+  const char *err = NULL;
+  if (ddp_rdzv_open(&z, &rc, &err) != 0) {
+    say("%s", err);
+    return DDP_CLI_EXIT_ERROR;
+  }
+  say("elastic job '%s': %d to %d nodes of %d workers, rendezvous at %s:%d%s", L->run_id,
+      c->nnodes, c->nnodes_max, L->nproc, host, port, ddp_rdzv_is_host(z) ? " (hosted here)" : "");
+  int status = DDP_CLI_EXIT_ERROR, rounds = 0;
+  for (;;) {
+    ddp_rdzv_round r;
+    int s = ddp_rdzv_next_round(z, &r);
+    if (s != 0) {
+      say("%s", ddp_rdzv_error(z));
+      /* a node that took part tells the others; a newcomer that may not join stays quiet */
+      if (s < 0 && rounds > 0) ddp_rdzv_end_job(z, ddp_rdzv_error(z));
+      break;
+    }
+    rounds++;
+    L->attempt = r.round;
+    say("round %d: node rank %d of %d nodes, world size %d (nodes: %s; master %s:%d)%s%s", r.round,
+        r.node_rank, r.nnodes, r.nnodes * L->nproc, r.nodes, r.master_addr, r.master_port,
+        r.gone[0] ? "; gone since the last round: " : "", r.gone);
+    enum outcome o = run_attempt(L, z, &r);
+    if (o == ALL_OK) {
+      if (ddp_rdzv_finish(z, &r) != 0) say("%s", ddp_rdzv_error(z));
+      status = DDP_CLI_EXIT_OK;
+      break;
+    }
+    if (o == SIGNALLED) {
+      char name[32];
+      ddp_process_signal_name(L->signal, name, sizeof name);
+      say("stopped the workers on %s", name);
+      char why[64];
+      snprintf(why, sizeof why, "its agent was stopped by %s", name);
+      ddp_rdzv_mark_changed(z, &r, why);
+      status = 128 + L->signal;
+      break;
+    }
+    if (o == STORE_LOST) break; /* said in run_attempt */
+    if (o == START_FAILED) {
+      ddp_rdzv_end_job(z, "its workers could not be started");
+      break;
+    }
+    if (r.round >= c->max_restarts) {
+      char why[160];
+      snprintf(why, sizeof why, "round %d ended and no restarts are left (--max_restarts=%d; "
+               "membership changes and failures both count)", r.round, c->max_restarts);
+      say("%s", why);
+      ddp_rdzv_end_job(z, why);
+      break;
+    }
+    say("round %d ended; joining round %d (restart %d of %d)", r.round, r.round + 1, r.round + 1,
+        c->max_restarts);
+  }
+  /* The other agents learn that the job ended through the store: the host gives them a
+   * moment (they look every WATCH_S) before its store goes */
+  if (status != DDP_CLI_EXIT_OK && ddp_rdzv_is_host(z)) ddp_os_sleep(4 * WATCH_S);
+  ddp_rdzv_free(z);
+  return status;
 }
 
 int ddp_launcher_run(const ddp_cli_options *opts, int argc, char **argv) {
@@ -387,28 +549,7 @@ int ddp_launcher_run(const ddp_cli_options *opts, int argc, char **argv) {
     return DDP_CLI_EXIT_ERROR;
   }
 
-  int status = DDP_CLI_EXIT_ERROR;
-  for (L.attempt = 0;; L.attempt++) {
-    if (c->standalone && ddp_process_free_port(&L.master_port) != DDP_OK) {
-      say("--standalone: %s", ddp_last_error());
-      break;
-    }
-    enum outcome o = run_attempt(&L);
-    if (o == ALL_OK) {
-      status = DDP_CLI_EXIT_OK;
-      break;
-    }
-    if (o == SIGNALLED) {
-      char name[32];
-      ddp_process_signal_name(L.signal, name, sizeof name);
-      say("stopped the workers on %s", name);
-      status = 128 + L.signal;
-      break;
-    }
-    if (o == START_FAILED) break;
-    if (L.attempt >= c->max_restarts) break;
-    say("restarting all %d workers (restart %d of %d)", L.nproc, L.attempt + 1, c->max_restarts);
-  }
+  int status = L.cfg->elastic ? elastic_job(&L) : static_job(&L);
 
   free(L.argv);
   fflush(stdout);

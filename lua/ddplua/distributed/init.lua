@@ -42,6 +42,8 @@ end })
 -- torch.distributed.tensor, torch.distributed.tensor.parallel, torch.distributed.checkpoint.
 --- dist.fsdp: fully sharded data parallel, fully_shard and MixedPrecisionPolicy
 -- (ddplua.distributed.fsdp), as torch.distributed.fsdp.
+--- dist.elastic: the elastic training state, State{...} with commit / restore / sync
+-- (ddplua.distributed.elastic), as horovod.torch.elastic.State.
 --- dist.all_gather_object, gather_object, broadcast_object_list, scatter_object_list:
 -- collectives of Lua values (ddplua.distributed.objects).
 local OBJECT_COLLECTIVES = { all_gather_object = true, gather_object = true,
@@ -59,6 +61,7 @@ local MODULES = {
   end,
   checkpoint = function() return require "ddplua.distributed.checkpoint" end,
   fsdp = function() return require "ddplua.distributed.fsdp" end,
+  elastic = function() return require "ddplua.distributed.elastic" end,
 }
 setmetatable(M, { __index = function(t, k)
   local load = MODULES[k]

@@ -24,12 +24,30 @@
 --
 -- It follows the DataLoader's sampler protocol (ddplua/data/loader.lua): indices() gives
 -- the epoch's 0-based indices as a 1-d i64 tensor, len() (and #sampler) their count.
+--
+-- Note [elastic resume] (Horovod's ElasticSampler, for ddplua.distributed.elastic): the
+-- sampler can resume an epoch part-way, on another world size, without skipping or
+-- repeating a sample. Rank r of W takes positions r, r + W, r + 2W, ... of the epoch's
+-- order `base` (the permutation of rule 1 of Note [sampler rules]), so once every rank has
+-- trained k samples of the epoch, the positions trained are exactly base[0 .. kW-1]: a
+-- prefix. record_batch(b) adds b * W to that prefix length (`processed`); state_dict()
+-- keeps {epoch, processed}. After load_state_dict (on any world size W'), the epoch goes on
+-- with the remainder rem = base[processed .. n-1] (m = n - processed positions), split by
+-- the same rules as a whole epoch: padded to ceil(m / W') * W' by repeating rem from its
+-- front (or cut to floor(m / W') * W' with drop_last; left ragged with pad = false), rank r
+-- taking rem[r::W']. With processed = 0 this is the plain epoch. When m is a multiple of W'
+-- nothing is padded, and every sample of the epoch is trained exactly once across the
+-- rounds; otherwise up to W' - 1 samples repeat at the epoch's end, as they do in any
+-- padded epoch (PyTorch's rule). set_epoch(e) starts epoch e from its beginning, unless e is
+-- the epoch already set (a resumed epoch keeps its position when the loop calls
+-- set_epoch(epoch) as usual).
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
 require "ddplua.tensor" -- tensor methods on the handles we return
 local ffi, C = lib.ffi, lib.C
 local check, wrap, box = lib.check, lib.wrap, lib.box
+local fn = require "ddplua.functions"
 
 local M = {}
 
@@ -119,6 +137,9 @@ function M.new(dataset, opts)
   return object.new(DistributedSampler, {
     n = n, num_replicas = world, rank = rank, shuffle = shuffle, seed = seed,
     drop_last = drop_last, pad = pad, epoch = 0, num_samples = num_samples,
+    -- Note [elastic resume]: positions of the epoch's order trained before this pass
+    -- (start) and in all (processed)
+    start = 0, processed = 0,
     -- PyTorch's total_size: the padded (or cut) list length; N itself in evaluation mode
     total_size = pad and num_samples * world or n,
   })
@@ -128,19 +149,72 @@ end
 -- rank reads in the current epoch; the same call on every rank gives disjoint shares of
 -- one permutation (apart from the padding repeats).
 function DistributedSampler.indices(self)
+  if self.start > 0 then return self:_remainder_indices() end
   check(C.ddp_dist_sampler_indices(box, self.n, self.num_replicas, self.rank, self.shuffle and 1 or 0,
     self.seed, self.epoch, self.drop_last and 1 or 0, self.pad and 1 or 0))
   return wrap(box[0])
 end
 
---- sampler:len() -> number of indices this rank gets per epoch (PyTorch's num_samples).
-function DistributedSampler.len(self) return self.num_samples end
+-- The share of a resumed epoch (Note [elastic resume]): rem[j % m] for j = rank, rank + W,
+-- ... below the remainder's (padded or cut) length.
+function DistributedSampler._remainder_indices(self)
+  check(C.ddp_dist_sampler_indices(box, self.n, 1, 0, self.shuffle and 1 or 0, self.seed, self.epoch, 0, 1))
+  local base = wrap(box[0]):tolist()
+  local m, w = self.n - self.start, self.num_replicas
+  local total = self.pad and self:len() * w or m
+  local out = {}
+  for j = self.rank, total - 1, w do out[#out + 1] = base[self.start + j % m + 1] end
+  return fn.tensor(out, { dtype = "i64" })
+end
+
+--- sampler:len() -> number of indices this rank gets per epoch (PyTorch's num_samples); in
+-- a resumed epoch, per the rest of the epoch (Note [elastic resume]).
+function DistributedSampler.len(self)
+  if self.start == 0 then return self.num_samples end
+  check(C.ddp_dist_sampler_len(len_buf, self.n - self.start, self.num_replicas, self.rank,
+    self.drop_last and 1 or 0, self.pad and 1 or 0))
+  return tonumber(len_buf[0])
+end
 
 --- sampler:set_epoch(e): use the permutation of epoch e (an integer) from now on. Call it
 -- on every rank before each epoch, or every epoch repeats the same order (as PyTorch).
+-- A new epoch starts at its beginning; the epoch already set keeps its position (Note
+-- [elastic resume]).
 function DistributedSampler.set_epoch(self, e)
   if not is_int(e) then lib.raise("DistributedSampler:set_epoch: epoch must be an integer, got " .. tostring(e)) end
+  if e ~= self.epoch then self.start, self.processed = 0, 0 end
   self.epoch = e
+end
+
+--- sampler:record_batch(batch_size): every rank has trained one more batch of batch_size
+-- samples (this rank's batch; all ranks the same) of the epoch: the epoch's position moves
+-- by batch_size * num_replicas (at most to the epoch's end). Horovod's
+-- ElasticSampler.record_batch, counting batches itself. Raises for a negative or
+-- non-integer size.
+function DistributedSampler.record_batch(self, batch_size)
+  if not is_int(batch_size) or batch_size < 0 then
+    lib.raise("DistributedSampler:record_batch: batch_size must be an integer >= 0, got " .. tostring(batch_size))
+  end
+  self.processed = math.min(self.n, self.processed + batch_size * self.num_replicas)
+end
+
+--- sampler:state_dict() -> {epoch = e, processed = k}: where the epoch is (Note [elastic
+-- resume]); plain numbers, for commits and broadcasts.
+function DistributedSampler.state_dict(self)
+  return { epoch = self.epoch, processed = self.processed }
+end
+
+--- sampler:load_state_dict(sd): go on with epoch sd.epoch after its first sd.processed
+-- positions, on this sampler's world size (Note [elastic resume]). Raises for values that
+-- are not integers or a position outside 0 .. N.
+function DistributedSampler.load_state_dict(self, sd)
+  if type(sd) ~= "table" or not is_int(sd.epoch) or not is_int(sd.processed) or sd.processed < 0
+    or sd.processed > self.n then
+    lib.raise(("DistributedSampler:load_state_dict: expected {epoch = integer, processed = 0 .. %d}, got %s")
+      :format(self.n, type(sd) == "table" and ("{epoch = %s, processed = %s}"):format(tostring(sd.epoch),
+        tostring(sd.processed)) or type(sd)))
+  end
+  self.epoch, self.start, self.processed = sd.epoch, sd.processed, sd.processed
 end
 
 function DistributedSampler.__tostring(self)
