@@ -91,8 +91,9 @@ endif
 
 # The runtime: everything under runtime/ except cli/ and the CUDA plug-in.
 LIB_C_SRCS  := $(sort $(wildcard runtime/core/*.c runtime/backend/*.c runtime/backend/cpu/*.c runtime/ops/*.c \
-                 runtime/tape/*.c runtime/autograd/*.c runtime/io/*.c runtime/distributed/*.c))
-LIB_CC_SRCS := $(sort $(wildcard runtime/distributed/*.cc runtime/io/*.cc))
+                 runtime/tape/*.c runtime/comm/*.c runtime/autograd/*.c runtime/io/*.c \
+                 runtime/distributed/*.c))
+LIB_CC_SRCS := $(sort $(wildcard runtime/comm/*.cc runtime/distributed/*.cc runtime/io/*.cc))
 LIB_OBJS    := $(LIB_C_SRCS:%.c=$(BUILD)/obj/%.o) $(LIB_CC_SRCS:%.cc=$(BUILD)/obj/%.o)
 CLI_SRCS    := $(sort $(wildcard runtime/cli/*.c))
 CLI_OBJS    := $(CLI_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -246,10 +247,10 @@ FUZZ_CFLAGS := $(FUZZ_BASE) -O1 -g $(FUZZ_SAN) $(filter-out -Wno-format-truncati
                -Wno-unknown-pragmas
 FUZZ_LIB_SRCS := $(sort $(wildcard runtime/core/*.c)) \
                  runtime/io/idx.c runtime/io/cifar.c runtime/io/safetensors.c \
-                 runtime/distributed/store.c runtime/distributed/store_file.c \
-                 runtime/distributed/store_server.c runtime/distributed/objects.c \
-                 runtime/distributed/listen_policy.c
-FUZZ_NOCOV_SRCS := runtime/distributed/store_auth.c
+                 runtime/comm/store.c runtime/comm/store_file.c \
+                 runtime/comm/store_server.c runtime/comm/objects.c \
+                 runtime/comm/listen_policy.c
+FUZZ_NOCOV_SRCS := runtime/comm/store_auth.c
 # The distributed REPL's frames (runtime/cli/dist_repl.c) get their targets once its frame
 # parser is a pure function: list the file(s) holding it here (compiled with
 # $(LUAJIT_CFLAGS) when they include Lua's headers; link $(LUAJIT_LIBS) then) and add

@@ -5,7 +5,7 @@
 #define DDP_FUZZ_STORE_H
 
 #include "distributed/store_auth.h"
-#include "distributed/store_wire.h"
+#include "comm/store_wire.h"
 #include "fuzz.h"
 
 #define FUZZ_SECRET "fuzz-job-secret"
