@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_gloo.c: backend "gloo" of the process groups (Note [pg backend] in
+/* runtime/comm/pg_gloo.c: backend "gloo" of the process groups (Note [pg backend] in
  * pg_internal.h): collectives on host memory, run in order on the group's communication
  * thread (pg_queue.c), through the Gloo shim (gloo_shim.h, gloo_shim.cc), and all-reduce of
  * f32/f64, broadcast, all-gather and barrier through shared memory instead when every rank is
@@ -18,11 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/gloo_shim.h"
-#include "distributed/pg_fingerprint.h"
-#include "distributed/pg_internal.h"
-#include "distributed/pg_recorder.h"
-#include "distributed/pg_shm.h"
+#include "comm/gloo_shim.h"
+#include "comm/pg_fingerprint.h"
+#include "comm/pg_internal.h"
+#include "comm/pg_recorder.h"
+#include "comm/pg_shm.h"
 
 enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */
 /* The `peer` of a failure: -2 a local (staging) failure, -3 a fingerprint mismatch whose

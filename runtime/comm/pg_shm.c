@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_shm.c: collectives through a POSIX shared-memory segment for a
+/* runtime/comm/pg_shm.c: collectives through a POSIX shared-memory segment for a
  * process group whose ranks all run on this host (see pg_shm.h). Loopback TCP costs two
  * kernel copies per byte and a round of wake-ups per message; here a rank reads its peers'
  * bytes where they lie.
@@ -139,9 +139,9 @@
 #include <sched.h>
 #include <sys/syscall.h>
 
-#include "distributed/gloo_shim.h"
-#include "distributed/pg_shm.h"
-#include "distributed/pg_shm_reduce.h"
+#include "comm/gloo_shim.h"
+#include "comm/pg_shm.h"
+#include "comm/pg_shm_reduce.h"
 
 enum {
   SLOT_BYTES = 4 << 20,

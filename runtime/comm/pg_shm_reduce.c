@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_shm_reduce.c: see pg_shm_reduce.h.
+/* runtime/comm/pg_shm_reduce.c: see pg_shm_reduce.h.
  *
  * Memory bound: a rank reduces its slice straight from every rank's buffer, so each input
  * byte is loaded once and each output byte stored once, with the running value in
@@ -9,7 +9,7 @@
  * measured slower here (the output is read again soon, by the owner); so was a
  * non-temporal gather copy (64 MiB, 2 ranks, 2-core Xeon: best of 6 alternating runs
  * 17.7 ms against 12.1 ms with memcpy; 256 MiB: 71 against 56 ms). */
-#include "distributed/pg_shm_reduce.h"
+#include "comm/pg_shm_reduce.h"
 
 #include <immintrin.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_shm_reduce.h: the element-wise reduction of the shared-memory
+/* runtime/comm/pg_shm_reduce.h: the element-wise reduction of the shared-memory
  * collectives (pg_shm.c): one output from the same range of several ranks' inputs, in rank
  * order, so that every rank computing an element computes the same bits. */
 #ifndef DDP_PG_SHM_REDUCE_H

@@ -401,7 +401,7 @@ end
 -- The source prefix of the library's own files ("@/.../lua/ddplua/"): call sites skip them.
 local lib_prefix = debug.getinfo(1, "S").source:gsub("distributed/init%.lua$", "")
 
--- Note [collective fingerprints] (runtime/distributed/pg_fingerprint.h): record the Lua
+-- Note [collective fingerprints] (runtime/comm/pg_fingerprint.h): record the Lua
 -- caller of the collective about to be submitted (the first frame outside the library, so
 -- DDP's and the helpers' collectives name the user's line), for mismatch messages. Once
 -- per collective, so kept cheap: debug.getinfo with "fl" creates no strings, and each
