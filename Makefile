@@ -126,7 +126,7 @@ TARGETS := $(BUILD)/libddplua.so $(BUILD)/ddplua $(BUILD)/lua/ddplua/cdef.lua $(
 # a coroutine (Note [block emulation]); glue in runtime/backend/sim/emul_plugin.cc. It needs
 # CUDA's headers (not its libraries): built wherever nvcc is found.
 EMUL_PLUGIN := $(BUILD)/libddplua_cuda_emul.so
-EMUL_AREAS  := elementwise reduce pool loss norm optim shape attention
+EMUL_AREAS  := elementwise reduce pool loss norm optim shape attention collective
 EMUL_OBJS   := $(EMUL_AREAS:%=$(BUILD)/emul/%.o) $(BUILD)/emul/emul_plugin.o
 CUDA_HOME   ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
 EMUL_FLAGS  := -std=gnu++20 -O1 -g -fPIC -pthread -U_FORTIFY_SOURCE -Wall -Wno-unknown-pragmas \

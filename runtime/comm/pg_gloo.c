@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/kernels.h"
 #include "comm/gloo_shim.h"
 #include "comm/pg_fingerprint.h"
 #include "comm/pg_internal.h"
@@ -85,15 +86,10 @@ static int reduce_dtype(int dtype) {
   return dtype == DDP_F16 || dtype == DDP_BF16 ? DDP_F32 : dtype;
 }
 
-/* buf /= n in place (AVG after SUM); buf is contiguous f32 or f64. */
+/* buf /= n in place (AVG after SUM); buf is contiguous host f32 or f64 (Note [reduction
+ * entries] in backend/kernels.h). */
 static void divide(ddp_tensor *buf, int n) {
-  if (buf->dtype == DDP_F32) {
-    float *p = (float *)ddp_data(buf);
-    for (int64_t i = 0; i < buf->numel; i++) p[i] /= (float)n;
-  } else {
-    double *p = (double *)ddp_data(buf);
-    for (int64_t i = 0; i < buf->numel; i++) p[i] /= (double)n;
-  }
+  ddp_cpu_kernels.scale_into(buf->dtype, ddp_data(buf), ddp_data(buf), buf->numel, (double)n, 1);
 }
 
 static size_t nbytes_of(const ddp_tensor *t) {

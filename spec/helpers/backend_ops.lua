@@ -46,7 +46,8 @@ M.BACKENDS = {
 -- The area files of spec/fixtures/backend_ops/: each returns function(ctx) -> a list of
 -- {name, fn} (fn raises on failure), the checks that are more than one op on one input set
 -- (errors, mixed devices, a second device, dtype pairs, launch forms).
-M.AREAS = { "elementwise", "reduce", "loss_norm", "shape", "optim", "matmul_conv", "launch_forms" }
+M.AREAS = { "elementwise", "reduce", "loss_norm", "shape", "optim", "matmul_conv", "launch_forms",
+  "comm_math" }
 
 local LUA_PATH = "lua/?.lua;lua/?/init.lua;build/lua/?.lua;spec/helpers/?.lua;./?.lua;;"
 
