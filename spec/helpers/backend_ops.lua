@@ -12,7 +12,7 @@
 --             admits it).
 --   emulated  build/libddplua_cuda_emul.so (`make emulation`, where CUDA's headers are):
 --             the simulated device with the kernels of runtime/backend/cuda/{elementwise,
---             reduce,pool,loss,norm,optim,shape}.cu compiled for the host
+--             reduce,pool,loss,norm,optim,shape,attention,collective}.cu compiled for the host
 --             (runtime/backend/sim/cuda_emulation.h); within the GPU bounds.
 --   cuda      the real plug-in on a GPU; within the GPU bounds. Pending elsewhere.
 --

@@ -1,14 +1,16 @@
-/* runtime/comm/pg_shm_reduce.c: see pg_shm_reduce.h.
+/* runtime/backend/cpu/collective.c: the CPU kernels of the comm layer's arithmetic (see
+ * collective.h; Note [reduction entries] in runtime/backend/kernels.h), written first for the
+ * shared-memory collectives (runtime/comm/pg_shm.c).
  *
- * Memory bound: a rank reduces its slice straight from every rank's buffer, so each input
- * byte is loaded once and each output byte stored once, with the running value in
- * registers (four vectors, 128 bytes of f32 or f64 per step) -- no block copied through a
- * local buffer first; ddp_shm_reduce_all stores those registers into every buffer at once,
- * so the result needs no second pass to reach the peers. The peers' inputs are read where
- * they lie: the hardware prefetcher follows the k streams. Non-temporal stores were
- * measured slower here (the output is read again soon, by the owner); so was a
- * non-temporal gather copy (64 MiB, 2 ranks, 2-core Xeon: best of 6 alternating runs
- * 17.7 ms against 12.1 ms with memcpy; 256 MiB: 71 against 56 ms). */
+ * The reductions are memory bound: a rank reduces its slice straight from every rank's
+ * buffer, so each input byte is loaded once and each output byte stored once, with the
+ * running value in registers (four vectors, 128 bytes of f32 or f64 per step) -- no block
+ * copied through a local buffer first; ddp_cpu_reduce_inputs_all stores those registers
+ * into every buffer at once, so the result needs no second pass to reach the peers. The
+ * peers' inputs are read where they lie: the hardware prefetcher follows the k streams.
+ * Non-temporal stores were measured slower here (the output is read again soon, by the
+ * owner); so was a non-temporal gather copy (64 MiB, 2 ranks, 2-core Xeon: best of 6
+ * alternating runs 17.7 ms against 12.1 ms with memcpy; 256 MiB: 71 against 56 ms). */
 #include "backend/cpu/collective.h"
 
 #include <immintrin.h>
@@ -79,7 +81,7 @@ DEFINE_REDUCE(max_f64, double, __m256d, 4, pd, MAX)
 #undef DEFINE_REDUCE
 #undef VEC_PART
 
-/* ddp_shm_reduce_all: the vector steps of VEC_PART, then the stores to every buffer. */
+/* ddp_cpu_reduce_inputs_all: the vector steps of VEC_PART, then the stores to every buffer. */
 #ifdef __AVX__
 #define VEC_ALL(T, VT, W, SFX, OP)                                                         \
   for (; i + 4 * (W) <= end; i += 4 * (W)) {                                               \
@@ -220,6 +222,22 @@ void ddp_cpu_scale_into(int dtype, void *out, const void *x, int64_t n, double s
 
 void ddp_cpu_cast_scale(int out_dtype, void *out, int in_dtype, const void *x, int64_t n,
                         double s, int divide) {
+  if (s == 1.0 && in_dtype == out_dtype) {
+    memcpy(out, x, (size_t)n * ddp_dtype_size(in_dtype));
+    return;
+  }
+  if (s == 1.0 && in_dtype == DDP_F32 && out_dtype == DDP_F64) {
+    const float *restrict xs = x;
+    double *restrict o = out;
+    for (int64_t i = 0; i < n; i++) o[i] = xs[i];
+    return;
+  }
+  if (s == 1.0 && in_dtype == DDP_F64 && out_dtype == DDP_F32) {
+    const double *restrict xs = x;
+    float *restrict o = out;
+    for (int64_t i = 0; i < n; i++) o[i] = (float)xs[i];
+    return;
+  }
   if (in_dtype == DDP_F32 && out_dtype == DDP_F16 && (divide || s == 1.0)) {
     ddp_f32_to_f16_div_n(out, x, (float)s, n); /* Note [f16 bulk conversion] */
     return;
