@@ -27,7 +27,13 @@
  * (epsilon 0: |col|), then every later column j -= <col, col_j> col.
  * The matrix products and the orthogonalisation run in double precision on the host over
  * the bucket's dtype (f32, f64; f16/bf16 under a compress wrapper), rounding once when
- * stored; what goes on the wire is the bucket's dtype. */
+ * stored; what goes on the wire is the bucket's dtype.
+ *
+ * Note [PowerSGD sums]: each entry of P = M Q, Q = M^T P and M = P Q^T is a sum of products
+ * added in index order with fma() written out: the compiler contracts `acc += a * b` into a
+ * fused multiply-add only where it chooses to (a loop it vectorizes may keep the product
+ * rounded), so the bits would depend on the optimizer; every rank runs the same code, and
+ * a release to another compiler keeps the same results. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,8 +358,8 @@ int powersgd_launch(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
     for (int64_t row = 0; row < mt->n; row++) {
       load_block(mrow, t, mt->off + row * mt->m, mt->m);
       for (int64_t c = 0; c < mt->r; c++) {
-        double acc = 0;
-        for (int64_t j = 0; j < mt->m; j++) acc += mrow[j] * w[j * mt->r + c];
+        double acc = 0; /* Note [PowerSGD sums] */
+        for (int64_t j = 0; j < mt->m; j++) acc = fma(mrow[j], w[j * mt->r + c], acc);
         prow[c] = acc;
       }
       store_block(P, mt->p_off + row * mt->r, prow, mt->r);
@@ -391,7 +397,8 @@ int powersgd_finish(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
     for (int64_t row = 0; row < mt->n; row++) {
       load_block(row_buf, t, mt->off + row * mt->m, mt->m);
       for (int64_t j = 0; j < mt->m; j++)
-        for (int64_t c = 0; c < mt->r; c++) acc[j * mt->r + c] += row_buf[j] * w[row * mt->r + c];
+        for (int64_t c = 0; c < mt->r; c++)
+          acc[j * mt->r + c] = fma(row_buf[j], w[row * mt->r + c], acc[j * mt->r + c]);
     }
     store_block(Q, mt->q_off, acc, mt->m * mt->r);
   }
@@ -407,7 +414,7 @@ int powersgd_finish(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
       load_block(acc, P, mt->p_off + row * mt->r, mt->r); /* P's row */
       for (int64_t j = 0; j < mt->m; j++) {
         double sum = 0;
-        for (int64_t c = 0; c < mt->r; c++) sum += acc[c] * w[j * mt->r + c];
+        for (int64_t c = 0; c < mt->r; c++) sum = fma(acc[c], w[j * mt->r + c], sum);
         row_buf[j] = sum;
       }
       store_block(t, mt->off + row * mt->m, row_buf, mt->m);
