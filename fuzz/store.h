@@ -4,7 +4,7 @@
 #ifndef DDP_FUZZ_STORE_H
 #define DDP_FUZZ_STORE_H
 
-#include "distributed/store_auth.h"
+#include "comm/store_auth.h"
 #include "comm/store_wire.h"
 #include "fuzz.h"
 
