@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/hierarchical_nodes.sh: all-reduce time and train.lua throughput on 2 namespace nodes x
 # 2 ranks (tools/netns_nodes.sh), hierarchical (the default for such a group: Note
-# [hierarchical all-reduce] in runtime/distributed/pg_gloo.c) against the flat Gloo ring
+# [hierarchical all-reduce] in runtime/comm/pg_gloo.c) against the flat Gloo ring
 # (DDPLUA_HIERARCHICAL=0), in alternating rounds so that load drifts on a shared machine hit
 # both alike. RATE (e.g. 1gbit) shapes each node's eth0 with a token bucket (tc tbf) before
 # the job; this kernel has no sch_netem, so no delay can be added. Prints every round and

@@ -1,7 +1,7 @@
 --- bench/shm_collectives.lua: the collectives between the ranks of one host (shared memory
 -- when the group has it): all-reduce from 4 KiB to --max-mb (f32, SUM) for an ordinary
 -- tensor (staged through the segment, Note [shm pipelined all-reduce] in
--- runtime/distributed/pg_shm.c) and for a dist.shared_buffer tensor (zero copy, Note [shm
+-- runtime/comm/pg_shm.c) and for a dist.shared_buffer tensor (zero copy, Note [shm
 -- zero copy] there), each size both
 -- barrier-synchronised and back to back; broadcast and barrier latency; and plain memcpy of
 -- the same bytes for reference (the machine's copy rate at the time: rank 0 alone, and every

@@ -1,11 +1,11 @@
 /* fuzz/store.h: what the store's fuzz targets share: a server engine without sockets
- * (Note [store server engine] in runtime/distributed/store_server.c) and feeding bytes to
+ * (Note [store server engine] in runtime/comm/store_server.c) and feeding bytes to
  * one of its connections the way read_input does after recv. */
 #ifndef DDP_FUZZ_STORE_H
 #define DDP_FUZZ_STORE_H
 
-#include "distributed/store_auth.h"
-#include "distributed/store_wire.h"
+#include "comm/store_auth.h"
+#include "comm/store_wire.h"
 #include "fuzz.h"
 
 #define FUZZ_SECRET "fuzz-job-secret"

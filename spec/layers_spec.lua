@@ -59,7 +59,7 @@ describe("tools/check_layers.lua", function()
     local status, out = check(".", BUILD)
     assert.are.equal(0, status, out)
     assert.matches("check_layers: ok", out)
-    assert.matches("core < backend < tape < ops < autograd < io < distributed < cli", out, 1, true)
+    assert.matches("core < backend < tape < ops < comm < autograd < io < distributed < cli", out, 1, true)
     local objects, refs = out:match("check_layers: symbols ok, (%d+) objects, (%d+) references")
     assert.is_truthy(objects, out)
     assert.is_true(tonumber(objects) > 50 and tonumber(refs) > 500, out)
@@ -106,6 +106,35 @@ describe("tools/check_layers.lua", function()
     status, out = check(root, build)
     assert.are.equal(0, status, out)
     assert.matches("check_layers: symbols ok", out, 1, true)
+  end)
+
+  it("places comm between ops and autograd: a comm object may call an op, never the DDP reducer", function()
+    local root = copy_tree(true)
+    local build = root .. "/build"
+    local function compile(rel, src)
+      write(root .. "/runtime/" .. rel .. ".c", "#include \"core/core.h\"\n" .. src)
+      local status, out = files.run("cc -c -Iruntime/include -Iruntime -o " ..
+        files.quote(build .. "/obj/runtime/" .. rel .. ".o") .. " " .. files.quote(root .. "/runtime/" .. rel .. ".c"))
+      assert.are.equal(0, status, out)
+    end
+    -- an op and the kernel table are below comm (a collective may reduce through them)
+    compile("comm/calls_op",
+      "int ddp_comm_calls_add(ddp_tensor **out, ddp_tensor *a, ddp_tensor *b) { return ddp_add(out, a, b); }\n")
+    local status, out = check(root, build)
+    assert.are.equal(0, status, out)
+    assert.matches("layers api < core < backend < tape < ops < comm < autograd < io < distributed < cli",
+      out, 1, true)
+    -- the reducer is a client above: calling it from comm is a violation the includes miss
+    compile("comm/calls_reducer",
+      "int ddp_comm_calls_reducer(ddp_reducer *r) { return ddp_reducer_prepare_for_backward(r); }\n")
+    status, out = check(root)
+    assert.are.equal(0, status, out)
+    status, out = check(root, build)
+    assert.are.equal(1, status, out)
+    assert.matches(build .. "/obj/runtime/comm/calls_reducer.o (runtime/comm/calls_reducer.c): uses " ..
+      "ddp_reducer_prepare_for_backward, defined in " .. build .. "/obj/runtime/distributed/reducer.o " ..
+      "(layer distributed), from layer comm: comm may use only api, core, backend, tape, ops, comm", out, 1, true)
+    assert.matches("1 violation of the layer rules", out, 1, true)
   end)
 
   it("fails on an upward Lua require, however lazy, naming the file, line, modules and layers", function()

@@ -24,11 +24,19 @@
 --   ops          runtime/ops/: every op's front door (checks, promotion, recording on the
 --                tape, one call through the kernel table); copies, casts, device moves,
 --                random fills and gradient accumulation are ops too
+--   comm         runtime/comm/: the communication layer: the store (store*.c), the
+--                process-group front doors (pg.c), the ordered queue (pg_queue.c),
+--                collective fingerprints and the flight recorder, the gloo / shm / nccl
+--                backends. It moves bytes and reduces them through the kernel table (the
+--                reduction entries of backend/kernels.h), so it sits on the ops and below
+--                the autograd engine: an op or an autograd node may call a collective,
+--                while nothing here calls the engine, io, or the DDP reducer (those are
+--                its clients, above)
 --   autograd     runtime/autograd/: the backward engine, which calls ops to sum gradients
 --                (ops/copy.h), so it sits above them
 --   io           runtime/io/: datasets, loaders, checkpoints
---   distributed  runtime/distributed/: store, process
---                groups, reducer, sampler
+--   distributed  runtime/distributed/: the clients of comm: DDP reducer and its comm
+--                hooks, sampler, process supervision (process.c)
 --   cli          runtime/cli/: the ddplua executable, the only place Lua headers may appear
 --
 -- Besides the order, the check fails on: a quoted include it cannot resolve (as the
@@ -97,6 +105,7 @@ local LAYERS = {
   { name = "backend", "^backend/" },
   { name = "tape", "^tape/" },
   { name = "ops", "^ops/" },
+  { name = "comm", "^comm/" },
   { name = "autograd", "^autograd/" },
   { name = "io", "^io/" },
   { name = "distributed", "^distributed/" },

@@ -12,7 +12,7 @@
 #     every node resolves node0 .. node<N-1> to their addresses, as a cluster's DNS would)
 #     then `unshare --uts --ipc --mount`: its own host name node<K>, its own System V IPC and
 #     a private tmpfs on /dev/shm, so no shared memory can cross nodes. ddplua's shared-memory
-#     transport (runtime/distributed/pg_shm.c) is chosen only when every rank reports the same
+#     transport (runtime/comm/pg_shm.c) is chosen only when every rank reports the same
 #     host name, boot id and IPC/PID/mount namespaces: two nodes differ in host name, IPC and
 #     mount namespace while the ranks of one node agree, so a group within one node uses
 #     shared memory and a group spanning nodes Gloo TCP over the bridge, as on real machines;

@@ -339,7 +339,43 @@ typedef struct ddp_kernels {
   void (*scatter_add)(char *self, const int64_t *self_strides, const char *src,
                       const int64_t *src_strides, const int64_t *index, int ndim,
                       const int64_t *shape, int dim, int dtype);
+  /* ---- the comm layer's arithmetic (Note [reduction entries]; CPU:
+   *      runtime/backend/cpu/collective.h, CUDA: runtime/backend/cuda/collective.cu) ---- */
+  /* out[i] = (((in[0][lo+i] op in[1][lo+i]) op in[2][lo+i]) ... op in[k-1][lo+i]) for i in
+   * [0, n); AVG is that SUM divided by k. dtype F32 or F64; `in` is a host array of k >= 1
+   * pointers (device pointers on a device; k <= DDP_REDUCE_INPUTS_MAX there). */
+  void (*reduce_inputs)(int dtype, void *out, const void *const *in, int k, int64_t lo,
+                        int64_t n, int op);
+  /* The same reduction written back into every buffer: buf[j][i] = r for every j, i in
+   * [lo, lo + n); the k buffers do not overlap. */
+  void (*reduce_inputs_all)(int dtype, void *const *buf, int k, int64_t lo, int64_t n, int op);
+  /* out[i] = x[i] * s (divide = 0) or x[i] / s (divide = 1), computed in f32 for f32, f16
+   * and bf16 and in f64 for f64, rounded once; out may be x. */
+  void (*scale_into)(int dtype, void *out, const void *x, int64_t n, double s, int divide);
+  /* out[i] = round_out(round_out(x[i]) * s) (divide = 0) or round_out(round_out(x[i]) / s)
+   * (divide = 1): x cast to out_dtype, then scaled there as scale_into does (PyTorch's
+   * x.to(out_dtype).div_(s) of the compress hooks); s == 1 is a plain cast. Both dtypes
+   * among F32, F64, F16, BF16; out and x do not overlap. */
+  void (*cast_scale)(int out_dtype, void *out, int in_dtype, const void *x, int64_t n, double s,
+                     int divide);
 } ddp_kernels;
+
+/* Note [reduction entries]: what the communication layer (runtime/comm/) and its clients
+ * (the DDP reducer and comm hooks in runtime/distributed/) compute on data is four entries
+ * of the kernel table, never typed loops of their own: reduce_inputs (sum, avg, min, max,
+ * product of k inputs into an output, in rank order: the shared-memory collectives reduce
+ * each rank's slice with it straight from the peers' buffers), reduce_inputs_all (the same,
+ * stored back into every input: the zero-copy shared-memory all-reduce), scale_into (the
+ * reducer's gradient averaging, AVG's division after a Gloo sum) and cast_scale (the fp16 /
+ * bf16 compress hooks' cast and division, and their cast back). Each element is combined in
+ * the order in[0], in[1], ..., in[k-1] in every lane, so every rank that computes an element
+ * computes the same bits whatever its alignment, n or slice. MIN / MAX keep
+ * `x < acc ? x : acc` / `x > acc ? x : acc` with x the next input (a NaN in acc is replaced
+ * by x, a NaN in x is skipped), as the vector min/max instructions do. The ops layer reaches
+ * them as ops too (ddp_reduce_tensors, ddp_scale_into, ddp_cast_scale_into in
+ * ddplua/ops_reduce.h), which is how the backend-ops harness checks every device against
+ * the CPU. */
+enum { DDP_REDUCE_INPUTS_MAX = 64 };
 
 /* The CPU table (runtime/backend/cpu/kernels.c): every entry set. */
 extern const ddp_kernels ddp_cpu_kernels;

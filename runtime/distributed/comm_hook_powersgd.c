@@ -27,11 +27,18 @@
  * (epsilon 0: |col|), then every later column j -= <col, col_j> col.
  * The matrix products and the orthogonalisation run in double precision on the host over
  * the bucket's dtype (f32, f64; f16/bf16 under a compress wrapper), rounding once when
- * stored; what goes on the wire is the bucket's dtype. */
+ * stored; what goes on the wire is the bucket's dtype.
+ *
+ * Note [PowerSGD sums]: each entry of P = M Q, Q = M^T P and M = P Q^T is a sum of products
+ * added in index order with fma() written out: the compiler contracts `acc += a * b` into a
+ * fused multiply-add only where it chooses to (a loop it vectorizes may keep the product
+ * rounded), so the bits would depend on the optimizer; every rank runs the same code, and
+ * a release to another compiler keeps the same results. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/kernels.h"
 #include "distributed/comm_hook_internal.h"
 
 struct ddp_powersgd_state {
@@ -155,31 +162,26 @@ static int ensure_mem(ddp_powersgd_state *s, int n) {
   return DDP_OK;
 }
 
-/* ---- element access over the bucket's dtype ----------------------------------------------- */
+/* ---- blocks of the bucket's dtype in double scratch ---------------------------------------- */
 
-static inline double get(const ddp_tensor *t, int64_t i) {
-  const char *d = ddp_data(t);
-  switch (t->dtype) {
-  case DDP_F32: return ((const float *)d)[i];
-  case DDP_F64: return ((const double *)d)[i];
-  default: return ddp_load_f64(d + i * (int64_t)ddp_dtype_size(t->dtype), t->dtype);
-  }
+/* w (count doubles) = the elements [off, off + count) of t (contiguous, on the host), exact;
+ * and back, rounding once to t's dtype: the CPU table's cast_scale (Note [reduction
+ * entries]), so this file has no loop over typed elements. */
+static void load_block(double *w, const ddp_tensor *t, int64_t off, int64_t count) {
+  ddp_cpu_kernels.cast_scale(DDP_F64, w, t->dtype, ddp_data(t) + off * (int64_t)ddp_dtype_size(t->dtype),
+                             count, 1.0, 0);
 }
 
-static inline void set(ddp_tensor *t, int64_t i, double v) {
-  char *d = ddp_data(t);
-  switch (t->dtype) {
-  case DDP_F32: ((float *)d)[i] = (float)v; break;
-  case DDP_F64: ((double *)d)[i] = v; break;
-  default: ddp_store_f64(d + i * (int64_t)ddp_dtype_size(t->dtype), t->dtype, v);
-  }
+static void store_block(ddp_tensor *t, int64_t off, const double *w, int64_t count) {
+  ddp_cpu_kernels.cast_scale(t->dtype, ddp_data(t) + off * (int64_t)ddp_dtype_size(t->dtype), DDP_F64,
+                             w, count, 1.0, 0);
 }
 
 /* Gram-Schmidt on the (rows, cols) row-major block of t at element offset off (Note
  * [PowerSGD]), through the double scratch w (rows * cols). */
 static void orthogonalize(ddp_tensor *t, int64_t off, int64_t rows, int64_t cols, double eps,
                           double *w) {
-  for (int64_t i = 0; i < rows * cols; i++) w[i] = get(t, off + i);
+  load_block(w, t, off, rows * cols);
   for (int64_t c = 0; c < cols; c++) {
     double norm = 0;
     for (int64_t i = 0; i < rows; i++) norm += w[i * cols + c] * w[i * cols + c];
@@ -191,7 +193,7 @@ static void orthogonalize(ddp_tensor *t, int64_t off, int64_t rows, int64_t cols
       for (int64_t i = 0; i < rows; i++) w[i * cols + j] -= dot * w[i * cols + c];
     }
   }
-  for (int64_t i = 0; i < rows * cols; i++) set(t, off + i, w[i]);
+  store_block(t, off, w, rows * cols);
 }
 
 /* ---- the hook -------------------------------------------------------------------------------- */
@@ -288,17 +290,21 @@ static int plan(ddp_powersgd_state *st, ddp_reducer *r, int k, powersgd_flight *
   return DDP_OK;
 }
 
-/* The double scratch both halves of the step use for one matrix at a time: a copy of its
- * Q (m * r) or P (n * r), and orthogonalize's work space; sized for the largest of the
- * bucket's matrices. NULL when out of memory; the caller frees it. */
-static double *matrix_scratch(const powersgd_flight *f) {
+/* The double scratch both halves of the step use for one matrix at a time, three buffers
+ * of `per` doubles each (per = the largest m * r, n * r or m of the bucket's matrices): w, a
+ * copy of the matrix's Q (m * r) or P (n * r) and orthogonalise's work space; acc, the
+ * sums of Q = M^T P (m * r); row, one row of M (m) and of P or the product (r <= m * r).
+ * NULL when out of memory; the caller frees it (one allocation, w first). */
+static double *matrix_scratch(const powersgd_flight *f, int64_t *per) {
   int64_t scratch = 1;
   for (int i = 0; i < f->n_mat; i++) {
     const psgd_matrix *mt = &f->mat[i];
     if (mt->m * mt->r > scratch) scratch = mt->m * mt->r;
     if (mt->n * mt->r > scratch) scratch = mt->n * mt->r;
+    if (mt->m > scratch) scratch = mt->m;
   }
-  return malloc(sizeof(double) * (size_t)scratch);
+  *per = scratch;
+  return malloc(sizeof(double) * 3 * (size_t)scratch);
 }
 
 int powersgd_launch(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t, ddp_pg *pg,
@@ -341,18 +347,23 @@ int powersgd_launch(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
     DDP_TRY(randomize_qs(st, st->q_mem[k], f));
   }
   ddp_tensor *P = st->p_mem[k], *Q = st->q_mem[k];
-  double *w = matrix_scratch(f);
+  int64_t per;
+  double *w = matrix_scratch(f, &per);
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "powerSGD_hook: out of memory");
+  double *mrow = w + 2 * per, *prow = w + per; /* a row of M; a row of P */
   for (int i = 0; i < f->n_mat; i++) { /* 3., 4.: P = M Q */
     const psgd_matrix *mt = &f->mat[i];
     orthogonalize(Q, mt->q_off, mt->m, mt->r, st->eps, w);
-    for (int64_t a = 0; a < mt->m * mt->r; a++) w[a] = get(Q, mt->q_off + a);
-    for (int64_t row = 0; row < mt->n; row++)
+    load_block(w, Q, mt->q_off, mt->m * mt->r);
+    for (int64_t row = 0; row < mt->n; row++) {
+      load_block(mrow, t, mt->off + row * mt->m, mt->m);
       for (int64_t c = 0; c < mt->r; c++) {
-        double acc = 0;
-        for (int64_t j = 0; j < mt->m; j++) acc += get(t, mt->off + row * mt->m + j) * w[j * mt->r + c];
-        set(P, mt->p_off + row * mt->r + c, acc);
+        double acc = 0; /* Note [PowerSGD sums] */
+        for (int64_t j = 0; j < mt->m; j++) acc = fma(mrow[j], w[j * mt->r + c], acc);
+        prow[c] = acc;
       }
+      store_block(P, mt->p_off + row * mt->r, prow, mt->r);
+    }
   }
   free(w);
   DDP_TRY(launch_allreduce(r, pg, k, f->u, &f->work_u, bytes, "the uncompressed tensors"));
@@ -372,19 +383,24 @@ int powersgd_finish(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
   ddp_tensor_bump_version(t);
   DDP_TRY(comm_hook_wait_work(r, pg, k, f->work_p, "all-reduce of P"));
   ddp_tensor *P = st->p_mem[k], *Q = st->q_mem[k];
-  double *w = matrix_scratch(f);
+  int64_t per;
+  double *w = matrix_scratch(f, &per);
   if (!w) DDP_FAIL(DDP_ERR_MEMORY, "powerSGD_hook: out of memory");
+  double *acc = w + per, *row_buf = w + 2 * per;
   for (int i = 0; i < f->n_mat; i++) { /* 6.: orthogonalise P, Q = M^T P */
     const psgd_matrix *mt = &f->mat[i];
     orthogonalize(P, mt->p_off, mt->n, mt->r, st->eps, w);
-    for (int64_t a = 0; a < mt->n * mt->r; a++) w[a] = get(P, mt->p_off + a);
-    for (int64_t j = 0; j < mt->m; j++)
-      for (int64_t c = 0; c < mt->r; c++) {
-        double acc = 0;
-        for (int64_t row = 0; row < mt->n; row++)
-          acc += get(t, mt->off + row * mt->m + j) * w[row * mt->r + c];
-        set(Q, mt->q_off + j * mt->r + c, acc);
-      }
+    load_block(w, P, mt->p_off, mt->n * mt->r);
+    /* acc[j r + c] = sum over rows, in row order, of M[row, j] P[row, c]: row by row, so
+     * M is read along its rows, each sum still adding its terms in the same order */
+    for (int64_t a = 0; a < mt->m * mt->r; a++) acc[a] = 0;
+    for (int64_t row = 0; row < mt->n; row++) {
+      load_block(row_buf, t, mt->off + row * mt->m, mt->m);
+      for (int64_t j = 0; j < mt->m; j++)
+        for (int64_t c = 0; c < mt->r; c++)
+          acc[j * mt->r + c] = fma(row_buf[j], w[row * mt->r + c], acc[j * mt->r + c]);
+    }
+    store_block(Q, mt->q_off, acc, mt->m * mt->r);
   }
   ddp_work *wq = NULL;
   int status = launch_allreduce(r, pg, k, Q, &wq, bytes, "Q");
@@ -393,13 +409,16 @@ int powersgd_finish(ddp_powersgd_state *st, ddp_reducer *r, int k, ddp_tensor *t
   if (!status) status = ddp_div_scalar_(Q, (double)world);
   for (int i = 0; i < f->n_mat && !status; i++) { /* M = P Q^T */
     const psgd_matrix *mt = &f->mat[i];
-    for (int64_t a = 0; a < mt->m * mt->r; a++) w[a] = get(Q, mt->q_off + a);
-    for (int64_t row = 0; row < mt->n; row++)
+    load_block(w, Q, mt->q_off, mt->m * mt->r);
+    for (int64_t row = 0; row < mt->n; row++) {
+      load_block(acc, P, mt->p_off + row * mt->r, mt->r); /* P's row */
       for (int64_t j = 0; j < mt->m; j++) {
-        double acc = 0;
-        for (int64_t c = 0; c < mt->r; c++) acc += get(P, mt->p_off + row * mt->r + c) * w[j * mt->r + c];
-        set(t, mt->off + row * mt->m + j, acc);
+        double sum = 0;
+        for (int64_t c = 0; c < mt->r; c++) sum = fma(acc[c], w[j * mt->r + c], sum);
+        row_buf[j] = sum;
       }
+      store_block(t, mt->off + row * mt->m, row_buf, mt->m);
+    }
   }
   free(w);
   if (status) return status;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "backend/kernels.h"
 #include "core/profiler.h"
 #include "distributed/reducer_internal.h"
 
@@ -226,37 +227,17 @@ static int copy_scaled(ddp_tensor *dst, const ddp_tensor *src, double scale) {
     if (src != dst) DDP_TRY(ddp_copy_(dst, src));
     return scale == 1.0 ? DDP_OK : ddp_mul_scalar_(dst, scale);
   }
-  int64_t n = dst->numel;
+  /* Note [reduction entries]: the CPU table's scale_into, one pass from the gradient into
+   * its slot when the two have the same layout and dtype (f16 / bf16 through f32) */
+  const ddp_kernels *k = &ddp_cpu_kernels;
   if (src != dst && src->dtype == dst->dtype && ddp_tensor_is_contiguous(src)) {
-    if (dst->dtype == DDP_F32) {
-      float *restrict d = (float *)ddp_data(dst);
-      const float *restrict s = (const float *)ddp_data(src);
-      float f = (float)scale;
-      for (int64_t i = 0; i < n; i++) d[i] = s[i] * f;
-      ddp_tensor_bump_version(dst);
-      return DDP_OK;
-    }
-    if (dst->dtype == DDP_F64) {
-      double *restrict d = (double *)ddp_data(dst);
-      const double *restrict s = (const double *)ddp_data(src);
-      for (int64_t i = 0; i < n; i++) d[i] = s[i] * scale;
-      ddp_tensor_bump_version(dst);
-      return DDP_OK;
-    }
+    k->scale_into(dst->dtype, ddp_data(dst), ddp_data(src), dst->numel, scale, 0);
+    ddp_tensor_bump_version(dst);
+    return DDP_OK;
   }
   if (src != dst) DDP_TRY(ddp_copy_(dst, src));
   if (scale == 1.0) return DDP_OK;
-  char *d = ddp_data(dst);
-  size_t es = ddp_dtype_size(dst->dtype);
-  if (dst->dtype == DDP_F32) {
-    float f = (float)scale;
-    for (int64_t i = 0; i < n; i++) ((float *)d)[i] *= f;
-  } else if (dst->dtype == DDP_F64) {
-    for (int64_t i = 0; i < n; i++) ((double *)d)[i] *= scale;
-  } else { /* f16, bf16: through f32 as the CPU kernels do */
-    for (int64_t i = 0; i < n; i++)
-      ddp_store_f64(d + i * es, dst->dtype, (double)(float)(ddp_load_f64(d + i * es, dst->dtype) * (float)scale));
-  }
+  k->scale_into(dst->dtype, ddp_data(dst), ddp_data(dst), dst->numel, scale, 0);
   ddp_tensor_bump_version(dst);
   return DDP_OK;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/kernels.h"
 #include "distributed/comm_hook_internal.h"
 
 /* ---- registration ------------------------------------------------------------------------ */
@@ -136,13 +137,9 @@ static int compress_fast(ddp_tensor **out, const ddp_tensor *t, int dtype, int w
   if (t->device != DDP_DEVICE_CPU || t->dtype != DDP_F32 || !ddp_tensor_is_contiguous(t)) return DDP_OK;
   int64_t shape[1] = {t->numel};
   DDP_TRY(ddp_tensor_empty(out, 1, shape, dtype, DDP_DEVICE_CPU));
-  const float *restrict x = (const float *)ddp_data(t);
-  uint16_t *restrict c = (uint16_t *)ddp_data(*out);
-  float w = (float)world;
-  if (dtype == DDP_F16) /* Note [f16 bulk conversion] */
-    ddp_f32_to_f16_div_n(c, x, w, t->numel);
-  else
-    for (int64_t i = 0; i < t->numel; i++) c[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(ddp_f32_to_bf16(x[i])) / w);
+  /* Note [reduction entries]: x.to(dtype).div_(world) in one pass (f16: Note [f16 bulk
+   * conversion]) */
+  ddp_cpu_kernels.cast_scale(dtype, ddp_data(*out), DDP_F32, ddp_data(t), t->numel, (double)world, 1);
   *done = 1;
   return DDP_OK;
 }
@@ -152,12 +149,7 @@ static int decompress_fast(ddp_tensor *t, const ddp_tensor *c) {
   if (t->device != DDP_DEVICE_CPU || c->device != DDP_DEVICE_CPU || t->dtype != DDP_F32 ||
       !ddp_tensor_is_contiguous(t) || (c->dtype != DDP_F16 && c->dtype != DDP_BF16))
     return 0;
-  float *restrict x = (float *)ddp_data(t);
-  const uint16_t *restrict h = (const uint16_t *)ddp_data(c);
-  if (c->dtype == DDP_F16)
-    ddp_f16_to_f32_n(x, h, t->numel);
-  else
-    for (int64_t i = 0; i < t->numel; i++) x[i] = ddp_bf16_to_f32(h[i]);
+  ddp_cpu_kernels.cast_scale(DDP_F32, ddp_data(t), c->dtype, ddp_data(c), t->numel, 1.0, 0);
   ddp_tensor_bump_version(t);
   return 1;
 }

@@ -1,4 +1,4 @@
--- Specs for process groups and collectives (ddplua.distributed over runtime/distributed/pg*.c and
+-- Specs for process groups and collectives (ddplua.distributed over runtime/comm/pg*.c and
 -- the Gloo shim): real ranks started by spec/helpers/multiproc.lua on 127.0.0.1. Each rank
 -- fills tensors with values(rank, i) and prints its results; the references are computed
 -- here, in the spec, from the same rule.
@@ -490,7 +490,7 @@ describe("ddplua.distributed collectives #dist", function()
       local e = ranks[rank].err
       local me = rank - 1
       -- this rank's own failure, or the other survivor's when it aborted the group first
-      -- (Note [group abort] in runtime/distributed/pg.c): either names the dead rank
+      -- (Note [group abort] in runtime/comm/pg.c): either names the dead rank
       assert.matches("all_reduce failed on rank %d: peer rank 2 disconnected", e.dead)
       assert.matches("all_reduce[^\n]* on rank " .. me .. ":", e.dead)
       assert(ranks[rank].out.elapsed[1] <= 10, "the survivor took " .. ranks[rank].out.elapsed[1] .. " s")

@@ -1,4 +1,4 @@
--- Collective fingerprints (Note [collective fingerprints] in runtime/distributed/pg_fingerprint.h):
+-- Collective fingerprints (Note [collective fingerprints] in runtime/comm/pg_fingerprint.h):
 -- two ranks that call a collective with different sizes, dtypes, reduce ops, collectives or
 -- roots both fail at once with a message naming both calls and both call sites, on every
 -- backend: gloo through shared memory (the default), gloo over TCP (DDPLUA_SHM=0), and nccl

@@ -1,4 +1,4 @@
--- Group abort (Note [group abort] in runtime/distributed/pg.c): once a collective fails or
+-- Group abort (Note [group abort] in runtime/comm/pg.c): once a collective fails or
 -- times out on one rank, or a rank calls dist.abort_process_group, every pending and later
 -- collective of the group on every rank raises within about a second, naming the first
 -- failure (its rank, collective, call site and cause). Before it, a rank that went on after a

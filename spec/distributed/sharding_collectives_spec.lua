@@ -1,5 +1,5 @@
 -- Specs for the collectives for sharding (issue 24 part 2; ddplua/pg.h "collectives for
--- sharding", Note [sharding collectives] in runtime/distributed/pg_internal.h):
+-- sharding", Note [sharding collectives] in runtime/comm/pg_internal.h):
 -- reduce_scatter_tensor, all_gather_into_tensor, all_to_all_single with uneven splits, their
 -- coalesced forms and new_subgroups, on real ranks started by spec/helpers/multiproc.lua on
 -- 127.0.0.1, through shared memory (the default on one host: Note [shm reduce-scatter] in

@@ -1,4 +1,4 @@
--- Specs for the shared-memory all-reduce (runtime/distributed/pg_shm.c): ranks on this host reduce
+-- Specs for the shared-memory all-reduce (runtime/comm/pg_shm.c): ranks on this host reduce
 -- f32/f64 through a shared segment instead of Gloo's loopback TCP. Real ranks started by
 -- spec/helpers/multiproc.lua. The segment reduces each element once, on one rank, over the
 -- ranks in order 0 .. world-1; the references below compute exactly that order (f32 rounded
@@ -334,7 +334,7 @@ describe("shared-memory zero-copy all_reduce (dist.shared_buffer) #dist", functi
   end)
 end)
 
--- Note [shm pipelined all-reduce] in runtime/distributed/pg_shm.c: above 32 KiB an all-reduce
+-- Note [shm pipelined all-reduce] in runtime/comm/pg_shm.c: above 32 KiB an all-reduce
 -- is cut into one slice per rank (staged: per chunk), and each rank writes its slice's result
 -- into every rank's buffer or slot. The sizes below give many staged chunks with an odd
 -- tail, exact multiples of the staged chunk (for 3 and 4 ranks), and just over the

@@ -1,5 +1,5 @@
 -- The flight recorder, the stall report and the SIGUSR1 dump (Note [flight recorder] in
--- runtime/distributed/pg_recorder.h). Before them a SIGSTOPped rank ended the job only at
+-- runtime/comm/pg_recorder.h). Before them a SIGSTOPped rank ended the job only at
 -- the timeout with "timed out", and nothing could show what each rank had run.
 local mp = require "multiproc"
 

@@ -1,4 +1,4 @@
--- Specs for ddplua.distributed.store (runtime/distributed/store*.c): the TCP store (server thread +
+-- Specs for ddplua.distributed.store (runtime/comm/store*.c): the TCP store (server thread +
 -- clients) and the file store, in one process and across real processes on 127.0.0.1.
 -- Children are `build/ddplua` (or $DDPLUA_EXE) running small scripts written to temp files,
 -- each in its own process group so cleanup can kill it even when a spec fails.

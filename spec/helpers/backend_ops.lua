@@ -12,7 +12,7 @@
 --             admits it).
 --   emulated  build/libddplua_cuda_emul.so (`make emulation`, where CUDA's headers are):
 --             the simulated device with the kernels of runtime/backend/cuda/{elementwise,
---             reduce,pool,loss,norm,optim,shape}.cu compiled for the host
+--             reduce,pool,loss,norm,optim,shape,attention,collective}.cu compiled for the host
 --             (runtime/backend/sim/cuda_emulation.h); within the GPU bounds.
 --   cuda      the real plug-in on a GPU; within the GPU bounds. Pending elsewhere.
 --
@@ -46,7 +46,8 @@ M.BACKENDS = {
 -- The area files of spec/fixtures/backend_ops/: each returns function(ctx) -> a list of
 -- {name, fn} (fn raises on failure), the checks that are more than one op on one input set
 -- (errors, mixed devices, a second device, dtype pairs, launch forms).
-M.AREAS = { "elementwise", "reduce", "loss_norm", "shape", "optim", "matmul_conv", "launch_forms" }
+M.AREAS = { "elementwise", "reduce", "loss_norm", "shape", "optim", "matmul_conv", "launch_forms",
+  "comm_math" }
 
 local LUA_PATH = "lua/?.lua;lua/?/init.lua;build/lua/?.lua;spec/helpers/?.lua;./?.lua;;"
 

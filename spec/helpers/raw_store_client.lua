@@ -1,7 +1,7 @@
 -- spec/helpers/raw_store_client.lua: a raw TCP client of the store for the store specs
 -- (spec/distributed/store_spec.lua, store_security_spec.lua), to send what no real client
 -- would: sockets through the FFI, the client's half of the handshake (Note [store
--- handshake] in runtime/distributed/store_wire.h), frame pieces, child processes, and small
+-- handshake] in runtime/comm/store_wire.h), frame pieces, child processes, and small
 -- file helpers.
 local ffi = require "ffi"
 local bit = require "bit"

@@ -1,5 +1,5 @@
 -- Specs for the hierarchical all-reduce (Note [hierarchical all-reduce] in
--- runtime/distributed/pg_gloo.c) on namespace nodes (tools/netns_nodes.sh): a gloo group of
+-- runtime/comm/pg_gloo.c) on namespace nodes (tools/netns_nodes.sh): a gloo group of
 -- 2 nodes x 2 ranks all-reduces within each node through shared memory, between the nodes'
 -- leaders through Gloo, then broadcasts within each node. Checked against the exact sums,
 -- bitwise across the ranks, and seen from outside the library: the world group maps a

@@ -3,7 +3,7 @@
 -- down`: its packets are dropped, nobody is told) or node 1 dies (every process SIGKILLed).
 -- The job must end on every node within the collective timeout (20 s here), and for the cut
 -- link node 0's stall report (DDPLUA_STALL_REPORT_S=5) must name node 1's host and ranks as
--- behind (Note [stall report hosts] in runtime/distributed/pg_recorder.c), and node 1's
+-- behind (Note [stall report hosts] in runtime/comm/pg_recorder.c), and node 1's
 -- ranks, cut off from the store, must report too (Note [stall report store]). With
 -- --max_restarts on both nodes, the job resumes when the link comes back. Pending where
 -- namespaces cannot be made.

@@ -403,7 +403,7 @@ end
 -- the whole path of this file, so the frames of the other library modules counted as calls).
 local lib_prefix = (debug.getinfo(1, "S").source:gsub("distributed/distributed_c10d%.lua$", ""))
 
--- Note [collective fingerprints] (runtime/distributed/pg_fingerprint.h): record the Lua
+-- Note [collective fingerprints] (runtime/comm/pg_fingerprint.h): record the Lua
 -- caller of the collective about to be submitted (the first frame outside the library, so
 -- DDP's and the helpers' collectives name the user's line), for mismatch messages. Once
 -- per collective, so kept cheap: debug.getinfo with "fl" creates no strings, and each

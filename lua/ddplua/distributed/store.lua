@@ -1,5 +1,5 @@
 --- ddplua.distributed.store: the key-value rendezvous of the distributed layer (PyTorch's
--- TCPStore and FileStore), over runtime/distributed/store.c (C API: ddplua/store.h).
+-- TCPStore and FileStore), over runtime/comm/store.c (C API: ddplua/store.h).
 --
 --   local store = require "ddplua.distributed.store"
 --   local s = store.TCPStore("127.0.0.1", 29500, {is_server = rank == 0, rank = rank, timeout = 60})

@@ -31,7 +31,7 @@ end
 -- Note [REPL group abort]: a collective blocked at the prompt ends with Ctrl-C: each rank's
 -- interrupt thread aborts the process groups with a collective pending
 -- (ddp_pg_abort_pending, runtime/cli/dist_repl.c), which aborts them on every rank (Note
--- [group abort] in runtime/distributed/pg.c), and the input ends with the error. The group
+-- [group abort] in runtime/comm/pg.c), and the input ends with the error. The group
 -- is then unusable, so before the next input that every rank runs (not a `%rank K` one:
 -- making a group needs every rank) each rank checks whether the default group was aborted,
 -- here or on any rank (its abort key in the store: a rank that was not in the collective

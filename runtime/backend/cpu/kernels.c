@@ -4,6 +4,7 @@
 #include "backend/kernels.h"
 
 #include "backend/cpu/attention.h"
+#include "backend/cpu/collective.h"
 #include "backend/cpu/conv.h"
 #include "backend/cpu/copy.h"
 #include "backend/cpu/elementwise.h"
@@ -83,4 +84,8 @@ const ddp_kernels ddp_cpu_kernels = {
     .index_add = ddp_cpu_index_add,
     .gather = ddp_cpu_gather,
     .scatter_add = ddp_cpu_scatter_add,
+    .reduce_inputs = ddp_cpu_reduce_inputs,
+    .reduce_inputs_all = ddp_cpu_reduce_inputs_all,
+    .scale_into = ddp_cpu_scale_into,
+    .cast_scale = ddp_cpu_cast_scale,
 };

@@ -88,6 +88,7 @@ void ddp_cuda_register_norm(ddp_kernels *k) __attribute__((weak));
 void ddp_cuda_register_optim(ddp_kernels *k) __attribute__((weak));
 void ddp_cuda_register_shape(ddp_kernels *k) __attribute__((weak));
 void ddp_cuda_register_attention(ddp_kernels *k) __attribute__((weak));
+void ddp_cuda_register_collective(ddp_kernels *k) __attribute__((weak));
 }
 
 // TF32 switch (runtime/backend/cuda/plugin.cu), read by the GEMM and convolution kernels.

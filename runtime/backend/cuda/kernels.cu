@@ -13,7 +13,7 @@ extern "C" const ddp_kernels *ddp_cuda_kernel_table(void) {
         ddp_cuda_register_elementwise, ddp_cuda_register_reduce, ddp_cuda_register_matmul,
         ddp_cuda_register_conv,        ddp_cuda_register_pool,   ddp_cuda_register_loss,
         ddp_cuda_register_norm,        ddp_cuda_register_optim,  ddp_cuda_register_shape,
-        ddp_cuda_register_attention,
+        ddp_cuda_register_attention,   ddp_cuda_register_collective,
     };
     for (auto reg : areas)
       if (reg) reg(&table);

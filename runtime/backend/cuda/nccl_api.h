@@ -1,6 +1,6 @@
 /* runtime/backend/cuda/nccl_api.h: the NCCL half of the process groups, as a C table the
  * CUDA plug-in exports (runtime/backend/cuda/nccl.cu: ddp_cuda_nccl_table, stored in
- * ddp_cuda_api.nccl) and the process groups call (runtime/distributed/pg_nccl.c, backend "nccl"). It is
+ * ddp_cuda_api.nccl) and the process groups call (runtime/comm/pg_nccl.c, backend "nccl"). It is
  * part of the plug-in's interface, so it lives with the backend (the distributed layer above
  * includes it; the backend never includes a distributed header). C-compatible: it is
  * included by C (pg_nccl.c, the simulated device) and by C++ (nccl.cu).

@@ -169,7 +169,7 @@ static int event_destroy(void *e) {
 // current one part after an op on another device (Note [current device]). So for the NULL
 // stream the event's device (from event_create) is made current first: "the default
 // stream of the event's device", which is what the callers mean (Event:record,
-// runtime/distributed/pg_nccl.c). A non-NULL stream carries its device. (stream_wait_event and
+// runtime/comm/pg_nccl.c). A non-NULL stream carries its device. (stream_wait_event and
 // stream_synchronize with the NULL stream still mean the current device's default
 // stream: the API does not say which device the caller had in mind.)
 // First GPU run: with two GPUs, run an op on cuda:1, then record an event of cuda:0 on its

@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DDP_CUDA_PLUGIN_ABI 5
+#define DDP_CUDA_PLUGIN_ABI 6
 
 #ifdef __cplusplus
 extern "C" {

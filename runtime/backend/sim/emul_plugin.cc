@@ -293,6 +293,7 @@ extern "C" const ddp_cuda_api *ddp_cuda_plugin_api(void) {
     ddp_cuda_register_optim(&kernels);
     ddp_cuda_register_shape(&kernels);
     ddp_cuda_register_attention(&kernels);
+    ddp_cuda_register_collective(&kernels);
     api = *base;
     api.name = "cuda-emulated";
     api.kernels = &kernels;

@@ -1,6 +1,6 @@
 /* ddplua/dist_functional.h: part of the public API, included by ddplua.h only.
  *
- * Differentiable collectives (runtime/distributed/functional.c), the C body of
+ * Differentiable collectives (runtime/comm/functional.c), the C body of
  * ddplua.distributed.nn.functional (PyTorch's torch.distributed.nn.functional, plus the
  * tensor forms all_gather_tensor / reduce_scatter_tensor of its functional collectives).
  * Each call runs one collective of group `pg` through its front door (ddplua/pg.h, blocking)

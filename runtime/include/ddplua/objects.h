@@ -2,7 +2,7 @@
  *
  * The bytes of the object collectives (all_gather_object, broadcast_object_list, ...:
  * lua/ddplua/distributed/objects.lua): what a rank receives from its peers is checked here,
- * in C, before Lua builds any value from it (runtime/distributed/objects.c).
+ * in C, before Lua builds any value from it (runtime/comm/objects.c).
  *
  * Note [object bytes]: one value is one tag byte, then
  *   'n' nil | 'f' false | 't' true | 'd' 8 bytes, a double (little-endian)

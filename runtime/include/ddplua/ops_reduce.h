@@ -103,3 +103,33 @@ int ddp_softmax(ddp_tensor **out, ddp_tensor *t, int dim);
 /* log_softmax of t along dim: x - max - log(sum(exp(x - max))). Same shape and dtype as t;
  * floating t only. Differentiable (fused backward: g - exp(y) * sum(g)). */
 int ddp_log_softmax(ddp_tensor **out, ddp_tensor *t, int dim);
+
+/* ---- the comm layer's arithmetic (Note [reduction entries] in runtime/backend/kernels.h) --
+ * Element-wise combinations of whole tensors, as the collectives and DDP's comm hooks
+ * compute them, through the kernel table of the tensors' device. None records autograd;
+ * each writes into a tensor the caller made (bumping its version). Every tensor must be
+ * live, contiguous and on one device; errors (DDP_ERR_ARG) name the function and the
+ * argument at fault. */
+
+/* out = inputs[0] op inputs[1] ... op inputs[k-1], element by element in that order (the
+ * order every rank of a collective uses), op a ddp_reduce_op (ddplua/pg.h): SUM, AVG (the
+ * sum divided by k), MIN, MAX (x < acc ? x : acc with x the next input: a NaN input is
+ * skipped, as in the collectives), PRODUCT. 1 <= k <= 64; the inputs and out all f32 or
+ * all f64, with out's numel (shapes may differ). out may be one of the inputs and must not
+ * share storage with the others otherwise. */
+int ddp_reduce_tensors(ddp_tensor *out, ddp_tensor *const *inputs, int k, int op);
+
+/* The same reduction written back into every buffer: afterwards each of bufs[0 .. k-1]
+ * holds the result. The bufs share no storage and are all f32 or all f64 of one numel. */
+int ddp_reduce_tensors_all(ddp_tensor *const *bufs, int k, int op);
+
+/* out = x * s (divide = 0) or x / s (divide = 1), in x's dtype (f32, f64, f16, bf16; the
+ * last two computed in f32 and rounded once). out has x's numel and dtype and may be x
+ * (else it shares no storage with x). */
+int ddp_scale_into(ddp_tensor *out, ddp_tensor *x, double s, int divide);
+
+/* out = x.to(out.dtype) * s (divide = 0) or x.to(out.dtype) / s (divide = 1): the cast,
+ * then the scaling in out's dtype as ddp_scale_into does, each rounded (the fp16 / bf16
+ * compress hooks' x.to(f16).div_(world)); s = 1 is the cast alone. Dtypes f32, f64, f16,
+ * bf16; out has x's numel and shares no storage with x. */
+int ddp_cast_scale_into(ddp_tensor *out, ddp_tensor *x, double s, int divide);

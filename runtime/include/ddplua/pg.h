@@ -1,6 +1,6 @@
 /* ddplua/pg.h: part of the public API, included by ddplua.h only.
  *
- * Process groups (runtime/distributed/: the front doors in pg.c, the ordered communication
+ * Process groups (runtime/comm/: the front doors in pg.c, the ordered communication
  * thread in pg_queue.c, one file per backend: pg_gloo.c over the Gloo shim gloo_shim.cc and
  * the shared-memory all-reduce pg_shm.c, pg_nccl.c over the CUDA plug-in's NCCL table
  * runtime/backend/cuda/nccl.cu): collectives between the ranks of a job, as
@@ -15,7 +15,7 @@
  * as PyTorch); f16 and bf16 are reduced natively by NCCL; AVG is NCCL's ncclAvg.
  * Every rank must call the same collectives in the same order with tensors of the same
  * shape and dtype: before any data moves the ranks compare fingerprints of the call
- * (Note [collective fingerprints] in runtime/distributed/pg_fingerprint.h); a mismatch fails
+ * (Note [collective fingerprints] in runtime/comm/pg_fingerprint.h); a mismatch fails
  * on every rank of the group with DDP_ERR_ARG, naming both calls and their call sites, and
  * breaks the group.
  *
@@ -33,7 +33,7 @@
  *
  * Transport: Gloo over TCP, except all-reduce of f32/f64 (and f16/bf16, staged as f32),
  * broadcast, all-gather and barrier between ranks that all run on this host: they go
- * through a shared-memory segment (runtime/distributed/pg_shm.c), in the same FIFO order,
+ * through a shared-memory segment (runtime/comm/pg_shm.c), in the same FIFO order,
  * each element reduced in rank order 0..world-1, so every rank holds identical bits. A
  * blocking one runs on the calling thread when nothing is queued before it (Note [inline
  * collectives] in pg_queue.c). DDPLUA_SHM=0 turns it off (every rank then votes for Gloo).
@@ -146,7 +146,7 @@ int ddp_pg_set_timeout(ddp_pg *pg, double timeout_s);
 double ddp_pg_get_timeout(const ddp_pg *pg);
 
 /* Seconds a collective may wait for its peers before this rank prints a stall report
- * (Note [flight recorder] in runtime/distributed/pg_recorder.h; default
+ * (Note [flight recorder] in runtime/comm/pg_recorder.h; default
  * $DDPLUA_STALL_REPORT_S, else 30). The report changes nothing: the group's timeout still
  * ends the wait. Host-side backends (gloo) only. Errors: DDP_ERR_ARG for seconds <= 0. */
 int ddp_pg_set_stall_report(ddp_pg *pg, double seconds);
@@ -166,7 +166,7 @@ const char *ddp_pg_error(const ddp_pg *pg);
  * with "<collective> on rank N: the process group was aborted: <first failure>", where the
  * first failure is "<reason> on rank <this rank> at <call site>" (reason NULL or "":
  * "abort_process_group called"; the call site is the one ddp_pg_set_call_site set) unless
- * another rank's failure came first (Note [group abort] in runtime/distributed/pg.c). Every
+ * another rank's failure came first (Note [group abort] in runtime/comm/pg.c). Every
  * failed or timed-out collective aborts its group the same way. The group cannot be used
  * again: ddp_pg_free it (work handles may be waited for and freed first or after), and make
  * a new group (with another prefix when it meets through the same store). Any thread;
@@ -197,7 +197,7 @@ int ddp_pg_allreduce(ddp_work **work, ddp_pg *pg, ddp_tensor *t, int op);
 /* A zero-filled CPU tensor of `shape` (ndim dims) and `dtype` whose memory lies in the
  * shared-memory segment of group `pg` when it has one (all ranks on this host, gloo
  * backend): all-reduces whose tensors lie there on every rank run without staging copies
- * (Note [shm zero copy] in runtime/distributed/pg_shm.c), and a broadcast reads the root's
+ * (Note [shm zero copy] in runtime/comm/pg_shm.c), and a broadcast reads the root's
  * tensor in place. *placed = 1 then; else (no segment: ranks on several hosts,
  * DDPLUA_SHM=0, nccl) an ordinary tensor and *placed = 0. Each rank may place up to 1 GiB;
  * the tensor may outlive the group. Any rank may call it any time (no collective).

@@ -66,7 +66,7 @@
  * Note [shared buckets]: CPU buckets of f32/f64 are allocated with ddp_pg_shared_zeros
  * (pg.h): with the gloo backend and every rank on this host they lie in the group's
  * shared-memory segment, so their all-reduce reads the peers' buckets in place with no
- * staging copy (Note [shm zero copy] in runtime/distributed/pg_shm.c). Elsewhere they are
+ * staging copy (Note [shm zero copy] in runtime/comm/pg_shm.c). Elsewhere they are
  * ordinary memory, as when the segment has no room left (the all-reduce then stages them:
  * slower, the same bits).
  *
@@ -76,7 +76,7 @@
  * (ddp_reducer_set_overlap) nothing is launched until every bucket is complete; then the
  * buckets are all-reduced one after the other in index order on the thread running the
  * backward, blocking (the process group's inline path, Note [inline collectives] in
- * runtime/distributed/pg_queue.c), with no second thread competing for a core. Either way:
+ * runtime/comm/pg_queue.c), with no second thread competing for a core. Either way:
  * the same collectives in the same order, the same bits. Measured on 2 cores with DDP 2 x 1
  * thread (bench/RESULTS.md), overlap on was the faster for the CNN (its fc bucket reduced
  * during the conv backward): off is for hosts whose ranks oversubscribe the cores, to be

@@ -28,7 +28,7 @@ typedef struct ddp_store ddp_store;
 
 /* Options of a TCP store (ddp_store_tcp_open). Zero fields take the defaults.
  *
- * Security (README, "Security"; Note [store handshake] in runtime/distributed/store_wire.h):
+ * Security (README, "Security"; Note [store handshake] in runtime/comm/store_wire.h):
  * every connection proves the job's secret before any request, by a challenge-response with
  * HMAC-SHA256; the secret itself never crosses the network. Server and clients must be given
  * the same secret: `secret`, else the environment variable DDPLUA_STORE_SECRET (which the

@@ -1,5 +1,5 @@
 -- Specs for ddplua.distributed.nn.functional, the differentiable collectives (issue 24 part
--- 3; runtime/distributed/functional.c, Note [collectives on the tape] in
+-- 3; runtime/comm/functional.c, Note [collectives on the tape] in
 -- ddplua/dist_functional.h), on 2 real ranks started by spec/helpers/multiproc.lua, through
 -- shared memory (the default on one host) and through Gloo over TCP (DDPLUA_SHM=0).
 --

@@ -11,7 +11,7 @@
 -- Each function runs its collective at once (blocking) on a copy of its input and returns
 -- new tensors; when grad mode is on and the input requires grad (floating dtypes), the C
 -- runtime records a node on the autograd tape whose backward runs the adjoint collective
--- (runtime/distributed/functional.c, ddplua/dist_functional.h): no Lua step in backward.
+-- (runtime/comm/functional.c, ddplua/dist_functional.h): no Lua step in backward.
 --
 --   function                                   backward (gradient of the input)
 --   all_reduce(tensor, op, group)              all_reduce (sum) of the gradient

@@ -1,4 +1,4 @@
-/* runtime/distributed/store_auth.c: SHA-256 (FIPS 180-4 section 6.2), HMAC-SHA256 (RFC 2104)
+/* runtime/comm/store_auth.c: SHA-256 (FIPS 180-4 section 6.2), HMAC-SHA256 (RFC 2104)
  * and random bytes for the store's handshake (Note [store handshake], store_wire.h). Written
  * here because the runtime links no crypto library; checked against the FIPS 180-4 example
  * vectors and RFC 4231's HMAC test cases (spec/distributed/store_security_spec.lua). */
@@ -9,7 +9,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "distributed/store_auth.h"
+#include "comm/store_auth.h"
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,

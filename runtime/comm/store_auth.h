@@ -1,4 +1,4 @@
-/* runtime/distributed/store_auth.h: the store's authentication primitives (store_auth.c):
+/* runtime/comm/store_auth.h: the store's authentication primitives (store_auth.c):
  * SHA-256 (FIPS 180-4), HMAC-SHA256 (RFC 2104), a constant-time comparison and random bytes.
  * Used by the TCP store's handshake (Note [store handshake], store_wire.h). */
 #ifndef DDP_STORE_AUTH_H

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_nccl.c: backend "nccl" of the process groups (Note [pg backend] in
+/* runtime/comm/pg_nccl.c: backend "nccl" of the process groups (Note [pg backend] in
  * pg_internal.h), the host side of the CUDA plug-in's NCCL table (backend/cuda/nccl_api.h): no thread and
  * no Gloo; each collective is enqueued from the calling thread on the communicator's
  * stream and its work handle is the event recorded after it (Note [nccl work] in
@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/pg_fingerprint.h"
-#include "distributed/pg_internal.h"
-#include "distributed/pg_recorder.h"
-#include "distributed/pg_shm.h"
-#include "distributed/gloo_shim.h"
+#include "comm/pg_fingerprint.h"
+#include "comm/pg_internal.h"
+#include "comm/pg_recorder.h"
+#include "comm/pg_shm.h"
+#include "comm/gloo_shim.h"
 #include "backend/cuda/nccl_api.h"
 
 /* The state of an nccl group (ddp_pg.impl). */

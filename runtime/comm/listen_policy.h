@@ -1,4 +1,4 @@
-/* runtime/distributed/listen_policy.h: who may open a listening socket without the job's
+/* runtime/comm/listen_policy.h: who may open a listening socket without the job's
  * secret (Note [no open listener without a secret], listen_policy.c). */
 #ifndef DDP_LISTEN_POLICY_H
 #define DDP_LISTEN_POLICY_H

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_fingerprint.h: collective fingerprints (internal to the process-group
+/* runtime/comm/pg_fingerprint.h: collective fingerprints (internal to the process-group
  * files; see Note [collective fingerprints]).
  *
  * Note [collective fingerprints]: before any data of a collective moves, the ranks of the
@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "distributed/pg_internal.h"
+#include "comm/pg_internal.h"
 
 enum { PG_FP_SITE = PG_SITE_CAP, PG_FP_BYTES = 192 };
 

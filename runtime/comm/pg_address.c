@@ -1,11 +1,11 @@
-/* runtime/distributed/pg_address.c: which address a rank of a Gloo group binds and
+/* runtime/comm/pg_address.c: which address a rank of a Gloo group binds and
  * publishes (the rules are in ddplua/pg.h at ddp_pg_new_gloo, as PyTorch's). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "distributed/pg_internal.h"
+#include "comm/pg_internal.h"
 
 void pg_pick_address(char *host, size_t cap, const char **iface) {
   *iface = NULL;

@@ -1,4 +1,4 @@
-/* runtime/distributed/listen_policy.c: Note [no open listener without a secret].
+/* runtime/comm/listen_policy.c: Note [no open listener without a secret].
  *
  * Note [no open listener without a secret]
  * A socket that listens beyond loopback is reachable by every host that can route to it, and
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "distributed/listen_policy.h"
+#include "comm/listen_policy.h"
 #include "core/core.h"
 
 int listen_host_is_loopback(const char *host) {

@@ -1,4 +1,4 @@
-// runtime/distributed/gloo_shim.cc: the Gloo shim (with runtime/io/sentencepiece_shim.cc, the
+// runtime/comm/gloo_shim.cc: the Gloo shim (with runtime/io/sentencepiece_shim.cc, the
 // only C++ of the runtime). It wraps Debian's libgloo (the options-style API of
 // gloo/allreduce.h and friends, TCP transport) behind the C entry points of gloo_shim.h.
 // Every entry point catches every exception and turns it into a status and a message;
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "ddplua.h"
-#include "distributed/gloo_shim.h"
+#include "comm/gloo_shim.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_recorder.h: the flight recorder of the process groups and its
+/* runtime/comm/pg_recorder.h: the flight recorder of the process groups and its
  * watcher thread (internal; Note [flight recorder]).
  *
  * Note [flight recorder]: every group keeps its last PG_REC_CAP collectives in a ring
@@ -24,7 +24,7 @@
 
 #include <stdint.h>
 
-#include "distributed/pg_internal.h"
+#include "comm/pg_internal.h"
 
 enum { PG_REC_CAP = 2000 };
 extern const double PG_DEFAULT_STALL_REPORT_S;

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_queue.c: the ordered communication thread of a process group
+/* runtime/comm/pg_queue.c: the ordered communication thread of a process group
  * (Note [collective order] in ddplua/pg.h) and the thread that finishes posted
  * point-to-point messages. Every collective of a host-side backend, blocking or not, goes
  * through the one FIFO queue; the backend's `run` executes an item (returning 1 when it only
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "distributed/pg_internal.h"
+#include "comm/pg_internal.h"
 
 static struct timespec deadline_after(double seconds) {
   struct timespec ts;

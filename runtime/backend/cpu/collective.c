@@ -1,22 +1,25 @@
-/* runtime/distributed/pg_shm_reduce.c: see pg_shm_reduce.h.
+/* runtime/backend/cpu/collective.c: the CPU kernels of the comm layer's arithmetic (see
+ * collective.h; Note [reduction entries] in runtime/backend/kernels.h), written first for the
+ * shared-memory collectives (runtime/comm/pg_shm.c).
  *
- * Memory bound: a rank reduces its slice straight from every rank's buffer, so each input
- * byte is loaded once and each output byte stored once, with the running value in
- * registers (four vectors, 128 bytes of f32 or f64 per step) -- no block copied through a
- * local buffer first; ddp_shm_reduce_all stores those registers into every buffer at once,
- * so the result needs no second pass to reach the peers. The peers' inputs are read where
- * they lie: the hardware prefetcher follows the k streams. Non-temporal stores were
- * measured slower here (the output is read again soon, by the owner); so was a
- * non-temporal gather copy (64 MiB, 2 ranks, 2-core Xeon: best of 6 alternating runs
- * 17.7 ms against 12.1 ms with memcpy; 256 MiB: 71 against 56 ms). */
-#include "distributed/pg_shm_reduce.h"
+ * The reductions are memory bound: a rank reduces its slice straight from every rank's
+ * buffer, so each input byte is loaded once and each output byte stored once, with the
+ * running value in registers (four vectors, 128 bytes of f32 or f64 per step) -- no block
+ * copied through a local buffer first; ddp_cpu_reduce_inputs_all stores those registers
+ * into every buffer at once, so the result needs no second pass to reach the peers. The
+ * peers' inputs are read where they lie: the hardware prefetcher follows the k streams.
+ * Non-temporal stores were measured slower here (the output is read again soon, by the
+ * owner); so was a non-temporal gather copy (64 MiB, 2 ranks, 2-core Xeon: best of 6
+ * alternating runs 17.7 ms against 12.1 ms with memcpy; 256 MiB: 71 against 56 ms). */
+#include "backend/cpu/collective.h"
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/core.h"
 
-/* The scalar step: acc op x, with x the next rank's input (see pg_shm_reduce.h). */
+/* The scalar step: acc op x, with x the next rank's input (see collective.h). */
 #define S_SUM(x, acc) ((acc) + (x))
 #define S_PRODUCT(x, acc) ((acc) * (x))
 #define S_MIN(x, acc) ((x) < (acc) ? (x) : (acc))
@@ -78,7 +81,7 @@ DEFINE_REDUCE(max_f64, double, __m256d, 4, pd, MAX)
 #undef DEFINE_REDUCE
 #undef VEC_PART
 
-/* ddp_shm_reduce_all: the vector steps of VEC_PART, then the stores to every buffer. */
+/* ddp_cpu_reduce_inputs_all: the vector steps of VEC_PART, then the stores to every buffer. */
 #ifdef __AVX__
 #define VEC_ALL(T, VT, W, SFX, OP)                                                         \
   for (; i + 4 * (W) <= end; i += 4 * (W)) {                                               \
@@ -125,43 +128,152 @@ DEFINE_REDUCE_ALL(max_all_f64, double, __m256d, 4, pd, MAX)
 #undef DEFINE_REDUCE_ALL
 #undef VEC_ALL
 
-void ddp_shm_reduce(void *out, const void *const *in, int k, size_t lo, size_t n, int dtype,
-                    int op) {
+/* out[i] /= k after a SUM (AVG), in the dtype's precision. */
+static void divide_by(int dtype, void *out, int64_t n, int k) {
+  if (dtype == DDP_F32) {
+    float *o = out, d = (float)k;
+    for (int64_t i = 0; i < n; i++) o[i] /= d;
+  } else {
+    double *o = out, d = (double)k;
+    for (int64_t i = 0; i < n; i++) o[i] /= d;
+  }
+}
+
+void ddp_cpu_reduce_inputs(int dtype, void *out, const void *const *in, int k, int64_t lo,
+                           int64_t n, int op) {
+  size_t l = (size_t)lo, m = (size_t)n;
   if (dtype == DDP_F32) {
     const float *const *x = (const float *const *)in;
     switch (op) {
-      case DDP_REDUCE_PRODUCT: product_f32(out, x, k, lo, n); break;
-      case DDP_REDUCE_MIN: min_f32(out, x, k, lo, n); break;
-      case DDP_REDUCE_MAX: max_f32(out, x, k, lo, n); break;
-      default: sum_f32(out, x, k, lo, n); break; /* SUM (AVG: the caller divides) */
+      case DDP_REDUCE_PRODUCT: product_f32(out, x, k, l, m); break;
+      case DDP_REDUCE_MIN: min_f32(out, x, k, l, m); break;
+      case DDP_REDUCE_MAX: max_f32(out, x, k, l, m); break;
+      default: sum_f32(out, x, k, l, m); break; /* SUM, AVG */
     }
   } else if (dtype == DDP_F64) {
     const double *const *x = (const double *const *)in;
     switch (op) {
-      case DDP_REDUCE_PRODUCT: product_f64(out, x, k, lo, n); break;
-      case DDP_REDUCE_MIN: min_f64(out, x, k, lo, n); break;
-      case DDP_REDUCE_MAX: max_f64(out, x, k, lo, n); break;
-      default: sum_f64(out, x, k, lo, n); break;
+      case DDP_REDUCE_PRODUCT: product_f64(out, x, k, l, m); break;
+      case DDP_REDUCE_MIN: min_f64(out, x, k, l, m); break;
+      case DDP_REDUCE_MAX: max_f64(out, x, k, l, m); break;
+      default: sum_f64(out, x, k, l, m); break;
     }
+  } else {
+    return;
   }
+  if (op == DDP_REDUCE_AVG) divide_by(dtype, out, n, k);
 }
 
-void ddp_shm_reduce_all(void *const *buf, int k, size_t lo, size_t n, int dtype, int op) {
+void ddp_cpu_reduce_inputs_all(int dtype, void *const *buf, int k, int64_t lo, int64_t n, int op) {
+  size_t l = (size_t)lo, m = (size_t)n;
   if (dtype == DDP_F32) {
     float *const *x = (float *const *)buf;
     switch (op) {
-      case DDP_REDUCE_PRODUCT: product_all_f32(x, k, lo, n); break;
-      case DDP_REDUCE_MIN: min_all_f32(x, k, lo, n); break;
-      case DDP_REDUCE_MAX: max_all_f32(x, k, lo, n); break;
-      default: sum_all_f32(x, k, lo, n); break; /* SUM (AVG: the caller divides) */
+      case DDP_REDUCE_PRODUCT: product_all_f32(x, k, l, m); break;
+      case DDP_REDUCE_MIN: min_all_f32(x, k, l, m); break;
+      case DDP_REDUCE_MAX: max_all_f32(x, k, l, m); break;
+      default: sum_all_f32(x, k, l, m); break; /* SUM, AVG */
     }
   } else if (dtype == DDP_F64) {
     double *const *x = (double *const *)buf;
     switch (op) {
-      case DDP_REDUCE_PRODUCT: product_all_f64(x, k, lo, n); break;
-      case DDP_REDUCE_MIN: min_all_f64(x, k, lo, n); break;
-      case DDP_REDUCE_MAX: max_all_f64(x, k, lo, n); break;
-      default: sum_all_f64(x, k, lo, n); break;
+      case DDP_REDUCE_PRODUCT: product_all_f64(x, k, l, m); break;
+      case DDP_REDUCE_MIN: min_all_f64(x, k, l, m); break;
+      case DDP_REDUCE_MAX: max_all_f64(x, k, l, m); break;
+      default: sum_all_f64(x, k, l, m); break;
     }
+  } else {
+    return;
+  }
+  if (op == DDP_REDUCE_AVG) {
+    size_t es = dtype == DDP_F32 ? sizeof(float) : sizeof(double);
+    divide_by(dtype, (char *)buf[0] + l * es, n, k);
+    for (int r = 1; r < k; r++) memcpy((char *)buf[r] + l * es, (char *)buf[0] + l * es, m * es);
+  }
+}
+
+/* ---- scale and cast ------------------------------------------------------------------- */
+
+void ddp_cpu_scale_into(int dtype, void *out, const void *x, int64_t n, double s, int divide) {
+  if (dtype == DDP_F32) {
+    float *o = out; /* out may be x: no restrict (gcc checks the overlap and vectorizes) */
+    const float *xs = x;
+    float f = (float)s;
+    if (divide)
+      for (int64_t i = 0; i < n; i++) o[i] = xs[i] / f;
+    else
+      for (int64_t i = 0; i < n; i++) o[i] = xs[i] * f;
+  } else if (dtype == DDP_F64) {
+    double *o = out;
+    const double *xs = x;
+    if (divide)
+      for (int64_t i = 0; i < n; i++) o[i] = xs[i] / s;
+    else
+      for (int64_t i = 0; i < n; i++) o[i] = xs[i] * s;
+  } else { /* f16, bf16: through f32, as the CPU's element-wise kernels compute them */
+    size_t es = ddp_dtype_size(dtype);
+    float f = (float)s;
+    for (int64_t i = 0; i < n; i++) {
+      float v = (float)ddp_load_f64((const char *)x + i * es, dtype);
+      ddp_store_f64((char *)out + i * es, dtype, (double)(divide ? v / f : v * f));
+    }
+  }
+}
+
+void ddp_cpu_cast_scale(int out_dtype, void *out, int in_dtype, const void *x, int64_t n,
+                        double s, int divide) {
+  if (s == 1.0 && in_dtype == out_dtype) {
+    memcpy(out, x, (size_t)n * ddp_dtype_size(in_dtype));
+    return;
+  }
+  if (s == 1.0 && in_dtype == DDP_F32 && out_dtype == DDP_F64) {
+    const float *restrict xs = x;
+    double *restrict o = out;
+    for (int64_t i = 0; i < n; i++) o[i] = xs[i];
+    return;
+  }
+  if (s == 1.0 && in_dtype == DDP_F64 && out_dtype == DDP_F32) {
+    const double *restrict xs = x;
+    float *restrict o = out;
+    for (int64_t i = 0; i < n; i++) o[i] = (float)xs[i];
+    return;
+  }
+  if (in_dtype == DDP_F32 && out_dtype == DDP_F16 && (divide || s == 1.0)) {
+    ddp_f32_to_f16_div_n(out, x, (float)s, n); /* Note [f16 bulk conversion] */
+    return;
+  }
+  if (in_dtype == DDP_F16 && out_dtype == DDP_F32 && s == 1.0) {
+    ddp_f16_to_f32_n(out, x, n);
+    return;
+  }
+  if (in_dtype == DDP_F32 && out_dtype == DDP_BF16) {
+    const float *restrict xs = x;
+    uint16_t *restrict o = out;
+    float f = (float)s;
+    if (divide)
+      for (int64_t i = 0; i < n; i++) o[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(ddp_f32_to_bf16(xs[i])) / f);
+    else
+      for (int64_t i = 0; i < n; i++) o[i] = ddp_f32_to_bf16(ddp_bf16_to_f32(ddp_f32_to_bf16(xs[i])) * f);
+    return;
+  }
+  if (in_dtype == DDP_BF16 && out_dtype == DDP_F32 && s == 1.0) {
+    const uint16_t *restrict h = x;
+    float *restrict o = out;
+    for (int64_t i = 0; i < n; i++) o[i] = ddp_bf16_to_f32(h[i]);
+    return;
+  }
+  /* the general route: cast each element (ddp_store_f64 rounds as a cast does), then scale
+   * it in out_dtype's precision and round again */
+  size_t ei = ddp_dtype_size(in_dtype), eo = ddp_dtype_size(out_dtype);
+  for (int64_t i = 0; i < n; i++) {
+    char *o = (char *)out + i * eo;
+    ddp_store_f64(o, out_dtype, ddp_load_f64((const char *)x + i * ei, in_dtype));
+    if (s == 1.0) continue;
+    double v = ddp_load_f64(o, out_dtype);
+    if (out_dtype == DDP_F64)
+      v = divide ? v / s : v * s;
+    else
+      v = (double)(divide ? (float)v / (float)s : (float)v * (float)s);
+    ddp_store_f64(o, out_dtype, v);
   }
 }

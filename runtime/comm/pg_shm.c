@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_shm.c: collectives through a POSIX shared-memory segment for a
+/* runtime/comm/pg_shm.c: collectives through a POSIX shared-memory segment for a
  * process group whose ranks all run on this host (see pg_shm.h). Loopback TCP costs two
  * kernel copies per byte and a round of wake-ups per message; here a rank reads its peers'
  * bytes where they lie.
@@ -45,9 +45,9 @@
  * published its offset in the arrival), there is no staging and no gather: rank r reduces
  * its slice r of the buffer (Note [shm pipelined all-reduce]) straight from every rank's
  * buffer, in rank order, and writes the result into slice r of every rank's buffer from
- * the same registers (ddp_shm_reduce_all), then publishes and waits once: each rank's
- * buffer holds every slice when every rank has published. Per rank and byte of the
- * tensor: one read and one write, a memcpy's traffic (the lines written were just read,
+ * the same registers (reduce_all: the kernel table's reduce_inputs_all), then publishes
+ * and waits once: each rank's buffer holds every slice when every rank has published.
+ * Per rank and byte of the tensor: one read and one write, a memcpy's traffic (the lines written were just read,
  * so no extra read for ownership). Safe without steps in between: slice r of every buffer
  * is read and written by rank r alone, between the arrival (every owner has finished
  * writing its buffer) and the final wait (nobody gets its buffer back before every peer
@@ -60,7 +60,7 @@
  * Note [shm pipelined all-reduce]: an all-reduce above SMALL_BYTES cuts its elements into
  * one slice per rank, [m r / world, m (r+1) / world) of a run of m (the whole tensor in
  * place, each chunk when staged), and rank r reduces slice r over the ranks' inputs in
- * order 0 .. world-1 (pg_shm_reduce.h), so each element is computed once, by one rank,
+ * order 0 .. world-1 (Note [reduction entries] in backend/kernels.h), so each element is computed once, by one rank,
  * the same way whichever path runs: every rank ends with the same bits, equal to the
  * small path's. `seq` counts the steps; every rank runs the same steps, so the same counts
  * mean the same point.
@@ -72,8 +72,8 @@
  * less its own slice r (which nobody else reads): chunk 0 in the arrival, chunk c + 1
  * while the peers finish chunk c. Per chunk c:
  *   1. reduce slice r over this rank's own tensor and the peers' slot halves (rank order)
- *      and write the result back into all of them (ddp_shm_reduce_all): into its tensor
- *      and, in place of the staged input, into every peer's slot half; publish;
+ *      and write the result back into all of them (reduce_all: the kernel table's
+ *      reduce_inputs_all): into its tensor and, in place of the staged input, into every peer's slot half; publish;
  *   2. stage chunk c + 1 into the other slot half; publish;
  *   3. wait for step 1 of every rank and copy the peers' slices of chunk c, reduced by
  *      them into this rank's slot half, into the tensor;
@@ -139,9 +139,9 @@
 #include <sched.h>
 #include <sys/syscall.h>
 
-#include "distributed/gloo_shim.h"
-#include "distributed/pg_shm.h"
-#include "distributed/pg_shm_reduce.h"
+#include "comm/gloo_shim.h"
+#include "comm/pg_shm.h"
+#include "backend/kernels.h"
 
 enum {
   SLOT_BYTES = 4 << 20,
@@ -846,8 +846,14 @@ static int step(ddp_shm *s, double timeout_s, const char *phase, char *err, int 
 
 /* ---- reduction ----------------------------------------------------------------------- */
 
+/* The segment is host memory: the CPU table's entries (Note [reduction entries]). */
 static void reduce(ddp_shm *s, void *out, size_t lo, size_t n, int dtype, int op) {
-  ddp_shm_reduce(out, (const void *const *)s->ins, s->size, lo, n, dtype, op);
+  ddp_cpu_kernels.reduce_inputs(dtype, out, (const void *const *)s->ins, s->size, (int64_t)lo,
+                                (int64_t)n, op);
+}
+
+static void reduce_all(ddp_shm *s, size_t lo, size_t n, int dtype, int op) {
+  ddp_cpu_kernels.reduce_inputs_all(dtype, s->ins, s->size, (int64_t)lo, (int64_t)n, op);
 }
 
 static size_t esize_of(int dtype) { return dtype == DDP_F32 ? sizeof(float) : sizeof(double); }
@@ -993,7 +999,7 @@ static int allreduce_in_place(ddp_shm *s, const ddp_shm_op *op, double timeout_s
                               int *peer) {
   size_t lo, hi;
   slice_of(op->n, s->rank, s->size, &lo, &hi);
-  ddp_shm_reduce_all(s->ins, s->size, lo, hi - lo, op->dtype, op->op);
+  reduce_all(s, lo, hi - lo, op->dtype, op->op);
   STEP("reducing in place"); /* every slice of every buffer holds its result */
   return DDP_OK;
 }
@@ -1012,7 +1018,7 @@ static int allreduce_staged(ddp_shm *s, const ddp_shm_op *op, double timeout_s, 
     slice_of(m, s->rank, s->size, &lo, &hi);
     WAIT(staged, "copying in"); /* every rank staged chunk c */
     /* this rank's slice, from and into its tensor and the peers' slot halves */
-    ddp_shm_reduce_all(s->ins, s->size, lo, hi - lo, op->dtype, op->op);
+    reduce_all(s, lo, hi - lo, op->dtype, op->op);
     publish(s);
     uint64_t reduced = s->seq;
     if (c + 1 < chunks) { /* stage the next chunk while the peers finish this one */

@@ -1,4 +1,4 @@
-/* runtime/distributed/store_file.c: the file store (file:// init), PyTorch's FileStore in spirit.
+/* runtime/comm/store_file.c: the file store (file:// init), PyTorch's FileStore in spirit.
  *
  * Note [file store log]
  * The file is an append-only log of records
@@ -28,7 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "distributed/store_wire.h"
+#include "comm/store_wire.h"
 
 /* Internal keys (not counted by num_keys): number of stores open on the file, and who they
  * are (Note [stale file store]). */

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_internal.h: what the process-group files share (internal).
+/* runtime/comm/pg_internal.h: what the process-group files share (internal).
  *
  *   pg.c          the collective front doors: argument checks, work handles, group
  *                 creation common to every backend, new_group, the getters; each call ends

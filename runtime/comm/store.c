@@ -1,4 +1,4 @@
-/* runtime/distributed/store.c: the store's front doors (ddplua/store.h), the TCP client, and the
+/* runtime/comm/store.c: the store's front doors (ddplua/store.h), the TCP client, and the
  * helpers the server (store_server.c) and the file store (store_file.c) share.
  * Wire protocol and the wait/cancel dance: Note [store wire protocol], Note [parked waits]
  * in store_wire.h. */
@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "distributed/listen_policy.h"
-#include "distributed/store_auth.h"
-#include "distributed/store_wire.h"
+#include "comm/listen_policy.h"
+#include "comm/store_auth.h"
+#include "comm/store_wire.h"
 
 /* How long a client waits for the server to acknowledge a CANCEL after its own timeout, and
  * for the rest of a reply whose first byte arrived. */

@@ -1,10 +1,10 @@
-/* runtime/distributed/pg_fingerprint.c: building and comparing collective fingerprints
+/* runtime/comm/pg_fingerprint.c: building and comparing collective fingerprints
  * (Note [collective fingerprints] in pg_fingerprint.h). The exchange itself belongs to each
  * backend (pg_gloo.c, pg_shm.c, pg_nccl.c). */
 #include <stdio.h>
 #include <string.h>
 
-#include "distributed/pg_fingerprint.h"
+#include "comm/pg_fingerprint.h"
 
 int pg_fp_applies(pg_op kind) { return kind != PG_SEND && kind != PG_RECV; }
 

@@ -1,4 +1,4 @@
-/* runtime/distributed/functional.c: differentiable collectives (ddplua/dist_functional.h),
+/* runtime/comm/functional.c: differentiable collectives (ddplua/dist_functional.h),
  * recorded on the autograd tape like any op (runtime/tape/tape.h).
  *
  * Each front door checks its arguments, runs the forward collective with grad mode off on
@@ -22,7 +22,7 @@
 
 #include "core/core.h"
 #include "tape/tape.h"
-#include "distributed/pg_internal.h"
+#include "comm/pg_internal.h"
 
 /* What a backward function needs (node->extra, freed with the node). */
 typedef struct {

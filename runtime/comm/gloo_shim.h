@@ -1,5 +1,5 @@
-/* runtime/distributed/gloo_shim.h: the C face of the Gloo shim (runtime/distributed/gloo_shim.cc), used by
- * runtime/distributed/pg_gloo.c only. The shim works on raw contiguous buffers; pg_gloo.c owns tensors,
+/* runtime/comm/gloo_shim.h: the C face of the Gloo shim (runtime/comm/gloo_shim.cc), used by
+ * runtime/comm/pg_gloo.c only. The shim works on raw contiguous buffers; pg_gloo.c owns tensors,
  * dtype conversion, the queue and the communication thread.
  *
  * Every entry point catches every C++ exception and returns a status (enum ddp_status) with

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_gloo.c: backend "gloo" of the process groups (Note [pg backend] in
+/* runtime/comm/pg_gloo.c: backend "gloo" of the process groups (Note [pg backend] in
  * pg_internal.h): collectives on host memory, run in order on the group's communication
  * thread (pg_queue.c), through the Gloo shim (gloo_shim.h, gloo_shim.cc), and all-reduce of
  * f32/f64, broadcast, all-gather and barrier through shared memory instead when every rank is
@@ -18,11 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/gloo_shim.h"
-#include "distributed/pg_fingerprint.h"
-#include "distributed/pg_internal.h"
-#include "distributed/pg_recorder.h"
-#include "distributed/pg_shm.h"
+#include "backend/kernels.h"
+#include "comm/gloo_shim.h"
+#include "comm/pg_fingerprint.h"
+#include "comm/pg_internal.h"
+#include "comm/pg_recorder.h"
+#include "comm/pg_shm.h"
 
 enum { POSTED = -1 }; /* run_transport: a point-to-point message was posted, not finished */
 /* The `peer` of a failure: -2 a local (staging) failure, -3 a fingerprint mismatch whose
@@ -85,15 +86,10 @@ static int reduce_dtype(int dtype) {
   return dtype == DDP_F16 || dtype == DDP_BF16 ? DDP_F32 : dtype;
 }
 
-/* buf /= n in place (AVG after SUM); buf is contiguous f32 or f64. */
+/* buf /= n in place (AVG after SUM); buf is contiguous host f32 or f64 (Note [reduction
+ * entries] in backend/kernels.h). */
 static void divide(ddp_tensor *buf, int n) {
-  if (buf->dtype == DDP_F32) {
-    float *p = (float *)ddp_data(buf);
-    for (int64_t i = 0; i < buf->numel; i++) p[i] /= (float)n;
-  } else {
-    double *p = (double *)ddp_data(buf);
-    for (int64_t i = 0; i < buf->numel; i++) p[i] /= (double)n;
-  }
+  ddp_cpu_kernels.scale_into(buf->dtype, ddp_data(buf), ddp_data(buf), buf->numel, (double)n, 1);
 }
 
 static size_t nbytes_of(const ddp_tensor *t) {

@@ -1,4 +1,4 @@
-/* runtime/distributed/objects.c: the check of the object collectives' bytes (Note [object
+/* runtime/comm/objects.c: the check of the object collectives' bytes (Note [object
  * bytes] in ddplua/objects.h), run on what a rank receives before lua/ddplua/distributed/
  * objects.lua builds Lua values from the items listed here. Iterative (an explicit stack
  * of the open tables), so hostile nesting costs no C or Lua stack. */

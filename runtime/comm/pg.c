@@ -1,4 +1,4 @@
-/* runtime/distributed/pg.c: the collective front doors of the process groups (see
+/* runtime/comm/pg.c: the collective front doors of the process groups (see
  * ddplua/pg.h): argument checks, work handles, what every group has whatever its backend
  * (ranks, prefix, timeout, first failure), new_group and the getters. Each collective ends
  * in its group's backend table (Note [pg backend] in pg_internal.h): pg_gloo.c (host
@@ -9,10 +9,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "distributed/pg_fingerprint.h"
-#include "distributed/pg_internal.h"
-#include "distributed/pg_recorder.h"
-#include "distributed/store_wire.h"
+#include "comm/pg_fingerprint.h"
+#include "comm/pg_internal.h"
+#include "comm/pg_recorder.h"
+#include "comm/store_wire.h"
 
 const double PG_DEFAULT_TIMEOUT_S = 300.0;
 

@@ -1,5 +1,5 @@
-/* runtime/distributed/pg_shm.h: the shared-memory collectives of a process group whose ranks
- * all run on this host (runtime/distributed/pg_shm.c), used by runtime/distributed/pg_gloo.c,
+/* runtime/comm/pg_shm.h: the shared-memory collectives of a process group whose ranks
+ * all run on this host (runtime/comm/pg_shm.c), used by runtime/comm/pg_gloo.c,
  * and its arrival step, which pg_nccl.c also uses to exchange fingerprints (Note [collective
  * fingerprints] in pg_fingerprint.h).
  *

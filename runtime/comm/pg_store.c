@@ -1,12 +1,12 @@
-/* runtime/distributed/pg_store.c: the process groups' rendezvous through the store: our
+/* runtime/comm/pg_store.c: the process groups' rendezvous through the store: our
  * store behind the Gloo shim's callbacks (gloo_shim.cc puts them behind Gloo's Store), and
  * the world-size check every backend runs before connecting. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/gloo_shim.h"
-#include "distributed/pg_internal.h"
+#include "comm/gloo_shim.h"
+#include "comm/pg_internal.h"
 
 static int store_set_cb(void *ctx, const char *key, const void *data, size_t len, char *err) {
   int st = ddp_store_set((ddp_store *)ctx, key, data, len);

@@ -1,4 +1,4 @@
-/* runtime/distributed/store_server.c: the TCP store server, one poll() loop on a background thread
+/* runtime/comm/store_server.c: the TCP store server, one poll() loop on a background thread
  * serving many clients. Protocol: Note [store wire protocol]; waits never block the loop:
  * Note [parked waits] (store_wire.h).
  *
@@ -22,8 +22,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "distributed/store_auth.h"
-#include "distributed/store_wire.h"
+#include "comm/store_auth.h"
+#include "comm/store_wire.h"
 
 #define LISTEN_PAUSE_S 0.1   /* listener left out of poll() after EMFILE (Note [store bounds]) */
 #define ENTRY_OVERHEAD 64    /* bytes counted per table entry besides key and value */

@@ -1,4 +1,4 @@
-/* runtime/distributed/pg_recorder.c: the flight recorder ring of each process group, its
+/* runtime/comm/pg_recorder.c: the flight recorder ring of each process group, its
  * dump, and the process's watcher thread (SIGUSR1 dumps, stall reports): Note [flight
  * recorder] in pg_recorder.h. */
 #define _GNU_SOURCE
@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "core/profiler.h"
-#include "distributed/pg_recorder.h"
-#include "distributed/store_wire.h"
+#include "comm/pg_recorder.h"
+#include "comm/store_wire.h"
 
 const double PG_DEFAULT_STALL_REPORT_S = 30.0;
 

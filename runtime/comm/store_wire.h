@@ -1,4 +1,4 @@
-/* runtime/distributed/store_wire.h: internals of the store (store.c client, store_server.c server,
+/* runtime/comm/store_wire.h: internals of the store (store.c client, store_server.c server,
  * store_file.c file store): the wire protocol, the store struct, small shared helpers.
  *
  * Note [store wire protocol]
