@@ -278,16 +278,20 @@ local function convert_all(values, n, mesh, from, to, use_local)
   return values
 end
 
+-- The two layout lists of PrepareModuleInput / PrepareModuleOutput, of equal length.
+local function layout_lists(opts, from_key, to_key, style)
+  local from, to = layouts(opts[from_key], from_key, style), layouts(opts[to_key], to_key, style)
+  if #from ~= #to then
+    raise(("%s: %s and %s should have same length! (%d and %d)"):format(style, from_key, to_key, #from, #to))
+  end
+  return from, to
+end
+
 local PREP_IN = options.known { "input_layouts", "desired_input_layouts", "use_local_output" }
 --- PrepareModuleInput(opts) -> a style (see the top of this file).
 function M.PrepareModuleInput(opts)
   opts = options.check("PrepareModuleInput", opts, PREP_IN)
-  local from = layouts(opts.input_layouts, "input_layouts", "PrepareModuleInput")
-  local to = layouts(opts.desired_input_layouts, "desired_input_layouts", "PrepareModuleInput")
-  if #from ~= #to then
-    raise(("PrepareModuleInput: input_layouts and desired_input_layouts should have same length! (%d and %d)")
-          :format(#from, #to))
-  end
+  local from, to = layout_lists(opts, "input_layouts", "desired_input_layouts", "PrepareModuleInput")
   local s = setmetatable({ name = "PrepareModuleInput" }, Style)
   s.apply = function(_, mod, mesh)
     wrap_forward(mod, function(m, original, ...)
@@ -303,12 +307,7 @@ local PREP_OUT = options.known { "output_layouts", "desired_output_layouts", "us
 --- PrepareModuleOutput(opts) -> a style (see the top of this file).
 function M.PrepareModuleOutput(opts)
   opts = options.check("PrepareModuleOutput", opts, PREP_OUT)
-  local from = layouts(opts.output_layouts, "output_layouts", "PrepareModuleOutput")
-  local to = layouts(opts.desired_output_layouts, "desired_output_layouts", "PrepareModuleOutput")
-  if #from ~= #to then
-    raise(("PrepareModuleOutput: output_layouts and desired_output_layouts should have same length! (%d and %d)")
-          :format(#from, #to))
-  end
+  local from, to = layout_lists(opts, "output_layouts", "desired_output_layouts", "PrepareModuleOutput")
   local s = setmetatable({ name = "PrepareModuleOutput" }, Style)
   s.apply = function(_, mod, mesh)
     wrap_forward(mod, function(m, original, ...)
