@@ -1,12 +1,12 @@
 --- bench/image_folder.lua: samples/s of an ImageFolder of JPEG files with the usual
 -- ImageNet-style augmentation (RandomResizedCrop(224), RandomHorizontalFlip, ToFloat,
--- Normalize), batches of 32 through the DataLoader in this process (num_workers = 0:
--- decoding and augmentation on the training thread), against PyTorch's DataLoader with
--- torchvision's ImageFolder (PIL decoding, PIL transforms, ToTensor, Normalize) at
--- num_workers = 0 (bench/image_folder_torch.py), run alternately, each on one thread
+-- Normalize), batches of 32 through the DataLoader (--workers W, default 0: decoding and
+-- augmentation on the training thread; W forked workers otherwise), against PyTorch's
+-- DataLoader with torchvision's ImageFolder (PIL decoding, PIL transforms, ToTensor,
+-- Normalize) at the same num_workers (bench/image_folder_torch.py), run alternately, each on one thread
 -- (dl.set_num_threads(1); torch.set_num_threads(1) with OMP / OpenBLAS at 1): PIL's
 -- decoding and transforms use one core, so this compares the two on equal terms.
---   build/ddplua bench/image_folder.lua [--images 256] [--size 256] [--runs 5]
+--   build/ddplua bench/image_folder.lua [--images 256] [--size 256] [--runs 5] [--workers 0]
 -- Writes the folder (RGB JPEGs of size x size, quality 90, made from Fashion-MNIST test
 -- images scaled up and tinted) to a temporary folder, removed at the end. Prints one line
 -- per run and the medians and ratio.
@@ -18,8 +18,10 @@ local parser = require("ddplua.utils.argparse").ArgumentParser { prog = "image_f
 parser:add_argument("--images", { type = "number", help = "images in the folder (default 256)" })
 parser:add_argument("--size", { type = "number", help = "side of the square images (default 256)" })
 parser:add_argument("--runs", { type = "number", help = "runs of each (default 5)" })
+parser:add_argument("--workers", { type = "number", help = "DataLoader num_workers of both (default 0)" })
 local args = parser:parse_args(arg)
 local N, S, RUNS = args.images or 256, args.size or 256, args.runs or 5
+local WORKERS = args.workers or 0
 dl.set_num_threads(1)
 
 local tmp = os.tmpname()
@@ -39,7 +41,7 @@ local function ddplua_run()
   local ds = data.ImageFolder { root = root, generator = dl.Generator(0),
     transform = data.Compose { data.RandomResizedCrop(224), data.RandomHorizontalFlip(), data.ToFloat(),
       data.Normalize({ 0.485, 0.456, 0.406 }, { 0.229, 0.224, 0.225 }) } }
-  local loader = data.DataLoader(ds, { batch_size = 32, shuffle = true, generator = dl.Generator(1) })
+  local loader = data.DataLoader(ds, { batch_size = 32, shuffle = true, generator = dl.Generator(1), num_workers = WORKERS })
   local t0 = os_.monotonic()
   local n = 0
   for x, y in loader:iter() do n = n + x:size(1) end
@@ -48,7 +50,7 @@ end
 
 local function torch_run()
   local cmd = ("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "
-    .. "bench/image_folder_torch.py %q 2>&1"):format(root)
+    .. "bench/image_folder_torch.py %q %d 2>&1"):format(root, WORKERS)
   local p = io.popen(cmd)
   local out = p:read("*a")
   p:close()
@@ -69,8 +71,8 @@ local function median(t)
   table.sort(c)
   return c[math.floor((#c + 1) / 2)]
 end
-print(("median: ddplua %.0f samples/s, PyTorch %.0f samples/s, ratio %.2f (%d JPEGs of %dx%d, %d runs)"):format(
-  median(ours), median(theirs), median(ours) / median(theirs), N, S, S, RUNS))
+print(("median: ddplua %.0f samples/s, PyTorch %.0f samples/s, ratio %.2f (%d JPEGs of %dx%d, %d runs, num_workers %d)"):format(
+  median(ours), median(theirs), median(ours) / median(theirs), N, S, S, RUNS, WORKERS))
 
 for _, e in ipairs(os_.list_dir(root)) do
   for _, f in ipairs(os_.list_dir(root .. "/" .. e.name)) do os.remove(root .. "/" .. e.name .. "/" .. f.name) end
