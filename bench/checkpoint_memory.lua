@@ -3,7 +3,7 @@
 -- part 5; dl.utils.checkpoint, Note [checkpoint node] in lua/ddplua/nn/checkpoint.lua).
 --
 --   build/ddplua bench/checkpoint_memory.lua [--depth 16] [--width 512] [--batch 1024]
---       [--steps 5] [--threads 2]
+--       [--steps 5] [--threads 2] [--gpt]
 --
 -- Model: depth × (Linear(width, width), GELU), then Linear(width, 10) and cross-entropy,
 -- f32, batch `batch` (the defaults make activations, not parameters, the bulk of memory,
@@ -15,6 +15,9 @@
 -- false, so activations_mib = peak - parameters - gradients is what the step added); the median over `steps` steps (each
 -- measured alone) and the median step time are printed, one line per mode:
 --   mode=<m> peak_mib=<p> activations_mib=<p - params and grads> step_ms=<t>
+-- --gpt: models/gpt.lua instead (depth layers, default 6; width n_embd, default 256; 4 heads;
+-- block 256; vocabulary 65; batch sequences, default 8; AdamW's step replaced by SGD as
+-- above), modes none and per_layer (each Block in an nn.CheckpointWrapper).
 local dl = require "ddplua"
 local nn = require "ddplua.nn"
 local optim = require "ddplua.optim"
@@ -26,8 +29,12 @@ parser:add_argument("--width", { type = "number", metavar = "W", help = "hidden 
 parser:add_argument("--batch", { type = "number", metavar = "B", help = "batch size (default 1024)" })
 parser:add_argument("--steps", { type = "number", metavar = "N", help = "measured steps per mode (default 5)" })
 parser:add_argument("--threads", { type = "number", metavar = "T", help = "threads (default 2)" })
+parser:add_argument("--gpt", { action = "store_true", help = "the GPT of models/gpt.lua instead of the MLP" })
 local args = parser:parse_args(arg)
-local depth, width, batch = args.depth or 16, args.width or 512, args.batch or 1024
+local GPT_MODE = args.gpt == true
+local depth = args.depth or (GPT_MODE and 6 or 16)
+local width = args.width or (GPT_MODE and 256 or 512)
+local batch = args.batch or (GPT_MODE and 8 or 1024)
 local steps = args.steps or 5
 dl.set_num_threads(args.threads or 2)
 
@@ -49,10 +56,23 @@ local loss_fn = nn.CrossEntropyLoss()
 local segments = math.max(1, math.floor(math.sqrt(depth) + 0.5))
 
 local modes = { "none", "sequential:" .. segments, "per_layer" }
+if GPT_MODE then modes = { "none", "per_layer" } end
+local GPT = GPT_MODE and require "models.gpt"
+local idx = GPT_MODE and dl.randint(0, 65, { batch, 257 }, { generator = dl.Generator(4) })
 for _, mode in ipairs(modes) do
   local body, head = model()
   local forward
-  if mode == "none" then
+  if GPT_MODE then -- the whole GPT as `body`, its loss as the step's; head unused
+    dl.manual_seed(1)
+    local gpt = GPT { n_layer = depth, n_head = 4, n_embd = width, block_size = 256, vocab_size = 65, bias = false }
+    if mode == "per_layer" then
+      local h = gpt.transformer.h
+      for i = 1, depth do h[i] = nn.CheckpointWrapper(h[i]) end
+    end
+    body, head = gpt, nn.Identity()
+    local x_in, y_in = idx:narrow(2, 1, 256), idx:narrow(2, 2, 256)
+    forward = function() local _, loss = gpt(x_in, y_in); return loss end
+  elseif mode == "none" then
     forward = function() return head(body(x)) end
   elseif mode == "per_layer" then
     for i = 1, depth do body[i] = nn.CheckpointWrapper(body[i]) end
@@ -66,7 +86,8 @@ for _, mode in ipairs(modes) do
   local param_bytes = 0
   for _, p in ipairs(params) do param_bytes = param_bytes + p:numel() * 4 end
   -- one step first: the gradients exist from then on, as in training
-  loss_fn(forward(), y):backward()
+  local function step_loss() if GPT_MODE then return forward() end return loss_fn(forward(), y) end
+  step_loss():backward()
   opt:step()
   local peaks, times = {}, {}
   for s = 1, steps do
@@ -74,7 +95,7 @@ for _, mode in ipairs(modes) do
     dl.reset_peak_memory()
     local t0 = clock.now()
     opt:zero_grad({ set_to_none = false }) -- gradients stay allocated: peak - 2 x params is the rest
-    loss_fn(forward(), y):backward()
+    step_loss():backward()
     opt:step()
     times[s] = clock.now() - t0
     peaks[s] = dl.memory_stats().peak
