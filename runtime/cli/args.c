@@ -197,6 +197,11 @@ static int set_tee(ddp_cli_options *opts, const char *value) {
                    &opts->launch.tee);
 }
 
+static int set_status_interval(ddp_cli_options *opts, const char *value) {
+  return parse_int("status_interval", value, 0, 86400, "seconds >= 0 (0: no live view)",
+                   &opts->launch.status_interval);
+}
+
 static int set_version(ddp_cli_options *opts, const char *value) {
   opts->show_version = 1;
   return 0;
@@ -230,6 +235,8 @@ static const long_option long_options[] = {
   {"log_dir", "DIR", 1, set_log_dir, "write DIR/rank_N/{stdout,stderr}.log (attempt_K/ with restarts)"},
   {"redirects", "0-3", 1, set_redirects, "send worker stdout (1), stderr (2), both (3) to log files only"},
   {"tee", "0-3", 1, set_tee, "send worker stdout (1), stderr (2), both (3) to log files and console"},
+  {"status_interval", "S", 1, set_status_interval,
+   "live view: one line per rank, in place on a terminal, else every S s (default 60; 0: off)"},
 };
 
 #define N_LONG_OPTIONS ((int)(sizeof long_options / sizeof long_options[0]))
@@ -369,6 +376,7 @@ int ddp_cli_parse(ddp_cli_options *opts, int argc, char **argv) {
   opts->launch.join_timeout_s = 600;
   opts->launch.master_addr = "127.0.0.1";
   opts->launch.master_port = 29500;
+  opts->launch.status_interval = 60;
   opts->launcher_arg = calloc((size_t)argc + 1, 1);
   if (!opts->launcher_arg) {
     fprintf(stderr, DDP_CLI_NAME ": out of memory\n");

@@ -59,6 +59,9 @@ typedef struct ddp_cli_launch {
   int redirects;      /* --redirects=0..3: bit 1 stdout, bit 2 stderr go to log files only */
   int tee;            /* --tee=0..3: those streams go to log files and the console */
   int redirects_set;  /* --redirects or --tee appeared (otherwise --log_dir means tee=3) */
+  int status_interval; /* --status_interval=S: the live view (live_view.c): on a terminal the
+                          lines update in place; otherwise a status line per rank every S
+                          seconds (default 60); 0 turns both off */
 } ddp_cli_launch;
 
 /* What the command line asked for. */

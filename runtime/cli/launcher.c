@@ -71,6 +71,7 @@
 
 #include "cli.h"
 #include "ddplua.h"
+#include "live_view.h"
 #include "rendezvous.h"
 
 #define GRACE_S 3.0          /* SIGTERM to SIGKILL */
@@ -271,13 +272,23 @@ static enum outcome run_attempt(launcher *L, ddp_rdzv *z, const ddp_rdzv_round *
       .master_port = r ? r->master_port : L->master_port, .attempt = L->attempt,
       .max_restarts = L->cfg->max_restarts, .grace_s = GRACE_S, .own_group = 1,
       .capture = DDP_PROCS_STDOUT | DDP_PROCS_STDERR, .console = L->to_console,
-      .log = L->to_file, .log_dir = L->log_dir ? dir : NULL};
+      .log = L->to_file, .log_dir = L->log_dir ? dir : NULL, .status_pages = 1};
+  /* Note [live view] (live_view.c): on our terminal, or plain lines every status_interval s */
+  live_view *view = L->cfg->status_interval > 0
+                        ? live_view_new(L->nproc, L->node_rank * L->nproc, isatty(STDOUT_FILENO),
+                                        L->cfg->status_interval)
+                        : NULL;
+  if (view) {
+    cfg.before_console = live_view_clear;
+    cfg.console_ctx = view;
+  }
   ddp_procs *p = NULL;
   if (ddp_procs_new(&p, &cfg) != DDP_OK ||
       ddp_procs_add_env(p, "TORCHELASTIC_RUN_ID", L->run_id) != DDP_OK ||
       ddp_procs_add_env(p, "TORCHELASTIC_USE_AGENT_STORE", "False") != DDP_OK) {
     say("%s", ddp_last_error());
     ddp_procs_free(p);
+    live_view_free(view);
     return START_FAILED;
   }
   enum outcome start = ALL_OK;
@@ -292,9 +303,10 @@ static enum outcome run_attempt(launcher *L, ddp_rdzv *z, const ddp_rdzv_round *
   double next_watch = ddp_os_monotonic_seconds() + WATCH_S;
   for (;;) {
     int woken = 0;
-    int more = ddp_procs_poll(p, z ? WATCH_S : 1.0, sig_pipe[0], &woken);
+    int more = ddp_procs_poll(p, view ? 0.5 : z ? WATCH_S : 1.0, sig_pipe[0], &woken);
     if (woken) take_signals(L, p);
     if (!more) break;
+    live_view_tick(view, p);
     if (z && stopped == ALL_OK && !L->signal && ddp_procs_failed(p) < 0 &&
         ddp_os_monotonic_seconds() >= next_watch) {
       int s = ddp_rdzv_should_stop(z, r);
@@ -307,6 +319,7 @@ static enum outcome run_attempt(launcher *L, ddp_rdzv *z, const ddp_rdzv_round *
       next_watch = ddp_os_monotonic_seconds() + WATCH_S;
     }
   }
+  live_view_clear(view); /* before the summary: the lines go, the messages stay */
   enum outcome o = L->signal ? SIGNALLED
                  : start != ALL_OK ? START_FAILED
                  : stopped != ALL_OK ? stopped
@@ -327,6 +340,7 @@ static enum outcome run_attempt(launcher *L, ddp_rdzv *z, const ddp_rdzv_round *
     }
   }
   ddp_procs_free(p);
+  live_view_free(view); /* after the group: its last output may still call the hook */
   return o;
 }
 

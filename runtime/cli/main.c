@@ -129,6 +129,7 @@ int main(int argc, char **argv) {
      * that runs PyTorch ignores SIGPIPE the same way. */
     signal(SIGPIPE, SIG_IGN);
     ddp_process_adopt_report_channel(); /* a launcher's worker: how it reports a failure */
+    ddp_status_adopt();                  /* and its status page (Note [rank status pages]) */
     line_buffer_if_asked();
     point_lua_at_own_runtime();
     status = run_lua(&opts, argc, argv);

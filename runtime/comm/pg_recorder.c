@@ -59,6 +59,11 @@ void pg_rec_free(pg_recorder *r) {
   free(r);
 }
 
+/* The name of a collective kind (flight-recorder dumps, status pages). */
+static const char *kind_name(int kind) {
+  return kind >= 0 && kind < PG_OP_COUNT ? pg_op_names[kind] : "?";
+}
+
 void pg_rec_enqueue(pg_recorder *r, ddp_work *w) {
   if (!r) return;
   const ddp_tensor *t = w->t ? w->t : w->out;
@@ -75,6 +80,7 @@ void pg_rec_enqueue(pg_recorder *r, ddp_work *w) {
   memcpy(e->site, w->site, sizeof e->site);
   pthread_mutex_unlock(&r->mu);
   w->rec_id = id;
+  ddp_status_collective(kind_name(w->kind), w->seq, 0); /* Note [rank status pages] */
 }
 
 static pg_record *find(pg_recorder *r, uint64_t id) {
@@ -88,6 +94,7 @@ void pg_rec_start(pg_recorder *r, const ddp_work *w) {
   pg_record *e = find(r, w->rec_id);
   if (e && !e->started) e->started = now_s();
   pthread_mutex_unlock(&r->mu);
+  ddp_status_collective(kind_name(w->kind), w->seq, 1);
 }
 
 /* The profiler's event of a completed collective (Note [profiler events]): from its start to
@@ -111,14 +118,12 @@ void pg_rec_complete(pg_recorder *r, const ddp_work *w, int status) {
     done = *e;
   }
   pthread_mutex_unlock(&r->mu);
+  ddp_status_collective_done(w->seq);
   if (DDP_PROF_ON() && done.id) pg_rec_profile(&done);
 }
 
 /* ---- dump ------------------------------------------------------------------------------ */
 
-static const char *kind_name(int kind) {
-  return kind >= 0 && kind < PG_OP_COUNT ? pg_op_names[kind] : "?";
-}
 
 /* Write all of s to fd (best effort). */
 static void put(int fd, const char *s, size_t n) {

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -78,6 +79,9 @@ typedef struct worker {
   unsigned long seen_poll; /* the ddp_procs_poll call that first saw its report or end, 0 */
   int signalled;    /* the parent signalled it to stop while it ran (Note [first failure]) */
   stream out, err;
+  const struct ddp_procs *owner; /* the group (its console hook) */
+  int status_fd;            /* the status page's memfd until the worker has it; -1 */
+  ddp_rank_status *page;    /* the status page (Note [rank status pages]), mapped; NULL */
   char prefix[32];
   size_t prefix_len;
 } worker;
@@ -244,7 +248,8 @@ int ddp_procs_new(ddp_procs **out, const ddp_procs_config *cfg) {
   for (int i = 0; i < cfg->nprocs; i++) {
     worker *w = &p->workers[i];
     w->rank = cfg->node_rank * cfg->nprocs + i;
-    w->out.fd = w->err.fd = w->out.log = w->err.log = w->report_fd = -1;
+    w->out.fd = w->err.fd = w->out.log = w->err.log = w->report_fd = w->status_fd = -1;
+    w->owner = p;
     w->prefix_len = (size_t)snprintf(w->prefix, sizeof w->prefix, "[rank %d]: ", w->rank);
   }
   *out = p;
@@ -289,6 +294,8 @@ void ddp_procs_free(ddp_procs *p) {
     free_stream(&w->out);
     free_stream(&w->err);
     close_fd(&w->report_fd);
+    close_fd(&w->status_fd);
+    if (w->page) munmap(w->page, sizeof *w->page);
     free(w->report);
   }
   for (int i = 0; i < p->n_env; i++) free(p->env[i]);
@@ -432,6 +439,19 @@ static void become_worker(ddp_procs *p, int local_rank, int out_fd, int err_fd, 
       set_int_env("DDPLUA_REPORT_FD", w->report_fd, 1);
     }
   }
+  if (exec && w->status_fd >= 0) { /* Note [rank status pages]: the page's descriptor */
+    if (w->status_fd <= STDERR_FILENO) {
+      int moved = fcntl(w->status_fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+      close_fd(&w->status_fd);
+      w->status_fd = moved;
+    }
+    if (w->status_fd >= 0) {
+      fcntl(w->status_fd, F_SETFD, 0);
+      set_int_env("DDPLUA_STATUS_FD", w->status_fd, 1);
+    }
+  } else {
+    close_fd(&w->status_fd);
+  }
   int targets[2] = {STDOUT_FILENO, STDERR_FILENO}, fds[2] = {out_fd, err_fd};
   for (int i = 0; i < 2; i++) {
     if (fds[i] < 0) continue;
@@ -446,6 +466,28 @@ static void become_worker(ddp_procs *p, int local_rank, int out_fd, int err_fd, 
     }
   }
   set_worker_env(p, w, local_rank);
+}
+
+/* Worker w's status page (Note [rank status pages]): a memfd of one ddp_rank_status, mapped
+ * here; its descriptor goes to the worker at exec (close-on-exec until then). */
+static int make_status_page(worker *w) {
+  int fd = memfd_create("ddplua-status", MFD_CLOEXEC);
+  if (fd < 0) DDP_FAIL(DDP_ERR_IO, "cannot create the status page of worker rank %d: %s", w->rank, strerror(errno));
+  if (ftruncate(fd, (off_t)sizeof(ddp_rank_status)) != 0) {
+    int e = errno;
+    close(fd);
+    DDP_FAIL(DDP_ERR_IO, "cannot size the status page of worker rank %d: %s", w->rank, strerror(e));
+  }
+  void *m = mmap(NULL, sizeof(ddp_rank_status), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    DDP_FAIL(DDP_ERR_IO, "cannot map the status page of worker rank %d: %s", w->rank, strerror(e));
+  }
+  w->page = m;
+  w->page->step = -1;
+  w->status_fd = fd;
+  return DDP_OK;
 }
 
 static int make_pipe(int fds[2], int flags, int rank) {
@@ -468,6 +510,7 @@ static int start(ddp_procs *p, int local_rank, const char *exe, char *const *arg
   if (!status && (p->cfg.capture & DDP_PROCS_STDOUT)) status = make_pipe(out, 0, w->rank);
   if (!status && (p->cfg.capture & DDP_PROCS_STDERR)) status = make_pipe(err, 0, w->rank);
   if (!status) status = make_pipe(rep, 0, w->rank); /* Note [report pipe] */
+  if (!status && exe && p->cfg.status_pages) status = make_status_page(w);
   if (!status) fcntl(rep[0], F_SETFL, O_NONBLOCK); /* the parent's end only */
   if (status) goto failed;
   w->out.console = (p->cfg.console & DDP_PROCS_STDOUT) ? STDOUT_FILENO : 0;
@@ -495,6 +538,7 @@ static int start(ddp_procs *p, int local_rank, const char *exe, char *const *arg
   close_fd(&out[1]);
   close_fd(&err[1]);
   close_fd(&rep[1]);
+  close_fd(&w->status_fd); /* the worker has its own now; the mapping stays */
   if (pid < 0) {
     status = DDP_ERROR(DDP_ERR_IO, "cannot start worker rank %d: %s", w->rank, strerror(saved));
     goto failed;
@@ -585,6 +629,7 @@ static void print_lines(worker *w, stream *s, int flush) {
       start = stop + 1;
     }
     if (s->console == STDOUT_FILENO) fflush(stdout);
+    if (w->owner && w->owner->cfg.before_console) w->owner->cfg.before_console(w->owner->cfg.console_ctx);
     write_all(s->console, buf, n);
     free(buf);
   }
@@ -858,6 +903,12 @@ const char *ddp_procs_log_path(const ddp_procs *p, int local_rank, int which) {
   if (!valid_rank(p, local_rank)) return "";
   const worker *w = &p->workers[local_rank];
   return which == DDP_PROCS_STDOUT ? w->out.log_path : w->err.log_path;
+}
+
+int ddp_procs_status(const ddp_procs *p, int local_rank, ddp_rank_status *out) {
+  if (!p || !valid_rank(p, local_rank) || !p->workers[local_rank].page) return -1;
+  ddp_status_read(p->workers[local_rank].page, out);
+  return 0;
 }
 
 int ddp_procs_on_console(const ddp_procs *p, int which) {

@@ -444,6 +444,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/comm_hook.h"
 #include "ddplua/reducer_static_graph.h"
 #include "ddplua/reducer_fused_optim.h"
+#include "ddplua/status.h"
 #include "ddplua/process.h"
 #include "ddplua/cuda.h"
 #include "ddplua/os.h"

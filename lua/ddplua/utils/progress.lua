@@ -10,6 +10,7 @@
 -- Terminal:  "\repoch 1/3 [=========                     ]  30% loss 0.5123    812 samples/s"
 -- Otherwise: "epoch 1/3  30% loss 0.5123 812 samples/s"
 local options = require "ddplua.options"
+local lib = require "ddplua.lib"
 local os_ = require "ddplua.os"
 
 local Progress = {}
@@ -35,6 +36,8 @@ end
 --- bar:update(done, loss, samples_per_s): show `done` of `total` steps with the running
 -- loss and throughput (samples per second).
 function Progress:update(done, loss, samples_per_s)
+  -- every rank tells the launcher's live view (Note [rank status pages]), shown or not here
+  lib.C.ddp_status_progress(done, loss, samples_per_s)
   if not self.enabled then return end
   local frac = done / self.total
   local pct = math.floor(100 * frac)

@@ -58,6 +58,11 @@ typedef struct ddp_procs_config {
                               "[rank N]: ", whole lines only, one write per batch of lines */
   int log;                 /* captured streams written raw to log_dir/rank_N/{stdout,stderr}.log */
   const char *log_dir;     /* the folder of the rank_N folders (copied; created as needed) */
+  int status_pages;        /* 1: every exec'd worker gets a status page (Note [rank status
+                              pages] in runtime/core/status.c), read with ddp_procs_status */
+  void (*before_console)(void *ctx); /* called before worker output is printed on our
+                              console (NULL: none): the launcher's live view clears its lines */
+  void *console_ctx;       /* its argument */
 } ddp_procs_config;
 
 /* A group of cfg->nprocs workers, none started yet. Errors: DDP_ERR_ARG for a bad count,
@@ -149,6 +154,10 @@ const char *ddp_procs_stderr_tail(const ddp_procs *p, int local_rank, size_t *le
 /* The log file of stream `which` (DDP_PROCS_STDOUT or DDP_PROCS_STDERR) of worker
  * `local_rank`, "" when it has none. */
 const char *ddp_procs_log_path(const ddp_procs *p, int local_rank, int which);
+
+/* A consistent copy of worker `local_rank`'s status page into *out: 0, or -1 when it has
+ * none (status_pages off, not started by exec, out of range). */
+int ddp_procs_status(const ddp_procs *p, int local_rank, ddp_rank_status *out);
 
 /* 1 when stream `which` of the workers is printed on the parent's console. */
 int ddp_procs_on_console(const ddp_procs *p, int which);
