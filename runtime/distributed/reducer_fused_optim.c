@@ -1,8 +1,9 @@
 /* runtime/distributed/reducer_fused_optim.c: the optimizer in backward of the reducer (Note
  * [optimizer in backward] in ddplua/reducer_fused_optim.h), after PyTorch's
  * DistributedDataParallel._register_fused_optim (its optimizer_overlap_hooks.py
- * _hook_then_optimizer: all-reduce a bucket, then step that bucket's parameters). reducer.c
- * calls in at the points named in reducer_internal.h. */
+ * _hook_then_optimizer: all-reduce a bucket, then step that bucket's parameters). A reducer
+ * feature (Note [reducer features] in reducer_internal.h): reducer.c reaches it through
+ * fused_optim_feature only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,8 @@ struct reducer_fused_optim {
   int n_stepped_cap;
   int64_t during_backward, at_end;
 };
+
+static const reducer_feature fused_optim_feature;
 
 static int zeros_like(ddp_tensor **out, const ddp_tensor *p) {
   return ddp_tensor_zeros(out, p->ndim, p->shape, p->dtype, p->device);
@@ -68,6 +71,12 @@ int ddp_reducer_register_fused_optim(ddp_reducer *r, const ddp_fused_optim_confi
     DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel._register_fused_optim: out of memory");
   }
   f->cfg = *cfg;
+  int status = reducer_add_feature(r, &fused_optim_feature); /* Note [reducer features] */
+  if (status) {
+    free(f->state);
+    free(f);
+    return status;
+  }
   r->fused_optim = f;
   return DDP_OK;
 }
@@ -259,10 +268,11 @@ static int ensure_flags(ddp_reducer *r) {
   return DDP_OK;
 }
 
-/* After buckets were launched (reducer_launch_ready_buckets): step the launched buckets
+/* The feature's bucket_ready, after buckets were launched (reducer_launch_ready_buckets):
+ * step the launched buckets
  * whose all-reduce has completed, in index order, stopping at the first one still running
  * (never blocking). Not while the used flags are still to be all-reduced. */
-int reducer_fused_optim_poll(ddp_reducer *r) {
+static int fused_optim_poll(ddp_reducer *r) {
   if (r->find_unused) return DDP_OK; /* global usage unknown until finalize */
   /* A comm hook keeps its own works (Note [comm hooks]): b->work stays NULL, so "completed"
    * cannot be told here; its buckets are reduced by finalize's waits and stepped after them. */
@@ -280,9 +290,10 @@ int reducer_fused_optim_poll(ddp_reducer *r) {
   return DDP_OK;
 }
 
-/* In finalize_backward, after every bucket's wait and the used flags (instead of
- * reducer_copy_back): step the buckets not stepped yet, and forget the per-iteration flags. */
-int reducer_fused_optim_finalize(ddp_reducer *r) {
+/* The feature's finalize_backward, after every bucket's wait and the used flags: step the
+ * buckets not stepped yet; it takes the buckets (no reducer_copy_back into .grad). */
+static int fused_optim_finalize(ddp_reducer *r, int *taken) {
+  *taken = 1;
   DDP_TRY(ensure_flags(r));
   struct reducer_fused_optim *f = r->fused_optim;
   int status = DDP_OK;
@@ -294,14 +305,21 @@ int reducer_fused_optim_finalize(ddp_reducer *r) {
   return status;
 }
 
-/* A new iteration (reducer_reset_iteration): no bucket stepped yet (also after a backward
- * that failed half-way). */
-void reducer_fused_optim_reset(ddp_reducer *r) {
+/* The feature's prepare_backward, a new iteration (reducer_reset_iteration): no bucket
+ * stepped yet (also after a backward that failed half-way). */
+static void fused_optim_reset(ddp_reducer *r) {
   struct reducer_fused_optim *f = r->fused_optim;
   if (f->stepped) memset(f->stepped, 0, (size_t)f->n_stepped_cap);
 }
 
-void reducer_fused_optim_free(ddp_reducer *r) {
+/* The feature's on_slot_filled: a used parameter's gradient is in its slot, so its .grad
+ * goes (the model's .grad tensors never exist together, Note [optimizer in backward]). */
+static int fused_optim_slot_filled(ddp_reducer *r, int i, int used) {
+  return used ? ddp_tensor_set_grad(r->params[i], NULL) : DDP_OK;
+}
+
+/* The feature's free: the state tensors and the flags. */
+static void fused_optim_free(ddp_reducer *r) {
   struct reducer_fused_optim *f = r->fused_optim;
   if (!f) return;
   for (int i = 0; i < r->n; i++) {
@@ -315,3 +333,14 @@ void reducer_fused_optim_free(ddp_reducer *r) {
   free(f);
   r->fused_optim = NULL;
 }
+
+/* Note [reducer features]: the optimizer in backward steps each bucket once reduced. */
+static const reducer_feature fused_optim_feature = {
+    .name = "optimizer_in_backward",
+    .order = 40,
+    .prepare_backward = fused_optim_reset,
+    .on_slot_filled = fused_optim_slot_filled,
+    .bucket_ready = fused_optim_poll,
+    .finalize_backward = fused_optim_finalize,
+    .free = fused_optim_free,
+};

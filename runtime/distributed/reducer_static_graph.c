@@ -2,8 +2,9 @@
  * graph] in ddplua/reducer_static_graph.h) and the statistics behind
  * ddp_reducer_get_logging_data, after PyTorch's torch/csrc/distributed/c10d/reducer.cpp
  * (autograd_hook, delay_all_reduce, reset_bucket_counting) and logger.cpp
- * (set_runtime_stats_and_log). reducer.c calls in at the points named in
- * reducer_internal.h. */
+ * (set_runtime_stats_and_log). static_graph is a reducer feature (Note [reducer features]
+ * in reducer_internal.h), reached through static_graph_feature; reducer.c calls the
+ * statistics (reducer_stats_*) itself, with or without it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -28,6 +29,16 @@ static int64_t param_bytes(const ddp_reducer *r, int i) {
 
 /* ---- static graph ------------------------------------------------------------------------ */
 
+static const reducer_feature static_graph_feature;
+
+/* The static graph feature's free (also on a failed registration). */
+static void static_graph_free(ddp_reducer *r) {
+  free(r->hook_counts);
+  free(r->hook_left);
+  free(r->global_used);
+  r->hook_counts = r->hook_left = r->global_used = NULL;
+}
+
 int ddp_reducer_set_static_graph(ddp_reducer *r) {
   if (!r) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: reducer is NULL");
   if (r->static_graph) return DDP_OK;
@@ -40,16 +51,21 @@ int ddp_reducer_set_static_graph(ddp_reducer *r) {
   r->hook_left = calloc(m, sizeof(int32_t));
   r->global_used = calloc(m, sizeof(int32_t));
   if (!r->hook_counts || !r->hook_left || !r->global_used) {
-    reducer_static_graph_free(r);
+    static_graph_free(r);
     DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel: out of memory");
   }
   if (!r->local_used) {
     int64_t shape[1] = {r->n};
     int status = ddp_tensor_zeros(&r->local_used, 1, shape, DDP_I32, DDP_DEVICE_CPU);
     if (status) {
-      reducer_static_graph_free(r);
+      static_graph_free(r);
       return status;
     }
+  }
+  int status = reducer_add_feature(r, &static_graph_feature); /* Note [reducer features] */
+  if (status) {
+    static_graph_free(r);
+    return status;
   }
   r->find_unused_asked = r->find_unused;
   r->find_unused = 1; /* the first iteration finds the unused parameters */
@@ -65,8 +81,10 @@ int ddp_reducer_static_hook_count(const ddp_reducer *r, int i) {
   return r->hook_counts[i];
 }
 
-/* Parameter i's post-accumulate hook fired (instead of reducer_mark_variable_ready). */
-int reducer_static_graph_hook(ddp_reducer *r, int i) {
+/* The static graph feature's on_grad_ready: parameter i's post-accumulate hook fired; the
+ * feature takes it (instead of reducer_mark_variable_ready). */
+static int static_graph_hook(ddp_reducer *r, int i, int *taken) {
+  *taken = 1;
   if (!r->static_first_done) { /* count only; delay_all_reduce at the end */
     r->hook_counts[i]++;
     ((int32_t *)ddp_data(r->local_used))[i] = 1;
@@ -87,11 +105,11 @@ int reducer_static_graph_hook(ddp_reducer *r, int i) {
   return DDP_OK;
 }
 
-/* At the start of finalize_backward: in the first iteration, mark the used parameters ready
+/* The static graph feature's finalize_begin (the start of finalize_backward): in the first iteration, mark the used parameters ready
  * (their .grad is final now) so their buckets launch, and leave the unused ones to
  * finalize's find_unused path (zeros, then the flag all-reduce); later, fail when a
  * parameter fell short of its recorded count. */
-int reducer_static_graph_finalize(ddp_reducer *r) {
+static int static_graph_finalize(ddp_reducer *r) {
   if (!r->static_first_done) {
     for (int i = 0; i < r->n; i++)
       if (r->hook_counts[i] > 0) DDP_TRY(reducer_mark_variable_ready(r, i, 1));
@@ -114,9 +132,9 @@ int reducer_static_graph_finalize(ddp_reducer *r) {
   return DDP_OK;
 }
 
-/* A new iteration (reducer_reset_iteration): the per-iteration countdown from the recorded
+/* The static graph feature's prepare_backward (a new iteration): the per-iteration countdown from the recorded
  * counts, and the first iteration's global used flags for the copy back. */
-void reducer_static_graph_reset(ddp_reducer *r) {
+static void static_graph_reset(ddp_reducer *r) {
   r->static_unused_marked = 0;
   if (!r->static_first_done) return;
   memcpy(r->hook_left, r->hook_counts, sizeof(int32_t) * (size_t)r->n);
@@ -165,10 +183,8 @@ void reducer_stats_bucket_launched(ddp_reducer *r, int k) {
   if (!r->stat_comm_start_ns) r->stat_comm_start_ns = now_ns();
 }
 
-/* The reduction finished (finalize_backward, before iterations++): the iteration's times,
- * and the end of static_graph's first iteration (the all-reduced used flags are in
- * local_used now). */
-void reducer_static_graph_done(ddp_reducer *r) {
+/* The reduction finished (finalize_backward, before iterations++): the iteration's times. */
+void reducer_stats_done(ddp_reducer *r) {
   int64_t end = now_ns();
   if (r->stat_backward_start_ns && r->stat_compute_end_ns) {
     double compute = (double)(r->stat_compute_end_ns - r->stat_backward_start_ns);
@@ -183,22 +199,35 @@ void reducer_static_graph_done(ddp_reducer *r) {
     r->stat_overlap_ns += overlap;
     r->stat_samples++;
   }
-  if (r->static_graph && !r->static_first_done) {
-    memcpy(r->global_used, ddp_data(r->local_used), sizeof(int32_t) * (size_t)r->n);
-    r->static_first_done = 1;
-    r->find_unused = 0;               /* no search after the first iteration */
-    r->recording = !r->has_rebuilt;   /* the next iteration records the rebuild order */
-  }
 }
 
-void reducer_static_graph_free(ddp_reducer *r) {
-  free(r->hook_counts);
-  free(r->hook_left);
-  free(r->global_used);
+/* The static graph feature's finalize_end: the end of static_graph's first iteration (the
+ * all-reduced used flags are in local_used now). */
+static void static_graph_done(ddp_reducer *r) {
+  if (r->static_first_done) return;
+  memcpy(r->global_used, ddp_data(r->local_used), sizeof(int32_t) * (size_t)r->n);
+  r->static_first_done = 1;
+  r->find_unused = 0;               /* no search after the first iteration */
+  r->recording = !r->has_rebuilt;   /* the next iteration records the rebuild order */
+}
+
+/* Note [reducer features]: static_graph counts the hooks of the first iteration and marks
+ * the parameters ready by those counts afterwards. */
+static const reducer_feature static_graph_feature = {
+    .name = "static_graph",
+    .order = 30,
+    .prepare_backward = static_graph_reset,
+    .on_grad_ready = static_graph_hook,
+    .finalize_begin = static_graph_finalize,
+    .finalize_end = static_graph_done,
+    .free = static_graph_free,
+};
+
+/* The statistics' memory (ddp_reducer_free). */
+void reducer_stats_free(ddp_reducer *r) {
   free(r->initial_bucket_bytes);
   free(r->prev_unused);
   r->prev_unused = NULL;
-  r->hook_counts = r->hook_left = r->global_used = NULL;
   r->initial_bucket_bytes = NULL;
   r->n_initial_buckets = 0;
 }
