@@ -147,7 +147,7 @@ void reducer_hook_failed(ddp_reducer *r) {
 
 /* ---- features (Note [reducer features] in reducer_internal.h) ---------------------------- */
 
-int reducer_add_feature(ddp_reducer *r, const reducer_feature *f) {
+int reducer_add_feature(ddp_reducer *r, const ddp_reducer_feature *f) {
   for (int j = 0; j < r->n_features; j++)
     if (r->features[j] == f) return DDP_OK;
   if (r->n_features == REDUCER_MAX_FEATURES)

@@ -12,7 +12,7 @@
 
 /* ---- registration ------------------------------------------------------------------------ */
 
-static const reducer_feature comm_hook_feature;
+static const ddp_reducer_feature comm_hook_feature;
 
 int ddp_reducer_register_comm_hook(ddp_reducer *r, int kind, int wrap_dtype, struct ddp_pg *pg,
                                    ddp_powersgd_state *state) {
@@ -280,7 +280,7 @@ static int comm_hook_wait(ddp_reducer *r, int k, int *taken) {
 static int comm_hook_divisor(const ddp_reducer *r) { return 1; }
 
 /* Note [reducer features]: a comm hook owns the buckets' communication. */
-static const reducer_feature comm_hook_feature = {
+static const ddp_reducer_feature comm_hook_feature = {
     .name = "comm_hook",
     .order = 10,
     .prepare_backward = reducer_comm_hook_reset,

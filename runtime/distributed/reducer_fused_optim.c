@@ -26,7 +26,7 @@ struct reducer_fused_optim {
   int64_t during_backward, at_end;
 };
 
-static const reducer_feature fused_optim_feature;
+static const ddp_reducer_feature fused_optim_feature;
 
 static int zeros_like(ddp_tensor **out, const ddp_tensor *p) {
   return ddp_tensor_zeros(out, p->ndim, p->shape, p->dtype, p->device);
@@ -335,7 +335,7 @@ static void fused_optim_free(ddp_reducer *r) {
 }
 
 /* Note [reducer features]: the optimizer in backward steps each bucket once reduced. */
-static const reducer_feature fused_optim_feature = {
+static const ddp_reducer_feature fused_optim_feature = {
     .name = "optimizer_in_backward",
     .order = 40,
     .prepare_backward = fused_optim_reset,

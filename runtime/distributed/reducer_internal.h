@@ -25,7 +25,7 @@ typedef struct {
 
 /* Note [reducer features]: comm hooks, uneven inputs (join), static_graph and the optimizer
  * in backward extend the reducer without reducer.c naming them. Each is a const
- * reducer_feature (a table of callbacks, every one optional: NULL is "nothing to do") that
+ * ddp_reducer_feature (a table of callbacks, every one optional: NULL is "nothing to do") that
  * the feature's own file defines and adds to its reducer with reducer_add_feature when it
  * is registered (ddp_reducer_register_comm_hook, ddp_reducer_set_divide_factor,
  * ddp_reducer_set_static_graph, ddp_reducer_register_fused_optim). reducer.c walks
@@ -48,10 +48,12 @@ typedef struct {
  *  - free: the reducer is freed.
  * The list is kept in the features' `order` (comm hook 10, join 20, static graph 30,
  * optimizer in backward 40), whatever the order of registration, so every walk (and which
- * feature takes a step) is the same from run to run: the order the calls by name had. The
- * features' own state stays in their fields of struct ddp_reducer (r->comm_hook, ...). */
+ * feature takes a step) is the same from run to run: the order the calls by name had. A
+ * feature's state is one opaque pointer of struct ddp_reducer, defined in its own file
+ * (r->comm_hook, r->static_graph, r->fused_optim; join's is the divisor r->div_factor),
+ * NULL until registered, never a block of fields here. */
 struct ddp_reducer;
-typedef struct reducer_feature {
+typedef struct ddp_reducer_feature {
   const char *name;
   int order;
   void (*prepare_backward)(struct ddp_reducer *r);
@@ -65,7 +67,7 @@ typedef struct reducer_feature {
   int (*finalize_backward)(struct ddp_reducer *r, int *taken);
   void (*finalize_end)(struct ddp_reducer *r);
   void (*free)(struct ddp_reducer *r);
-} reducer_feature;
+} ddp_reducer_feature;
 
 enum { REDUCER_MAX_FEATURES = 8 };
 
@@ -132,15 +134,8 @@ struct ddp_reducer {
 
   /* static_graph and the logging data (runtime/distributed/reducer_static_graph.c, Note
    * [static graph] in ddplua/reducer_static_graph.h) */
-  int static_graph;          /* ddp_reducer_set_static_graph ran */
-  int find_unused_asked;     /* find_unused_parameters as given (static_graph changes find_unused) */
-  int static_first_done;     /* the first iteration's hook counts are final */
-  int static_unused_marked;  /* this iteration marked the recorded unused parameters */
-  int32_t *hook_counts;      /* per parameter: hooks fired in the first iteration
-                              * (PyTorch's numGradHooksTriggeredMap_) */
-  int32_t *hook_left;        /* per parameter: hooks still expected in this iteration
-                              * (numGradHooksTriggeredMapPerIteration_) */
-  int32_t *global_used;      /* per parameter: the first iteration's all-reduced used flags */
+  struct reducer_static_graph *static_graph; /* the static graph feature's state: NULL until
+                                              * ddp_reducer_set_static_graph */
   int64_t stat_backward_start_ns, stat_compute_end_ns, stat_comm_start_ns;
   int64_t stat_samples;      /* iterations summed below */
   double stat_compute_ns, stat_comm_ns, stat_overlap_ns;
@@ -155,18 +150,18 @@ struct ddp_reducer {
   struct reducer_fused_optim *fused_optim;
 
   /* Note [reducer features]: the registered features, in their order */
-  const reducer_feature *features[REDUCER_MAX_FEATURES];
+  const ddp_reducer_feature *features[REDUCER_MAX_FEATURES];
   int n_features;
 };
 
 /* Add feature f to r's list (Note [reducer features]), in f->order; adding it again does
  * nothing. Errors: DDP_ERR_STATE when the list is full (REDUCER_MAX_FEATURES). */
-int reducer_add_feature(ddp_reducer *r, const reducer_feature *f);
+int reducer_add_feature(ddp_reducer *r, const ddp_reducer_feature *f);
 
 /* The registered features, for the walks of reducer.c. */
 #define REDUCER_FOR_FEATURES(r, f)                                                             \
   for (int f##_at = 0; f##_at < (r)->n_features; f##_at++)                                    \
-    for (const reducer_feature *f = (r)->features[f##_at]; f; f = NULL)
+    for (const ddp_reducer_feature *f = (r)->features[f##_at]; f; f = NULL)
 
 /* The steps reducer.c implements that the files beside it call (each documented there). */
 void reducer_hook_failed(ddp_reducer *r);
@@ -179,7 +174,7 @@ int reducer_copy_back(ddp_reducer *r);
 int reducer_rebuild_buckets(ddp_reducer *r);
 
 /* Note [comm hooks]: the hook's side of launching and waiting for bucket k (reached through
- * its reducer_feature), on t (bucket k's dtype and size, laid out as its slots) instead of
+ * its ddp_reducer_feature), on t (bucket k's dtype and size, laid out as its slots) instead of
  * the bucket's buffer: a joined rank's shadow runs the hook on zeros (Note [join shadow
  * iteration]); and the end of an iteration (runtime/distributed/reducer_comm_hook.c). */
 int reducer_comm_hook_launch_on(ddp_reducer *r, int k, ddp_tensor *t);
@@ -187,7 +182,7 @@ int reducer_comm_hook_wait_on(ddp_reducer *r, int k, ddp_tensor *t);
 void reducer_comm_hook_reset(ddp_reducer *r);
 
 /* reducer_static_graph.c: the logging statistics reducer.c keeps whatever the features
- * (each documented there); static_graph itself is a reducer_feature. */
+ * (each documented there); static_graph itself is a ddp_reducer_feature. */
 void reducer_stats_backward_start(ddp_reducer *r);
 void reducer_stats_backward_end(ddp_reducer *r);
 void reducer_stats_bucket_launched(ddp_reducer *r, int k);

@@ -14,7 +14,7 @@ static int join_divisor(const ddp_reducer *r) { return r->div_factor; }
 
 /* Note [reducer features]: uneven inputs change what the gradients are divided by; the
  * shadow iteration of a joined rank runs outside backward (ddp_reducer_join_shadow_backward). */
-static const reducer_feature join_feature = {
+static const ddp_reducer_feature join_feature = {
     .name = "join",
     .order = 20,
     .grad_divisor = join_divisor,
