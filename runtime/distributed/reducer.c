@@ -1,7 +1,9 @@
 /* runtime/distributed/reducer.c: the DDP gradient reducer (ddplua/reducer.h), after PyTorch's c10d
  * Reducer: Bucket, mark_variable_ready, finalize_backward. The invariants are the notes in
  * ddplua/reducer.h: [bucket order], [bucket assignment], [gradient averaging],
- * [bucket rebuild], [unused parameters], [device buckets], [shared buckets]. */
+ * [bucket rebuild], [unused parameters], [device buckets], [shared buckets]. Its features
+ * (comm hooks, join, static graph, the optimizer in backward) are reached only through the
+ * callback tables they register (Note [reducer features] in reducer_internal.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
