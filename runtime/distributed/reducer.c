@@ -1,7 +1,9 @@
 /* runtime/distributed/reducer.c: the DDP gradient reducer (ddplua/reducer.h), after PyTorch's c10d
  * Reducer: Bucket, mark_variable_ready, finalize_backward. The invariants are the notes in
  * ddplua/reducer.h: [bucket order], [bucket assignment], [gradient averaging],
- * [bucket rebuild], [unused parameters], [device buckets], [shared buckets]. */
+ * [bucket rebuild], [unused parameters], [device buckets], [shared buckets]. Its features
+ * (comm hooks, join, static graph, the optimizer in backward) are reached only through the
+ * callback tables they register (Note [reducer features] in reducer_internal.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -145,6 +147,41 @@ void reducer_hook_failed(ddp_reducer *r) {
   r->failure = strdup(msg && *msg ? msg : "DistributedDataParallel: a gradient hook failed");
 }
 
+/* ---- features (Note [reducer features] in reducer_internal.h) ---------------------------- */
+
+int reducer_add_feature(ddp_reducer *r, const ddp_reducer_feature *f) {
+  for (int j = 0; j < r->n_features; j++)
+    if (r->features[j] == f) return DDP_OK;
+  if (r->n_features == REDUCER_MAX_FEATURES)
+    DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: cannot add the reducer feature '%s' on rank "
+             "%d: %d features are registered already", f->name, r->rank, r->n_features);
+  int at = r->n_features;
+  while (at > 0 && r->features[at - 1]->order > f->order) {
+    r->features[at] = r->features[at - 1];
+    at--;
+  }
+  r->features[at] = f;
+  r->n_features++;
+  return DDP_OK;
+}
+
+/* 1 when a feature takes over the buckets' communication (a comm hook). */
+static int bucket_transport_taken(const ddp_reducer *r) {
+  REDUCER_FOR_FEATURES(r, f)
+    if (f->bucket_launch) return 1;
+  return 0;
+}
+
+/* What the gradients are divided by going into their slots (Note [gradient averaging]):
+ * the first feature's answer > 0, else the world size. */
+static int grad_divisor(const ddp_reducer *r) {
+  REDUCER_FOR_FEATURES(r, f) {
+    int d = f->grad_divisor ? f->grad_divisor(r) : 0;
+    if (d > 0) return d;
+  }
+  return r->world;
+}
+
 /* ---- launching (Note [bucket order]) ----------------------------------------------- */
 
 static int64_t now_ns(void) {
@@ -159,7 +196,7 @@ static int64_t now_ns(void) {
  * shorter DDP timeout keeps the buckets on the communication thread, where finalize's
  * wait gives up after it). */
 static int may_run_here(const ddp_reducer *r) {
-  return r->pg && r->world > 1 && !r->comm_hook && r->device == DDP_DEVICE_CPU &&
+  return r->pg && r->world > 1 && !bucket_transport_taken(r) && r->device == DDP_DEVICE_CPU &&
          r->comm_device == DDP_DEVICE_CPU && r->timeout_s >= ddp_pg_get_timeout(r->pg);
 }
 
@@ -182,7 +219,11 @@ int reducer_bucket_launch(ddp_reducer *r, int k) {
     ddp_prof_record_span("DDP bucket ready", DDP_PROF_BUCKET, now, now,
                          b->numel * (int64_t)ddp_dtype_size(b->dtype), k, NULL);
   }
-  if (r->comm_hook) return reducer_comm_hook_launch(r, k); /* Note [comm hooks] */
+  REDUCER_FOR_FEATURES(r, f) { /* Note [comm hooks]: the hook launches */
+    int taken = 0;
+    int status = f->bucket_launch ? f->bucket_launch(r, k, &taken) : DDP_OK;
+    if (status || taken) return status;
+  }
   if (!r->pg || r->world == 1) return DDP_OK;
   char site[64]; /* Note [collective fingerprints]: a mismatch names the bucket */
   snprintf(site, sizeof site, "DistributedDataParallel gradient bucket %d", k);
@@ -213,7 +254,9 @@ int reducer_launch_ready_buckets(ddp_reducer *r) {
   if (r->overlap || r->n_complete == r->n_buckets || !may_run_here(r))
     while (r->next_bucket < r->n_buckets && r->buckets[r->next_bucket].pending == 0)
       DDP_TRY(reducer_bucket_launch(r, r->next_bucket++));
-  return r->fused_optim ? reducer_fused_optim_poll(r) : DDP_OK; /* Note [optimizer in backward] */
+  REDUCER_FOR_FEATURES(r, f) /* Note [optimizer in backward]: step the completed buckets */
+    if (f->bucket_ready) DDP_TRY(f->bucket_ready(r));
+  return DDP_OK;
 }
 
 /* ---- mark_variable_ready ---------------------------------------------------------------- */
@@ -257,7 +300,8 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
   ddp_tensor *view = b->views[r->slot_of[i]];
   /* Note [comm hooks]: with a hook the hook divides. Note [join shadow iteration]: under
    * join the divisor may be the non-joined ranks. */
-  double scale = r->comm_hook ? 1.0 : 1.0 / (r->div_factor > 0 ? r->div_factor : r->world);
+  int divisor = grad_divisor(r);
+  double scale = divisor == 1 ? 1.0 : 1.0 / divisor;
   int64_t t0 = DDP_PROF_ON() ? ddp_prof_now() : 0;
   if (r->as_view && p->grad == view) {
     DDP_TRY(copy_scaled(view, view, scale));
@@ -270,7 +314,8 @@ int reducer_mark_variable_ready(ddp_reducer *r, int i, int used) {
   if (t0) /* Note [profiler events]: the gradient into its bucket slot */
     ddp_prof_record("DDP copy gradient", DDP_PROF_BUCKET, t0,
                     view->numel * (int64_t)ddp_dtype_size(view->dtype), r->bucket_of[i], NULL);
-  if (r->fused_optim && used) DDP_TRY(ddp_tensor_set_grad(p, NULL)); /* Note [optimizer in backward] */
+  REDUCER_FOR_FEATURES(r, f) /* Note [optimizer in backward]: .grad is dropped */
+    if (f->on_slot_filled) DDP_TRY(f->on_slot_filled(r, i, used));
   if (--b->pending == 0) r->n_complete++;
   return reducer_launch_ready_buckets(r);
 }
@@ -281,8 +326,11 @@ static void on_grad_ready(ddp_tensor *t, void *vctx) {
   (void)t;
   if (!r->armed || !r->sync || r->failed) return;
   r->hooks_fired = 1;
-  int status = r->static_graph ? reducer_static_graph_hook(r, c->index) /* Note [static graph] */
-                               : reducer_mark_variable_ready(r, c->index, 1);
+  int status = DDP_OK, taken = 0;
+  REDUCER_FOR_FEATURES(r, f) { /* Note [static graph]: counts the hooks, marks when due */
+    if (f->on_grad_ready && !taken && !status) status = f->on_grad_ready(r, c->index, &taken);
+  }
+  if (!status && !taken) status = reducer_mark_variable_ready(r, c->index, 1);
   if (status) reducer_hook_failed(r);
 }
 
@@ -306,20 +354,23 @@ void reducer_reset_iteration(ddp_reducer *r) {
   r->n_complete = 0;
   for (int k = 0; k < r->n_buckets; k++) r->n_complete += r->buckets[k].pending == 0; /* empty */
   r->here_ns = 0;
-  if (r->comm_hook) reducer_comm_hook_reset(r);
   r->hooks_fired = 0;
   r->armed = 0;
   r->failed = 0;
   free(r->failure);
   r->failure = NULL;
-  if (r->static_graph) reducer_static_graph_reset(r);
-  if (r->fused_optim) reducer_fused_optim_reset(r);
+  REDUCER_FOR_FEATURES(r, f)
+    if (f->prepare_backward) f->prepare_backward(r);
 }
 
 /* Wait for bucket k's all-reduce; the error names the bucket, this rank and the pg's cause
  * (which names the peer when it can be known). */
 int reducer_bucket_wait(ddp_reducer *r, int k) {
-  if (r->comm_hook) return reducer_comm_hook_wait(r, k); /* Note [comm hooks] */
+  REDUCER_FOR_FEATURES(r, f) { /* Note [comm hooks]: the hook's own works */
+    int taken = 0;
+    int status = f->bucket_wait ? f->bucket_wait(r, k, &taken) : DDP_OK;
+    if (status || taken) return status;
+  }
   bucket *b = &r->buckets[k];
   if (!b->work) return DDP_OK;
   int64_t t0 = DDP_PROF_ON() ? ddp_prof_now() : 0;
@@ -362,7 +413,8 @@ static int finalize_backward(ddp_reducer *r) {
     return status;
   }
   reducer_stats_backward_end(r);
-  if (r->static_graph) DDP_TRY(reducer_static_graph_finalize(r)); /* Note [static graph] */
+  REDUCER_FOR_FEATURES(r, f) /* Note [static graph]: marks the first iteration's used ones */
+    if (f->finalize_begin) DDP_TRY(f->finalize_begin(r));
   int n_unready = 0;
   for (int i = 0; i < r->n; i++) n_unready += !r->ready[i];
   if (n_unready && !r->find_unused) {
@@ -403,12 +455,20 @@ static int finalize_backward(ddp_reducer *r) {
              "flags failed on rank %d: %s", r->rank,
              ddp_pg_error(r->pg)[0] ? ddp_pg_error(r->pg) : ddp_last_error());
   if (r->used_dev) DDP_TRY(ddp_copy_(r->local_used, r->used_dev));
-  DDP_TRY(r->fused_optim ? reducer_fused_optim_finalize(r) : reducer_copy_back(r));
+  int consumed = 0; /* Note [optimizer in backward]: the buckets are stepped, not copied back */
+  REDUCER_FOR_FEATURES(r, f) {
+    int taken = 0;
+    if (f->finalize_backward && !consumed) DDP_TRY(f->finalize_backward(r, &taken));
+    consumed |= taken;
+  }
+  if (!consumed) DDP_TRY(reducer_copy_back(r));
   if (r->recording) {
     r->recording = 0;
     r->rebuild_pending = r->n_order == r->n && !r->find_unused;
   }
-  reducer_static_graph_done(r);
+  reducer_stats_done(r);
+  REDUCER_FOR_FEATURES(r, f)
+    if (f->finalize_end) f->finalize_end(r);
   r->iterations++;
   return DDP_OK;
 }
@@ -562,7 +622,9 @@ void ddp_reducer_free(ddp_reducer *r) {
     ddp_tensor_release(r->params[i]);
   }
   buckets_free(r->buckets, r->n_buckets);
-  reducer_comm_hook_free(r);
+  REDUCER_FOR_FEATURES(r, f)
+    if (f->free) f->free(r);
+  r->n_features = 0;
   if (r->used_work) ddp_work_free(r->used_work);
   ddp_tensor_release(r->used_dev);
   ddp_tensor_release(r->local_used);
@@ -575,8 +637,7 @@ void ddp_reducer_free(ddp_reducer *r) {
   free(r->order);
   free(r->unready);
   free(r->failure);
-  reducer_static_graph_free(r);
-  reducer_fused_optim_free(r);
+  reducer_stats_free(r);
   free(r);
   ddp_error_restore(&saved);
 }

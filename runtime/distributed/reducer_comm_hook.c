@@ -12,6 +12,8 @@
 
 /* ---- registration ------------------------------------------------------------------------ */
 
+static const ddp_reducer_feature comm_hook_feature;
+
 int ddp_reducer_register_comm_hook(ddp_reducer *r, int kind, int wrap_dtype, struct ddp_pg *pg,
                                    ddp_powersgd_state *state) {
   if (!r) DDP_FAIL(DDP_ERR_ARG, "register_comm_hook: reducer is NULL");
@@ -53,7 +55,13 @@ int ddp_reducer_register_comm_hook(ddp_reducer *r, int kind, int wrap_dtype, str
   h->psgd = state;
   if (state) powersgd_state_retain(state);
   r->comm_hook = h;
-  return DDP_OK;
+  int status = reducer_add_feature(r, &comm_hook_feature); /* Note [reducer features] */
+  if (status) {
+    if (state) ddp_powersgd_state_free(state);
+    free(h);
+    r->comm_hook = NULL;
+  }
+  return status;
 }
 
 int ddp_reducer_comm_hook_kind(const ddp_reducer *r) {
@@ -78,7 +86,8 @@ void reducer_comm_hook_reset(ddp_reducer *r) {
   h->next_handed = 0;
 }
 
-void reducer_comm_hook_free(ddp_reducer *r) {
+/* The comm hook feature's free (Note [reducer features]). */
+static void comm_hook_free(ddp_reducer *r) {
   struct reducer_comm_hook *h = r->comm_hook;
   if (!h) return;
   reducer_comm_hook_reset(r);
@@ -199,7 +208,9 @@ int reducer_comm_hook_launch_on(ddp_reducer *r, int k, ddp_tensor *t) {
   return launch_inner(r, k, t);
 }
 
-int reducer_comm_hook_launch(ddp_reducer *r, int k) {
+/* The comm hook feature's bucket_launch: the hook launches bucket k (Note [comm hooks]). */
+static int comm_hook_launch(ddp_reducer *r, int k, int *taken) {
+  *taken = 1;
   return reducer_comm_hook_launch_on(r, k, r->buckets[k].buffer);
 }
 
@@ -256,10 +267,28 @@ int reducer_comm_hook_wait_on(ddp_reducer *r, int k, ddp_tensor *t) {
   return DDP_OK;
 }
 
-int reducer_comm_hook_wait(ddp_reducer *r, int k) {
+/* The comm hook feature's bucket_wait: the hook's works of bucket k, then its result in the
+ * bucket (Note [comm hooks]). */
+static int comm_hook_wait(ddp_reducer *r, int k, int *taken) {
+  *taken = 1;
   if (!r->buckets[k].launched) return DDP_OK;
   return reducer_comm_hook_wait_on(r, k, r->buckets[k].buffer);
 }
+
+/* The comm hook feature's grad_divisor: the hook divides itself, so the slots take the
+ * gradients as they are (Note [gradient averaging]). */
+static int comm_hook_divisor(const ddp_reducer *r) { return 1; }
+
+/* Note [reducer features]: a comm hook owns the buckets' communication. */
+static const ddp_reducer_feature comm_hook_feature = {
+    .name = "comm_hook",
+    .order = 10,
+    .prepare_backward = reducer_comm_hook_reset,
+    .grad_divisor = comm_hook_divisor,
+    .bucket_launch = comm_hook_launch,
+    .bucket_wait = comm_hook_wait,
+    .free = comm_hook_free,
+};
 
 /* ---- the front end's hooks ----------------------------------------------------------------- */
 

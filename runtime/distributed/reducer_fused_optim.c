@@ -1,10 +1,13 @@
 /* runtime/distributed/reducer_fused_optim.c: the optimizer in backward of the reducer (Note
  * [optimizer in backward] in ddplua/reducer_fused_optim.h), after PyTorch's
  * DistributedDataParallel._register_fused_optim (its optimizer_overlap_hooks.py
- * _hook_then_optimizer: all-reduce a bucket, then step that bucket's parameters). reducer.c
- * calls in at the points named in reducer_internal.h. */
+ * _hook_then_optimizer: all-reduce a bucket, then step that bucket's parameters). A reducer
+ * feature (Note [reducer features] in reducer_internal.h): reducer.c reaches it through
+ * fused_optim_feature only. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "distributed/reducer_internal.h"
 
@@ -22,6 +25,8 @@ struct reducer_fused_optim {
   int n_stepped_cap;
   int64_t during_backward, at_end;
 };
+
+static const ddp_reducer_feature fused_optim_feature;
 
 static int zeros_like(ddp_tensor **out, const ddp_tensor *p) {
   return ddp_tensor_zeros(out, p->ndim, p->shape, p->dtype, p->device);
@@ -66,6 +71,12 @@ int ddp_reducer_register_fused_optim(ddp_reducer *r, const ddp_fused_optim_confi
     DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel._register_fused_optim: out of memory");
   }
   f->cfg = *cfg;
+  int status = reducer_add_feature(r, &fused_optim_feature); /* Note [reducer features] */
+  if (status) {
+    free(f->state);
+    free(f);
+    return status;
+  }
   r->fused_optim = f;
   return DDP_OK;
 }
@@ -84,6 +95,116 @@ void ddp_reducer_fused_optim_counts(const ddp_reducer *r, int64_t *during_backwa
   const struct reducer_fused_optim *f = r ? r->fused_optim : NULL;
   if (during_backward) *during_backward = f ? f->during_backward : 0;
   if (at_end) *at_end = f ? f->at_end : 0;
+}
+
+/* ---- the state, read and replaced between iterations (the state_dict's C side) ---- */
+
+/* The state tensor slot `name` of parameter i for the registered kind, or NULL (with the
+ * error set) for a name that kind does not keep. */
+static ddp_tensor **state_slot(const ddp_reducer *r, int i, const char *name, const char *op) {
+  const struct reducer_fused_optim *f = r->fused_optim;
+  param_state *st = &f->state[i];
+  int sgd = f->cfg.kind == DDP_FUSED_OPTIM_SGD;
+  if (sgd && strcmp(name, "momentum_buffer") == 0) return &st->buf;
+  if (!sgd && strcmp(name, "exp_avg") == 0) return &st->exp_avg;
+  if (!sgd && strcmp(name, "exp_avg_sq") == 0) return &st->exp_avg_sq;
+  if (!sgd && strcmp(name, "max_exp_avg_sq") == 0) return &st->max_exp_avg_sq;
+  ddp_fail_at(__FILE__, __LINE__, DDP_ERR_ARG, "%s: the optimizer in backward (%s) keeps no "
+              "state '%s' (%s)", op, sgd ? "SGD" : "Adam/AdamW", name,
+              sgd ? "SGD keeps momentum_buffer" : "Adam keeps exp_avg, exp_avg_sq, max_exp_avg_sq");
+  return NULL;
+}
+
+/* The checks every state accessor makes: a registered optimizer, i in range, and (write)
+ * no backward under way. */
+static int check_access(const ddp_reducer *r, int i, const void *arg, int write, const char *op) {
+  if (!r || !arg) DDP_FAIL(DDP_ERR_ARG, "%s: NULL argument", op);
+  if (!r->fused_optim) DDP_FAIL(DDP_ERR_STATE, "%s: no optimizer in backward is registered", op);
+  if (i < 0 || i >= r->n)
+    DDP_FAIL(DDP_ERR_ARG, "%s: parameter %d out of range (the reducer has %d parameters)", op, i, r->n);
+  if (write && ((r->armed && r->hooks_fired) || r->unfinished))
+    DDP_FAIL(DDP_ERR_STATE, "%s: a backward is under way on rank %d (change the state between "
+             "iterations)", op, r->rank);
+  return DDP_OK;
+}
+
+int ddp_reducer_fused_optim_get_state(const ddp_reducer *r, int i, const char *name, ddp_tensor **out) {
+  const char *op = "DistributedDataParallel.fused_optim_state_dict";
+  if (!out) DDP_FAIL(DDP_ERR_ARG, "%s: NULL argument", op);
+  *out = NULL;
+  DDP_TRY(check_access(r, i, name, 0, op));
+  ddp_tensor **slot = state_slot(r, i, name, op);
+  if (!slot) return DDP_ERR_ARG;
+  if (*slot) ddp_tensor_retain(*slot);
+  *out = *slot;
+  return DDP_OK;
+}
+
+/* "(2, 3)" for a shape, into buf. */
+static const char *shape_text(char *buf, size_t cap, int ndim, const int64_t *shape) {
+  size_t at = (size_t)snprintf(buf, cap, "(");
+  for (int d = 0; d < ndim && at < cap; d++)
+    at += (size_t)snprintf(buf + at, cap - at, d ? ", %lld" : "%lld", (long long)shape[d]);
+  if (at < cap) snprintf(buf + at, cap - at, ")");
+  return buf;
+}
+
+int ddp_reducer_fused_optim_set_state(ddp_reducer *r, int i, const char *name, const ddp_tensor *t) {
+  const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
+  DDP_TRY(check_access(r, i, name, 1, op));
+  ddp_tensor **slot = state_slot(r, i, name, op);
+  if (!slot) return DDP_ERR_ARG;
+  const ddp_tensor *p = r->params[i];
+  if (t) {
+    int same = t->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+    if (!same) {
+      char a[160], b[160];
+      DDP_FAIL(DDP_ERR_ARG, "%s: state '%s' of parameter %d has shape %s, the parameter %s", op,
+               name, i, shape_text(a, sizeof a, t->ndim, t->shape), shape_text(b, sizeof b, p->ndim, p->shape));
+    }
+    if (t->dtype != p->dtype || t->device != p->device)
+      DDP_FAIL(DDP_ERR_ARG, "%s: state '%s' of parameter %d is %s on device %d, the parameter %s "
+               "on device %d", op, name, i, ddp_dtype_name(t->dtype), t->device,
+               ddp_dtype_name(p->dtype), p->device);
+  }
+  ddp_tensor *copy = NULL;
+  if (t) {
+    DDP_TRY(zeros_like(&copy, p));
+    int status = ddp_copy_(copy, t);
+    if (status) {
+      ddp_tensor_release(copy);
+      return status;
+    }
+  }
+  ddp_tensor_release(*slot);
+  *slot = copy;
+  return DDP_OK;
+}
+
+int ddp_reducer_fused_optim_get_step(const ddp_reducer *r, int i, int64_t *step) {
+  DDP_TRY(check_access(r, i, step, 0, "DistributedDataParallel.fused_optim_state_dict"));
+  *step = r->fused_optim->state[i].step;
+  return DDP_OK;
+}
+
+int ddp_reducer_fused_optim_set_step(ddp_reducer *r, int i, int64_t step) {
+  const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
+  DDP_TRY(check_access(r, i, op, 1, op));
+  if (step < 0) DDP_FAIL(DDP_ERR_ARG, "%s: step %lld of parameter %d must be >= 0", op, (long long)step, i);
+  r->fused_optim->state[i].step = step;
+  return DDP_OK;
+}
+
+int ddp_reducer_fused_optim_configure(ddp_reducer *r, const ddp_fused_optim_config *cfg) {
+  const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
+  DDP_TRY(check_access(r, 0, cfg, 1, op));
+  if (cfg->kind != r->fused_optim->cfg.kind)
+    DDP_FAIL(DDP_ERR_ARG, "%s: optimizer kind %d differs from the registered one (%d)", op,
+             cfg->kind, r->fused_optim->cfg.kind);
+  DDP_TRY(check_config(cfg));
+  r->fused_optim->cfg = *cfg;
+  return DDP_OK;
 }
 
 /* One update of parameter i with gradient g (its bucket slot). */
@@ -147,10 +268,11 @@ static int ensure_flags(ddp_reducer *r) {
   return DDP_OK;
 }
 
-/* After buckets were launched (reducer_launch_ready_buckets): step the launched buckets
+/* The feature's bucket_ready, after buckets were launched (reducer_launch_ready_buckets):
+ * step the launched buckets
  * whose all-reduce has completed, in index order, stopping at the first one still running
  * (never blocking). Not while the used flags are still to be all-reduced. */
-int reducer_fused_optim_poll(ddp_reducer *r) {
+static int fused_optim_poll(ddp_reducer *r) {
   if (r->find_unused) return DDP_OK; /* global usage unknown until finalize */
   /* A comm hook keeps its own works (Note [comm hooks]): b->work stays NULL, so "completed"
    * cannot be told here; its buckets are reduced by finalize's waits and stepped after them. */
@@ -168,9 +290,10 @@ int reducer_fused_optim_poll(ddp_reducer *r) {
   return DDP_OK;
 }
 
-/* In finalize_backward, after every bucket's wait and the used flags (instead of
- * reducer_copy_back): step the buckets not stepped yet, and forget the per-iteration flags. */
-int reducer_fused_optim_finalize(ddp_reducer *r) {
+/* The feature's finalize_backward, after every bucket's wait and the used flags: step the
+ * buckets not stepped yet; it takes the buckets (no reducer_copy_back into .grad). */
+static int fused_optim_finalize(ddp_reducer *r, int *taken) {
+  *taken = 1;
   DDP_TRY(ensure_flags(r));
   struct reducer_fused_optim *f = r->fused_optim;
   int status = DDP_OK;
@@ -182,14 +305,21 @@ int reducer_fused_optim_finalize(ddp_reducer *r) {
   return status;
 }
 
-/* A new iteration (reducer_reset_iteration): no bucket stepped yet (also after a backward
- * that failed half-way). */
-void reducer_fused_optim_reset(ddp_reducer *r) {
+/* The feature's prepare_backward, a new iteration (reducer_reset_iteration): no bucket
+ * stepped yet (also after a backward that failed half-way). */
+static void fused_optim_reset(ddp_reducer *r) {
   struct reducer_fused_optim *f = r->fused_optim;
   if (f->stepped) memset(f->stepped, 0, (size_t)f->n_stepped_cap);
 }
 
-void reducer_fused_optim_free(ddp_reducer *r) {
+/* The feature's on_slot_filled: a used parameter's gradient is in its slot, so its .grad
+ * goes (the model's .grad tensors never exist together, Note [optimizer in backward]). */
+static int fused_optim_slot_filled(ddp_reducer *r, int i, int used) {
+  return used ? ddp_tensor_set_grad(r->params[i], NULL) : DDP_OK;
+}
+
+/* The feature's free: the state tensors and the flags. */
+static void fused_optim_free(ddp_reducer *r) {
   struct reducer_fused_optim *f = r->fused_optim;
   if (!f) return;
   for (int i = 0; i < r->n; i++) {
@@ -203,3 +333,14 @@ void reducer_fused_optim_free(ddp_reducer *r) {
   free(f);
   r->fused_optim = NULL;
 }
+
+/* Note [reducer features]: the optimizer in backward steps each bucket once reduced. */
+static const ddp_reducer_feature fused_optim_feature = {
+    .name = "optimizer_in_backward",
+    .order = 40,
+    .prepare_backward = fused_optim_reset,
+    .on_slot_filled = fused_optim_slot_filled,
+    .bucket_ready = fused_optim_poll,
+    .finalize_backward = fused_optim_finalize,
+    .free = fused_optim_free,
+};

@@ -23,6 +23,54 @@ typedef struct {
   int launched;
 } bucket;
 
+/* Note [reducer features]: comm hooks, uneven inputs (join), static_graph and the optimizer
+ * in backward extend the reducer without reducer.c naming them. Each is a const
+ * ddp_reducer_feature (a table of callbacks, every one optional: NULL is "nothing to do") that
+ * the feature's own file defines and adds to its reducer with reducer_add_feature when it
+ * is registered (ddp_reducer_register_comm_hook, ddp_reducer_set_divide_factor,
+ * ddp_reducer_set_static_graph, ddp_reducer_register_fused_optim). reducer.c walks
+ * r->features at each point of an iteration:
+ *  - prepare_backward: a new iteration (reducer_reset_iteration; also after a failed one);
+ *  - on_grad_ready: parameter i's hook fired; a feature may take it (*taken = 1) and decide
+ *    itself when to call reducer_mark_variable_ready (static_graph counts hooks);
+ *  - grad_divisor: what the gradients are divided by going into their slots (the first
+ *    feature with an answer > 0 wins; none: the world size): a comm hook divides itself (1),
+ *    join divides by the non-joined ranks;
+ *  - on_slot_filled: parameter i's gradient is in its bucket slot (the optimizer in
+ *    backward drops .grad);
+ *  - bucket_launch / bucket_wait: take over bucket k's communication (*taken = 1; comm hooks);
+ *    a feature with bucket_launch keeps the all-reduces off the backward's thread;
+ *  - bucket_ready: buckets were launched (the optimizer in backward steps the completed ones);
+ *  - finalize_begin: the backward walk ended, before the unready parameters are handled;
+ *  - finalize_backward: every bucket reduced and the used flags known; *taken = 1 when the
+ *    feature consumed the buckets instead of the copy back into .grad;
+ *  - finalize_end: the iteration's reduction is done (before iterations++);
+ *  - free: the reducer is freed.
+ * The list is kept in the features' `order` (comm hook 10, join 20, static graph 30,
+ * optimizer in backward 40), whatever the order of registration, so every walk (and which
+ * feature takes a step) is the same from run to run: the order the calls by name had. A
+ * feature's state is one opaque pointer of struct ddp_reducer, defined in its own file
+ * (r->comm_hook, r->static_graph, r->fused_optim; join's is the divisor r->div_factor),
+ * NULL until registered, never a block of fields here. */
+struct ddp_reducer;
+typedef struct ddp_reducer_feature {
+  const char *name;
+  int order;
+  void (*prepare_backward)(struct ddp_reducer *r);
+  int (*on_grad_ready)(struct ddp_reducer *r, int i, int *taken);
+  int (*grad_divisor)(const struct ddp_reducer *r);
+  int (*on_slot_filled)(struct ddp_reducer *r, int i, int used);
+  int (*bucket_launch)(struct ddp_reducer *r, int k, int *taken);
+  int (*bucket_wait)(struct ddp_reducer *r, int k, int *taken);
+  int (*bucket_ready)(struct ddp_reducer *r);
+  int (*finalize_begin)(struct ddp_reducer *r);
+  int (*finalize_backward)(struct ddp_reducer *r, int *taken);
+  void (*finalize_end)(struct ddp_reducer *r);
+  void (*free)(struct ddp_reducer *r);
+} ddp_reducer_feature;
+
+enum { REDUCER_MAX_FEATURES = 8 };
+
 /* What a parameter's hook gets: its reducer and index. */
 typedef struct {
   struct ddp_reducer *r;
@@ -86,15 +134,8 @@ struct ddp_reducer {
 
   /* static_graph and the logging data (runtime/distributed/reducer_static_graph.c, Note
    * [static graph] in ddplua/reducer_static_graph.h) */
-  int static_graph;          /* ddp_reducer_set_static_graph ran */
-  int find_unused_asked;     /* find_unused_parameters as given (static_graph changes find_unused) */
-  int static_first_done;     /* the first iteration's hook counts are final */
-  int static_unused_marked;  /* this iteration marked the recorded unused parameters */
-  int32_t *hook_counts;      /* per parameter: hooks fired in the first iteration
-                              * (PyTorch's numGradHooksTriggeredMap_) */
-  int32_t *hook_left;        /* per parameter: hooks still expected in this iteration
-                              * (numGradHooksTriggeredMapPerIteration_) */
-  int32_t *global_used;      /* per parameter: the first iteration's all-reduced used flags */
+  struct reducer_static_graph *static_graph; /* the static graph feature's state: NULL until
+                                              * ddp_reducer_set_static_graph */
   int64_t stat_backward_start_ns, stat_compute_end_ns, stat_comm_start_ns;
   int64_t stat_samples;      /* iterations summed below */
   double stat_compute_ns, stat_comm_ns, stat_overlap_ns;
@@ -107,7 +148,20 @@ struct ddp_reducer {
   /* the optimizer in backward (runtime/distributed/reducer_fused_optim.c, Note [optimizer in
    * backward] in ddplua/reducer_fused_optim.h); NULL when none is registered */
   struct reducer_fused_optim *fused_optim;
+
+  /* Note [reducer features]: the registered features, in their order */
+  const ddp_reducer_feature *features[REDUCER_MAX_FEATURES];
+  int n_features;
 };
+
+/* Add feature f to r's list (Note [reducer features]), in f->order; adding it again does
+ * nothing. Errors: DDP_ERR_STATE when the list is full (REDUCER_MAX_FEATURES). */
+int reducer_add_feature(ddp_reducer *r, const ddp_reducer_feature *f);
+
+/* The registered features, for the walks of reducer.c. */
+#define REDUCER_FOR_FEATURES(r, f)                                                             \
+  for (int f##_at = 0; f##_at < (r)->n_features; f##_at++)                                    \
+    for (const ddp_reducer_feature *f = (r)->features[f##_at]; f; f = NULL)
 
 /* The steps reducer.c implements that the files beside it call (each documented there). */
 void reducer_hook_failed(ddp_reducer *r);
@@ -119,31 +173,20 @@ int reducer_bucket_wait(ddp_reducer *r, int k);
 int reducer_copy_back(ddp_reducer *r);
 int reducer_rebuild_buckets(ddp_reducer *r);
 
-/* Note [comm hooks]: the hook's side of launching and waiting for bucket k, the end of an
- * iteration, and freeing (runtime/distributed/reducer_comm_hook.c). */
-int reducer_comm_hook_launch(ddp_reducer *r, int k);
-int reducer_comm_hook_wait(ddp_reducer *r, int k);
-/* The same on t (bucket k's dtype and size, laid out as its slots) instead of the bucket's
- * buffer: a joined rank's shadow runs the hook on zeros (Note [join shadow iteration]). */
+/* Note [comm hooks]: the hook's side of launching and waiting for bucket k (reached through
+ * its ddp_reducer_feature), on t (bucket k's dtype and size, laid out as its slots) instead of
+ * the bucket's buffer: a joined rank's shadow runs the hook on zeros (Note [join shadow
+ * iteration]); and the end of an iteration (runtime/distributed/reducer_comm_hook.c). */
 int reducer_comm_hook_launch_on(ddp_reducer *r, int k, ddp_tensor *t);
 int reducer_comm_hook_wait_on(ddp_reducer *r, int k, ddp_tensor *t);
 void reducer_comm_hook_reset(ddp_reducer *r);
-void reducer_comm_hook_free(ddp_reducer *r);
 
-/* reducer_static_graph.c: the calls reducer.c makes into it (each documented there). */
-int reducer_static_graph_hook(ddp_reducer *r, int i);
-int reducer_static_graph_finalize(ddp_reducer *r);
-void reducer_static_graph_reset(ddp_reducer *r);
+/* reducer_static_graph.c: the logging statistics reducer.c keeps whatever the features
+ * (each documented there); static_graph itself is a ddp_reducer_feature. */
 void reducer_stats_backward_start(ddp_reducer *r);
 void reducer_stats_backward_end(ddp_reducer *r);
 void reducer_stats_bucket_launched(ddp_reducer *r, int k);
-void reducer_static_graph_done(ddp_reducer *r);
-void reducer_static_graph_free(ddp_reducer *r);
-
-/* reducer_fused_optim.c: the calls reducer.c makes into it (each documented there). */
-int reducer_fused_optim_poll(ddp_reducer *r);
-int reducer_fused_optim_finalize(ddp_reducer *r);
-void reducer_fused_optim_reset(ddp_reducer *r);
-void reducer_fused_optim_free(ddp_reducer *r);
+void reducer_stats_done(ddp_reducer *r);
+void reducer_stats_free(ddp_reducer *r);
 
 #endif

@@ -8,11 +8,24 @@
 
 #include "distributed/comm_hook_internal.h"
 
+/* The join feature's grad_divisor: the divisor set (the non-joined ranks), 0 (no answer)
+ * while none is. */
+static int join_divisor(const ddp_reducer *r) { return r->div_factor; }
+
+/* Note [reducer features]: uneven inputs change what the gradients are divided by; the
+ * shadow iteration of a joined rank runs outside backward (ddp_reducer_join_shadow_backward). */
+static const ddp_reducer_feature join_feature = {
+    .name = "join",
+    .order = 20,
+    .grad_divisor = join_divisor,
+};
+
 int ddp_reducer_set_divide_factor(ddp_reducer *r, int div_factor) {
   if (!r) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: reducer is NULL");
   if (div_factor < 0 || div_factor > r->world)
     DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: the gradient divisor must be between 1 and "
              "the world size %d (0: the world size), got %d", r->world, div_factor);
+  DDP_TRY(reducer_add_feature(r, &join_feature));
   r->div_factor = div_factor;
   return DDP_OK;
 }

@@ -194,4 +194,120 @@ try("set_lr_none", function() late:fused_optim_set_lr(0.05) end)
       assert.matches("no optimizer in backward is registered", e.set_lr_none, 1, true)
     end
   end)
+
+  -- A checkpoint of the optimizer in backward (ddp:fused_optim_state_dict /
+  -- fused_optim_load_state_dict): 3 steps, save, a fresh DDP (registered with another lr,
+  -- which the load replaces) loads and runs 2 more: bitwise the 5 uninterrupted steps; and
+  -- the state dict is the plain Lua optimizer's after the same 3 steps (same ids and keys,
+  -- the same values).
+  it("state_dict / load_state_dict: a resumed run is bitwise the uninterrupted one, in the Lua optimizer's format", function()
+    local code = [[
+-- "same" when the two state dicts have the same ids, keys and values (tensors within 1e-6),
+-- else the first difference.
+local function keys(t) local ks = {} for k in pairs(t) do ks[#ks + 1] = tostring(k) end table.sort(ks) return table.concat(ks, ",") end
+local function compare_sd(a, b)
+  if keys(a.state) ~= keys(b.state) then return "state ids " .. keys(a.state) .. " vs " .. keys(b.state) end
+  local worst = 0
+  for id, st in pairs(a.state) do
+    local o = b.state[id]
+    if keys(st) ~= keys(o) then return ("state %s: keys %s vs %s"):format(id, keys(st), keys(o)) end
+    for k, v in pairs(st) do
+      if dl.is_tensor(v) then worst = math.max(worst, (v - o[k]):abs():max():item())
+      elseif v ~= o[k] then return ("state %s %s: %s vs %s"):format(id, k, tostring(v), tostring(o[k])) end
+    end
+  end
+  local ga, gb = a.param_groups[1], b.param_groups[1]
+  if #a.param_groups ~= 1 or #b.param_groups ~= 1 then return "groups" end
+  if keys(ga) ~= keys(gb) then return "group keys " .. keys(ga) .. " vs " .. keys(gb) end
+  for k, v in pairs(ga) do
+    if type(v) ~= "table" and v ~= gb[k] then return ("group %s: %s vs %s"):format(k, tostring(v), tostring(gb[k])) end
+  end
+  if table.concat(ga.params, ",") ~= table.concat(gb.params, ",") then return "param ids" end
+  return worst <= 1e-6 and ("same " .. #ga.params) or ("max diff " .. worst)
+end
+local xs, ys = batches(5, 8, {6}, 4)
+local opts = {bucket_cap_mb = 0.0005}
+local function steps(m, from, to) for s = from, to do mse(m(shard(xs[s])), shard(ys[s])):backward() end end
+for _, case in ipairs { {optim.SGD, {lr = 0.1, momentum = 0.9}}, {optim.Adam, {lr = 0.01, amsgrad = true}},
+                        {optim.AdamW, {lr = 0.01, weight_decay = 0.1}} } do
+  local cls, args = case[1], case[2]
+  local whole = DDP(mlp(), opts):register_optimizer_in_backward(cls, args)
+  steps(whole, 1, 5)
+  local first = DDP(mlp(), opts):register_optimizer_in_backward(cls, args)
+  steps(first, 1, 3)
+  local sd = first:fused_optim_state_dict()
+  local weights = first:state_dict()
+  local plain = DDP(mlp(), opts)
+  local opt = cls(plain:parameters(), args)
+  for s = 1, 3 do
+    opt:zero_grad()
+    mse(plain(shard(xs[s])), shard(ys[s])):backward()
+    opt:step()
+  end
+  out(cls.name .. "_format", compare_sd(sd, opt:state_dict()))
+  local m = mlp()
+  m:load_state_dict(weights)
+  local resumed = DDP(m, opts):register_optimizer_in_backward(cls, {lr = 0.5})
+  resumed:fused_optim_load_state_dict(sd)
+  steps(resumed, 4, 5)
+  out(cls.name .. "_resumed", tostring(digests(whole.module) == digests(resumed.module)))
+  -- the plain optimizer's own state dict loads the same way
+  local m2 = mlp()
+  m2:load_state_dict(weights)
+  local from_plain = DDP(m2, opts):register_optimizer_in_backward(cls, args)
+  from_plain:fused_optim_load_state_dict(opt:state_dict())
+  steps(from_plain, 4, 5)
+  out(cls.name .. "_from_plain", tostring(digests(whole.module) == digests(from_plain.module)))
+  for _, d in ipairs {whole, first, plain, resumed, from_plain} do d:destroy() end
+end
+]]
+    local ranks = run(code)
+    for i = 1, 2 do
+      local o = ranks[i].out
+      for _, name in ipairs { "SGD", "Adam", "AdamW" } do
+        assert.equal("same 6", o[name .. "_format"], name)
+        assert.equal("true", o[name .. "_resumed"], name)
+        assert.equal("true", o[name .. "_from_plain"], name)
+      end
+    end
+  end)
+
+  it("load_state_dict raises, changing nothing, for another optimizer's state dict or another shape", function()
+    local code = [[
+local xs, ys = batches(1, 8, {6}, 4)
+local m = DDP(mlp()):register_optimizer_in_backward(optim.SGD, {lr = 0.1, momentum = 0.9})
+mse(m(shard(xs[1])), shard(ys[1])):backward()
+local before = m:fused_optim_state_dict()
+local adam = DDP(mlp()):register_optimizer_in_backward(optim.Adam, {lr = 0.01})
+mse(adam(shard(xs[1])), shard(ys[1])):backward()
+try("adam_into_sgd", function() m:fused_optim_load_state_dict(adam:fused_optim_state_dict()) end)
+local extra = m:fused_optim_state_dict()
+extra.state[1].exp_avg = extra.state[1].momentum_buffer
+try("foreign_key", function() m:fused_optim_load_state_dict(extra) end)
+local shaped = m:fused_optim_state_dict()
+shaped.state[2].momentum_buffer = dl.zeros({3})
+try("shape", function() m:fused_optim_load_state_dict(shaped) end)
+try("not_a_table", function() m:fused_optim_load_state_dict(3) end)
+local none = DDP(mlp())
+try("none_save", function() none:fused_optim_state_dict() end)
+try("none_load", function() none:fused_optim_load_state_dict(before) end)
+local after = m:fused_optim_state_dict()
+local same = true
+for id, st in pairs(before.state) do
+  same = same and (st.momentum_buffer - after.state[id].momentum_buffer):abs():max():item() == 0
+end
+out("unchanged", tostring(same and after.param_groups[1].lr == 0.1))
+]]
+    local ranks = run(code)
+    for i = 1, 2 do
+      local e = ranks[i].err
+      assert.matches("fused_optim_load_state_dict: loaded param group 1 has options 'amsgrad', 'betas', 'eps', which SGD does not have", e.adam_into_sgd, 1, true)
+      assert.matches("the loaded state of parameter 1 (0.bias) has 'exp_avg', which SGD does not keep", e.foreign_key, 1, true)
+      assert.matches("the loaded state of parameter 2 (2.weight): momentum_buffer has shape (3), the parameter (24, 32)", e.shape, 1, true)
+      assert.matches("expects a table {state = ..., param_groups = ...}", e.not_a_table, 1, true)
+      assert.matches("fused_optim_state_dict: no optimizer in backward is registered", e.none_save, 1, true)
+      assert.matches("fused_optim_load_state_dict: no optimizer in backward is registered", e.none_load, 1, true)
+      assert.equal("true", ranks[i].out.unchanged)
+    end
+  end)
 end)

@@ -805,6 +805,19 @@ local function fused_kind(cls)
   return nil
 end
 
+-- The C config (in fused_box) of kind from a param group of the matching Lua optimizer.
+local function fused_config(kind, g)
+  local c = fused_box
+  c.kind = kind
+  c.lr, c.weight_decay, c.maximize = g.lr, g.weight_decay, g.maximize and 1 or 0
+  if kind == C.DDP_FUSED_OPTIM_SGD then
+    c.momentum, c.dampening, c.nesterov = g.momentum, g.dampening, g.nesterov and 1 or 0
+  else
+    c.beta1, c.beta2, c.eps, c.amsgrad = g.betas[1], g.betas[2], g.eps, g.amsgrad and 1 or 0
+  end
+  return c
+end
+
 --- ddp:_register_fused_optim(optim_class, args) (PyTorch's private name; the public one is
 -- ddp:register_optimizer_in_backward): from now on every backward also runs the optimizer
 -- step of each bucket's parameters as soon as that bucket's all-reduce has completed,
@@ -815,8 +828,8 @@ end
 -- applied to every parameter of the module. After it, param.grad stays nil (the gradients
 -- live only in the buckets, never as full .grad tensors) and the parameters are already
 -- updated when backward returns: do not call an optimizer's step for them. The optimizer
--- state lives in the reducer (no state_dict); ddp:fused_optim_set_lr(lr) changes the
--- learning rate for a schedule. Raises for another optimizer class (naming it and the
+-- state lives in the reducer; ddp:fused_optim_state_dict() / ddp:fused_optim_load_state_dict
+-- checkpoint it, ddp:fused_optim_set_lr(lr) changes the learning rate for a schedule. Raises for another optimizer class (naming it and the
 -- supported ones), a bad option (as the optimizer's constructor), a second registration,
 -- or a registration after the first backward. Returns ddp.
 function DDP:_register_fused_optim(optim_class, args)
@@ -834,16 +847,8 @@ function DDP:_register_fused_optim(optim_class, args)
   if #self.params == 0 then raise("DistributedDataParallel._register_fused_optim: the module has no parameters that require grad") end
   -- The optimizer's own constructor fills the defaults and checks the options.
   local g = optim_class.new(self.params, args).param_groups[1]
-  local c = fused_box
-  c.kind = kind
-  c.lr, c.weight_decay, c.maximize = g.lr, g.weight_decay, g.maximize and 1 or 0
-  if kind == C.DDP_FUSED_OPTIM_SGD then
-    c.momentum, c.dampening, c.nesterov = g.momentum, g.dampening, g.nesterov and 1 or 0
-  else
-    c.beta1, c.beta2, c.eps, c.amsgrad = g.betas[1], g.betas[2], g.eps, g.amsgrad and 1 or 0
-  end
-  check(C.ddp_reducer_register_fused_optim(r, c))
-  self.fused_optim = { class = optim_class.name, options = g }
+  check(C.ddp_reducer_register_fused_optim(r, fused_config(kind, g)))
+  self.fused_optim = { class = optim_class.name, cls = optim_class, kind = kind, options = g }
   return self
 end
 
@@ -858,6 +863,156 @@ end
 function DDP:fused_optim_set_lr(lr)
   check(C.ddp_reducer_fused_optim_set_lr(reducer_of(self, "fused_optim_set_lr"), lr))
   if self.fused_optim then self.fused_optim.options.lr = lr end
+end
+
+-- The state tensors the C side keeps per parameter, by the Lua optimizers' state_dict names
+-- (ddplua/reducer_fused_optim.h); Adam's entries also hold `step`, SGD's none.
+local SGD_STATE = { "momentum_buffer" }
+local ADAM_STATE = { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" }
+local step_box = ffi.new("int64_t[1]")
+
+-- The registered optimizer in backward, or raise naming op.
+local function fused_of(self, op)
+  local f = self.fused_optim
+  if not f then raise(("DistributedDataParallel.%s: no optimizer in backward is registered"):format(op)) end
+  return f
+end
+
+-- A Lua optimizer of the registered class over the module's parameters, with the options
+-- in use and no state: its state_dict() gives the format, its load_state_dict the checks
+-- (so the optimizer in backward's state dict IS the plain optimizer's, by construction).
+local function shadow_optimizer(self, f)
+  local opts = {}
+  for k, v in pairs(f.options) do if k ~= "params" then opts[k] = v end end
+  return f.cls.new(self.params, opts)
+end
+
+--- ddp:fused_optim_state_dict() -> sd: the state of the optimizer in backward in the format
+-- of the matching Lua optimizer's opt:state_dict() (optim.SGD / Adam / AdamW over
+-- ddp.module's parameters, one param group): {state = {[id] = {momentum_buffer = t} for SGD
+-- or {step = n, exp_avg = t, exp_avg_sq = t[, max_exp_avg_sq = t]} for Adam/AdamW},
+-- param_groups = {{lr = ..., <options>, params = {0, ..., n-1}}}}, ids numbering the
+-- parameters that require grad from 0 in ddp.module:parameters() order; a parameter not
+-- stepped yet has no entry. Tensors are copies (the parameters' shape, dtype and device).
+-- Call it between iterations. Raises when no optimizer in backward is registered.
+function DDP:fused_optim_state_dict()
+  local op = "fused_optim_state_dict"
+  local r = reducer_of(self, op)
+  local f = fused_of(self, op)
+  local opt = shadow_optimizer(self, f)
+  local sgd = f.kind == C.DDP_FUSED_OPTIM_SGD
+  for i, p in ipairs(self.params) do
+    check(C.ddp_reducer_fused_optim_get_step(r, i - 1, step_box))
+    local step = tonumber(step_box[0])
+    if step > 0 then
+      local st = {}
+      if not sgd then st.step = step end
+      for _, name in ipairs(sgd and SGD_STATE or ADAM_STATE) do
+        check(C.ddp_reducer_fused_optim_get_state(r, i - 1, name, tbox))
+        if tbox[0] ~= nil then st[name] = lib.wrap(tbox[0]) end
+      end
+      opt.state[p] = st
+    end
+  end
+  return opt:state_dict()
+end
+
+-- Note [loading the optimizer in backward]: a state dict is checked whole before anything
+-- changes: first here, what only the optimizer in backward can tell (an option or a state
+-- key the registered class does not have: a state dict of another optimizer; a state
+-- tensor of another shape, naming the parameter by its id and its name in the module),
+-- then by the Lua optimizer's own load_state_dict on a shadow optimizer (groups, ids,
+-- steps, option values: Note [validate loaded state] in optim/optimizer.lua). Only then
+-- are the options and the state handed to the reducer.
+
+-- Raise unless sd's options and state keys and shapes fit the registered optimizer f.
+local function check_fused_state_dict(self, f, sd, op)
+  if type(sd) ~= "table" or type(sd.state) ~= "table" or type(sd.param_groups) ~= "table" then
+    raise(op .. ": expects a table {state = ..., param_groups = ...} (an optimizer's state_dict())")
+  end
+  local cls, sgd = f.cls, f.kind == C.DDP_FUSED_OPTIM_SGD
+  local known = { params = true }
+  for k in pairs(cls.defaults) do known[k] = true end
+  for _, k in ipairs(cls.optional) do known[k] = true end
+  for gi, g in ipairs(sd.param_groups) do
+    local unknown = {}
+    for k in pairs(type(g) == "table" and g or {}) do
+      if not known[k] then unknown[#unknown + 1] = "'" .. tostring(k) .. "'" end
+    end
+    if #unknown > 0 then
+      table.sort(unknown)
+      raise(("%s: loaded param group %d has option%s %s, which %s does not have (a state dict " ..
+             "of another optimizer? the optimizer in backward is %s)"):format(op, gi,
+             #unknown > 1 and "s" or "", table.concat(unknown, ", "), cls.name, cls.name))
+    end
+  end
+  local keep = { step = not sgd }
+  for _, k in ipairs(sgd and SGD_STATE or ADAM_STATE) do keep[k] = true end
+  local ids = type(sd.param_groups[1]) == "table" and type(sd.param_groups[1].params) == "table"
+    and sd.param_groups[1].params or {}
+  local pos = {}
+  for i, id in ipairs(ids) do if tonumber(id) then pos[tonumber(id)] = i end end
+  for id, st in pairs(sd.state) do
+    local i = pos[tonumber(id)]
+    local p = i and self.params[i]
+    if p and type(st) == "table" then
+      local where = ("%s: the loaded state of parameter %s (%s)"):format(op, tostring(id), self.param_names[i])
+      for k, v in pairs(st) do
+        if not keep[k] then
+          raise(("%s has '%s', which %s does not keep (a state dict of another optimizer? the " ..
+                 "optimizer in backward is %s)"):format(where, tostring(k), cls.name, cls.name))
+        end
+        if k ~= "step" and dl.is_tensor(v) then
+          local a, b = v:size(), p:size()
+          local same = #a == #b
+          for d = 1, #a do same = same and a[d] == b[d] end
+          if not same then
+            raise(("%s: %s has shape (%s), the parameter (%s)"):format(where, k,
+              table.concat(a, ", "), table.concat(b, ", ")))
+          end
+        end
+      end
+      if not sgd and (st.step == nil or st.exp_avg == nil or st.exp_avg_sq == nil) then
+        raise(("%s lacks %s (%s keeps step, exp_avg and exp_avg_sq)"):format(where,
+          st.step == nil and "step" or st.exp_avg == nil and "exp_avg" or "exp_avg_sq", cls.name))
+      end
+    end
+  end
+end
+
+--- ddp:fused_optim_load_state_dict(sd): replace the options and state of the optimizer in
+-- backward by sd, a state dict of the same optimizer class over the same parameters (from
+-- ddp:fused_optim_state_dict(), or from the plain Lua optimizer's opt:state_dict():
+-- the formats are the same); the steps that follow continue bit for bit as the run that
+-- saved it. Floating state tensors are converted to their parameter's dtype and device (as
+-- the Lua optimizers do). Call it between iterations (after register_optimizer_in_backward,
+-- before or after the first backward). Raises, before changing anything (Note [loading the
+-- optimizer in backward]), when no optimizer in backward is registered, for a state dict of
+-- another optimizer (an option or state key the registered class does not have, naming
+-- it), for a state tensor whose shape is not its parameter's (naming the parameter's id and
+-- name), and for what the Lua optimizer's load_state_dict refuses (groups, ids, steps,
+-- option values).
+function DDP:fused_optim_load_state_dict(sd)
+  local op = "DistributedDataParallel.fused_optim_load_state_dict"
+  local r = reducer_of(self, "fused_optim_load_state_dict")
+  local f = fused_of(self, "fused_optim_load_state_dict")
+  check_fused_state_dict(self, f, sd, op)
+  local opt = shadow_optimizer(self, f)
+  local ok, err = pcall(opt.load_state_dict, opt, sd)
+  if not ok then raise(op .. ": " .. tostring(err)) end
+  local g = opt.param_groups[1]
+  check(C.ddp_reducer_fused_optim_configure(r, fused_config(f.kind, g)))
+  local sgd = f.kind == C.DDP_FUSED_OPTIM_SGD
+  for i, p in ipairs(self.params) do
+    local st = opt.state[p]
+    for _, name in ipairs(sgd and SGD_STATE or ADAM_STATE) do
+      check(C.ddp_reducer_fused_optim_set_state(r, i - 1, name, st and st[name] or nil))
+    end
+    -- SGD keeps no count: 1 marks a parameter that has state (a state_dict entry)
+    local step = st == nil and 0 or sgd and 1 or st.step
+    check(C.ddp_reducer_fused_optim_set_step(r, i - 1, step))
+  end
+  f.options = g
 end
 
 local counts_box = ffi.new("int64_t[2]")
