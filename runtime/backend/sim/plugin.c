@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -302,6 +303,17 @@ static int sim_nccl_init(ddp_nccl_comm **out, const unsigned char *id, int rank,
     }
   } else {
     while ((fd = shm_open(c->name, O_RDWR, 0600)) < 0 && sim_now() < until) sim_nap();
+    /* Rank 0 creates the segment, then sizes it: one opened in between is still empty, and
+     * touching a mapping past a file's end is SIGBUS. Wait until it has its size. */
+    struct stat st;
+    while (fd >= 0 && (fstat(fd, &st) != 0 || (size_t)st.st_size < c->map_bytes)) {
+      if (sim_now() >= until) {
+        close(fd);
+        fd = -1;
+        break;
+      }
+      sim_nap();
+    }
   }
   if (fd < 0) {
     free(c);
