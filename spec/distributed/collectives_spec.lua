@@ -305,6 +305,36 @@ describe("ddplua.distributed collectives #dist", function()
     end
   end)
 
+  -- Note [re-initialising the default group]: rank 0 hosts the env:// store; when its
+  -- destroy_process_group closed the server, a rank that destroyed first connected again to
+  -- the old server and lost it ("lost the connection to the store server ... during get").
+  -- Rank 0 lingers before each destroy, so the other rank always reconnects first.
+  it("initialises the default group again after destroy_process_group (env://)", function()
+    local ranks = run([[
+      for i = 1, 6 do
+        init()
+        local t = fill(3, RANK + i, "f64")
+        dist.all_reduce(t)
+        emit("sum" .. i, t)
+        local sub = dist.new_group({ 0, 1 })
+        local b = dl.full({ 1 }, RANK + 10 * i)
+        dist.broadcast(b, 1, { group = sub })
+        emit("bcast" .. i, b)
+        if RANK == 0 then os.execute("sleep 0.3") end
+        dist.destroy_process_group()
+      end
+      emit("initialised", { dist.is_initialized() and 1 or 0 })
+    ]], 2)
+    for rank = 1, 2 do
+      local o = ranks[rank].out
+      for i = 1, 6 do
+        assert_list(reduce_ref("sum", { values(i, 3), values(1 + i, 3) }), o["sum" .. i], "init " .. i)
+        assert_list({ 1 + 10 * i }, o["bcast" .. i], "subgroup broadcast, init " .. i)
+      end
+      assert_list({ 0 }, o.initialised, "after the last destroy")
+    end
+  end)
+
   it("runs two independent subgroups in a world of 4", function()
     local ranks = run([[
       init()

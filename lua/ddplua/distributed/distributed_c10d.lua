@@ -21,7 +21,9 @@ M.Group = Group
 M.DEFAULT_TIMEOUT = 300
 
 -- The state of this process: the default group and how it was made.
-local state = { group = nil, store = nil, local_rank = 0, backend = nil }
+local state = { group = nil, store = nil, local_rank = 0, backend = nil,
+                rendezvous = nil, -- Note [re-initialising the default group]
+                inits = 0 }      -- default groups this process has initialised
 
 local pg_box = ffi.new("ddp_pg*[1]")
 local work_box = ffi.new("ddp_work*[1]")
@@ -112,6 +114,26 @@ local function parse_host_port(s, what)
   return host, tonumber(port)
 end
 
+-- Note [re-initialising the default group]: a script may destroy_process_group() and call
+-- init_process_group again (PyTorch allows it; tests and elastic scripts do it). With env://
+-- or tcp:// rank 0 hosts the TCP store. Closing that server in destroy_process_group raced
+-- the other ranks' next init: a rank that destroyed first connected again to rank 0's old
+-- server, which then closed under it ("lost the connection to the store server ... during
+-- get"), or refused it half-way through authentication. So the store a TCP init made is kept
+-- after destroy_process_group (state.rendezvous, keyed by address, port, rank, world size and
+-- secret) and the next init with the same parameters connects nothing new: it reuses it.
+-- The keys of the old group are still in that store, so each default group of the process
+-- gets its own key prefix, as PyTorch's group count does: "pg" for the first init, "pg@k" for
+-- the k-th re-init (every rank counts its own inits; in an SPMD script the counts agree). A
+-- group_name given by the caller is used as given. The kept store is closed when an init
+-- needs another one, or with the process (its handle's finaliser). A file:// store is closed
+-- on destroy as before (no server to race: the file outlives any one process's handle).
+local function rendezvous_key(init_method, rank, world_size, secret)
+  if not (init_method:match("^env://") or init_method:match("^tcp://")) then return nil end
+  return table.concat({ init_method, os.getenv("MASTER_ADDR") or "", os.getenv("MASTER_PORT") or "",
+                        rank, world_size, secret or os.getenv("DDPLUA_STORE_SECRET") or "" }, "\0")
+end
+
 -- The store of init_method for this rank.
 local function make_store(init_method, rank, world_size, timeout, secret)
   local sm = store_module()
@@ -166,6 +188,8 @@ local KNOWN = options.known { "backend", "init_method", "rank", "world_size", "t
 
 --- dist.init_process_group{backend = "gloo", init_method = "env://", rank =, world_size =,
 -- timeout = 300, store =, device_id =, store_secret =}: join the job's default process group.
+-- After destroy_process_group it may be called again (Note [re-initialising the default
+-- group]: env:// and tcp:// reuse this process's store; each default group gets its own keys).
 -- backend: "gloo" (any tensors; CUDA tensors staged through the host) or "nccl" (CUDA
 -- tensors; NCCL through the CUDA plug-in; the unique id travels through the store). When
 -- backend is omitted (or "default"), it is "nccl" if device_id names a CUDA device and
@@ -225,14 +249,30 @@ function M.init_process_group(opts)
   if opts.store_secret ~= nil and type(opts.store_secret) ~= "string" then
     raise("init_process_group: store_secret must be a string, got " .. type(opts.store_secret))
   end
-  local store = opts.store or make_store(opts.init_method or "env://", rank, world_size, timeout,
-                                         opts.store_secret)
+  local store = opts.store
+  if not store then -- Note [re-initialising the default group]
+    local init_method = opts.init_method or "env://"
+    local key = rendezvous_key(init_method, rank, world_size, opts.store_secret)
+    local kept = state.rendezvous
+    if kept and key and kept.key == key then
+      store = kept.store
+      store:set_timeout(timeout)
+    else
+      state.rendezvous = nil
+      if kept then kept.store:close() end
+      store = make_store(init_method, rank, world_size, timeout, opts.store_secret)
+      if key then state.rendezvous = { key = key, store = store } end
+    end
+  end
+  local inits = state.inits
+  local group_name = opts.group_name or (inits == 0 and "pg" or ("pg@" .. inits))
   if backend == "nccl" then
-    check(C.ddp_pg_new_nccl(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout, device))
+    check(C.ddp_pg_new_nccl(pg_box, store:handle(), rank, world_size, group_name, timeout, device))
     check(C.ddp_cuda_set_device(device))
   else
-    check(C.ddp_pg_new_gloo(pg_box, store:handle(), rank, world_size, opts.group_name or "pg", timeout))
+    check(C.ddp_pg_new_gloo(pg_box, store:handle(), rank, world_size, group_name, timeout))
   end
+  state.inits = inits + 1
   if stall then check(C.ddp_pg_set_stall_report(pg_box[0], stall)) end
   local ranks = {}
   for i = 1, world_size do ranks[i] = i - 1 end
@@ -392,7 +432,9 @@ function M.destroy_process_group(group)
   end
   local g = default_group("destroy_process_group")
   g:destroy()
-  if state.owns_store and state.store and state.store.close then state.store:close() end
+  -- a TCP rendezvous store is kept for the next init (Note [re-initialising the default group])
+  local kept = state.rendezvous and state.rendezvous.store == state.store
+  if state.owns_store and not kept and state.store and state.store.close then state.store:close() end
   state.group, state.store, state.backend = nil, nil, nil
 end
 
@@ -794,9 +836,10 @@ end
 -- the process group was aborted: abort_process_group called on rank <this rank> at
 -- <file:line>" (or the group's earlier failure, when one came first: every failed or
 -- timed-out collective aborts its group the same way). The group cannot be used again:
--- destroy_process_group(group) and make a new one (init_process_group; on the same store,
--- under another group_name, since the abort stays recorded in the store under the group's
--- name). Idempotent. Raises for a group that was destroyed.
+-- destroy_process_group(group) and make a new one (init_process_group: env:// and tcp:// give
+-- the new default group its own keys, Note [re-initialising the default group]; on a store of
+-- your own pass another group_name, since the abort stays recorded in the store under the
+-- group's name). Idempotent. Raises for a group that was destroyed.
 function M.abort_process_group(group)
   set_call_site()
   local g = group or default_group("abort_process_group")
