@@ -8,7 +8,8 @@
 # specs of spec/distributed/; shard "multinode" the namespace-node, mpirun and Slurm jobs of
 # spec/multinode/ (mostly waiting on collective timeouts and daemons); shard "rest" the
 # others. Their outputs are printed one after the other when all are done; each shard's own
-# summary is labelled, and the total comes last.
+# summary is labelled, the failing specs are listed once more ("FAILED: ..."), and the total
+# comes last.
 #
 # Usage: tools/run_specs.sh [NAME=VALUE ...]   environment for busted (the sanitizer build
 # passes DDPLUA_LIB, LD_PRELOAD, ...). Exit status 0 when every spec passed.
@@ -22,6 +23,7 @@ run_shard() { # name, files...
   local name=$1
   shift
   env "${envs[@]}" DDPLUA_SPEC_SHARD="$name" DDPLUA_SPEC_COUNTS="$out/$name.counts" \
+    DDPLUA_SPEC_FAILURES="$out/$name.failures" \
     busted -o spec/helpers/ci_output.lua "$@" > "$out/$name.log" 2>&1
   echo $? > "$out/$name.status"
 }
@@ -44,5 +46,7 @@ for name in distributed multinode rest; do
   [ "$(cat "$out/$name.status")" = 0 ] || status=1
 done
 echo
+# the failing specs' names once more, just above the total (a log cut to its tail shows them)
+cat "$out"/*.failures 2>/dev/null
 echo "$passed passed, $failed failed, $skipped skipped"
 exit "$status"

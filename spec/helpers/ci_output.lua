@@ -1,7 +1,12 @@
 -- spec/helpers/ci_output.lua: busted output handler for CI. Prints what busted's plain
 -- terminal handler prints, then one last line CI reads: "N passed, N failed, N skipped",
 -- counted from the run (errors count as failures; pending specs as skipped).
--- tools/run_specs.sh runs two of these at once and prints the total.
+-- tools/run_specs.sh runs several of these at once and prints the total.
+--
+-- Each failure and error is also written, one line each ("FAILED: <full name> (<file>:<line>):
+-- <first line of the message>"), to the file $DDPLUA_SPEC_FAILURES when that is set: the runner
+-- and .ci/run repeat them just above the last line, where a log cut to its tail still shows
+-- which spec failed.
 return function(options)
   local busted = require "busted"
   local plain = require "busted.outputHandlers.utfTerminal"(options)
@@ -25,6 +30,21 @@ return function(options)
     local line = ("%d passed, %d failed, %d skipped"):format(passed, failed, skipped)
     io.write("\n", shard and ("spec shard " .. shard .. ": " .. line) or line, "\n")
     io.flush()
+    local failures_path = os.getenv("DDPLUA_SPEC_FAILURES")
+    if failures_path then
+      local f = io.open(failures_path, "w")
+      if f then
+        for _, list in ipairs({ plain.failures or {}, plain.errors or {} }) do
+          for _, e in ipairs(list) do
+            local where = e.trace and e.trace.short_src
+              and (" (%s:%s)"):format(e.trace.short_src, tostring(e.trace.currentline)) or ""
+            local msg = tostring(e.message or ""):match("[^\n]*")
+            f:write(("FAILED: %s%s: %s\n"):format(e.name or "?", where, msg))
+          end
+        end
+        f:close()
+      end
+    end
     if counts then
       local f = io.open(counts, "w")
       if f then
