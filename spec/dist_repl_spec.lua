@@ -138,6 +138,24 @@ describe("distributed REPL", function()
     return t
   end
 
+  -- The launcher's live view (Note [live view]) used to be drawn on the prompt's terminal
+  -- while a collective waited, and its in-place redraws erased the prompt and the answers
+  -- around them (under load "[all ranks] 2" came out as "ranks] 2").
+  it_tty("keeps the launcher's live view off the prompt's terminal", function()
+    local term = pty.start(exe .. " --nproc_per_node=2 --standalone -i")
+    finally(function() term:close() end)
+    term:wait_for("Ctrl-D exits.", 120)
+    term:wait_prompt(nil, 120)
+    -- rank 0 waits 2 s in a barrier for rank 1: long enough for the view's 0.5 s ticks
+    local out = term:enter("if dist.get_rank() == 1 then os.execute('sleep 2') end dist.barrier() print('after')", 60)
+    assert.matches("[all ranks] after", out, 1, true)
+    assert.matches("[all ranks] 6", term:enter("1 + 5", 60), 1, true)
+    local screen = term:screen()
+    assert.not_matches("rank %d: no step yet", screen)
+    assert.not_matches("in barrier", screen, 1, true)
+    term:send("C-d")
+  end)
+
   -- Note [REPL group abort] (lua/ddplua/repl/ranks.lua): Ctrl-C used to leave a rank blocked
   -- in a collective for the group's 300 s timeout.
   it_tty("Ctrl-C ends a collective blocked on a peer within a second, and the next line makes the group again", function()

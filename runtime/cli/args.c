@@ -236,7 +236,8 @@ static const long_option long_options[] = {
   {"redirects", "0-3", 1, set_redirects, "send worker stdout (1), stderr (2), both (3) to log files only"},
   {"tee", "0-3", 1, set_tee, "send worker stdout (1), stderr (2), both (3) to log files and console"},
   {"status_interval", "S", 1, set_status_interval,
-   "live view: one line per rank, in place on a terminal, else every S s (default 60; 0: off)"},
+   "live view: one line per rank, in place on a terminal, else every S s (default 60; 0: off; "
+   "never in the distributed REPL, whose prompt owns the terminal)"},
 };
 
 #define N_LONG_OPTIONS ((int)(sizeof long_options / sizeof long_options[0]))

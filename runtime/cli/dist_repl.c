@@ -871,7 +871,12 @@ int ddp_dist_repl_run(const ddp_cli_options *opts, int argc, char **argv) {
     setenv("DDPLUA_REPL_CONNECT", address, 1);
     int null_in = open("/dev/null", 0);
     if (null_in >= 0) dup2(null_in, 0);
-    _exit(ddp_launcher_run(opts, argc, argv));
+    /* The prompt owns the terminal: the launcher's live view (Note [live view]), drawn in
+     * place on the same terminal, erased the prompt and the ranks' answers around it ("[all
+     * ranks] 2" came out as "ranks] 2" once a collective took long enough to be shown). */
+    ddp_cli_options quiet = *opts;
+    quiet.launch.status_interval = 0;
+    _exit(ddp_launcher_run(&quiet, argc, argv));
   }
   setpgid(rk.launcher, rk.launcher);
   int status = gather_ranks(listener, &rk);
