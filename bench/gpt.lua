@@ -7,7 +7,8 @@
 -- One training step as train.lua's text loop takes it: a batch of --batch-size random windows
 -- PER PROCESS (text.RandomWindows; the token files of data/shakespeare_char, written from the
 -- corpus of `make data` when missing, or uniform random tokens over 65 characters when the
--- corpus is absent too), forward with the loss, backward (DDP's all-reduce under the
+-- corpus is absent too; over --vocab-size tokens when that is given, e.g. GPT-2's 50257 for
+-- llm.c's shape), forward with the loss, backward (DDP's all-reduce under the
 -- launcher), clip_grad_norm_ 1.0, AdamW (nanoGPT's groups, lr 1e-3). No dropout, no bias
 -- (the shakespeare_char config's). --amp bf16 runs the forward under autocast.
 -- Prints one line (rank 0): "gpt layers=.. heads=.. embd=.. block=.. batch=.. procs=..
@@ -23,7 +24,7 @@ local text = require "ddplua.data.text"
 local GPT = require "models.gpt"
 
 local o = { n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, batch_size = 12, steps = 100, warmup = 20,
-  threads = 1 }
+  threads = 1, vocab_size = 0 }
 local amp_mode, profile = nil, false
 local i = 1
 while i <= #arg do
@@ -50,14 +51,15 @@ local rank = dist and dist.get_rank() or 0
 -- the training tokens: Shakespeare characters, or random ones without the corpus
 local DATA = "data/shakespeare_char"
 local V, batches = 65, nil
-local have = io.open(DATA .. "/train.bin", "rb")
+local have = o.vocab_size == 0 and io.open(DATA .. "/train.bin", "rb")
 if have then have:close() end
-if not have and rank == 0 and text.shakespeare_files() then
+if o.vocab_size > 0 then V = o.vocab_size end
+if o.vocab_size == 0 and not have and rank == 0 and text.shakespeare_files() then
   text.prepare { input = text.shakespeare_files(), out_dir = DATA }
   have = true
 end
 if dist then dist.barrier() end
-have = io.open(DATA .. "/train.bin", "rb")
+have = o.vocab_size == 0 and io.open(DATA .. "/train.bin", "rb")
 if have then
   have:close()
   V = text.load_tokenizer(DATA).vocab_size

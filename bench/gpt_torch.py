@@ -1,7 +1,8 @@
 """bench/gpt_torch.py: PyTorch's side of bench/gpt.lua: nanoGPT's model.py shape (GPT-2 blocks,
 no bias, exact GELU, weight tying, nanoGPT's init: N(0, 0.02), c_proj N(0, 0.02/sqrt(2 n_layer))),
 the same data (random windows of data/shakespeare_char/train.bin, uint16, as nanoGPT's
-get_batch; uniform random tokens over 65 characters when the file is absent), batch per
+get_batch; uniform random tokens over 65 characters when the file is absent, or over
+--vocab-size tokens when that is given: GPT-2's 50257 for llm.c's shape), batch per
 process, loss, clip_grad_norm_ 1.0 and AdamW (decay 0.1 on the 2-d parameters, betas
 0.9/0.99, lr 1e-3). PyTorch 1.13 has no F.scaled_dot_product_attention: the attention is
 nanoGPT's explicit path (q k^T, causal mask, softmax, @ v), what nanoGPT runs there.
@@ -17,7 +18,7 @@ import argparse, math, os, time
 
 p = argparse.ArgumentParser()
 for name, default in [("n-layer", 4), ("n-head", 4), ("n-embd", 128), ("block-size", 64), ("batch-size", 12),
-                      ("steps", 100), ("warmup", 20), ("threads", 1)]:
+                      ("steps", 100), ("warmup", 20), ("threads", 1), ("vocab-size", 0)]:
     p.add_argument("--" + name, type=int, default=default)
 p.add_argument("--amp", default=None)
 p.add_argument("--train-iters", type=int, default=0,
@@ -104,9 +105,9 @@ if world > 1:
     dist.init_process_group("gloo")
 
 path = "data/shakespeare_char/train.bin"
-V = 65
+V = a.vocab_size or 65
 data = None
-if os.path.exists(path):
+if not a.vocab_size and os.path.exists(path):
     import json
     with open("data/shakespeare_char/meta.json") as f:
         meta = json.load(f)
