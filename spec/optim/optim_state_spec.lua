@@ -335,6 +335,12 @@ describe("opt.state, the view over the store", function()
       "optimizer state: exp_avg must be a tensor, a number or a boolean, got a string")
     opt.state:clear()
     assert.is_nil(opt.state[p])
+    -- state assigned to a tensor the optimizer does not hold yet does not make it one of its
+    -- parameters: add_param_group takes it afterwards
+    local r = param({ 7 })
+    opt.state[r] = { step = 1 }
+    opt:add_param_group({ params = { r } })
+    assert.are.equal(1, opt.state[r].step)
   end)
 
   it("load_state_dict then step is bitwise the uninterrupted run (SGD nesterov, Adam amsgrad, AdamW, Adadelta)", function()

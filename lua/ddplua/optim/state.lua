@@ -172,7 +172,6 @@ local function put(view, p, names, values)
   if names == nil then return end
   lib.check(C.ddp_optim_state_add(s, p))
   for j, name in ipairs(names) do set_value(s, p, name, values[j]) end
-  view._handles[address(p)] = view._handles[address(p)] or p
 end
 
 ViewMT.__newindex = function(view, p, v)
