@@ -42,8 +42,8 @@ end
 
 local function state_bytes(opt)
   local n = 0
-  for _, st in pairs(opt.state) do
-    for _, v in pairs(st) do
+  for _, st in opt.state:items() do
+    for _, v in st:items() do
       if dl.is_tensor(v) then n = n + v:numel() * (v:type() == "f64" and 8 or 4) end
     end
   end

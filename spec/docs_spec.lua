@@ -44,6 +44,7 @@ describe("API documentation", function()
     local opt = files.read("lua/ddplua/optim/optimizer.lua")
     assert.matches("validate(group)", opt, 1, true)
     assert.matches("update(p, grad, group, state)", opt, 1, true)
+    assert.matches("configure(group, cfg)", opt, 1, true)
     assert.matches("closed_form_lr()", files.read("lua/ddplua/optim/lr_scheduler.lua"), 1, true)
   end)
 

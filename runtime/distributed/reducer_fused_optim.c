@@ -11,16 +11,10 @@
 
 #include "distributed/reducer_internal.h"
 
-/* Per-parameter optimizer state; tensors are NULL until the parameter's first step. */
-typedef struct {
-  ddp_tensor *buf;             /* SGD momentum_buffer */
-  ddp_tensor *exp_avg, *exp_avg_sq, *max_exp_avg_sq;
-  int64_t step;                /* updates done */
-} param_state;
-
 struct reducer_fused_optim {
   ddp_fused_optim_config cfg;
-  param_state *state;          /* per parameter */
+  ddp_optim_config step_cfg;   /* cfg as ddp_optim_step_param takes it */
+  ddp_optim_state *state;      /* keyed by r->params[i] (Note [optimizer state store]) */
   uint8_t *stepped;            /* per bucket: stepped in this iteration */
   int n_stepped_cap;
   int64_t during_backward, at_end;
@@ -30,6 +24,17 @@ static const ddp_reducer_feature fused_optim_feature;
 
 static int zeros_like(ddp_tensor **out, const ddp_tensor *p) {
   return ddp_tensor_zeros(out, p->ndim, p->shape, p->dtype, p->device);
+}
+
+/* The step function's config of the (checked) fused config c. */
+static ddp_optim_config step_config(const ddp_fused_optim_config *c) {
+  ddp_optim_config o = {
+      .kind = c->kind == DDP_FUSED_OPTIM_SGD ? DDP_OPTIM_SGD
+              : c->kind == DDP_FUSED_OPTIM_ADAM ? DDP_OPTIM_ADAM : DDP_OPTIM_ADAMW,
+      .lr = c->lr, .momentum = c->momentum, .dampening = c->dampening,
+      .weight_decay = c->weight_decay, .nesterov = c->nesterov, .maximize = c->maximize,
+      .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .amsgrad = c->amsgrad};
+  return o;
 }
 
 static int check_config(const ddp_fused_optim_config *c) {
@@ -65,15 +70,15 @@ int ddp_reducer_register_fused_optim(ddp_reducer *r, const ddp_fused_optim_confi
              r->rank, (long long)r->iterations);
   DDP_TRY(check_config(cfg));
   struct reducer_fused_optim *f = calloc(1, sizeof *f);
-  if (f) f->state = calloc((size_t)(r->n ? r->n : 1), sizeof *f->state);
-  if (!f || !f->state) {
+  if (!f || ddp_optim_state_new(&f->state)) {
     free(f);
     DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel._register_fused_optim: out of memory");
   }
   f->cfg = *cfg;
+  f->step_cfg = step_config(cfg);
   int status = reducer_add_feature(r, &fused_optim_feature); /* Note [reducer features] */
   if (status) {
-    free(f->state);
+    ddp_optim_state_free(f->state);
     free(f);
     return status;
   }
@@ -88,6 +93,7 @@ int ddp_reducer_fused_optim_set_lr(ddp_reducer *r, double lr) {
     DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: no optimizer in backward is registered");
   if (!(lr >= 0)) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: invalid lr %g (must be >= 0)", lr);
   r->fused_optim->cfg.lr = lr;
+  r->fused_optim->step_cfg.lr = lr;
   return DDP_OK;
 }
 
@@ -99,20 +105,16 @@ void ddp_reducer_fused_optim_counts(const ddp_reducer *r, int64_t *during_backwa
 
 /* ---- the state, read and replaced between iterations (the state_dict's C side) ---- */
 
-/* The state tensor slot `name` of parameter i for the registered kind, or NULL (with the
- * error set) for a name that kind does not keep. */
-static ddp_tensor **state_slot(const ddp_reducer *r, int i, const char *name, const char *op) {
-  const struct reducer_fused_optim *f = r->fused_optim;
-  param_state *st = &f->state[i];
-  int sgd = f->cfg.kind == DDP_FUSED_OPTIM_SGD;
-  if (sgd && strcmp(name, "momentum_buffer") == 0) return &st->buf;
-  if (!sgd && strcmp(name, "exp_avg") == 0) return &st->exp_avg;
-  if (!sgd && strcmp(name, "exp_avg_sq") == 0) return &st->exp_avg_sq;
-  if (!sgd && strcmp(name, "max_exp_avg_sq") == 0) return &st->max_exp_avg_sq;
-  ddp_fail_at(__FILE__, __LINE__, DDP_ERR_ARG, "%s: the optimizer in backward (%s) keeps no "
-              "state '%s' (%s)", op, sgd ? "SGD" : "Adam/AdamW", name,
-              sgd ? "SGD keeps momentum_buffer" : "Adam keeps exp_avg, exp_avg_sq, max_exp_avg_sq");
-  return NULL;
+/* DDP_OK when the registered kind keeps a state tensor `name`, else the error. */
+static int check_name(const ddp_reducer *r, const char *name, const char *op) {
+  int sgd = r->fused_optim->cfg.kind == DDP_FUSED_OPTIM_SGD;
+  if (sgd && strcmp(name, "momentum_buffer") == 0) return DDP_OK;
+  if (!sgd && (strcmp(name, "exp_avg") == 0 || strcmp(name, "exp_avg_sq") == 0 ||
+               strcmp(name, "max_exp_avg_sq") == 0))
+    return DDP_OK;
+  DDP_FAIL(DDP_ERR_ARG, "%s: the optimizer in backward (%s) keeps no state '%s' (%s)", op,
+           sgd ? "SGD" : "Adam/AdamW", name,
+           sgd ? "SGD keeps momentum_buffer" : "Adam keeps exp_avg, exp_avg_sq, max_exp_avg_sq");
 }
 
 /* The checks every state accessor makes: a registered optimizer, i in range, and (write)
@@ -133,11 +135,8 @@ int ddp_reducer_fused_optim_get_state(const ddp_reducer *r, int i, const char *n
   if (!out) DDP_FAIL(DDP_ERR_ARG, "%s: NULL argument", op);
   *out = NULL;
   DDP_TRY(check_access(r, i, name, 0, op));
-  ddp_tensor **slot = state_slot(r, i, name, op);
-  if (!slot) return DDP_ERR_ARG;
-  if (*slot) ddp_tensor_retain(*slot);
-  *out = *slot;
-  return DDP_OK;
+  DDP_TRY(check_name(r, name, op));
+  return ddp_optim_state_get_tensor(r->fused_optim->state, r->params[i], name, out);
 }
 
 /* "(2, 3)" for a shape, into buf. */
@@ -152,9 +151,8 @@ static const char *shape_text(char *buf, size_t cap, int ndim, const int64_t *sh
 int ddp_reducer_fused_optim_set_state(ddp_reducer *r, int i, const char *name, const ddp_tensor *t) {
   const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
   DDP_TRY(check_access(r, i, name, 1, op));
-  ddp_tensor **slot = state_slot(r, i, name, op);
-  if (!slot) return DDP_ERR_ARG;
-  const ddp_tensor *p = r->params[i];
+  DDP_TRY(check_name(r, name, op));
+  ddp_tensor *p = r->params[i];
   if (t) {
     int same = t->ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
@@ -177,14 +175,23 @@ int ddp_reducer_fused_optim_set_state(ddp_reducer *r, int i, const char *name, c
       return status;
     }
   }
-  ddp_tensor_release(*slot);
-  *slot = copy;
-  return DDP_OK;
+  int status = ddp_optim_state_set_tensor(r->fused_optim->state, p, name, copy);
+  ddp_tensor_release(copy); /* the store holds it (or the error is set) */
+  return status;
 }
 
 int ddp_reducer_fused_optim_get_step(const ddp_reducer *r, int i, int64_t *step) {
   DDP_TRY(check_access(r, i, step, 0, "DistributedDataParallel.fused_optim_state_dict"));
-  *step = r->fused_optim->state[i].step;
+  const struct reducer_fused_optim *f = r->fused_optim;
+  *step = 0;
+  if (f->cfg.kind == DDP_FUSED_OPTIM_SGD) { /* no count kept: 1 marks a parameter with state */
+    *step = ddp_optim_state_has(f->state, r->params[i]);
+    return DDP_OK;
+  }
+  if (ddp_optim_state_kind(f->state, r->params[i], "step") == DDP_OPTIM_STATE_NONE) return DDP_OK;
+  double v = 0;
+  DDP_TRY(ddp_optim_state_get_number(f->state, r->params[i], "step", &v));
+  *step = (int64_t)v;
   return DDP_OK;
 }
 
@@ -192,8 +199,11 @@ int ddp_reducer_fused_optim_set_step(ddp_reducer *r, int i, int64_t step) {
   const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
   DDP_TRY(check_access(r, i, op, 1, op));
   if (step < 0) DDP_FAIL(DDP_ERR_ARG, "%s: step %lld of parameter %d must be >= 0", op, (long long)step, i);
-  r->fused_optim->state[i].step = step;
-  return DDP_OK;
+  struct reducer_fused_optim *f = r->fused_optim;
+  if (f->cfg.kind == DDP_FUSED_OPTIM_SGD)
+    return step > 0 ? ddp_optim_state_add(f->state, r->params[i])
+                    : ddp_optim_state_clear_entry(f->state, r->params[i]);
+  return ddp_optim_state_set_number(f->state, r->params[i], "step", (double)step);
 }
 
 int ddp_reducer_fused_optim_configure(ddp_reducer *r, const ddp_fused_optim_config *cfg) {
@@ -204,39 +214,54 @@ int ddp_reducer_fused_optim_configure(ddp_reducer *r, const ddp_fused_optim_conf
              cfg->kind, r->fused_optim->cfg.kind);
   DDP_TRY(check_config(cfg));
   r->fused_optim->cfg = *cfg;
+  r->fused_optim->step_cfg = step_config(cfg);
   return DDP_OK;
 }
 
-/* One update of parameter i with gradient g (its bucket slot). */
+ddp_optim_state *ddp_reducer_fused_optim_state(ddp_reducer *r) {
+  return r && r->fused_optim ? r->fused_optim->state : NULL;
+}
+
+int ddp_reducer_fused_optim_load_state(ddp_reducer *r, const ddp_optim_state *src) {
+  const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
+  DDP_TRY(check_access(r, 0, src, 1, op));
+  /* every tensor checked before anything changes */
+  for (int i = 0; i < r->n; i++) {
+    const ddp_tensor *p = r->params[i];
+    int n = 0;
+    DDP_TRY(ddp_optim_state_name_count(src, p, &n));
+    for (int j = 0; j < n; j++) {
+      const char *name;
+      int kind;
+      DDP_TRY(ddp_optim_state_name_at(src, p, j, &name, &kind));
+      if (kind != DDP_OPTIM_STATE_TENSOR) continue;
+      ddp_tensor *t = NULL;
+      DDP_TRY(ddp_optim_state_get_tensor(src, p, name, &t));
+      int same = t->ndim == p->ndim && t->dtype == p->dtype && t->device == p->device;
+      for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+      if (!same) {
+        char a[160], b[160];
+        ddp_fail_at(__FILE__, __LINE__, DDP_ERR_ARG, "%s: state '%s' of parameter %d is %s %s "
+                    "on device %d, the parameter %s %s on device %d", op, name, i,
+                    shape_text(a, sizeof a, t->ndim, t->shape), ddp_dtype_name(t->dtype),
+                    t->device, shape_text(b, sizeof b, p->ndim, p->shape),
+                    ddp_dtype_name(p->dtype), p->device);
+        ddp_tensor_release(t);
+        return DDP_ERR_ARG;
+      }
+      ddp_tensor_release(t);
+    }
+  }
+  for (int i = 0; i < r->n; i++)
+    DDP_TRY(ddp_optim_state_copy_entry(r->fused_optim->state, src, r->params[i]));
+  return DDP_OK;
+}
+
+/* One update of parameter i with gradient g (its bucket slot): the Lua optimizers' step
+ * function over the reducer's store (Note [optimizer state store]). */
 static int step_param(ddp_reducer *r, int i, ddp_tensor *g) {
   struct reducer_fused_optim *f = r->fused_optim;
-  const ddp_fused_optim_config *c = &f->cfg;
-  param_state *st = &f->state[i];
-  ddp_tensor *p = r->params[i];
-  if (c->kind == DDP_FUSED_OPTIM_SGD) {
-    int first = 0;
-    if (c->momentum != 0 && !st->buf) {
-      DDP_TRY(zeros_like(&st->buf, p));
-      first = 1;
-    }
-    DDP_TRY(ddp_sgd_step_(p, g, st->buf, c->lr, c->momentum, c->dampening, c->weight_decay,
-                          c->nesterov, c->maximize, first));
-    st->step++;
-    return DDP_OK;
-  }
-  if (!st->exp_avg) {
-    DDP_TRY(zeros_like(&st->exp_avg, p));
-    DDP_TRY(zeros_like(&st->exp_avg_sq, p));
-  }
-  if (c->amsgrad && !st->max_exp_avg_sq) DDP_TRY(zeros_like(&st->max_exp_avg_sq, p));
-  int64_t step = st->step + 1;
-  int (*kernel)(ddp_tensor *, ddp_tensor *, ddp_tensor *, ddp_tensor *, ddp_tensor *, int64_t,
-                double, double, double, double, double, int, int) =
-      c->kind == DDP_FUSED_OPTIM_ADAM ? ddp_adam_step_ : ddp_adamw_step_;
-  DDP_TRY(kernel(p, g, st->exp_avg, st->exp_avg_sq, c->amsgrad ? st->max_exp_avg_sq : NULL, step,
-                 c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, c->amsgrad, c->maximize));
-  st->step = step;
-  return DDP_OK;
+  return ddp_optim_step_param(f->state, &f->step_cfg, r->params[i], g);
 }
 
 /* Step every parameter of bucket k (whose all-reduce is complete), skipping the parameters
@@ -322,13 +347,7 @@ static int fused_optim_slot_filled(ddp_reducer *r, int i, int used) {
 static void fused_optim_free(ddp_reducer *r) {
   struct reducer_fused_optim *f = r->fused_optim;
   if (!f) return;
-  for (int i = 0; i < r->n; i++) {
-    ddp_tensor_release(f->state[i].buf);
-    ddp_tensor_release(f->state[i].exp_avg);
-    ddp_tensor_release(f->state[i].exp_avg_sq);
-    ddp_tensor_release(f->state[i].max_exp_avg_sq);
-  }
-  free(f->state);
+  ddp_optim_state_free(f->state);
   free(f->stepped);
   free(f);
   r->fused_optim = NULL;

@@ -433,6 +433,7 @@ int ddp_eye(ddp_tensor **out, int64_t n, int64_t m, int dtype);
 #include "ddplua/arrays.h"
 #include "ddplua/io_workers.h"
 #include "ddplua/optim.h"
+#include "ddplua/optim_state.h"
 #include "ddplua/amp.h"
 #include "ddplua/store.h"
 #include "ddplua/pg.h"

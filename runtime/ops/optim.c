@@ -4,8 +4,8 @@
  * CPU's splits the work over the thread pool itself), results written back.
  *
  * Note [optimizer devices]: a parameter, its gradient and its state live on one device
- * (checked; the error names both devices); the state is created by the front end on the
- * parameter's device (Optimizer.zeros_like) and work copies are made there too. Clipping
+ * (checked; the error names both devices); the state is created on the parameter's device
+ * (by ddp_optim_step_param, runtime/ops/optim_state.c) and work copies are made there too. Clipping
  * takes gradients on any mix of devices, as torch.nn.utils.clip_grad_norm_ does: each
  * gradient's |g|^p sum (or max) is computed on its own device and returned to the host,
  * where the total is formed, and the scaling runs on each gradient's device.

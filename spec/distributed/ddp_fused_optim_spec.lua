@@ -272,6 +272,91 @@ end
     end
   end)
 
+  -- Note [optimizer state store]: the optimizer in backward keeps its state in the store the
+  -- Lua optimizers keep theirs in, stepped by the same C step function: after the same
+  -- steps, its state (ddp:fused_optim_state(), a view like opt.state) and its state dict
+  -- (the Lua optimizer's state_dict over the reducer's store) are the plain optimizer's
+  -- BIT FOR BIT, entry by entry, names in the same order.
+  it("its state is the Lua optimizer's bit for bit, through the same store and state_dict code", function()
+    local code = [[
+local function digest(t)
+  lib.check(lib.C.ddp_tensor_digest(box, t))
+  return tostring(box[0])
+end
+-- "same N" when the two views hold the same entries (names in order, tensors bitwise,
+-- numbers equal) for the parameters lists a and b, else the first difference.
+local function compare_views(va, a, vb, b)
+  local n = 0
+  for i = 1, #a do
+    local ea, eb = va[a[i] ], vb[b[i] ]
+    if (ea == nil) ~= (eb == nil) then return "entry " .. i end
+    if ea then
+      n = n + 1
+      local na, nb = {}, {}
+      for name, v in ea:items() do na[#na + 1] = name .. "=" .. (dl.is_tensor(v) and digest(v) or tostring(v)) end
+      for name, v in eb:items() do nb[#nb + 1] = name .. "=" .. (dl.is_tensor(v) and digest(v) or tostring(v)) end
+      if table.concat(na, ",") ~= table.concat(nb, ",") then
+        return ("entry %d: %s vs %s"):format(i, table.concat(na, ","), table.concat(nb, ","))
+      end
+    end
+  end
+  return "same " .. n
+end
+-- "same N" when two state dicts hold bitwise-equal state for the same ids.
+local function compare_sd(a, b)
+  local n = 0
+  for id, st in pairs(a.state) do
+    local o = b.state[id]
+    if o == nil then return "id " .. id end
+    for k, v in pairs(st) do
+      local w = o[k]
+      if dl.is_tensor(v) then if digest(v) ~= digest(w) then return ("id %s %s"):format(id, k) end
+      elseif v ~= w then return ("id %s %s: %s vs %s"):format(id, k, tostring(v), tostring(w)) end
+    end
+    n = n + 1
+  end
+  for id in pairs(b.state) do if a.state[id] == nil then return "id " .. id .. " missing" end end
+  return "same " .. n
+end
+local xs, ys = batches(3, 8, {6}, 4)
+local opts = {bucket_cap_mb = 0.0005}
+for _, case in ipairs { {optim.SGD, {lr = 0.1, momentum = 0.9, nesterov = true}}, {optim.Adam, {lr = 0.01, amsgrad = true}},
+                        {optim.AdamW, {lr = 0.01, weight_decay = 0.1}} } do
+  local cls, args = case[1], case[2]
+  local fused = DDP(mlp(), opts):register_optimizer_in_backward(cls, args)
+  local plain = DDP(mlp(), opts)
+  local opt = cls(plain:parameters(), args)
+  for s = 1, 3 do
+    mse(fused(shard(xs[s])), shard(ys[s])):backward()
+    opt:zero_grad()
+    mse(plain(shard(xs[s])), shard(ys[s])):backward()
+    opt:step()
+  end
+  local state = fused:fused_optim_state()
+  out(cls.name .. "_count", state:count())
+  out(cls.name .. "_views", compare_views(state, fused:parameters(), opt.state, plain:parameters()))
+  out(cls.name .. "_sd", compare_sd(fused:fused_optim_state_dict(), opt:state_dict()))
+  -- the view is the state the next step reads: zeroing a tensor in place shows in the step
+  local p = fused:parameters()[1]
+  local name = cls == optim.SGD and "momentum_buffer" or "exp_avg"
+  state[p][name]:zero_()
+  out(cls.name .. "_zeroed", tostring(fused:fused_optim_state_dict().state[0][name]:abs():max():item() == 0))
+  fused:destroy()
+  plain:destroy()
+end
+]]
+    local ranks = run(code)
+    for i = 1, 2 do
+      local o = ranks[i].out
+      for _, name in ipairs { "SGD", "Adam", "AdamW" } do
+        assert.equal("6", o[name .. "_count"], name)
+        assert.equal("same 6", o[name .. "_views"], name)
+        assert.equal("same 6", o[name .. "_sd"], name)
+        assert.equal("true", o[name .. "_zeroed"], name)
+      end
+    end
+  end)
+
   it("load_state_dict raises, changing nothing, for another optimizer's state dict or another shape", function()
     local code = [[
 local xs, ys = batches(1, 8, {6}, 4)

@@ -21,8 +21,8 @@ end
 -- Elements held by an optimizer's state tensors.
 function state_elements(opt)
   local n = 0
-  for _, st in pairs(opt.state) do
-    for _, v in pairs(st) do if dl.is_tensor(v) then n = n + v:numel() end end
+  for _, st in opt.state:items() do
+    for _, v in st:items() do if dl.is_tensor(v) then n = n + v:numel() end end
   end
   return n
 end
@@ -160,11 +160,11 @@ local _, totals = ZeRO.partition(zero.param_groups, WORLD)
 out("shard", totals[RANK + 1])
 out("lr", zero.optim.param_groups[1].lr)
 local owned = 0
-for p in pairs(zero.optim.state) do
+for p in zero.optim.state:items() do
   if zero:_owner(p) == RANK then owned = owned + 1 end
 end
 out("owned_entries", owned)
-out("entries", (function() local n = 0; for _ in pairs(zero.optim.state) do n = n + 1 end; return n end)())
+out("entries", (function() local n = 0; for _ in zero.optim.state:items() do n = n + 1 end; return n end)())
 ]], 2)
     assert_close(ranks, 2, "max_abs")
     assert.equal(ranks[1].out.params, ranks[2].out.params)
@@ -418,7 +418,7 @@ out("bucket_max_abs", max_abs(mb, m2))
 out("param_device", ma:parameters()[1].device)
 out("join_device", za:join_device())
 local devs = {}
-for _, st in pairs(za.optim.state) do devs[st.exp_avg.device] = true end
+for _, st in za.optim.state:items() do devs[st.exp_avg.device] = true end
 out("state_devices", (function() local t = {}; for d in pairs(devs) do t[#t + 1] = d end; return table.concat(t, ",") end)())
 za:consolidate_state_dict(0)
 if RANK == 0 then
@@ -802,7 +802,7 @@ local zero = ZeRO(m1:parameters(), {optimizer_class = optim.Adam, lr = 0.01, par
 local plain = optim.Adam(m2:parameters(), {lr = 0.01})
 for s = 1, 8 do train_step(m1, zero, xs[s]:cuda(RANK), ys[s]:cuda(RANK)); train_step(m2, plain, xs[s]:cuda(RANK), ys[s]:cuda(RANK)) end
 out("max_abs", max_abs(m1, m2))
-for _, st in pairs(zero.optim.state) do out("state_device", st.exp_avg.device) end
+for _, st in zero.optim.state:items() do out("state_device", st.exp_avg.device) end
 zero:consolidate_state_dict(0)
 local sd = plain:state_dict()
 local m3 = mlp():cuda(RANK)

@@ -404,7 +404,7 @@ describe("ddplua.optim.SGD foreach / fused (one call per group)", function()
       opt:step()
     end
     local n = 0
-    for _ in pairs(opt.state) do n = n + 1 end
+    for _ in opt.state:items() do n = n + 1 end
     assert.are.equal(#ps, n)
     for i, p in ipairs(ps) do assert.is_true(same(p.grad, dl.ones(SIZES[i], { dtype = "f32" })), "grad " .. i) end
   end)

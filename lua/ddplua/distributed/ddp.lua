@@ -19,6 +19,7 @@ local dl = require "ddplua.functions"
 local ffi, C = lib.ffi, lib.C
 local check, raise = lib.check, lib.raise
 local DDPJoinHook = require "ddplua.distributed.ddp_join_hook"
+local OptimState = require "ddplua.optim.state"
 
 local DDP = {}
 DDP.__index = DDP
@@ -869,7 +870,6 @@ end
 -- (ddplua/reducer_fused_optim.h); Adam's entries also hold `step`, SGD's none.
 local SGD_STATE = { "momentum_buffer" }
 local ADAM_STATE = { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" }
-local step_box = ffi.new("int64_t[1]")
 
 -- The registered optimizer in backward, or raise naming op.
 local function fused_of(self, op)
@@ -900,21 +900,26 @@ function DDP:fused_optim_state_dict()
   local r = reducer_of(self, op)
   local f = fused_of(self, op)
   local opt = shadow_optimizer(self, f)
-  local sgd = f.kind == C.DDP_FUSED_OPTIM_SGD
-  for i, p in ipairs(self.params) do
-    check(C.ddp_reducer_fused_optim_get_step(r, i - 1, step_box))
-    local step = tonumber(step_box[0])
-    if step > 0 then
-      local st = {}
-      if not sgd then st.step = step end
-      for _, name in ipairs(sgd and SGD_STATE or ADAM_STATE) do
-        check(C.ddp_reducer_fused_optim_get_state(r, i - 1, name, tbox))
-        if tbox[0] ~= nil then st[name] = lib.wrap(tbox[0]) end
-      end
-      opt.state[p] = st
-    end
-  end
+  -- Note [optimizer state store]: the shadow's state is a view over the reducer's own store,
+  -- which the optimizer in backward steps with the Lua optimizers' step function, so this is
+  -- the Lua optimizer's state_dict over the same kind of entries.
+  opt.state = OptimState.borrow(C.ddp_reducer_fused_optim_state(r), self, opt._ids)
   return opt:state_dict()
+end
+
+--- ddp:fused_optim_state() -> the state of the optimizer in backward as a Lua optimizer's
+-- opt.state: a view (ddplua.optim.state) over the reducer's own store (Note [optimizer
+-- state store] in ddplua/optim_state.h), keyed by ddp.module's parameters:
+-- state[p].exp_avg is the tensor the next step updates (not a copy), state[p].step a
+-- number; iterate with state:items(). Read or change it between iterations only (a
+-- backward steps it). Raises when no optimizer in backward is registered.
+function DDP:fused_optim_state()
+  local op = "fused_optim_state"
+  local r = reducer_of(self, op)
+  fused_of(self, op)
+  local handles = {}
+  for _, p in ipairs(self.params) do handles[tonumber(ffi.cast("intptr_t", p))] = p end
+  return OptimState.borrow(C.ddp_reducer_fused_optim_state(r), self, handles)
 end
 
 -- Note [loading the optimizer in backward]: a state dict is checked whole before anything
@@ -1002,16 +1007,8 @@ function DDP:fused_optim_load_state_dict(sd)
   if not ok then raise(op .. ": " .. tostring(err)) end
   local g = opt.param_groups[1]
   check(C.ddp_reducer_fused_optim_configure(r, fused_config(f.kind, g)))
-  local sgd = f.kind == C.DDP_FUSED_OPTIM_SGD
-  for i, p in ipairs(self.params) do
-    local st = opt.state[p]
-    for _, name in ipairs(sgd and SGD_STATE or ADAM_STATE) do
-      check(C.ddp_reducer_fused_optim_set_state(r, i - 1, name, st and st[name] or nil))
-    end
-    -- SGD keeps no count: 1 marks a parameter that has state (a state_dict entry)
-    local step = st == nil and 0 or sgd and 1 or st.step
-    check(C.ddp_reducer_fused_optim_set_step(r, i - 1, step))
-  end
+  -- the shadow's checked copies become the reducer's state (Note [optimizer state store])
+  check(C.ddp_reducer_fused_optim_load_state(r, OptimState.store(opt.state)))
   f.options = g
 end
 

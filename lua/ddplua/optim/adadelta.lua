@@ -1,7 +1,8 @@
 --- ddplua.optim.Adadelta (PyTorch's torch.optim.Adadelta,
 -- https://pytorch.org/docs/stable/generated/torch.optim.Adadelta.html; Zeiler, "ADADELTA:
 -- An Adaptive Learning Rate Method"). The update is the fused C kernel ddp_adadelta_step_
--- (ddplua/optim.h gives the formula).
+-- (ddplua/optim.h gives the formula), run over the optimizer-state store by
+-- ddp_optim_step_params (ddplua/optim_state.h).
 --
 --   local opt = optim.Adadelta(params, {lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0,
 --                                       maximize = false})
@@ -30,15 +31,13 @@ end
 --- Adadelta(params, opts): see the top of this file.
 function Adadelta.new(params, opts) return Optimizer.construct(Adadelta, params, opts) end
 
-function Adadelta:update(p, grad, g, st)
-  if st.step == nil then
-    st.step = 0
-    st.square_avg = Optimizer.zeros_like(p)
-    st.acc_delta = Optimizer.zeros_like(p)
-  end
-  lib.check(C.ddp_adadelta_step_(p, grad, st.square_avg, st.acc_delta, g.lr, g.rho, g.eps,
-    g.weight_decay, g.maximize and 1 or 0))
-  st.step = st.step + 1
+--- Adadelta.configure(group, cfg) -> cfg filled for group (a ddp_optim_config: Optimizer's
+-- C step).
+function Adadelta.configure(g, c)
+  c.kind = C.DDP_OPTIM_ADADELTA
+  c.lr, c.rho, c.eps, c.weight_decay = g.lr, g.rho, g.eps, g.weight_decay
+  c.maximize = g.maximize and 1 or 0
+  return c
 end
 
 return Adadelta

@@ -1,7 +1,8 @@
 --- ddplua.optim.Adam: Adam with optional AMSGrad, L2 weight decay and maximize (PyTorch's
 -- torch.optim.Adam, https://pytorch.org/docs/stable/generated/torch.optim.Adam.html;
 -- Kingma & Ba, "Adam: A Method for Stochastic Optimization"). The update is the fused C
--- kernel ddp_adam_step_ (ddplua/optim.h gives the formula, bias corrections included).
+-- kernel ddp_adam_step_ (ddplua/optim.h gives the formula, bias corrections included), run
+-- over the optimizer-state store by ddp_optim_step_params (ddplua/optim_state.h).
 --
 --   local opt = optim.Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8,
 --                                   weight_decay = 0, amsgrad = false, maximize = false})
@@ -36,20 +37,16 @@ end
 --- Adam(params, opts): see the top of this file.
 function Adam.new(params, opts) return Optimizer.construct(Adam, params, opts) end
 
---- One update through `kernel` (C.ddp_adam_step_ or C.ddp_adamw_step_); shared with AdamW.
-function Adam.adam_update(kernel, p, grad, g, st)
-  if st.step == nil then
-    st.step = 0
-    st.exp_avg = Optimizer.zeros_like(p)
-    st.exp_avg_sq = Optimizer.zeros_like(p)
-  end
-  if g.amsgrad and st.max_exp_avg_sq == nil then st.max_exp_avg_sq = Optimizer.zeros_like(p) end
-  local step = st.step + 1
-  lib.check(kernel(p, grad, st.exp_avg, st.exp_avg_sq, g.amsgrad and st.max_exp_avg_sq or nil, step,
-    g.lr, g.betas[1], g.betas[2], g.eps, g.weight_decay, g.amsgrad and 1 or 0, g.maximize and 1 or 0))
-  st.step = step
+--- Adam.configure_kind(kind, group, cfg) -> cfg filled for group with kind
+-- (C.DDP_OPTIM_ADAM or C.DDP_OPTIM_ADAMW); shared with AdamW.
+function Adam.configure_kind(kind, g, c)
+  c.kind = kind
+  c.lr, c.beta1, c.beta2, c.eps, c.weight_decay = g.lr, g.betas[1], g.betas[2], g.eps, g.weight_decay
+  c.amsgrad, c.maximize = g.amsgrad and 1 or 0, g.maximize and 1 or 0
+  return c
 end
 
-function Adam:update(p, grad, g, st) Adam.adam_update(C.ddp_adam_step_, p, grad, g, st) end
+--- Adam.configure(group, cfg) -> cfg filled for group (a ddp_optim_config: Optimizer's C step).
+function Adam.configure(g, c) return Adam.configure_kind(C.DDP_OPTIM_ADAM, g, c) end
 
 return Adam

@@ -21,6 +21,7 @@ AdamW.validate = Adam.validate
 --- AdamW(params, opts): see the top of this file.
 function AdamW.new(params, opts) return Optimizer.construct(AdamW, params, opts) end
 
-function AdamW:update(p, grad, g, st) Adam.adam_update(C.ddp_adamw_step_, p, grad, g, st) end
+--- AdamW.configure(group, cfg) -> cfg filled for group (a ddp_optim_config: Optimizer's C step).
+function AdamW.configure(g, c) return Adam.configure_kind(C.DDP_OPTIM_ADAMW, g, c) end
 
 return AdamW

@@ -11,8 +11,9 @@
  *    so is each state tensor's.
  *  - `grad` and every state tensor must have param's shape and dtype (any strides: non-
  *    contiguous operands are worked on through a contiguous copy written back after).
- *  - State tensors belong to the caller (the Lua optimizer creates them with zeros of the
- *    param's shape and dtype and keeps them in opt.state).
+ *  - State tensors belong to the caller. The optimizers keep theirs in an optimizer-state
+ *    store (ddplua/optim_state.h), whose ddp_optim_step_param creates them (zeros of the
+ *    param's shape, dtype and device) and calls these kernels.
  *  - dtypes: f32 and f64 natively; f16 and bf16 are computed through f32 (each operand
  *    converted to f32, updated, rounded back, so the state keeps the param's dtype as in
  *    PyTorch). Other dtypes fail with DDP_ERR_ARG.

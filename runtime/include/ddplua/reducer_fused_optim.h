@@ -21,8 +21,10 @@
  *    taken into the bucket at the next synchronised backward, as usual. Call no
  *    optimizer.step() yourself: the parameters are already updated when backward returns.
  *  - The optimizer state (momentum buffers; Adam's exp_avg, exp_avg_sq, max_exp_avg_sq and
- *    per-parameter step count) belongs to the reducer, on the parameters' device, created at
- *    each parameter's first step as the Lua optimizers create theirs.
+ *    per-parameter step count) belongs to the reducer, on the parameters' device, in an
+ *    optimizer-state store (Note [optimizer state store] in ddplua/optim_state.h) updated by
+ *    ddp_optim_step_param: the store and the step function of the Lua optimizers, so the
+ *    state is the Lua optimizer's, entry for entry (ddp_reducer_fused_optim_state).
  *  - With find_unused_parameters, or in static_graph's first iteration, buckets are stepped
  *    only at the end of backward, after the used flags are all-reduced: a parameter unused on
  *    every rank is not stepped (it had no gradient, as a plain optimizer skips a nil .grad).
@@ -91,11 +93,14 @@ int ddp_reducer_fused_optim_set_state(ddp_reducer *r, int i, const char *name,
                                       const ddp_tensor *t);
 
 /* *step = the updates parameter i has had since registration (or since the step set by
- * ddp_reducer_fused_optim_set_step): Adam's bias-correction count. Errors as _get_state. */
+ * ddp_reducer_fused_optim_set_step): Adam's bias-correction count, 0 before the first. SGD
+ * keeps no count (PyTorch's SGD state has none): 1 when the parameter has state (it was
+ * stepped, or state was set), else 0. Errors as _get_state. */
 int ddp_reducer_fused_optim_get_step(const ddp_reducer *r, int i, int64_t *step);
 
-/* Set parameter i's update count (step >= 0; its next update is step + 1). Errors as
- * _set_state; DDP_ERR_ARG for step < 0. */
+/* Set parameter i's update count (step >= 0; its next update is step + 1). SGD: step > 0
+ * gives the parameter a state entry (empty until a tensor is set), 0 removes its entry.
+ * Errors as _set_state; DDP_ERR_ARG for step < 0. */
 int ddp_reducer_fused_optim_set_step(ddp_reducer *r, int i, int64_t step);
 
 /* Replace the hyper-parameters of the registered optimizer (a loaded state dict's options)
@@ -103,3 +108,17 @@ int ddp_reducer_fused_optim_set_step(ddp_reducer *r, int i, int64_t step);
  * ddp_reducer_register_fused_optim; another kind, naming both), DDP_ERR_STATE (none
  * registered; a backward is under way). */
 int ddp_reducer_fused_optim_configure(ddp_reducer *r, const ddp_fused_optim_config *cfg);
+
+/* The store holding the state of the optimizer in backward (Note [optimizer state store]),
+ * owned by the reducer, valid while it lives; NULL when none is registered (or r is NULL).
+ * Read it between iterations (what ddp:fused_optim_state_dict does, through the Lua
+ * optimizers' state view); change it through ddp_reducer_fused_optim_load_state. */
+ddp_optim_state *ddp_reducer_fused_optim_state(ddp_reducer *r);
+
+/* Replace the whole state of the optimizer in backward by src's entries for the reducer's
+ * parameters (tensors shared with src, not copied; a parameter without an entry in src has
+ * none afterwards), after checking every tensor of src's entries has its parameter's
+ * shape, dtype and device (naming the parameter and the name). Not while a backward is
+ * under way. Errors: DDP_ERR_ARG (NULL arguments; a tensor that does not match),
+ * DDP_ERR_STATE (none registered; a backward is under way), DDP_ERR_MEMORY. */
+int ddp_reducer_fused_optim_load_state(ddp_reducer *r, const ddp_optim_state *src);

@@ -626,15 +626,16 @@ function ZeRO:load_state_dict(sd)
   -- Checks everything, then sets the options of every group and this rank's state.
   self._all:load_state_dict({ state = mine, param_groups = sd.param_groups })
   local st = self._all.state
-  self._all.state = {}
   ZeRO._sync_param_groups(self.param_groups, self.optim.param_groups)
   local local_state = {}
   for _, list in ipairs(self._partition[self.rank + 1]) do
     for _, p in ipairs(list) do
-      if st[p] ~= nil then local_state[p] = st[p] end
+      local entry = st[p]
+      if entry ~= nil then local_state[p] = entry:table() end
     end
   end
-  self.optim.state = local_state
+  st:clear()
+  self.optim.state:replace(local_state)
 end
 
 -- load_state_dict with partition = "elements": every rank checks every entry (Note [ZeRO
@@ -663,13 +664,13 @@ function ZeRO:_element_load(sd)
     end
   end
   self._all:load_state_dict({ state = unknown, param_groups = sd.param_groups })
-  self._all.state = {}
+  self._all.state:clear()
   ZeRO._sync_param_groups(self.param_groups, self.optim.param_groups)
   local local_state = {}
   for g, layout in ipairs(part.groups) do
     if layout.tensor and cuts[g] then local_state[layout.tensor] = cuts[g] end
   end
-  self.optim.state = local_state
+  self.optim.state:replace(local_state)
 end
 
 -- ---- join -----------------------------------------------------------------------------------
