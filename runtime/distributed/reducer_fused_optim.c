@@ -13,7 +13,6 @@
 
 struct reducer_fused_optim {
   ddp_fused_optim_config cfg;
-  ddp_optim_config step_cfg;   /* cfg as ddp_optim_step_param takes it */
   ddp_optim_state *state;      /* keyed by r->params[i] (Note [optimizer state store]) */
   uint8_t *stepped;            /* per bucket: stepped in this iteration */
   int n_stepped_cap;
@@ -21,10 +20,6 @@ struct reducer_fused_optim {
 };
 
 static const ddp_reducer_feature fused_optim_feature;
-
-static int zeros_like(ddp_tensor **out, const ddp_tensor *p) {
-  return ddp_tensor_zeros(out, p->ndim, p->shape, p->dtype, p->device);
-}
 
 /* The step function's config of the (checked) fused config c. */
 static ddp_optim_config step_config(const ddp_fused_optim_config *c) {
@@ -75,7 +70,6 @@ int ddp_reducer_register_fused_optim(ddp_reducer *r, const ddp_fused_optim_confi
     DDP_FAIL(DDP_ERR_MEMORY, "DistributedDataParallel._register_fused_optim: out of memory");
   }
   f->cfg = *cfg;
-  f->step_cfg = step_config(cfg);
   int status = reducer_add_feature(r, &fused_optim_feature); /* Note [reducer features] */
   if (status) {
     ddp_optim_state_free(f->state);
@@ -93,7 +87,6 @@ int ddp_reducer_fused_optim_set_lr(ddp_reducer *r, double lr) {
     DDP_FAIL(DDP_ERR_STATE, "DistributedDataParallel: no optimizer in backward is registered");
   if (!(lr >= 0)) DDP_FAIL(DDP_ERR_ARG, "DistributedDataParallel: invalid lr %g (must be >= 0)", lr);
   r->fused_optim->cfg.lr = lr;
-  r->fused_optim->step_cfg.lr = lr;
   return DDP_OK;
 }
 
@@ -104,18 +97,6 @@ void ddp_reducer_fused_optim_counts(const ddp_reducer *r, int64_t *during_backwa
 }
 
 /* ---- the state, read and replaced between iterations (the state_dict's C side) ---- */
-
-/* DDP_OK when the registered kind keeps a state tensor `name`, else the error. */
-static int check_name(const ddp_reducer *r, const char *name, const char *op) {
-  int sgd = r->fused_optim->cfg.kind == DDP_FUSED_OPTIM_SGD;
-  if (sgd && strcmp(name, "momentum_buffer") == 0) return DDP_OK;
-  if (!sgd && (strcmp(name, "exp_avg") == 0 || strcmp(name, "exp_avg_sq") == 0 ||
-               strcmp(name, "max_exp_avg_sq") == 0))
-    return DDP_OK;
-  DDP_FAIL(DDP_ERR_ARG, "%s: the optimizer in backward (%s) keeps no state '%s' (%s)", op,
-           sgd ? "SGD" : "Adam/AdamW", name,
-           sgd ? "SGD keeps momentum_buffer" : "Adam keeps exp_avg, exp_avg_sq, max_exp_avg_sq");
-}
 
 /* The checks every state accessor makes: a registered optimizer, i in range, and (write)
  * no backward under way. */
@@ -130,15 +111,6 @@ static int check_access(const ddp_reducer *r, int i, const void *arg, int write,
   return DDP_OK;
 }
 
-int ddp_reducer_fused_optim_get_state(const ddp_reducer *r, int i, const char *name, ddp_tensor **out) {
-  const char *op = "DistributedDataParallel.fused_optim_state_dict";
-  if (!out) DDP_FAIL(DDP_ERR_ARG, "%s: NULL argument", op);
-  *out = NULL;
-  DDP_TRY(check_access(r, i, name, 0, op));
-  DDP_TRY(check_name(r, name, op));
-  return ddp_optim_state_get_tensor(r->fused_optim->state, r->params[i], name, out);
-}
-
 /* "(2, 3)" for a shape, into buf. */
 static const char *shape_text(char *buf, size_t cap, int ndim, const int64_t *shape) {
   size_t at = (size_t)snprintf(buf, cap, "(");
@@ -146,64 +118,6 @@ static const char *shape_text(char *buf, size_t cap, int ndim, const int64_t *sh
     at += (size_t)snprintf(buf + at, cap - at, d ? ", %lld" : "%lld", (long long)shape[d]);
   if (at < cap) snprintf(buf + at, cap - at, ")");
   return buf;
-}
-
-int ddp_reducer_fused_optim_set_state(ddp_reducer *r, int i, const char *name, const ddp_tensor *t) {
-  const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
-  DDP_TRY(check_access(r, i, name, 1, op));
-  DDP_TRY(check_name(r, name, op));
-  ddp_tensor *p = r->params[i];
-  if (t) {
-    int same = t->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
-    if (!same) {
-      char a[160], b[160];
-      DDP_FAIL(DDP_ERR_ARG, "%s: state '%s' of parameter %d has shape %s, the parameter %s", op,
-               name, i, shape_text(a, sizeof a, t->ndim, t->shape), shape_text(b, sizeof b, p->ndim, p->shape));
-    }
-    if (t->dtype != p->dtype || t->device != p->device)
-      DDP_FAIL(DDP_ERR_ARG, "%s: state '%s' of parameter %d is %s on device %d, the parameter %s "
-               "on device %d", op, name, i, ddp_dtype_name(t->dtype), t->device,
-               ddp_dtype_name(p->dtype), p->device);
-  }
-  ddp_tensor *copy = NULL;
-  if (t) {
-    DDP_TRY(zeros_like(&copy, p));
-    int status = ddp_copy_(copy, t);
-    if (status) {
-      ddp_tensor_release(copy);
-      return status;
-    }
-  }
-  int status = ddp_optim_state_set_tensor(r->fused_optim->state, p, name, copy);
-  ddp_tensor_release(copy); /* the store holds it (or the error is set) */
-  return status;
-}
-
-int ddp_reducer_fused_optim_get_step(const ddp_reducer *r, int i, int64_t *step) {
-  DDP_TRY(check_access(r, i, step, 0, "DistributedDataParallel.fused_optim_state_dict"));
-  const struct reducer_fused_optim *f = r->fused_optim;
-  *step = 0;
-  if (f->cfg.kind == DDP_FUSED_OPTIM_SGD) { /* no count kept: 1 marks a parameter with state */
-    *step = ddp_optim_state_has(f->state, r->params[i]);
-    return DDP_OK;
-  }
-  if (ddp_optim_state_kind(f->state, r->params[i], "step") == DDP_OPTIM_STATE_NONE) return DDP_OK;
-  double v = 0;
-  DDP_TRY(ddp_optim_state_get_number(f->state, r->params[i], "step", &v));
-  *step = (int64_t)v;
-  return DDP_OK;
-}
-
-int ddp_reducer_fused_optim_set_step(ddp_reducer *r, int i, int64_t step) {
-  const char *op = "DistributedDataParallel.fused_optim_load_state_dict";
-  DDP_TRY(check_access(r, i, op, 1, op));
-  if (step < 0) DDP_FAIL(DDP_ERR_ARG, "%s: step %lld of parameter %d must be >= 0", op, (long long)step, i);
-  struct reducer_fused_optim *f = r->fused_optim;
-  if (f->cfg.kind == DDP_FUSED_OPTIM_SGD)
-    return step > 0 ? ddp_optim_state_add(f->state, r->params[i])
-                    : ddp_optim_state_clear_entry(f->state, r->params[i]);
-  return ddp_optim_state_set_number(f->state, r->params[i], "step", (double)step);
 }
 
 int ddp_reducer_fused_optim_configure(ddp_reducer *r, const ddp_fused_optim_config *cfg) {
@@ -214,7 +128,6 @@ int ddp_reducer_fused_optim_configure(ddp_reducer *r, const ddp_fused_optim_conf
              cfg->kind, r->fused_optim->cfg.kind);
   DDP_TRY(check_config(cfg));
   r->fused_optim->cfg = *cfg;
-  r->fused_optim->step_cfg = step_config(cfg);
   return DDP_OK;
 }
 
@@ -261,7 +174,8 @@ int ddp_reducer_fused_optim_load_state(ddp_reducer *r, const ddp_optim_state *sr
  * function over the reducer's store (Note [optimizer state store]). */
 static int step_param(ddp_reducer *r, int i, ddp_tensor *g) {
   struct reducer_fused_optim *f = r->fused_optim;
-  return ddp_optim_step_param(f->state, &f->step_cfg, r->params[i], g);
+  ddp_optim_config c = step_config(&f->cfg);
+  return ddp_optim_step_param(f->state, &c, r->params[i], g);
 }
 
 /* Step every parameter of bucket k (whose all-reduce is complete), skipping the parameters

@@ -30,9 +30,10 @@
  *    every rank is not stepped (it had no gradient, as a plain optimizer skips a nil .grad).
  *  - The result equals the plain path (backward, then the optimizer's step over .grad)
  *    bit for bit: the same kernels read the same averaged values, whatever the order.
- *  - The state can be read and replaced between iterations (ddp_reducer_fused_optim_get_state
- *    / _set_state / _get_step / _set_step / _configure), which is what the Lua side's
- *    ddp:fused_optim_state_dict() / ddp:fused_optim_load_state_dict(sd) build on: a run
+ *  - The state can be read between iterations through the store itself
+ *    (ddp_reducer_fused_optim_state) and replaced by ddp_reducer_fused_optim_load_state and
+ *    _configure, which is what the Lua side's ddp:fused_optim_state_dict() /
+ *    ddp:fused_optim_load_state_dict(sd) build on: a run
  *    checkpointed after N steps and resumed in a fresh reducer continues bit for bit as the
  *    uninterrupted one (the state is the whole of what a step reads besides the gradient).
  */
@@ -72,37 +73,6 @@ int ddp_reducer_fused_optim_set_lr(ddp_reducer *r, double lr);
 void ddp_reducer_fused_optim_counts(const ddp_reducer *r, int64_t *during_backward,
                                     int64_t *at_end);
 
-/* Per-parameter state of the optimizer in backward, by the names the Lua optimizers'
- * state_dict uses: "momentum_buffer" (SGD with momentum != 0), "exp_avg", "exp_avg_sq" and
- * "max_exp_avg_sq" (Adam / AdamW; the last with amsgrad). Each is a tensor of the
- * parameter's shape, dtype and device, or absent before the parameter's first step. */
-
-/* *out = a new reference to state tensor `name` of parameter i (0-based, registration
- * order; release it), or NULL while that state does not exist. Errors: DDP_ERR_ARG (NULL
- * arguments, i out of range, a name the registered kind does not keep), DDP_ERR_STATE (no
- * optimizer in backward is registered). */
-int ddp_reducer_fused_optim_get_state(const ddp_reducer *r, int i, const char *name,
-                                      ddp_tensor **out);
-
-/* Replace state tensor `name` of parameter i by a copy of t (t must have the parameter's
- * shape, dtype and device), or drop it when t is NULL (its next step starts it again, as
- * the first step does). Not while a backward is under way. Errors: DDP_ERR_ARG (as
- * ..._get_state; t's shape, dtype or device differs from the parameter's, naming both),
- * DDP_ERR_STATE (none registered; a backward is under way), DDP_ERR_MEMORY. */
-int ddp_reducer_fused_optim_set_state(ddp_reducer *r, int i, const char *name,
-                                      const ddp_tensor *t);
-
-/* *step = the updates parameter i has had since registration (or since the step set by
- * ddp_reducer_fused_optim_set_step): Adam's bias-correction count, 0 before the first. SGD
- * keeps no count (PyTorch's SGD state has none): 1 when the parameter has state (it was
- * stepped, or state was set), else 0. Errors as _get_state. */
-int ddp_reducer_fused_optim_get_step(const ddp_reducer *r, int i, int64_t *step);
-
-/* Set parameter i's update count (step >= 0; its next update is step + 1). SGD: step > 0
- * gives the parameter a state entry (empty until a tensor is set), 0 removes its entry.
- * Errors as _set_state; DDP_ERR_ARG for step < 0. */
-int ddp_reducer_fused_optim_set_step(ddp_reducer *r, int i, int64_t step);
-
 /* Replace the hyper-parameters of the registered optimizer (a loaded state dict's options)
  * from the next step on; cfg->kind must be the registered kind. Errors: DDP_ERR_ARG (as
  * ddp_reducer_register_fused_optim; another kind, naming both), DDP_ERR_STATE (none
@@ -111,6 +81,9 @@ int ddp_reducer_fused_optim_configure(ddp_reducer *r, const ddp_fused_optim_conf
 
 /* The store holding the state of the optimizer in backward (Note [optimizer state store]),
  * owned by the reducer, valid while it lives; NULL when none is registered (or r is NULL).
+ * Its entries are keyed by the reducer's parameters and named as the Lua optimizers' state:
+ * "momentum_buffer" (SGD with momentum != 0); "step", "exp_avg", "exp_avg_sq" and, with
+ * amsgrad, "max_exp_avg_sq" (Adam / AdamW); none before a parameter's first step.
  * Read it between iterations (what ddp:fused_optim_state_dict does, through the Lua
  * optimizers' state view); change it through ddp_reducer_fused_optim_load_state. */
 ddp_optim_state *ddp_reducer_fused_optim_state(ddp_reducer *r);
