@@ -559,6 +559,11 @@ describe("ddplua.distributed collectives #dist", function()
         local w = dist.irecv(t, 1)
         emit_err("wait", function() w:wait(0.2) end)
         emit("completed", { w:is_completed() and 1 or 0 })
+        -- the handle stays usable: waiting again (default timeout) sees the message. A
+        -- barrier alone would not do: as in PyTorch's Gloo group it does not wait for
+        -- point-to-point work still in flight.
+        w:wait()
+        emit("completed_later", { w:is_completed() and 1 or 0 })
         dist.barrier({ group = nil })
       else
         os.execute("sleep 0.5")
@@ -570,6 +575,7 @@ describe("ddplua.distributed collectives #dist", function()
     ]], 2)
     assert.matches("wait: recv did not complete within 0.2 s", ranks[1].err.wait, 1, true)
     assert_list({ 0 }, ranks[1].out.completed, "not completed yet")
-    assert_list(values(1, 2), ranks[1].out.got, "received after the barrier")
+    assert_list({ 1 }, ranks[1].out.completed_later, "completed after the second wait")
+    assert_list(values(1, 2), ranks[1].out.got, "received after the second wait")
   end)
 end)

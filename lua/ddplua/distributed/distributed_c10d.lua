@@ -796,7 +796,9 @@ function M.irecv(t, src, opts)
   return M.recv(t, src, o)
 end
 
---- dist.barrier(opts): returns once every rank of the group reached it.
+--- dist.barrier(opts): returns once every rank of the group reached it. As in PyTorch's Gloo
+-- group it orders the collectives only: an isend/irecv still in flight is not waited for
+-- (wait on its work handle).
 function M.barrier(opts)
   set_call_site()
   local g = group_of(opts, "barrier")
