@@ -397,8 +397,7 @@ int ddp_io_collate(ddp_tensor **out, ddp_tensor *src, ddp_tensor *indices,
   return status;
 }
 
-int ddp_io_stack(ddp_tensor **out, int n, ddp_tensor **items) {
-  *out = NULL;
+int ddp_io_stack_check(int n, ddp_tensor **items) {
   if (n < 1 || !items) DDP_FAIL(DDP_ERR_ARG, "stack: expected at least one tensor, got %d", n);
   for (int i = 0; i < n; i++) {
     char arg[32];
@@ -411,14 +410,13 @@ int ddp_io_stack(ddp_tensor **out, int n, ddp_tensor **items) {
       DDP_FAIL(DDP_ERR_ARG, "stack: item %d is %s %s but item 0 is %s %s (items count from 0)", i,
                DDP_SHAPE(b), ddp_dtype_name(b->dtype), DDP_SHAPE(a), ddp_dtype_name(a->dtype));
   }
+  if (items[0]->ndim >= DDP_MAX_DIMS)
+    DDP_FAIL(DDP_ERR_ARG, "stack: items of %d dims leave no room for the batch dim", items[0]->ndim);
+  return DDP_OK;
+}
+
+int ddp_io_stack_into(ddp_tensor *t, int n, ddp_tensor **items) {
   const ddp_tensor *a = items[0];
-  if (a->ndim >= DDP_MAX_DIMS)
-    DDP_FAIL(DDP_ERR_ARG, "stack: items of %d dims leave no room for the batch dim", a->ndim);
-  int64_t shape[DDP_MAX_DIMS];
-  shape[0] = n;
-  for (int d = 0; d < a->ndim; d++) shape[d + 1] = a->shape[d];
-  ddp_tensor *t = NULL;
-  DDP_TRY(ddp_tensor_empty(&t, a->ndim + 1, shape, a->dtype, DDP_DEVICE_CPU));
   size_t bytes = (size_t)a->numel * ddp_dtype_size(a->dtype);
   for (int i = 0; i < n; i++) {
     ddp_tensor *it = items[i];
@@ -435,10 +433,24 @@ int ddp_io_stack(ddp_tensor **out, int n, ddp_tensor **items) {
     if (!status) status = ddp_copy_(slot, src);
     ddp_tensor_release(slot);
     ddp_tensor_release(src);
-    if (status) {
-      ddp_tensor_release(t);
-      return status;
-    }
+    if (status) return status;
+  }
+  return DDP_OK;
+}
+
+int ddp_io_stack(ddp_tensor **out, int n, ddp_tensor **items) {
+  *out = NULL;
+  DDP_TRY(ddp_io_stack_check(n, items));
+  const ddp_tensor *a = items[0];
+  int64_t shape[DDP_MAX_DIMS];
+  shape[0] = n;
+  for (int d = 0; d < a->ndim; d++) shape[d + 1] = a->shape[d];
+  ddp_tensor *t = NULL;
+  DDP_TRY(ddp_tensor_empty(&t, a->ndim + 1, shape, a->dtype, DDP_DEVICE_CPU));
+  int status = ddp_io_stack_into(t, n, items);
+  if (status) {
+    ddp_tensor_release(t);
+    return status;
   }
   *out = t;
   return DDP_OK;

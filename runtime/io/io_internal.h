@@ -47,4 +47,9 @@ int ddp_io_write_atomic(const char *path, const char *op, int n, const void *con
  * not a regular file, too large, a short read (runtime/io/file_bytes.c). */
 int ddp_io_read_file(const char *path, const char *op, size_t max, uint8_t **data, size_t *size);
 
+/* Copy the n items (checked by ddp_io_stack_check) one after the other into t, a
+ * contiguous CPU tensor of shape (n, item shape...) and the items' dtype (ddp_io_stack's
+ * copy; records no autograd). Errors: those of copying a strided item. */
+int ddp_io_stack_into(ddp_tensor *t, int n, ddp_tensor **items);
+
 #endif /* DDP_IO_INTERNAL_H */

@@ -187,6 +187,65 @@ describe("DataLoader workers", function()
     assert.are.same(base, run(3, true))
   end)
 
+  it("stacks the default collation's samples straight into the workers' slots, strided ones included", function()
+    -- Note [stacking in the slot]: sample i is a transposed (4, 3) view whose values say i,
+    -- and the worker's allocation count when ds:get(i) began; the batches equal
+    -- num_workers = 0's bit for bit, and between two batches of a worker it allocated no
+    -- batch-sized tensor (before: the stacked batch, then copied into the slot)
+    local Strided = { name = "Strided" }
+    function Strided.len() return 22 end
+    function Strided.get(_, i)
+      local allocated = tonumber(lib.C.ddp_memory_allocated_bytes())
+      local x = dl.arange(0, 12):to("f32"):view(3, 4):t() * i
+      return x, dl.zeros { 32768 }, allocated -- a 128 KiB part: a stack of 4 is 512 KiB
+    end
+    local ds = object.new(Strided, {})
+    local function run(nw)
+      local loader = data.DataLoader(ds, { batch_size = 4, shuffle = true, generator = dl.Generator(5), num_workers = nw })
+      local out, counts = {}, {}
+      for x, pad, allocated in loader:iter() do
+        assert.are.same({ x:size(1), 4, 3 }, x.shape)
+        assert.are.same({ x:size(1), 32768 }, pad.shape)
+        out[#out + 1] = table.concat(x:contiguous():view(-1):tolist(), ",")
+        counts[#counts + 1] = allocated:tolist()
+      end
+      loader:close()
+      return out, counts
+    end
+    local base = run(0)
+    assert.are.equal(6, #base)
+    local got, counts = run(2)
+    assert.are.same(base, got)
+    -- batch b and b + 2 come from the same worker: what it allocated from its last get of b
+    -- to its first get of b + 2 is that get's own sample (128 KiB and a little), no stack
+    for b = 1, #counts - 2 do
+      local between = counts[b + 2][1] - counts[b][#counts[b]]
+      assert(between < 256 * 1024, ("worker allocated %d bytes between batches %d and %d"):format(between, b - 1, b + 1))
+    end
+  end)
+
+  it("raises a mismatch of the samples' shapes in the training loop, as num_workers = 0 does", function()
+    local Uneven = { name = "Uneven" }
+    function Uneven.len() return 12 end
+    function Uneven.get(_, i) return dl.zeros(i == 7 and { 3 } or { 2 }), i end
+    local ds = object.new(Uneven, {})
+    local errs = {}
+    for _, nw in ipairs { 0, 2 } do
+      local loader = data.DataLoader(ds, { batch_size = 4, num_workers = nw })
+      local seen = 0
+      local ok, err = pcall(function() for _ in loader:iter() do seen = seen + 1 end end)
+      loader:close()
+      assert.is_false(ok)
+      assert.are.equal(1, seen) -- batch 0; samples 5..8 make batch 1
+      errs[nw] = tostring(err)
+    end
+    local cause = "stack: item 2 is (3,) f32 but item 0 is (2,) f32"
+    assert.matches(cause, errs[0], 1, true)
+    assert.matches(cause, errs[2], 1, true)
+    assert.matches("worker process 1 while collating of batch 1", errs[2], 1, true)
+    assert.are.same({}, children())
+  end)
+
   it("calls worker_init_fn in each worker and answers get_worker_info there only", function()
     assert.is_nil(data.get_worker_info())
     local init_id = -1

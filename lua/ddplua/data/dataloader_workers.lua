@@ -70,6 +70,18 @@ M.get_worker_info = worker_info.get_worker_info
 
 local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 
+-- A part of a batch that the worker stacks straight into its slot (Note [stacking in the
+-- slot], runtime/io/workers.c): the list of its samples' tensors, already checked.
+local Stack = {}
+Stack.__index = Stack
+
+--- stack_later(items) -> a batch part made of the tensors items[1..B] (checked with
+-- ddp_io_stack_check) that a worker stacks into its slot when it sends the batch; what
+-- loader.lua's default collation returns in a worker instead of the stacked tensor.
+function M.stack_later(items) return setmetatable({ items = items }, Stack) end
+
+local function is_part(v) return getmetatable(v) == Stack or is_tensor(v) end
+
 -- splitmix64's finalizer (Steele, Lea, Flood, "Fast splittable pseudorandom number
 -- generators", OOPSLA 2014): a well-mixed 64-bit value from x.
 local function mix64(x)
@@ -88,12 +100,12 @@ function M.base_seed(gen, epoch)
   return tonumber(x % 0x10000000000000ULL)
 end
 
--- The batch's values (n of them) as tensors and the structure bytes ("" when the values
--- are n tensors, the default collation's case).
+-- The batch's values (n of them) as tensors (or stack_later parts) and the structure bytes
+-- ("" when the values are n tensors or parts, the default collation's case).
 local function flatten(values, n)
   local tensors, plain = {}, true
   for k = 1, n do
-    if not is_tensor(values[k]) then plain = false break end
+    if not is_part(values[k]) then plain = false break end
     tensors[k] = values[k]
   end
   if plain then return tensors, "" end
@@ -161,7 +173,9 @@ local function worker_main(handle, id, nworkers, seed, dataset, init_fn, make_ba
     end
     local tag, batch, count = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
     local indices = ffi.new("int64_t[?]", batch_size)
-    local tbuf = ffi.new("ddp_tensor*[?]", MAX_TENSORS)
+    local counts = ffi.new("int32_t[?]", MAX_TENSORS)
+    local items_cap = MAX_TENSORS
+    local items = ffi.new("ddp_tensor*[?]", items_cap)
     local where = {}
     while true do
       local st = C.ddp_io_worker_take(handle, tag, batch, indices, batch_size, count)
@@ -180,7 +194,7 @@ local function worker_main(handle, id, nworkers, seed, dataset, init_fn, make_ba
         local bok, values, n = xpcall(make_batch, debug.traceback, indices, tonumber(count[0]), b, where,
           tonumber(tag[0]))
         if bok and values == nil then -- an iterable dataset's stream ended
-          st = C.ddp_io_worker_send(handle, tag[0], batch[0], 0, tbuf, END_MARK, #END_MARK)
+          st = C.ddp_io_worker_send(handle, tag[0], batch[0], 0, items, END_MARK, #END_MARK)
           if st ~= 0 then error(ffi.string(C.ddp_last_error()), 0) end
         elseif bok then
           local fok, tensors, meta = pcall(flatten, values, n)
@@ -188,8 +202,28 @@ local function worker_main(handle, id, nworkers, seed, dataset, init_fn, make_ba
             fok, tensors = false, ("the batch holds %d tensors, at most %d pass"):format(#tensors, MAX_TENSORS)
           end
           if fok then
-            for k = 1, #tensors do tbuf[k - 1] = tensors[k] end
-            st = C.ddp_io_worker_send(handle, tag[0], batch[0], #tensors, tbuf, meta, #meta)
+            local nitems = 0
+            for k = 1, #tensors do
+              local t = tensors[k]
+              counts[k - 1] = getmetatable(t) == Stack and #t.items or 0
+              nitems = nitems + math.max(counts[k - 1], 1)
+            end
+            if nitems > items_cap then
+              items_cap = nitems
+              items = ffi.new("ddp_tensor*[?]", items_cap)
+            end
+            local at = 0
+            for k = 1, #tensors do
+              local t = tensors[k]
+              if counts[k - 1] > 0 then
+                for i = 1, counts[k - 1] do items[at + i - 1] = t.items[i] end
+                at = at + counts[k - 1]
+              else
+                items[at] = t
+                at = at + 1
+              end
+            end
+            st = C.ddp_io_worker_send_parts(handle, tag[0], batch[0], #tensors, counts, items, meta, #meta)
             if st ~= 0 then error(ffi.string(C.ddp_last_error()), 0) end
           else
             msg = ("Caught an error in DataLoader worker process %d while sending batch %d " ..

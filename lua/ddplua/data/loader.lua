@@ -289,16 +289,21 @@ local function c_iter(self, sources, tfs, order)
   end
 end
 
+-- Part k of B samples, all tensors (sample 1's is), as a C array for ddp_io_stack.
+local function tensor_items(values, k)
+  local arr = ffi.new("ddp_tensor*[?]", #values)
+  for i, v in ipairs(values) do
+    if not is_tensor(v) then lib.raise(("DataLoader: part %s of sample %d is not a tensor (sample 1's is)"):format(tostring(k), i)) end
+    arr[i - 1] = v
+  end
+  return arr
+end
+
 -- Stack one part of B samples.
 local function collate_part(values, k)
   local first = values[1]
   if is_tensor(first) then
-    local arr = ffi.new("ddp_tensor*[?]", #values)
-    for i, v in ipairs(values) do
-      if not is_tensor(v) then lib.raise(("DataLoader: part %s of sample %d is not a tensor (sample 1's is)"):format(tostring(k), i)) end
-      arr[i - 1] = v
-    end
-    check(C.ddp_io_stack(box, #values, arr))
+    check(C.ddp_io_stack(box, #values, tensor_items(values, k)))
     return wrap(box[0])
   end
   local tv = type(first)
@@ -373,7 +378,11 @@ end
 -- collate_fn. where.sample (when where is given) holds the ds:get index in progress.
 -- Returns the batch's values and their count. Runs in the training process
 -- (num_workers = 0) or in a worker.
-local function make_batch(self, idx, count, b, where)
+-- make_batch(self, idx, count, b, where, in_worker): batch b's values and their count from
+-- the 0-based sample indices idx[0 .. count-1]. In a worker (in_worker true) a part of
+-- tensors under the default collation is checked and left for the worker to stack into its
+-- slot (Note [stacking in the slot], runtime/io/workers.c).
+local function make_batch(self, idx, count, b, where, in_worker)
   local ds = self.dataset
   local collate_fn = self.collate_fn
   local out, n
@@ -408,7 +417,15 @@ local function make_batch(self, idx, count, b, where)
     end
     if where then where.sample = nil end
     out, n = {}, nparts
-    for k = 1, nparts do out[k] = collate_part(parts[k], k) end
+    for k = 1, nparts do
+      local part = parts[k]
+      if in_worker and is_tensor(part[1]) then
+        check(C.ddp_io_stack_check(#part, tensor_items(part, k)))
+        out[k] = workers.stack_later(part)
+      else
+        out[k] = collate_part(part, k)
+      end
+    end
   end
   return out, n
 end
@@ -494,7 +511,7 @@ local function worker_iter(self, order)
   local nw = self.num_workers
   self.epochs = self.epochs + 1
   local group, tag = worker_group(self, function(indices, count, b, where)
-    return make_batch(self, indices, count, b + 1, where)
+    return make_batch(self, indices, count, b + 1, where, true)
   end)
   local ep = { handle = nil }
   self.epoch = ep

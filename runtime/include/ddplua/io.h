@@ -111,6 +111,13 @@ int ddp_io_collate(ddp_tensor **out, ddp_tensor *src, ddp_tensor *indices,
  * dtype differs from item 0. */
 int ddp_io_stack(ddp_tensor **out, int n, ddp_tensor **items);
 
+/* Check that n >= 1 tensors can be stacked (ddp_io_stack's errors, DDP_ERR_ARG: no items, a
+ * freed item, an item whose shape or dtype differs from item 0, items of DDP_MAX_DIMS dims)
+ * without stacking them: a DataLoader worker checks a batch's parts when it makes the batch
+ * and stacks them later, straight into the batch's shared memory (Note [stacking in the
+ * slot], runtime/io/workers.c). */
+int ddp_io_stack_check(int n, ddp_tensor **items);
+
 /* ---------------------------------------------------------------------------------------
  * Batch loader with a prefetch thread (runtime/io/loader.c)
  *

@@ -97,6 +97,15 @@ int ddp_io_worker_take(ddp_io_workers *p, int64_t *tag, int64_t *batch, int64_t 
 int ddp_io_worker_send(ddp_io_workers *p, int64_t tag, int64_t batch, int ntensors,
                        ddp_tensor **tensors, const void *meta, size_t meta_len);
 
+/* In a worker: as ddp_io_worker_send, where result tensor i is either the next item as is
+ * (counts[i] == 0) or the stack (ddp_io_stack) of the next counts[i] > 0 items, written
+ * straight into the slot (Note [stacking in the slot], runtime/io/workers.c). `items` holds
+ * the sum over i of max(counts[i], 1) tensors; counts NULL: every count 0. Errors: those of
+ * ddp_io_worker_send, and ddp_io_stack_check's for a stack (DDP_ERR_ARG). */
+int ddp_io_worker_send_parts(ddp_io_workers *p, int64_t tag, int64_t batch, int ntensors,
+                             const int32_t *counts, ddp_tensor **items, const void *meta,
+                             size_t meta_len);
+
 /* In a worker: send an error for (tag, batch): `len` bytes of msg (the worker's message and
  * traceback), which the loader hands back from ddp_io_workers_get. Errors as
  * ddp_io_worker_send. */
