@@ -1,12 +1,14 @@
 --- bench/image_folder.lua: samples/s of an ImageFolder of JPEG files with the usual
 -- ImageNet-style augmentation (RandomResizedCrop(224), RandomHorizontalFlip, ToFloat,
 -- Normalize), batches of 32 through the DataLoader (--workers W, default 0: decoding and
--- augmentation on the training thread; W forked workers otherwise), against PyTorch's
+-- augmentation on the training thread; W forked workers otherwise; a list such as 0,2
+-- measures each setting in turn within every run, and prints the ratio of the last to the
+-- first: the same process, so the same machine state, for both), against PyTorch's
 -- DataLoader with torchvision's ImageFolder (PIL decoding, PIL transforms, ToTensor,
 -- Normalize) at the same num_workers (bench/image_folder_torch.py), run alternately, each on one thread
 -- (dl.set_num_threads(1); torch.set_num_threads(1) with OMP / OpenBLAS at 1): PIL's
 -- decoding and transforms use one core, so this compares the two on equal terms.
---   build/ddplua bench/image_folder.lua [--images 256] [--size 256] [--runs 5] [--workers 0]
+--   build/ddplua bench/image_folder.lua [--images 256] [--size 256] [--runs 5] [--workers 0[,2]]
 -- Writes the folder (RGB JPEGs of size x size, quality 90, made from Fashion-MNIST test
 -- images scaled up and tinted) to a temporary folder, removed at the end. Prints one line
 -- per run and the medians and ratio.
@@ -18,10 +20,15 @@ local parser = require("ddplua.utils.argparse").ArgumentParser { prog = "image_f
 parser:add_argument("--images", { type = "number", help = "images in the folder (default 256)" })
 parser:add_argument("--size", { type = "number", help = "side of the square images (default 256)" })
 parser:add_argument("--runs", { type = "number", help = "runs of each (default 5)" })
-parser:add_argument("--workers", { type = "number", help = "DataLoader num_workers of both (default 0)" })
+parser:add_argument("--workers", { help = "DataLoader num_workers of both, or a list such as 0,2 (default 0)" })
 local args = parser:parse_args(arg)
 local N, S, RUNS = args.images or 256, args.size or 256, args.runs or 5
-local WORKERS = args.workers or 0
+local SETTINGS = {}
+for w in tostring(args.workers or "0"):gmatch("[^,]+") do
+  local v = tonumber(w)
+  if not v or v < 0 or v % 1 ~= 0 then error("--workers: expected counts such as 0 or 0,2, got " .. tostring(args.workers), 0) end
+  SETTINGS[#SETTINGS + 1] = v
+end
 dl.set_num_threads(1)
 
 local tmp = os.tmpname()
@@ -37,7 +44,7 @@ for i = 1, N do
   data.write_jpeg(("%s/%05d.jpg"):format(dir, i), rgb, 90)
 end
 
-local function ddplua_run()
+local function ddplua_run(WORKERS)
   local ds = data.ImageFolder { root = root, generator = dl.Generator(0),
     transform = data.Compose { data.RandomResizedCrop(224), data.RandomHorizontalFlip(), data.ToFloat(),
       data.Normalize({ 0.485, 0.456, 0.406 }, { 0.229, 0.224, 0.225 }) } }
@@ -48,7 +55,7 @@ local function ddplua_run()
   return n / (os_.monotonic() - t0)
 end
 
-local function torch_run()
+local function torch_run(WORKERS)
   local cmd = ("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "
     .. "bench/image_folder_torch.py %q %d 2>&1"):format(root, WORKERS)
   local p = io.popen(cmd)
@@ -60,10 +67,14 @@ local function torch_run()
 end
 
 local ours, theirs = {}, {}
+for k = 1, #SETTINGS do ours[k], theirs[k] = {}, {} end
 for r = 1, RUNS do
-  ours[r] = ddplua_run()
-  theirs[r] = torch_run()
-  print(("run %d: ddplua %.0f samples/s, PyTorch DataLoader + PIL %.0f samples/s"):format(r, ours[r], theirs[r]))
+  for k, w in ipairs(SETTINGS) do
+    ours[k][r] = ddplua_run(w)
+    theirs[k][r] = torch_run(w)
+    print(("run %d, num_workers %d: ddplua %.0f samples/s, PyTorch DataLoader + PIL %.0f samples/s"):format(
+      r, w, ours[k][r], theirs[k][r]))
+  end
 end
 local function median(t)
   local c = {}
@@ -71,8 +82,20 @@ local function median(t)
   table.sort(c)
   return c[math.floor((#c + 1) / 2)]
 end
-print(("median: ddplua %.0f samples/s, PyTorch %.0f samples/s, ratio %.2f (%d JPEGs of %dx%d, %d runs, num_workers %d)"):format(
-  median(ours), median(theirs), median(ours) / median(theirs), N, S, S, RUNS, WORKERS))
+for k, w in ipairs(SETTINGS) do
+  print(("median: ddplua %.0f samples/s, PyTorch %.0f samples/s, ratio %.2f (%d JPEGs of %dx%d, %d runs, num_workers %d)"):format(
+    median(ours[k]), median(theirs[k]), median(ours[k]) / median(theirs[k]), N, S, S, RUNS, w))
+end
+if #SETTINGS > 1 then
+  -- the ratio of each run's pair (measured back to back), then their median
+  local mine, torch = {}, {}
+  for r = 1, RUNS do
+    mine[r] = ours[#SETTINGS][r] / ours[1][r]
+    torch[r] = theirs[#SETTINGS][r] / theirs[1][r]
+  end
+  print(("num_workers %d over %d: ddplua %.2fx (median of the runs' ratios; of the medians %.2fx), PyTorch %.2fx"):format(
+    SETTINGS[#SETTINGS], SETTINGS[1], median(mine), median(ours[#SETTINGS]) / median(ours[1]), median(torch)))
+end
 
 for _, e in ipairs(os_.list_dir(root)) do
   for _, f in ipairs(os_.list_dir(root .. "/" .. e.name)) do os.remove(root .. "/" .. e.name .. "/" .. f.name) end

@@ -266,18 +266,23 @@ function M.set_num_threads(n) check(C.ddp_set_num_threads(n)) end
 function M.get_num_threads() return C.ddp_get_num_threads() end
 
 --- Memory held by CPU tensors: {live = bytes in use, peak = highest live, cached = freed
--- large blocks kept for reuse}.
+-- large blocks kept for reuse, dataloader_slots = bytes of batch slots kept for the next
+-- DataLoader workers (Note [slot pool] in runtime/io/workers.c)}.
 function M.memory_stats()
   return { live = tonumber(C.ddp_memory_live_bytes()), peak = tonumber(C.ddp_memory_peak_bytes()),
-    cached = tonumber(C.ddp_memory_cached_bytes()) }
+    cached = tonumber(C.ddp_memory_cached_bytes()),
+    dataloader_slots = tonumber(C.ddp_io_workers_pool_bytes()) }
 end
 
---- dl.empty_cache(): return the allocator's cached blocks to the system. Runs a full Lua
--- collection first, so that the blocks of tensors no longer referenced are returned too (as
--- dl.cuda.empty_cache; Note [step lifetimes] in ddplua/lib.lua).
+--- dl.empty_cache(): return the allocator's cached blocks to the system, and the batch slots
+-- that finished DataLoader workers left for the next ones (Note [slot pool] in
+-- runtime/io/workers.c). Runs a full Lua collection first, so that the blocks of tensors no
+-- longer referenced, and the slots of loaders and batches no longer referenced, are
+-- returned too (as dl.cuda.empty_cache; Note [step lifetimes] in ddplua/lib.lua).
 function M.empty_cache()
   collectgarbage("collect")
   C.ddp_memory_empty_cache()
+  C.ddp_io_workers_empty_pool()
 end
 function M.reset_peak_memory() C.ddp_memory_reset_peak() end
 

@@ -36,7 +36,9 @@ enum {
   KIND_BATCH = 2,
   KIND_ERROR = 3,
   MAX_TENSORS = 4096,
-  PAYLOAD_ALIGN = 64
+  PAYLOAD_ALIGN = 64,
+  SLOT_HEAD = PAYLOAD_ALIGN, /* a slot's control word, before its payload (Note [lent slots]) */
+  LEND_MAX = 2               /* slots of one worker that batches may hold at once */
 };
 #define MAX_TASK_INDICES ((int64_t)1 << 26)
 #define MAX_META ((uint64_t)1 << 30)
@@ -61,34 +63,49 @@ typedef struct {
   uint64_t offset, nbytes; /* of the tensor's bytes in the payload */
 } tensor_desc;
 
-/* Note [worker slots]: each worker writes its batches into `nslots` (the loader's
- * prefetch_factor) memfds that stay mapped in both processes, so that a batch costs two
- * memcpy and no page fault once the slots have grown to the batch size (on this kind of
- * VM a new shared page costs ~10 us: a fresh memfd per 200 KiB batch cost ~0.5 ms on each
- * side). Task number t of a worker (counted from its start) writes slot t % nslots. That
- * slot is free then: the loader sends a worker at most nslots tasks ahead of the batches it
- * took from it (Note [dataloader worker channels]) and copies a batch out of its slot
- * before it sends the next task; the results of an abandoned epoch are never read. A slot
- * that is too small is replaced by a larger memfd (1.25x the batch, whole pages), whose
- * descriptor travels with that batch's header; the loader maps it, and keeps mapping the
- * new slots it finds in headers it drops (the worker counts on it). */
-/* Note [stacking in the slot]: with the default collation, a worker does not stack a
- * batch's samples into a new tensor that it would then copy into its slot: it checks them
- * when it makes the batch (ddp_io_stack_check, so that a mismatch is reported as the
- * collation's error) and ddp_io_worker_send_parts stacks them straight into the slot. The
- * batch crosses memory once in the worker instead of twice, and the worker allocates no
- * batch-sized tensor per task (an ImageFolder batch of 32 (3, 224, 224) f32 samples is
- * 19 MB: its stack and copy were most of the workers' extra CPU over num_workers = 0). */
+/* Note [worker slots]: each worker writes its batches into memfds (slots) that stay mapped
+ * in both processes, so that a batch costs no page fault once the slots have grown to the
+ * batch size (on this kind of VM a new shared page costs ~10 us: a fresh memfd per 200 KiB
+ * batch cost ~0.5 ms on each side). A slot starts with a control word, `busy`: the worker
+ * sets it when it writes a batch there and the loader clears it when it is done with that
+ * batch; the worker writes only slots whose word is clear. So a batch's slot is never
+ * reused while the loader reads it or tensors hold it (Note [lent slots]), whatever the
+ * order in which batches are dropped. A worker has at most `cap` = 2 * prefetch_factor +
+ * LEND_MAX slots, made as needed: prefetch_factor results of an abandoned epoch not read
+ * yet, prefetch_factor - 1 sent and not taken, LEND_MAX lent, and the one being written.
+ * A free slot that is too small is replaced by a larger memfd (1.25x the batch, whole
+ * pages), whose descriptor travels with that batch's header; the loader maps it, and keeps
+ * mapping the new slots it finds in headers it drops (the worker counts on it).
+ *
+ * Note [lent slots]: the loader does not copy a batch out of its slot: its tensors are made
+ * over the slot's memory (ddp_tensor_from_blob), whose deleter clears `busy` when the last
+ * of them is released, so the batch crosses memory once in the loader's process (it was
+ * half of the loader's CPU in an ImageFolder epoch). A worker's slots lent at once are at
+ * most LEND_MAX; past that (a training loop that keeps its batches) a batch is copied out
+ * as before and its slot cleared at once, so the worker always finds a free slot. The
+ * loader's mapping of a slot is counted (its table, and each tensor over it), so a tensor
+ * stays valid after its loader and workers are gone. Only the process that mapped it
+ * clears `busy`: a worker forked later inherits the tensors, and its copies' releases must
+ * not free a slot the loader still reads. Lent bytes count as allocated for Note [step
+ * lifetimes] (ddp_memory_count_lent), so that dead batches are collected as their copies
+ * would be. */
 typedef struct {
-  char *ptr;       /* mapped slot (NULL: none yet) */
-  uint64_t size;   /* its bytes */
+  char *ptr;      /* the mapping */
+  uint64_t size;  /* its bytes */
+  int refs;       /* loader side (atomic): 1 for the group's table while this is the slot's
+                     mapping, 1 per tensor over it; unmapped at 0. Worker side: 1 */
+  int lent;       /* loader side (atomic): tensors over it now */
+  pid_t owner;    /* the process that mapped it: the only one that clears `busy` */
 } slot_map;
+
+static uint32_t *busy_word(slot_map *m) { return (uint32_t *)(void *)m->ptr; }
 
 struct ddp_io_workers {
   int n;
-  int nslots;       /* slots per worker (Note [worker slots]) */
-  slot_map *maps;   /* loader: (n * nslots) the workers' slots, read-only;
-                       worker: (nslots) its own, read-write */
+  int nslots;       /* the loader's prefetch_factor: tasks in flight per worker */
+  int cap;          /* most slots per worker (Note [worker slots]) */
+  slot_map **maps;  /* loader: (n * cap) its mappings of the workers' slots (NULL: none);
+                       worker: (cap) its own */
   int64_t tasks;    /* worker: tasks taken so far */
   pid_t owner;      /* the loader's process (getpid() at creation) */
   int self;         /* in a worker: its id; -1 in the loader's process */
@@ -103,6 +120,21 @@ struct ddp_io_workers {
  * keep A's workers from seeing their sockets close (they would wait for SIGKILL). */
 static ddp_io_workers *all_groups;
 static pthread_mutex_t groups_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Note [slot pool]: the slots of a finished worker group (its workers reaped, no batch over
+ * them) are kept by the loader's process for the next group, up to POOL_MAX slots and
+ * POOL_BYTES, instead of being unmapped: a worker forked later inherits their mappings at
+ * the same addresses, so they are handed to it in its table before the fork (no
+ * descriptor travels) and their pages, already in memory, cost no fault filling them with
+ * zeros again. A DataLoader without persistent_workers starts a group per epoch; with 2
+ * workers and ImageFolder batches of 19 MB that was ~24,000 new shared pages per epoch,
+ * most of the workers' system time. ddp_io_workers_empty_pool (dl.empty_cache) unmaps
+ * them. Guarded by groups_mu. */
+enum { POOL_MAX = 64 };
+#define POOL_BYTES ((uint64_t)512 << 20)
+static slot_map *pool[POOL_MAX];
+static int pool_count;
+static uint64_t pool_bytes;
 
 static double now_s(void) {
   struct timespec ts;
@@ -127,7 +159,7 @@ int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots) {
   if (p) {
     p->fd = malloc(sizeof(int) * (size_t)num_workers);
     p->pid = calloc((size_t)num_workers, sizeof(pid_t));
-    p->maps = calloc((size_t)num_workers * (size_t)slots, sizeof(slot_map));
+    p->maps = calloc((size_t)num_workers * (size_t)(2 * slots + LEND_MAX), sizeof(slot_map *));
   }
   if (!p || !p->fd || !p->pid || !p->maps) {
     if (p) { free(p->fd); free(p->pid); free(p->maps); }
@@ -136,6 +168,7 @@ int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots) {
   }
   p->n = num_workers;
   p->nslots = slots;
+  p->cap = 2 * slots + LEND_MAX;
   p->owner = getpid();
   p->self = -1;
   for (int i = 0; i < num_workers; i++) p->fd[i] = -1;
@@ -209,10 +242,49 @@ static int worker_closed(ddp_io_workers *p, int w, int64_t batch) {
   return worker_gone(w, pid, why, batch);
 }
 
-static void unmap_slot(slot_map *m) {
-  if (m->ptr) munmap(m->ptr, m->size);
-  m->ptr = NULL;
-  m->size = 0;
+/* Drop one reference to slot mapping m (NULL ignored); unmapped with the last. */
+static void slot_unref(slot_map *m) {
+  if (!m || __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  munmap(m->ptr, m->size);
+  free(m);
+}
+
+/* Drop the table's reference in *slot and empty it. */
+static void drop_slot(slot_map **slot) {
+  slot_unref(*slot);
+  *slot = NULL;
+}
+
+/* A new slot_map over ptr (size bytes), held once (by the table). NULL: out of memory. */
+static slot_map *new_slot_map(char *ptr, uint64_t size) {
+  slot_map *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->ptr = ptr;
+  m->size = size;
+  m->refs = 1;
+  m->owner = getpid();
+  return m;
+}
+
+/* Map every page of slot m writable now, in one call (MADV_POPULATE_WRITE, Linux 5.14):
+ * a worker writes all of a slot, and a page fault per 4 KiB page cost it ~10% of its CPU
+ * in an ImageFolder epoch (Note [slot pool]). An older kernel refuses it (EINVAL): the
+ * pages then fault in as they are written. */
+static void populate(slot_map *m) {
+#ifdef MADV_POPULATE_WRITE
+  (void)madvise(m->ptr, m->size, MADV_POPULATE_WRITE);
+#else
+  (void)m;
+#endif
+}
+
+/* Deleter of a tensor over a lent slot (Note [lent slots]). */
+static void slot_return(void *data, void *ctx) {
+  (void)data;
+  slot_map *m = ctx;
+  if (__atomic_sub_fetch(&m->lent, 1, __ATOMIC_ACQ_REL) == 0 && getpid() == m->owner)
+    __atomic_store_n(busy_word(m), 0, __ATOMIC_RELEASE);
+  slot_unref(m);
 }
 
 void ddp_io_workers_free(ddp_io_workers *p) {
@@ -225,6 +297,7 @@ void ddp_io_workers_free(ddp_io_workers *p) {
     }
   pthread_mutex_unlock(&groups_mu);
   for (int w = 0; w < p->n; w++) close_fd(&p->fd[w]);
+  int reaped = 0;
   if (getpid() == p->owner) {
     /* the workers see their sockets close and exit; SIGKILL the ones that do not */
     double until = now_s() + EXIT_GRACE_S;
@@ -234,7 +307,10 @@ void ddp_io_workers_free(ddp_io_workers *p) {
       int left = 0;
       for (int w = 0; w < p->n; w++)
         if (p->pid[w] > 0 && !reap(p, w, 0, why, sizeof why)) left++;
-      if (!left) break;
+      if (!left) {
+        reaped = 1;
+        break;
+      }
       double t = now_s();
       if (!killed && t > until) {
         for (int w = 0; w < p->n; w++)
@@ -247,12 +323,60 @@ void ddp_io_workers_free(ddp_io_workers *p) {
       usleep(1000);
     }
   }
-  int nmaps = p->self >= 0 ? p->nslots : p->n * p->nslots;
-  for (int i = 0; i < nmaps; i++) unmap_slot(&p->maps[i]);
+  int nmaps = p->self >= 0 ? p->cap : p->n * p->cap;
+  if (reaped) { /* Note [slot pool]: no worker can write them now */
+    pthread_mutex_lock(&groups_mu);
+    for (int i = 0; i < nmaps; i++) {
+      slot_map *m = p->maps[i];
+      if (!m || __atomic_load_n(&m->lent, __ATOMIC_ACQUIRE) > 0 || pool_count == POOL_MAX ||
+          pool_bytes + m->size > POOL_BYTES)
+        continue;
+      __atomic_store_n(busy_word(m), 0, __ATOMIC_RELEASE); /* a batch nobody read */
+      pool[pool_count++] = m;
+      pool_bytes += m->size;
+      p->maps[i] = NULL; /* the table's reference is the pool's now */
+    }
+    pthread_mutex_unlock(&groups_mu);
+  }
+  for (int i = 0; i < nmaps; i++) drop_slot(&p->maps[i]);
   free(p->maps);
   free(p->fd);
   free(p->pid);
   free(p);
+}
+
+uint64_t ddp_io_workers_empty_pool(void) {
+  pthread_mutex_lock(&groups_mu);
+  uint64_t bytes = pool_bytes;
+  for (int i = 0; i < pool_count; i++) drop_slot(&pool[i]);
+  pool_count = 0;
+  pool_bytes = 0;
+  pthread_mutex_unlock(&groups_mu);
+  return bytes;
+}
+
+uint64_t ddp_io_workers_pool_bytes(void) {
+  pthread_mutex_lock(&groups_mu);
+  uint64_t bytes = pool_bytes;
+  pthread_mutex_unlock(&groups_mu);
+  return bytes;
+}
+
+/* Hand pooled slots to worker w's table before it is forked (Note [slot pool]): its share
+ * of what the pool holds (the workers not yet forked share the rest), at most cap. */
+static void take_pooled(ddp_io_workers *p, int w) {
+  pthread_mutex_lock(&groups_mu);
+  int share = (pool_count + (p->n - w) - 1) / (p->n - w);
+  for (int s = 0; s < p->cap && share > 0; s++) {
+    slot_map **at = &p->maps[w * p->cap + s];
+    if (*at) continue;
+    slot_map *m = pool[--pool_count];
+    pool[pool_count] = NULL;
+    pool_bytes -= m->size;
+    *at = m;
+    share--;
+  }
+  pthread_mutex_unlock(&groups_mu);
 }
 
 int ddp_io_workers_count(const ddp_io_workers *p) { return p ? p->n : 0; }
@@ -276,6 +400,7 @@ int ddp_io_workers_fork(ddp_io_workers *p, int worker_id, int *is_child) {
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     DDP_FAIL(DDP_ERR_IO, "DataLoader: socketpair for worker %d: %s", worker_id, strerror(errno));
   pid_t parent = getpid();
+  take_pooled(p, worker_id);
   fflush(NULL);
   pid_t pid = fork();
   if (pid < 0) {
@@ -296,7 +421,19 @@ int ddp_io_workers_fork(ddp_io_workers *p, int worker_id, int *is_child) {
       close_fd(&p->fd[w]);
       p->pid[w] = 0;
     }
-    for (int i = 0; i < p->n * p->nslots; i++) unmap_slot(&p->maps[i]);
+    /* its slots: those the loader's table has for it (pooled ones, Note [slot pool]), at
+     * the same addresses here; the others' and the pool's are not its own */
+    for (int i = 0; i < p->n * p->cap; i++)
+      if (i / p->cap != worker_id) drop_slot(&p->maps[i]);
+    for (int s = 0; worker_id > 0 && s < p->cap; s++) {
+      p->maps[s] = p->maps[worker_id * p->cap + s];
+      p->maps[worker_id * p->cap + s] = NULL;
+    }
+    for (int s = 0; s < p->cap; s++) /* a pooled slot is not in this process's page tables */
+      if (p->maps[s]) populate(p->maps[s]);
+    for (int i = 0; i < pool_count; i++) drop_slot(&pool[i]); /* no lock: one thread after fork */
+    pool_count = 0;
+    pool_bytes = 0;
     for (ddp_io_workers *q = all_groups; q; q = q->next) /* no lock: one thread after fork */
       if (q != p) {
         for (int w = 0; w < q->n; w++) {
@@ -443,33 +580,45 @@ static int send_header(ddp_io_workers *p, msg_header *h, int fd) {
   return DDP_OK;
 }
 
-/* Worker side: the slot of the current task, grown to hold `size` bytes (Note [worker
- * slots]); *new_fd gets the new memfd to send when it grew (else -1). */
+/* Worker side: a free slot (Note [worker slots]) with room for `size` bytes of payload,
+ * made or grown when none has; *new_fd gets the new memfd to send when it is new (else -1).
+ * Marks it busy. */
 static int slot_for(ddp_io_workers *p, uint64_t size, uint32_t *slot, slot_map **map, int *new_fd) {
   *new_fd = -1;
-  int s = (int)((p->tasks - 1) % p->nslots);
-  slot_map *m = &p->maps[s];
-  if (m->size < size || !m->ptr) {
+  uint64_t need = size + SLOT_HEAD;
+  int pick = -1, grow = -1;
+  for (int s = 0; s < p->cap && pick < 0; s++) {
+    slot_map *m = p->maps[s];
+    if (m && __atomic_load_n(busy_word(m), __ATOMIC_ACQUIRE)) continue;
+    if (m && m->size >= need) pick = s;
+    else if (grow < 0 || (p->maps[grow] == NULL && m)) grow = s; /* a free slot before an empty one */
+  }
+  if (pick < 0 && grow < 0)
+    DDP_FAIL(DDP_ERR_STATE, "DataLoader worker %d: all %d batch slots are in use", p->self, p->cap);
+  if (pick < 0) {
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t want = size + size / 4;
+    uint64_t want = need + size / 4;
     want = (want + page - 1) / page * page;
-    if (want == 0) want = page;
     int fd;
     DDP_TRY(new_memfd(p, want, &fd));
     char *ptr = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (ptr == MAP_FAILED) {
+    slot_map *m = ptr == MAP_FAILED ? NULL : new_slot_map(ptr, want);
+    if (!m) {
       int e = errno;
+      if (ptr != MAP_FAILED) munmap(ptr, want);
       close(fd);
-      DDP_FAIL(DDP_ERR_IO, "DataLoader worker %d: mmap of a %llu-byte slot: %s", p->self,
-               (unsigned long long)want, strerror(e));
+      DDP_FAIL(DDP_ERR_IO, "DataLoader worker %d: mapping a %llu-byte slot: %s", p->self,
+               (unsigned long long)want, ptr == MAP_FAILED ? strerror(e) : "out of memory");
     }
-    unmap_slot(m);
-    m->ptr = ptr;
-    m->size = want;
+    populate(m);
+    drop_slot(&p->maps[grow]);
+    p->maps[grow] = m;
     *new_fd = fd;
+    pick = grow;
   }
-  *slot = (uint32_t)s;
-  *map = m;
+  __atomic_store_n(busy_word(p->maps[pick]), 1, __ATOMIC_RELAXED); /* the send orders it */
+  *slot = (uint32_t)pick;
+  *map = p->maps[pick];
   return DDP_OK;
 }
 
@@ -569,9 +718,11 @@ int ddp_io_worker_send_parts(ddp_io_workers *p, int64_t tag, int64_t batch, int 
   int fd = -1;
   if (!status) status = slot_for(p, at, &slot, &m, &fd);
   if (!status) {
-    if (ntensors) memcpy(m->ptr, desc, sizeof(tensor_desc) * (size_t)ntensors);
-    if (meta_len) memcpy(m->ptr + meta_at, meta, meta_len);
-    status = fill_batch(m->ptr, ntensors, counts, first, items, desc);
+    char *payload = m->ptr + SLOT_HEAD;
+    if (ntensors) memcpy(payload, desc, sizeof(tensor_desc) * (size_t)ntensors);
+    if (meta_len) memcpy(payload + meta_at, meta, meta_len);
+    status = fill_batch(payload, ntensors, counts, first, items, desc);
+    if (status) __atomic_store_n(busy_word(m), 0, __ATOMIC_RELAXED); /* nothing sent */
   }
   if (!status) {
     msg_header h = { .magic = MAGIC, .kind = KIND_BATCH, .tag = tag, .batch = batch, .size = at,
@@ -668,7 +819,7 @@ static int recv_header(ddp_io_workers *p, int w, msg_header *h, int *fd, double 
   }
   int ok = h->magic == MAGIC;
   if (ok && h->kind == KIND_ERROR) ok = *fd >= 0;
-  else if (ok && h->kind == KIND_BATCH) ok = h->slot < (uint32_t)p->nslots && ((h->map_size > 0) == (*fd >= 0));
+  else if (ok && h->kind == KIND_BATCH) ok = h->slot < (uint32_t)p->cap && ((h->map_size > 0) == (*fd >= 0));
   else ok = 0;
   if (!ok) {
     close_fd(fd);
@@ -682,20 +833,41 @@ static int map_slot(ddp_io_workers *p, int w, const msg_header *h, int fd) {
   struct stat st;
   if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < h->map_size)
     DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d's slot %u is smaller than announced", w, h->slot);
-  char *ptr = mmap(NULL, h->map_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (h->map_size < SLOT_HEAD)
+    DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d's slot %u is too small", w, h->slot);
+  /* writable: the batch's tensors are made over it (Note [lent slots]) */
+  char *ptr = mmap(NULL, h->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (ptr == MAP_FAILED)
     DDP_FAIL(DDP_ERR_IO, "DataLoader: mapping worker %d's slot %u (%llu bytes): %s", w, h->slot,
              (unsigned long long)h->map_size, strerror(errno));
-  slot_map *m = &p->maps[w * p->nslots + (int)h->slot];
-  unmap_slot(m);
-  m->ptr = ptr;
-  m->size = h->map_size;
+  slot_map *m = new_slot_map(ptr, h->map_size);
+  if (!m) {
+    munmap(ptr, h->map_size);
+    DDP_FAIL(DDP_ERR_MEMORY, "DataLoader: out of memory");
+  }
+  slot_map **at = &p->maps[w * p->cap + (int)h->slot];
+  drop_slot(at);
+  *at = m;
   return DDP_OK;
 }
 
-/* Loader side: the tensors and structure of a batch payload (size bytes at src). */
-static int unpack_batch(int w, const msg_header *h, const char *src, ddp_tensor **tensors,
+/* Loader side: how many of worker w's slots batches hold now (Note [lent slots]). */
+static int lent_slots(ddp_io_workers *p, int w) {
+  int k = 0;
+  for (int s = 0; s < p->cap; s++) {
+    slot_map *m = p->maps[w * p->cap + s];
+    if (m && __atomic_load_n(&m->lent, __ATOMIC_ACQUIRE) > 0) k++;
+  }
+  return k;
+}
+
+/* Loader side: the tensors and structure of the batch in slot m (h->size bytes of payload):
+ * tensors over the slot when `lend` (Note [lent slots]), else copies. Clears the slot's
+ * `busy` unless a tensor holds it. */
+static int unpack_batch(int w, const msg_header *h, slot_map *m, int lend, ddp_tensor **tensors,
                         int cap, int *ntensors, char **meta, size_t *meta_len) {
+  const char *src = m->ptr + SLOT_HEAD;
+  int64_t lent_bytes = 0;
   uint64_t n = h->ntensors;
   if (n > (uint64_t)cap || n > MAX_TENSORS)
     DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d sent %llu tensors for batch %lld, room for %d",
@@ -727,29 +899,40 @@ static int unpack_batch(int w, const msg_header *h, const char *src, ddp_tensor 
       break;
     }
     ddp_tensor *t = NULL;
-    status = ddp_tensor_empty(&t, d.ndim, d.shape, d.dtype, DDP_DEVICE_CPU);
+    if (lend) {
+      __atomic_add_fetch(&m->lent, 1, __ATOMIC_ACQ_REL);
+      __atomic_add_fetch(&m->refs, 1, __ATOMIC_ACQ_REL);
+      status = ddp_tensor_from_blob(&t, (char *)src + d.offset, d.ndim, d.shape, NULL, d.dtype,
+                                    slot_return, m);
+      if (status) slot_return(NULL, m);
+      else lent_bytes += (int64_t)d.nbytes;
+    } else {
+      status = ddp_tensor_empty(&t, d.ndim, d.shape, d.dtype, DDP_DEVICE_CPU);
+      if (!status && d.nbytes) memcpy(ddp_data(t), src + d.offset, d.nbytes);
+    }
     if (status) break;
-    if (d.nbytes) memcpy(ddp_data(t), src + d.offset, d.nbytes);
     tensors[made++] = t;
   }
-  char *m = NULL;
+  char *text = NULL;
   if (!status) {
-    m = malloc(h->meta_len + 1);
-    if (!m) status = DDP_ERROR(DDP_ERR_MEMORY, "DataLoader: out of memory");
+    text = malloc(h->meta_len + 1);
+    if (!text) status = DDP_ERROR(DDP_ERR_MEMORY, "DataLoader: out of memory");
     else {
-      if (h->meta_len) memcpy(m, src + meta_at, h->meta_len);
-      m[h->meta_len] = 0;
+      if (h->meta_len) memcpy(text, src + meta_at, h->meta_len);
+      text[h->meta_len] = 0;
     }
   }
+  if (!status && lent_bytes) ddp_memory_count_lent(lent_bytes);
+  if (!lend || made == 0) __atomic_store_n(busy_word(m), 0, __ATOMIC_RELEASE);
   if (status) {
-    for (int i = 0; i < made; i++) {
+    for (int i = 0; i < made; i++) { /* a lent slot's last one clears `busy` */
       ddp_tensor_release(tensors[i]);
       tensors[i] = NULL;
     }
     return status;
   }
   *ntensors = (int)n;
-  *meta = m;
+  *meta = text;
   *meta_len = h->meta_len;
   return DDP_OK;
 }
@@ -793,7 +976,9 @@ int ddp_io_workers_get(ddp_io_workers *p, int worker_id, int64_t tag, int64_t ba
     DDP_TRY(recv_header(p, worker_id, &h, &fd, deadline, timeout_s, batch));
     int status = DDP_OK;
     if (h.kind == KIND_BATCH && fd >= 0) status = map_slot(p, worker_id, &h, fd); /* even when dropped */
+    slot_map *m = h.kind == KIND_BATCH ? p->maps[worker_id * p->cap + (int)h.slot] : NULL;
     if (h.tag < tag && !status) { /* an abandoned epoch's result (Note [dataloader worker channels]) */
+      if (m) __atomic_store_n(busy_word(m), 0, __ATOMIC_RELEASE);
       close_fd(&fd);
       continue;
     }
@@ -804,11 +989,12 @@ int ddp_io_workers_get(ddp_io_workers *p, int worker_id, int64_t tag, int64_t ba
       status = read_error(worker_id, &h, fd, meta, meta_len);
       if (!status) *ntensors = -1;
     } else if (!status) {
-      slot_map *m = &p->maps[worker_id * p->nslots + (int)h.slot];
-      if (!m->ptr || h.size > m->size)
+      if (!m || h.size > m->size - SLOT_HEAD)
         status = DDP_ERROR(DDP_ERR_IO, "DataLoader: worker %d's batch %lld does not fit its slot %u", worker_id,
                            (long long)batch, h.slot);
-      else status = unpack_batch(worker_id, &h, m->ptr, tensors, cap, ntensors, meta, meta_len);
+      else
+        status = unpack_batch(worker_id, &h, m, lent_slots(p, worker_id) < LEND_MAX, tensors, cap,
+                              ntensors, meta, meta_len);
     }
     close_fd(&fd);
     return status;

@@ -224,6 +224,61 @@ describe("DataLoader workers", function()
     end
   end)
 
+  it("hands out batches over the workers' slots, and copies once the loop keeps more of them", function()
+    -- Note [lent slots]: a batch's tensors are made over its slot while a worker has fewer
+    -- than 2 slots lent; a loop that keeps every batch gets copies after that, and every
+    -- batch it kept keeps its values while the workers go on writing their slots
+    local function in_slot(x)
+      local at = tonumber(ffi.cast("uintptr_t", lib.C.ddp_tensor_data(x)))
+      for _, m in ipairs(shm_mappings()) do
+        local lo, hi = m.line:match("^(%x+)%-(%x+)")
+        if at >= tonumber(lo, 16) and at < tonumber(hi, 16) then return true end
+      end
+      return false
+    end
+    local ds = dataset(40)
+    local base = epochs_of(data.DataLoader(ds, { batch_size = 2, shuffle = true, generator = dl.Generator(3) }), 1)
+    local loader = data.DataLoader(ds, { batch_size = 2, shuffle = true, generator = dl.Generator(3), num_workers = 2 })
+    local kept, lent = {}, 0
+    for x, y in loader:iter() do
+      if in_slot(x) then lent = lent + 1 end
+      kept[#kept + 1] = { x, y }
+    end
+    assert.are.equal(4, lent) -- 2 per worker, then copies
+    local got = {}
+    for i, b in ipairs(kept) do
+      got[i] = table.concat(b[1]:view(-1):tolist(), ",") .. "|" .. table.concat(b[2]:tolist(), ",") .. "|" ..
+        b[1].dtype .. b[2].dtype
+    end
+    assert.are.same(base, got)
+    -- a batch over a slot is the loop's own: writing it changes no other batch
+    kept[1][1]:mul_(0)
+    assert.are.same(base[2], got[2])
+    loader:close()
+  end)
+
+  it("keeps a batch's slot for the loader when a worker forked later lets go of its copy", function()
+    -- loader B's worker inherits the batch held here and releases its copy; only this
+    -- process frees the slot, so loader A's worker does not write over the batch
+    local ds = dataset(40)
+    local a = data.DataLoader(ds, { batch_size = 2, num_workers = 1, prefetch_factor = 1, persistent_workers = true })
+    finally(function() a:close() end)
+    local it = a:iter()
+    local holder = {}
+    local function first() holder[1] = it() end -- the batch in holder only, no local
+    first()
+    local want = holder[1]:view(-1):tolist()
+    local b = data.DataLoader(dataset(4), { batch_size = 2, num_workers = 1, worker_init_fn = function()
+      holder[1] = nil
+      collectgarbage()
+      collectgarbage()
+    end })
+    for _ in b:iter() do end
+    b:close()
+    for _ = 1, 10 do assert(it()) end
+    assert.are.same(want, holder[1]:view(-1):tolist())
+  end)
+
   it("raises a mismatch of the samples' shapes in the training loop, as num_workers = 0 does", function()
     local Uneven = { name = "Uneven" }
     function Uneven.len() return 12 end
@@ -386,7 +441,8 @@ describe("DataLoader workers", function()
     local fds = open_fds()
     local ds = dataset(30)
     local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 3, persistent_workers = true })
-    for _ in loader:iter() do break end
+    local kept
+    for x in loader:iter() do kept = x break end
     assert.are.equal(3, #children())
     -- the batch slots this process maps: memfds without a name (deleted) and of mode 0600
     local slots = shm_mappings()
@@ -397,6 +453,12 @@ describe("DataLoader workers", function()
       if m.mode and m.mode:match("^%d+$") then assert.are.equal("600", m.mode, m.line) end
     end
     loader:close()
+    -- a batch is made over its slot (Note [lent slots]): it outlives its loader and workers,
+    -- and its slot goes with it
+    assert.are.same({ 0.5, -1, 1, -2 }, kept:view(-1):tolist())
+    kept = nil
+    collectgarbage()
+    collectgarbage()
     assert.are.same({}, shm_mappings()) -- unmapped
     local live, zombies = children()
     assert.are.same({}, live)

@@ -40,9 +40,19 @@ int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots);
 
 /* In the process that made them: close every channel (a worker sees the end of its tasks
  * and exits), wait up to 1 s for the workers to exit, SIGKILL those left and reap them all:
- * no process and no memory remain. In a worker (which inherited a copy): only close its
- * own channel and free. NULL is ignored. */
+ * no process remains; the batch slots go to the process's slot pool for the next group
+ * (Note [slot pool] in runtime/io/workers.c), or stay with the batches made over them
+ * (Note [lent slots]). In a worker (which inherited a copy): only close its own channel and
+ * free. NULL is ignored. */
 void ddp_io_workers_free(ddp_io_workers *p);
+
+/* Unmap the batch slots that finished worker groups left to the process's next ones (Note
+ * [slot pool] in runtime/io/workers.c: at most 64 slots and 512 MiB); returns their bytes.
+ * dl.empty_cache() calls it. Thread-safe. */
+uint64_t ddp_io_workers_empty_pool(void);
+
+/* Bytes of batch slots the slot pool keeps now (Note [slot pool]). Thread-safe. */
+uint64_t ddp_io_workers_pool_bytes(void);
 
 /* Fork worker `worker_id` (0 .. num_workers-1), which runs THIS program on: like fork(), it
  * returns twice. In the loader's process: DDP_OK with *is_child = 0. In the worker: DDP_OK
