@@ -95,6 +95,7 @@ typedef struct {
   int refs;       /* loader side (atomic): 1 for the group's table while this is the slot's
                      mapping, 1 per tensor over it; unmapped at 0. Worker side: 1 */
   int lent;       /* loader side (atomic): tensors over it now */
+  int poolable;   /* loader side: its group ended with every worker reaped (Note [slot pool]) */
   pid_t owner;    /* the process that mapped it: the only one that clears `busy` */
 } slot_map;
 
@@ -121,9 +122,10 @@ struct ddp_io_workers {
 static ddp_io_workers *all_groups;
 static pthread_mutex_t groups_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Note [slot pool]: the slots of a finished worker group (its workers reaped, no batch over
- * them) are kept by the loader's process for the next group, up to POOL_MAX slots and
- * POOL_BYTES, instead of being unmapped: a worker forked later inherits their mappings at
+/* Note [slot pool]: the slots of a finished worker group (its workers reaped) are kept by
+ * the loader's process for the next group once no batch is made over them (at the group's
+ * end, or when the last such tensor is released), up to POOL_MAX slots and POOL_BYTES,
+ * instead of being unmapped: a worker forked later inherits their mappings at
  * the same addresses, so they are handed to it in its table before the fork (no
  * descriptor travels) and their pages, already in memory, cost no fault filling them with
  * zeros again. A DataLoader without persistent_workers starts a group per epoch; with 2
@@ -242,9 +244,13 @@ static int worker_closed(ddp_io_workers *p, int w, int64_t batch) {
   return worker_gone(w, pid, why, batch);
 }
 
-/* Drop one reference to slot mapping m (NULL ignored); unmapped with the last. */
+static int pool_put(slot_map *m);
+
+/* Drop one reference to slot mapping m (NULL ignored); with the last, it goes to the slot
+ * pool when its workers are gone (Note [slot pool]), else it is unmapped. */
 static void slot_unref(slot_map *m) {
   if (!m || __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (m->poolable && getpid() == m->owner && pool_put(m)) return;
   munmap(m->ptr, m->size);
   free(m);
 }
@@ -324,20 +330,9 @@ void ddp_io_workers_free(ddp_io_workers *p) {
     }
   }
   int nmaps = p->self >= 0 ? p->cap : p->n * p->cap;
-  if (reaped) { /* Note [slot pool]: no worker can write them now */
-    pthread_mutex_lock(&groups_mu);
-    for (int i = 0; i < nmaps; i++) {
-      slot_map *m = p->maps[i];
-      if (!m || __atomic_load_n(&m->lent, __ATOMIC_ACQUIRE) > 0 || pool_count == POOL_MAX ||
-          pool_bytes + m->size > POOL_BYTES)
-        continue;
-      __atomic_store_n(busy_word(m), 0, __ATOMIC_RELEASE); /* a batch nobody read */
-      pool[pool_count++] = m;
-      pool_bytes += m->size;
-      p->maps[i] = NULL; /* the table's reference is the pool's now */
-    }
-    pthread_mutex_unlock(&groups_mu);
-  }
+  /* Note [slot pool]: no worker can write them now; those batches hold go when released */
+  for (int i = 0; i < nmaps && reaped; i++)
+    if (p->maps[i]) p->maps[i]->poolable = 1;
   for (int i = 0; i < nmaps; i++) drop_slot(&p->maps[i]);
   free(p->maps);
   free(p->fd);
@@ -345,10 +340,34 @@ void ddp_io_workers_free(ddp_io_workers *p) {
   free(p);
 }
 
+/* Put slot m (no reference left, its workers gone) in the pool: 1, or 0 when it is full. */
+static int pool_put(slot_map *m) {
+  pthread_mutex_lock(&groups_mu);
+  int room = pool_count < POOL_MAX && pool_bytes + m->size <= POOL_BYTES;
+  if (room) {
+    __atomic_store_n(busy_word(m), 0, __ATOMIC_RELEASE); /* a batch nobody read */
+    m->refs = 1; /* the pool's */
+    m->poolable = 0;
+    pool[pool_count++] = m;
+    pool_bytes += m->size;
+  }
+  pthread_mutex_unlock(&groups_mu);
+  return room;
+}
+
+/* Unmap a pooled slot (the pool's reference is its last). */
+static void unmap_pooled(slot_map *m) {
+  munmap(m->ptr, m->size);
+  free(m);
+}
+
 uint64_t ddp_io_workers_empty_pool(void) {
   pthread_mutex_lock(&groups_mu);
   uint64_t bytes = pool_bytes;
-  for (int i = 0; i < pool_count; i++) drop_slot(&pool[i]);
+  for (int i = 0; i < pool_count; i++) {
+    unmap_pooled(pool[i]);
+    pool[i] = NULL;
+  }
   pool_count = 0;
   pool_bytes = 0;
   pthread_mutex_unlock(&groups_mu);
@@ -363,10 +382,13 @@ uint64_t ddp_io_workers_pool_bytes(void) {
 }
 
 /* Hand pooled slots to worker w's table before it is forked (Note [slot pool]): its share
- * of what the pool holds (the workers not yet forked share the rest), at most cap. */
+ * of what the pool holds (the workers not yet forked share the rest), at most the
+ * prefetch_factor + LEND_MAX slots a worker uses in a steady epoch (each one handed over
+ * costs the worker its page tables, populate()). */
 static void take_pooled(ddp_io_workers *p, int w) {
   pthread_mutex_lock(&groups_mu);
   int share = (pool_count + (p->n - w) - 1) / (p->n - w);
+  if (share > p->nslots + LEND_MAX) share = p->nslots + LEND_MAX;
   for (int s = 0; s < p->cap && share > 0; s++) {
     slot_map **at = &p->maps[w * p->cap + s];
     if (*at) continue;
@@ -431,7 +453,10 @@ int ddp_io_workers_fork(ddp_io_workers *p, int worker_id, int *is_child) {
     }
     for (int s = 0; s < p->cap; s++) /* a pooled slot is not in this process's page tables */
       if (p->maps[s]) populate(p->maps[s]);
-    for (int i = 0; i < pool_count; i++) drop_slot(&pool[i]); /* no lock: one thread after fork */
+    for (int i = 0; i < pool_count; i++) { /* no lock: one thread after fork */
+      unmap_pooled(pool[i]);
+      pool[i] = NULL;
+    }
     pool_count = 0;
     pool_bytes = 0;
     for (ddp_io_workers *q = all_groups; q; q = q->next) /* no lock: one thread after fork */

@@ -277,6 +277,7 @@ describe("DataLoader workers", function()
     b:close()
     for _ = 1, 10 do assert(it()) end
     assert.are.same(want, holder[1]:view(-1):tolist())
+    holder[1] = nil -- busted keeps the spec's closures, and with them the batch and its slot
   end)
 
   it("raises a mismatch of the samples' shapes in the training loop, as num_workers = 0 does", function()
@@ -453,12 +454,17 @@ describe("DataLoader workers", function()
       if m.mode and m.mode:match("^%d+$") then assert.are.equal("600", m.mode, m.line) end
     end
     loader:close()
-    -- a batch is made over its slot (Note [lent slots]): it outlives its loader and workers,
-    -- and its slot goes with it
+    -- a batch is made over its slot (Note [lent slots]): it outlives its loader and workers;
+    -- then its slot joins the others in the pool kept for the next workers (Note [slot
+    -- pool]), which dl.empty_cache() unmaps
     assert.are.same({ 0.5, -1, 1, -2 }, kept:view(-1):tolist())
+    local pooled = dl.memory_stats().dataloader_slots
     kept = nil
     collectgarbage()
     collectgarbage()
+    assert(dl.memory_stats().dataloader_slots > pooled, "the batch's slot was not pooled when released")
+    dl.empty_cache()
+    assert.are.equal(0, dl.memory_stats().dataloader_slots)
     assert.are.same({}, shm_mappings()) -- unmapped
     local live, zombies = children()
     assert.are.same({}, live)
