@@ -25,9 +25,10 @@
 --    once, then makes the batches it is sent: ds:get for each sample, the collation
 --    (default or collate_fn), and writes the tensors' bytes into one of its shared-memory
 --    slots (memfds mapped in both processes: Note [dataloader worker channels],
---    ddplua/io_workers.h, and Note [worker slots], runtime/io/workers.c), from which the
---    training process copies them into new tensors in C: no Lua runs per sample on the
---    training side.
+--    ddplua/io_workers.h, and Note [worker slots], runtime/io/workers.c); the default
+--    collation stacks the samples straight into the slot (Note [stacking in the slot]) and
+--    the training process makes the batch's tensors over the slot (Note [lent slots]): no
+--    Lua runs per sample on the training side.
 --  * A worker must not use CUDA: a forked process cannot use its parent's CUDA context
 --    (as with PyTorch's fork start method). Batches come back as CPU tensors; pin_memory
 --    pins them in the training process.

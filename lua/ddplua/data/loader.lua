@@ -534,7 +534,7 @@ local function worker_iter(self, order)
     local _ = order -- the indices live in order's storage
     local out, n = take_batch(self, group, ep, got % nw, tag, got)
     got = got + 1
-    if sent < nb then send_next() end -- after the copy: the worker may reuse the slot
+    if sent < nb then send_next() end -- the slot is the batch's (Note [lent slots])
     if self.pin_memory then pin_all(out, n) end
     return unpack(out, 1, n)
   end

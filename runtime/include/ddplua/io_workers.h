@@ -13,12 +13,13 @@
  *    indices. The loader sends worker w the batches b with b % num_workers == w, in
  *    increasing b, at most prefetch_factor ahead; a worker does its tasks in order.
  *  - Results (worker -> loader): a header {tag, batch, kind, sizes, slot} on the socket;
- *    a batch's payload lies in one of the worker's prefetch_factor slots, memfds mapped in
- *    both processes and reused batch after batch (Note [worker slots] in workers.c): tensor
- *    descriptors, the batch's structure (opaque bytes from Lua: `meta`), then each
- *    tensor's bytes, 64-byte aligned. A slot that grows comes as a new memfd with the
- *    header (SCM_RIGHTS). The loader checks every descriptor against the payload's size
- *    and copies each tensor's bytes into a new tensor (one memcpy per tensor, in C). An
+ *    a batch's payload lies in one of the worker's slots, memfds mapped in both processes
+ *    and reused batch after batch (Note [worker slots] in workers.c): after the slot's
+ *    control word, tensor descriptors, the batch's structure (opaque bytes from Lua:
+ *    `meta`), then each tensor's bytes, 64-byte aligned. A slot that grows comes as a new
+ *    memfd with the header (SCM_RIGHTS). The loader checks every descriptor against the
+ *    payload's size and makes each tensor over the slot's bytes (Note [lent slots]), or
+ *    copies them when the loop already holds the worker's LEND_MAX slots. An
  *    error's text comes in a memfd of its own. A memfd is mode 0600, has no name in any
  *    file system (nothing under /dev/shm, nothing to unlink, nothing left behind by a
  *    crash) and is reachable only through the descriptors the two processes hold.
@@ -82,7 +83,8 @@ int ddp_io_workers_put(ddp_io_workers *p, int worker_id, int64_t tag, int64_t ba
  * its results of older tags. timeout_s > 0 bounds the wait (DDP_ERR_TIMEOUT: "DataLoader
  * timed out after N seconds waiting for batch B from worker W (pid P)"); <= 0 waits as long
  * as the workers live. A batch: DDP_OK, tensors[0 .. *ntensors-1] new CPU tensors (cap
- * entries at most), *meta (may be empty) a new NUL-terminated copy of the worker's
+ * entries at most; made over the worker's slot, which they keep until released, or copies:
+ * Note [lent slots] in runtime/io/workers.c), *meta (may be empty) a new NUL-terminated copy of the worker's
  * structure bytes, *meta_len its length; free *meta with ddp_io_string_free. A worker's
  * error: DDP_OK with *ntensors = -1 and *meta its message (the Lua side raises it).
  * Errors: DDP_ERR_PEER when any worker ended ("DataLoader worker 1 (pid 1234) exited
