@@ -108,7 +108,14 @@ describe("failures across namespace nodes #dist #faults", function()
     assert.matches("%[rank [23]%]: ddplua: stall report %(rank [23], group 'pg'%): all_reduce #%d+ called at", n1)
     assert.matches("%[rank [23]%]:   the position of rank [01] is unknown: this rank cannot reach the store: "
       .. "[^\n]*10%.213%.0%.1:29500", n1)
-    assert.matches("timed out on rank [01] after 20 s", n0)
+    -- the group's first failure, as each node's ranks report it: a timeout. On node0 it may
+    -- instead be a node0 rank that saw its node0 peer close its connections as that peer
+    -- gave up, when that was seen before the peer stored its reason (Note [group abort]:
+    -- the first writer wins); seen once in CI under load, not reproduced since. Either names
+    -- a rank and ends the job; which of the two comes first is scheduling.
+    local first0 = n0:match("timed out on rank [01] after 20 s") or
+      n0:match("all_reduce failed on rank [01]: peer rank [01] disconnected")
+    assert(first0, "node0 names neither a timeout nor a disconnected peer:\n" .. n0)
     assert.matches("timed out on rank [23] after 20 s", n1)
   end)
 
