@@ -55,7 +55,11 @@ describe("tensor handle lifetime", function()
     end
     assert.equal(20 * 8, acc)
     collectgarbage("collect")
-    assert.equal(base, live())
+    -- nothing of the loop's 20,000 temporaries is left (each step's are 3 tensors of 32
+    -- bytes and their graph). At most base: in CI this file shares its process with the
+    -- earlier spec files, whose leftovers may be freed meanwhile (once 816 bytes below base)
+    local now = live()
+    assert(now <= base, ("%d bytes live after the loop, %d before"):format(now, base))
   end)
 
   it("keeps a tensor alive while a gradient or a graph refers to it", function()
