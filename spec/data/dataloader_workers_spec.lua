@@ -439,6 +439,16 @@ describe("DataLoader workers", function()
   end)
 
   it("leaves no process, zombie, descriptor or shared memory behind after close or collection", function()
+    -- batches of other specs (this busted process runs many files) that something still
+    -- holds keep their slots mapped (Note [lent slots]): this loader's are the ones to go
+    local function mapped_lines()
+      local lines = {}
+      for _, m in ipairs(shm_mappings()) do lines[#lines + 1] = m.line end
+      table.sort(lines)
+      return lines
+    end
+    dl.empty_cache()
+    local earlier = mapped_lines()
     local fds = open_fds()
     local ds = dataset(30)
     local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 3, persistent_workers = true })
@@ -447,7 +457,7 @@ describe("DataLoader workers", function()
     assert.are.equal(3, #children())
     -- the batch slots this process maps: memfds without a name (deleted) and of mode 0600
     local slots = shm_mappings()
-    assert.is_true(#slots >= 1)
+    assert.is_true(#slots > #earlier)
     for _, m in ipairs(slots) do
       assert.matches("(deleted)", m.line, 1, true)
       -- (map_files needs CAP_SYS_ADMIN: without it stat fails and the mode goes unchecked)
@@ -465,7 +475,7 @@ describe("DataLoader workers", function()
     assert(dl.memory_stats().dataloader_slots > pooled, "the batch's slot was not pooled when released")
     dl.empty_cache()
     assert.are.equal(0, dl.memory_stats().dataloader_slots)
-    assert.are.same({}, shm_mappings()) -- unmapped
+    assert.are.same(earlier, mapped_lines()) -- this loader's slots are unmapped
     local live, zombies = children()
     assert.are.same({}, live)
     assert.are.same({}, zombies)

@@ -377,11 +377,9 @@ end
 -- counting from 1, for messages): ds:get for each, collated by the default or by
 -- collate_fn. where.sample (when where is given) holds the ds:get index in progress.
 -- Returns the batch's values and their count. Runs in the training process
--- (num_workers = 0) or in a worker.
--- make_batch(self, idx, count, b, where, in_worker): batch b's values and their count from
--- the 0-based sample indices idx[0 .. count-1]. In a worker (in_worker true) a part of
--- tensors under the default collation is checked and left for the worker to stack into its
--- slot (Note [stacking in the slot], runtime/io/workers.c).
+-- (num_workers = 0) or in a worker (in_worker true), where a part of tensors under the
+-- default collation is checked and left for the worker to stack into its slot (Note
+-- [stacking in the slot], runtime/io/workers.c).
 local function make_batch(self, idx, count, b, where, in_worker)
   local ds = self.dataset
   local collate_fn = self.collate_fn
