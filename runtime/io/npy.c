@@ -193,10 +193,16 @@ int ddp_npy_decode(ddp_tensor **out, const void *data, size_t size, const char *
   int64_t shape[DDP_MAX_DIMS];
   int ndim = 0;
   DDP_TRY(parse_shape(shape, &ndim, sv, hend, name));
-  uint64_t numel = 1;
+  /* the product with each size 0 counted as 1 bounds the element count and the strides a
+   * tensor of this shape has (ddp_shape_check refuses one past 64 bits): checked here so
+   * that the error names the file (a size 0 once hid the sizes after it, fuzz/npy.c) */
+  uint64_t numel = 1, span = 1;
   for (int d = 0; d < ndim; d++) {
-    if (shape[d] != 0 && numel > NPY_MAX_BYTES / (uint64_t)shape[d])
-      DDP_FAIL(DDP_ERR_IO, "read_npy: %s: the shape's product is too large", name);
+    uint64_t s = shape[d] ? (uint64_t)shape[d] : 1;
+    if (span > NPY_MAX_BYTES / s)
+      DDP_FAIL(DDP_ERR_IO, "read_npy: %s: the shape's product is too large%s", name,
+               numel == 0 || shape[d] == 0 ? " (counting each size 0 as 1)" : "");
+    span *= s;
     numel *= (uint64_t)shape[d];
   }
   if (numel * (uint64_t)t.itemsize > NPY_MAX_BYTES)

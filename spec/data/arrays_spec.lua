@@ -117,6 +117,12 @@ print(json.dumps(out))
     local hdr = "{'descr': '<f4', 'fortran_order': False, 'shape':"
     local cut = write_bytes(tmpdir .. "/cut.npy", "\147NUMPY\1\0" .. string.char(#hdr, 0) .. hdr)
     assert.error_matches(function() data.read_npy(cut) end, "cut.npy: the header lacks 'shape'")
+    -- a size 0 hid the sizes after it: their product (a 0 counted as 1, as a tensor's
+    -- strides do) passed 64 bits and the tensor's error did not name the file (fuzz/npy.c)
+    hdr = "{'descr': '|u1', 'fortran_order': True, 'shape': (7000000000, 0, 32438427, 54, 3), }"
+    local wide = write_bytes(tmpdir .. "/wide.npy", "\147NUMPY\1\0" .. string.char(#hdr, 0) .. hdr)
+    assert.error_matches(function() data.read_npy(wide) end,
+      "wide.npy: the shape's product is too large %(counting each size 0 as 1%)")
     write_bytes(tmpdir .. "/bad.npz", "PK\3\4 not really a zip")
     assert.error_matches(function() data.read_npz(tmpdir .. "/bad.npz") end, "bad.npz is not a readable zip archive")
     assert.error_matches(function() data.read_npz(tmpdir .. "/missing.npz") end, "cannot open .*missing.npz")
