@@ -112,11 +112,16 @@ describe("distributed REPL", function()
   end)
 
   local it_tty = pty.available() and it or pending
-  it_tty("answers a collective once for all ranks and stops both ranks on Ctrl-C", function()
+  -- The distributed REPL on 2 ranks in a terminal, at its first prompt; closed after the spec.
+  local function start_two_ranks()
     local term = pty.start(exe .. " --nproc_per_node=2 --standalone -i")
     finally(function() term:close() end)
     term:wait_for("Ctrl-D exits.", 120)
     term:wait_prompt(nil, 120)
+    return term
+  end
+  it_tty("answers a collective once for all ranks and stops both ranks on Ctrl-C", function()
+    local term = start_two_ranks()
     local out = term:enter("dist.all_reduce(dl.ones{2})", 60)
     assert.equal(1, select(2, out:gsub("%[all ranks%] tensor%(%[2%.0000, 2%.0000%]%)", "")))
     term:send("while true do end", "Enter")
@@ -142,10 +147,7 @@ describe("distributed REPL", function()
   -- while a collective waited, and its in-place redraws erased the prompt and the answers
   -- around them (under load "[all ranks] 2" came out as "ranks] 2").
   it_tty("keeps the launcher's live view off the prompt's terminal", function()
-    local term = pty.start(exe .. " --nproc_per_node=2 --standalone -i")
-    finally(function() term:close() end)
-    term:wait_for("Ctrl-D exits.", 120)
-    term:wait_prompt(nil, 120)
+    local term = start_two_ranks()
     -- rank 0 waits 2 s in a barrier for rank 1: long enough for the view's 0.5 s ticks
     local out = term:enter("if dist.get_rank() == 1 then os.execute('sleep 2') end dist.barrier() print('after')", 60)
     assert.matches("[all ranks] after", out, 1, true)
@@ -159,10 +161,7 @@ describe("distributed REPL", function()
   -- Note [REPL group abort] (lua/ddplua/repl/ranks.lua): Ctrl-C used to leave a rank blocked
   -- in a collective for the group's 300 s timeout.
   it_tty("Ctrl-C ends a collective blocked on a peer within a second, and the next line makes the group again", function()
-    local term = pty.start(exe .. " --nproc_per_node=2 --standalone -i")
-    finally(function() term:close() end)
-    term:wait_for("Ctrl-D exits.", 120)
-    term:wait_prompt(nil, 120)
+    local term = start_two_ranks()
     -- rank 0 waits in an all_reduce that rank 1 (busy in a loop) never calls
     local line = "if dist.get_rank() == 0 then dist.all_reduce(dl.ones{2}) else while true do end end"
     local before = #term:screen()
