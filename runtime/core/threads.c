@@ -190,7 +190,11 @@ int ddp_set_num_threads(int n) {
   if (n > MAX_THREADS) n = MAX_THREADS;
   pthread_mutex_lock(&pool_lock);
   num_threads = n;
-  openblas_set_num_threads(1); /* Note [pool and OpenBLAS threads] */
+  /* Note [pool and OpenBLAS threads]. Only when it is not at 1 already: in a forked child
+   * (a DataLoader worker) OpenBLAS's set_num_threads first restarts the thread pool its
+   * fork handler stopped, whatever the count, and that new thread spun ~0.1 s on a core
+   * (THREAD_TIMEOUT) in every worker of every epoch; its count (1) is inherited. */
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   pthread_mutex_unlock(&pool_lock);
   return DDP_OK;
 }
