@@ -82,7 +82,46 @@ static void *map_block(size_t size) {
 static void unmap_block(void *p, size_t size) { munmap(p, size); }
 #endif
 
-static void cache_child_after_fork(void) { pthread_mutex_init(&cache_lock, NULL); }
+/* Note [cache across fork]: the cached ranges are free memory, of no use to a child; left
+ * as they are, fork copies their page tables and write-protects their pages on both sides,
+ * so the child's first write to each cached page (its allocator hands them out again) copies
+ * it and the parent's first write to each faults. A DataLoader worker forked after epochs of
+ * num_workers = 0 spent 3% of its time so (the largest part of its system time). So while
+ * fork runs, the cached ranges are MADV_DONTFORK: the child has no mapping there and starts
+ * with an empty cache; the parent's ranges are MADV_DOFORK again once fork returns (a block
+ * handed to a tensor later must be in the next child). cache_lock is held from before fork
+ * until after, so no thread takes a range meanwhile. A range whose DONTFORK failed is still
+ * in the child, unused there (the child's cache is empty); a range whose DOFORK failed must
+ * never hold a tensor: its pages are given back and it leaves the cache (its address space
+ * stays reserved). Only with CARVE (mapped blocks; under ASan they are malloc's). */
+static void cache_remove(int i);
+
+static void cache_before_fork(void) {
+  pthread_mutex_lock(&cache_lock);
+#if CARVE
+  for (int i = 0; i < cache_count; i++) (void)madvise(cache[i].p, cache[i].size, MADV_DONTFORK);
+#endif
+}
+
+static void cache_parent_after_fork(void) {
+#if CARVE
+  for (int i = 0; i < cache_count; i++) {
+    if (madvise(cache[i].p, cache[i].size, MADV_DOFORK) == 0) continue;
+    (void)madvise(cache[i].p, cache[i].size, MADV_DONTNEED);
+    cache_remove(i--);
+  }
+#endif
+  pthread_mutex_unlock(&cache_lock);
+}
+
+static void cache_child_after_fork(void) {
+#if CARVE
+  cache_count = 0; /* not mapped here (Note [cache across fork]) */
+  cache_bytes = 0;
+  for (int r = 0; r < RECENT; r++) recent[r].size = 0;
+#endif
+  pthread_mutex_init(&cache_lock, NULL);
+}
 
 /* Under cache_lock. */
 static void cache_init(void) {
@@ -90,7 +129,7 @@ static void cache_init(void) {
   const char *env = getenv("DDPLUA_CPU_CACHE_MB");
   long mb = env && *env ? atol(env) : 1024;
   cache_cap = mb > 0 ? (size_t)mb << 20 : 0;
-  pthread_atfork(NULL, NULL, cache_child_after_fork);
+  pthread_atfork(cache_before_fork, cache_parent_after_fork, cache_child_after_fork);
   cache_ready = 1;
 }
 

@@ -455,6 +455,47 @@ describe("DataLoader workers", function()
     assert.are.equal(2, batches)
   end)
 
+  it("forks workers without the allocator's cached blocks, and with the blocks handed out since", function()
+    -- Note [cache across fork] (runtime/core/alloc.c)
+    local MARK = 7.25
+    local block = dl.full({ 1024, 1024 }, MARK) -- 4 MiB: a mapped block, cached once freed
+    local addr = tonumber(ffi.cast("uintptr_t", lib.C.ddp_tensor_data(block)))
+    block = nil
+    collectgarbage()
+    assert.is_true(dl.memory_stats().cached >= 4 * 1024 * 1024)
+    -- in a worker: 1 when the cached block is there as this process left it
+    local function inherited()
+      local f = assert(io.open("/proc/" .. ffi.C.getpid() .. "/maps"))
+      local mapped = false
+      for line in f:lines() do
+        local lo, hi = line:match("^(%x+)%-(%x+)")
+        if tonumber(lo, 16) <= addr and addr < tonumber(hi, 16) then mapped = true end
+      end
+      f:close()
+      return mapped and ffi.cast("float *", addr)[0] == MARK and 1 or 0
+    end
+    local kept
+    local ds = dataset(4, { extra = function()
+      return dl.tensor({ inherited(), kept and kept:sum():item() or -1 })
+    end })
+    local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 2 })
+    local batches = 0
+    for _, _, e in loader:iter() do
+      assert.are.same({ { 0, -1 }, { 0, -1 } }, e:tolist())
+      batches = batches + 1
+    end
+    assert.are.equal(2, batches)
+    -- the same block, now a tensor's (after the fork that left it out): the next epoch's
+    -- workers have it
+    kept = dl.full({ 1024, 1024 }, 2)
+    assert.are.equal(addr, tonumber(ffi.cast("uintptr_t", lib.C.ddp_tensor_data(kept))))
+    for _, _, e in loader:iter() do
+      assert.are.same({ { 0, 2 * 1024 * 1024 }, { 0, 2 * 1024 * 1024 } }, e:tolist())
+      batches = batches + 1
+    end
+    assert.are.equal(4, batches)
+  end)
+
   it("leaves no process, zombie, descriptor or shared memory behind after close or collection", function()
     -- batches of other specs (this busted process runs many files) that something still
     -- holds keep their slots mapped (Note [lent slots]): this loader's are the ones to go
