@@ -521,6 +521,7 @@ describe("ddplua.distributed collectives #dist", function()
       local me = rank - 1
       -- this rank's own failure, or the other survivor's when it aborted the group first
       -- (Note [group abort] in runtime/comm/pg.c): either names the dead rank
+      assert(e.dead, "rank " .. me .. " reported no error for the all_reduces:\n" .. mp.describe(raw))
       assert.matches("all_reduce failed on rank %d: peer rank 2 disconnected", e.dead)
       assert.matches("all_reduce[^\n]* on rank " .. me .. ":", e.dead)
       assert(ranks[rank].out.elapsed[1] <= 10, "the survivor took " .. ranks[rank].out.elapsed[1] .. " s")
