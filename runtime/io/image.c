@@ -59,6 +59,17 @@ static int finish(ddp_tensor **out, const uint8_t *px, int64_t h, int64_t w, int
   DDP_TRY(ddp_tensor_empty(&t, 3, shape, DDP_U8, DDP_DEVICE_CPU));
   uint8_t *o = (uint8_t *)ddp_data(t);
   int64_t n = h * w;
+  if (in_c == 3 && oc == 3 && layout != DDP_IMAGE_HWC) { /* RGB to planes: the usual case */
+    uint8_t *restrict r = o, *restrict g = o + n, *restrict b = o + 2 * n;
+    const uint8_t *restrict s = px;
+    for (int64_t p = 0; p < n; p++) {
+      r[p] = s[3 * p];
+      g[p] = s[3 * p + 1];
+      b[p] = s[3 * p + 2];
+    }
+    *out = t;
+    return DDP_OK;
+  }
   /* element (pixel p, channel c) of the output */
   int64_t ps = layout == DDP_IMAGE_HWC ? oc : 1, cs = layout == DDP_IMAGE_HWC ? 1 : n;
   for (int64_t p = 0; p < n; p++) {
