@@ -90,6 +90,10 @@ local function collect_if_needed()
   end
 end
 M.collect_if_needed = collect_if_needed
+--- collect(): a full collection now; every tensor no handle reaches is released when it
+-- returns (Note [handle registry]). For the library (before a fork, Note [dataloader
+-- workers]); a script never needs it.
+M.collect = collect
 
 -- Note [step lifetimes] (DESIGN.md "Tensors": tensor lifetimes are not the script's
 -- business). A tensor the script can no longer reach is held by its handle until a

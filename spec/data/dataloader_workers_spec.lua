@@ -90,6 +90,22 @@ local function dataset(n, fields)
   return object.new(Dataset, state)
 end
 
+-- The address of tensor t's first element, as a number.
+local function address(t) return tonumber(ffi.cast("uintptr_t", lib.C.ddp_tensor_data(t))) end
+
+-- In a worker: 1 when the f32 at `addr` is mapped there and reads `mark` (a block of this
+-- process's, as it left it), else 0.
+local function inherited(addr, mark)
+  local f = assert(io.open("/proc/" .. ffi.C.getpid() .. "/maps"))
+  local mapped = false
+  for line in f:lines() do
+    local lo, hi = line:match("^(%x+)%-(%x+)")
+    if tonumber(lo, 16) <= addr and addr < tonumber(hi, 16) then mapped = true end
+  end
+  f:close()
+  return mapped and ffi.cast("float *", addr)[0] == mark and 1 or 0
+end
+
 -- Every batch of `epochs` epochs as a list of strings (values and dtypes), bit-exact.
 local function epochs_of(loader, epochs)
   local out = {}
@@ -459,24 +475,13 @@ describe("DataLoader workers", function()
     -- Note [cache across fork] (runtime/core/alloc.c)
     local MARK = 7.25
     local block = dl.full({ 1024, 1024 }, MARK) -- 4 MiB: a mapped block, cached once freed
-    local addr = tonumber(ffi.cast("uintptr_t", lib.C.ddp_tensor_data(block)))
+    local addr = address(block)
     block = nil
     collectgarbage()
     assert.is_true(dl.memory_stats().cached >= 4 * 1024 * 1024)
-    -- in a worker: 1 when the cached block is there as this process left it
-    local function inherited()
-      local f = assert(io.open("/proc/" .. ffi.C.getpid() .. "/maps"))
-      local mapped = false
-      for line in f:lines() do
-        local lo, hi = line:match("^(%x+)%-(%x+)")
-        if tonumber(lo, 16) <= addr and addr < tonumber(hi, 16) then mapped = true end
-      end
-      f:close()
-      return mapped and ffi.cast("float *", addr)[0] == MARK and 1 or 0
-    end
     local kept
     local ds = dataset(4, { extra = function()
-      return dl.tensor({ inherited(), kept and kept:sum():item() or -1 })
+      return dl.tensor({ inherited(addr, MARK), kept and kept:sum():item() or -1 })
     end })
     local loader = data.DataLoader(ds, { batch_size = 2, num_workers = 2 })
     local batches = 0
@@ -488,12 +493,28 @@ describe("DataLoader workers", function()
     -- the same block, now a tensor's (after the fork that left it out): the next epoch's
     -- workers have it
     kept = dl.full({ 1024, 1024 }, 2)
-    assert.are.equal(addr, tonumber(ffi.cast("uintptr_t", lib.C.ddp_tensor_data(kept))))
+    assert.are.equal(addr, address(kept))
     for _, _, e in loader:iter() do
       assert.are.same({ { 0, 2 * 1024 * 1024 }, { 0, 2 * 1024 * 1024 } }, e:tolist())
       batches = batches + 1
     end
     assert.are.equal(4, batches)
+  end)
+
+  it("collects before it forks its workers: a tensor dropped just before is not in them", function()
+    -- lua/ddplua/data/dataloader_workers.lua start(): left to a worker's collector, the
+    -- worker reused the block and copied each page it wrote from this process
+    local MARK = 5.5
+    local dropped = dl.full({ 1024, 1024 }, MARK)
+    local addr = address(dropped)
+    dropped = nil -- garbage now, not collected yet
+    local ds = dataset(4, { extra = function() return dl.tensor({ inherited(addr, MARK) }) end })
+    local batches = 0
+    for _, _, e in data.DataLoader(ds, { batch_size = 2, num_workers = 2 }):iter() do
+      assert.are.same({ { 0 }, { 0 } }, e:tolist())
+      batches = batches + 1
+    end
+    assert.are.equal(2, batches)
   end)
 
   it("leaves no process, zombie, descriptor or shared memory behind after close or collection", function()
