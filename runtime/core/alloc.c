@@ -454,10 +454,6 @@ void ddp_free_block_counted(void *p, size_t nbytes) {
   __atomic_sub_fetch(&live_bytes, (int64_t)nbytes, __ATOMIC_RELAXED);
 }
 
-void ddp_memory_count_lent(int64_t nbytes) {
-  __atomic_add_fetch(&allocated_bytes, nbytes, __ATOMIC_RELAXED);
-}
-
 int64_t ddp_memory_live_bytes(void) { return __atomic_load_n(&live_bytes, __ATOMIC_RELAXED); }
 int64_t ddp_memory_allocated_bytes(void) {
   return __atomic_load_n(&allocated_bytes, __ATOMIC_RELAXED);

@@ -72,11 +72,6 @@ void *ddp_block_alloc(size_t nbytes);
 void ddp_block_free(void *p);
 void *ddp_alloc_block_counted(size_t nbytes);
 void ddp_free_block_counted(void *p, size_t nbytes);
-/* Count nbytes of memory that tensors now hold without the allocator having made it (a
- * DataLoader worker's batch slot lent to the batch's tensors, Note [lent slots] in
- * runtime/io/workers.c) in ddp_memory_allocated_bytes, so that Note [step lifetimes]
- * (lua/ddplua/lib.lua) collects dead batches as it would copies of them. */
-void ddp_memory_count_lent(int64_t nbytes);
 
 /* ---- storage and tensor ------------------------------------------------------------- */
 

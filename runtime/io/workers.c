@@ -86,9 +86,11 @@ typedef struct {
  * loader's mapping of a slot is counted (its table, and each tensor over it), so a tensor
  * stays valid after its loader and workers are gone. Only the process that mapped it
  * clears `busy`: a worker forked later inherits the tensors, and its copies' releases must
- * not free a slot the loader still reads. Lent bytes count as allocated for Note [step
- * lifetimes] (ddp_memory_count_lent), so that dead batches are collected as their copies
- * would be. */
+ * not free a slot the loader still reads. The Lua loader collects before it takes a batch
+ * from a worker whose LEND_MAX slots are lent (ddp_io_workers_lend_full), so a loop that
+ * drops its batches gets them all lent and collects about once in num_workers + 1 batches.
+ * (Counting lent bytes as allocated for Note [step lifetimes] did it with a collection per
+ * batch of an ImageFolder epoch, 19 MB each: ~7% of a core beside two workers.) */
 typedef struct {
   char *ptr;      /* the mapping */
   uint64_t size;  /* its bytes */
@@ -891,13 +893,17 @@ static int lent_slots(ddp_io_workers *p, int w) {
   return k;
 }
 
+int ddp_io_workers_lend_full(const ddp_io_workers *p, int worker_id) {
+  if (!p || p->self >= 0 || worker_id < 0 || worker_id >= p->n) return 0;
+  return lent_slots((ddp_io_workers *)p, worker_id) >= LEND_MAX;
+}
+
 /* Loader side: the tensors and structure of the batch in slot m (h->size bytes of payload):
  * tensors over the slot when `lend` (Note [lent slots]), else copies. Clears the slot's
  * `busy` unless a tensor holds it. */
 static int unpack_batch(int w, const msg_header *h, slot_map *m, int lend, ddp_tensor **tensors,
                         int cap, int *ntensors, char **meta, size_t *meta_len) {
   const char *src = m->ptr + SLOT_HEAD;
-  int64_t lent_bytes = 0;
   uint64_t n = h->ntensors;
   if (n > (uint64_t)cap || n > MAX_TENSORS)
     DDP_FAIL(DDP_ERR_IO, "DataLoader: worker %d sent %llu tensors for batch %lld, room for %d",
@@ -935,7 +941,6 @@ static int unpack_batch(int w, const msg_header *h, slot_map *m, int lend, ddp_t
       status = ddp_tensor_from_blob(&t, (char *)src + d.offset, d.ndim, d.shape, NULL, d.dtype,
                                     slot_return, m);
       if (status) slot_return(NULL, m);
-      else lent_bytes += (int64_t)d.nbytes;
     } else {
       status = ddp_tensor_empty(&t, d.ndim, d.shape, d.dtype, DDP_DEVICE_CPU);
       if (!status && d.nbytes) memcpy(ddp_data(t), src + d.offset, d.nbytes);
@@ -952,7 +957,6 @@ static int unpack_batch(int w, const msg_header *h, slot_map *m, int lend, ddp_t
       text[h->meta_len] = 0;
     }
   }
-  if (!status && lent_bytes) ddp_memory_count_lent(lent_bytes);
   if (!lend || made == 0) __atomic_store_n(busy_word(m), 0, __ATOMIC_RELEASE);
   if (status) {
     for (int i = 0; i < made; i++) { /* a lent slot's last one clears `busy` */

@@ -284,6 +284,42 @@ describe("DataLoader workers", function()
     loader:close()
   end)
 
+  it("collects for a worker's lent slots only when they are all lent, not for every large batch", function()
+    -- Note [lent slots]: 12 batches of 12 MB, each past Note [step lifetimes]' 8 MiB (which
+    -- collected for every batch when lent bytes counted as allocated); a loop that drops
+    -- them gets each one lent and collects when a worker has LEND_MAX (2) of them out. In a
+    -- fresh process: this one's Lua heap (8 heaps per collection) would hide the count.
+    local out = files.run_fresh("lent-collect", [=[
+      local dl = require "ddplua"
+      local data = require "ddplua.data"
+      local object = require "ddplua.data.object"
+      local profiler = require "ddplua.profiler"
+      local Big = { name = "BigSamples" }
+      function Big.len() return 36 end
+      function Big.get(_, i) return dl.full({ 1024, 1024 }, i) end
+      local loader = data.DataLoader(object.new(Big, {}), { batch_size = 3, num_workers = 2 })
+      local prof = profiler.profile {}
+      prof:start()
+      local batches, wrong = 0, 0
+      for x in loader:iter() do
+        batches = batches + 1
+        if x:select(1, 2):max():item() ~= 3 * batches - 1 then wrong = wrong + 1 end
+      end
+      prof:stop()
+      local collections = 0
+      for _, e in ipairs(prof:events()) do
+        if e.name == "ddplua: collect garbage" then collections = collections + 1 end
+      end
+      print(("batches %d wrong %d collections %d"):format(batches, wrong, collections))
+    ]=])
+    local batches, wrong, collections = out:match("batches (%d+) wrong (%d+) collections (%d+)")
+    assert(batches, out)
+    assert.are.equal(12, tonumber(batches))
+    assert.are.equal(0, tonumber(wrong))
+    assert.is_true(tonumber(collections) >= 1, "no collection: the lent slots were never released")
+    assert.is_true(tonumber(collections) <= 6, collections .. " collections for 12 batches")
+  end)
+
   it("keeps a batch's slot for the loader when a worker forked later lets go of its copy", function()
     -- loader B's worker inherits the batch held here and releases its copy; only this
     -- process frees the slot, so loader A's worker does not write over the batch

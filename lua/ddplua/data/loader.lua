@@ -488,6 +488,9 @@ end
 -- Worker `w`'s result for batch b of epoch `tag`: its values and count, or nil at the end of
 -- its stream; raises the worker's error or the channel's.
 local function take_batch(self, group, ep, w, tag, b)
+  -- Note [lent slots] (runtime/io/workers.c): the batches the loop dropped hold worker w's
+  -- slots until a collection finds them; without one its batch would be copied out
+  if C.ddp_io_workers_lend_full(group.handle, w) ~= 0 then lib.collect() end
   local st = C.ddp_io_workers_get(group.handle, w, tag, b, self.timeout, tensor_buf, 256, ntensors_box,
     meta_box, meta_len_box)
   if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end

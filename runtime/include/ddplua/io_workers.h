@@ -71,6 +71,11 @@ int ddp_io_workers_pid(const ddp_io_workers *p, int worker_id);
 /* Number of workers of the group. */
 int ddp_io_workers_count(const ddp_io_workers *p);
 
+/* In the loader's process: 1 when batches hold as many of worker `worker_id`'s slots as may
+ * be lent at once (Note [lent slots]): its next batch is copied out of its slot unless a
+ * collection releases one of them first; 0 otherwise, and for a bad id or a NULL group. */
+int ddp_io_workers_lend_full(const ddp_io_workers *p, int worker_id);
+
 /* In the loader's process: send worker `worker_id` the task (tag, batch, the `count`
  * 0-based sample indices); at most `slots` tasks ahead of the batches taken from that
  * worker with ddp_io_workers_get (Note [worker slots]). Waits as long as the worker lives
