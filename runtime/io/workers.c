@@ -884,7 +884,7 @@ static int map_slot(ddp_io_workers *p, int w, const msg_header *h, int fd) {
 }
 
 /* Loader side: how many of worker w's slots batches hold now (Note [lent slots]). */
-static int lent_slots(ddp_io_workers *p, int w) {
+static int lent_slots(const ddp_io_workers *p, int w) {
   int k = 0;
   for (int s = 0; s < p->cap; s++) {
     slot_map *m = p->maps[w * p->cap + s];
@@ -895,7 +895,7 @@ static int lent_slots(ddp_io_workers *p, int w) {
 
 int ddp_io_workers_lend_full(const ddp_io_workers *p, int worker_id) {
   if (!p || p->self >= 0 || worker_id < 0 || worker_id >= p->n) return 0;
-  return lent_slots((ddp_io_workers *)p, worker_id) >= LEND_MAX;
+  return lent_slots(p, worker_id) >= LEND_MAX;
 }
 
 /* Loader side: the tensors and structure of the batch in slot m (h->size bytes of payload):
