@@ -164,10 +164,11 @@ function M.reset_peak_memory_stats(k)
 end
 
 --- dl.cuda.empty_cache(): give every cached (free) device block back to the driver
--- (memory_reserved drops to memory_allocated). Runs a full Lua collection first so that
--- tensors no longer referenced are freed. Raises without CUDA.
+-- (memory_reserved drops to memory_allocated). Flushes the compiled traces and runs a full
+-- Lua collection first so that tensors no longer referenced are freed (Note [traces keep
+-- closures] in ddplua/lib.lua). Raises without CUDA.
 function M.empty_cache()
-  collectgarbage("collect")
+  lib.release_unreachable()
   check(C.ddp_cuda_empty_cache())
 end
 

@@ -278,9 +278,11 @@ end
 -- that finished DataLoader workers left for the next ones (Note [slot pool] in
 -- runtime/io/workers.c). Runs a full Lua collection first, so that the blocks of tensors no
 -- longer referenced, and the slots of loaders and batches no longer referenced, are
--- returned too (as dl.cuda.empty_cache; Note [step lifetimes] in ddplua/lib.lua).
+-- returned too (as dl.cuda.empty_cache; Note [step lifetimes] in ddplua/lib.lua); the
+-- compiled traces are flushed before it, so what only they referenced goes as well (Note
+-- [traces keep closures] in ddplua/lib.lua).
 function M.empty_cache()
-  collectgarbage("collect")
+  lib.release_unreachable()
   C.ddp_memory_empty_cache()
   C.ddp_io_workers_empty_pool()
 end

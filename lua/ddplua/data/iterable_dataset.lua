@@ -62,6 +62,24 @@ function Base.shard_info(self)
   return rank * nw + id, world * nw
 end
 
+-- (keep, ...) for one sample of a sharded stream: whether sample number it.k (from 0) is
+-- in this copy's shard, then the sample; nil at the end.
+local function sharded_sample(it, ...)
+  if select(1, ...) == nil then return nil end
+  it.k = it.k + 1
+  return it.k % it.count == it.shard, ...
+end
+
+-- The next sample of it.f's stream in this copy's shard (a lib.iterator: Note [traces keep
+-- closures] in ddplua/lib.lua).
+local sharded_stream = lib.iterator(function(it)
+  while true do
+    local res = { sharded_sample(it, it.f()) }
+    if res[1] == nil then return nil end
+    if res[1] then return unpack(res, 2, table.maxn(res)) end
+  end
+end)
+
 --- ds:stream() -> an iterator over this copy's samples: class.iter(ds)'s samples, keeping
 -- those of ds:shard_info()'s shard. Each call of the iterator returns one sample's parts
 -- (several values), nothing at the end.
@@ -72,20 +90,7 @@ function Base.stream(self)
   end
   local shard, count = Base.shard_info(self)
   if count == 1 then return f end
-  local k = -1
-  local function keep(...)
-    if select(1, ...) == nil then return nil end
-    k = k + 1
-    if k % count == shard then return true, ... end
-    return false
-  end
-  return function()
-    while true do
-      local res = { keep(f()) }
-      if res[1] == nil then return nil end
-      if res[1] then return unpack(res, 2, table.maxn(res)) end
-    end
-  end
+  return sharded_stream { f = f, shard = shard, count = count, k = -1 }
 end
 
 --- ds:len(): class.len(ds) when the class has one (the stream's length as the class
@@ -147,28 +152,31 @@ function M.is_iterable(ds)
   return ok and v == true
 end
 
+-- The next batch of it.f's stream, collated (a lib.iterator: Note [traces keep closures]).
+local stream_batches = lib.iterator(function(it)
+  if it.done then return nil end
+  local f, batch_size = it.f, it.batch_size
+  local samples = {}
+  while #samples < batch_size do
+    local s = { f() }
+    local n = table.maxn(s)
+    if n == 0 then it.done = true break end
+    samples[#samples + 1] = n == 1 and s[1] or s
+  end
+  if #samples == 0 or (it.drop_last and #samples < batch_size) then
+    it.done = true
+    return nil
+  end
+  return it.collate(samples)
+end)
+
 --- iterable.batches(ds, batch_size, drop_last, collate) -> an iterator over batches of
 -- ds:stream(): lists of batch_size samples (each the value itself for one part, else the
 -- list of its parts) given to collate(samples), whose results the iterator returns; the
 -- last short batch is dropped with drop_last. Used by DataLoader.iter.
 function M.batches(ds, batch_size, drop_last, collate)
-  local f = ds:stream()
-  local done = false
-  return function()
-    if done then return nil end
-    local samples = {}
-    while #samples < batch_size do
-      local s = { f() }
-      local n = table.maxn(s)
-      if n == 0 then done = true break end
-      samples[#samples + 1] = n == 1 and s[1] or s
-    end
-    if #samples == 0 or (drop_last and #samples < batch_size) then
-      done = true
-      return nil
-    end
-    return collate(samples)
-  end
+  return stream_batches { f = ds:stream(), batch_size = batch_size, drop_last = drop_last,
+    collate = collate, done = false }
 end
 
 return M

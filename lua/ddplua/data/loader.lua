@@ -254,6 +254,31 @@ function DataLoader.worker_pids(self)
   return out
 end
 
+-- Note [epoch iterators]: an epoch's iterator is a table made callable (lib.iterator) whose
+-- step function is shared by every epoch, not a closure over the epoch: a loop compiled
+-- while the first epoch's closure was the only one kept that closure, its loader and
+-- dataset (a 1 MB TensorDataset) live after the script dropped them (Note [traces keep
+-- closures] in ddplua/lib.lua).
+
+-- C path: the next batch of a ddp_io_loader (it.ep.handle), a tensor per source.
+local c_epoch = lib.iterator(function(it)
+  local self, ep = it.loader, it.ep
+  local h = ep.handle
+  if h == nil then return nil end
+  lib.release_step() -- the previous batch's dropped temporaries (Note [step lifetimes])
+  local outs, n = it.outs, it.n
+  local st = C.ddp_io_loader_next(h, outs)
+  if st == C.DDP_IO_END then
+    if self.epoch == ep then close_epoch(self) else ep.handle = nil end
+    return nil
+  end
+  check(st)
+  if n == 2 then return wrap(outs[0]), wrap(outs[1]) end
+  local res = it.res
+  for k = 1, n do res[k] = wrap(outs[k - 1]) end
+  return unpack(res, 1, n)
+end)
+
 -- C path: the iterator over a ddp_io_loader.
 local function c_iter(self, sources, tfs, order)
   local n = #sources
@@ -271,22 +296,7 @@ local function c_iter(self, sources, tfs, order)
     prefetch, pin, self.generator.handle))
   local ep = { handle = ffi.gc(lbox[0], C.ddp_io_loader_free) }
   self.epoch = ep
-  local outs = ffi.new("ddp_tensor*[?]", n)
-  local res = {}
-  return function()
-    local h = ep.handle
-    if h == nil then return nil end
-    lib.release_step() -- the previous batch's dropped temporaries (Note [step lifetimes])
-    local st = C.ddp_io_loader_next(h, outs)
-    if st == C.DDP_IO_END then
-      if self.epoch == ep then close_epoch(self) else ep.handle = nil end
-      return nil
-    end
-    check(st)
-    if n == 2 then return wrap(outs[0]), wrap(outs[1]) end
-    for k = 1, n do res[k] = wrap(outs[k - 1]) end
-    return unpack(res, 1, n)
-  end
+  return c_epoch { loader = self, ep = ep, n = n, outs = ffi.new("ddp_tensor*[?]", n), res = {} }
 end
 
 -- Part k of B samples, all tensors (sample 1's is), as a C array for ddp_io_stack.
@@ -428,26 +438,28 @@ local function make_batch(self, idx, count, b, where, in_worker)
   return out, n
 end
 
+-- Lua path: batch it.b + 1 of it.nb from ds:get (Note [epoch iterators]).
+local lua_epoch = lib.iterator(function(it)
+  local self = it.loader
+  if it.b >= it.nb or self.epoch ~= it.ep then return nil end
+  lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
+  local start = it.b * self.batch_size
+  local stop = math.min(start + self.batch_size, it.total)
+  it.b = it.b + 1
+  local out, n = make_batch(self, it.idx + start, stop - start, it.b)
+  if self.pin_memory then pin_all(out, n) end
+  return unpack(out, 1, n)
+end)
+
 -- Lua path: batches from ds:get, collated by the default or by collate_fn.
 local function lua_iter(self, order)
-  local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
   local total = order:numel()
   local nb = self.drop_last and math.floor(total / self.batch_size) or math.ceil(total / self.batch_size)
   -- ep keeps `order` alive: idx points into its storage, and nothing else holds it
   local ep = { handle = nil, order = order }
   self.epoch = ep
-  local b = 0
-  return function()
-    if b >= nb or self.epoch ~= ep then return nil end
-    lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
-    local start = b * self.batch_size
-    local stop = math.min(start + self.batch_size, total)
-    b = b + 1
-    local _ = order -- the indices live in order's storage
-    local out, n = make_batch(self, idx + start, stop - start, b)
-    if self.pin_memory then pin_all(out, n) end
-    return unpack(out, 1, n)
-  end
+  return lua_epoch { loader = self, ep = ep, b = 0, nb = nb, total = total,
+    idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order)) }
 end
 
 -- Worker path (Note [dataloader workers]): batch b from worker b % num_workers, at most
@@ -504,41 +516,50 @@ local function take_batch(self, group, ep, w, tag, b)
   return workers.unflatten(tensor_buf, nt, meta)
 end
 
+-- Give batch it.sent of the epoch to its worker (it.sent % num_workers).
+local function send_next(it)
+  local self, sent = it.loader, it.sent
+  local bs, nw = self.batch_size, self.num_workers
+  local start = sent * bs
+  local stop = math.min(start + bs, it.total)
+  local st = C.ddp_io_workers_put(it.group.handle, sent % nw, it.tag, sent, it.idx + start, stop - start)
+  if st ~= 0 then lib.raise(worker_failure(self, it.group, it.ep, st)) end
+  it.sent = sent + 1
+end
+
+-- Worker path: batch it.got + 1 of it.nb, from worker it.got % num_workers (Note [epoch
+-- iterators]).
+local worker_epoch = lib.iterator(function(it)
+  local self, ep, group = it.loader, it.ep, it.group
+  if self.epoch ~= ep or group.handle == nil then return nil end
+  if it.got >= it.nb then
+    close_epoch(self)
+    return nil
+  end
+  lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
+  local got = it.got
+  local out, n = take_batch(self, group, ep, got % self.num_workers, it.tag, got)
+  it.got = got + 1
+  if it.sent < it.nb then send_next(it) end -- the slot is the batch's (Note [lent slots])
+  if self.pin_memory then pin_all(out, n) end
+  return unpack(out, 1, n)
+end)
+
 local function worker_iter(self, order)
-  local idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order))
   local total = order:numel()
   local bs = self.batch_size
   local nb = self.drop_last and math.floor(total / bs) or math.ceil(total / bs)
-  local nw = self.num_workers
   self.epochs = self.epochs + 1
   local group, tag = worker_group(self, function(indices, count, b, where)
     return make_batch(self, indices, count, b + 1, where, true)
   end)
-  local ep = { handle = nil }
+  -- ep keeps `order` alive: idx points into its storage
+  local ep = { handle = nil, order = order }
   self.epoch = ep
-  local sent, got = 0, 0
-  local function send_next()
-    local start = sent * bs
-    local stop = math.min(start + bs, total)
-    local st = C.ddp_io_workers_put(group.handle, sent % nw, tag, sent, idx + start, stop - start)
-    if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
-    sent = sent + 1
-  end
-  while sent < math.min(nb, self.prefetch_factor * nw) do send_next() end
-  return function()
-    if self.epoch ~= ep or group.handle == nil then return nil end
-    if got >= nb then
-      close_epoch(self)
-      return nil
-    end
-    lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
-    local _ = order -- the indices live in order's storage
-    local out, n = take_batch(self, group, ep, got % nw, tag, got)
-    got = got + 1
-    if sent < nb then send_next() end -- the slot is the batch's (Note [lent slots])
-    if self.pin_memory then pin_all(out, n) end
-    return unpack(out, 1, n)
-  end
+  local it = worker_epoch { loader = self, ep = ep, group = group, tag = tag, nb = nb, total = total,
+    idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order)), sent = 0, got = 0 }
+  while it.sent < math.min(nb, self.prefetch_factor * self.num_workers) do send_next(it) end
+  return it
 end
 
 -- Whether ds is an iterable dataset (a stream: ds.is_iterable, samples from ds:stream(),
@@ -584,44 +605,62 @@ end
 -- takes one batch from each worker in turn (worker k-th batch is task k * num_workers + w),
 -- skipping the workers whose stream ended, until every stream ended: PyTorch's order for an
 -- IterableDataset with workers.
+-- Ask worker w of an iterable dataset for its next batch (task sent[w] * num_workers + w).
+local function send_stream_task(it, w)
+  local nw = it.loader.num_workers
+  local st = C.ddp_io_workers_put(it.group.handle, w, it.tag, it.sent[w] * nw + w, nil, 0)
+  if st ~= 0 then lib.raise(worker_failure(it.loader, it.group, it.ep, st)) end
+  it.sent[w] = it.sent[w] + 1
+end
+
+-- Iterable dataset with workers: the next batch, from worker it.w or the next whose stream
+-- has not ended (Note [epoch iterators]).
+local stream_epoch = lib.iterator(function(it)
+  local self, ep, group = it.loader, it.ep, it.group
+  if self.epoch ~= ep or group.handle == nil then return nil end
+  lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
+  local nw, taken, ended = self.num_workers, it.taken, it.ended
+  while it.left > 0 do
+    local w = it.w
+    while ended[w] do w = (w + 1) % nw end
+    local out, n = take_batch(self, group, ep, w, it.tag, taken[w] * nw + w)
+    taken[w] = taken[w] + 1
+    if out == nil then
+      ended[w] = true
+      it.left = it.left - 1
+      it.w = w
+    else
+      send_stream_task(it, w)
+      it.w = (w + 1) % nw
+      if self.pin_memory then pin_all(out, n) end
+      return unpack(out, 1, n)
+    end
+  end
+  close_epoch(self)
+  return nil
+end)
+
 local function iterable_worker_iter(self)
   local nw, pf = self.num_workers, self.prefetch_factor
   self.epochs = self.epochs + 1
   local group, tag = worker_group(self, stream_batches(self))
   local ep = { handle = nil }
   self.epoch = ep
-  local sent, taken, ended, left = {}, {}, {}, nw
-  local function send_next(w)
-    local st = C.ddp_io_workers_put(group.handle, w, tag, sent[w] * nw + w, nil, 0)
-    if st ~= 0 then lib.raise(worker_failure(self, group, ep, st)) end
-    sent[w] = sent[w] + 1
-  end
+  local it = stream_epoch { loader = self, ep = ep, group = group, tag = tag, sent = {}, taken = {},
+    ended = {}, left = nw, w = 0 }
   for w = 0, nw - 1 do
-    sent[w], taken[w] = 0, 0
-    for _ = 1, pf do send_next(w) end
+    it.sent[w], it.taken[w] = 0, 0
+    for _ = 1, pf do send_stream_task(it, w) end
   end
-  local w = 0
-  return function()
-    if self.epoch ~= ep or group.handle == nil then return nil end
-    lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
-    while left > 0 do
-      while ended[w] do w = (w + 1) % nw end
-      local out, n = take_batch(self, group, ep, w, tag, taken[w] * nw + w)
-      taken[w] = taken[w] + 1
-      if out == nil then
-        ended[w] = true
-        left = left - 1
-      else
-        send_next(w)
-        w = (w + 1) % nw
-        if self.pin_memory then pin_all(out, n) end
-        return unpack(out, 1, n)
-      end
-    end
-    close_epoch(self)
-    return nil
-  end
+  return it
 end
+
+-- An iterable dataset's batches (it.batches), pinned (Note [epoch iterators]).
+local pinned_stream = lib.iterator(function(it)
+  local out = { it.batches() }
+  pin_all(out, table.maxn(out))
+  return unpack(out, 1, table.maxn(out))
+end)
 
 --- loader:iter(): an iterator for one epoch, `for x, y in loader:iter() do ... end`,
 -- yielding one tensor per sample part (B, ...), in the order of the epoch (shuffled afresh
@@ -635,11 +674,7 @@ function DataLoader.iter(self)
     local collate = self.collate_fn or M.default_collate
     local it = iterable.batches(self.dataset, self.batch_size, self.drop_last, collate)
     if not self.pin_memory then return it end
-    return function()
-      local out = { it() }
-      pin_all(out, table.maxn(out))
-      return unpack(out, 1, table.maxn(out))
-    end
+    return pinned_stream { batches = it }
   end
   local order = epoch_order(self)
   local ds = self.dataset

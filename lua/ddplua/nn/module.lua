@@ -305,13 +305,12 @@ local function named_members(self, registry, recurse, prefix)
   return out
 end
 
+-- An iterator of the {name, value} entries of list (Note [traces keep closures] in
+-- ddplua/lib.lua: not a closure over the list).
 local function pair_iterator(list)
-  local i = 0
-  return function()
-    i = i + 1
-    local e = list[i]
-    if e then return e[1], e[2] end
-  end
+  local names, values = {}, {}
+  for i, e in ipairs(list) do names[i], values[i] = e[1], e[2] end
+  return lib.list_iterator(names, values)
 end
 
 local function values_of(list)

@@ -57,12 +57,7 @@ end
 
 --- md:items() -> iterator of (name, module) in insertion order.
 function ModuleDict:items()
-  local names, values, i = self:keys(), rawget(self, "_modules").values, 0
-  return function()
-    i = i + 1
-    local n = names[i]
-    if n then return n, values[n] end
-  end
+  return lib.list_iterator(self:keys(), self:values())
 end
 
 --- md:pop(name) -> the module removed (nil when absent).

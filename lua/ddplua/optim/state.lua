@@ -119,12 +119,7 @@ end
 --- entry:items() -> an iterator of name, value over the entry's values, in the order they
 -- were first set (tensors are the state's own, not copies).
 function Entry:items()
-  local names, values = entry_lists(self._view._s, self._p)
-  local j = 0
-  return function()
-    j = j + 1
-    if names[j] ~= nil then return names[j], values[j] end
-  end
+  return lib.list_iterator(entry_lists(self._view._s, self._p))
 end
 
 --- entry:table() -> a plain table {name = value} of the entry's values (tensors shared with
@@ -196,18 +191,14 @@ function View:count() return tonumber(C.ddp_optim_state_count(self._s)) end
 function View:items()
   local s, handles = self._s, self._handles
   local n = tonumber(C.ddp_optim_state_count(s))
-  local ps = {}
+  local ps, entries = {}, {}
   for i = 0, n - 1 do
     lib.check(C.ddp_optim_state_param_at(s, i, tbox))
     local p = lib.wrap(tbox[0])
     ps[i + 1] = handles[address(p)] or p
+    entries[i + 1] = entry_of(self, ps[i + 1])
   end
-  local i = 0
-  return function()
-    i = i + 1
-    local p = ps[i]
-    if p ~= nil then return p, entry_of(self, p) end
-  end
+  return lib.list_iterator(ps, entries)
 end
 
 --- opt.state:clear(): remove every entry.
