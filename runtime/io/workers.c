@@ -115,6 +115,9 @@ struct ddp_io_workers {
   pid_t parent;     /* in a worker: the loader's pid */
   int *fd;          /* (n) our end of each worker's socket, -1 when none */
   pid_t *pid;       /* (n) 0 when not running */
+  char *finished;   /* (n) loader: 1 once the worker has all its tasks (Note [finished
+                       workers]): its exit is expected */
+  int64_t *sent, *received; /* (n) loader: tasks put to each worker, results read from it */
   ddp_io_workers *next; /* the process's live groups (all_groups) */
 };
 
@@ -151,9 +154,72 @@ static void close_fd(int *fd) {
   *fd = -1;
 }
 
+/* Reap the ended processes among pids[0 .. n-1] (0: none), setting them to 0 (also those
+ * that are not this process's children any more); with `block`, wait up to EXIT_GRACE_S for
+ * the rest, SIGKILL those left and wait up to REAP_LIMIT_S more (a process stuck in the
+ * kernel: init reaps it when we exit). 1 when none is left. */
+static int reap_pids(pid_t *pids, int n, int block) {
+  double until = now_s() + EXIT_GRACE_S;
+  int killed = 0;
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+      if (pids[i] <= 0) continue;
+      pid_t r;
+      do r = waitpid(pids[i], NULL, WNOHANG);
+      while (r < 0 && errno == EINTR);
+      if (r == 0) left++;
+      else pids[i] = 0;
+    }
+    if (!left) return 1;
+    if (!block) return 0;
+    double t = now_s();
+    if (!killed && t > until) {
+      for (int i = 0; i < n; i++)
+        if (pids[i] > 0) kill(pids[i], SIGKILL);
+      killed = 1;
+      until = t + REAP_LIMIT_S;
+    } else if (killed && t > until) {
+      return 0;
+    }
+    usleep(1000);
+  }
+}
+
+/* Note [retired workers]: the workers of a group retired at the end of a complete epoch
+ * (ddp_io_workers_retire; Note [finished workers]) have sent every result and are exiting;
+ * their pids wait here to be reaped, without waiting for it: with WNOHANG when a group is
+ * made, for good (waiting, then SIGKILL as ddp_io_workers_free does) when any group is
+ * freed (loader:close, a failure, the collector), in ddp_io_workers_empty_pool
+ * (dl.empty_cache) and when the process exits (atexit: a container's PID 1 may never reap
+ * what it inherits), so that none is left as a zombie after those. Guarded by groups_mu. */
+enum { RETIRED_MAX = 256 };
+static pid_t retired[RETIRED_MAX];
+static int retired_count;
+
+static void reap_retired(int block) {
+  pid_t mine[RETIRED_MAX];
+  pthread_mutex_lock(&groups_mu);
+  int n = retired_count;
+  memcpy(mine, retired, sizeof(pid_t) * (size_t)n);
+  retired_count = 0;
+  pthread_mutex_unlock(&groups_mu);
+  if (!n || reap_pids(mine, n, block)) return;
+  pthread_mutex_lock(&groups_mu); /* the ones still running: for the next look */
+  for (int i = 0; i < n; i++)
+    if (mine[i] > 0 && retired_count < RETIRED_MAX) retired[retired_count++] = mine[i];
+  pthread_mutex_unlock(&groups_mu);
+}
+
+static void reap_retired_at_exit(void) { reap_retired(1); }
+
+static pthread_once_t retired_once = PTHREAD_ONCE_INIT;
+static void register_reap_at_exit(void) { atexit(reap_retired_at_exit); }
+
 int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots) {
   if (!out) DDP_FAIL(DDP_ERR_ARG, "DataLoader workers: out is NULL");
   *out = NULL;
+  reap_retired(0);
   if (num_workers < 1 || num_workers > MAX_WORKERS)
     DDP_FAIL(DDP_ERR_ARG, "DataLoader: num_workers must be in 1..%d here, got %d", MAX_WORKERS,
              num_workers);
@@ -163,10 +229,13 @@ int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots) {
   if (p) {
     p->fd = malloc(sizeof(int) * (size_t)num_workers);
     p->pid = calloc((size_t)num_workers, sizeof(pid_t));
+    p->finished = calloc((size_t)num_workers, 1);
+    p->sent = calloc((size_t)num_workers, sizeof(int64_t));
+    p->received = calloc((size_t)num_workers, sizeof(int64_t));
     p->maps = calloc((size_t)num_workers * (size_t)(2 * slots + LEND_MAX), sizeof(slot_map *));
   }
-  if (!p || !p->fd || !p->pid || !p->maps) {
-    if (p) { free(p->fd); free(p->pid); free(p->maps); }
+  if (!p || !p->fd || !p->pid || !p->maps || !p->finished || !p->sent || !p->received) {
+    if (p) { free(p->fd); free(p->pid); free(p->maps); free(p->finished); free(p->sent); free(p->received); }
     free(p);
     DDP_FAIL(DDP_ERR_MEMORY, "DataLoader workers: out of memory");
   }
@@ -221,12 +290,14 @@ static int worker_gone(int w, pid_t pid, const char *why, int64_t batch) {
            w, (int)pid, why, (long long)batch);
 }
 
-/* Look at every worker: DDP_ERR_PEER naming the first one that ended. */
+/* Look at every worker but the finished ones (Note [finished workers]): DDP_ERR_PEER naming
+ * the first one that ended. */
 static int check_workers(ddp_io_workers *p, int64_t batch) {
   for (int w = 0; w < p->n; w++) {
     pid_t pid = p->pid[w];
     char why[128];
-    if (pid > 0 && reap(p, w, 0, why, sizeof why)) return worker_gone(w, pid, why, batch);
+    if (pid > 0 && !p->finished[w] && reap(p, w, 0, why, sizeof why))
+      return worker_gone(w, pid, why, batch);
   }
   return DDP_OK;
 }
@@ -300,8 +371,8 @@ static void slot_return(void *data, void *ctx) {
   slot_unref(m);
 }
 
-void ddp_io_workers_free(ddp_io_workers *p) {
-  if (!p) return;
+/* Take p out of all_groups and close its channels. */
+static void unlink_group(ddp_io_workers *p) {
   pthread_mutex_lock(&groups_mu);
   for (ddp_io_workers **q = &all_groups; *q; q = &(*q)->next)
     if (*q == p) {
@@ -310,41 +381,54 @@ void ddp_io_workers_free(ddp_io_workers *p) {
     }
   pthread_mutex_unlock(&groups_mu);
   for (int w = 0; w < p->n; w++) close_fd(&p->fd[w]);
-  int reaped = 0;
-  if (getpid() == p->owner) {
-    /* the workers see their sockets close and exit; SIGKILL the ones that do not */
-    double until = now_s() + EXIT_GRACE_S;
-    char why[128];
-    int killed = 0;
-    for (;;) {
-      int left = 0;
-      for (int w = 0; w < p->n; w++)
-        if (p->pid[w] > 0 && !reap(p, w, 0, why, sizeof why)) left++;
-      if (!left) {
-        reaped = 1;
-        break;
-      }
-      double t = now_s();
-      if (!killed && t > until) {
-        for (int w = 0; w < p->n; w++)
-          if (p->pid[w] > 0) kill(p->pid[w], SIGKILL);
-        killed = 1;
-        until = t + REAP_LIMIT_S;
-      } else if (killed && t > until) {
-        break; /* a process stuck in the kernel: init reaps it when we exit */
-      }
-      usleep(1000);
-    }
-  }
+}
+
+/* Drop p's slot mappings (to the slot pool when `poolable`: no worker can write them now,
+ * Note [slot pool]; those batches hold go when released) and free it. */
+static void release_group(ddp_io_workers *p, int poolable) {
   int nmaps = p->self >= 0 ? p->cap : p->n * p->cap;
-  /* Note [slot pool]: no worker can write them now; those batches hold go when released */
-  for (int i = 0; i < nmaps && reaped; i++)
+  for (int i = 0; i < nmaps && poolable; i++)
     if (p->maps[i]) p->maps[i]->poolable = 1;
   for (int i = 0; i < nmaps; i++) drop_slot(&p->maps[i]);
   free(p->maps);
   free(p->fd);
   free(p->pid);
+  free(p->finished);
+  free(p->sent);
+  free(p->received);
   free(p);
+}
+
+void ddp_io_workers_free(ddp_io_workers *p) {
+  if (!p) return;
+  unlink_group(p);
+  int reaped = 0;
+  if (getpid() == p->owner) {
+    /* the workers see their sockets close and exit; SIGKILL the ones that do not */
+    reaped = reap_pids(p->pid, p->n, 1);
+    reap_retired(1);
+  }
+  release_group(p, reaped);
+}
+
+void ddp_io_workers_retire(ddp_io_workers *p) {
+  if (!p) return;
+  /* Note [retired workers]: only when no worker can write a slot any more */
+  int done = p->self < 0 && getpid() == p->owner;
+  for (int w = 0; done && w < p->n; w++)
+    done = p->pid[w] <= 0 || (p->finished[w] && p->received[w] == p->sent[w]);
+  if (done) pthread_once(&retired_once, register_reap_at_exit);
+  pthread_mutex_lock(&groups_mu);
+  done = done && retired_count + p->n <= RETIRED_MAX;
+  for (int w = 0; done && w < p->n; w++)
+    if (p->pid[w] > 0) retired[retired_count++] = p->pid[w];
+  pthread_mutex_unlock(&groups_mu);
+  if (!done) {
+    ddp_io_workers_free(p);
+    return;
+  }
+  unlink_group(p);
+  release_group(p, 1);
 }
 
 /* Put slot m (no reference left, its workers gone) in the pool: 1, or 0 when it is full. */
@@ -369,6 +453,7 @@ static void unmap_pooled(slot_map *m) {
 }
 
 uint64_t ddp_io_workers_empty_pool(void) {
+  reap_retired(1); /* Note [retired workers] */
   pthread_mutex_lock(&groups_mu);
   uint64_t bytes = pool_bytes;
   for (int i = 0; i < pool_count; i++) {
@@ -466,6 +551,7 @@ int ddp_io_workers_fork(ddp_io_workers *p, int worker_id, int *is_child) {
     }
     pool_count = 0;
     pool_bytes = 0;
+    retired_count = 0; /* not this process's children (Note [retired workers]) */
     for (ddp_io_workers *q = all_groups; q; q = q->next) /* no lock: one thread after fork */
       if (q != p) {
         for (int w = 0; w < q->n; w++) {
@@ -516,11 +602,37 @@ int ddp_io_workers_put(ddp_io_workers *p, int worker_id, int64_t tag, int64_t ba
   if (!p || (!indices && count > 0)) DDP_FAIL(DDP_ERR_ARG, "DataLoader workers: NULL argument");
   if (worker_id < 0 || worker_id >= p->n || p->fd[worker_id] < 0)
     DDP_FAIL(DDP_ERR_ARG, "DataLoader: no worker %d running", worker_id);
+  if (p->finished[worker_id])
+    DDP_FAIL(DDP_ERR_STATE, "DataLoader: worker %d was told it has no more tasks (batch %lld)",
+             worker_id, (long long)batch);
   if (count < 0 || count > MAX_TASK_INDICES)
     DDP_FAIL(DDP_ERR_ARG, "DataLoader: a task of %lld samples", (long long)count);
   msg_header h = { .magic = MAGIC, .kind = KIND_TASK, .tag = tag, .batch = batch, .count = count };
   DDP_TRY(send_all(p, worker_id, &h, sizeof h, 0, batch));
-  return send_all(p, worker_id, indices, (size_t)count * sizeof(int64_t), 0, batch);
+  DDP_TRY(send_all(p, worker_id, indices, (size_t)count * sizeof(int64_t), 0, batch));
+  p->sent[worker_id]++;
+  return DDP_OK;
+}
+
+/* Note [finished workers]: a worker without persistent_workers ends with its epoch. It used
+ * to learn it only when the loop had taken the epoch's last batch and the loader closed its
+ * channel, and the loader then waited for each worker's exit: ~18 ms for two ImageFolder
+ * workers (the kernel tearing down each one's pages), on the epoch's critical path while
+ * both cores were otherwise idle. Once the Lua loader has sent the epoch's last task it
+ * tells each worker so (ddp_io_workers_finish: shutdown of the loader's writing side); the
+ * worker reads its remaining tasks, then the end of its channel, and exits after its last
+ * result, while the loop is still taking the batches the workers made ahead. Its results
+ * stay readable: their headers wait in the socket and their bytes are in slots the loader
+ * maps. Its exit is expected, so check_workers no longer reports it; a result it never sent
+ * ends in worker_closed when the loader waits for it, reporting how it ended, as before. */
+int ddp_io_workers_finish(ddp_io_workers *p, int worker_id) {
+  if (!p) DDP_FAIL(DDP_ERR_ARG, "DataLoader workers: NULL group");
+  if (worker_id < 0 || worker_id >= p->n || p->fd[worker_id] < 0)
+    DDP_FAIL(DDP_ERR_ARG, "DataLoader: no worker %d running", worker_id);
+  if (p->finished[worker_id]) return DDP_OK;
+  p->finished[worker_id] = 1;
+  (void)shutdown(p->fd[worker_id], SHUT_WR); /* a worker that is gone: nothing to tell */
+  return DDP_OK;
 }
 
 /* Read exactly len bytes (worker side: blocks, looking at the parent every second).
@@ -1008,6 +1120,7 @@ int ddp_io_workers_get(ddp_io_workers *p, int worker_id, int64_t tag, int64_t ba
     msg_header h;
     int fd;
     DDP_TRY(recv_header(p, worker_id, &h, &fd, deadline, timeout_s, batch));
+    p->received[worker_id]++; /* one result per task, dropped or not */
     int status = DDP_OK;
     if (h.kind == KIND_BATCH && fd >= 0) status = map_slot(p, worker_id, &h, fd); /* even when dropped */
     slot_map *m = h.kind == KIND_BATCH ? p->maps[worker_id * p->cap + (int)h.slot] : NULL;

@@ -501,6 +501,41 @@ describe("DataLoader workers", function()
     assert.are.equal(4, distinct)
   end)
 
+  it("ends an epoch's workers once they have sent their last batch, and does not wait for their exit", function()
+    -- Note [finished workers], Note [retired workers]: 8 batches from 2 workers, 2 tasks
+    -- ahead each; the last task goes out when batch 4 is taken, and worker 0's last batch
+    -- is batch 6
+    local function state(pid) -- "Z" once it exited (not reaped), nil once reaped
+      local f = io.open("/proc/" .. pid .. "/stat")
+      if not f then return nil end
+      local st = f:read("*a"):match("%) (%S) ")
+      f:close()
+      return st
+    end
+    local loader = data.DataLoader(dataset(16), { batch_size = 2, num_workers = 2 })
+    local pids, n, exited_early = nil, 0, nil
+    for x in loader:iter() do
+      n = n + 1
+      pids = pids or loader:worker_pids()
+      assert.are.same({ n - 0.5, n }, x:select(2, 1):tolist()) -- samples 2n - 1 and 2n: i / 2
+      if n == 7 then -- worker 0 sent its last batch: it exits while the loop goes on
+        local t0 = dlos.monotonic()
+        while state(pids[1]) ~= "Z" and dlos.monotonic() - t0 < 5 do dlos.sleep(0.01) end
+        exited_early = state(pids[1])
+      end
+    end
+    assert.are.equal(8, n)
+    assert.are.equal("Z", exited_early, "worker 0 had not exited before the epoch's last batch")
+    -- the epoch ended without reaping them: their /proc entries remain until a reap
+    for _, pid in ipairs(pids) do assert.is_not_nil(state(pid), "worker " .. pid .. " was reaped at the epoch's end") end
+    assert.are.same({}, loader:worker_pids())
+    dl.empty_cache() -- reaps them (so do the next group, loader:close() and the exit)
+    for _, pid in ipairs(pids) do assert.is_nil(state(pid), "worker " .. pid .. " is left") end
+    local live, zombies = children()
+    assert.are.same({}, live)
+    assert.are.same({}, zombies)
+  end)
+
   it("runs each worker on one thread: OpenBLAS's thread pool, stopped by fork, stays stopped", function()
     -- Note [pool and OpenBLAS threads]: restarted in every worker, its thread spun on a core
     -- for ~0.1 s each epoch

@@ -41,8 +41,12 @@
 --    in the training loop when that batch is due. A worker that dies (a signal, os.exit) is
 --    reported by the next wait with its pid and signal (each wait looks at the workers
 --    every 100 ms); `timeout` > 0 bounds the wait for one batch.
---  * Lifetime: without persistent_workers the workers of an epoch exit when it ends (or at
---    the next iter(), or loader:close()); with persistent_workers they serve every epoch
+--  * Lifetime: without persistent_workers the workers of an epoch exit once it has no task
+--    left for them, after their last batch (Note [finished workers] in
+--    runtime/io/workers.c), and the epoch's end does not wait for their exit (they are
+--    reaped by the next group, loader:close(), dl.empty_cache() or the process's exit:
+--    Note [retired workers]); an epoch left early stops them at the next iter() or
+--    loader:close(); with persistent_workers they serve every epoch
 --    (a new epoch count tells an abandoned epoch's late batches apart). loader:close() and
 --    the collection of the loader close the sockets, wait up to 1 s and SIGKILL what is
 --    left, and reap every worker; a worker also dies with the training process
@@ -278,15 +282,29 @@ function M.start(opts)
   return { handle = handle, num_workers = opts.num_workers, seed = opts.seed, pids = pids, tag = 0 }
 end
 
+-- Take the group's handle from it (nil when it has none): the group is stopped from now on.
+local function take_handle(group)
+  if not group or group.handle == nil then return nil end
+  local h = group.handle
+  group.handle = nil
+  ffi.gc(h, nil)
+  return h
+end
+
 --- stop(group): close the sockets, let the workers exit (SIGKILL after 1 s) and reap them.
 -- Safe to call twice.
 function M.stop(group)
-  if group and group.handle ~= nil then
-    local h = group.handle
-    group.handle = nil
-    ffi.gc(h, nil)
-    C.ddp_io_workers_free(h)
-  end
+  local h = take_handle(group)
+  if h ~= nil then C.ddp_io_workers_free(h) end
+end
+
+--- retire(group): stop a group whose workers were told their epoch ended and sent every
+-- result (ddp_io_workers_finish): its slots go to the pool at once and the workers are
+-- reaped later (Note [retired workers], runtime/io/workers.c); as stop otherwise. Safe to
+-- call twice.
+function M.retire(group)
+  local h = take_handle(group)
+  if h ~= nil then C.ddp_io_workers_retire(h) end
 end
 
 return M

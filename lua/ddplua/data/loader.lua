@@ -525,6 +525,12 @@ local function send_next(it)
   local st = C.ddp_io_workers_put(it.group.handle, sent % nw, it.tag, sent, it.idx + start, stop - start)
   if st ~= 0 then lib.raise(worker_failure(self, it.group, it.ep, st)) end
   it.sent = sent + 1
+  -- the epoch's last task: workers that end with the epoch exit once their results are
+  -- sent, while the loop takes the batches they made ahead (Note [finished workers],
+  -- runtime/io/workers.c)
+  if it.sent == it.nb and not self.persistent_workers then
+    for w = 0, nw - 1 do check(C.ddp_io_workers_finish(it.group.handle, w)) end
+  end
 end
 
 -- Worker path: batch it.got + 1 of it.nb, from worker it.got % num_workers (Note [epoch
@@ -533,6 +539,12 @@ local worker_epoch = lib.iterator(function(it)
   local self, ep, group = it.loader, it.ep, it.group
   if self.epoch ~= ep or group.handle == nil then return nil end
   if it.got >= it.nb then
+    if not self.persistent_workers and self.workers == group then
+      -- every result read from workers told the epoch ended: the loop need not wait for
+      -- their exit (Note [retired workers], runtime/io/workers.c)
+      workers.retire(group)
+      self.workers = nil
+    end
     close_epoch(self)
     return nil
   end

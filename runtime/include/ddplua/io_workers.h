@@ -47,6 +47,15 @@ int ddp_io_workers_new(ddp_io_workers **out, int num_workers, int slots);
  * free. NULL is ignored. */
 void ddp_io_workers_free(ddp_io_workers *p);
 
+/* In the process that made them, at the end of an epoch whose every task's result was read
+ * from workers told ddp_io_workers_finish: free the group without waiting for the workers'
+ * exit (Note [retired workers] in runtime/io/workers.c): their slots go to the slot pool
+ * (no worker writes them any more) and their pids are reaped later, when a group is made
+ * (without waiting) or freed and by ddp_io_workers_empty_pool (waiting, SIGKILL after 1 s,
+ * as ddp_io_workers_free). Otherwise (a worker not finished, or a result not read) it is
+ * ddp_io_workers_free. NULL is ignored. */
+void ddp_io_workers_retire(ddp_io_workers *p);
+
 /* Unmap the batch slots that finished worker groups left to the process's next ones (Note
  * [slot pool] in runtime/io/workers.c: at most 64 slots and 512 MiB); returns their bytes.
  * dl.empty_cache() calls it. Thread-safe. */
@@ -83,6 +92,14 @@ int ddp_io_workers_lend_full(const ddp_io_workers *p, int worker_id);
  * signal), DDP_ERR_TIMEOUT, DDP_ERR_ARG, DDP_ERR_IO. */
 int ddp_io_workers_put(ddp_io_workers *p, int worker_id, int64_t tag, int64_t batch,
                        const int64_t *indices, int64_t count);
+
+/* In the loader's process: worker `worker_id` gets no more tasks (Note [finished workers] in
+ * runtime/io/workers.c): its channel is closed for writing, so the worker exits once it has
+ * sent the results of the tasks it has, and its exit is no longer reported while the loader
+ * waits on the others; a result of its still missing when the loader waits for it reports
+ * how it ended, as before. A later ddp_io_workers_put to it fails (DDP_ERR_STATE). Safe to
+ * call twice. Errors: DDP_ERR_ARG (NULL group, a bad id, or no such worker running). */
+int ddp_io_workers_finish(ddp_io_workers *p, int worker_id);
 
 /* In the loader's process: wait for worker `worker_id`'s result for (tag, batch), dropping
  * its results of older tags. timeout_s > 0 bounds the wait (DDP_ERR_TIMEOUT: "DataLoader
