@@ -613,10 +613,6 @@ local function stream_batches(self)
   end
 end
 
--- Iterable dataset with workers: each worker batches its own shard of the stream; the loop
--- takes one batch from each worker in turn (worker k-th batch is task k * num_workers + w),
--- skipping the workers whose stream ended, until every stream ended: PyTorch's order for an
--- IterableDataset with workers.
 -- Ask worker w of an iterable dataset for its next batch (task sent[w] * num_workers + w).
 local function send_stream_task(it, w)
   local nw = it.loader.num_workers
@@ -652,6 +648,10 @@ local stream_epoch = lib.iterator(function(it)
   return nil
 end)
 
+-- Iterable dataset with workers: each worker batches its own shard of the stream; the loop
+-- takes one batch from each worker in turn (worker k-th batch is task k * num_workers + w),
+-- skipping the workers whose stream ended, until every stream ended: PyTorch's order for an
+-- IterableDataset with workers.
 local function iterable_worker_iter(self)
   local nw, pf = self.num_workers, self.prefetch_factor
   self.epochs = self.epochs + 1
