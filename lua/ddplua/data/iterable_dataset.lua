@@ -67,7 +67,8 @@ end
 local function sharded_sample(it, ...)
   if select(1, ...) == nil then return nil end
   it.k = it.k + 1
-  return it.k % it.count == it.shard, ...
+  if it.k % it.count ~= it.shard then return false end
+  return true, ...
 end
 
 -- The next sample of it.f's stream in this copy's shard (a lib.iterator: Note [traces keep

@@ -307,11 +307,14 @@ end
 
 -- An iterator of the {name, value} entries of list (Note [traces keep closures] in
 -- ddplua/lib.lua: not a closure over the list).
-local function pair_iterator(list)
-  local names, values = {}, {}
-  for i, e in ipairs(list) do names[i], values[i] = e[1], e[2] end
-  return lib.list_iterator(names, values)
-end
+local entry_pairs = lib.iterator(function(it)
+  local i = it.i + 1
+  local e = it.list[i]
+  if e == nil then return nil end
+  it.i = i
+  return e[1], e[2]
+end)
+local function pair_iterator(list) return entry_pairs { list = list, i = 0 } end
 
 local function values_of(list)
   local out = {}
