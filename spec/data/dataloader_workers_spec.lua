@@ -183,6 +183,106 @@ describe("DataLoader workers", function()
     end
   end)
 
+  it("collates samples that are tables, nested, as PyTorch's default_collate, alike for num_workers 0 and 2", function()
+    -- what a PyTorch user's dataset returns: a dict of an image, a label, a name and a list
+    local Dicts = { name = "Dicts" }
+    function Dicts.len() return 7 end
+    function Dicts.get(_, i)
+      return { image = dl.full({ 2, 3 }, i), label = i % 3, name = "img" .. i,
+        boxes = { dl.tensor({ i, i + 0.5 }), { weight = i / 4, keep = i % 2 == 0 } } }, i * 10
+    end
+    local ds = object.new(Dicts, {})
+    local function run(nw)
+      local out = {}
+      for b, ids in data.DataLoader(ds, { batch_size = 3, num_workers = nw }):iter() do
+        out[#out + 1] = {
+          image = { b.image:size(), b.image.dtype, b.image:view(-1):tolist() },
+          label = { b.label.dtype, b.label:tolist() }, name = b.name,
+          box = { b.boxes[1]:size(), b.boxes[1]:tolist() },
+          weight = { b.boxes[2].weight.dtype, b.boxes[2].weight:tolist() },
+          keep = { b.boxes[2].keep.dtype, b.boxes[2].keep:tolist() },
+          ids = ids:tolist(),
+        }
+      end
+      return out
+    end
+    local base = run(0)
+    assert.are.equal(3, #base)
+    local first = base[1]
+    assert.are.same({ { 3, 2, 3 }, "f32", { 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3 } }, first.image)
+    assert.are.same({ "i64", { 1, 2, 0 } }, first.label)
+    assert.are.same({ "img1", "img2", "img3" }, first.name)
+    assert.are.same({ { 3, 2 }, { { 1, 1.5 }, { 2, 2.5 }, { 3, 3.5 } } }, first.box)
+    assert.are.same({ "f64", { 0.25, 0.5, 0.75 } }, first.weight)
+    assert.are.same({ "bool", { false, true, false } }, first.keep)
+    assert.are.same({ 10, 20, 30 }, first.ids)
+    assert.are.same({ "img7" }, base[3].name)
+    assert.are.same(base, run(2))
+    -- data.default_collate gives the same for a collate_fn
+    local via = {}
+    for b in data.DataLoader(ds, { batch_size = 3, num_workers = 2, collate_fn = function(samples)
+      local dicts = {}
+      for k, s in ipairs(samples) do dicts[k] = s[1] end
+      return data.default_collate(dicts)
+    end }):iter() do via[#via + 1] = b.boxes[1]:tolist() end
+    assert.are.same(first.box[2], via[1])
+  end)
+
+  it("names the place and the sample of a table that does not collate, with workers as without", function()
+    local Bad = { name = "Bad" }
+    function Bad.len() return 4 end
+    function Bad.get(_, i)
+      if i == 3 then return { x = dl.zeros { 2 }, meta = { 1, 2, 3 } } end
+      return { x = dl.zeros { 2 }, meta = { 1, 2 } }
+    end
+    for _, nw in ipairs { 0, 2 } do
+      local ok, err = pcall(function()
+        for _ in data.DataLoader(object.new(Bad, {}), { batch_size = 4, num_workers = nw }):iter() do end
+      end)
+      assert.is_false(ok)
+      assert.matches("DataLoader: part 1.meta of sample 3 is not a list of 2 elements as sample 1's", tostring(err), 1, true)
+      if nw > 0 then assert.matches("while collating of batch 0", tostring(err), 1, true) end
+    end
+    -- a nil part would shift the later samples' values; a get returning nothing would end
+    -- the loop as if the epoch were over
+    local Holes = { name = "Holes" }
+    function Holes.len() return 4 end
+    function Holes.get(_, i)
+      if i == 2 then return dl.zeros { 1 }, nil, 3 end
+      return dl.zeros { 1 }, 1, 3
+    end
+    local Nothing = { name = "Nothing" }
+    function Nothing.len() return 4 end
+    function Nothing.get() end
+    for _, nw in ipairs { 0, 2 } do
+      local ok, err = pcall(function()
+        for _ in data.DataLoader(object.new(Holes, {}), { batch_size = 4, num_workers = nw }):iter() do end
+      end)
+      assert.is_false(ok)
+      assert.matches("DataLoader: part 2 of ds:get(2) is nil", tostring(err), 1, true)
+      local batches = 0
+      ok, err = pcall(function()
+        for _ in data.DataLoader(object.new(Nothing, {}), { batch_size = 2, num_workers = nw }):iter() do
+          batches = batches + 1
+        end
+      end)
+      assert.is_false(ok, ("num_workers = %d: %d batches and no error"):format(nw, batches))
+      assert.matches("DataLoader: ds:get(1) returned nothing", tostring(err), 1, true)
+    end
+    local ok, err = pcall(data.default_collate, { { x = 1, [1] = 2 }, { x = 1, [1] = 2 } })
+    assert.is_false(ok)
+    assert.matches("cannot collate part 1: sample 1's table mixes list positions and keys", err, 1, true)
+    ok, err = pcall(data.default_collate, { { a = { b = "s" } }, { a = { b = 2 } } })
+    assert.is_false(ok)
+    assert.matches("part 1.a.b of sample 2 is a number, sample 1's is a string", err, 1, true)
+    ok, err = pcall(data.default_collate, { { a = { [1] = {}, [2] = print } }, { a = { {}, print } } })
+    assert.is_false(ok)
+    assert.matches("cannot collate part 1.a[2] of type function", err, 1, true)
+    ok, err = pcall(data.default_collate, { { x = 1 }, { y = 2 } })
+    assert.is_false(ok)
+    assert.matches("part 1 of sample 2 has no field 'x' (sample 1's has)", err, 1, true)
+  end)
+
   it("brings back batches whose size changes from batch to batch, strided ones included", function()
     -- each worker's shared-memory slots grow (a new memfd) when a batch outgrows them
     local Ragged = { name = "Ragged" }
@@ -694,9 +794,23 @@ describe("DataLoader workers", function()
         if x:is_pinned() and y:is_pinned() then pinned = pinned + 1 end
       end
       print("pinned " .. pinned .. " of " .. k)
+      -- tensors nested in the batch's tables are pinned too (PyTorch's pin_memory walks them)
+      local Dicts = { name = "Dicts" }
+      function Dicts.len() return 4 end
+      function Dicts.get(_, i) return { x = dl.tensor({ i }), more = { dl.tensor({ -i }), "s" .. i } } end
+      local nested = 0
+      for nw = 0, 2, 2 do
+        for b in data.DataLoader(object.new(Dicts, {}), { batch_size = 2, num_workers = nw, pin_memory = true }):iter() do
+          if b.x:is_pinned() and b.more[1]:is_pinned() and b.more[2][2] == "s" .. b.x:view(-1):tolist()[2] then
+            nested = nested + 1
+          end
+        end
+      end
+      print("nested pinned " .. nested .. " of 4")
     ]])
     assert.are.equal(0, status, out)
     assert.matches("pinned 5 of 5", out, 1, true)
+    assert.matches("nested pinned 4 of 4", out, 1, true)
   end)
 
   it("closes one loader's workers at once while another loader's workers run", function()

@@ -116,7 +116,7 @@ local function flatten(values, n)
   if plain then return tensors, "" end
   tensors = {}
   local function strip(v, depth)
-    if is_tensor(v) then
+    if is_part(v) then -- a tensor, or a stack_later part nested in the batch's tables
       tensors[#tensors + 1] = v
       return { [TENSOR_KEY] = #tensors }
     end

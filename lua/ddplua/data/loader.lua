@@ -40,7 +40,9 @@
 -- it must return something other than nil (nil would end the for loop). With collate_fn
 -- every batch takes the Lua path (ds:get per sample), as PyTorch calls dataset[i] for each.
 -- data.default_collate(samples) is the default's collation of such a list, for a
--- collate_fn that adjusts it.
+-- collate_fn that adjusts it. Without collate_fn each value of get is collated as
+-- PyTorch's default_collate does, tables of fields and lists included (Note [default
+-- collation]).
 --
 -- An IterableDataset (ddplua/data/iterable_dataset.lua) is read as a stream: batches of its
 -- ds:stream() in order (its share for this rank, Note [iterable sharding]), collated as
@@ -299,30 +301,55 @@ local function c_iter(self, sources, tfs, order)
   return c_epoch { loader = self, ep = ep, n = n, outs = ffi.new("ddp_tensor*[?]", n), res = {} }
 end
 
--- Part k of B samples, all tensors (sample 1's is), as a C array for ddp_io_stack.
-local function tensor_items(values, k)
+-- Note [default collation]: the default collation is PyTorch's default_collate, applied
+-- to each value that ds:get returns (a Lua function's several results are PyTorch's tuple:
+-- the loop receives one collated value per position). For the B samples' values at one
+-- place, by the type of sample 1's:
+--   tensor            -> the stack, (B, ...) (all of one shape and dtype);
+--   number            -> a 1-d i64 tensor when all are integers, else f64 (PyTorch's int
+--                        and float); boolean -> a bool tensor;
+--   string            -> the list of the B strings (PyTorch keeps strings as a list);
+--   table with keys   -> a table with the same keys, each collated over the B samples
+--                        (PyTorch's Mapping; every sample must have sample 1's keys);
+--   list {v1, .., vn} -> the list of the n positions, each collated (PyTorch's Sequence;
+--                        every sample must have n elements); {} gives {}.
+-- Nested tables are collated the same way, at most MAX_COLLATE_DEPTH deep. A table that
+-- mixes list positions and keys, a function, userdata or nil is refused, naming the place
+-- (part 1.image, part 2[3]) and the sample. In a DataLoader worker a tensor place is left
+-- for the worker to stack into its slot (workers.stack_later), wherever it is nested.
+local MAX_COLLATE_DEPTH = 100
+
+-- The name of key `key` under place `path` in messages: part 1.image, part 1["a b"], part 1[2].
+local function sub_place(path, key)
+  if type(key) == "number" then return ("%s[%d]"):format(path, key) end
+  if type(key) == "string" and key:match("^[%a_][%w_]*$") then return path .. "." .. key end
+  return ("%s[%q]"):format(path, tostring(key))
+end
+
+-- The B tensors of one place (sample 1's is a tensor), as a C array for ddp_io_stack.
+local function tensor_items(values, path)
   local arr = ffi.new("ddp_tensor*[?]", #values)
   for i, v in ipairs(values) do
-    if not is_tensor(v) then lib.raise(("DataLoader: part %s of sample %d is not a tensor (sample 1's is)"):format(tostring(k), i)) end
+    if not is_tensor(v) then lib.raise(("DataLoader: %s of sample %d is not a tensor (sample 1's is)"):format(path, i)) end
     arr[i - 1] = v
   end
   return arr
 end
 
--- Stack one part of B samples.
-local function collate_part(values, k)
-  local first = values[1]
-  if is_tensor(first) then
-    check(C.ddp_io_stack(box, #values, tensor_items(values, k)))
-    return wrap(box[0])
-  end
-  local tv = type(first)
+-- The stack of the B tensors of one place, (B, ...).
+local function stack_now(values, path)
+  check(C.ddp_io_stack(box, #values, tensor_items(values, path)))
+  return wrap(box[0])
+end
+
+-- The tensor of B numbers or booleans of one place (Note [default collation]).
+local function collate_scalars(values, path)
+  local tv = type(values[1])
   local buf = ffi.new("double[?]", #values)
   local integral = true
   for i, v in ipairs(values) do
-    if type(v) ~= tv then lib.raise(("DataLoader: part %s of sample %d is a %s, sample 1's is a %s"):format(tostring(k), i, type(v), tv)) end
-    if tv == "boolean" then v = v and 1 or 0
-    elseif tv ~= "number" then lib.raise(("DataLoader: cannot collate part %s of type %s"):format(tostring(k), tv)) end
+    if type(v) ~= tv then lib.raise(("DataLoader: %s of sample %d is a %s, sample 1's is a %s"):format(path, i, type(v), tv)) end
+    if tv == "boolean" then v = v and 1 or 0 end
     if v % 1 ~= 0 then integral = false end
     buf[i - 1] = v
   end
@@ -332,31 +359,101 @@ local function collate_part(values, k)
   return wrap(box[0])
 end
 
+-- What table t is for the collation: "list" when its keys are 1 .. #t ({} included),
+-- "keys" when #t is 0 and it has keys, nil when it mixes list positions and other keys.
+local function table_kind(t)
+  local n = #t
+  for key in pairs(t) do
+    if not (type(key) == "number" and key >= 1 and key <= n and key % 1 == 0) then
+      return n == 0 and "keys" or nil
+    end
+  end
+  return "list"
+end
+
+-- The B samples' values of one place, collated (Note [default collation]); stack(values,
+-- path) stacks the tensor places.
+local function collate_place(values, path, stack, depth)
+  local first = values[1]
+  if is_tensor(first) then return stack(values, path) end
+  local tv = type(first)
+  if tv == "number" or tv == "boolean" then return collate_scalars(values, path) end
+  if tv == "string" then
+    local out = {}
+    for i, v in ipairs(values) do
+      if type(v) ~= "string" then lib.raise(("DataLoader: %s of sample %d is a %s, sample 1's is a string"):format(path, i, type(v))) end
+      out[i] = v
+    end
+    return out
+  end
+  if tv ~= "table" then lib.raise(("DataLoader: cannot collate %s of type %s"):format(path, tv)) end
+  if depth >= MAX_COLLATE_DEPTH then
+    lib.raise(("DataLoader: cannot collate %s: its tables nest more than %d deep"):format(path, MAX_COLLATE_DEPTH))
+  end
+  local kind = table_kind(first)
+  if not kind then
+    lib.raise(("DataLoader: cannot collate %s: sample 1's table mixes list positions and keys"):format(path))
+  end
+  for i, v in ipairs(values) do
+    if type(v) ~= "table" or is_tensor(v) then
+      lib.raise(("DataLoader: %s of sample %d is a %s, sample 1's is a table"):format(path, i, is_tensor(v) and "tensor" or type(v)))
+    end
+  end
+  local out = {}
+  if kind == "list" then
+    local n = #first
+    for i, v in ipairs(values) do
+      if #v ~= n or table_kind(v) ~= "list" then
+        lib.raise(("DataLoader: %s of sample %d is not a list of %d elements as sample 1's (each element in list of batch should be of equal size)"):format(path, i, n))
+      end
+    end
+    for j = 1, n do
+      local column = {}
+      for i, v in ipairs(values) do column[i] = v[j] end
+      out[j] = collate_place(column, sub_place(path, j), stack, depth + 1)
+    end
+  else
+    for key in pairs(first) do
+      local column = {}
+      for i, v in ipairs(values) do
+        if v[key] == nil then
+          lib.raise(("DataLoader: %s of sample %d has no field '%s' (sample 1's has)"):format(path, i, tostring(key)))
+        end
+        column[i] = v[key]
+      end
+      out[key] = collate_place(column, sub_place(path, key), stack, depth + 1)
+    end
+  end
+  return out
+end
+
+-- Collate place k (a get's k-th value) of B samples (Note [default collation]).
+local function collate_part(values, k, stack)
+  return collate_place(values, "part " .. tostring(k), stack or stack_now, 0)
+end
+
+-- In a worker: check a tensor place and leave it to the worker to stack into its slot.
+local function stack_in_slot(values, path)
+  check(C.ddp_io_stack_check(#values, tensor_items(values, path)))
+  return workers.stack_later(values)
+end
+
 --- data.default_collate(samples) -> the batch's parts: the default collation of a list of
--- samples, each a value or a list of values (as collate_fn receives them). Tensors of one
--- shape and dtype stack to (B, ...); numbers become an i64 tensor when all are integers,
--- else f64; booleans a bool tensor; samples that are lists give one collated part per
--- position, returned as several values; samples that are tables with string keys give a
--- table of collated fields. Raises naming the part and the sample that does not fit.
+-- samples (PyTorch's default_collate), each a value or a list of values (as collate_fn
+-- receives them). Tensors of one shape and dtype stack to (B, ...); numbers become an i64
+-- tensor when all are integers, else f64; booleans a bool tensor; strings stay a list;
+-- tables with keys give a table of collated fields and lists a list of collated
+-- positions, at any depth (Note [default collation]). Samples that are lists give one
+-- collated part per position, returned as several values (what the DataLoader yields for
+-- a get that returns several values). Raises naming the place and the sample that does not
+-- fit.
 function M.default_collate(samples)
   if type(samples) ~= "table" or #samples == 0 then
     lib.raise("default_collate: expected a non-empty list of samples, got " .. type(samples))
   end
   local first = samples[1]
-  if type(first) ~= "table" or is_tensor(first) then return collate_part(samples, 1) end
-  if #first == 0 and next(first) ~= nil then
-    local out = {}
-    for key in pairs(first) do
-      local column = {}
-      for i, s in ipairs(samples) do
-        if type(s) ~= "table" or s[key] == nil then
-          lib.raise(("default_collate: sample %d has no field '%s' (sample 1 has)"):format(i, tostring(key)))
-        end
-        column[i] = s[key]
-      end
-      out[key] = collate_part(column, key)
-    end
-    return out
+  if type(first) ~= "table" or is_tensor(first) or table_kind(first) ~= "list" or #first == 0 then
+    return collate_part(samples, 1)
   end
   local nparts = #first
   local parts = {}
@@ -373,14 +470,23 @@ function M.default_collate(samples)
   return unpack(out, 1, nparts)
 end
 
--- Pin the tensors among values[1..n] (pin_memory), in place.
-local function pin_all(values, n)
-  for k = 1, n do
-    if is_tensor(values[k]) then
-      check(C.ddp_tensor_pin_memory(box, values[k]))
-      values[k] = wrap(box[0])
-    end
+-- v with its tensors pinned (pin_memory): a tensor's pinned copy, a table's copy with its
+-- values pinned at any depth (PyTorch's pin_memory walks mappings and sequences the same
+-- way; the batch's own tables are not changed), anything else as it is.
+local function pinned(v, depth)
+  if is_tensor(v) then
+    check(C.ddp_tensor_pin_memory(box, v))
+    return wrap(box[0])
   end
+  if type(v) ~= "table" or depth >= MAX_COLLATE_DEPTH then return v end
+  local c = {}
+  for key, x in pairs(v) do c[key] = pinned(x, depth + 1) end
+  return setmetatable(c, getmetatable(v))
+end
+
+-- Pin the tensors in values[1..n] (pin_memory), replacing each value by its pinned form.
+local function pin_all(values, n)
+  for k = 1, n do values[k] = pinned(values[k], 0) end
 end
 
 -- One batch of the Lua path from the 0-based sample indices idx[0 .. count-1] (batch b,
@@ -419,21 +525,19 @@ local function make_batch(self, idx, count, b, where, in_worker)
       nparts = nparts or cnt
       if cnt ~= nparts then lib.raise(("DataLoader: samples have %d and %d parts"):format(nparts, cnt)) end
       for k = 1, cnt do
+        -- a nil would shift the later samples' values into its place
+        if sample[k] == nil then lib.raise(("DataLoader: part %d of ds:get(%d) is nil"):format(k, i)) end
         parts[k] = parts[k] or {}
-        parts[k][#parts[k] + 1] = sample[k]
+        parts[k][p + 1] = sample[k]
       end
     end
     if where then where.sample = nil end
-    out, n = {}, nparts
-    for k = 1, nparts do
-      local part = parts[k]
-      if in_worker and is_tensor(part[1]) then
-        check(C.ddp_io_stack_check(#part, tensor_items(part, k)))
-        out[k] = workers.stack_later(part)
-      else
-        out[k] = collate_part(part, k)
-      end
+    if nparts == 0 then
+      -- an empty batch would end the training loop's for as if the epoch were over
+      lib.raise(("DataLoader: ds:get(%d) returned nothing (a sample is one value or several)"):format(tonumber(idx[0]) + 1))
     end
+    out, n = {}, nparts
+    for k = 1, nparts do out[k] = collate_part(parts[k], k, in_worker and stack_in_slot or nil) end
   end
   return out, n
 end
