@@ -16,6 +16,9 @@
 --   data.DataLoader(ds, {batch_size = 64, shuffle = true, generator = g, prefetch = 2})
 --   data.DataLoader(ds, {batch_size = 8, collate_fn = function(samples) ... return batch end})
 --   data.DataLoader(ds, {batch_size = 64, num_workers = 2, persistent_workers = true})
+--   data.RandomSampler(ds, {replacement = true, num_samples = n}), data.SequentialSampler(ds),
+--   data.SubsetRandomSampler(indices), data.WeightedRandomSampler(weights, n)
+--                                             -- ddplua/data/samplers.lua, for `sampler`
 --   data.get_worker_info()                    -- {id, num_workers, seed, dataset} in a worker
 --   data.read_idx(path), data.read_cifar(paths)
 --   data.text: tokenizers, token files, windows and evaluation for language models
@@ -35,6 +38,7 @@ local image = require "ddplua.data.image"
 local image_folder = require "ddplua.data.image_folder"
 local vision = require "ddplua.data.vision_transforms"
 local arrays = require "ddplua.data.arrays"
+local samplers = require "ddplua.data.samplers"
 
 local M = {}
 
@@ -74,6 +78,10 @@ M.is_transform = transforms.is_transform
 
 M.DataLoader = loader.DataLoader
 M.default_collate = loader.default_collate
+M.SequentialSampler = samplers.SequentialSampler
+M.RandomSampler = samplers.RandomSampler
+M.SubsetRandomSampler = samplers.SubsetRandomSampler
+M.WeightedRandomSampler = samplers.WeightedRandomSampler
 
 -- Text data (tokenizers, token files, windows): loaded on first use of data.text.
 setmetatable(M, { __index = function(t, k)

@@ -192,6 +192,13 @@ local function epoch_order(self)
     if is_tensor(idx) then
       if idx:dim() ~= 1 then lib.raise("DataLoader: sampler:indices() returned a tensor that is not 1-d") end
       if idx.dtype ~= "i64" then idx = idx:to("i64") end
+      if idx:numel() > 0 then -- as the list's check below: a Lua dataset's get may not check
+        local lo, hi = idx:min():item(), idx:max():item()
+        if lo < 0 or hi >= n then
+          local bad = lo < 0 and lo or hi
+          lib.raise(("DataLoader: sampler index %d is out of range 0..%d (indices count from 0)"):format(bad, n - 1))
+        end
+      end
       return idx
     end
     if type(idx) ~= "table" then lib.raise("DataLoader: sampler:indices() must return a table or an i64 tensor") end
