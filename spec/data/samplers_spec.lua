@@ -164,6 +164,89 @@ describe("samplers", function()
     assert.same(plain, epochs(2))
   end)
 
+  it("BatchSampler groups a sampler's order, the last batch shorter unless drop_last", function()
+    local b = data.BatchSampler(data.SequentialSampler(ds), 4, false)
+    assert.equal(3, #b)
+    assert.same({ { 0, 1, 2, 3 }, { 4, 5, 6, 7 }, { 8, 9 } }, b:batches())
+    local d = data.BatchSampler(data.SequentialSampler(ds), 4, true)
+    assert.equal(2, #d)
+    assert.same({ { 0, 1, 2, 3 }, { 4, 5, 6, 7 } }, d:batches())
+    assert.same({ { 5, 1 }, { 3 } }, data.BatchSampler({ 5, 1, 3 }, 2, false):batches())
+    -- a random sampler is drawn once per epoch: every index once, a new order each time
+    local r = data.BatchSampler(data.RandomSampler(ds, { generator = dl.Generator(2) }), 3, false)
+    local e1, e2 = {}, {}
+    for _, batch in ipairs(r:batches()) do for _, v in ipairs(batch) do e1[#e1 + 1] = v end end
+    for _, batch in ipairs(r:batches()) do for _, v in ipairs(batch) do e2[#e2 + 1] = v end end
+    assert.same(range(0, 9), sorted(e1))
+    assert.same(range(0, 9), sorted(e2))
+    assert.are_not.same(e1, e2)
+    raises("BatchSampler: batch_size should be a positive integer value, but got batch_size=0",
+      data.BatchSampler, { 1 }, 0, false)
+    raises("BatchSampler: drop_last should be a boolean value, but got drop_last=nil", data.BatchSampler, { 1 }, 2)
+    raises("BatchSampler: sampler[2] = 1.5 is not a dataset index", data.BatchSampler, { 1, 1.5 }, 2, false)
+  end)
+
+  it("DataLoader batch_sampler: batches of any sizes, the same with workers, persistent ones included", function()
+    -- buckets of similar lengths, as for text: the sizes differ from batch to batch and from
+    -- epoch to epoch (the second epoch's largest batch is larger than the first's)
+    local Buckets = { name = "Buckets", epoch = 0 }
+    function Buckets.batches(self)
+      self.epoch = self.epoch + 1
+      if self.epoch % 2 == 1 then return { { 0, 1, 2 }, { 9 }, dl.tensor({ 4, 5 }, { dtype = "i64" }) } end
+      return { { 3, 4, 5, 6, 7, 8, 9 }, { 0, 0 } }
+    end
+    local pairs_ds = data.TensorDataset(dl.arange(0, 10), dl.arange(0, 10):mul(2))
+    local function epochs(nw, persistent)
+      local bsm = setmetatable({ epoch = 0 }, { __index = Buckets })
+      local loader = data.DataLoader(pairs_ds, { batch_sampler = bsm, num_workers = nw,
+        persistent_workers = persistent or nil })
+      assert.is_nil(loader.batch_size)
+      local out = {}
+      for _ = 1, 3 do
+        for x, y in loader:iter() do out[#out + 1] = table.concat(x:tolist(), ",") .. "|" .. table.concat(y:tolist(), ",") end
+      end
+      loader:close()
+      return out
+    end
+    local plain = epochs(0)
+    assert.same({ "0,1,2|0,2,4", "9|18", "4,5|8,10", "3,4,5,6,7,8,9|6,8,10,12,14,16,18", "0,0|0,0",
+      "0,1,2|0,2,4", "9|18", "4,5|8,10" }, plain)
+    assert.same(plain, epochs(2))
+    assert.same(plain, epochs(2, true))
+    -- #loader: the batch_sampler's len(), else its count of batches
+    assert.equal(3, #data.DataLoader(ds, { batch_sampler = setmetatable({ epoch = 0 }, { __index = Buckets }) }))
+    assert.equal(3, #data.DataLoader(ds, { batch_sampler = data.BatchSampler(data.SequentialSampler(ds), 4, false) }))
+    local seen = {}
+    for x in data.DataLoader(ds, { batch_sampler = data.BatchSampler(data.RandomSampler(ds), 3, false),
+      num_workers = 2 }):iter() do
+      for _, v in ipairs(x:tolist()) do seen[#seen + 1] = v end
+    end
+    assert.same(range(0, 9), sorted(seen))
+  end)
+
+  it("DataLoader batch_sampler: PyTorch's exclusions, and a bad batch named", function()
+    local b = data.BatchSampler(data.SequentialSampler(ds), 4, false)
+    for _, extra in ipairs { { batch_size = 4 }, { shuffle = true }, { sampler = data.SequentialSampler(ds) },
+      { drop_last = true } } do
+      extra.batch_sampler = b
+      raises("DataLoader: batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last",
+        data.DataLoader, ds, extra)
+    end
+    raises("DataLoader: batch_sampler must have a batches() method", data.DataLoader, ds, { batch_sampler = {} })
+    local function batches_of(list)
+      return function()
+        for _ in data.DataLoader(ds, { batch_sampler = { batches = function() return list end } }):iter() do end
+      end
+    end
+    raises("DataLoader: batch_sampler index 10 at position 2 of batch 2 is out of range 0..9", batches_of { { 1 }, { 2, 10 } })
+    raises("DataLoader: batch_sampler batch 1 has no index", batches_of { {} })
+    raises("DataLoader: batch_sampler batch 2 is a number, not a list of indices", batches_of { { 1 }, 3 })
+    local Stream = { name = "Stream" }
+    function Stream.iter() return function() end end
+    raises("DataLoader with IterableDataset: expected unspecified batch_sampler option",
+      data.DataLoader, data.IterableDataset(Stream, {}), { batch_sampler = b })
+  end)
+
   it("DataLoader checks a sampler's tensor indices against the dataset", function()
     local bad = { indices = function() return dl.tensor({ 1, 10 }, { dtype = "i64" }) end }
     raises("DataLoader: sampler index 10 is out of range 0..9 (indices count from 0)", function()

@@ -17,7 +17,8 @@
 --   data.DataLoader(ds, {batch_size = 8, collate_fn = function(samples) ... return batch end})
 --   data.DataLoader(ds, {batch_size = 64, num_workers = 2, persistent_workers = true})
 --   data.RandomSampler(ds, {replacement = true, num_samples = n}), data.SequentialSampler(ds),
---   data.SubsetRandomSampler(indices), data.WeightedRandomSampler(weights, n)
+--   data.SubsetRandomSampler(indices), data.WeightedRandomSampler(weights, n),
+--   data.BatchSampler(sampler, 32, false)     -- for DataLoader's batch_sampler
 --                                             -- ddplua/data/samplers.lua, for `sampler`
 --   data.get_worker_info()                    -- {id, num_workers, seed, dataset} in a worker
 --   data.read_idx(path), data.read_cifar(paths)
@@ -82,6 +83,7 @@ M.SequentialSampler = samplers.SequentialSampler
 M.RandomSampler = samplers.RandomSampler
 M.SubsetRandomSampler = samplers.SubsetRandomSampler
 M.WeightedRandomSampler = samplers.WeightedRandomSampler
+M.BatchSampler = samplers.BatchSampler
 
 -- Text data (tokenizers, token files, windows): loaded on first use of data.text.
 setmetatable(M, { __index = function(t, k)

@@ -52,7 +52,21 @@
 -- as a Lua table or a 1-d i64 tensor of 0-based indices (dataset positions minus one, as
 -- PyTorch's samplers yield). Called once per iter(). Optionally sampler:len() (or #sampler)
 -- gives the count without drawing the order (used by #loader). A DistributedSampler
--- plugs in here; its set_epoch is the caller's business, as in PyTorch.
+-- plugs in here; its set_epoch is the caller's business, as in PyTorch. PyTorch's own
+-- samplers are in ddplua/data/samplers.lua.
+--
+-- Note [batch sampler]: opts.batch_sampler (PyTorch's) makes the batches themselves: any
+-- object with batch_sampler:batches() returning the epoch's list of batches, each a Lua
+-- list or a 1-d tensor of 0-based indices (not empty; sizes may differ, as for batches of
+-- sequences of similar lengths), and optionally len() (or #) for #loader. Called once per
+-- iter(). The batches are joined into the epoch's order, with each batch's start kept
+-- (batch_bounds), so the Lua and worker paths read batch b as order[starts[b] ..
+-- starts[b+1]-1], batch b still from worker b % num_workers; the C path, whose batches have
+-- one size, is not used (a dataset with c_sources is read by ds:get, as with collate_fn).
+-- As in PyTorch it excludes batch_size, shuffle, sampler and drop_last, and
+-- loader.batch_size is nil. Persistent workers are started again when an epoch has a
+-- larger batch than their task buffers hold. data.BatchSampler(sampler, batch_size,
+-- drop_last) groups a sampler's order.
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
@@ -69,12 +83,15 @@ local DataLoader = { name = "DataLoader" }
 
 local function is_tensor(v) return require("ddplua.tensor").is_tensor(v) end
 
-local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "drop_last", "prefetch", "pin_memory",
-  "collate_fn", "num_workers", "prefetch_factor", "persistent_workers", "worker_init_fn", "timeout" }
+local KNOWN = options.known { "batch_size", "shuffle", "sampler", "batch_sampler", "generator", "drop_last",
+  "prefetch", "pin_memory", "collate_fn", "num_workers", "prefetch_factor", "persistent_workers", "worker_init_fn",
+  "timeout" }
 
 --- data.DataLoader(dataset, opts): batches of `dataset`.
 -- opts.batch_size (64), opts.shuffle (false: a new dl.randperm order each iter(), drawn from
 -- opts.generator), opts.sampler (see the protocol above; not with shuffle),
+-- opts.batch_sampler (Note [batch sampler]; not with batch_size, shuffle, sampler or
+-- drop_last),
 -- opts.generator (a dl.Generator; the default generator when nil; drives shuffling and the
 -- random transforms), opts.drop_last (false: keep the short last batch), opts.prefetch
 -- (batches the C loader's thread keeps ready; 0: no thread, each batch made on the caller's
@@ -98,8 +115,9 @@ local KNOWN = options.known { "batch_size", "shuffle", "sampler", "generator", "
 -- texts where it has one.
 function M.DataLoader(dataset, opts)
   opts = options.check("DataLoader", opts, KNOWN)
-  local known = { batch_size = true, shuffle = true, generator = true, sampler = true, drop_last = true, prefetch = true,
-    pin_memory = true, collate_fn = true, num_workers = true, prefetch_factor = true, persistent_workers = true,
+  local known = { batch_size = true, shuffle = true, generator = true, sampler = true, batch_sampler = true,
+    drop_last = true, prefetch = true, pin_memory = true, collate_fn = true, num_workers = true,
+    prefetch_factor = true, persistent_workers = true,
     worker_init_fn = true, timeout = true }
   for k in pairs(opts) do
     if not known[k] then lib.raise("DataLoader: unknown option '" .. tostring(k) .. "'") end
@@ -118,12 +136,23 @@ function M.DataLoader(dataset, opts)
   if opts.sampler and opts.shuffle then
     lib.raise("DataLoader: sampler and shuffle = true are mutually exclusive")
   end
+  if opts.batch_sampler ~= nil then
+    if (opts.batch_size ~= nil and opts.batch_size ~= 1) or opts.shuffle or opts.sampler ~= nil or opts.drop_last then
+      lib.raise("DataLoader: batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
+    end
+    local bsm = opts.batch_sampler
+    local ok, f = pcall(function() return bsm.batches end)
+    if not ok or type(f) ~= "function" then
+      lib.raise("DataLoader: batch_sampler must have a batches() method (see data.BatchSampler)")
+    end
+  end
   if opts.collate_fn ~= nil and type(opts.collate_fn) ~= "function" then
     lib.raise("DataLoader: collate_fn must be a function(samples) -> batch, got " .. type(opts.collate_fn))
   end
-  if iterable.is_iterable(dataset) and (opts.sampler or opts.shuffle) then
-    lib.raise(("DataLoader with IterableDataset: expected unspecified %s option, but got %s"):format(
-      opts.sampler and "sampler" or "shuffle", opts.sampler and tostring(opts.sampler) or "shuffle=true"))
+  if iterable.is_iterable(dataset) and (opts.sampler or opts.shuffle or opts.batch_sampler) then
+    local name = opts.sampler and "sampler" or opts.batch_sampler and "batch_sampler" or "shuffle"
+    lib.raise(("DataLoader with IterableDataset: expected unspecified %s option, but got %s"):format(name,
+      name == "shuffle" and "shuffle=true" or name .. "=" .. tostring(opts[name])))
   end
   if opts.sampler and type(opts.sampler.indices) ~= "function" then
     lib.raise("DataLoader: sampler must have an indices() method")
@@ -153,8 +182,8 @@ function M.DataLoader(dataset, opts)
     lib.raise("DataLoader: timeout option should be non-negative (seconds), got " .. tostring(timeout))
   end
   return object.new(DataLoader, {
-    dataset = dataset, batch_size = bs, shuffle = opts.shuffle and true or false,
-    sampler = opts.sampler, generator = opts.generator or generator.default,
+    dataset = dataset, batch_size = opts.batch_sampler == nil and bs or nil, shuffle = opts.shuffle and true or false,
+    sampler = opts.sampler, batch_sampler = opts.batch_sampler, generator = opts.generator or generator.default,
     drop_last = opts.drop_last and true or false, prefetch = prefetch, epoch = nil,
     pin_memory = (opts.pin_memory and C.ddp_cuda_is_available() ~= 0) and true or false,
     collate_fn = opts.collate_fn, num_workers = nw, prefetch_factor = pf,
@@ -177,16 +206,69 @@ local function epoch_len(self)
   return object.len(self.dataset)
 end
 
---- Number of batches per epoch: ceil(len / batch_size), floor with drop_last.
+--- Number of batches per epoch: ceil(len / batch_size), floor with drop_last; with a
+-- batch_sampler, its len() (or #batch_sampler), else the count of its batches().
 function DataLoader.len(self)
+  local bsm = self.batch_sampler
+  if bsm then
+    local ok, f = pcall(function() return bsm.len end)
+    if ok and type(f) == "function" then return f(bsm) end
+    return #bsm:batches()
+  end
   local n = epoch_len(self)
   if self.drop_last then return math.floor(n / self.batch_size) end
   return math.ceil(n / self.batch_size)
 end
 
--- The epoch's order as a 1-d i64 tensor of 0-based indices.
+-- The dataset index v at position k of batch b of a batch_sampler, checked (n samples).
+local function batch_index(v, n, b, k)
+  if type(v) ~= "number" or v % 1 ~= 0 or v < 0 or v >= n then
+    lib.raise(("DataLoader: batch_sampler index %s at position %d of batch %d is out of range 0..%d (indices count from 0)")
+      :format(tostring(v), k, b, n - 1))
+  end
+  return v
+end
+
+-- A batch_sampler's epoch (Note [batch sampler]): its batches() joined as one 1-d i64
+-- tensor of 0-based indices, the 0-based start of each batch in it followed by the total
+-- (a Lua list of nb + 1), and the largest batch.
+local function batch_sampler_order(self, n)
+  local batches = self.batch_sampler:batches()
+  if type(batches) ~= "table" then
+    lib.raise("DataLoader: batch_sampler:batches() must return a list of batches, got " .. type(batches))
+  end
+  local starts, total, largest = { 0 }, 0, 0
+  for b, batch in ipairs(batches) do
+    local len
+    if is_tensor(batch) then
+      if batch:dim() ~= 1 then lib.raise(("DataLoader: batch_sampler batch %d is a tensor that is not 1-d"):format(b)) end
+      len = batch:numel()
+    elseif type(batch) == "table" then
+      len = #batch
+    else
+      lib.raise(("DataLoader: batch_sampler batch %d is a %s, not a list of indices"):format(b, type(batch)))
+    end
+    if len == 0 then lib.raise(("DataLoader: batch_sampler batch %d has no index"):format(b)) end
+    total = total + len
+    starts[b + 1] = total
+    largest = math.max(largest, len)
+  end
+  local buf = ffi.new("int64_t[?]", math.max(total, 1))
+  for b, batch in ipairs(batches) do
+    local at = starts[b]
+    if is_tensor(batch) then batch = batch:tolist() end
+    for k = 1, #batch do buf[at + k - 1] = batch_index(batch[k], n, b, k) end
+  end
+  local len = ffi.new("int64_t[1]", total)
+  check(C.ddp_tensor_from_data(box, 1, len, C.DDP_I64, buf, C.DDP_I64))
+  return wrap(box[0]), starts, largest
+end
+
+-- The epoch's order as a 1-d i64 tensor of 0-based indices; with a batch_sampler also its
+-- batches' starts and largest batch (batch_sampler_order).
 local function epoch_order(self)
   local n = object.len(self.dataset)
+  if self.batch_sampler then return batch_sampler_order(self, n) end
   if self.sampler then
     local idx = self.sampler:indices()
     if is_tensor(idx) then
@@ -549,13 +631,29 @@ local function make_batch(self, idx, count, b, where, in_worker)
   return out, n
 end
 
+-- Batch b's (0-based) part of the epoch's order it.idx[start .. stop-1]: from the
+-- batch_sampler's starts (Note [batch sampler]), else batch_size samples each.
+local function batch_bounds(it, b)
+  local starts = it.starts
+  if starts then return starts[b + 1], starts[b + 2] end
+  local bs = it.loader.batch_size
+  local start = b * bs
+  return start, math.min(start + bs, it.total)
+end
+
+-- The epoch's count of batches: the batch_sampler's, else by batch_size and drop_last.
+local function batch_count(self, total, starts)
+  if starts then return #starts - 1 end
+  local bs = self.batch_size
+  return self.drop_last and math.floor(total / bs) or math.ceil(total / bs)
+end
+
 -- Lua path: batch it.b + 1 of it.nb from ds:get (Note [epoch iterators]).
 local lua_epoch = lib.iterator(function(it)
   local self = it.loader
   if it.b >= it.nb or self.epoch ~= it.ep then return nil end
   lib.release_step() -- Note [step lifetimes], ddplua/lib.lua
-  local start = it.b * self.batch_size
-  local stop = math.min(start + self.batch_size, it.total)
+  local start, stop = batch_bounds(it, it.b)
   it.b = it.b + 1
   local out, n = make_batch(self, it.idx + start, stop - start, it.b)
   if self.pin_memory then pin_all(out, n) end
@@ -563,13 +661,13 @@ local lua_epoch = lib.iterator(function(it)
 end)
 
 -- Lua path: batches from ds:get, collated by the default or by collate_fn.
-local function lua_iter(self, order)
+local function lua_iter(self, order, starts)
   local total = order:numel()
-  local nb = self.drop_last and math.floor(total / self.batch_size) or math.ceil(total / self.batch_size)
+  local nb = batch_count(self, total, starts)
   -- ep keeps `order` alive: idx points into its storage, and nothing else holds it
   local ep = { handle = nil, order = order }
   self.epoch = ep
-  return lua_epoch { loader = self, ep = ep, b = 0, nb = nb, total = total,
+  return lua_epoch { loader = self, ep = ep, b = 0, nb = nb, total = total, starts = starts,
     idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order)) }
 end
 
@@ -581,15 +679,22 @@ local meta_box = ffi.new("char*[1]")
 local meta_len_box = ffi.new("size_t[1]")
 
 -- The loader's worker group, started (forked) when there is none (Note [dataloader
--- workers]); make(indices, count, b, where, tag) is what the workers run per task.
-local function worker_group(self, make)
+-- workers]); make(indices, count, b, where, tag) is what the workers run per task, and
+-- `largest` the most samples a task of this epoch has. Persistent workers whose task
+-- buffers are smaller (a batch_sampler's larger batch) are replaced by new ones.
+local function worker_group(self, make, largest)
   local group = self.workers
+  if group and group.handle ~= nil and group.largest < largest then
+    workers.stop(group)
+    self.workers, group = nil, nil
+  end
   if not group or group.handle == nil then
     group = workers.start {
       dataset = self.dataset, num_workers = self.num_workers, worker_init_fn = self.worker_init_fn,
-      batch_size = self.batch_size, prefetch_factor = self.prefetch_factor,
+      batch_size = largest, prefetch_factor = self.prefetch_factor,
       seed = workers.base_seed(self.generator, self.epochs), make_batch = make,
     }
+    group.largest = largest
     self.workers = group
   end
   group.tag = group.tag + 1
@@ -630,9 +735,8 @@ end
 -- Give batch it.sent of the epoch to its worker (it.sent % num_workers).
 local function send_next(it)
   local self, sent = it.loader, it.sent
-  local bs, nw = self.batch_size, self.num_workers
-  local start = sent * bs
-  local stop = math.min(start + bs, it.total)
+  local nw = self.num_workers
+  local start, stop = batch_bounds(it, sent)
   local st = C.ddp_io_workers_put(it.group.handle, sent % nw, it.tag, sent, it.idx + start, stop - start)
   if st ~= 0 then lib.raise(worker_failure(self, it.group, it.ep, st)) end
   it.sent = sent + 1
@@ -668,19 +772,18 @@ local worker_epoch = lib.iterator(function(it)
   return unpack(out, 1, n)
 end)
 
-local function worker_iter(self, order)
+local function worker_iter(self, order, starts, largest)
   local total = order:numel()
-  local bs = self.batch_size
-  local nb = self.drop_last and math.floor(total / bs) or math.ceil(total / bs)
+  local nb = batch_count(self, total, starts)
   self.epochs = self.epochs + 1
   local group, tag = worker_group(self, function(indices, count, b, where)
     return make_batch(self, indices, count, b + 1, where, true)
-  end)
+  end, largest or self.batch_size)
   -- ep keeps `order` alive: idx points into its storage
   local ep = { handle = nil, order = order }
   self.epoch = ep
   local it = worker_epoch { loader = self, ep = ep, group = group, tag = tag, nb = nb, total = total,
-    idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order)), sent = 0, got = 0 }
+    starts = starts, idx = ffi.cast("const int64_t*", C.ddp_tensor_data(order)), sent = 0, got = 0 }
   while it.sent < math.min(nb, self.prefetch_factor * self.num_workers) do send_next(it) end
   return it
 end
@@ -766,7 +869,7 @@ end)
 local function iterable_worker_iter(self)
   local nw, pf = self.num_workers, self.prefetch_factor
   self.epochs = self.epochs + 1
-  local group, tag = worker_group(self, stream_batches(self))
+  local group, tag = worker_group(self, stream_batches(self), self.batch_size)
   local ep = { handle = nil }
   self.epoch = ep
   local it = stream_epoch { loader = self, ep = ep, group = group, tag = tag, sent = {}, taken = {},
@@ -799,10 +902,10 @@ function DataLoader.iter(self)
     if not self.pin_memory then return it end
     return pinned_stream { batches = it }
   end
-  local order = epoch_order(self)
+  local order, starts, largest = epoch_order(self)
   local ds = self.dataset
   local ok, f = pcall(function() return ds.c_sources end)
-  if ok and type(f) == "function" and not self.collate_fn then
+  if ok and type(f) == "function" and not self.collate_fn and not starts then
     local sources, tfs = f(ds)
     if sources then
       local len = object.len(ds)
@@ -814,13 +917,14 @@ function DataLoader.iter(self)
       return c_iter(self, sources, tfs or {}, order)
     end
   end
-  if self.num_workers > 0 then return worker_iter(self, order) end
-  return lua_iter(self, order)
+  if self.num_workers > 0 then return worker_iter(self, order, starts, largest) end
+  return lua_iter(self, order, starts)
 end
 
 function DataLoader.__tostring(self)
-  return ("DataLoader(%s, batch_size = %d, %d batches)"):format(tostring(self.dataset), self.batch_size,
-    DataLoader.len(self))
+  local size = self.batch_sampler and "batch_sampler = " .. tostring(self.batch_sampler)
+    or "batch_size = " .. self.batch_size
+  return ("DataLoader(%s, %s, %d batches)"):format(tostring(self.dataset), size, DataLoader.len(self))
 end
 
 return M

@@ -232,4 +232,65 @@ function WeightedRandomSampler.indices(self)
   return index_tensor(out)
 end
 
+
+local BatchSampler = { name = "BatchSampler" }
+
+--- data.BatchSampler(sampler, batch_size, drop_last): the batches of sampler's order, for a
+-- DataLoader's batch_sampler (PyTorch's BatchSampler; Note [batch sampler] in
+-- ddplua/data/loader.lua): consecutive groups of batch_size indices, the last one shorter
+-- unless drop_last. sampler: an object with indices() (any sampler, drawn once per epoch),
+-- or a fixed list or 1-d tensor of 0-based indices. Raises PyTorch's errors for a
+-- batch_size that is not a positive integer and a drop_last that is not a boolean.
+function M.BatchSampler(sampler, batch_size, drop_last)
+  if type(batch_size) ~= "number" or batch_size % 1 ~= 0 or batch_size <= 0 then
+    lib.raise(("BatchSampler: batch_size should be a positive integer value, but got batch_size=%s"):format(
+      tostring(batch_size)))
+  end
+  if type(drop_last) ~= "boolean" then
+    lib.raise(("BatchSampler: drop_last should be a boolean value, but got drop_last=%s"):format(tostring(drop_last)))
+  end
+  local draws = not is_tensor(sampler) and (type(sampler) == "table" or type(sampler) == "userdata")
+    and pcall(function() assert(type(sampler.indices) == "function") end)
+  if not draws then
+    sampler = number_list("BatchSampler", "sampler", sampler, function(v, i)
+      if v % 1 ~= 0 or v < 0 then
+        lib.raise(("BatchSampler: sampler[%d] = %s is not a dataset index (an integer >= 0)"):format(i, tostring(v)))
+      end
+    end)
+  end
+  return object.new(BatchSampler, { sampler = sampler, draws = draws, batch_size = batch_size, drop_last = drop_last })
+end
+
+-- The count of indices an epoch of the sampler gives.
+local function order_len(self)
+  if not self.draws then return #self.sampler end
+  return object.len(self.sampler)
+end
+
+--- batch_sampler:len() -> the count of batches: ceil(n / batch_size), floor with drop_last,
+-- n the sampler's len().
+function BatchSampler.len(self)
+  local n = order_len(self)
+  return self.drop_last and math.floor(n / self.batch_size) or math.ceil(n / self.batch_size)
+end
+
+--- batch_sampler:batches() -> the epoch's list of batches, each a Lua list of 0-based
+-- indices (the sampler's indices() drawn once).
+function BatchSampler.batches(self)
+  local order = self.sampler
+  if self.draws then
+    order = order:indices()
+    if is_tensor(order) then order = order:tolist() end
+  end
+  local out, bs = {}, self.batch_size
+  local full = math.floor(#order / bs)
+  local count = (self.drop_last or #order % bs == 0) and full or full + 1
+  for b = 1, count do
+    local batch = {}
+    for k = 1, math.min(bs, #order - (b - 1) * bs) do batch[k] = order[(b - 1) * bs + k] end
+    out[b] = batch
+  end
+  return out
+end
+
 return M
