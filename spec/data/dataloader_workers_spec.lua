@@ -228,6 +228,67 @@ describe("DataLoader workers", function()
     assert.are.same(first.box[2], via[1])
   end)
 
+  it("yields each sample as get returns it with batch_size = false (PyTorch's None), alike with workers", function()
+    -- a dataset whose get makes a whole batch itself
+    local Batches = { name = "Batches" }
+    function Batches.len() return 5 end
+    function Batches.get(_, i) return dl.full({ 2, 3 }, i), { id = i, name = "b" .. i } end
+    local function run(nw, extra)
+      local opts = { batch_size = false, num_workers = nw, shuffle = true, generator = dl.Generator(4) }
+      for k, v in pairs(extra or {}) do opts[k] = v end
+      local loader = data.DataLoader(object.new(Batches, {}), opts)
+      assert.equal(5, #loader)
+      assert.is_nil(loader.batch_size)
+      local out = {}
+      for x, meta in loader:iter() do
+        out[#out + 1] = { x:size(), x:sum():item(), meta and meta.id, meta and meta.name }
+      end
+      loader:close()
+      return out
+    end
+    local plain = run(0)
+    assert.equal(5, #plain)
+    local ids = {}
+    for k, b in ipairs(plain) do
+      assert.same({ 2, 3 }, b[1]) -- not stacked: the sample's own shape
+      assert.equal(6 * b[3], b[2])
+      assert.equal("b" .. b[3], b[4])
+      ids[k] = b[3]
+    end
+    table.sort(ids)
+    assert.same({ 1, 2, 3, 4, 5 }, ids)
+    assert.same(plain, run(2))
+    -- collate_fn receives each sample alone (the list of get's values here)
+    local summed = run(2, { collate_fn = function(sample) return sample[1] * 2, sample[2] end })
+    for k, b in ipairs(summed) do assert.equal(2 * plain[k][2], b[2]) end
+    -- a dataset with C sources is read by get: one sample's tensors, 0-d here
+    local got = {}
+    for x, y in data.DataLoader(data.TensorDataset(dl.arange(0, 3), dl.arange(0, 3):mul(3)), { batch_size = false }):iter() do
+      got[#got + 1] = { x:dim(), x:item(), y:item() }
+    end
+    assert.same({ { 0, 0, 0 }, { 0, 1, 3 }, { 0, 2, 6 } }, got)
+    -- an iterable dataset's stream, sample by sample
+    local Stream = { name = "Stream" }
+    function Stream.iter()
+      local i = 0
+      return function()
+        i = i + 1
+        if i <= 3 then return dl.full({ 4 }, i), i end
+      end
+    end
+    for _, nw in ipairs { 0, 1 } do
+      local items = {}
+      for x, i in data.DataLoader(data.IterableDataset(Stream, {}), { batch_size = false, num_workers = nw }):iter() do
+        items[#items + 1] = { x:size(), x:sum():item(), i }
+      end
+      assert.same({ { { 4 }, 4, 1 }, { { 4 }, 8, 2 }, { { 4 }, 12, 3 } }, items, "num_workers = " .. nw)
+    end
+    local ok, err = pcall(data.DataLoader, object.new(Batches, {}), { batch_size = false, drop_last = true })
+    assert.is_false(ok)
+    assert.matches("batch_size=false (PyTorch's batch_size=None) option disables auto-batching and is mutually " ..
+      "exclusive with drop_last", err, 1, true)
+  end)
+
   it("names the place and the sample of a table that does not collate, with workers as without", function()
     local Bad = { name = "Bad" }
     function Bad.len() return 4 end

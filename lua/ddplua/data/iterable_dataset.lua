@@ -157,6 +157,16 @@ end
 local stream_batches = lib.iterator(function(it)
   if it.done then return nil end
   local f, batch_size = it.f, it.batch_size
+  if not batch_size then -- each sample as it is (Note [no automatic batching], loader.lua)
+    local s = { f() }
+    local n = table.maxn(s)
+    if n == 0 then
+      it.done = true
+      return nil
+    end
+    if not it.collate then return unpack(s, 1, n) end
+    return it.collate(n == 1 and s[1] or s)
+  end
   local samples = {}
   while #samples < batch_size do
     local s = { f() }
@@ -174,7 +184,9 @@ end)
 --- iterable.batches(ds, batch_size, drop_last, collate) -> an iterator over batches of
 -- ds:stream(): lists of batch_size samples (each the value itself for one part, else the
 -- list of its parts) given to collate(samples), whose results the iterator returns; the
--- last short batch is dropped with drop_last. Used by DataLoader.iter.
+-- last short batch is dropped with drop_last. batch_size nil: each sample as the stream
+-- gives it, or collate(sample) when collate is given (Note [no automatic batching] in
+-- ddplua/data/loader.lua). Used by DataLoader.iter.
 function M.batches(ds, batch_size, drop_last, collate)
   return stream_batches { f = ds:stream(), batch_size = batch_size, drop_last = drop_last,
     collate = collate, done = false }

@@ -67,6 +67,15 @@
 -- loader.batch_size is nil. Persistent workers are started again when an epoch has a
 -- larger batch than their task buffers hold. data.BatchSampler(sampler, batch_size,
 -- drop_last) groups a sampler's order.
+--
+-- Note [no automatic batching]: batch_size = false is PyTorch's batch_size=None: the loop
+-- receives each sample as ds:get(i) (or the stream) returned it, in the order of the
+-- sampler or shuffle, nothing stacked; collate_fn, when given, receives each sample alone
+-- (the value, or the list of values) instead of a list of samples (PyTorch's
+-- default_convert has nothing to do here: Lua samples are tensors already). For datasets
+-- whose get (or stream) makes whole batches itself. #loader is the count of samples. The
+-- Lua and worker paths take it as batches of one sample; a dataset with c_sources is read
+-- by ds:get. Not with drop_last (PyTorch's error).
 local options = require "ddplua.options"
 local lib = require "ddplua.lib"
 local object = require "ddplua.data.object"
@@ -88,10 +97,10 @@ local KNOWN = options.known { "batch_size", "shuffle", "sampler", "batch_sampler
   "timeout" }
 
 --- data.DataLoader(dataset, opts): batches of `dataset`.
--- opts.batch_size (64), opts.shuffle (false: a new dl.randperm order each iter(), drawn from
--- opts.generator), opts.sampler (see the protocol above; not with shuffle),
--- opts.batch_sampler (Note [batch sampler]; not with batch_size, shuffle, sampler or
--- drop_last),
+-- opts.batch_size (64; false: no batching, Note [no automatic batching]), opts.shuffle
+-- (false: a new dl.randperm order each iter(), drawn from opts.generator), opts.sampler
+-- (see the protocol above; not with shuffle), opts.batch_sampler (Note [batch sampler];
+-- not with batch_size, shuffle, sampler or drop_last),
 -- opts.generator (a dl.Generator; the default generator when nil; drives shuffling and the
 -- random transforms), opts.drop_last (false: keep the short last batch), opts.prefetch
 -- (batches the C loader's thread keeps ready; 0: no thread, each batch made on the caller's
@@ -125,9 +134,15 @@ function M.DataLoader(dataset, opts)
   if dataset == nil or (type(dataset) ~= "table" and type(dataset) ~= "userdata") then
     lib.raise("DataLoader: expected a dataset, got " .. type(dataset))
   end
-  local bs = opts.batch_size or 64
-  if type(bs) ~= "number" or bs < 1 or bs % 1 ~= 0 then
-    lib.raise("DataLoader: batch_size must be a positive integer, got " .. tostring(bs))
+  local bs = opts.batch_size
+  if bs == nil then bs = 64 end
+  local auto_batching = bs ~= false -- Note [no automatic batching]
+  if auto_batching and (type(bs) ~= "number" or bs < 1 or bs % 1 ~= 0) then
+    lib.raise("DataLoader: batch_size must be a positive integer (or false: no batching), got " .. tostring(bs))
+  end
+  if not auto_batching and opts.drop_last then
+    lib.raise("DataLoader: batch_size=false (PyTorch's batch_size=None) option disables auto-batching and is " ..
+      "mutually exclusive with drop_last")
   end
   local prefetch = opts.prefetch -- nil: chosen at each iter() (Note [default prefetch])
   if prefetch ~= nil and (type(prefetch) ~= "number" or prefetch < 0 or prefetch % 1 ~= 0) then
@@ -182,7 +197,8 @@ function M.DataLoader(dataset, opts)
     lib.raise("DataLoader: timeout option should be non-negative (seconds), got " .. tostring(timeout))
   end
   return object.new(DataLoader, {
-    dataset = dataset, batch_size = opts.batch_sampler == nil and bs or nil, shuffle = opts.shuffle and true or false,
+    dataset = dataset, batch_size = (opts.batch_sampler == nil and auto_batching) and bs or nil,
+    auto_batching = auto_batching or opts.batch_sampler ~= nil, shuffle = opts.shuffle and true or false,
     sampler = opts.sampler, batch_sampler = opts.batch_sampler, generator = opts.generator or generator.default,
     drop_last = opts.drop_last and true or false, prefetch = prefetch, epoch = nil,
     pin_memory = (opts.pin_memory and C.ddp_cuda_is_available() ~= 0) and true or false,
@@ -216,6 +232,7 @@ function DataLoader.len(self)
     return #bsm:batches()
   end
   local n = epoch_len(self)
+  if not self.auto_batching then return n end
   if self.drop_last then return math.floor(n / self.batch_size) end
   return math.ceil(n / self.batch_size)
 end
@@ -589,6 +606,21 @@ local function make_batch(self, idx, count, b, where, in_worker)
   local ds = self.dataset
   local collate_fn = self.collate_fn
   local out, n
+  if not self.auto_batching then -- one sample, not collated (Note [no automatic batching])
+    local i = tonumber(idx[0]) + 1
+    if where then where.sample = i end
+    local sample = { ds:get(i) }
+    if where then where.sample = nil end
+    n = table.maxn(sample)
+    if n == 0 then lib.raise(("DataLoader: ds:get(%d) returned nothing (a sample is one value or several)"):format(i)) end
+    if not collate_fn then return sample, n end
+    out = { collate_fn(n == 1 and sample[1] or sample) }
+    n = table.maxn(out)
+    if out[1] == nil then
+      lib.raise(("DataLoader: collate_fn returned nil for sample %d (it must return the sample)"):format(i))
+    end
+    return out, n
+  end
   if collate_fn then
     local samples = {}
     for p = 0, count - 1 do
@@ -636,7 +668,7 @@ end
 local function batch_bounds(it, b)
   local starts = it.starts
   if starts then return starts[b + 1], starts[b + 2] end
-  local bs = it.loader.batch_size
+  local bs = it.loader.batch_size or 1 -- one sample at a time: Note [no automatic batching]
   local start = b * bs
   return start, math.min(start + bs, it.total)
 end
@@ -644,7 +676,7 @@ end
 -- The epoch's count of batches: the batch_sampler's, else by batch_size and drop_last.
 local function batch_count(self, total, starts)
   if starts then return #starts - 1 end
-  local bs = self.batch_size
+  local bs = self.batch_size or 1 -- Note [no automatic batching]
   return self.drop_last and math.floor(total / bs) or math.ceil(total / bs)
 end
 
@@ -778,7 +810,7 @@ local function worker_iter(self, order, starts, largest)
   self.epochs = self.epochs + 1
   local group, tag = worker_group(self, function(indices, count, b, where)
     return make_batch(self, indices, count, b + 1, where, true)
-  end, largest or self.batch_size)
+  end, largest or self.batch_size or 1)
   -- ep keeps `order` alive: idx points into its storage
   local ep = { handle = nil, order = order }
   self.epoch = ep
@@ -805,6 +837,20 @@ local function stream_batches(self)
     where.stream = true -- for the error message: the stream's sample in progress
     if tag ~= stream_tag then stream_tag, stream, done = tag, self.dataset:stream(), false end
     if done then return nil end
+    if not self.auto_batching then -- each sample as it is (Note [no automatic batching])
+      where.position = 1
+      local sample = { stream() }
+      local n = table.maxn(sample)
+      where.stream = nil
+      if n == 0 then
+        done = true
+        return nil
+      end
+      if not self.collate_fn then return sample, n end
+      local out = { self.collate_fn(n == 1 and sample[1] or sample) }
+      if out[1] == nil then lib.raise("DataLoader: collate_fn returned nil (it must return the batch)") end
+      return out, table.maxn(out)
+    end
     local samples = {}
     while #samples < self.batch_size do
       where.position = #samples + 1
@@ -869,7 +915,7 @@ end)
 local function iterable_worker_iter(self)
   local nw, pf = self.num_workers, self.prefetch_factor
   self.epochs = self.epochs + 1
-  local group, tag = worker_group(self, stream_batches(self), self.batch_size)
+  local group, tag = worker_group(self, stream_batches(self), 1)
   local ep = { handle = nil }
   self.epoch = ep
   local it = stream_epoch { loader = self, ep = ep, group = group, tag = tag, sent = {}, taken = {},
@@ -897,7 +943,7 @@ function DataLoader.iter(self)
   close_epoch(self)
   if self.num_workers > 0 and is_iterable(self.dataset) then return iterable_worker_iter(self) end
   if iterable.is_iterable(self.dataset) then -- a stream: batches in stream order
-    local collate = self.collate_fn or M.default_collate
+    local collate = self.collate_fn or (self.auto_batching and M.default_collate or nil)
     local it = iterable.batches(self.dataset, self.batch_size, self.drop_last, collate)
     if not self.pin_memory then return it end
     return pinned_stream { batches = it }
@@ -905,7 +951,7 @@ function DataLoader.iter(self)
   local order, starts, largest = epoch_order(self)
   local ds = self.dataset
   local ok, f = pcall(function() return ds.c_sources end)
-  if ok and type(f) == "function" and not self.collate_fn and not starts then
+  if ok and type(f) == "function" and not self.collate_fn and not starts and self.auto_batching then
     local sources, tfs = f(ds)
     if sources then
       local len = object.len(ds)
@@ -923,7 +969,7 @@ end
 
 function DataLoader.__tostring(self)
   local size = self.batch_sampler and "batch_sampler = " .. tostring(self.batch_sampler)
-    or "batch_size = " .. self.batch_size
+    or "batch_size = " .. tostring(self.batch_size or false)
   return ("DataLoader(%s, %s, %d batches)"):format(tostring(self.dataset), size, DataLoader.len(self))
 end
 
