@@ -342,6 +342,16 @@ describe("DataLoader workers", function()
     ok, err = pcall(data.default_collate, { { x = 1 }, { y = 2 } })
     assert.is_false(ok)
     assert.matches("part 1 of sample 2 has no field 'x' (sample 1's has)", err, 1, true)
+    -- a hole in a list whose length still reads 4 must not shift the other samples' values
+    local holed = { 1, 2, 3, 4 }
+    holed[2] = nil
+    assert.equal(4, #holed) -- LuaJIT's border for this table: the array part's end
+    ok, err = pcall(data.default_collate, { { v = { 1, 2, 3, 4 } }, { v = holed } })
+    assert.is_false(ok)
+    assert.matches("part 1.v[2] of sample 2 is nil", err, 1, true)
+    ok, err = pcall(data.default_collate, { { 1, 2, 3, 4 }, holed })
+    assert.is_false(ok)
+    assert.matches("default_collate: part 2 of sample 2 is nil", err, 1, true)
   end)
 
   it("brings back batches whose size changes from batch to batch, strided ones included", function()

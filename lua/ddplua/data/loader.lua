@@ -515,7 +515,12 @@ local function collate_place(values, path, stack, depth)
     end
     for j = 1, n do
       local column = {}
-      for i, v in ipairs(values) do column[i] = v[j] end
+      for i, v in ipairs(values) do
+        if v[j] == nil then -- a hole: the later samples' values would shift into its place
+          lib.raise(("DataLoader: %s of sample %d is nil"):format(sub_place(path, j), i))
+        end
+        column[i] = v[j]
+      end
       out[j] = collate_place(column, sub_place(path, j), stack, depth + 1)
     end
   else
@@ -569,7 +574,10 @@ function M.default_collate(samples)
       lib.raise(("default_collate: sample %d has %s parts, sample 1 has %d"):format(i,
         (type(s) == "table" and not is_tensor(s)) and #s or "no", nparts))
     end
-    for k = 1, nparts do parts[k][i] = s[k] end
+    for k = 1, nparts do
+      if s[k] == nil then lib.raise(("default_collate: part %d of sample %d is nil"):format(k, i)) end
+      parts[k][i] = s[k]
+    end
   end
   local out = {}
   for k = 1, nparts do out[k] = collate_part(parts[k], k) end
