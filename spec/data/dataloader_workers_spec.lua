@@ -529,7 +529,7 @@ describe("DataLoader workers", function()
       assert.are.equal(1, seen) -- batch 0; samples 5..8 make batch 1
       errs[nw] = tostring(err)
     end
-    local cause = "stack: item 2 is (3,) f32 but item 0 is (2,) f32"
+    local cause = "DataLoader: part 1: stack: item 2 is (3,) f32 but item 0 is (2,) f32"
     assert.matches(cause, errs[0], 1, true)
     assert.matches(cause, errs[2], 1, true)
     assert.matches("worker process 1 while collating of batch 1", errs[2], 1, true)

@@ -442,9 +442,14 @@ local function tensor_items(values, path)
   return arr
 end
 
+-- Raise the C error of a stack or its check (status ~= 0) naming the place it was for.
+local function check_stack(status, path)
+  if status ~= 0 then lib.raise(("DataLoader: %s: %s"):format(path, ffi.string(C.ddp_last_error()))) end
+end
+
 -- The stack of the B tensors of one place, (B, ...).
 local function stack_now(values, path)
-  check(C.ddp_io_stack(box, #values, tensor_items(values, path)))
+  check_stack(C.ddp_io_stack(box, #values, tensor_items(values, path)), path)
   return wrap(box[0])
 end
 
@@ -545,7 +550,7 @@ end
 
 -- In a worker: check a tensor place and leave it to the worker to stack into its slot.
 local function stack_in_slot(values, path)
-  check(C.ddp_io_stack_check(#values, tensor_items(values, path)))
+  check_stack(C.ddp_io_stack_check(#values, tensor_items(values, path)), path)
   return workers.stack_later(values)
 end
 
