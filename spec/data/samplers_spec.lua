@@ -148,6 +148,7 @@ describe("samplers", function()
   it("feeds a DataLoader, the same batches with workers as without", function()
     local function epochs(nw)
       local sampler = data.WeightedRandomSampler({ 1, 0, 2, 0, 3, 0, 4, 0, 5, 6 }, 13, { generator = dl.Generator(9) })
+      -- (a collate_fn takes a TensorDataset off the C path, so that workers are forked)
       local loader = data.DataLoader(data.TensorDataset(dl.arange(0, 10)), { batch_size = 4, sampler = sampler,
         num_workers = nw, collate_fn = nw > 0 and data.default_collate or nil })
       assert.equal(4, #loader)

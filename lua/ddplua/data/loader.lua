@@ -124,13 +124,6 @@ local KNOWN = options.known { "batch_size", "shuffle", "sampler", "batch_sampler
 -- texts where it has one.
 function M.DataLoader(dataset, opts)
   opts = options.check("DataLoader", opts, KNOWN)
-  local known = { batch_size = true, shuffle = true, generator = true, sampler = true, batch_sampler = true,
-    drop_last = true, prefetch = true, pin_memory = true, collate_fn = true, num_workers = true,
-    prefetch_factor = true, persistent_workers = true,
-    worker_init_fn = true, timeout = true }
-  for k in pairs(opts) do
-    if not known[k] then lib.raise("DataLoader: unknown option '" .. tostring(k) .. "'") end
-  end
   if dataset == nil or (type(dataset) ~= "table" and type(dataset) ~= "userdata") then
     lib.raise("DataLoader: expected a dataset, got " .. type(dataset))
   end
@@ -482,6 +475,21 @@ local function table_kind(t)
   return "list"
 end
 
+-- The B samples' values at `key` of their tables at place `path` (a list position or a
+-- field). A missing one raises: a hole in a list would shift the later samples' values
+-- into its place, a missing field leave the batch short.
+local function column_of(values, key, path)
+  local column = {}
+  for i, v in ipairs(values) do
+    if v[key] == nil then
+      if type(key) == "number" then lib.raise(("DataLoader: %s of sample %d is nil"):format(sub_place(path, key), i)) end
+      lib.raise(("DataLoader: %s of sample %d has no field '%s' (sample 1's has)"):format(path, i, tostring(key)))
+    end
+    column[i] = v[key]
+  end
+  return column
+end
+
 -- The B samples' values of one place, collated (Note [default collation]); stack(values,
 -- path) stacks the tensor places.
 local function collate_place(values, path, stack, depth)
@@ -515,29 +523,14 @@ local function collate_place(values, path, stack, depth)
     local n = #first
     for i, v in ipairs(values) do
       if #v ~= n or table_kind(v) ~= "list" then
-        lib.raise(("DataLoader: %s of sample %d is not a list of %d elements as sample 1's (each element in list of batch should be of equal size)"):format(path, i, n))
+        lib.raise(("DataLoader: %s of sample %d is not a list of %d elements as sample 1's "
+          .. "(each element in list of batch should be of equal size)"):format(path, i, n))
       end
     end
-    for j = 1, n do
-      local column = {}
-      for i, v in ipairs(values) do
-        if v[j] == nil then -- a hole: the later samples' values would shift into its place
-          lib.raise(("DataLoader: %s of sample %d is nil"):format(sub_place(path, j), i))
-        end
-        column[i] = v[j]
-      end
-      out[j] = collate_place(column, sub_place(path, j), stack, depth + 1)
-    end
+    for j = 1, n do out[j] = collate_place(column_of(values, j, path), sub_place(path, j), stack, depth + 1) end
   else
     for key in pairs(first) do
-      local column = {}
-      for i, v in ipairs(values) do
-        if v[key] == nil then
-          lib.raise(("DataLoader: %s of sample %d has no field '%s' (sample 1's has)"):format(path, i, tostring(key)))
-        end
-        column[i] = v[key]
-      end
-      out[key] = collate_place(column, sub_place(path, key), stack, depth + 1)
+      out[key] = collate_place(column_of(values, key, path), sub_place(path, key), stack, depth + 1)
     end
   end
   return out
@@ -608,6 +601,12 @@ local function pin_all(values, n)
   for k = 1, n do values[k] = pinned(values[k], 0) end
 end
 
+-- Raise for ds:get(i) that returned no value: an empty batch would end the training loop's
+-- for as if the epoch were over.
+local function got_nothing(i)
+  lib.raise(("DataLoader: ds:get(%d) returned nothing (a sample is one value or several)"):format(i))
+end
+
 -- One batch of the Lua path from the 0-based sample indices idx[0 .. count-1] (batch b,
 -- counting from 1, for messages): ds:get for each, collated by the default or by
 -- collate_fn. where.sample (when where is given) holds the ds:get index in progress.
@@ -625,7 +624,7 @@ local function make_batch(self, idx, count, b, where, in_worker)
     local sample = { ds:get(i) }
     if where then where.sample = nil end
     n = table.maxn(sample)
-    if n == 0 then lib.raise(("DataLoader: ds:get(%d) returned nothing (a sample is one value or several)"):format(i)) end
+    if n == 0 then got_nothing(i) end
     if not collate_fn then return sample, n end
     out = { collate_fn(n == 1 and sample[1] or sample) }
     n = table.maxn(out)
@@ -667,8 +666,7 @@ local function make_batch(self, idx, count, b, where, in_worker)
     end
     if where then where.sample = nil end
     if nparts == 0 then
-      -- an empty batch would end the training loop's for as if the epoch were over
-      lib.raise(("DataLoader: ds:get(%d) returned nothing (a sample is one value or several)"):format(tonumber(idx[0]) + 1))
+      got_nothing(tonumber(idx[0]) + 1)
     end
     out, n = {}, nparts
     for k = 1, nparts do out[k] = collate_part(parts[k], k, in_worker and stack_in_slot or nil) end
